@@ -1,0 +1,17 @@
+// The public API of libhybridnn in one include.
+#pragma once
+
+#include "hybridnn/device.h"
+#include "hybridnn/driver.h"
+#include "hybridnn/error.h"
+#include "hybridnn/memory.h"
+#include "hybridnn/runtime.h"
+#include "hybridnn/shapes.h"
+#include "hybridnn/tensor.h"
+
+namespace hn {
+
+// The library's version, "MAJOR.MINOR.PATCH".
+const char* version();
+
+}  // namespace hn

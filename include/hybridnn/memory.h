@@ -1,0 +1,94 @@
+// Buffer (owns bytes on one device), Pointer (non-owning {device, address, bytes}) and View
+// (a Pointer dereferenced for one driver: the memory itself when that driver can address
+// it, a staged copy otherwise).
+#pragma once
+
+#include <cstddef>
+
+#include "hybridnn/device.h"
+#include "hybridnn/driver.h"
+
+namespace hn {
+
+class Runtime;
+
+// A non-owning handle to memory on a device. Host memory is named by the device "cpu".
+struct Pointer {
+  Device device;
+  void* address = nullptr;
+  std::size_t bytes = 0;
+
+  // The sub-range [offset, offset + length); throws hn::Error when it leaves this range.
+  Pointer slice(std::size_t offset, std::size_t length) const;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(address);
+  }
+};
+
+// Owns `bytes` of memory allocated by one driver (or, with no driver, 64-byte aligned host
+// memory). Freed by the same driver when the Buffer dies, so a driver must outlive its
+// Buffers.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Driver& driver, std::size_t bytes);
+  static Buffer host(std::size_t bytes);
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer();
+
+  void* address() const { return address_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(address_);
+  }
+  std::size_t bytes() const { return bytes_; }
+  Driver* driver() const { return driver_; }
+  MemorySpace space() const { return driver_ ? driver_->memory_space() : host_space(); }
+  Pointer pointer() const;
+
+ private:
+  void release() noexcept;
+
+  Driver* driver_ = nullptr;
+  void* address_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+enum class Access { read, write, read_write };
+
+// A Pointer made local to one driver by Runtime::view. Aliasing views are the source
+// memory itself; staged views are a copy in the driver's memory (filled from the source
+// unless the access is write-only). Writes to a staged view reach the source only through
+// commit(); destroying a view never writes back.
+class View {
+ public:
+  View() = default;
+  View(View&&) noexcept = default;
+  View& operator=(View&&) noexcept = default;
+
+  void* address() const { return address_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(address_);
+  }
+  std::size_t bytes() const { return source_.bytes; }
+  bool staged() const { return staging_.address() != nullptr; }
+  // Copies a staged view back to its source (no-op when aliasing). Throws for read views.
+  void commit();
+
+ private:
+  friend class Runtime;
+  Runtime* runtime_ = nullptr;
+  Pointer source_;
+  Driver* source_owner_ = nullptr;  // nullptr: the source is host memory
+  Driver* driver_ = nullptr;
+  Access access_ = Access::read;
+  Buffer staging_;
+  void* address_ = nullptr;
+};
+
+}  // namespace hn

@@ -1,0 +1,85 @@
+// Small parameter structs for driver calls. All counts are int64; tensors are dense,
+// row-major (NCHW for images). Each struct validates itself and derives output sizes by
+// Caffe's rules, so every driver and every layer agree on them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace hn {
+
+using index_t = std::int64_t;
+
+enum class Transpose { no, yes };
+
+// Geometry of an im2col / col2im over a slice of `batch` images.
+//
+// Lowered layout (CcT lowering type 1, batched): a row-major matrix of
+//   rows = channels * kernel_h * kernel_w          (ordered c, kh, kw)
+//   cols = batch * out_h * out_w                   (ordered n, oh, ow)
+// Group g of `groups` owns the contiguous row block
+//   [g * rows / groups, (g + 1) * rows / groups),
+// so a grouped convolution runs one GEMM per group on a row block with no extra copy.
+struct LoweringShape {
+  index_t batch = 0, channels = 0, height = 0, width = 0;
+  index_t kernel_h = 1, kernel_w = 1;
+  index_t pad_h = 0, pad_w = 0;
+  index_t stride_h = 1, stride_w = 1;
+  index_t dilation_h = 1, dilation_w = 1;
+  index_t groups = 1;
+
+  index_t out_h() const;
+  index_t out_w() const;
+  index_t rows() const { return channels * kernel_h * kernel_w; }
+  index_t cols() const { return batch * out_h() * out_w(); }
+  index_t image_count() const { return batch * channels * height * width; }
+  index_t col_count() const { return rows() * cols(); }
+  // Throws hn::Error naming `call` and the offending fields.
+  void validate(const char* call) const;
+  std::string to_string() const;
+};
+
+// Pooling geometry; out_h/out_w follow Caffe: ceil((in + 2*pad - kernel) / stride) + 1,
+// minus one when the last window would start inside the bottom/right padding.
+struct PoolShape {
+  index_t batch = 0, channels = 0, height = 0, width = 0;
+  index_t kernel_h = 1, kernel_w = 1;
+  index_t stride_h = 1, stride_w = 1;
+  index_t pad_h = 0, pad_w = 0;
+
+  index_t out_h() const;
+  index_t out_w() const;
+  index_t in_count() const { return batch * channels * height * width; }
+  index_t out_count() const { return batch * channels * out_h() * out_w(); }
+  void validate(const char* call) const;
+  std::string to_string() const;
+};
+
+enum class LrnRegion { across_channels, within_channel };
+
+// Local response normalisation with Caffe's parameters.
+//   across_channels: scale = k + alpha/size * sum_{c' in window(c)} x^2;  y = x * scale^-beta
+//   within_channel : scale = 1 + alpha * avgpool_{size x size, pad (size-1)/2}(x^2)
+//                    (Caffe's AVE pooling divisor);                      y = x * scale^-beta
+struct LrnShape {
+  index_t batch = 0, channels = 0, height = 0, width = 0;
+  index_t size = 5;
+  float alpha = 1.0f, beta = 0.75f, k = 1.0f;
+  LrnRegion region = LrnRegion::across_channels;
+
+  index_t count() const { return batch * channels * height * width; }
+  void validate(const char* call) const;
+  std::string to_string() const;
+};
+
+// A tensor viewed as [outer][channels][inner]: softmax runs over `channels`, bias adds a
+// per-channel value.
+struct AxisShape {
+  index_t outer = 0, channels = 0, inner = 1;
+
+  index_t count() const { return outer * channels * inner; }
+  void validate(const char* call) const;
+  std::string to_string() const;
+};
+
+}  // namespace hn

@@ -1,0 +1,105 @@
+// Shape, SyncedMemory (one logical array with copies in several memory spaces and a
+// record of which are current) and Tensor (shape + data + diff).
+#pragma once
+
+#include <cstddef>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "hybridnn/driver.h"
+#include "hybridnn/memory.h"
+#include "hybridnn/shapes.h"
+
+namespace hn {
+
+class Shape {
+ public:
+  Shape() = default;
+  Shape(std::initializer_list<index_t> dims);
+  explicit Shape(std::vector<index_t> dims);
+
+  index_t count() const;  // product of dims; 1 for a scalar (no axes)
+  index_t count(int begin_axis, int end_axis) const;
+  int axes() const { return static_cast<int>(dims_.size()); }
+  index_t operator[](int axis) const;  // negative axes count from the end
+  const std::vector<index_t>& dims() const { return dims_; }
+  std::string to_string() const;  // "32x3x227x227"
+
+  friend bool operator==(const Shape& a, const Shape& b) { return a.dims_ == b.dims_; }
+  friend bool operator!=(const Shape& a, const Shape& b) { return !(a == b); }
+
+ private:
+  std::vector<index_t> dims_;
+};
+
+// One logical array that may have a copy in several memory spaces (Caffe's SyncedMemory,
+// generalised to any number of devices). Each copy is current or stale; reading on a
+// driver whose copy is current copies nothing. New memory reads as zeros. Each copy is
+// freed by the driver that allocated it, so drivers must outlive the memory that used them.
+class SyncedMemory {
+ public:
+  explicit SyncedMemory(std::size_t bytes = 0) : bytes_(bytes) {}
+  SyncedMemory(SyncedMemory&&) noexcept = default;
+  SyncedMemory& operator=(SyncedMemory&&) noexcept = default;
+
+  std::size_t bytes() const { return bytes_; }
+  // A current copy in `driver`'s space, refreshed from a current copy elsewhere if stale.
+  const void* read(Driver& driver);
+  // As read(), then every other copy becomes stale.
+  void* write(Driver& driver);
+  // The copy in `driver`'s space without refreshing it (the caller overwrites every byte);
+  // every other copy becomes stale.
+  void* overwrite(Driver& driver);
+  // The same three on ordinary host memory.
+  const void* host_read();
+  void* host_write();
+  void* host_overwrite();
+
+  bool current_on(MemorySpace space) const;
+  // Releases every copy and sets a new size; the contents read as zeros again.
+  void resize(std::size_t bytes);
+
+ private:
+  struct Copy {
+    MemorySpace space;
+    Driver* driver;  // nullptr for the host copy
+    Buffer buffer;
+    bool current;
+  };
+  Copy& copy_in(MemorySpace space, Driver* driver);
+  void refresh(Copy& target);
+  void make_exclusive(const Copy& target);
+
+  std::size_t bytes_;
+  std::vector<Copy> copies_;
+};
+
+// An N-d float tensor with data and diff (gradient). Reshape keeps the memory when the new
+// count fits, as Caffe's Blob does.
+class Tensor {
+ public:
+  explicit Tensor(Shape shape = {});
+
+  const Shape& shape() const { return shape_; }
+  index_t count() const { return shape_.count(); }
+  void reshape(const Shape& shape);
+
+  SyncedMemory& data() { return data_; }
+  SyncedMemory& diff() { return diff_; }
+  const float* data_read(Driver& d) { return static_cast<const float*>(data_.read(d)); }
+  float* data_write(Driver& d) { return static_cast<float*>(data_.write(d)); }
+  const float* diff_read(Driver& d) { return static_cast<const float*>(diff_.read(d)); }
+  float* diff_write(Driver& d) { return static_cast<float*>(diff_.write(d)); }
+  const float* host_data() { return static_cast<const float*>(data_.host_read()); }
+  float* host_data_mut() { return static_cast<float*>(data_.host_write()); }
+  const float* host_diff() { return static_cast<const float*>(diff_.host_read()); }
+  float* host_diff_mut() { return static_cast<float*>(diff_.host_write()); }
+
+ private:
+  Shape shape_;
+  std::size_t capacity_ = 0;  // floats allocated
+  SyncedMemory data_, diff_;
+};
+
+}  // namespace hn

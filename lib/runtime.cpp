@@ -1,0 +1,156 @@
+// Runtime: the driver table, the driver factory and copies between memory spaces.
+#include "hybridnn/runtime.h"
+
+#include <cstring>
+
+#include "drivers/cpu/cpu_driver.h"
+#include "drivers/reference/reference_driver.h"
+#include "lib/check.h"
+#include "lib/transfer.h"
+#if HYBRIDNN_WITH_CUDA
+#include "drivers/cuda/cuda_driver.h"
+#endif
+
+namespace hn {
+
+std::unique_ptr<Driver> make_driver(const Device& device, const DriverOptions& options) {
+  switch (device.kind) {
+    case DeviceKind::reference:
+      return detail::make_reference_driver(device, options.separate_memory);
+    case DeviceKind::cpu:
+      return detail::make_cpu_driver(device, options.threads, options.blas);
+    case DeviceKind::cuda:
+#if HYBRIDNN_WITH_CUDA
+      return detail::make_cuda_driver(device);
+#else
+      detail::fail("{}: this build of hybridnn has no CUDA driver (configure with the CUDA "
+                   "toolkit present, or -DHYBRIDNN_CUDA=ON)",
+                   device.name());
+#endif
+  }
+  detail::fail("make_driver: unknown device kind for '{}'", device.name());
+}
+
+std::vector<std::string> cpu_blas_backends() { return detail::cpu_blas_backends(); }
+
+bool cuda_built() {
+#if HYBRIDNN_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+int cuda_device_count() {
+#if HYBRIDNN_WITH_CUDA
+  return detail::cuda_device_count_impl();
+#else
+  return 0;
+#endif
+}
+
+std::vector<Device> available_devices() {
+  std::vector<Device> devices{Device{DeviceKind::reference, 0}, Device{DeviceKind::cpu, 0}};
+  const int gpus = cuda_device_count();
+  for (int i = 0; i < gpus; ++i) devices.push_back(Device{DeviceKind::cuda, i});
+  return devices;
+}
+
+Driver& Runtime::add(std::unique_ptr<Driver> driver) {
+  HN_CHECK(driver != nullptr, "Runtime::add: null driver");
+  HN_CHECK(find(driver->device()) == nullptr,
+           "Runtime::add: a driver for {} is already present; use cpu:N for another instance",
+           driver->name());
+  drivers_.push_back(std::move(driver));
+  return *drivers_.back();
+}
+
+Driver& Runtime::add(const Device& device, const DriverOptions& options) {
+  return add(make_driver(device, options));
+}
+
+Driver* Runtime::find(const Device& device) const {
+  for (const auto& driver : drivers_) {
+    if (driver->device() == device) return driver.get();
+  }
+  return nullptr;
+}
+
+Driver& Runtime::driver(const Device& device) const {
+  if (Driver* found = find(device)) return *found;
+  std::string present;
+  for (const auto& driver : drivers_) present += (present.empty() ? "" : ", ") + driver->name();
+  detail::fail("no driver for device {} in this runtime (present: {})", device.name(),
+               present.empty() ? "none" : present);
+}
+
+std::vector<Driver*> Runtime::drivers() const {
+  std::vector<Driver*> out;
+  for (const auto& driver : drivers_) out.push_back(driver.get());
+  return out;
+}
+
+MemorySpace Runtime::space_of(const Device& device) const {
+  const Driver* found = owner(device);
+  return found ? found->memory_space() : host_space();
+}
+
+namespace detail {
+
+void transfer(Driver* dst_driver, void* dst, Driver* src_driver, const void* src,
+              std::size_t bytes) {
+  if (bytes == 0) return;
+  // A host-addressable driver's memory is host memory.
+  if (dst_driver && dst_driver->memory_space() == host_space()) dst_driver = nullptr;
+  if (src_driver && src_driver->memory_space() == host_space()) src_driver = nullptr;
+  if (dst_driver == nullptr && src_driver == nullptr) {
+    std::memcpy(dst, src, bytes);
+  } else if (src_driver == nullptr) {
+    dst_driver->copy_from_host(dst, src, bytes);
+  } else if (dst_driver == nullptr) {
+    src_driver->copy_to_host(dst, src, bytes);
+  } else if (dst_driver->memory_space() == src_driver->memory_space()) {
+    dst_driver->copy(dst, src, bytes);
+  } else {
+    // Neither driver can address the other's memory: stage through the host.
+    Buffer staging = Buffer::host(bytes);
+    src_driver->copy_to_host(staging.address(), src, bytes);
+    dst_driver->copy_from_host(dst, staging.address(), bytes);
+  }
+}
+
+}  // namespace detail
+
+Driver* Runtime::owner(const Device& device) const {
+  if (device.kind == DeviceKind::cpu) return nullptr;
+  Driver& found = driver(device);
+  return found.memory_space() == host_space() ? nullptr : &found;
+}
+
+void Runtime::copy(const Pointer& dst, const Pointer& src) {
+  HN_CHECK(dst.bytes == src.bytes, "Runtime::copy: {} bytes on {} into {} bytes on {}",
+           src.bytes, src.device.name(), dst.bytes, dst.device.name());
+  detail::transfer(owner(dst.device), dst.address, owner(src.device), src.address, src.bytes);
+}
+
+View Runtime::view(const Pointer& pointer, Driver& for_driver, Access access) {
+  View view;
+  view.runtime_ = this;
+  view.source_ = pointer;
+  view.source_owner_ = owner(pointer.device);
+  view.driver_ = &for_driver;
+  view.access_ = access;
+  if (for_driver.can_address(space_of(pointer.device))) {
+    view.address_ = pointer.address;
+    return view;
+  }
+  view.staging_ = Buffer(for_driver, pointer.bytes);
+  view.address_ = view.staging_.address();
+  if (access != Access::write) {
+    detail::transfer(&for_driver, view.address_, view.source_owner_, pointer.address,
+                     pointer.bytes);
+  }
+  return view;
+}
+
+}  // namespace hn

@@ -1,0 +1,95 @@
+// Validation and derived sizes of the driver parameter structs.
+#include "hybridnn/shapes.h"
+
+#include <cmath>
+
+#include "lib/check.h"
+
+namespace hn {
+
+index_t LoweringShape::out_h() const {
+  return (height + 2 * pad_h - (dilation_h * (kernel_h - 1) + 1)) / stride_h + 1;
+}
+index_t LoweringShape::out_w() const {
+  return (width + 2 * pad_w - (dilation_w * (kernel_w - 1) + 1)) / stride_w + 1;
+}
+
+std::string LoweringShape::to_string() const {
+  return fmt::format(
+      "batch={} channels={} height={} width={} kernel={}x{} pad={}x{} stride={}x{} "
+      "dilation={}x{} groups={}",
+      batch, channels, height, width, kernel_h, kernel_w, pad_h, pad_w, stride_h, stride_w,
+      dilation_h, dilation_w, groups);
+}
+
+void LoweringShape::validate(const char* call) const {
+  HN_CHECK(batch >= 0 && channels > 0 && height > 0 && width > 0,
+           "{}: batch must be >= 0 and channels, height, width > 0 ({})", call, to_string());
+  HN_CHECK(kernel_h > 0 && kernel_w > 0 && stride_h > 0 && stride_w > 0 && dilation_h > 0 &&
+               dilation_w > 0 && pad_h >= 0 && pad_w >= 0,
+           "{}: kernel, stride and dilation must be > 0 and pad >= 0 ({})", call, to_string());
+  HN_CHECK(groups > 0 && channels % groups == 0,
+           "{}: channels {} not divisible by groups {} ({})", call, channels, groups,
+           to_string());
+  HN_CHECK(out_h() > 0 && out_w() > 0,
+           "{}: dilated kernel larger than the padded image, output would be {}x{} ({})", call,
+           out_h(), out_w(), to_string());
+}
+
+namespace {
+
+// Caffe's pooled size: round up, then drop a last window starting in the padding.
+index_t pooled_size(index_t in, index_t kernel, index_t stride, index_t pad) {
+  index_t out = static_cast<index_t>(
+                    std::ceil(static_cast<double>(in + 2 * pad - kernel) / stride)) +
+                1;
+  if (pad > 0 && (out - 1) * stride >= in + pad) --out;
+  return out;
+}
+
+}  // namespace
+
+index_t PoolShape::out_h() const { return pooled_size(height, kernel_h, stride_h, pad_h); }
+index_t PoolShape::out_w() const { return pooled_size(width, kernel_w, stride_w, pad_w); }
+
+std::string PoolShape::to_string() const {
+  return fmt::format("batch={} channels={} height={} width={} kernel={}x{} stride={}x{} pad={}x{}",
+                     batch, channels, height, width, kernel_h, kernel_w, stride_h, stride_w,
+                     pad_h, pad_w);
+}
+
+void PoolShape::validate(const char* call) const {
+  HN_CHECK(batch >= 0 && channels > 0 && height > 0 && width > 0,
+           "{}: batch must be >= 0 and channels, height, width > 0 ({})", call, to_string());
+  HN_CHECK(kernel_h > 0 && kernel_w > 0 && stride_h > 0 && stride_w > 0,
+           "{}: kernel and stride must be > 0 ({})", call, to_string());
+  HN_CHECK(pad_h >= 0 && pad_w >= 0 && pad_h < kernel_h && pad_w < kernel_w,
+           "{}: pad must be >= 0 and smaller than the kernel ({})", call, to_string());
+  HN_CHECK(kernel_h <= height + 2 * pad_h && kernel_w <= width + 2 * pad_w,
+           "{}: kernel larger than the padded input ({})", call, to_string());
+}
+
+std::string LrnShape::to_string() const {
+  return fmt::format("batch={} channels={} height={} width={} size={} alpha={} beta={} k={} {}",
+                     batch, channels, height, width, size, alpha, beta, k,
+                     region == LrnRegion::across_channels ? "ACROSS_CHANNELS"
+                                                          : "WITHIN_CHANNEL");
+}
+
+void LrnShape::validate(const char* call) const {
+  HN_CHECK(batch >= 0 && channels > 0 && height > 0 && width > 0,
+           "{}: batch must be >= 0 and channels, height, width > 0 ({})", call, to_string());
+  HN_CHECK(size > 0 && size % 2 == 1, "{}: local_size must be odd and positive ({})", call,
+           to_string());
+}
+
+std::string AxisShape::to_string() const {
+  return fmt::format("outer={} channels={} inner={}", outer, channels, inner);
+}
+
+void AxisShape::validate(const char* call) const {
+  HN_CHECK(outer >= 0 && channels > 0 && inner > 0,
+           "{}: outer must be >= 0 and channels, inner > 0 ({})", call, to_string());
+}
+
+}  // namespace hn

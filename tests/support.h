@@ -1,0 +1,72 @@
+// Test support: the driver configurations every op test runs on, device arrays filled from
+// host vectors, random data and tolerant comparison.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "hybridnn/memory.h"
+#include "hybridnn/runtime.h"
+
+namespace hn::test {
+
+struct DriverConfig {
+  std::string label;  // "reference", "reference (separate memory)", "cpu (1 thread)", ...
+  Device device;
+  DriverOptions options;
+};
+
+// Every driver configuration present on this machine: the reference driver in both memory
+// modes, the CPU driver with 1 thread and with every core (each BLAS this build has), and
+// cuda:N for every GPU. When no GPU answers, prints once, loudly, that the CUDA
+// configurations are skipped.
+std::vector<DriverConfig> driver_configs();
+
+// A Buffer on a driver, filled from and read back to host vectors.
+class DeviceArray {
+ public:
+  DeviceArray(Driver& driver, std::size_t count) : driver_(&driver), buffer_(driver, bytes(count)), count_(count) {}
+  DeviceArray(Driver& driver, const std::vector<float>& values) : DeviceArray(driver, values.size()) {
+    driver.copy_from_host(buffer_.address(), values.data(), bytes(count_));
+  }
+  float* data() const { return buffer_.as<float>(); }
+  std::size_t size() const { return count_; }
+  std::vector<float> host() const {
+    std::vector<float> out(count_);
+    driver_->copy_to_host(out.data(), buffer_.address(), bytes(count_));
+    return out;
+  }
+
+ private:
+  static std::size_t bytes(std::size_t count) { return count * sizeof(float); }
+  Driver* driver_;
+  Buffer buffer_;
+  std::size_t count_;
+};
+
+inline std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float lo = -1.0f,
+                                        float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// Largest |a - b| / max(1, |b|) over the elements; infinity when the sizes differ.
+inline double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double worst = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double d = std::abs(static_cast<double>(a[i]) - b[i]) /
+                     std::max(1.0, std::abs(static_cast<double>(b[i])));
+    if (!(d <= worst)) worst = d;  // NaN propagates as a failure
+  }
+  return worst;
+}
+
+}  // namespace hn::test
