@@ -1,0 +1,1414 @@
+// Every Driver call on every driver configuration present, compared with the reference
+// driver (ggml's test-backend-ops idea): fixed-seed random shapes with odd and prime sizes,
+// the edge cases each call documents, and the misuse errors of the validating front.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <map>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "drivers/common/philox.h"
+#include "hybridnn/driver.h"
+#include "hybridnn/error.h"
+#include "hybridnn/memory.h"
+#include "hybridnn/runtime.h"
+#include "hybridnn/shapes.h"
+#include "tests/support.h"
+
+namespace {
+
+using Catch::Matchers::Contains;
+using hn::index_t;
+using hn::Transpose;
+using hn::test::DeviceArray;
+using hn::test::DriverConfig;
+using hn::test::random_floats;
+
+// Relative tolerances (|got - want| / max(1, |want|)). Element-wise results may differ by
+// a contraction into FMA or a vectorised exp; reductions and GEMM by summation order.
+constexpr double kElementwiseTolerance = 1e-5;
+constexpr double kReductionTolerance = 1e-4;
+double gemm_tolerance(index_t k) {
+  return 1e-4 * std::max(1.0, static_cast<double>(k) / 64.0);
+}
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kSentinel = 777.0f;  // marks memory a call must leave alone
+const std::vector<index_t> kOddSizes = {1, 3, 7, 13, 31, 97};
+
+// The driver under test and the oracle. Declared before any array in a test, so the
+// arrays (whose Buffers these drivers free) die first.
+struct Drivers {
+  explicit Drivers(const DriverConfig& config)
+      : oracle(hn::make_driver(hn::Device{hn::DeviceKind::reference, 0})),
+        driver(hn::make_driver(config.device, config.options)) {}
+  std::unique_ptr<hn::Driver> oracle;
+  std::unique_ptr<hn::Driver> driver;
+};
+
+enum class Side { oracle, tested };
+
+// Runs `call(driver, side)` on the oracle, then on the driver under test.
+template <class Call>
+void run_both(const Drivers& drivers, Call&& call) {
+  call(*drivers.oracle, Side::oracle);
+  call(*drivers.driver, Side::tested);
+}
+
+// The same values (or, for outputs, deliberately different garbage) on both drivers.
+class TwinArray {
+ public:
+  TwinArray(const Drivers& drivers, const std::vector<float>& values)
+      : TwinArray(drivers, values, values) {}
+  TwinArray(const Drivers& drivers, const std::vector<float>& oracle_values,
+            const std::vector<float>& tested_values)
+      : oracle_(*drivers.oracle, oracle_values), tested_(*drivers.driver, tested_values) {}
+  float* operator[](Side side) const {
+    return side == Side::oracle ? oracle_.data() : tested_.data();
+  }
+  std::vector<float> oracle() const { return oracle_.host(); }
+  std::vector<float> tested() const { return tested_.host(); }
+
+ private:
+  DeviceArray oracle_, tested_;
+};
+
+// Max-pooling masks: int32 on a driver.
+class MaskArray {
+ public:
+  MaskArray(hn::Driver& driver, std::size_t count)
+      : driver_(&driver), buffer_(driver, count * sizeof(std::int32_t)), count_(count) {}
+  std::int32_t* data() const { return buffer_.as<std::int32_t>(); }
+  void upload(const std::vector<std::int32_t>& values) {
+    REQUIRE(values.size() == count_);
+    driver_->copy_from_host(data(), values.data(), count_ * sizeof(std::int32_t));
+  }
+  std::vector<std::int32_t> host() const {
+    std::vector<std::int32_t> out(count_);
+    driver_->copy_to_host(out.data(), data(), count_ * sizeof(std::int32_t));
+    return out;
+  }
+
+ private:
+  hn::Driver* driver_;
+  hn::Buffer buffer_;
+  std::size_t count_;
+};
+
+class TwinMask {
+ public:
+  TwinMask(const Drivers& drivers, std::size_t count)
+      : oracle_(*drivers.oracle, count), tested_(*drivers.driver, count) {}
+  std::int32_t* operator[](Side side) const {
+    return side == Side::oracle ? oracle_.data() : tested_.data();
+  }
+  std::vector<std::int32_t> oracle() const { return oracle_.host(); }
+  std::vector<std::int32_t> tested() const { return tested_.host(); }
+  void upload(const std::vector<std::int32_t>& values) {
+    oracle_.upload(values);
+    tested_.upload(values);
+  }
+
+ private:
+  MaskArray oracle_, tested_;
+};
+
+// Checks max_rel_diff(tested, oracle) <= tolerance and names the worst element on failure.
+void check_close(const std::vector<float>& tested, const std::vector<float>& oracle,
+                 double tolerance) {
+  REQUIRE(tested.size() == oracle.size());
+  const double diff = hn::test::max_rel_diff(tested, oracle);
+  std::size_t worst = 0;
+  double worst_diff = -1.0;
+  for (std::size_t i = 0; i < tested.size(); ++i) {
+    const double d = std::abs(static_cast<double>(tested[i]) - oracle[i]) /
+                     std::max(1.0, std::abs(static_cast<double>(oracle[i])));
+    if (!(d <= worst_diff)) {
+      worst_diff = d;
+      worst = i;
+      if (std::isnan(d)) break;
+    }
+  }
+  INFO("worst element " << worst << " of " << tested.size() << ": driver "
+                        << (tested.empty() ? 0.0f : tested[worst]) << ", reference "
+                        << (oracle.empty() ? 0.0f : oracle[worst]));
+  CHECK(diff <= tolerance);
+}
+
+void check_close(const TwinArray& array, double tolerance) {
+  check_close(array.tested(), array.oracle(), tolerance);
+}
+
+// Bit-for-bit equality; names the first differing element on failure.
+template <class T>
+void check_identical(const std::vector<T>& tested, const std::vector<T>& oracle) {
+  REQUIRE(tested.size() == oracle.size());
+  std::size_t first = tested.size();
+  std::size_t differing = 0;
+  for (std::size_t i = 0; i < tested.size(); ++i) {
+    if (std::memcmp(&tested[i], &oracle[i], sizeof(T)) != 0) {
+      if (first == tested.size()) first = i;
+      ++differing;
+    }
+  }
+  if (differing > 0) {
+    INFO("first differing element " << first << " of " << tested.size() << ": driver "
+                                    << tested[first] << ", reference " << oracle[first]);
+    CHECK(differing == 0);
+  } else {
+    CHECK(differing == 0);
+  }
+}
+
+void check_identical(const TwinArray& array) {
+  check_identical(array.tested(), array.oracle());
+}
+void check_identical(const TwinMask& mask) {
+  check_identical(mask.tested(), mask.oracle());
+}
+
+// The hn::Error message `call` throws, or a note that it threw none. Other exception types
+// propagate and fail the test.
+template <class Call>
+std::string error_of(Call&& call) {
+  try {
+    call();
+  } catch (const hn::Error& error) {
+    return error.what();
+  }
+  return "(no hn::Error thrown)";
+}
+
+template <class T>
+T pick(std::mt19937& rng, const std::vector<T>& choices) {
+  return choices[std::uniform_int_distribution<std::size_t>(0, choices.size() - 1)(rng)];
+}
+
+index_t uniform(std::mt19937& rng, index_t lo, index_t hi) {
+  return std::uniform_int_distribution<index_t>(lo, hi)(rng);
+}
+
+// n distinct values in [lo, lo + 1), shuffled, so a max-pooling window never holds a tie.
+std::vector<float> distinct_floats(std::size_t n, std::uint32_t seed, float lo) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    v[i] = lo + static_cast<float>(i) / static_cast<float>(std::max<std::size_t>(n, 1));
+  }
+  std::shuffle(v.begin(), v.end(), std::mt19937(seed));
+  return v;
+}
+
+// Random values with an exact zero every 17th element (the x > 0 boundary of relu).
+std::vector<float> floats_with_zeros(std::size_t n, std::uint32_t seed) {
+  std::vector<float> v = random_floats(n, seed, -2.0f, 2.0f);
+  for (std::size_t i = 0; i < n; i += 17)
+    v[i] = 0.0f;
+  return v;
+}
+
+std::vector<float> constant(std::size_t n, float value) {
+  return std::vector<float>(n, value);
+}
+
+const std::vector<index_t> kVectorSizes = {1, 3, 7, 13, 31, 97, 1000, 10007, 100003};
+
+// ---- shapes -------------------------------------------------------------------------
+
+hn::LoweringShape lowering(index_t batch, index_t channels, index_t height, index_t width,
+                           index_t kernel_h, index_t kernel_w, index_t pad_h, index_t pad_w,
+                           index_t stride_h, index_t stride_w, index_t dilation_h = 1,
+                           index_t dilation_w = 1, index_t groups = 1) {
+  hn::LoweringShape s;
+  s.batch = batch;
+  s.channels = channels;
+  s.height = height;
+  s.width = width;
+  s.kernel_h = kernel_h;
+  s.kernel_w = kernel_w;
+  s.pad_h = pad_h;
+  s.pad_w = pad_w;
+  s.stride_h = stride_h;
+  s.stride_w = stride_w;
+  s.dilation_h = dilation_h;
+  s.dilation_w = dilation_w;
+  s.groups = groups;
+  return s;
+}
+
+std::vector<hn::LoweringShape> lowering_cases() {
+  std::vector<hn::LoweringShape> cases = {
+      lowering(1, 1, 5, 5, 3, 3, 1, 1, 1, 1),
+      lowering(1, 1, 1, 1, 1, 1, 0, 0, 1, 1),
+      lowering(2, 3, 7, 13, 3, 2, 1, 0, 2, 1),            // non-square kernel, stride 2
+      lowering(3, 4, 13, 11, 3, 3, 2, 2, 1, 1, 2, 2, 2),  // dilation 2, groups 2
+      lowering(1, 6, 31, 7, 5, 1, 2, 0, 3, 1, 1, 1, 3),   // groups 3
+      lowering(2, 2, 13, 13, 2, 2, 0, 0, 3, 3),           // stride > kernel: skipped pixels
+      lowering(1, 3, 7, 7, 7, 7, 0, 0, 1, 1),             // kernel = image: one output
+      lowering(1, 2, 3, 5, 5, 5, 2, 2, 1, 1),             // kernel larger than the image
+      lowering(2, 1, 97, 3, 1, 3, 0, 1, 1, 1),
+      lowering(1, 1, 11, 11, 3, 3, 3, 3, 2, 2, 3, 1),  // wide padding, dilation 3 x 1
+  };
+  std::mt19937 rng(7);
+  while (cases.size() < 18) {
+    // One draw per statement: the order of draws must not depend on the compiler.
+    hn::LoweringShape s;
+    s.groups = pick<index_t>(rng, {1, 1, 2, 3});
+    s.batch = uniform(rng, 1, 3);
+    s.channels = s.groups * pick<index_t>(rng, {1, 3, 7});
+    s.height = pick<index_t>(rng, {1, 3, 7, 13, 31});
+    s.width = pick<index_t>(rng, {1, 3, 7, 13, 31});
+    s.kernel_h = uniform(rng, 1, 5);
+    s.kernel_w = uniform(rng, 1, 5);
+    s.pad_h = uniform(rng, 0, s.kernel_h);
+    s.pad_w = uniform(rng, 0, s.kernel_w);
+    s.stride_h = uniform(rng, 1, 3);
+    s.stride_w = uniform(rng, 1, 3);
+    s.dilation_h = pick<index_t>(rng, {1, 1, 2});
+    s.dilation_w = pick<index_t>(rng, {1, 1, 2});
+    if (s.out_h() > 0 && s.out_w() > 0) cases.push_back(s);
+  }
+  return cases;
+}
+
+hn::PoolShape pooling(index_t batch, index_t channels, index_t height, index_t width,
+                      index_t kernel_h, index_t kernel_w, index_t stride_h, index_t stride_w,
+                      index_t pad_h, index_t pad_w) {
+  hn::PoolShape s;
+  s.batch = batch;
+  s.channels = channels;
+  s.height = height;
+  s.width = width;
+  s.kernel_h = kernel_h;
+  s.kernel_w = kernel_w;
+  s.stride_h = stride_h;
+  s.stride_w = stride_w;
+  s.pad_h = pad_h;
+  s.pad_w = pad_w;
+  return s;
+}
+
+std::vector<hn::PoolShape> pool_cases() {
+  std::vector<hn::PoolShape> cases = {
+      pooling(1, 1, 5, 5, 2, 2, 2, 2, 0, 0),
+      pooling(2, 3, 7, 7, 3, 3, 2, 2, 1, 1),    // rounds up; windows clipped by padding
+      pooling(1, 2, 13, 11, 3, 2, 2, 3, 1, 1),  // non-square kernel and stride
+      pooling(3, 4, 6, 6, 3, 3, 3, 3, 0, 0),    // no overlap
+      pooling(2, 1, 1, 1, 1, 1, 1, 1, 0, 0),    // 1x1
+      pooling(1, 3, 31, 17, 5, 3, 2, 2, 2, 1),  // AlexNet-like odd sizes
+      pooling(1, 1, 8, 8, 3, 3, 1, 1, 2, 2),    // pad 2 with kernel 3
+      pooling(1, 2, 13, 13, 2, 2, 3, 3, 0, 0),  // stride > kernel: skipped inputs
+      pooling(1, 1, 5, 5, 2, 2, 2, 2, 1, 1),    // Caffe drops a window starting in the pad
+      pooling(2, 2, 6, 6, 3, 3, 2, 2, 0, 0),    // rounding up: last window past the border
+      pooling(1, 1, 97, 3, 3, 3, 2, 1, 1, 1),
+      pooling(1, 1, 3, 3, 3, 3, 1, 1, 0, 0),  // kernel = image
+  };
+  std::mt19937 rng(11);
+  while (cases.size() < 20) {
+    hn::PoolShape s;
+    s.batch = uniform(rng, 1, 3);
+    s.channels = pick<index_t>(rng, {1, 3, 7});
+    s.height = pick<index_t>(rng, {1, 3, 7, 13, 31});
+    s.width = pick<index_t>(rng, {1, 3, 7, 13, 31});
+    s.kernel_h = uniform(rng, 1, 5);
+    s.kernel_w = uniform(rng, 1, 5);
+    s.stride_h = uniform(rng, 1, 3);
+    s.stride_w = uniform(rng, 1, 3);
+    s.pad_h = uniform(rng, 0, s.kernel_h - 1);
+    s.pad_w = uniform(rng, 0, s.kernel_w - 1);
+    if (s.kernel_h <= s.height + 2 * s.pad_h && s.kernel_w <= s.width + 2 * s.pad_w) {
+      cases.push_back(s);
+    }
+  }
+  return cases;
+}
+
+hn::AxisShape axis(index_t outer, index_t channels, index_t inner) {
+  hn::AxisShape s;
+  s.outer = outer;
+  s.channels = channels;
+  s.inner = inner;
+  return s;
+}
+
+std::vector<hn::AxisShape> axis_cases() {
+  return {axis(1, 1, 1),   axis(2, 3, 7),  axis(3, 13, 31), axis(5, 97, 1),
+          axis(1, 7, 291), axis(4, 1, 13), axis(2, 31, 97), axis(1, 1000, 1)};
+}
+
+hn::LrnShape lrn(index_t batch, index_t channels, index_t height, index_t width, index_t size,
+                 hn::LrnRegion region, float alpha = 1.0f, float beta = 0.75f, float k = 1.0f) {
+  hn::LrnShape s;
+  s.batch = batch;
+  s.channels = channels;
+  s.height = height;
+  s.width = width;
+  s.size = size;
+  s.region = region;
+  s.alpha = alpha;
+  s.beta = beta;
+  s.k = k;
+  return s;
+}
+
+std::vector<hn::LrnShape> lrn_cases() {
+  std::vector<hn::LrnShape> cases;
+  std::mt19937 rng(13);
+  for (index_t size : {1, 3, 5}) {
+    // Channels smaller than, equal to and larger than the window.
+    for (index_t channels : {1, 2, 3, 5, 7, 13}) {
+      const index_t batch = uniform(rng, 1, 2);
+      const index_t height = pick<index_t>(rng, {1, 3, 7});
+      const index_t width = pick<index_t>(rng, {1, 3, 7});
+      cases.push_back(lrn(batch, channels, height, width, size, hn::LrnRegion::across_channels));
+    }
+    // Planes smaller than, equal to and larger than the window.
+    for (index_t height : {1, 2, 3, 7, 13}) {
+      const index_t batch = uniform(rng, 1, 2);
+      const index_t channels = pick<index_t>(rng, {1, 3});
+      const index_t width = pick<index_t>(rng, {1, 2, 3, 7, 13});
+      cases.push_back(lrn(batch, channels, height, width, size, hn::LrnRegion::within_channel));
+    }
+  }
+  // Other parameters (k = 2 as AlexNet's, beta 0.5, alpha as Caffe's default).
+  cases.push_back(lrn(2, 13, 5, 3, 5, hn::LrnRegion::across_channels, 1e-4f, 0.75f, 2.0f));
+  cases.push_back(lrn(2, 7, 3, 3, 3, hn::LrnRegion::across_channels, 0.5f, 0.5f, 2.0f));
+  cases.push_back(lrn(1, 3, 13, 7, 3, hn::LrnRegion::within_channel, 0.5f, 0.5f));
+  return cases;
+}
+
+// ---- GEMM ---------------------------------------------------------------------------
+
+struct GemmCase {
+  Transpose trans_a, trans_b;
+  index_t m, n, k;
+  float alpha, beta;
+  index_t pad_a, pad_b, pad_c;  // leading dimension beyond the minimal one
+};
+
+std::string describe(const GemmCase& g) {
+  std::ostringstream out;
+  out << "gemm " << (g.trans_a == Transpose::yes ? "T" : "N")
+      << (g.trans_b == Transpose::yes ? "T" : "N") << " m=" << g.m << " n=" << g.n << " k=" << g.k
+      << " alpha=" << g.alpha << " beta=" << g.beta << " lda+" << g.pad_a << " ldb+" << g.pad_b
+      << " ldc+" << g.pad_c;
+  return out.str();
+}
+
+std::vector<GemmCase> gemm_cases() {
+  std::vector<GemmCase> cases;
+  std::mt19937 rng(2024);
+  for (Transpose ta : {Transpose::no, Transpose::yes}) {
+    for (Transpose tb : {Transpose::no, Transpose::yes}) {
+      cases.push_back({ta, tb, 1, 1, 1, 1.0f, 0.0f, 0, 0, 0});
+      cases.push_back({ta, tb, 1, 97, 3, 1.0f, 1.0f, 0, 0, 0});
+      cases.push_back({ta, tb, 97, 1, 13, -0.5f, 0.0f, 2, 0, 5});
+      cases.push_back({ta, tb, 7, 13, 31, 2.5f, -0.7f, 3, 1, 2});
+      cases.push_back({ta, tb, 31, 7, 1, 1.0f, 1.0f, 0, 4, 0});
+      cases.push_back({ta, tb, 5, 3, 0, 1.0f, 0.0f, 0, 0, 1});  // k = 0: C = beta * C
+      cases.push_back({ta, tb, 4, 6, 0, 1.0f, 0.5f, 1, 1, 0});
+      cases.push_back({ta, tb, 257, 263, 255, 1.0f, 0.0f, 1, 0, 3});
+      for (int r = 0; r < 4; ++r) {
+        auto size = [&] { return r % 2 == 0 ? pick(rng, kOddSizes) : uniform(rng, 1, 64); };
+        const index_t m = size(), n = size(), k = size();
+        cases.push_back({ta, tb, m, n, k, pick<float>(rng, {1.0f, -0.5f, 2.5f}),
+                         pick<float>(rng, {0.0f, 1.0f, -0.7f}), pick<index_t>(rng, {0, 0, 1, 3}),
+                         pick<index_t>(rng, {0, 0, 1, 3}), pick<index_t>(rng, {0, 0, 1, 3})});
+      }
+    }
+  }
+  return cases;
+}
+
+// A rows x cols matrix stored with leading dimension ld; the padding columns hold `fill`.
+std::vector<float> padded(const std::vector<float>& values, index_t rows, index_t cols, index_t ld,
+                          float fill) {
+  std::vector<float> out(static_cast<std::size_t>(rows * ld), fill);
+  for (index_t r = 0; r < rows; ++r) {
+    std::copy_n(values.begin() + r * cols, cols, out.begin() + r * ld);
+  }
+  return out;
+}
+
+TEST_CASE("gemm matches the reference on every driver", "[driver_ops][gemm]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 100;
+    for (const GemmCase& g : gemm_cases()) {
+      INFO(describe(g));
+      const bool ta = g.trans_a == Transpose::yes, tb = g.trans_b == Transpose::yes;
+      const index_t a_rows = ta ? g.k : g.m, a_cols = ta ? g.m : g.k;
+      const index_t b_rows = tb ? g.n : g.k, b_cols = tb ? g.k : g.n;
+      const index_t lda = std::max<index_t>(1, a_cols) + g.pad_a;
+      const index_t ldb = std::max<index_t>(1, b_cols) + g.pad_b;
+      const index_t ldc = std::max<index_t>(1, g.n) + g.pad_c;
+      // Padding holds NaN in A and B (must not be read) and a sentinel in C (must not be
+      // written); with beta == 0, C itself holds NaN (must not be read).
+      const TwinArray a(drivers,
+                        padded(random_floats(a_rows * a_cols, seed++), a_rows, a_cols, lda, kNaN));
+      const TwinArray b(drivers,
+                        padded(random_floats(b_rows * b_cols, seed++), b_rows, b_cols, ldb, kNaN));
+      const std::vector<float> c_values =
+          g.beta == 0.0f ? constant(g.m * g.n, kNaN) : random_floats(g.m * g.n, seed++);
+      const TwinArray c(drivers, padded(c_values, g.m, g.n, ldc, kSentinel));
+      run_both(drivers, [&](hn::Driver& driver, Side side) {
+        driver.gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, a[side], lda, b[side], ldb,
+                    g.beta, c[side], ldc);
+      });
+      const std::vector<float> tested = c.tested();
+      check_close(tested, c.oracle(), gemm_tolerance(g.k));
+      index_t padding_written = 0;
+      for (index_t r = 0; r < g.m; ++r) {
+        for (index_t j = g.n; j < ldc; ++j)
+          padding_written += tested[r * ldc + j] != kSentinel;
+      }
+      CHECK(padding_written == 0);
+    }
+  }
+}
+
+// ---- lowering -----------------------------------------------------------------------
+
+TEST_CASE("im2col matches the reference bit for bit on every driver", "[driver_ops][lowering]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 200;
+    for (const hn::LoweringShape& shape : lowering_cases()) {
+      INFO(shape.to_string());
+      const TwinArray images(drivers, random_floats(shape.image_count(), seed++));
+      // Different garbage on each side: an entry left unwritten cannot match.
+      const TwinArray columns(drivers, constant(shape.col_count(), -7777.0f),
+                              constant(shape.col_count(), kNaN));
+      run_both(drivers, [&](hn::Driver& driver, Side side) {
+        driver.im2col(shape, images[side], columns[side]);
+      });
+      check_identical(columns);
+    }
+  }
+}
+
+TEST_CASE("col2im overwrites the images with the reference sums on every driver",
+          "[driver_ops][lowering]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 300;
+    for (const hn::LoweringShape& shape : lowering_cases()) {
+      INFO(shape.to_string());
+      const TwinArray columns(drivers, random_floats(shape.col_count(), seed++));
+      const TwinArray images(drivers, constant(shape.image_count(), -7777.0f),
+                             constant(shape.image_count(), kNaN));
+      run_both(drivers, [&](hn::Driver& driver, Side side) {
+        driver.col2im(shape, columns[side], images[side]);
+      });
+      check_close(images, kElementwiseTolerance);
+    }
+  }
+}
+
+TEST_CASE("im2col row block g is the lowering of group g's channels on every driver",
+          "[driver_ops][lowering]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    std::uint32_t seed = 400;
+    for (const hn::LoweringShape& shape : lowering_cases()) {
+      if (shape.groups == 1) continue;
+      INFO(shape.to_string());
+      const std::vector<float> image_values = random_floats(shape.image_count(), seed++);
+      const DeviceArray images(*driver, image_values);
+      const DeviceArray columns(*driver, shape.col_count());
+      driver->im2col(shape, images.data(), columns.data());
+      const std::vector<float> lowered = columns.host();
+
+      hn::LoweringShape group_shape = shape;
+      group_shape.channels = shape.channels / shape.groups;
+      group_shape.groups = 1;
+      const index_t plane = shape.height * shape.width;
+      const index_t block = group_shape.col_count();  // rows / groups full rows
+      for (index_t g = 0; g < shape.groups; ++g) {
+        INFO("group " << g);
+        std::vector<float> subset;
+        for (index_t n = 0; n < shape.batch; ++n) {
+          const auto begin =
+              image_values.begin() + (n * shape.channels + g * group_shape.channels) * plane;
+          subset.insert(subset.end(), begin, begin + group_shape.channels * plane);
+        }
+        const DeviceArray group_images(*driver, subset);
+        const DeviceArray group_columns(*driver, block);
+        driver->im2col(group_shape, group_images.data(), group_columns.data());
+        const std::vector<float> rows(lowered.begin() + g * block,
+                                      lowered.begin() + (g + 1) * block);
+        check_identical(rows, group_columns.host());
+      }
+    }
+  }
+}
+
+TEST_CASE("swap_axes matches the reference bit for bit on every driver", "[driver_ops][lowering]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 500;
+    const std::vector<std::vector<index_t>> cases = {
+        {1, 1, 1}, {3, 7, 1}, {13, 31, 5}, {97, 3, 7}, {1, 13, 31}, {31, 1, 3}, {64, 49, 97}};
+    for (const auto& d : cases) {
+      INFO("swap_axes d0=" << d[0] << " d1=" << d[1] << " inner=" << d[2]);
+      const index_t count = d[0] * d[1] * d[2];
+      const TwinArray src(drivers, random_floats(count, seed++));
+      const TwinArray dst(drivers, constant(count, -7777.0f), constant(count, kNaN));
+      run_both(drivers, [&](hn::Driver& driver, Side side) {
+        driver.swap_axes(d[0], d[1], d[2], src[side], dst[side]);
+      });
+      check_identical(dst);
+    }
+  }
+}
+
+// ---- element-wise and reductions ----------------------------------------------------
+
+TEST_CASE("fill, scale, axpy, axpby and mul match the reference on every driver",
+          "[driver_ops][elementwise]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 600;
+    for (const index_t n : kVectorSizes) {
+      INFO("n=" << n);
+      const std::vector<float> x_values = random_floats(n, seed++);
+      const std::vector<float> y_values = random_floats(n, seed++);
+      {
+        INFO("fill over NaN");
+        const TwinArray y(drivers, constant(n, kNaN));
+        run_both(drivers, [&](hn::Driver& d, Side s) { d.fill(n, 3.25f, y[s]); });
+        check_identical(y);
+      }
+      for (const float alpha : {0.5f, -3.0f, 1.0f}) {
+        INFO("scale alpha=" << alpha);
+        const TwinArray y(drivers, y_values);
+        run_both(drivers, [&](hn::Driver& d, Side s) { d.scale(n, alpha, y[s]); });
+        check_close(y, kElementwiseTolerance);
+      }
+      for (const float alpha : {0.5f, -3.0f, 1.0f}) {
+        INFO("axpy alpha=" << alpha);
+        const TwinArray x(drivers, x_values), y(drivers, y_values);
+        run_both(drivers, [&](hn::Driver& d, Side s) { d.axpy(n, alpha, x[s], y[s]); });
+        check_close(y, kElementwiseTolerance);
+      }
+      for (const float alpha : {0.5f, -3.0f}) {
+        for (const float beta : {0.0f, 1.0f, 0.9f}) {
+          INFO("axpby alpha=" << alpha << " beta=" << beta << " (beta 0: y holds NaN)");
+          const TwinArray x(drivers, x_values);
+          const TwinArray y(drivers, beta == 0.0f ? constant(n, kNaN) : y_values);
+          run_both(drivers, [&](hn::Driver& d, Side s) { d.axpby(n, alpha, x[s], beta, y[s]); });
+          check_close(y, kElementwiseTolerance);
+        }
+      }
+      {
+        INFO("mul");
+        const TwinArray a(drivers, x_values), b(drivers, y_values);
+        const TwinArray y(drivers, constant(n, -7777.0f), constant(n, kNaN));
+        run_both(drivers, [&](hn::Driver& d, Side s) { d.mul(n, a[s], b[s], y[s]); });
+        check_close(y, kElementwiseTolerance);
+      }
+      {
+        INFO("mul in place (y == a)");
+        const TwinArray a(drivers, x_values), b(drivers, y_values);
+        run_both(drivers, [&](hn::Driver& d, Side s) { d.mul(n, a[s], b[s], a[s]); });
+        check_close(a, kElementwiseTolerance);
+      }
+    }
+  }
+}
+
+// |got - want| <= tolerance * max(1, |want|) + 1e-6 * magnitude, where magnitude is the sum
+// of the absolute terms: a sum that cancels to near zero keeps the rounding of its terms.
+void check_reduction(float got, float want, double magnitude) {
+  INFO("driver " << got << ", reference " << want << ", sum of |terms| " << magnitude);
+  CHECK(std::abs(static_cast<double>(got) - want) <=
+        kReductionTolerance * std::max(1.0, std::abs(static_cast<double>(want))) +
+            1e-6 * magnitude);
+}
+
+TEST_CASE("dot, asum and sum match the reference on every driver", "[driver_ops][reductions]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 700;
+    for (const index_t n : kVectorSizes) {
+      INFO("n=" << n);
+      const std::vector<float> x_values = random_floats(n, seed++);
+      const std::vector<float> y_values = random_floats(n, seed++, -2.0f, 3.0f);
+      const TwinArray x(drivers, x_values), y(drivers, y_values);
+      double abs_x = 0.0, abs_xy = 0.0;
+      for (index_t i = 0; i < n; ++i) {
+        abs_x += std::abs(x_values[i]);
+        abs_xy += std::abs(x_values[i] * y_values[i]);
+      }
+      {
+        INFO("dot");
+        check_reduction(drivers.driver->dot(n, x[Side::tested], y[Side::tested]),
+                        drivers.oracle->dot(n, x[Side::oracle], y[Side::oracle]), abs_xy);
+      }
+      {
+        INFO("asum");
+        check_reduction(drivers.driver->asum(n, x[Side::tested]),
+                        drivers.oracle->asum(n, x[Side::oracle]), abs_x);
+      }
+      {
+        INFO("sum");
+        check_reduction(drivers.driver->sum(n, x[Side::tested]),
+                        drivers.oracle->sum(n, x[Side::oracle]), abs_x);
+      }
+    }
+  }
+}
+
+TEST_CASE("bias_forward and bias_backward match the reference on every driver",
+          "[driver_ops][bias]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 800;
+    for (const hn::AxisShape& shape : axis_cases()) {
+      INFO(shape.to_string());
+      {
+        INFO("bias_forward");
+        const TwinArray bias(drivers, random_floats(shape.channels, seed++));
+        const TwinArray y(drivers, random_floats(shape.count(), seed++));
+        run_both(drivers, [&](hn::Driver& d, Side s) { d.bias_forward(shape, bias[s], y[s]); });
+        check_close(y, kElementwiseTolerance);
+      }
+      for (const float beta : {0.0f, 1.0f}) {
+        INFO("bias_backward beta=" << beta << " (beta 0: dbias holds NaN)");
+        const TwinArray dy(drivers, random_floats(shape.count(), seed++));
+        const TwinArray dbias(drivers, beta == 0.0f ? constant(shape.channels, kNaN)
+                                                    : random_floats(shape.channels, seed++));
+        run_both(drivers,
+                 [&](hn::Driver& d, Side s) { d.bias_backward(shape, dy[s], beta, dbias[s]); });
+        check_close(dbias, kReductionTolerance);
+      }
+    }
+  }
+}
+
+TEST_CASE("bias_backward with no images scales dbias by beta on every driver",
+          "[driver_ops][bias]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    const hn::AxisShape shape = axis(0, 5, 3);
+    const std::vector<float> values = {1.0f, -2.0f, 0.5f, 4.0f, -0.25f};
+    const DeviceArray dy(*driver, 4);
+    {
+      const DeviceArray dbias(*driver, constant(5, kNaN));
+      driver->bias_backward(shape, dy.data(), 0.0f, dbias.data());
+      check_identical(dbias.host(), constant(5, 0.0f));
+    }
+    for (const float beta : {1.0f, 0.5f}) {
+      INFO("beta=" << beta);
+      const DeviceArray dbias(*driver, values);
+      driver->bias_backward(shape, dy.data(), beta, dbias.data());
+      std::vector<float> want = values;
+      for (float& v : want)
+        v *= beta;  // exact: beta is a power of two
+      check_identical(dbias.host(), want);
+    }
+  }
+}
+
+// ---- activations --------------------------------------------------------------------
+
+TEST_CASE("relu forward and backward match the reference on every driver, in place too",
+          "[driver_ops][activations]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 900;
+    for (const index_t n : kVectorSizes) {
+      for (const float slope : {0.0f, 0.1f}) {
+        INFO("n=" << n << " negative_slope=" << slope);
+        const std::vector<float> x_values = floats_with_zeros(n, seed++);
+        const std::vector<float> dy_values = random_floats(n, seed++);
+        const TwinArray x(drivers, x_values), dy(drivers, dy_values);
+        {
+          INFO("relu_forward");
+          const TwinArray y(drivers, constant(n, -7777.0f), constant(n, kNaN));
+          run_both(drivers, [&](hn::Driver& d, Side s) { d.relu_forward(n, slope, x[s], y[s]); });
+          check_close(y, kElementwiseTolerance);
+        }
+        {
+          INFO("relu_forward in place");
+          const TwinArray xy(drivers, x_values);
+          run_both(drivers, [&](hn::Driver& d, Side s) { d.relu_forward(n, slope, xy[s], xy[s]); });
+          check_close(xy, kElementwiseTolerance);
+        }
+        {
+          INFO("relu_backward");
+          const TwinArray dx(drivers, constant(n, -7777.0f), constant(n, kNaN));
+          run_both(drivers,
+                   [&](hn::Driver& d, Side s) { d.relu_backward(n, slope, x[s], dy[s], dx[s]); });
+          check_close(dx, kElementwiseTolerance);
+        }
+        {
+          INFO("relu_backward in place (dx == dy)");
+          const TwinArray g(drivers, dy_values);
+          run_both(drivers,
+                   [&](hn::Driver& d, Side s) { d.relu_backward(n, slope, x[s], g[s], g[s]); });
+          check_close(g, kElementwiseTolerance);
+        }
+      }
+    }
+  }
+}
+
+// Inputs over the useful range plus saturating extremes (exp overflows beyond ~88).
+std::vector<float> activation_inputs(std::size_t n, std::uint32_t seed) {
+  std::vector<float> v = random_floats(n, seed, -8.0f, 8.0f);
+  const float extremes[] = {0.0f, 50.0f, -50.0f, 100.0f, -100.0f, 1e-7f, -1e-7f};
+  for (std::size_t i = 0; i < n && i < std::size(extremes); ++i)
+    v[i * 7 % n] = extremes[i];
+  return v;
+}
+
+TEST_CASE(
+    "sigmoid and tanh forward and backward match the reference on every driver, in place "
+    "too",
+    "[driver_ops][activations]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 1000;
+    using Forward = void (hn::Driver::*)(index_t, const float*, float*);
+    using Backward = void (hn::Driver::*)(index_t, const float*, const float*, float*);
+    struct Activation {
+      const char* name;
+      Forward forward;
+      Backward backward;
+      float y_lo, y_hi;  // range of y for the backward inputs
+    };
+    const Activation activations[] = {
+        {"sigmoid", &hn::Driver::sigmoid_forward, &hn::Driver::sigmoid_backward, 0.0f, 1.0f},
+        {"tanh", &hn::Driver::tanh_forward, &hn::Driver::tanh_backward, -1.0f, 1.0f}};
+    for (const Activation& act : activations) {
+      for (const index_t n : kVectorSizes) {
+        INFO(act.name << " n=" << n);
+        const std::vector<float> x_values = activation_inputs(n, seed++);
+        const std::vector<float> y_values = random_floats(n, seed++, act.y_lo, act.y_hi);
+        const std::vector<float> dy_values = random_floats(n, seed++);
+        const TwinArray x(drivers, x_values);
+        {
+          INFO("forward");
+          const TwinArray y(drivers, constant(n, -7777.0f), constant(n, kNaN));
+          run_both(drivers, [&](hn::Driver& d, Side s) { (d.*act.forward)(n, x[s], y[s]); });
+          check_close(y, kElementwiseTolerance);
+        }
+        {
+          INFO("forward in place");
+          const TwinArray xy(drivers, x_values);
+          run_both(drivers, [&](hn::Driver& d, Side s) { (d.*act.forward)(n, xy[s], xy[s]); });
+          check_close(xy, kElementwiseTolerance);
+        }
+        const TwinArray y(drivers, y_values), dy(drivers, dy_values);
+        {
+          INFO("backward");
+          const TwinArray dx(drivers, constant(n, -7777.0f), constant(n, kNaN));
+          run_both(drivers,
+                   [&](hn::Driver& d, Side s) { (d.*act.backward)(n, y[s], dy[s], dx[s]); });
+          check_close(dx, kElementwiseTolerance);
+        }
+        {
+          INFO("backward in place (dx == dy)");
+          const TwinArray g(drivers, dy_values);
+          run_both(drivers, [&](hn::Driver& d, Side s) { (d.*act.backward)(n, y[s], g[s], g[s]); });
+          check_close(g, kElementwiseTolerance);
+        }
+      }
+    }
+  }
+}
+
+// ---- pooling ------------------------------------------------------------------------
+
+TEST_CASE("max pooling outputs and masks are identical on every driver", "[driver_ops][pooling]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 1100;
+    for (const hn::PoolShape& shape : pool_cases()) {
+      // Mixed signs, then all negative (the running maximum must start below every input).
+      for (const float lo : {-0.5f, -3.0f}) {
+        INFO(shape.to_string() << " inputs in [" << lo << ", " << lo + 1.0f << ")");
+        const TwinArray x(drivers, distinct_floats(shape.in_count(), seed++, lo));
+        const TwinArray y(drivers, constant(shape.out_count(), -7777.0f),
+                          constant(shape.out_count(), kNaN));
+        TwinMask mask(drivers, shape.out_count());
+        run_both(drivers,
+                 [&](hn::Driver& d, Side s) { d.pool_max_forward(shape, x[s], y[s], mask[s]); });
+        check_identical(y);
+        check_identical(mask);
+      }
+    }
+  }
+}
+
+TEST_CASE("max pooling backward matches the reference on every driver", "[driver_ops][pooling]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 1200;
+    for (const hn::PoolShape& shape : pool_cases()) {
+      INFO(shape.to_string());
+      // The oracle's mask feeds both, so backward is checked on its own.
+      const DeviceArray x(*drivers.oracle, distinct_floats(shape.in_count(), seed++, -0.5f));
+      const DeviceArray y(*drivers.oracle, shape.out_count());
+      MaskArray oracle_mask(*drivers.oracle, shape.out_count());
+      drivers.oracle->pool_max_forward(shape, x.data(), y.data(), oracle_mask.data());
+      TwinMask mask(drivers, shape.out_count());
+      mask.upload(oracle_mask.host());
+
+      const TwinArray dy(drivers, random_floats(shape.out_count(), seed++));
+      const TwinArray dx(drivers, constant(shape.in_count(), -7777.0f),
+                         constant(shape.in_count(), kNaN));
+      run_both(drivers,
+               [&](hn::Driver& d, Side s) { d.pool_max_backward(shape, dy[s], mask[s], dx[s]); });
+      check_close(dx, kElementwiseTolerance);
+    }
+  }
+}
+
+TEST_CASE("average pooling forward and backward match the reference on every driver",
+          "[driver_ops][pooling]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 1300;
+    for (const hn::PoolShape& shape : pool_cases()) {
+      INFO(shape.to_string());
+      {
+        INFO("pool_avg_forward");
+        const TwinArray x(drivers, random_floats(shape.in_count(), seed++));
+        const TwinArray y(drivers, constant(shape.out_count(), -7777.0f),
+                          constant(shape.out_count(), kNaN));
+        run_both(drivers, [&](hn::Driver& d, Side s) { d.pool_avg_forward(shape, x[s], y[s]); });
+        check_close(y, kElementwiseTolerance);
+      }
+      {
+        INFO("pool_avg_backward");
+        const TwinArray dy(drivers, random_floats(shape.out_count(), seed++));
+        const TwinArray dx(drivers, constant(shape.in_count(), -7777.0f),
+                           constant(shape.in_count(), kNaN));
+        run_both(drivers, [&](hn::Driver& d, Side s) { d.pool_avg_backward(shape, dy[s], dx[s]); });
+        check_close(dx, kElementwiseTolerance);
+      }
+    }
+  }
+}
+
+// ---- LRN and softmax ----------------------------------------------------------------
+
+TEST_CASE("lrn forward and backward match the reference on every driver in both regions",
+          "[driver_ops][lrn]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 1400;
+    for (const hn::LrnShape& shape : lrn_cases()) {
+      INFO(shape.to_string());
+      const index_t count = shape.count();
+      const std::vector<float> x_values = random_floats(count, seed++, -2.0f, 2.0f);
+      const TwinArray x(drivers, x_values);
+      {
+        INFO("lrn_forward: y and scale");
+        const TwinArray y(drivers, constant(count, -7777.0f), constant(count, kNaN));
+        const TwinArray scale(drivers, constant(count, -7777.0f), constant(count, kNaN));
+        run_both(drivers,
+                 [&](hn::Driver& d, Side s) { d.lrn_forward(shape, x[s], y[s], scale[s]); });
+        check_close(y, kReductionTolerance);
+        check_close(scale, kReductionTolerance);
+      }
+      {
+        INFO("lrn_backward (given the reference's y and scale)");
+        const DeviceArray oracle_y(*drivers.oracle, count), oracle_scale(*drivers.oracle, count);
+        drivers.oracle->lrn_forward(shape, x[Side::oracle], oracle_y.data(), oracle_scale.data());
+        const TwinArray y(drivers, oracle_y.host()), scale(drivers, oracle_scale.host());
+        const TwinArray dy(drivers, random_floats(count, seed++));
+        const TwinArray dx(drivers, constant(count, -7777.0f), constant(count, kNaN));
+        run_both(drivers, [&](hn::Driver& d, Side s) {
+          d.lrn_backward(shape, x[s], y[s], scale[s], dy[s], dx[s]);
+        });
+        check_close(dx, kReductionTolerance);
+      }
+    }
+  }
+}
+
+TEST_CASE("softmax forward and backward match the reference on every driver",
+          "[driver_ops][softmax]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 1500;
+    for (const hn::AxisShape& shape : axis_cases()) {
+      // Ordinary logits, then large ones whose exp overflows unless the maximum is taken off.
+      for (const float lo : {-10.0f, 80.0f}) {
+        INFO(shape.to_string() << " logits in [" << lo << ", " << lo + 20.0f << ")");
+        const index_t count = shape.count();
+        const TwinArray x(drivers, random_floats(count, seed++, lo, lo + 20.0f));
+        const TwinArray y(drivers, constant(count, -7777.0f), constant(count, kNaN));
+        run_both(drivers, [&](hn::Driver& d, Side s) { d.softmax_forward(shape, x[s], y[s]); });
+        check_close(y, kElementwiseTolerance);
+
+        INFO("softmax_backward (given the reference's y)");
+        const TwinArray y_given(drivers, y.oracle());
+        const TwinArray dy(drivers, random_floats(count, seed++));
+        const TwinArray dx(drivers, constant(count, -7777.0f), constant(count, kNaN));
+        run_both(drivers, [&](hn::Driver& d, Side s) {
+          d.softmax_backward(shape, y_given[s], dy[s], dx[s]);
+        });
+        check_close(dx, kElementwiseTolerance);
+      }
+    }
+  }
+}
+
+// ---- dropout ------------------------------------------------------------------------
+
+constexpr std::uint64_t kHighCounter = (std::uint64_t{1} << 32) - 3;  // crosses 2^32
+
+TEST_CASE("dropout masks and outputs are bitwise identical on every driver",
+          "[driver_ops][dropout]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 1600;
+    const std::uint64_t seeds[] = {0, 42, 0xDEADBEEFCAFEull};
+    const std::uint64_t offsets[] = {0, 12345, kHighCounter};
+    int round = 0;
+    for (const index_t n : {1, 7, 97, 1000, 10007}) {
+      for (const float ratio : {0.0f, 0.1f, 0.5f, 0.9f}) {
+        const std::uint64_t draw_seed = seeds[round % 3], offset = offsets[(round / 3) % 3];
+        ++round;
+        INFO("n=" << n << " ratio=" << ratio << " seed=" << draw_seed << " offset=" << offset);
+        const std::vector<float> x_values = random_floats(n, seed++);
+        const TwinArray x(drivers, x_values);
+        const TwinArray y(drivers, constant(n, -7777.0f), constant(n, kNaN));
+        const TwinArray mask(drivers, constant(n, -7777.0f), constant(n, kNaN));
+        run_both(drivers, [&](hn::Driver& d, Side s) {
+          d.dropout_forward(n, ratio, draw_seed, offset, x[s], y[s], mask[s]);
+        });
+        check_identical(mask);
+        check_identical(y);
+        {
+          INFO("dropout_forward in place (y == x)");
+          const TwinArray xy(drivers, x_values);
+          const TwinArray mask_in_place(drivers, constant(n, kNaN));
+          run_both(drivers, [&](hn::Driver& d, Side s) {
+            d.dropout_forward(n, ratio, draw_seed, offset, xy[s], xy[s], mask_in_place[s]);
+          });
+          check_identical(xy.tested(), y.oracle());
+          check_identical(mask_in_place.tested(), mask.oracle());
+        }
+        {
+          INFO("dropout_backward (given the reference's mask)");
+          const TwinArray given_mask(drivers, mask.oracle());
+          const TwinArray dy(drivers, random_floats(n, seed++));
+          const TwinArray dx(drivers, constant(n, -7777.0f), constant(n, kNaN));
+          run_both(drivers, [&](hn::Driver& d, Side s) {
+            d.dropout_backward(n, ratio, given_mask[s], dy[s], dx[s]);
+          });
+          check_identical(dx);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("dropout keeps exactly the elements whose philox draw is >= ratio on every driver",
+          "[driver_ops][dropout]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    const index_t n = 4099;
+    const std::uint64_t draw_seed = 7, offset = kHighCounter;
+    const std::vector<float> x_values = random_floats(n, 1700);
+    for (const float ratio : {0.0f, 0.3f, 0.5f}) {
+      INFO("ratio=" << ratio);
+      const DeviceArray x(*driver, x_values), y(*driver, n), mask(*driver, n);
+      driver->dropout_forward(n, ratio, draw_seed, offset, x.data(), y.data(), mask.data());
+      // Independent of any driver: the rule stated in driver.h, recomputed here.
+      const float s = 1.0f / (1.0f - ratio);
+      std::vector<float> want_mask(n), want_y(n);
+      for (index_t i = 0; i < n; ++i) {
+        const bool keep = hn::detail::philox_uniform(draw_seed, offset + i) >= ratio;
+        want_mask[i] = keep ? 1.0f : 0.0f;
+        want_y[i] = keep ? x_values[i] * s : 0.0f;
+      }
+      check_identical(mask.host(), want_mask);
+      check_identical(y.host(), want_y);
+    }
+  }
+}
+
+TEST_CASE("dropout of elements a..n at offset a equals the tail of the full run on every driver",
+          "[driver_ops][dropout]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    const float ratio = 0.5f;
+    const std::uint64_t draw_seed = 1234;
+    for (const std::uint64_t offset : {std::uint64_t{0}, kHighCounter}) {
+      for (const index_t n : {97, 1000}) {
+        const std::vector<float> x_values = random_floats(n, 1800);
+        // The full run on the reference.
+        const DeviceArray full_x(*drivers.oracle, x_values), full_y(*drivers.oracle, n),
+            full_mask(*drivers.oracle, n);
+        drivers.oracle->dropout_forward(n, ratio, draw_seed, offset, full_x.data(), full_y.data(),
+                                        full_mask.data());
+        const std::vector<float> want_y = full_y.host(), want_mask = full_mask.host();
+        for (const index_t a : {index_t{0}, index_t{1}, index_t{13}, n / 2, n - 1, n}) {
+          INFO("n=" << n << " split at a=" << a << " offset=" << offset);
+          // Head [0, a) and tail [a, n) as two slices of one batch on the driver under test.
+          const DeviceArray x(*drivers.driver, x_values), y(*drivers.driver, constant(n, kNaN)),
+              mask(*drivers.driver, constant(n, kNaN));
+          drivers.driver->dropout_forward(n - a, ratio, draw_seed, offset + a, x.data() + a,
+                                          y.data() + a, mask.data() + a);
+          drivers.driver->dropout_forward(a, ratio, draw_seed, offset, x.data(), y.data(),
+                                          mask.data());
+          check_identical(y.host(), want_y);
+          check_identical(mask.host(), want_mask);
+        }
+      }
+    }
+  }
+}
+
+// ---- memory -------------------------------------------------------------------------
+
+TEST_CASE("copies to, within and from every driver round-trip bit for bit",
+          "[driver_ops][memory]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    std::uint32_t seed = 1900;
+    for (const std::size_t n :
+         {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{100003}}) {
+      INFO("n=" << n << " floats");
+      const std::size_t bytes = n * sizeof(float);
+      const std::vector<float> values = random_floats(n, seed++);
+      hn::Buffer src(*driver, bytes), dst(*driver, 2 * bytes);
+      driver->reset_transfer_stats();
+      driver->copy_from_host(src.address(), values.data(), bytes);
+      // Into the second half of dst: an interior address of an allocation.
+      driver->copy(dst.as<float>() + n, src.address(), bytes);
+      std::vector<float> back(n, kNaN);
+      driver->copy_to_host(back.data(), dst.as<float>() + n, bytes);
+      driver->synchronize();
+      check_identical(back, values);
+      // Zero-byte copies are no-ops and not counted.
+      driver->copy_from_host(src.address(), values.data(), 0);
+      driver->copy(dst.address(), src.address(), 0);
+      driver->copy_to_host(back.data(), src.address(), 0);
+      const hn::TransferStats& stats = driver->transfer_stats();
+      CHECK(stats.to_device == 1);
+      CHECK(stats.to_device_bytes == bytes);
+      CHECK(stats.within == 1);
+      CHECK(stats.within_bytes == bytes);
+      CHECK(stats.to_host == 1);
+      CHECK(stats.to_host_bytes == bytes);
+    }
+  }
+}
+
+// ---- zero-sized calls ---------------------------------------------------------------
+
+TEST_CASE("calls with no elements leave memory untouched on every driver", "[driver_ops]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto owned = hn::make_driver(config.device, config.options);
+    hn::Driver& d = *owned;
+    const std::vector<float> sentinel = constant(16, kSentinel);
+    const DeviceArray a(d, sentinel), b(d, sentinel), c(d, sentinel), e(d, sentinel);
+    MaskArray mask(d, 16);
+    mask.upload(std::vector<std::int32_t>(16, 12345));
+
+    d.gemm(Transpose::no, Transpose::no, 0, 3, 2, 1.0f, a.data(), 2, b.data(), 3, 0.0f, c.data(),
+           3);
+    d.gemm(Transpose::no, Transpose::no, 2, 0, 2, 1.0f, a.data(), 2, b.data(), 1, 0.0f, c.data(),
+           1);
+    const hn::LoweringShape lowered = lowering(0, 2, 3, 3, 2, 2, 0, 0, 1, 1);
+    d.im2col(lowered, a.data(), c.data());
+    d.col2im(lowered, a.data(), c.data());
+    d.swap_axes(0, 3, 2, a.data(), c.data());
+    d.fill(0, 1.0f, c.data());
+    d.scale(0, 2.0f, c.data());
+    d.axpy(0, 2.0f, a.data(), c.data());
+    d.axpby(0, 2.0f, a.data(), 0.0f, c.data());
+    d.mul(0, a.data(), b.data(), c.data());
+    CHECK(d.dot(0, a.data(), b.data()) == 0.0f);
+    CHECK(d.asum(0, a.data()) == 0.0f);
+    CHECK(d.sum(0, a.data()) == 0.0f);
+    const hn::AxisShape no_outer = axis(0, 3, 2);
+    d.bias_forward(no_outer, a.data(), c.data());
+    d.relu_forward(0, 0.0f, a.data(), c.data());
+    d.relu_backward(0, 0.0f, a.data(), b.data(), c.data());
+    d.sigmoid_forward(0, a.data(), c.data());
+    d.sigmoid_backward(0, a.data(), b.data(), c.data());
+    d.tanh_forward(0, a.data(), c.data());
+    d.tanh_backward(0, a.data(), b.data(), c.data());
+    const hn::PoolShape pooled = pooling(0, 2, 3, 3, 2, 2, 1, 1, 0, 0);
+    d.pool_max_forward(pooled, a.data(), c.data(), mask.data());
+    d.pool_max_backward(pooled, a.data(), mask.data(), c.data());
+    d.pool_avg_forward(pooled, a.data(), c.data());
+    d.pool_avg_backward(pooled, a.data(), c.data());
+    for (const hn::LrnRegion region :
+         {hn::LrnRegion::across_channels, hn::LrnRegion::within_channel}) {
+      const hn::LrnShape normalised = lrn(0, 3, 2, 2, 3, region);
+      d.lrn_forward(normalised, a.data(), c.data(), e.data());
+      d.lrn_backward(normalised, a.data(), b.data(), b.data(), b.data(), c.data());
+    }
+    d.softmax_forward(no_outer, a.data(), c.data());
+    d.softmax_backward(no_outer, a.data(), b.data(), c.data());
+    d.dropout_forward(0, 0.5f, 1, 0, a.data(), c.data(), e.data());
+    d.dropout_backward(0, 0.5f, a.data(), b.data(), c.data());
+    d.synchronize();
+
+    check_identical(a.host(), sentinel);
+    check_identical(b.host(), sentinel);
+    check_identical(c.host(), sentinel);
+    check_identical(e.host(), sentinel);
+    check_identical(mask.host(), std::vector<std::int32_t>(16, 12345));
+  }
+}
+
+// ---- misuse -------------------------------------------------------------------------
+
+TEST_CASE("misuse errors name the call and the sizes on every driver", "[driver_ops][errors]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto owned = hn::make_driver(config.device, config.options);
+    hn::Driver& d = *owned;
+    const DeviceArray a(d, 64), b(d, 64), c(d, 64), e(d, 64);
+    MaskArray mask(d, 64);
+    const Transpose no = Transpose::no;
+
+    CHECK_THAT(error_of([&] {
+                 d.gemm(no, no, 4, 6, 5, 1.0f, a.data(), 3, b.data(), 6, 0.0f, c.data(), 6);
+               }),
+               Contains("gemm") && Contains("lda=3") && Contains("k=5"));
+    CHECK_THAT(error_of([&] {
+                 d.gemm(no, Transpose::yes, 4, 6, 5, 1.0f, a.data(), 5, b.data(), 4, 0.0f, c.data(),
+                        6);
+               }),
+               Contains("gemm") && Contains("ldb=4") && Contains("k=5"));
+    CHECK_THAT(error_of([&] {
+                 d.gemm(no, no, 4, 6, 5, 1.0f, a.data(), 5, b.data(), 6, 0.0f, c.data(), 5);
+               }),
+               Contains("gemm") && Contains("ldc=5") && Contains("n=6"));
+    CHECK_THAT(error_of([&] {
+                 d.gemm(no, no, -1, 6, 5, 1.0f, a.data(), 5, b.data(), 6, 0.0f, c.data(), 6);
+               }),
+               Contains("gemm") && Contains("m=-1"));
+
+    const hn::LoweringShape odd_groups = lowering(1, 5, 3, 3, 1, 1, 0, 0, 1, 1, 1, 1, 2);
+    CHECK_THAT(error_of([&] { d.im2col(odd_groups, a.data(), c.data()); }),
+               Contains("im2col") && Contains("channels 5") && Contains("groups 2"));
+    CHECK_THAT(error_of([&] { d.col2im(odd_groups, a.data(), c.data()); }),
+               Contains("col2im") && Contains("channels 5") && Contains("groups 2"));
+    const hn::LoweringShape too_big = lowering(1, 1, 3, 3, 5, 5, 0, 0, 1, 1);
+    CHECK_THAT(error_of([&] { d.im2col(too_big, a.data(), c.data()); }),
+               Contains("im2col") && Contains("kernel=5x5"));
+
+    const hn::PoolShape pad_too_big = pooling(1, 1, 5, 5, 3, 3, 1, 1, 3, 0);
+    CHECK_THAT(error_of([&] { d.pool_max_forward(pad_too_big, a.data(), c.data(), mask.data()); }),
+               Contains("pool_max_forward") && Contains("pad") && Contains("kernel=3x3") &&
+                   Contains("pad=3x0"));
+    CHECK_THAT(error_of([&] { d.pool_avg_backward(pad_too_big, a.data(), c.data()); }),
+               Contains("pool_avg_backward") && Contains("pad=3x0"));
+
+    const hn::LrnShape even_size = lrn(1, 3, 2, 2, 4, hn::LrnRegion::across_channels);
+    CHECK_THAT(error_of([&] { d.lrn_forward(even_size, a.data(), c.data(), e.data()); }),
+               Contains("lrn_forward") && Contains("size=4"));
+    CHECK_THAT(error_of([&] { d.softmax_forward(axis(2, 0, 3), a.data(), c.data()); }),
+               Contains("softmax_forward") && Contains("channels=0"));
+
+    CHECK_THAT(error_of([&] { d.dropout_forward(8, 1.0f, 1, 0, a.data(), c.data(), e.data()); }),
+               Contains("dropout_forward") && Contains("ratio") && Contains("got 1"));
+    CHECK_THAT(error_of([&] { d.dropout_backward(8, -0.5f, a.data(), b.data(), c.data()); }),
+               Contains("dropout_backward") && Contains("ratio") && Contains("got -0.5"));
+
+    CHECK_THAT(error_of([&] { d.fill(-1, 0.0f, c.data()); }),
+               Contains("fill") && Contains("n must be >= 0, got -1"));
+    CHECK_THAT(error_of([&] { d.relu_forward(-3, 0.0f, a.data(), c.data()); }),
+               Contains("relu_forward") && Contains("got -3"));
+    CHECK_THAT(error_of([&] { (void)d.dot(-2, a.data(), b.data()); }),
+               Contains("dot") && Contains("got -2"));
+    CHECK_THAT(error_of([&] { d.swap_axes(2, 3, 4, a.data(), a.data()); }),
+               Contains("swap_axes") && Contains("src and dst"));
+  }
+}
+
+std::vector<DriverConfig> separate_memory_configs() {
+  std::vector<DriverConfig> configs;
+  for (const DriverConfig& config : hn::test::driver_configs()) {
+    if (!hn::make_driver(config.device, config.options)->can_address(hn::host_space())) {
+      configs.push_back(config);
+    }
+  }
+  return configs;
+}
+
+TEST_CASE(
+    "host memory passed to a separate-memory driver is an error naming the call and the "
+    "device",
+    "[driver_ops][errors]") {
+  const DriverConfig config = GENERATE(from_range(separate_memory_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto owned = hn::make_driver(config.device, config.options);
+    hn::Driver& d = *owned;
+    const std::string device = d.name();
+    std::vector<float> host(10, 1.0f);
+    const DeviceArray y(d, 10), z(d, 10);
+
+    CHECK_THAT(error_of([&] { d.relu_forward(10, 0.0f, host.data(), y.data()); }),
+               Contains("relu_forward") && Contains("not memory of device " + device) &&
+                   Contains("x = ") && Contains("40 bytes"));
+    CHECK_THAT(error_of([&] {
+                 d.gemm(Transpose::no, Transpose::no, 2, 2, 2, 1.0f, y.data(), 2, host.data(), 2,
+                        0.0f, z.data(), 2);
+               }),
+               Contains("gemm") && Contains("B = ") && Contains("not memory of device " + device));
+    CHECK_THAT(error_of([&] { d.copy(y.data(), host.data(), 40); }),
+               Contains("copy") && Contains("src") && Contains("not memory of device " + device));
+    CHECK_THAT(error_of([&] { d.copy_to_host(host.data(), host.data(), 40); }),
+               Contains("copy_to_host") && Contains("not memory of device " + device));
+    // One float past the end of an allocation is not the driver's memory either.
+    CHECK_THAT(
+        error_of([&] { d.fill(11, 0.0f, y.data()); }),
+        Contains("fill") && Contains("44 bytes") && Contains("not memory of device " + device));
+    CHECK_THAT(error_of([&] { d.fill(10, 0.0f, y.data() + 1); }),
+               Contains("fill") && Contains("not memory of device " + device));
+  }
+}
+
+// ---- capabilities -------------------------------------------------------------------
+
+// A driver with host memory and no arithmetic of its own. With `claimed` capabilities it
+// still overrides no do_* call, so the base class defaults must answer.
+class MemoryOnlyDriver final : public hn::Driver {
+ public:
+  explicit MemoryOnlyDriver(hn::Capabilities claimed)
+      : hn::Driver(hn::Device{hn::DeviceKind::cpu, 7}), capabilities_(claimed) {}
+  hn::Capabilities capabilities() const override { return capabilities_; }
+  hn::MemorySpace memory_space() const override { return hn::host_space(); }
+  bool owns(const void*, std::size_t) const override { return true; }
+
+ protected:
+  void* do_allocate(std::size_t bytes) override {
+    auto block = std::make_unique<std::byte[]>(bytes);
+    void* address = block.get();
+    blocks_.emplace(address, std::move(block));
+    return address;
+  }
+  void do_deallocate(void* address) noexcept override { blocks_.erase(address); }
+  void do_copy_from_host(void* dst, const void* src, std::size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+  }
+  void do_copy_to_host(void* dst, const void* src, std::size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+  }
+  void do_copy(void* dst, const void* src, std::size_t bytes) override {
+    std::memmove(dst, src, bytes);
+  }
+  void do_synchronize() override {}
+
+ private:
+  hn::Capabilities capabilities_;
+  std::map<void*, std::unique_ptr<std::byte[]>> blocks_;
+};
+
+TEST_CASE("a driver lacking a call throws an error naming the driver and the call",
+          "[driver_ops][errors]") {
+  hn::Capabilities none;
+  none.host_addressable = true;
+  hn::Capabilities all_claimed;
+  all_claimed.host_addressable = all_claimed.gemm = all_claimed.lowering = all_claimed.elementwise =
+      all_claimed.reductions = all_claimed.activations = all_claimed.pooling = all_claimed.lrn =
+          all_claimed.softmax = all_claimed.dropout = true;
+  const bool claims = GENERATE(false, true);
+  DYNAMIC_SECTION((claims ? "capabilities claimed, no do_* overridden" : "capabilities false")) {
+    MemoryOnlyDriver d(claims ? all_claimed : none);
+
+    // Memory calls work.
+    const std::vector<float> values = random_floats(64, 2000);
+    const DeviceArray a(d, values), b(d, 64), c(d, 64), e(d, 64);
+    d.copy(b.data(), a.data(), 64 * sizeof(float));
+    d.synchronize();
+    check_identical(b.host(), values);
+
+    MaskArray mask(d, 64);
+    const Transpose no = Transpose::no;
+    const hn::LoweringShape lowered = lowering(1, 1, 2, 2, 1, 1, 0, 0, 1, 1);
+    const hn::PoolShape pooled = pooling(1, 1, 2, 2, 1, 1, 1, 1, 0, 0);
+    const hn::LrnShape normalised = lrn(1, 2, 2, 2, 1, hn::LrnRegion::across_channels);
+    const hn::AxisShape shape = axis(1, 2, 2);
+    const std::vector<std::pair<std::string, std::function<void()>>> calls = {
+        {"gemm",
+         [&] { d.gemm(no, no, 2, 2, 2, 1.0f, a.data(), 2, b.data(), 2, 0.0f, c.data(), 2); }},
+        {"im2col", [&] { d.im2col(lowered, a.data(), c.data()); }},
+        {"col2im", [&] { d.col2im(lowered, a.data(), c.data()); }},
+        {"swap_axes", [&] { d.swap_axes(2, 2, 2, a.data(), c.data()); }},
+        {"fill", [&] { d.fill(4, 1.0f, c.data()); }},
+        {"scale", [&] { d.scale(4, 1.0f, c.data()); }},
+        {"axpy", [&] { d.axpy(4, 1.0f, a.data(), c.data()); }},
+        {"axpby", [&] { d.axpby(4, 1.0f, a.data(), 1.0f, c.data()); }},
+        {"mul", [&] { d.mul(4, a.data(), b.data(), c.data()); }},
+        {"dot", [&] { (void)d.dot(4, a.data(), b.data()); }},
+        {"asum", [&] { (void)d.asum(4, a.data()); }},
+        {"sum", [&] { (void)d.sum(4, a.data()); }},
+        {"bias_backward", [&] { d.bias_backward(shape, a.data(), 0.0f, c.data()); }},
+        {"bias_forward", [&] { d.bias_forward(shape, a.data(), c.data()); }},
+        {"relu_forward", [&] { d.relu_forward(4, 0.0f, a.data(), c.data()); }},
+        {"relu_backward", [&] { d.relu_backward(4, 0.0f, a.data(), b.data(), c.data()); }},
+        {"sigmoid_forward", [&] { d.sigmoid_forward(4, a.data(), c.data()); }},
+        {"sigmoid_backward", [&] { d.sigmoid_backward(4, a.data(), b.data(), c.data()); }},
+        {"tanh_forward", [&] { d.tanh_forward(4, a.data(), c.data()); }},
+        {"tanh_backward", [&] { d.tanh_backward(4, a.data(), b.data(), c.data()); }},
+        {"pool_max_forward", [&] { d.pool_max_forward(pooled, a.data(), c.data(), mask.data()); }},
+        {"pool_max_backward",
+         [&] { d.pool_max_backward(pooled, a.data(), mask.data(), c.data()); }},
+        {"pool_avg_forward", [&] { d.pool_avg_forward(pooled, a.data(), c.data()); }},
+        {"pool_avg_backward", [&] { d.pool_avg_backward(pooled, a.data(), c.data()); }},
+        {"lrn_forward", [&] { d.lrn_forward(normalised, a.data(), c.data(), e.data()); }},
+        {"lrn_backward",
+         [&] { d.lrn_backward(normalised, a.data(), b.data(), e.data(), b.data(), c.data()); }},
+        {"softmax_forward", [&] { d.softmax_forward(shape, a.data(), c.data()); }},
+        {"softmax_backward", [&] { d.softmax_backward(shape, a.data(), b.data(), c.data()); }},
+        {"dropout_forward",
+         [&] { d.dropout_forward(4, 0.5f, 1, 0, a.data(), c.data(), e.data()); }},
+        {"dropout_backward", [&] { d.dropout_backward(4, 0.5f, a.data(), b.data(), c.data()); }},
+    };
+    for (const auto& [call, run] : calls) {
+      INFO(call);
+      const std::string message = error_of(run);
+      CHECK_THAT(message, Contains("driver cpu:7") && Contains("does not support " + call));
+      // The call named is this call, not a longer one sharing its prefix.
+      CHECK_THAT(message, !Contains("does not support " + call + "_"));
+    }
+  }
+}
+
+}  // namespace
