@@ -17,21 +17,20 @@ template <class... Args>
 
 }  // namespace hn::detail
 
-#define HN_CHECK(condition, ...)         \
-  do {                                   \
-    if (!(condition)) {                  \
-      ::hn::detail::fail(__VA_ARGS__);   \
-    }                                    \
+#define HN_CHECK(condition, ...)       \
+  do {                                 \
+    if (!(condition)) {                \
+      ::hn::detail::fail(__VA_ARGS__); \
+    }                                  \
   } while (false)
 
 #ifdef NDEBUG
 #define HN_ASSERT(condition) ((void)0)
 #else
-#define HN_ASSERT(condition)                                                         \
-  do {                                                                               \
-    if (!(condition)) {                                                              \
-      ::hn::detail::fail("internal error: {} failed at {}:{}", #condition, __FILE__, \
-                         __LINE__);                                                  \
-    }                                                                                \
+#define HN_ASSERT(condition)                                                                    \
+  do {                                                                                          \
+    if (!(condition)) {                                                                         \
+      ::hn::detail::fail("internal error: {} failed at {}:{}", #condition, __FILE__, __LINE__); \
+    }                                                                                           \
   } while (false)
 #endif

@@ -20,15 +20,17 @@ std::size_t matrix_bytes(index_t rows, index_t cols, index_t ld) {
   return static_cast<std::size_t>((rows - 1) * ld + cols) * kFloat;
 }
 
-std::size_t floats(index_t n) { return static_cast<std::size_t>(n) * kFloat; }
+std::size_t floats(index_t n) {
+  return static_cast<std::size_t>(n) * kFloat;
+}
 
 }  // namespace
 
 void Driver::check_range(const char* call, const char* argument, const void* address,
                          std::size_t bytes) const {
   if (bytes == 0) return;
-  HN_CHECK(address != nullptr, "{} on {}: {} is null ({} bytes expected)", call, name(),
-           argument, bytes);
+  HN_CHECK(address != nullptr, "{} on {}: {} is null ({} bytes expected)", call, name(), argument,
+           bytes);
   HN_CHECK(owns(address, bytes),
            "{} on {}: {} = {} ({} bytes) is not memory of device {}; dereference the Pointer "
            "for this driver (Runtime::view) first",
@@ -53,8 +55,7 @@ void Driver::deallocate(void* address) noexcept {
 void Driver::copy_from_host(void* dst, const void* host_src, std::size_t bytes) {
   if (bytes == 0) return;
   check_range("copy_from_host", "dst", dst, bytes);
-  HN_CHECK(host_src != nullptr, "copy_from_host on {}: source is null ({} bytes)", name(),
-           bytes);
+  HN_CHECK(host_src != nullptr, "copy_from_host on {}: source is null ({} bytes)", name(), bytes);
   do_copy_from_host(dst, host_src, bytes);
   ++stats_.to_device;
   stats_.to_device_bytes += bytes;
@@ -79,28 +80,29 @@ void Driver::copy(void* dst, const void* src, std::size_t bytes) {
   stats_.within_bytes += bytes;
 }
 
-void Driver::synchronize() { do_synchronize(); }
+void Driver::synchronize() {
+  do_synchronize();
+}
 
 // ---- GEMM --------------------------------------------------------------------------
 
 void Driver::gemm(Transpose trans_a, Transpose trans_b, index_t m, index_t n, index_t k,
-                  float alpha, const float* a, index_t lda, const float* b, index_t ldb,
-                  float beta, float* c, index_t ldc) {
+                  float alpha, const float* a, index_t lda, const float* b, index_t ldb, float beta,
+                  float* c, index_t ldc) {
   require(capabilities().gemm, "gemm");
-  HN_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm: sizes must be >= 0, got m={} n={} k={}", m, n,
-           k);
+  HN_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm: sizes must be >= 0, got m={} n={} k={}", m, n, k);
   const bool ta = trans_a == Transpose::yes, tb = trans_b == Transpose::yes;
   // Stored shapes (row-major): A is m x k or k x m, B is k x n or n x k.
   const index_t a_rows = ta ? k : m, a_cols = ta ? m : k;
   const index_t b_rows = tb ? n : k, b_cols = tb ? k : n;
   HN_CHECK(lda >= std::max<index_t>(1, a_cols),
-           "gemm: lda={} is smaller than the {} columns of A as stored (m={} n={} k={}, A{})",
-           lda, a_cols, m, n, k, ta ? " transposed" : "");
+           "gemm: lda={} is smaller than the {} columns of A as stored (m={} n={} k={}, A{})", lda,
+           a_cols, m, n, k, ta ? " transposed" : "");
   HN_CHECK(ldb >= std::max<index_t>(1, b_cols),
-           "gemm: ldb={} is smaller than the {} columns of B as stored (m={} n={} k={}, B{})",
-           ldb, b_cols, m, n, k, tb ? " transposed" : "");
-  HN_CHECK(ldc >= std::max<index_t>(1, n),
-           "gemm: ldc={} is smaller than n={} (m={} n={} k={})", ldc, n, m, n, k);
+           "gemm: ldb={} is smaller than the {} columns of B as stored (m={} n={} k={}, B{})", ldb,
+           b_cols, m, n, k, tb ? " transposed" : "");
+  HN_CHECK(ldc >= std::max<index_t>(1, n), "gemm: ldc={} is smaller than n={} (m={} n={} k={})",
+           ldc, n, m, n, k);
   if (m == 0 || n == 0) return;
   if (k > 0) {
     check_range("gemm", "A", a, matrix_bytes(a_rows, a_cols, lda));
@@ -204,8 +206,7 @@ float Driver::sum(index_t n, const float* x) {
   return n > 0 ? do_sum(n, x) : 0.0f;
 }
 
-void Driver::bias_backward(const AxisShape& shape, const float* dy, float beta,
-                           float* dbias) {
+void Driver::bias_backward(const AxisShape& shape, const float* dy, float beta, float* dbias) {
   require(capabilities().reductions, "bias_backward");
   shape.validate("bias_backward");
   check_range("bias_backward", "dy", dy, floats(shape.count()));
@@ -288,8 +289,8 @@ void Driver::pool_max_forward(const PoolShape& shape, const float* x, float* y,
   if (shape.batch > 0) do_pool_max_forward(shape, x, y, mask);
 }
 
-void Driver::pool_max_backward(const PoolShape& shape, const float* dy,
-                               const std::int32_t* mask, float* dx) {
+void Driver::pool_max_backward(const PoolShape& shape, const float* dy, const std::int32_t* mask,
+                               float* dx) {
   require(capabilities().pooling, "pool_max_backward");
   shape.validate("pool_max_backward");
   check_range("pool_max_backward", "dy", dy, floats(shape.out_count()));
@@ -327,8 +328,8 @@ void Driver::lrn_forward(const LrnShape& shape, const float* x, float* y, float*
   if (bytes > 0) do_lrn_forward(shape, x, y, scale);
 }
 
-void Driver::lrn_backward(const LrnShape& shape, const float* x, const float* y,
-                          const float* scale, const float* dy, float* dx) {
+void Driver::lrn_backward(const LrnShape& shape, const float* x, const float* y, const float* scale,
+                          const float* dy, float* dx) {
   require(capabilities().lrn, "lrn_backward");
   shape.validate("lrn_backward");
   const std::size_t bytes = floats(shape.count());
@@ -348,8 +349,7 @@ void Driver::softmax_forward(const AxisShape& shape, const float* x, float* y) {
   if (shape.count() > 0) do_softmax_forward(shape, x, y);
 }
 
-void Driver::softmax_backward(const AxisShape& shape, const float* y, const float* dy,
-                              float* dx) {
+void Driver::softmax_backward(const AxisShape& shape, const float* y, const float* dy, float* dx) {
   require(capabilities().softmax, "softmax_backward");
   shape.validate("softmax_backward");
   check_range("softmax_backward", "y", y, floats(shape.count()));
@@ -386,23 +386,43 @@ void Driver::dropout_backward(index_t n, float ratio, const float* mask, const f
 
 #define HN_UNSUPPORTED(call) detail::fail("driver {} does not support {}", name(), call)
 
-void Driver::do_gemm(Transpose, Transpose, index_t, index_t, index_t, float, const float*,
-                     index_t, const float*, index_t, float, float*, index_t) {
+void Driver::do_gemm(Transpose, Transpose, index_t, index_t, index_t, float, const float*, index_t,
+                     const float*, index_t, float, float*, index_t) {
   HN_UNSUPPORTED("gemm");
 }
-void Driver::do_im2col(const LoweringShape&, const float*, float*) { HN_UNSUPPORTED("im2col"); }
-void Driver::do_col2im(const LoweringShape&, const float*, float*) { HN_UNSUPPORTED("col2im"); }
+void Driver::do_im2col(const LoweringShape&, const float*, float*) {
+  HN_UNSUPPORTED("im2col");
+}
+void Driver::do_col2im(const LoweringShape&, const float*, float*) {
+  HN_UNSUPPORTED("col2im");
+}
 void Driver::do_swap_axes(index_t, index_t, index_t, const float*, float*) {
   HN_UNSUPPORTED("swap_axes");
 }
-void Driver::do_fill(index_t, float, float*) { HN_UNSUPPORTED("fill"); }
-void Driver::do_scale(index_t, float, float*) { HN_UNSUPPORTED("scale"); }
-void Driver::do_axpy(index_t, float, const float*, float*) { HN_UNSUPPORTED("axpy"); }
-void Driver::do_axpby(index_t, float, const float*, float, float*) { HN_UNSUPPORTED("axpby"); }
-void Driver::do_mul(index_t, const float*, const float*, float*) { HN_UNSUPPORTED("mul"); }
-float Driver::do_dot(index_t, const float*, const float*) { HN_UNSUPPORTED("dot"); }
-float Driver::do_asum(index_t, const float*) { HN_UNSUPPORTED("asum"); }
-float Driver::do_sum(index_t, const float*) { HN_UNSUPPORTED("sum"); }
+void Driver::do_fill(index_t, float, float*) {
+  HN_UNSUPPORTED("fill");
+}
+void Driver::do_scale(index_t, float, float*) {
+  HN_UNSUPPORTED("scale");
+}
+void Driver::do_axpy(index_t, float, const float*, float*) {
+  HN_UNSUPPORTED("axpy");
+}
+void Driver::do_axpby(index_t, float, const float*, float, float*) {
+  HN_UNSUPPORTED("axpby");
+}
+void Driver::do_mul(index_t, const float*, const float*, float*) {
+  HN_UNSUPPORTED("mul");
+}
+float Driver::do_dot(index_t, const float*, const float*) {
+  HN_UNSUPPORTED("dot");
+}
+float Driver::do_asum(index_t, const float*) {
+  HN_UNSUPPORTED("asum");
+}
+float Driver::do_sum(index_t, const float*) {
+  HN_UNSUPPORTED("sum");
+}
 void Driver::do_bias_backward(const AxisShape&, const float*, float, float*) {
   HN_UNSUPPORTED("bias_backward");
 }
@@ -421,7 +441,9 @@ void Driver::do_sigmoid_forward(index_t, const float*, float*) {
 void Driver::do_sigmoid_backward(index_t, const float*, const float*, float*) {
   HN_UNSUPPORTED("sigmoid_backward");
 }
-void Driver::do_tanh_forward(index_t, const float*, float*) { HN_UNSUPPORTED("tanh_forward"); }
+void Driver::do_tanh_forward(index_t, const float*, float*) {
+  HN_UNSUPPORTED("tanh_forward");
+}
 void Driver::do_tanh_backward(index_t, const float*, const float*, float*) {
   HN_UNSUPPORTED("tanh_backward");
 }
@@ -450,8 +472,8 @@ void Driver::do_softmax_forward(const AxisShape&, const float*, float*) {
 void Driver::do_softmax_backward(const AxisShape&, const float*, const float*, float*) {
   HN_UNSUPPORTED("softmax_backward");
 }
-void Driver::do_dropout_forward(index_t, float, std::uint64_t, std::uint64_t, const float*,
-                                float*, float*) {
+void Driver::do_dropout_forward(index_t, float, std::uint64_t, std::uint64_t, const float*, float*,
+                                float*) {
   HN_UNSUPPORTED("dropout_forward");
 }
 void Driver::do_dropout_backward(index_t, float, const float*, const float*, float*) {

@@ -46,7 +46,9 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
   return *this;
 }
 
-Buffer::~Buffer() { release(); }
+Buffer::~Buffer() {
+  release();
+}
 
 void Buffer::release() noexcept {
   if (address_ == nullptr) return;

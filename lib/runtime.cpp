@@ -23,15 +23,18 @@ std::unique_ptr<Driver> make_driver(const Device& device, const DriverOptions& o
 #if HYBRIDNN_WITH_CUDA
       return detail::make_cuda_driver(device);
 #else
-      detail::fail("{}: this build of hybridnn has no CUDA driver (configure with the CUDA "
-                   "toolkit present, or -DHYBRIDNN_CUDA=ON)",
-                   device.name());
+      detail::fail(
+          "{}: this build of hybridnn has no CUDA driver (configure with the CUDA "
+          "toolkit present, or -DHYBRIDNN_CUDA=ON)",
+          device.name());
 #endif
   }
   detail::fail("make_driver: unknown device kind for '{}'", device.name());
 }
 
-std::vector<std::string> cpu_blas_backends() { return detail::cpu_blas_backends(); }
+std::vector<std::string> cpu_blas_backends() {
+  return detail::cpu_blas_backends();
+}
 
 bool cuda_built() {
 #if HYBRIDNN_WITH_CUDA
@@ -52,7 +55,8 @@ int cuda_device_count() {
 std::vector<Device> available_devices() {
   std::vector<Device> devices{Device{DeviceKind::reference, 0}, Device{DeviceKind::cpu, 0}};
   const int gpus = cuda_device_count();
-  for (int i = 0; i < gpus; ++i) devices.push_back(Device{DeviceKind::cuda, i});
+  for (int i = 0; i < gpus; ++i)
+    devices.push_back(Device{DeviceKind::cuda, i});
   return devices;
 }
 
@@ -79,14 +83,16 @@ Driver* Runtime::find(const Device& device) const {
 Driver& Runtime::driver(const Device& device) const {
   if (Driver* found = find(device)) return *found;
   std::string present;
-  for (const auto& driver : drivers_) present += (present.empty() ? "" : ", ") + driver->name();
+  for (const auto& driver : drivers_)
+    present += (present.empty() ? "" : ", ") + driver->name();
   detail::fail("no driver for device {} in this runtime (present: {})", device.name(),
                present.empty() ? "none" : present);
 }
 
 std::vector<Driver*> Runtime::drivers() const {
   std::vector<Driver*> out;
-  for (const auto& driver : drivers_) out.push_back(driver.get());
+  for (const auto& driver : drivers_)
+    out.push_back(driver.get());
   return out;
 }
 
@@ -128,8 +134,8 @@ Driver* Runtime::owner(const Device& device) const {
 }
 
 void Runtime::copy(const Pointer& dst, const Pointer& src) {
-  HN_CHECK(dst.bytes == src.bytes, "Runtime::copy: {} bytes on {} into {} bytes on {}",
-           src.bytes, src.device.name(), dst.bytes, dst.device.name());
+  HN_CHECK(dst.bytes == src.bytes, "Runtime::copy: {} bytes on {} into {} bytes on {}", src.bytes,
+           src.device.name(), dst.bytes, dst.device.name());
   detail::transfer(owner(dst.device), dst.address, owner(src.device), src.address, src.bytes);
 }
 

@@ -28,9 +28,8 @@ void LoweringShape::validate(const char* call) const {
   HN_CHECK(kernel_h > 0 && kernel_w > 0 && stride_h > 0 && stride_w > 0 && dilation_h > 0 &&
                dilation_w > 0 && pad_h >= 0 && pad_w >= 0,
            "{}: kernel, stride and dilation must be > 0 and pad >= 0 ({})", call, to_string());
-  HN_CHECK(groups > 0 && channels % groups == 0,
-           "{}: channels {} not divisible by groups {} ({})", call, channels, groups,
-           to_string());
+  HN_CHECK(groups > 0 && channels % groups == 0, "{}: channels {} not divisible by groups {} ({})",
+           call, channels, groups, to_string());
   HN_CHECK(out_h() > 0 && out_w() > 0,
            "{}: dilated kernel larger than the padded image, output would be {}x{} ({})", call,
            out_h(), out_w(), to_string());
@@ -40,22 +39,25 @@ namespace {
 
 // Caffe's pooled size: round up, then drop a last window starting in the padding.
 index_t pooled_size(index_t in, index_t kernel, index_t stride, index_t pad) {
-  index_t out = static_cast<index_t>(
-                    std::ceil(static_cast<double>(in + 2 * pad - kernel) / stride)) +
-                1;
+  index_t out =
+      static_cast<index_t>(std::ceil(static_cast<double>(in + 2 * pad - kernel) / stride)) + 1;
   if (pad > 0 && (out - 1) * stride >= in + pad) --out;
   return out;
 }
 
 }  // namespace
 
-index_t PoolShape::out_h() const { return pooled_size(height, kernel_h, stride_h, pad_h); }
-index_t PoolShape::out_w() const { return pooled_size(width, kernel_w, stride_w, pad_w); }
+index_t PoolShape::out_h() const {
+  return pooled_size(height, kernel_h, stride_h, pad_h);
+}
+index_t PoolShape::out_w() const {
+  return pooled_size(width, kernel_w, stride_w, pad_w);
+}
 
 std::string PoolShape::to_string() const {
   return fmt::format("batch={} channels={} height={} width={} kernel={}x{} stride={}x{} pad={}x{}",
-                     batch, channels, height, width, kernel_h, kernel_w, stride_h, stride_w,
-                     pad_h, pad_w);
+                     batch, channels, height, width, kernel_h, kernel_w, stride_h, stride_w, pad_h,
+                     pad_w);
 }
 
 void PoolShape::validate(const char* call) const {
@@ -72,8 +74,7 @@ void PoolShape::validate(const char* call) const {
 std::string LrnShape::to_string() const {
   return fmt::format("batch={} channels={} height={} width={} size={} alpha={} beta={} k={} {}",
                      batch, channels, height, width, size, alpha, beta, k,
-                     region == LrnRegion::across_channels ? "ACROSS_CHANNELS"
-                                                          : "WITHIN_CHANNEL");
+                     region == LrnRegion::across_channels ? "ACROSS_CHANNELS" : "WITHIN_CHANNEL");
 }
 
 void LrnShape::validate(const char* call) const {

@@ -19,20 +19,23 @@ Shape::Shape(std::vector<index_t> dims) : dims_(std::move(dims)) {
   }
 }
 
-index_t Shape::count() const { return count(0, axes()); }
+index_t Shape::count() const {
+  return count(0, axes());
+}
 
 index_t Shape::count(int begin_axis, int end_axis) const {
   HN_CHECK(0 <= begin_axis && begin_axis <= end_axis && end_axis <= axes(),
            "shape {}: axis range [{}, {}) is out of bounds", to_string(), begin_axis, end_axis);
   index_t product = 1;
-  for (int i = begin_axis; i < end_axis; ++i) product *= dims_[i];
+  for (int i = begin_axis; i < end_axis; ++i)
+    product *= dims_[i];
   return product;
 }
 
 index_t Shape::operator[](int axis) const {
   const int resolved = axis < 0 ? axis + axes() : axis;
-  HN_CHECK(0 <= resolved && resolved < axes(), "shape {}: axis {} is out of range",
-           to_string(), axis);
+  HN_CHECK(0 <= resolved && resolved < axes(), "shape {}: axis {} is out of range", to_string(),
+           axis);
   return dims_[resolved];
 }
 
@@ -83,7 +86,8 @@ void SyncedMemory::refresh(Copy& target) {
 }
 
 void SyncedMemory::make_exclusive(const Copy& target) {
-  for (Copy& copy : copies_) copy.current = (&copy == &target);
+  for (Copy& copy : copies_)
+    copy.current = (&copy == &target);
 }
 
 namespace {

@@ -3,6 +3,8 @@
 
 namespace hn {
 
-const char* version() { return HYBRIDNN_VERSION; }
+const char* version() {
+  return HYBRIDNN_VERSION;
+}
 
 }  // namespace hn

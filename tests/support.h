@@ -29,8 +29,10 @@ std::vector<DriverConfig> driver_configs();
 // A Buffer on a driver, filled from and read back to host vectors.
 class DeviceArray {
  public:
-  DeviceArray(Driver& driver, std::size_t count) : driver_(&driver), buffer_(driver, bytes(count)), count_(count) {}
-  DeviceArray(Driver& driver, const std::vector<float>& values) : DeviceArray(driver, values.size()) {
+  DeviceArray(Driver& driver, std::size_t count)
+      : driver_(&driver), buffer_(driver, bytes(count)), count_(count) {}
+  DeviceArray(Driver& driver, const std::vector<float>& values)
+      : DeviceArray(driver, values.size()) {
     driver.copy_from_host(buffer_.address(), values.data(), bytes(count_));
   }
   float* data() const { return buffer_.as<float>(); }
@@ -53,7 +55,8 @@ inline std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> dist(lo, hi);
   std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
+  for (auto& x : v)
+    x = dist(rng);
   return v;
 }
 

@@ -116,8 +116,7 @@ TEST_CASE("a view between two separate memory spaces stages through the host", "
   CHECK(download(a, source.address(), 4) == std::vector<float>{7, 7, 7, 7});
 }
 
-TEST_CASE("a Pointer used on the wrong device is an error naming the call and sizes",
-          "[runtime]") {
+TEST_CASE("a Pointer used on the wrong device is an error naming the call and sizes", "[runtime]") {
   Runtime runtime;
   Driver& device = runtime.add(kReference, separate());
   std::vector<float> host(8, 1.0f);
@@ -167,7 +166,8 @@ TEST_CASE("synced memory copies only to refresh a stale copy", "[runtime]") {
   Driver& reference_host = runtime.add(kReference1);  // host memory, like cpu
   SyncedMemory memory(4 * sizeof(float));
   auto* host = static_cast<float*>(memory.host_overwrite());
-  for (int i = 0; i < 4; ++i) host[i] = static_cast<float>(i + 1);
+  for (int i = 0; i < 4; ++i)
+    host[i] = static_cast<float>(i + 1);
 
   // First read on the device: one copy in. Second read: already current, no copy.
   const void* on_device = memory.read(device);
@@ -216,8 +216,7 @@ TEST_CASE("synced memory moves between two separate spaces through the host", "[
   CHECK(b.transfer_stats().to_device == 1);
 }
 
-TEST_CASE("a tensor keeps its memory when a reshape fits and grows when it does not",
-          "[runtime]") {
+TEST_CASE("a tensor keeps its memory when a reshape fits and grows when it does not", "[runtime]") {
   Tensor tensor(Shape{2, 3, 4});
   CHECK(tensor.count() == 24);
   CHECK(tensor.shape().to_string() == "2x3x4");

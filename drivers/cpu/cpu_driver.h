@@ -11,8 +11,7 @@
 namespace hn::detail {
 
 // blas: "onednn", "openblas", or empty for the build's default. threads: 0 = every core.
-std::unique_ptr<Driver> make_cpu_driver(const Device& device, int threads,
-                                        const std::string& blas);
+std::unique_ptr<Driver> make_cpu_driver(const Device& device, int threads, const std::string& blas);
 // The BLAS libraries this build can use, the default first.
 std::vector<std::string> cpu_blas_backends();
 

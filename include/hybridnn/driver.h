@@ -47,7 +47,9 @@ struct TransferStats {
 // Identifies a memory space. Drivers that compute on host memory share host_space();
 // a driver with memory of its own returns a space unique to itself.
 using MemorySpace = const void*;
-inline MemorySpace host_space() { return nullptr; }
+inline MemorySpace host_space() {
+  return nullptr;
+}
 
 class Driver {
  public:
@@ -109,8 +111,7 @@ class Driver {
   void bias_forward(const AxisShape& shape, const float* bias, float* y);  // y[o][c][i] += b[c]
   // y = x > 0 ? x : slope * x;  dx = dy * (x > 0 ? 1 : slope). In place (x == y) allowed.
   void relu_forward(index_t n, float negative_slope, const float* x, float* y);
-  void relu_backward(index_t n, float negative_slope, const float* x, const float* dy,
-                     float* dx);
+  void relu_backward(index_t n, float negative_slope, const float* x, const float* dy, float* dx);
   void sigmoid_forward(index_t n, const float* x, float* y);
   void sigmoid_backward(index_t n, const float* y, const float* dy, float* dx);
   void tanh_forward(index_t n, const float* x, float* y);
@@ -156,8 +157,7 @@ class Driver {
                        float beta, float* c, index_t ldc);
   virtual void do_im2col(const LoweringShape& shape, const float* images, float* columns);
   virtual void do_col2im(const LoweringShape& shape, const float* columns, float* images);
-  virtual void do_swap_axes(index_t d0, index_t d1, index_t inner, const float* src,
-                            float* dst);
+  virtual void do_swap_axes(index_t d0, index_t d1, index_t inner, const float* src, float* dst);
   virtual void do_fill(index_t n, float value, float* x);
   virtual void do_scale(index_t n, float alpha, float* x);
   virtual void do_axpy(index_t n, float alpha, const float* x, float* y);
@@ -166,12 +166,11 @@ class Driver {
   virtual float do_dot(index_t n, const float* x, const float* y);
   virtual float do_asum(index_t n, const float* x);
   virtual float do_sum(index_t n, const float* x);
-  virtual void do_bias_backward(const AxisShape& shape, const float* dy, float beta,
-                                float* dbias);
+  virtual void do_bias_backward(const AxisShape& shape, const float* dy, float beta, float* dbias);
   virtual void do_bias_forward(const AxisShape& shape, const float* bias, float* y);
   virtual void do_relu_forward(index_t n, float negative_slope, const float* x, float* y);
-  virtual void do_relu_backward(index_t n, float negative_slope, const float* x,
-                                const float* dy, float* dx);
+  virtual void do_relu_backward(index_t n, float negative_slope, const float* x, const float* dy,
+                                float* dx);
   virtual void do_sigmoid_forward(index_t n, const float* x, float* y);
   virtual void do_sigmoid_backward(index_t n, const float* y, const float* dy, float* dx);
   virtual void do_tanh_forward(index_t n, const float* x, float* y);
@@ -188,8 +187,8 @@ class Driver {
   virtual void do_softmax_forward(const AxisShape& shape, const float* x, float* y);
   virtual void do_softmax_backward(const AxisShape& shape, const float* y, const float* dy,
                                    float* dx);
-  virtual void do_dropout_forward(index_t n, float ratio, std::uint64_t seed,
-                                  std::uint64_t offset, const float* x, float* y, float* mask);
+  virtual void do_dropout_forward(index_t n, float ratio, std::uint64_t seed, std::uint64_t offset,
+                                  const float* x, float* y, float* mask);
   virtual void do_dropout_backward(index_t n, float ratio, const float* mask, const float* dy,
                                    float* dx);
 
