@@ -1,0 +1,83 @@
+// Per-element bodies of the CUDA lowering kernels (im2col, col2im, swap_axes). Plain C++
+// with HN_HOST_DEVICE, so tests/test_cuda_kernel_bodies.cpp runs them on the host.
+#pragma once
+
+#include "drivers/common/philox.h"
+#include "hybridnn/shapes.h"
+
+namespace hn::detail::cuda {
+
+// LoweringShape with its derived sizes resolved on the host (shapes.cpp is host code).
+struct LoweringDims {
+  index_t batch, channels, height, width;
+  index_t kernel_h, kernel_w, pad_h, pad_w, stride_h, stride_w, dilation_h, dilation_w;
+  index_t out_h, out_w;
+
+  HN_HOST_DEVICE index_t rows() const { return channels * kernel_h * kernel_w; }
+  HN_HOST_DEVICE index_t cols() const { return batch * out_h * out_w; }
+};
+
+inline LoweringDims lowering_dims(const LoweringShape& s) {
+  return {s.batch, s.channels, s.height,   s.width,      s.kernel_h,   s.kernel_w, s.pad_h,
+          s.pad_w, s.stride_h, s.stride_w, s.dilation_h, s.dilation_w, s.out_h(),  s.out_w()};
+}
+
+// One element of the lowered matrix, i in [0, rows * cols): consecutive threads write
+// consecutive columns, so the stores coalesce.
+HN_HOST_DEVICE inline void im2col_element(index_t i, const LoweringDims& d, const float* images,
+                                          float* columns) {
+  const index_t cols = d.cols();
+  const index_t row = i / cols, col = i % cols;
+  const index_t kw = row % d.kernel_w;
+  const index_t kh = (row / d.kernel_w) % d.kernel_h;
+  const index_t c = row / (d.kernel_w * d.kernel_h);
+  const index_t ow = col % d.out_w;
+  const index_t oh = (col / d.out_w) % d.out_h;
+  const index_t n = col / (d.out_w * d.out_h);
+  const index_t ih = oh * d.stride_h - d.pad_h + kh * d.dilation_h;
+  const index_t iw = ow * d.stride_w - d.pad_w + kw * d.dilation_w;
+  const bool inside = ih >= 0 && ih < d.height && iw >= 0 && iw < d.width;
+  columns[i] = inside ? images[((n * d.channels + c) * d.height + ih) * d.width + iw] : 0.0f;
+}
+
+// One image pixel, i in [0, batch * channels * height * width): gathers every column entry
+// that maps to it, in (kh, kw) order, the order in which a scatter over the rows adds
+// them; no atomics, so the result is deterministic.
+HN_HOST_DEVICE inline void col2im_element(index_t i, const LoweringDims& d, const float* columns,
+                                          float* images) {
+  const index_t w = i % d.width;
+  const index_t h = (i / d.width) % d.height;
+  const index_t c = (i / (d.width * d.height)) % d.channels;
+  const index_t n = i / (d.width * d.height * d.channels);
+  const index_t cols = d.cols();
+  float sum = 0.0f;
+  for (index_t kh = 0; kh < d.kernel_h; ++kh) {
+    const index_t h_span = h + d.pad_h - kh * d.dilation_h;  // = oh * stride_h
+    if (h_span < 0) break;                                   // only shrinks with kh
+    if (h_span % d.stride_h != 0) continue;
+    const index_t oh = h_span / d.stride_h;
+    if (oh >= d.out_h) continue;
+    for (index_t kw = 0; kw < d.kernel_w; ++kw) {
+      const index_t w_span = w + d.pad_w - kw * d.dilation_w;
+      if (w_span < 0) break;
+      if (w_span % d.stride_w != 0) continue;
+      const index_t ow = w_span / d.stride_w;
+      if (ow >= d.out_w) continue;
+      const index_t row = (c * d.kernel_h + kh) * d.kernel_w + kw;
+      const index_t col = (n * d.out_h + oh) * d.out_w + ow;
+      sum += columns[row * cols + col];
+    }
+  }
+  images[i] = sum;
+}
+
+// dst[j][i][r] = src[i][j][r]; k indexes dst, so the stores coalesce.
+HN_HOST_DEVICE inline void swap_axes_element(index_t k, index_t d0, index_t d1, index_t inner,
+                                             const float* src, float* dst) {
+  const index_t r = k % inner;
+  const index_t i = (k / inner) % d0;
+  const index_t j = k / (inner * d0);
+  dst[k] = src[(i * d1 + j) * inner + r];
+}
+
+}  // namespace hn::detail::cuda

@@ -1,0 +1,76 @@
+// Bodies of the CUDA reductions (dot, asum, sum, bias_backward). Deterministic by
+// construction: the grid depends only on the problem size, every thread sums a fixed
+// strided set of terms in double, and each block combines its threads in a fixed tree
+// (tree_step), so two runs, on any GPU, add the same numbers in the same order.
+#pragma once
+
+#include "drivers/common/philox.h"
+#include "hybridnn/shapes.h"
+
+namespace hn::detail::cuda {
+
+constexpr int kReduceThreads = 256;    // threads per block; a power of two (tree_step)
+constexpr int kReduceMaxBlocks = 256;  // first-pass blocks, i.e. partials to combine
+
+// Blocks of the first pass for n terms.
+inline int reduce_blocks(index_t n) {
+  const index_t blocks = (n + kReduceThreads - 1) / kReduceThreads;
+  return static_cast<int>(blocks < 1 ? 1 : (blocks > kReduceMaxBlocks ? kReduceMaxBlocks : blocks));
+}
+
+enum class ReduceOp { dot, asum, sum };
+
+HN_HOST_DEVICE inline double reduce_term(ReduceOp op, index_t i, const float* x, const float* y) {
+  switch (op) {
+    case ReduceOp::dot:
+      return static_cast<double>(x[i]) * static_cast<double>(y[i]);
+    case ReduceOp::asum:
+      return x[i] < 0.0f ? -static_cast<double>(x[i]) : static_cast<double>(x[i]);
+    case ReduceOp::sum:
+      break;
+  }
+  return static_cast<double>(x[i]);
+}
+
+// First pass: the partial of global thread `thread` of `threads`.
+HN_HOST_DEVICE inline double reduce_thread_partial(ReduceOp op, index_t thread, index_t threads,
+                                                   index_t n, const float* x, const float* y) {
+  double sum = 0.0;
+  for (index_t i = thread; i < n; i += threads)
+    sum += reduce_term(op, i, x, y);
+  return sum;
+}
+
+// Second pass (one block): thread t's share of the first pass's partials.
+HN_HOST_DEVICE inline double partials_thread_sum(int thread, int count, const double* partials) {
+  double sum = 0.0;
+  for (int i = thread; i < count; i += kReduceThreads)
+    sum += partials[i];
+  return sum;
+}
+
+// One step of the in-block tree: for stride = kReduceThreads / 2, ..., 1, every thread
+// t < stride adds values[t + stride]; after the last step values[0] holds the block's sum.
+HN_HOST_DEVICE inline void tree_step(int thread, int stride, double* values) {
+  if (thread < stride) values[thread] += values[thread + stride];
+}
+
+// bias_backward, one block per channel c: thread t's share of sum_{o,i} dy[o][c][i].
+HN_HOST_DEVICE inline double bias_backward_partial(index_t c, int thread, const AxisShape& shape,
+                                                   const float* dy) {
+  const index_t terms = shape.outer * shape.inner;
+  double sum = 0.0;
+  for (index_t j = thread; j < terms; j += kReduceThreads) {
+    const index_t o = j / shape.inner, r = j % shape.inner;
+    sum += static_cast<double>(dy[(o * shape.channels + c) * shape.inner + r]);
+  }
+  return sum;
+}
+
+// dbias[c] = beta * dbias[c] + total; beta == 0 does not read dbias.
+HN_HOST_DEVICE inline void bias_backward_finish(index_t c, double total, float beta, float* dbias) {
+  const float sum = static_cast<float>(total);
+  dbias[c] = beta == 0.0f ? sum : beta * dbias[c] + sum;
+}
+
+}  // namespace hn::detail::cuda

@@ -1,0 +1,474 @@
+// GPU-only tests of the CUDA driver: what the host tests of the kernel bodies cannot see.
+// Every op on cuda:0 against the reference driver, async copies through the staging
+// buffers, errors, stream ordering, bitwise determinism, and cuDNN against our own kernels.
+// cuda_test_main.cpp skips the whole binary (exit 77) when no GPU answers.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "hybridnn/error.h"
+#include "hybridnn/memory.h"
+#include "hybridnn/runtime.h"
+#include "tests/support.h"
+
+namespace {
+
+using hn::AxisShape;
+using hn::Driver;
+using hn::index_t;
+using hn::LoweringShape;
+using hn::LrnRegion;
+using hn::LrnShape;
+using hn::PoolShape;
+using hn::Transpose;
+using hn::test::DeviceArray;
+using hn::test::max_rel_diff;
+using hn::test::random_floats;
+using Values = std::vector<float>;
+
+std::unique_ptr<Driver> make_gpu() {
+  return hn::make_driver(hn::Device{hn::DeviceKind::cuda, 0});
+}
+std::unique_ptr<Driver> make_reference() {
+  return hn::make_driver(hn::Device{hn::DeviceKind::reference, 0});
+}
+
+std::size_t size_of(index_t n) {
+  return static_cast<std::size_t>(n);
+}
+
+// Copies `args` to `driver`, runs op(driver, pointers) and returns every array read back:
+// the same call on two drivers gives two results to compare.
+template <class Op>
+std::vector<Values> run(Driver& driver, const std::vector<Values>& args, Op op) {
+  std::vector<DeviceArray> arrays;
+  arrays.reserve(args.size());
+  for (const Values& values : args)
+    arrays.emplace_back(driver, values);
+  std::vector<float*> pointers;
+  for (const DeviceArray& array : arrays)
+    pointers.push_back(array.data());
+  op(driver, pointers);
+  std::vector<Values> out;
+  for (const DeviceArray& array : arrays)
+    out.push_back(array.host());
+  return out;
+}
+
+// Runs op on cuda:0 and on the reference driver; checks the arrays listed in `outputs`.
+template <class Op>
+void compare(Driver& gpu, Driver& ref, const std::vector<Values>& args,
+             const std::vector<std::size_t>& outputs, double tolerance, Op op) {
+  const auto got = run(gpu, args, op);
+  const auto want = run(ref, args, op);
+  for (const std::size_t k : outputs) {
+    INFO("argument " << k);
+    if (tolerance == 0.0) {
+      CHECK(std::memcmp(got[k].data(), want[k].data(), got[k].size() * sizeof(float)) == 0);
+    } else {
+      CHECK(max_rel_diff(got[k], want[k]) <= tolerance);
+    }
+  }
+}
+
+std::int32_t* as_mask(float* p) {
+  return reinterpret_cast<std::int32_t*>(p);
+}
+
+Values nans(std::size_t n) {
+  return Values(n, NAN);
+}
+
+LoweringShape lowering(index_t batch, index_t channels, index_t height, index_t width,
+                       index_t kernel, index_t pad, index_t stride, index_t dilation) {
+  LoweringShape s;
+  s.batch = batch;
+  s.channels = channels;
+  s.height = height;
+  s.width = width;
+  s.kernel_h = kernel;
+  s.kernel_w = kernel + 1;
+  s.pad_h = pad;
+  s.pad_w = pad + 1;
+  s.stride_h = stride;
+  s.stride_w = stride == 1 ? 2 : 1;
+  s.dilation_h = dilation;
+  s.dilation_w = 1;
+  return s;
+}
+
+PoolShape pooling(index_t batch, index_t channels, index_t height, index_t width, index_t kernel,
+                  index_t stride, index_t pad) {
+  PoolShape s;
+  s.batch = batch;
+  s.channels = channels;
+  s.height = height;
+  s.width = width;
+  s.kernel_h = s.kernel_w = kernel;
+  s.stride_h = s.stride_w = stride;
+  s.pad_h = s.pad_w = pad;
+  return s;
+}
+
+LrnShape lrn(index_t batch, index_t channels, index_t height, index_t width, index_t size,
+             LrnRegion region) {
+  LrnShape s;
+  s.batch = batch;
+  s.channels = channels;
+  s.height = height;
+  s.width = width;
+  s.size = size;
+  s.alpha = 0.37f;
+  s.beta = 0.75f;
+  s.k = 1.3f;
+  s.region = region;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("cuda gemm equals the reference for every transpose and odd leading dimensions",
+          "[cuda]") {
+  auto gpu = make_gpu();
+  auto ref = make_reference();
+  for (const Transpose ta : {Transpose::no, Transpose::yes}) {
+    for (const Transpose tb : {Transpose::no, Transpose::yes}) {
+      for (const float beta : {0.0f, 0.5f}) {
+        const index_t m = 37, n = 29, k = 53;
+        const index_t lda = (ta == Transpose::yes ? m : k) + 3;
+        const index_t ldb = (tb == Transpose::yes ? k : n) + 1;
+        const index_t ldc = n + 2;
+        const index_t a_rows = ta == Transpose::yes ? k : m;
+        const index_t b_rows = tb == Transpose::yes ? n : k;
+        INFO("trans_a=" << (ta == Transpose::yes) << " trans_b=" << (tb == Transpose::yes)
+                        << " beta=" << beta);
+        const Values c0 =
+            beta == 0.0f ? nans(size_of(m * ldc)) : random_floats(size_of(m * ldc), 3);
+        const std::vector<Values> args = {random_floats(size_of(a_rows * lda), 1),
+                                          random_floats(size_of(b_rows * ldb), 2), c0};
+        const auto op = [&](Driver& d, const std::vector<float*>& p) {
+          d.gemm(ta, tb, m, n, k, 0.75f, p[0], lda, p[1], ldb, beta, p[2], ldc);
+        };
+        const auto got = run(*gpu, args, op), want = run(*ref, args, op);
+        // Compare only C's m x n block: the padding columns are never written.
+        for (index_t i = 0; i < m; ++i) {
+          for (index_t j = 0; j < n; ++j) {
+            const float g = got[2][size_of(i * ldc + j)], w = want[2][size_of(i * ldc + j)];
+            REQUIRE(std::abs(g - w) <= 1e-4f * std::max(1.0f, std::abs(w)));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda gemm with k == 0 scales C and with beta == 0 ignores NaN in C", "[cuda]") {
+  auto gpu = make_gpu();
+  const index_t m = 5, n = 7;
+  DeviceArray a(*gpu, Values(1, 1.0f)), b(*gpu, Values(size_of(n), 1.0f));
+  for (const float beta : {0.0f, 2.0f}) {
+    DeviceArray c(*gpu, beta == 0.0f ? nans(size_of(m * n)) : Values(size_of(m * n), 3.0f));
+    gpu->gemm(Transpose::no, Transpose::no, m, n, 0, 1.0f, a.data(), 1, b.data(), n, beta, c.data(),
+              n);
+    REQUIRE(c.host() == Values(size_of(m * n), beta == 0.0f ? 0.0f : 6.0f));
+  }
+}
+
+TEST_CASE("cuda lowering equals the reference (im2col, col2im bitwise, swap_axes)", "[cuda]") {
+  auto gpu = make_gpu();
+  auto ref = make_reference();
+  for (const LoweringShape& s :
+       {lowering(3, 5, 7, 11, 3, 1, 2, 2), lowering(2, 3, 13, 5, 1, 0, 1, 1),
+        lowering(7, 17, 31, 29, 3, 1, 1, 1), lowering(2, 6, 9, 10, 3, 2, 3, 2)}) {
+    INFO(s.to_string());
+    compare(*gpu, *ref, {random_floats(size_of(s.image_count()), 4), nans(size_of(s.col_count()))},
+            {1}, 0.0, [&](Driver& d, const std::vector<float*>& p) { d.im2col(s, p[0], p[1]); });
+    compare(*gpu, *ref, {random_floats(size_of(s.col_count()), 5), nans(size_of(s.image_count()))},
+            {1}, 0.0, [&](Driver& d, const std::vector<float*>& p) { d.col2im(s, p[0], p[1]); });
+  }
+  compare(*gpu, *ref, {random_floats(7 * 13 * 11, 6), nans(7 * 13 * 11)}, {1}, 0.0,
+          [](Driver& d, const std::vector<float*>& p) { d.swap_axes(7, 13, 11, p[0], p[1]); });
+}
+
+TEST_CASE("cuda element-wise ops equal the reference", "[cuda]") {
+  auto gpu = make_gpu();
+  auto ref = make_reference();
+  const index_t n = 100003;
+  const Values x = random_floats(size_of(n), 7), y = random_floats(size_of(n), 8);
+  compare(*gpu, *ref, {nans(size_of(n))}, {0}, 0.0,
+          [&](Driver& d, const std::vector<float*>& p) { d.fill(n, -1.5f, p[0]); });
+  compare(*gpu, *ref, {x}, {0}, 0.0,
+          [&](Driver& d, const std::vector<float*>& p) { d.scale(n, 0.3f, p[0]); });
+  compare(*gpu, *ref, {x, y}, {1}, 1e-6,
+          [&](Driver& d, const std::vector<float*>& p) { d.axpy(n, 0.3f, p[0], p[1]); });
+  compare(*gpu, *ref, {x, y}, {1}, 1e-6,
+          [&](Driver& d, const std::vector<float*>& p) { d.axpby(n, 0.3f, p[0], -2.0f, p[1]); });
+  compare(*gpu, *ref, {x, nans(size_of(n))}, {1}, 0.0,
+          [&](Driver& d, const std::vector<float*>& p) { d.axpby(n, 0.3f, p[0], 0.0f, p[1]); });
+  compare(*gpu, *ref, {x, y, nans(size_of(n))}, {2}, 0.0,
+          [&](Driver& d, const std::vector<float*>& p) { d.mul(n, p[0], p[1], p[2]); });
+}
+
+TEST_CASE("cuda reductions equal the reference and are bitwise reproducible", "[cuda]") {
+  auto gpu = make_gpu();
+  auto ref = make_reference();
+  for (const index_t n : {index_t{1}, index_t{257}, index_t{65537}, index_t{1000003}}) {
+    INFO("n=" << n);
+    const Values x = random_floats(size_of(n), 9), y = random_floats(size_of(n), 10);
+    DeviceArray gx(*gpu, x), gy(*gpu, y);
+    const auto close = [](float a, float b) {
+      return std::abs(a - b) <= 1e-6f * std::max(1.0f, std::abs(b));
+    };
+    const float dot = gpu->dot(n, gx.data(), gy.data());
+    const float asum = gpu->asum(n, gx.data());
+    const float sum = gpu->sum(n, gx.data());
+    CHECK(close(dot, ref->dot(n, x.data(), y.data())));
+    CHECK(close(asum, ref->asum(n, x.data())));
+    CHECK(close(sum, ref->sum(n, x.data())));
+    const float dot2 = gpu->dot(n, gx.data(), gy.data()), sum2 = gpu->sum(n, gx.data());
+    CHECK(std::memcmp(&dot, &dot2, sizeof dot) == 0);
+    CHECK(std::memcmp(&sum, &sum2, sizeof sum) == 0);
+  }
+  for (const AxisShape s : {AxisShape{3, 7, 13}, AxisShape{0, 5, 3}, AxisShape{64, 3, 3137}}) {
+    for (const float beta : {0.0f, 0.5f}) {
+      INFO(s.to_string() << " beta=" << beta);
+      const Values prior =
+          beta == 0.0f ? nans(size_of(s.channels)) : random_floats(size_of(s.channels), 11);
+      const Values dy = random_floats(size_of(s.count()), 12);
+      const auto op = [&](Driver& d, const std::vector<float*>& p) {
+        d.bias_backward(s, p[0], beta, p[1]);
+      };
+      compare(*gpu, *ref, {dy, prior}, {1}, 1e-6, op);
+      const auto first = run(*gpu, {dy, prior}, op), second = run(*gpu, {dy, prior}, op);
+      CHECK(std::memcmp(first[1].data(), second[1].data(), first[1].size() * sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("cuda activations equal the reference, in place too", "[cuda]") {
+  auto gpu = make_gpu();
+  auto ref = make_reference();
+  const AxisShape s{5, 13, 17};
+  const index_t n = s.count();
+  const Values x = random_floats(size_of(n), 13, -4.0f, 4.0f), dy = random_floats(size_of(n), 14);
+  compare(*gpu, *ref, {random_floats(13, 15), x}, {1}, 0.0,
+          [&](Driver& d, const std::vector<float*>& p) { d.bias_forward(s, p[0], p[1]); });
+  compare(*gpu, *ref, {x}, {0}, 0.0,
+          [&](Driver& d, const std::vector<float*>& p) { d.relu_forward(n, 0.1f, p[0], p[0]); });
+  compare(*gpu, *ref, {x, dy}, {1}, 0.0, [&](Driver& d, const std::vector<float*>& p) {
+    d.relu_backward(n, 0.1f, p[0], p[1], p[1]);
+  });
+  compare(*gpu, *ref, {x, nans(size_of(n))}, {1}, 1e-6,
+          [&](Driver& d, const std::vector<float*>& p) { d.sigmoid_forward(n, p[0], p[1]); });
+  compare(
+      *gpu, *ref, {random_floats(size_of(n), 16, 0.0f, 1.0f), dy}, {1}, 1e-6,
+      [&](Driver& d, const std::vector<float*>& p) { d.sigmoid_backward(n, p[0], p[1], p[1]); });
+  compare(*gpu, *ref, {x}, {0}, 1e-6,
+          [&](Driver& d, const std::vector<float*>& p) { d.tanh_forward(n, p[0], p[0]); });
+  compare(*gpu, *ref, {random_floats(size_of(n), 17), dy, nans(size_of(n))}, {2}, 1e-6,
+          [&](Driver& d, const std::vector<float*>& p) { d.tanh_backward(n, p[0], p[1], p[2]); });
+}
+
+TEST_CASE("cuda pooling equals the reference, masks and max backward bitwise", "[cuda]") {
+  auto gpu = make_gpu();
+  auto ref = make_reference();
+  for (const PoolShape& s : {pooling(2, 3, 7, 11, 3, 2, 1), pooling(3, 5, 13, 13, 2, 2, 0),
+                             pooling(2, 3, 6, 6, 6, 1, 0), pooling(32, 17, 27, 27, 3, 2, 0)}) {
+    INFO(s.to_string());
+    const std::size_t in = size_of(s.in_count()), out = size_of(s.out_count());
+    Values x = random_floats(in, 18, -3.0f, 3.0f);
+    for (std::size_t i = 0; i < in; i += 3)
+      x[i] = std::round(x[i]);  // some ties
+    compare(*gpu, *ref, {x, nans(out), nans(out)}, {1, 2}, 0.0,
+            [&](Driver& d, const std::vector<float*>& p) {
+              d.pool_max_forward(s, p[0], p[1], as_mask(p[2]));
+            });
+    // Backward from the reference's mask, so the comparison is of the gather alone.
+    Values mask(out);
+    ref->pool_max_forward(s, x.data(), nans(out).data(), as_mask(mask.data()));
+    const Values dy = random_floats(out, 19);
+    const auto max_backward = [&](Driver& d, const std::vector<float*>& p) {
+      d.pool_max_backward(s, p[0], as_mask(p[1]), p[2]);
+    };
+    compare(*gpu, *ref, {dy, mask, nans(in)}, {2}, 0.0, max_backward);
+    compare(*gpu, *ref, {x, nans(out)}, {1}, 1e-6,
+            [&](Driver& d, const std::vector<float*>& p) { d.pool_avg_forward(s, p[0], p[1]); });
+    compare(*gpu, *ref, {dy, nans(in)}, {1}, 0.0,
+            [&](Driver& d, const std::vector<float*>& p) { d.pool_avg_backward(s, p[0], p[1]); });
+    const auto first = run(*gpu, {dy, mask, nans(in)}, max_backward);
+    const auto second = run(*gpu, {dy, mask, nans(in)}, max_backward);
+    CHECK(std::memcmp(first[2].data(), second[2].data(), in * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("cuda LRN equals the reference in both regions, dx == dy included", "[cuda]") {
+  auto gpu = make_gpu();
+  auto ref = make_reference();
+  for (const LrnShape& s : {lrn(2, 7, 5, 3, 5, LrnRegion::across_channels),
+                            lrn(3, 2, 3, 5, 7, LrnRegion::across_channels),
+                            lrn(4, 32, 13, 13, 5, LrnRegion::across_channels),
+                            lrn(2, 3, 7, 11, 3, LrnRegion::within_channel),
+                            lrn(1, 1, 2, 3, 7, LrnRegion::within_channel)}) {
+    INFO(s.to_string());
+    const std::size_t n = size_of(s.count());
+    const Values x = random_floats(n, 20, -2.0f, 2.0f), dy = random_floats(n, 21);
+    compare(*gpu, *ref, {x, nans(n), nans(n)}, {1, 2}, 1e-5,
+            [&](Driver& d, const std::vector<float*>& p) { d.lrn_forward(s, p[0], p[1], p[2]); });
+    Values y(n), scale(n);
+    ref->lrn_forward(s, x.data(), y.data(), scale.data());
+    compare(*gpu, *ref, {x, y, scale, dy, nans(n)}, {4}, 1e-5,
+            [&](Driver& d, const std::vector<float*>& p) {
+              d.lrn_backward(s, p[0], p[1], p[2], p[3], p[4]);
+            });
+    compare(*gpu, *ref, {x, y, scale, dy}, {3}, 1e-5, [&](Driver& d, const std::vector<float*>& p) {
+      d.lrn_backward(s, p[0], p[1], p[2], p[3], p[3]);
+    });
+  }
+}
+
+TEST_CASE("cuda softmax equals the reference, in place too", "[cuda]") {
+  auto gpu = make_gpu();
+  auto ref = make_reference();
+  for (const AxisShape s : {AxisShape{5, 11, 7}, AxisShape{64, 1000, 1}, AxisShape{2, 1, 13}}) {
+    INFO(s.to_string());
+    const std::size_t n = size_of(s.count());
+    const Values x = random_floats(n, 22, -8.0f, 8.0f), dy = random_floats(n, 23);
+    compare(*gpu, *ref, {x, nans(n)}, {1}, 1e-5,
+            [&](Driver& d, const std::vector<float*>& p) { d.softmax_forward(s, p[0], p[1]); });
+    compare(*gpu, *ref, {x}, {0}, 1e-5,
+            [&](Driver& d, const std::vector<float*>& p) { d.softmax_forward(s, p[0], p[0]); });
+    Values y(n);
+    ref->softmax_forward(s, x.data(), y.data());
+    compare(*gpu, *ref, {y, dy, nans(n)}, {2}, 1e-5, [&](Driver& d, const std::vector<float*>& p) {
+      d.softmax_backward(s, p[0], p[1], p[2]);
+    });
+    compare(*gpu, *ref, {y, dy}, {1}, 1e-5, [&](Driver& d, const std::vector<float*>& p) {
+      d.softmax_backward(s, p[0], p[1], p[1]);
+    });
+  }
+}
+
+TEST_CASE("cuda dropout draws the reference's mask and outputs bitwise", "[cuda]") {
+  auto gpu = make_gpu();
+  auto ref = make_reference();
+  const index_t n = 1000003;
+  const Values x = random_floats(size_of(n), 24), dy = random_floats(size_of(n), 25);
+  for (const float ratio : {0.0f, 0.5f, 0.9f}) {
+    INFO("ratio=" << ratio);
+    compare(*gpu, *ref, {x, nans(size_of(n)), nans(size_of(n))}, {1, 2}, 0.0,
+            [&](Driver& d, const std::vector<float*>& p) {
+              d.dropout_forward(n, ratio, 42, 0xFFFFFF00u, p[0], p[1], p[2]);
+            });
+    Values y(size_of(n)), mask(size_of(n));
+    ref->dropout_forward(n, ratio, 42, 0xFFFFFF00u, x.data(), y.data(), mask.data());
+    compare(*gpu, *ref, {mask, dy, nans(size_of(n))}, {2}, 0.0,
+            [&](Driver& d, const std::vector<float*>& p) {
+              d.dropout_backward(n, ratio, p[0], p[1], p[2]);
+            });
+  }
+}
+
+TEST_CASE("cuda copies round-trip for every size, staged, chunked and unaligned", "[cuda]") {
+  auto gpu = make_gpu();
+  // Up to well past the largest staging buffer (32 MiB), so copies run in chunks.
+  for (const std::size_t bytes :
+       {std::size_t{1}, std::size_t{3}, std::size_t{4097}, std::size_t{(1 << 20) + 1},
+        std::size_t{(16 << 20) + 7}, std::size_t{(80 << 20) + 5}}) {
+    INFO("bytes=" << bytes);
+    std::vector<unsigned char> src(bytes + 1), back(bytes + 1, 0), back2(bytes + 1, 0);
+    for (std::size_t i = 0; i < src.size(); ++i)
+      src[i] = static_cast<unsigned char>(i * 131 + 7);
+    hn::Buffer device(*gpu, bytes), other(*gpu, bytes);
+    gpu->copy_from_host(device.address(), src.data() + 1, bytes);  // unaligned host source
+    gpu->copy(other.address(), device.address(), bytes);
+    gpu->copy_to_host(back.data() + 1, other.address(), bytes);  // unaligned host destination
+    REQUIRE(std::memcmp(back.data() + 1, src.data() + 1, bytes) == 0);
+    gpu->copy_to_host(back2.data(), device.address(), bytes);
+    REQUIRE(std::memcmp(back2.data(), src.data() + 1, bytes) == 0);
+  }
+}
+
+TEST_CASE("cuda results are visible after copy_to_host without an explicit synchronize", "[cuda]") {
+  auto gpu = make_gpu();
+  const index_t n = 1 << 24;
+  DeviceArray x(*gpu, size_of(n));
+  gpu->fill(n, 1.0f, x.data());
+  for (int i = 0; i < 20; ++i)
+    gpu->scale(n, 2.0f, x.data());  // queued, not waited for
+  const Values host = x.host();
+  REQUIRE(host.front() == 1048576.0f);
+  REQUIRE(host.back() == 1048576.0f);
+  gpu->fill(n, 0.5f, x.data());
+  REQUIRE(gpu->sum(n, x.data()) == 0.5f * static_cast<float>(n));
+}
+
+TEST_CASE("cuda allocation failure is an hn::Error and the driver stays usable", "[cuda]") {
+  auto gpu = make_gpu();
+  const std::size_t huge = std::size_t{1} << 52;  // 4 PiB
+  try {
+    gpu->allocate(huge);
+    FAIL("allocating 4 PiB succeeded");
+  } catch (const hn::Error& error) {
+    const std::string message = error.what();
+    CHECK(message.find("cudaMalloc") != std::string::npos);
+    CHECK(message.find(std::to_string(huge)) != std::string::npos);
+  }
+  DeviceArray x(*gpu, 1000);
+  gpu->fill(1000, 3.0f, x.data());
+  REQUIRE(x.host() == Values(1000, 3.0f));
+}
+
+TEST_CASE("cuda driver owns its device memory only, and rejects host addresses", "[cuda]") {
+  auto gpu = make_gpu();
+  CHECK(gpu->capabilities().gemm);
+  CHECK_FALSE(gpu->capabilities().host_addressable);
+  hn::Buffer buffer(*gpu, 4096);
+  const auto* base = static_cast<const char*>(buffer.address());
+  CHECK(gpu->owns(base, 4096));
+  CHECK(gpu->owns(base + 100, 3996));
+  CHECK_FALSE(gpu->owns(base + 100, 3997));  // runs past the allocation
+  Values host(16, 1.0f);
+  CHECK_FALSE(gpu->owns(host.data(), 64));
+  CHECK_THROWS_AS(gpu->fill(16, 0.0f, host.data()), hn::Error);
+}
+
+TEST_CASE("cuda cuDNN softmax and LRN agree with the driver's own kernels", "[cuda]") {
+  // HYBRIDNN_CUDNN=0 at construction turns cuDNN off for that driver.
+  ::setenv("HYBRIDNN_CUDNN", "0", 1);
+  auto own = make_gpu();
+  ::unsetenv("HYBRIDNN_CUDNN");
+  auto dnn = make_gpu();
+  INFO(dnn->description() << " vs " << own->description());
+  const AxisShape axis{64, 1000, 3};
+  const std::size_t n = size_of(axis.count());
+  const Values x = random_floats(n, 26, -8.0f, 8.0f), dy = random_floats(n, 27);
+  compare(*dnn, *own, {x, nans(n)}, {1}, 1e-5,
+          [&](Driver& d, const std::vector<float*>& p) { d.softmax_forward(axis, p[0], p[1]); });
+  const auto y = run(*own, {x, nans(n)}, [&](Driver& d, const std::vector<float*>& p) {
+    d.softmax_forward(axis, p[0], p[1]);
+  })[1];
+  compare(*dnn, *own, {y, dy, nans(n)}, {2}, 1e-5, [&](Driver& d, const std::vector<float*>& p) {
+    d.softmax_backward(axis, p[0], p[1], p[2]);
+  });
+
+  const LrnShape s = lrn(8, 64, 13, 13, 5, LrnRegion::across_channels);
+  const std::size_t m = size_of(s.count());
+  const Values lx = random_floats(m, 28, -2.0f, 2.0f), ldy = random_floats(m, 29);
+  compare(*dnn, *own, {lx, nans(m), nans(m)}, {1, 2}, 1e-5,
+          [&](Driver& d, const std::vector<float*>& p) { d.lrn_forward(s, p[0], p[1], p[2]); });
+  const auto forward =
+      run(*own, {lx, nans(m), nans(m)},
+          [&](Driver& d, const std::vector<float*>& p) { d.lrn_forward(s, p[0], p[1], p[2]); });
+  compare(*dnn, *own, {lx, forward[1], forward[2], ldy, nans(m)}, {4}, 1e-5,
+          [&](Driver& d, const std::vector<float*>& p) {
+            d.lrn_backward(s, p[0], p[1], p[2], p[3], p[4]);
+          });
+}

@@ -1,0 +1,554 @@
+// Host tests of the CUDA kernel bodies (drivers/cuda/kernels/*.cuh): every body runs over its
+// whole index space, in a shuffled order (a GPU promises no order), on random inputs with odd
+// and prime sizes, and is compared with the reference driver. Built with or without CUDA:
+// it includes only the g++-compilable bodies, so CI checks the kernels' indexing and
+// arithmetic without a GPU.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "drivers/cuda/kernels/activations.cuh"
+#include "drivers/cuda/kernels/dropout.cuh"
+#include "drivers/cuda/kernels/elementwise.cuh"
+#include "drivers/cuda/kernels/lowering.cuh"
+#include "drivers/cuda/kernels/lrn.cuh"
+#include "drivers/cuda/kernels/pooling.cuh"
+#include "drivers/cuda/kernels/reductions.cuh"
+#include "drivers/cuda/kernels/softmax.cuh"
+#include "hybridnn/runtime.h"
+#include "tests/support.h"
+
+namespace {
+
+using hn::AxisShape;
+using hn::index_t;
+using hn::LoweringShape;
+using hn::LrnRegion;
+using hn::LrnShape;
+using hn::PoolShape;
+using hn::test::max_rel_diff;
+using hn::test::random_floats;
+namespace cuda = hn::detail::cuda;
+
+// The oracle, on host memory, so its calls take the test's vectors directly.
+std::unique_ptr<hn::Driver> make_reference() {
+  return hn::make_driver(hn::Device{hn::DeviceKind::reference, 0});
+}
+
+// Runs body(i) for every i in [0, n) in a shuffled order: a body that reads what another
+// index writes would give a different answer here, as it would race on a GPU.
+template <class Body>
+void for_each_index(index_t n, Body body) {
+  std::vector<index_t> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), index_t{0});
+  std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<std::uint32_t>(n) + 17));
+  for (const index_t i : order)
+    body(i);
+}
+
+std::size_t size_of(index_t n) {
+  return static_cast<std::size_t>(n);
+}
+
+// Values from a small set, so max pooling meets ties (first maximum must win).
+std::vector<float> tied_floats(std::size_t n, std::uint32_t seed) {
+  std::vector<float> v = random_floats(n, seed, -3.0f, 3.0f);
+  for (float& x : v)
+    x = std::round(x);
+  return v;
+}
+
+LoweringShape lowering(index_t batch, index_t channels, index_t height, index_t width,
+                       index_t kernel_h, index_t kernel_w, index_t pad_h, index_t pad_w,
+                       index_t stride_h, index_t stride_w, index_t dilation_h, index_t dilation_w) {
+  LoweringShape s;
+  s.batch = batch;
+  s.channels = channels;
+  s.height = height;
+  s.width = width;
+  s.kernel_h = kernel_h;
+  s.kernel_w = kernel_w;
+  s.pad_h = pad_h;
+  s.pad_w = pad_w;
+  s.stride_h = stride_h;
+  s.stride_w = stride_w;
+  s.dilation_h = dilation_h;
+  s.dilation_w = dilation_w;
+  return s;
+}
+
+std::vector<LoweringShape> lowering_shapes() {
+  return {
+      lowering(3, 5, 7, 11, 3, 5, 1, 2, 2, 1, 1, 2),  // pad, stride and dilation all uneven
+      lowering(2, 3, 13, 5, 1, 1, 0, 0, 1, 1, 1, 1),  // 1x1: a plain copy
+      lowering(1, 2, 4, 4, 4, 4, 0, 0, 1, 1, 1, 1),   // kernel = image: one column per image
+      lowering(2, 7, 9, 10, 3, 3, 2, 2, 3, 3, 2, 2),  // stride > 1 leaves pixels uncovered
+      lowering(5, 1, 3, 17, 2, 7, 1, 3, 1, 2, 1, 1),
+  };
+}
+
+PoolShape pooling(index_t batch, index_t channels, index_t height, index_t width, index_t kernel_h,
+                  index_t kernel_w, index_t stride_h, index_t stride_w, index_t pad_h,
+                  index_t pad_w) {
+  PoolShape s;
+  s.batch = batch;
+  s.channels = channels;
+  s.height = height;
+  s.width = width;
+  s.kernel_h = kernel_h;
+  s.kernel_w = kernel_w;
+  s.stride_h = stride_h;
+  s.stride_w = stride_w;
+  s.pad_h = pad_h;
+  s.pad_w = pad_w;
+  return s;
+}
+
+std::vector<PoolShape> pool_shapes() {
+  return {
+      pooling(2, 3, 7, 11, 3, 2, 2, 3, 1, 1),   // Caffe's ceil mode leaves partial windows
+      pooling(1, 2, 5, 5, 3, 3, 3, 3, 0, 0),    // last window clipped by the image
+      pooling(3, 1, 13, 9, 2, 4, 1, 2, 1, 0),   // overlapping windows
+      pooling(2, 3, 6, 7, 6, 7, 1, 1, 0, 0),    // global pooling
+      pooling(1, 5, 11, 13, 3, 3, 2, 2, 2, 2),  // padding drops the last window
+  };
+}
+
+LrnShape lrn(index_t batch, index_t channels, index_t height, index_t width, index_t size,
+             LrnRegion region) {
+  LrnShape s;
+  s.batch = batch;
+  s.channels = channels;
+  s.height = height;
+  s.width = width;
+  s.size = size;
+  s.alpha = 0.37f;
+  s.beta = 0.75f;
+  s.k = 1.3f;
+  s.region = region;
+  return s;
+}
+
+// Emulates the reduction kernels' two passes: per-thread partials, block trees, final tree.
+double block_tree(std::vector<double> values) {
+  for (int stride = cuda::kReduceThreads / 2; stride > 0; stride /= 2) {
+    for (int t = 0; t < cuda::kReduceThreads; ++t)
+      cuda::tree_step(t, stride, values.data());
+  }
+  return values[0];
+}
+
+float device_reduce(cuda::ReduceOp op, index_t n, const float* x, const float* y) {
+  const int blocks = cuda::reduce_blocks(n);
+  const index_t threads = static_cast<index_t>(blocks) * cuda::kReduceThreads;
+  std::vector<double> partials(static_cast<std::size_t>(blocks));
+  for (int b = 0; b < blocks; ++b) {
+    std::vector<double> values(cuda::kReduceThreads);
+    for (int t = 0; t < cuda::kReduceThreads; ++t) {
+      values[t] =
+          cuda::reduce_thread_partial(op, index_t{b} * cuda::kReduceThreads + t, threads, n, x, y);
+    }
+    partials[b] = block_tree(values);
+  }
+  std::vector<double> values(cuda::kReduceThreads);
+  for (int t = 0; t < cuda::kReduceThreads; ++t) {
+    values[t] = cuda::partials_thread_sum(t, blocks, partials.data());
+  }
+  return static_cast<float>(block_tree(values));
+}
+
+}  // namespace
+
+TEST_CASE("cuda im2col body equals the reference lowering", "[cuda-bodies]") {
+  auto ref = make_reference();
+  for (const LoweringShape& shape : lowering_shapes()) {
+    INFO(shape.to_string());
+    const auto images = random_floats(size_of(shape.image_count()), 11);
+    std::vector<float> expected(size_of(shape.col_count()), NAN);
+    std::vector<float> actual(size_of(shape.col_count()), NAN);
+    ref->im2col(shape, images.data(), expected.data());
+    const cuda::LoweringDims d = cuda::lowering_dims(shape);
+    REQUIRE(d.rows() * d.cols() == shape.col_count());
+    for_each_index(d.rows() * d.cols(),
+                   [&](index_t i) { cuda::im2col_element(i, d, images.data(), actual.data()); });
+    REQUIRE(actual == expected);
+  }
+}
+
+TEST_CASE("cuda col2im body gathers bitwise what the reference scatters", "[cuda-bodies]") {
+  auto ref = make_reference();
+  for (const LoweringShape& shape : lowering_shapes()) {
+    INFO(shape.to_string());
+    const auto columns = random_floats(size_of(shape.col_count()), 12);
+    std::vector<float> expected(size_of(shape.image_count()), NAN);
+    std::vector<float> actual(size_of(shape.image_count()), NAN);  // must be overwritten
+    ref->col2im(shape, columns.data(), expected.data());
+    const cuda::LoweringDims d = cuda::lowering_dims(shape);
+    for_each_index(shape.image_count(),
+                   [&](index_t i) { cuda::col2im_element(i, d, columns.data(), actual.data()); });
+    REQUIRE(actual == expected);
+  }
+}
+
+TEST_CASE("cuda swap_axes body equals the reference", "[cuda-bodies]") {
+  auto ref = make_reference();
+  for (const auto& sizes :
+       std::vector<std::array<index_t, 3>>{{7, 5, 13}, {1, 11, 3}, {17, 1, 2}, {3, 29, 1}}) {
+    const index_t d0 = sizes[0], d1 = sizes[1], inner = sizes[2];
+    INFO("d0=" << d0 << " d1=" << d1 << " inner=" << inner);
+    const index_t n = d0 * d1 * inner;
+    const auto src = random_floats(size_of(n), 13);
+    std::vector<float> expected(size_of(n)), actual(size_of(n), NAN);
+    ref->swap_axes(d0, d1, inner, src.data(), expected.data());
+    for_each_index(n, [&](index_t k) {
+      cuda::swap_axes_element(k, d0, d1, inner, src.data(), actual.data());
+    });
+    REQUIRE(actual == expected);
+  }
+}
+
+TEST_CASE("cuda element-wise bodies equal the reference, in place too", "[cuda-bodies]") {
+  auto ref = make_reference();
+  const index_t n = 1009;
+  const auto x = random_floats(size_of(n), 21);
+  const auto y0 = random_floats(size_of(n), 22);
+
+  SECTION("fill") {
+    std::vector<float> expected(size_of(n)), actual(size_of(n));
+    ref->fill(n, 2.5f, expected.data());
+    for_each_index(n, [&](index_t i) { cuda::fill_element(i, 2.5f, actual.data()); });
+    REQUIRE(actual == expected);
+  }
+  SECTION("scale") {
+    auto expected = x, actual = x;
+    ref->scale(n, -0.7f, expected.data());
+    for_each_index(n, [&](index_t i) { cuda::scale_element(i, -0.7f, actual.data()); });
+    REQUIRE(max_rel_diff(actual, expected) <= 1e-7);
+  }
+  SECTION("axpy") {
+    auto expected = y0, actual = y0;
+    ref->axpy(n, 1.3f, x.data(), expected.data());
+    for_each_index(n, [&](index_t i) { cuda::axpy_element(i, 1.3f, x.data(), actual.data()); });
+    REQUIRE(max_rel_diff(actual, expected) <= 1e-6);
+  }
+  SECTION("axpby with beta != 0") {
+    auto expected = y0, actual = y0;
+    ref->axpby(n, 1.3f, x.data(), -0.4f, expected.data());
+    for_each_index(
+        n, [&](index_t i) { cuda::axpby_element(i, 1.3f, x.data(), -0.4f, actual.data()); });
+    REQUIRE(max_rel_diff(actual, expected) <= 1e-6);
+  }
+  SECTION("axpby with beta == 0 does not read y (NaN there does not propagate)") {
+    std::vector<float> expected(size_of(n), NAN), actual(size_of(n), NAN);
+    ref->axpby(n, 1.3f, x.data(), 0.0f, expected.data());
+    for_each_index(n,
+                   [&](index_t i) { cuda::axpby_element(i, 1.3f, x.data(), 0.0f, actual.data()); });
+    REQUIRE(max_rel_diff(actual, expected) <= 1e-7);
+  }
+  SECTION("mul, in place") {
+    auto expected = y0, actual = y0;
+    ref->mul(n, x.data(), expected.data(), expected.data());
+    for_each_index(
+        n, [&](index_t i) { cuda::mul_element(i, x.data(), actual.data(), actual.data()); });
+    REQUIRE(max_rel_diff(actual, expected) <= 1e-7);
+  }
+}
+
+TEST_CASE("cuda gemm body for k == 0 scales C like the reference gemm", "[cuda-bodies]") {
+  auto ref = make_reference();
+  const index_t m = 7, n = 5, ldc = 9;
+  const float unused = 0.0f;
+  for (const float beta : {0.0f, 0.5f, -2.0f}) {
+    INFO("beta=" << beta);
+    auto c0 = random_floats(size_of(m * ldc), 31);
+    if (beta == 0.0f) std::fill(c0.begin(), c0.end(), NAN);  // must not be read
+    auto expected = c0, actual = c0;
+    ref->gemm(hn::Transpose::no, hn::Transpose::no, m, n, 0, 1.0f, &unused, 1, &unused, n, beta,
+              expected.data(), ldc);
+    for_each_index(m * n,
+                   [&](index_t i) { cuda::scale_matrix_element(i, n, ldc, beta, actual.data()); });
+    for (index_t r = 0; r < m; ++r) {
+      for (index_t col = 0; col < n; ++col) {
+        REQUIRE(actual[size_of(r * ldc + col)] == expected[size_of(r * ldc + col)]);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda reduction bodies (two-pass, fixed trees) equal the reference", "[cuda-bodies]") {
+  auto ref = make_reference();
+  // Around one block, one full first pass (256 x 256 terms) and several terms per thread.
+  for (const index_t n :
+       {index_t{1}, index_t{255}, index_t{257}, index_t{65536}, index_t{65537}, index_t{100003}}) {
+    INFO("n=" << n);
+    const auto x = random_floats(size_of(n), 41);
+    const auto y = random_floats(size_of(n), 42);
+    const auto close = [](float a, float b) {
+      return std::abs(a - b) <= 1e-6f * std::max(1.0f, std::abs(b));
+    };
+    REQUIRE(close(device_reduce(cuda::ReduceOp::dot, n, x.data(), y.data()),
+                  ref->dot(n, x.data(), y.data())));
+    REQUIRE(
+        close(device_reduce(cuda::ReduceOp::asum, n, x.data(), x.data()), ref->asum(n, x.data())));
+    REQUIRE(
+        close(device_reduce(cuda::ReduceOp::sum, n, x.data(), x.data()), ref->sum(n, x.data())));
+  }
+}
+
+TEST_CASE("cuda bias_backward body equals the reference, also for outer == 0", "[cuda-bodies]") {
+  auto ref = make_reference();
+  for (const AxisShape shape :
+       {AxisShape{3, 7, 13}, AxisShape{0, 5, 3}, AxisShape{1, 1, 70001}, AxisShape{257, 3, 1}}) {
+    for (const float beta : {0.0f, 0.75f}) {
+      INFO(shape.to_string() << " beta=" << beta);
+      const auto dy = random_floats(size_of(shape.count()), 51);
+      auto prior = random_floats(size_of(shape.channels), 52);
+      if (beta == 0.0f) std::fill(prior.begin(), prior.end(), NAN);  // must not be read
+      auto expected = prior, actual = prior;
+      ref->bias_backward(shape, dy.data(), beta, expected.data());
+      for (index_t c = 0; c < shape.channels; ++c) {
+        std::vector<double> values(cuda::kReduceThreads);
+        for (int t = 0; t < cuda::kReduceThreads; ++t) {
+          values[t] = cuda::bias_backward_partial(c, t, shape, dy.data());
+        }
+        cuda::bias_backward_finish(c, block_tree(values), beta, actual.data());
+      }
+      REQUIRE(max_rel_diff(actual, expected) <= 1e-6);
+    }
+  }
+}
+
+TEST_CASE("cuda activation bodies equal the reference, in place too", "[cuda-bodies]") {
+  auto ref = make_reference();
+  const index_t n = 2003;
+  const auto x = random_floats(size_of(n), 61, -4.0f, 4.0f);
+  const auto dy = random_floats(size_of(n), 62);
+
+  SECTION("bias_forward") {
+    const AxisShape shape{3, 7, 11};
+    const auto bias = random_floats(size_of(shape.channels), 63);
+    const auto y0 = random_floats(size_of(shape.count()), 64);
+    auto expected = y0, actual = y0;
+    ref->bias_forward(shape, bias.data(), expected.data());
+    for_each_index(shape.count(), [&](index_t i) {
+      cuda::bias_forward_element(i, shape, bias.data(), actual.data());
+    });
+    REQUIRE(actual == expected);
+  }
+  SECTION("relu (leaky) forward and backward") {
+    std::vector<float> expected(size_of(n)), actual = x;  // forward in place
+    ref->relu_forward(n, 0.1f, x.data(), expected.data());
+    for_each_index(
+        n, [&](index_t i) { cuda::relu_forward_element(i, 0.1f, actual.data(), actual.data()); });
+    REQUIRE(actual == expected);
+    auto dx_expected = dy, dx_actual = dy;  // backward in place
+    ref->relu_backward(n, 0.1f, x.data(), dx_expected.data(), dx_expected.data());
+    for_each_index(n, [&](index_t i) {
+      cuda::relu_backward_element(i, 0.1f, x.data(), dx_actual.data(), dx_actual.data());
+    });
+    REQUIRE(dx_actual == dx_expected);
+  }
+  SECTION("sigmoid forward and backward") {
+    std::vector<float> expected(size_of(n)), actual(size_of(n));
+    ref->sigmoid_forward(n, x.data(), expected.data());
+    for_each_index(n,
+                   [&](index_t i) { cuda::sigmoid_forward_element(i, x.data(), actual.data()); });
+    REQUIRE(max_rel_diff(actual, expected) <= 1e-6);
+    std::vector<float> dx_expected(size_of(n)), dx_actual(size_of(n));
+    ref->sigmoid_backward(n, expected.data(), dy.data(), dx_expected.data());
+    for_each_index(n, [&](index_t i) {
+      cuda::sigmoid_backward_element(i, expected.data(), dy.data(), dx_actual.data());
+    });
+    REQUIRE(max_rel_diff(dx_actual, dx_expected) <= 1e-6);
+  }
+  SECTION("tanh forward and backward") {
+    std::vector<float> expected(size_of(n)), actual(size_of(n));
+    ref->tanh_forward(n, x.data(), expected.data());
+    for_each_index(n, [&](index_t i) { cuda::tanh_forward_element(i, x.data(), actual.data()); });
+    REQUIRE(max_rel_diff(actual, expected) <= 1e-6);
+    std::vector<float> dx_expected(size_of(n)), dx_actual(size_of(n));
+    ref->tanh_backward(n, expected.data(), dy.data(), dx_expected.data());
+    for_each_index(n, [&](index_t i) {
+      cuda::tanh_backward_element(i, expected.data(), dy.data(), dx_actual.data());
+    });
+    REQUIRE(max_rel_diff(dx_actual, dx_expected) <= 1e-6);
+  }
+}
+
+TEST_CASE(
+    "cuda max pooling bodies: values, masks (first maximum wins) and gathered gradient "
+    "equal the reference bitwise",
+    "[cuda-bodies]") {
+  auto ref = make_reference();
+  for (const PoolShape& shape : pool_shapes()) {
+    for (const bool ties : {false, true}) {
+      INFO(shape.to_string() << (ties ? " with ties" : ""));
+      const auto x = ties ? tied_floats(size_of(shape.in_count()), 71)
+                          : random_floats(size_of(shape.in_count()), 71);
+      const std::size_t outs = size_of(shape.out_count());
+      std::vector<float> y_expected(outs), y_actual(outs, NAN);
+      std::vector<std::int32_t> mask_expected(outs), mask_actual(outs, -7);
+      ref->pool_max_forward(shape, x.data(), y_expected.data(), mask_expected.data());
+      const cuda::PoolDims d = cuda::pool_dims(shape);
+      for_each_index(shape.out_count(), [&](index_t i) {
+        cuda::pool_max_forward_element(i, d, x.data(), y_actual.data(), mask_actual.data());
+      });
+      REQUIRE(y_actual == y_expected);
+      REQUIRE(mask_actual == mask_expected);
+
+      const auto dy = random_floats(outs, 72);
+      std::vector<float> dx_expected(size_of(shape.in_count())),
+          dx_actual(size_of(shape.in_count()), NAN);
+      ref->pool_max_backward(shape, dy.data(), mask_expected.data(), dx_expected.data());
+      for_each_index(shape.in_count(), [&](index_t i) {
+        cuda::pool_max_backward_element(i, d, dy.data(), mask_expected.data(), dx_actual.data());
+      });
+      REQUIRE(dx_actual == dx_expected);
+    }
+  }
+}
+
+TEST_CASE("cuda average pooling bodies equal the reference (Caffe's divisor)", "[cuda-bodies]") {
+  auto ref = make_reference();
+  for (const PoolShape& shape : pool_shapes()) {
+    INFO(shape.to_string());
+    const auto x = random_floats(size_of(shape.in_count()), 81);
+    const std::size_t outs = size_of(shape.out_count());
+    std::vector<float> y_expected(outs), y_actual(outs, NAN);
+    ref->pool_avg_forward(shape, x.data(), y_expected.data());
+    const cuda::PoolDims d = cuda::pool_dims(shape);
+    for_each_index(shape.out_count(), [&](index_t i) {
+      cuda::pool_avg_forward_element(i, d, x.data(), y_actual.data());
+    });
+    REQUIRE(max_rel_diff(y_actual, y_expected) <= 1e-6);
+
+    const auto dy = random_floats(outs, 82);
+    std::vector<float> dx_expected(size_of(shape.in_count())),
+        dx_actual(size_of(shape.in_count()), NAN);
+    ref->pool_avg_backward(shape, dy.data(), dx_expected.data());
+    for_each_index(shape.in_count(), [&](index_t i) {
+      cuda::pool_avg_backward_element(i, d, dy.data(), dx_actual.data());
+    });
+    // Same shares added in the same (output) order as the reference's scatter.
+    REQUIRE(dx_actual == dx_expected);
+  }
+}
+
+TEST_CASE("cuda LRN bodies equal the reference in both regions", "[cuda-bodies]") {
+  auto ref = make_reference();
+  const std::vector<LrnShape> shapes = {
+      lrn(2, 7, 5, 3, 5, LrnRegion::across_channels),
+      lrn(1, 3, 4, 7, 1, LrnRegion::across_channels),
+      lrn(3, 2, 3, 5, 7, LrnRegion::across_channels),  // window wider than the channels
+      lrn(2, 3, 7, 11, 3, LrnRegion::within_channel),
+      lrn(1, 2, 5, 4, 5, LrnRegion::within_channel),
+      lrn(1, 1, 2, 3, 7, LrnRegion::within_channel),  // window wider than the image
+  };
+  for (const LrnShape& shape : shapes) {
+    INFO(shape.to_string());
+    const std::size_t n = size_of(shape.count());
+    const auto x = random_floats(n, 91, -2.0f, 2.0f);
+    const auto dy = random_floats(n, 92);
+    std::vector<float> y_expected(n), scale_expected(n), y_actual(n, NAN), scale_actual(n, NAN);
+    ref->lrn_forward(shape, x.data(), y_expected.data(), scale_expected.data());
+    const bool across = shape.region == LrnRegion::across_channels;
+    for_each_index(shape.count(), [&](index_t i) {
+      if (across) {
+        cuda::lrn_across_forward_element(i, shape, x.data(), y_actual.data(), scale_actual.data());
+      } else {
+        cuda::lrn_within_forward_element(i, shape, x.data(), y_actual.data(), scale_actual.data());
+      }
+    });
+    CHECK(max_rel_diff(scale_actual, scale_expected) <= 1e-6);
+    CHECK(max_rel_diff(y_actual, y_expected) <= 2e-6);
+    if (across) {  // the cuDNN path fills scale with this body alone
+      std::vector<float> scale_only(n, NAN);
+      for_each_index(shape.count(), [&](index_t i) {
+        cuda::lrn_across_scale_element(i, shape, x.data(), scale_only.data());
+      });
+      CHECK(scale_only == scale_actual);
+    }
+
+    // Backward from the reference's forward results, so it is checked on its own.
+    std::vector<float> dx_expected(n), dx_actual(n, NAN);
+    ref->lrn_backward(shape, x.data(), y_expected.data(), scale_expected.data(), dy.data(),
+                      dx_expected.data());
+    for_each_index(shape.count(), [&](index_t i) {
+      if (across) {
+        cuda::lrn_across_backward_element(i, shape, x.data(), y_expected.data(),
+                                          scale_expected.data(), dy.data(), dx_actual.data());
+      } else {
+        cuda::lrn_within_backward_element(i, shape, x.data(), scale_expected.data(), dy.data(),
+                                          dx_actual.data());
+      }
+    });
+    CHECK(max_rel_diff(dx_actual, dx_expected) <= 1e-5);
+  }
+}
+
+TEST_CASE("cuda softmax bodies equal the reference, in place too", "[cuda-bodies]") {
+  auto ref = make_reference();
+  for (const AxisShape shape : {AxisShape{5, 11, 7}, AxisShape{3, 1000, 1}, AxisShape{1, 2, 1},
+                                AxisShape{2, 1, 13}, AxisShape{0, 3, 5}}) {
+    INFO(shape.to_string());
+    const std::size_t n = size_of(shape.count());
+    const auto x = random_floats(n, 101, -8.0f, 8.0f);
+    const auto dy = random_floats(n, 102);
+    std::vector<float> y_expected(n);
+    ref->softmax_forward(shape, x.data(), y_expected.data());
+    auto y_actual = x;  // in place
+    for_each_index(shape.outer * shape.inner, [&](index_t col) {
+      cuda::softmax_forward_column(col, shape, y_actual.data(), y_actual.data());
+    });
+    REQUIRE(max_rel_diff(y_actual, y_expected) <= 1e-6);
+
+    std::vector<float> dx_expected(n);
+    ref->softmax_backward(shape, y_expected.data(), dy.data(), dx_expected.data());
+    auto dx_actual = dy;  // in place
+    for_each_index(shape.outer * shape.inner, [&](index_t col) {
+      cuda::softmax_backward_column(col, shape, y_expected.data(), dx_actual.data(),
+                                    dx_actual.data());
+    });
+    REQUIRE(max_rel_diff(dx_actual, dx_expected) <= 1e-6);
+  }
+}
+
+TEST_CASE("cuda dropout bodies draw the reference's mask and outputs bitwise", "[cuda-bodies]") {
+  auto ref = make_reference();
+  const index_t n = 4099;
+  const auto x = random_floats(size_of(n), 111);
+  const auto dy = random_floats(size_of(n), 112);
+  // An offset just below 2^32 makes the counters cross into the high word.
+  for (const std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{0xFFFFF800u}}) {
+    for (const float ratio : {0.0f, 0.3f, 0.5f, 0.9f}) {
+      INFO("ratio=" << ratio << " offset=" << offset);
+      const std::uint64_t seed = 0x123456789ABCDEFull;
+      std::vector<float> y_expected(size_of(n)), mask_expected(size_of(n));
+      ref->dropout_forward(n, ratio, seed, offset, x.data(), y_expected.data(),
+                           mask_expected.data());
+      std::vector<float> y_actual(size_of(n), NAN), mask_actual(size_of(n), NAN);
+      const float scale = cuda::dropout_scale(ratio);
+      for_each_index(n, [&](index_t i) {
+        cuda::dropout_forward_element(i, ratio, scale, seed, offset, x.data(), y_actual.data(),
+                                      mask_actual.data());
+      });
+      REQUIRE(mask_actual == mask_expected);
+      REQUIRE(y_actual == y_expected);
+
+      std::vector<float> dx_expected(size_of(n)), dx_actual(size_of(n), NAN);
+      ref->dropout_backward(n, ratio, mask_expected.data(), dy.data(), dx_expected.data());
+      for_each_index(n, [&](index_t i) {
+        cuda::dropout_backward_element(i, scale, mask_expected.data(), dy.data(), dx_actual.data());
+      });
+      REQUIRE(dx_actual == dx_expected);
+    }
+  }
+}
