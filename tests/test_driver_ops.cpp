@@ -222,7 +222,7 @@ std::vector<float> constant(std::size_t n, float value) {
   return std::vector<float>(n, value);
 }
 
-const std::vector<index_t> kVectorSizes = {1, 3, 7, 13, 31, 97, 1000, 10007, 100003};
+const std::vector<index_t> kVectorSizes = {1, 3, 7, 13, 31, 97, 1000, 10007, 100003, 1000003};
 
 // ---- shapes -------------------------------------------------------------------------
 
@@ -259,6 +259,8 @@ std::vector<hn::LoweringShape> lowering_cases() {
       lowering(1, 2, 3, 5, 5, 5, 2, 2, 1, 1),             // kernel larger than the image
       lowering(2, 1, 97, 3, 1, 3, 0, 1, 1, 1),
       lowering(1, 1, 11, 11, 3, 3, 3, 3, 2, 2, 3, 1),  // wide padding, dilation 3 x 1
+      // Large enough for the CPU driver's parallel paths (AlexNet conv2-like, 2 groups).
+      lowering(3, 16, 27, 27, 5, 5, 2, 2, 1, 1, 1, 1, 2),
   };
   std::mt19937 rng(7);
   while (cases.size() < 18) {
@@ -312,7 +314,8 @@ std::vector<hn::PoolShape> pool_cases() {
       pooling(1, 1, 5, 5, 2, 2, 2, 2, 1, 1),    // Caffe drops a window starting in the pad
       pooling(2, 2, 6, 6, 3, 3, 2, 2, 0, 0),    // rounding up: last window past the border
       pooling(1, 1, 97, 3, 3, 3, 2, 1, 1, 1),
-      pooling(1, 1, 3, 3, 3, 3, 1, 1, 0, 0),  // kernel = image
+      pooling(1, 1, 3, 3, 3, 3, 1, 1, 0, 0),     // kernel = image
+      pooling(4, 24, 55, 55, 3, 3, 2, 2, 0, 0),  // large: the CPU driver's parallel paths
   };
   std::mt19937 rng(11);
   while (cases.size() < 20) {
@@ -343,8 +346,9 @@ hn::AxisShape axis(index_t outer, index_t channels, index_t inner) {
 }
 
 std::vector<hn::AxisShape> axis_cases() {
-  return {axis(1, 1, 1),   axis(2, 3, 7),  axis(3, 13, 31), axis(5, 97, 1),
-          axis(1, 7, 291), axis(4, 1, 13), axis(2, 31, 97), axis(1, 1000, 1)};
+  return {axis(1, 1, 1),     axis(2, 3, 7),    axis(3, 13, 31), axis(5, 97, 1),
+          axis(1, 7, 291),   axis(4, 1, 13),   axis(2, 31, 97), axis(1, 1000, 1),
+          axis(64, 1000, 1), axis(8, 21, 1023)};  // large: the parallel paths
 }
 
 hn::LrnShape lrn(index_t batch, index_t channels, index_t height, index_t width, index_t size,
@@ -385,6 +389,9 @@ std::vector<hn::LrnShape> lrn_cases() {
   cases.push_back(lrn(2, 13, 5, 3, 5, hn::LrnRegion::across_channels, 1e-4f, 0.75f, 2.0f));
   cases.push_back(lrn(2, 7, 3, 3, 3, hn::LrnRegion::across_channels, 0.5f, 0.5f, 2.0f));
   cases.push_back(lrn(1, 3, 13, 7, 3, hn::LrnRegion::within_channel, 0.5f, 0.5f));
+  // Large enough for the CPU driver's parallel paths.
+  cases.push_back(lrn(4, 24, 27, 27, 5, hn::LrnRegion::across_channels, 1e-4f, 0.75f, 1.0f));
+  cases.push_back(lrn(2, 8, 55, 55, 3, hn::LrnRegion::within_channel, 1e-2f, 0.75f));
   return cases;
 }
 

@@ -1,0 +1,178 @@
+// The fast CPU driver: host memory (64-byte aligned), GEMM through the selected BLAS, every
+// other call through the TBB/Eigen kernels in kernels.h, all on the driver's thread count.
+#include "drivers/cpu/cpu_driver.h"
+
+#include <cstdlib>
+#include <thread>
+
+#include "drivers/cpu/blas.h"
+#include "drivers/cpu/kernels.h"
+#include "lib/check.h"
+
+namespace hn::detail {
+
+namespace {
+
+// A cache line, and the widest vector (AVX-512) the kernels may load.
+constexpr std::size_t kAlignment = 64;
+
+class CpuDriver final : public Driver {
+ public:
+  CpuDriver(const Device& device, int threads, cpu::Blas blas)
+      : Driver(device), blas_(blas), parallel_(threads) {}
+
+  Capabilities capabilities() const override {
+    Capabilities caps;
+    caps.host_addressable = true;
+    caps.gemm = caps.lowering = caps.elementwise = caps.reductions = true;
+    caps.activations = caps.pooling = caps.lrn = caps.softmax = caps.dropout = true;
+    return caps;
+  }
+  MemorySpace memory_space() const override { return host_space(); }
+  bool owns(const void*, std::size_t) const override { return true; }
+  std::string description() const override {
+    return fmt::format("{}: {} thread{}, BLAS {}", name(), parallel_.threads(),
+                       parallel_.threads() == 1 ? "" : "s", cpu::blas_name(blas_));
+  }
+
+ protected:
+  void* do_allocate(std::size_t bytes) override {
+    const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+    void* address = std::aligned_alloc(kAlignment, rounded);
+    HN_CHECK(address != nullptr, "allocate on {}: out of host memory ({} bytes)", name(), bytes);
+    return address;
+  }
+  void do_deallocate(void* address) noexcept override { std::free(address); }
+  void do_copy_from_host(void* dst, const void* src, std::size_t bytes) override {
+    cpu::copy_bytes(parallel_, dst, src, bytes);
+  }
+  void do_copy_to_host(void* dst, const void* src, std::size_t bytes) override {
+    cpu::copy_bytes(parallel_, dst, src, bytes);
+  }
+  void do_copy(void* dst, const void* src, std::size_t bytes) override {
+    cpu::copy_bytes(parallel_, dst, src, bytes);
+  }
+  void do_synchronize() override {}  // every call has finished when it returns
+
+  void do_gemm(Transpose trans_a, Transpose trans_b, index_t m, index_t n, index_t k, float alpha,
+               const float* a, index_t lda, const float* b, index_t ldb, float beta, float* c,
+               index_t ldc) override {
+    cpu::sgemm(blas_, parallel_.threads(), trans_a == Transpose::yes, trans_b == Transpose::yes, m,
+               n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+
+  void do_im2col(const LoweringShape& shape, const float* images, float* columns) override {
+    cpu::im2col(parallel_, shape, images, columns);
+  }
+  void do_col2im(const LoweringShape& shape, const float* columns, float* images) override {
+    cpu::col2im(parallel_, shape, columns, images);
+  }
+  void do_swap_axes(index_t d0, index_t d1, index_t inner, const float* src, float* dst) override {
+    cpu::swap_axes(parallel_, d0, d1, inner, src, dst);
+  }
+
+  void do_fill(index_t n, float value, float* x) override { cpu::fill(parallel_, n, value, x); }
+  void do_scale(index_t n, float alpha, float* x) override { cpu::scale(parallel_, n, alpha, x); }
+  void do_axpy(index_t n, float alpha, const float* x, float* y) override {
+    cpu::axpy(parallel_, n, alpha, x, y);
+  }
+  void do_axpby(index_t n, float alpha, const float* x, float beta, float* y) override {
+    cpu::axpby(parallel_, n, alpha, x, beta, y);
+  }
+  void do_mul(index_t n, const float* a, const float* b, float* y) override {
+    cpu::mul(parallel_, n, a, b, y);
+  }
+
+  float do_dot(index_t n, const float* x, const float* y) override {
+    return cpu::dot(parallel_, n, x, y);
+  }
+  float do_asum(index_t n, const float* x) override { return cpu::asum(parallel_, n, x); }
+  float do_sum(index_t n, const float* x) override { return cpu::sum(parallel_, n, x); }
+  void do_bias_backward(const AxisShape& shape, const float* dy, float beta,
+                        float* dbias) override {
+    cpu::bias_backward(parallel_, shape, dy, beta, dbias);
+  }
+
+  void do_bias_forward(const AxisShape& shape, const float* bias, float* y) override {
+    cpu::bias_forward(parallel_, shape, bias, y);
+  }
+  void do_relu_forward(index_t n, float negative_slope, const float* x, float* y) override {
+    cpu::relu_forward(parallel_, n, negative_slope, x, y);
+  }
+  void do_relu_backward(index_t n, float negative_slope, const float* x, const float* dy,
+                        float* dx) override {
+    cpu::relu_backward(parallel_, n, negative_slope, x, dy, dx);
+  }
+  void do_sigmoid_forward(index_t n, const float* x, float* y) override {
+    cpu::sigmoid_forward(parallel_, n, x, y);
+  }
+  void do_sigmoid_backward(index_t n, const float* y, const float* dy, float* dx) override {
+    cpu::sigmoid_backward(parallel_, n, y, dy, dx);
+  }
+  void do_tanh_forward(index_t n, const float* x, float* y) override {
+    cpu::tanh_forward(parallel_, n, x, y);
+  }
+  void do_tanh_backward(index_t n, const float* y, const float* dy, float* dx) override {
+    cpu::tanh_backward(parallel_, n, y, dy, dx);
+  }
+
+  void do_pool_max_forward(const PoolShape& shape, const float* x, float* y,
+                           std::int32_t* mask) override {
+    cpu::pool_max_forward(parallel_, shape, x, y, mask);
+  }
+  void do_pool_max_backward(const PoolShape& shape, const float* dy, const std::int32_t* mask,
+                            float* dx) override {
+    cpu::pool_max_backward(parallel_, shape, dy, mask, dx);
+  }
+  void do_pool_avg_forward(const PoolShape& shape, const float* x, float* y) override {
+    cpu::pool_avg_forward(parallel_, shape, x, y);
+  }
+  void do_pool_avg_backward(const PoolShape& shape, const float* dy, float* dx) override {
+    cpu::pool_avg_backward(parallel_, shape, dy, dx);
+  }
+
+  void do_lrn_forward(const LrnShape& shape, const float* x, float* y, float* scale) override {
+    cpu::lrn_forward(parallel_, shape, x, y, scale);
+  }
+  void do_lrn_backward(const LrnShape& shape, const float* x, const float* y, const float* scale,
+                       const float* dy, float* dx) override {
+    cpu::lrn_backward(parallel_, shape, x, y, scale, dy, dx);
+  }
+  void do_softmax_forward(const AxisShape& shape, const float* x, float* y) override {
+    cpu::softmax_forward(parallel_, shape, x, y);
+  }
+  void do_softmax_backward(const AxisShape& shape, const float* y, const float* dy,
+                           float* dx) override {
+    cpu::softmax_backward(parallel_, shape, y, dy, dx);
+  }
+  void do_dropout_forward(index_t n, float ratio, std::uint64_t seed, std::uint64_t offset,
+                          const float* x, float* y, float* mask) override {
+    cpu::dropout_forward(parallel_, n, ratio, seed, offset, x, y, mask);
+  }
+  void do_dropout_backward(index_t n, float ratio, const float* mask, const float* dy,
+                           float* dx) override {
+    cpu::dropout_backward(parallel_, n, ratio, mask, dy, dx);
+  }
+
+ private:
+  cpu::Blas blas_;
+  cpu::Parallel parallel_;
+};
+
+}  // namespace
+
+std::unique_ptr<Driver> make_cpu_driver(const Device& device, int threads,
+                                        const std::string& blas) {
+  HN_CHECK(device.kind == DeviceKind::cpu, "make_cpu_driver: device {} is not a cpu device",
+           device.name());
+  HN_CHECK(threads >= 0, "cpu driver {}: threads must be >= 0 (0 = every core), got {}",
+           device.name(), threads);
+  if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::make_unique<CpuDriver>(device, threads, cpu::parse_blas(blas));
+}
+
+std::vector<std::string> cpu_blas_backends() {
+  return cpu::blas_names();
+}
+
+}  // namespace hn::detail

@@ -1,0 +1,79 @@
+// The CPU driver's arithmetic, one function per driver call, grouped by family (one .cpp
+// per family). Every function receives the driver's Parallel and runs inside its arena.
+#pragma once
+
+#include "drivers/cpu/eigen.h"  // first: see eigen.h
+
+#include <algorithm>
+#include <cstdint>
+
+#include "drivers/cpu/parallel.h"
+#include "hybridnn/shapes.h"
+
+namespace hn::detail::cpu {
+
+// Outputs [lo, hi) along one axis whose input coordinate o * stride + offset lies inside
+// [0, size): the part of a row that lowering and pooling handle without bounds checks.
+struct OutputRange {
+  index_t lo, hi;
+};
+
+inline OutputRange valid_outputs(index_t offset, index_t stride, index_t size, index_t outputs) {
+  const index_t hi =
+      size - 1 - offset < 0 ? 0 : std::min(outputs, (size - 1 - offset) / stride + 1);
+  const index_t lo = offset >= 0 ? 0 : (-offset + stride - 1) / stride;
+  return {std::min(lo, hi), hi};
+}
+
+// ---- lowering.cpp -------------------------------------------------------------------
+void im2col(Parallel& par, const LoweringShape& shape, const float* images, float* columns);
+void col2im(Parallel& par, const LoweringShape& shape, const float* columns, float* images);
+void swap_axes(Parallel& par, index_t d0, index_t d1, index_t inner, const float* src, float* dst);
+
+// ---- elementwise.cpp: element-wise, reductions, activations, bias, dropout, copies ----
+void copy_bytes(Parallel& par, void* dst, const void* src, std::size_t bytes);
+void fill(Parallel& par, index_t n, float value, float* x);
+void scale(Parallel& par, index_t n, float alpha, float* x);
+void axpy(Parallel& par, index_t n, float alpha, const float* x, float* y);
+void axpby(Parallel& par, index_t n, float alpha, const float* x, float beta, float* y);
+void mul(Parallel& par, index_t n, const float* a, const float* b, float* y);
+float dot(Parallel& par, index_t n, const float* x, const float* y);
+float asum(Parallel& par, index_t n, const float* x);
+float sum(Parallel& par, index_t n, const float* x);
+void bias_forward(Parallel& par, const AxisShape& shape, const float* bias, float* y);
+void bias_backward(Parallel& par, const AxisShape& shape, const float* dy, float beta,
+                   float* dbias);
+void relu_forward(Parallel& par, index_t n, float slope, const float* x, float* y);
+void relu_backward(Parallel& par, index_t n, float slope, const float* x, const float* dy,
+                   float* dx);
+void sigmoid_forward(Parallel& par, index_t n, const float* x, float* y);
+void sigmoid_backward(Parallel& par, index_t n, const float* y, const float* dy, float* dx);
+void tanh_forward(Parallel& par, index_t n, const float* x, float* y);
+void tanh_backward(Parallel& par, index_t n, const float* y, const float* dy, float* dx);
+void dropout_forward(Parallel& par, index_t n, float ratio, std::uint64_t seed,
+                     std::uint64_t offset, const float* x, float* y, float* mask);
+void dropout_backward(Parallel& par, index_t n, float ratio, const float* mask, const float* dy,
+                      float* dx);
+
+// ---- pooling.cpp --------------------------------------------------------------------
+void pool_max_forward(Parallel& par, const PoolShape& shape, const float* x, float* y,
+                      std::int32_t* mask);
+void pool_max_backward(Parallel& par, const PoolShape& shape, const float* dy,
+                       const std::int32_t* mask, float* dx);
+void pool_avg_forward(Parallel& par, const PoolShape& shape, const float* x, float* y);
+void pool_avg_backward(Parallel& par, const PoolShape& shape, const float* dy, float* dx);
+
+// One channel plane of average pooling (Caffe's divisor), shared by pooling and LRN.
+void avg_pool_plane_forward(const PoolShape& shape, const float* x, float* y);
+// Overwrites dx with the sum over outputs i of dy[i] / pool_size(i) on i's clipped window.
+void avg_pool_plane_backward(const PoolShape& shape, const float* dy, float* dx);
+
+// ---- lrn.cpp, softmax.cpp -----------------------------------------------------------
+void lrn_forward(Parallel& par, const LrnShape& shape, const float* x, float* y, float* scale);
+void lrn_backward(Parallel& par, const LrnShape& shape, const float* x, const float* y,
+                  const float* scale, const float* dy, float* dx);
+void softmax_forward(Parallel& par, const AxisShape& shape, const float* x, float* y);
+void softmax_backward(Parallel& par, const AxisShape& shape, const float* y, const float* dy,
+                      float* dx);
+
+}  // namespace hn::detail::cpu
