@@ -143,6 +143,37 @@ void Driver::swap_axes(index_t d0, index_t d1, index_t inner, const float* src, 
   if (bytes > 0) do_swap_axes(d0, d1, inner, src, dst);
 }
 
+void Driver::lift(const LoweringShape& shape, index_t out_channels, const float* products,
+                  float* y) {
+  require(capabilities().lowering, "lift");
+  shape.validate("lift");
+  HN_CHECK(shape.groups == 1, "lift: groups must be 1, got {} ({})", shape.groups,
+           shape.to_string());
+  HN_CHECK(out_channels > 0, "lift: out_channels must be > 0, got {}", out_channels);
+  if (shape.batch == 0) return;
+  const index_t kernel = shape.kernel_h * shape.kernel_w;
+  check_range("lift", "products", products,
+              floats(shape.batch * shape.height * shape.width * out_channels * kernel));
+  check_range("lift", "y", y, floats(shape.batch * out_channels * shape.out_h() * shape.out_w()));
+  do_lift(shape, out_channels, products, y);
+}
+
+void Driver::lift_backward(const LoweringShape& shape, index_t out_channels, const float* dy,
+                           float* products_diff) {
+  require(capabilities().lowering, "lift_backward");
+  shape.validate("lift_backward");
+  HN_CHECK(shape.groups == 1, "lift_backward: groups must be 1, got {} ({})", shape.groups,
+           shape.to_string());
+  HN_CHECK(out_channels > 0, "lift_backward: out_channels must be > 0, got {}", out_channels);
+  if (shape.batch == 0) return;
+  const index_t kernel = shape.kernel_h * shape.kernel_w;
+  check_range("lift_backward", "dy", dy,
+              floats(shape.batch * out_channels * shape.out_h() * shape.out_w()));
+  check_range("lift_backward", "products_diff", products_diff,
+              floats(shape.batch * shape.height * shape.width * out_channels * kernel));
+  do_lift_backward(shape, out_channels, dy, products_diff);
+}
+
 // ---- element-wise and reductions ---------------------------------------------------
 
 void Driver::fill(index_t n, float value, float* x) {
@@ -182,6 +213,64 @@ void Driver::mul(index_t n, const float* a, const float* b, float* y) {
   check_range("mul", "b", b, floats(n));
   check_range("mul", "y", y, floats(n));
   if (n > 0) do_mul(n, a, b, y);
+}
+
+void Driver::add_scalar(index_t n, float alpha, float* x) {
+  require(capabilities().elementwise, "add_scalar");
+  check_count("add_scalar", "n", n);
+  check_range("add_scalar", "x", x, floats(n));
+  if (n > 0) do_add_scalar(n, alpha, x);
+}
+
+void Driver::powx(index_t n, const float* x, float exponent, float* y) {
+  require(capabilities().elementwise, "powx");
+  check_count("powx", "n", n);
+  check_range("powx", "x", x, floats(n));
+  check_range("powx", "y", y, floats(n));
+  if (n > 0) do_powx(n, x, exponent, y);
+}
+
+void Driver::copy_strided(index_t rows, index_t cols, const float* src, index_t src_ld, float* dst,
+                          index_t dst_ld) {
+  require(capabilities().elementwise, "copy_strided");
+  HN_CHECK(rows >= 0 && cols >= 0, "copy_strided: sizes must be >= 0, got rows={} cols={}", rows,
+           cols);
+  HN_CHECK(src_ld >= cols && dst_ld >= cols,
+           "copy_strided: leading dimensions src_ld={} dst_ld={} must be >= cols={} (rows={})",
+           src_ld, dst_ld, cols, rows);
+  check_range("copy_strided", "src", src, matrix_bytes(rows, cols, src_ld));
+  check_range("copy_strided", "dst", dst, matrix_bytes(rows, cols, dst_ld));
+  if (rows > 0 && cols > 0) do_copy_strided(rows, cols, src, src_ld, dst, dst_ld);
+}
+
+void Driver::scale_channels(const AxisShape& shape, const float* scale, const float* x, float* y) {
+  require(capabilities().elementwise, "scale_channels");
+  shape.validate("scale_channels");
+  check_range("scale_channels", "scale", scale, floats(shape.channels));
+  check_range("scale_channels", "x", x, floats(shape.count()));
+  check_range("scale_channels", "y", y, floats(shape.count()));
+  if (shape.count() > 0) do_scale_channels(shape, scale, x, y);
+}
+
+void Driver::max_accumulate(index_t n, const float* x, std::int32_t index, float* y,
+                            std::int32_t* mask) {
+  require(capabilities().elementwise, "max_accumulate");
+  check_count("max_accumulate", "n", n);
+  HN_CHECK(index >= 0, "max_accumulate: index must be >= 0, got {}", index);
+  check_range("max_accumulate", "x", x, floats(n));
+  check_range("max_accumulate", "y", y, floats(n));
+  check_range("max_accumulate", "mask", mask, static_cast<std::size_t>(n) * sizeof(std::int32_t));
+  if (n > 0) do_max_accumulate(n, x, index, y, mask);
+}
+
+void Driver::max_select(index_t n, const std::int32_t* mask, std::int32_t index, const float* dy,
+                        float* dx) {
+  require(capabilities().elementwise, "max_select");
+  check_count("max_select", "n", n);
+  check_range("max_select", "mask", mask, static_cast<std::size_t>(n) * sizeof(std::int32_t));
+  check_range("max_select", "dy", dy, floats(n));
+  check_range("max_select", "dx", dx, floats(n));
+  if (n > 0) do_max_select(n, mask, index, dy, dx);
 }
 
 float Driver::dot(index_t n, const float* x, const float* y) {
@@ -382,6 +471,63 @@ void Driver::dropout_backward(index_t n, float ratio, const float* mask, const f
   if (n > 0) do_dropout_backward(n, ratio, mask, dy, dx);
 }
 
+// ---- losses ------------------------------------------------------------------------
+
+void Driver::softmax_loss_forward(const AxisShape& shape, const float* prob, const float* label,
+                                  bool has_ignore_label, int ignore_label, float* loss,
+                                  float* valid) {
+  require(capabilities().losses, "softmax_loss_forward");
+  shape.validate("softmax_loss_forward");
+  const std::size_t positions = floats(shape.outer * shape.inner);
+  check_range("softmax_loss_forward", "prob", prob, floats(shape.count()));
+  check_range("softmax_loss_forward", "label", label, positions);
+  check_range("softmax_loss_forward", "loss", loss, positions);
+  check_range("softmax_loss_forward", "valid", valid, positions);
+  if (positions > 0) {
+    do_softmax_loss_forward(shape, prob, label, has_ignore_label, ignore_label, loss, valid);
+  }
+}
+
+void Driver::softmax_loss_backward(const AxisShape& shape, const float* prob, const float* label,
+                                   bool has_ignore_label, int ignore_label, float scale,
+                                   float* dx) {
+  require(capabilities().losses, "softmax_loss_backward");
+  shape.validate("softmax_loss_backward");
+  check_range("softmax_loss_backward", "prob", prob, floats(shape.count()));
+  check_range("softmax_loss_backward", "label", label, floats(shape.outer * shape.inner));
+  check_range("softmax_loss_backward", "dx", dx, floats(shape.count()));
+  if (shape.count() > 0) {
+    do_softmax_loss_backward(shape, prob, label, has_ignore_label, ignore_label, scale, dx);
+  }
+}
+
+void Driver::sigmoid_cross_entropy_forward(index_t n, const float* x, const float* target,
+                                           bool has_ignore_label, int ignore_label, float* loss,
+                                           float* valid) {
+  require(capabilities().losses, "sigmoid_cross_entropy_forward");
+  check_count("sigmoid_cross_entropy_forward", "n", n);
+  check_range("sigmoid_cross_entropy_forward", "x", x, floats(n));
+  check_range("sigmoid_cross_entropy_forward", "target", target, floats(n));
+  check_range("sigmoid_cross_entropy_forward", "loss", loss, floats(n));
+  check_range("sigmoid_cross_entropy_forward", "valid", valid, floats(n));
+  if (n > 0) {
+    do_sigmoid_cross_entropy_forward(n, x, target, has_ignore_label, ignore_label, loss, valid);
+  }
+}
+
+void Driver::sigmoid_cross_entropy_backward(index_t n, const float* x, const float* target,
+                                            bool has_ignore_label, int ignore_label, float scale,
+                                            float* dx) {
+  require(capabilities().losses, "sigmoid_cross_entropy_backward");
+  check_count("sigmoid_cross_entropy_backward", "n", n);
+  check_range("sigmoid_cross_entropy_backward", "x", x, floats(n));
+  check_range("sigmoid_cross_entropy_backward", "target", target, floats(n));
+  check_range("sigmoid_cross_entropy_backward", "dx", dx, floats(n));
+  if (n > 0) {
+    do_sigmoid_cross_entropy_backward(n, x, target, has_ignore_label, ignore_label, scale, dx);
+  }
+}
+
 // ---- defaults of the optional calls: unsupported -----------------------------------
 
 #define HN_UNSUPPORTED(call) detail::fail("driver {} does not support {}", name(), call)
@@ -478,6 +624,47 @@ void Driver::do_dropout_forward(index_t, float, std::uint64_t, std::uint64_t, co
 }
 void Driver::do_dropout_backward(index_t, float, const float*, const float*, float*) {
   HN_UNSUPPORTED("dropout_backward");
+}
+
+void Driver::do_lift(const LoweringShape&, index_t, const float*, float*) {
+  HN_UNSUPPORTED("lift");
+}
+void Driver::do_lift_backward(const LoweringShape&, index_t, const float*, float*) {
+  HN_UNSUPPORTED("lift_backward");
+}
+void Driver::do_add_scalar(index_t, float, float*) {
+  HN_UNSUPPORTED("add_scalar");
+}
+void Driver::do_powx(index_t, const float*, float, float*) {
+  HN_UNSUPPORTED("powx");
+}
+void Driver::do_copy_strided(index_t, index_t, const float*, index_t, float*, index_t) {
+  HN_UNSUPPORTED("copy_strided");
+}
+void Driver::do_scale_channels(const AxisShape&, const float*, const float*, float*) {
+  HN_UNSUPPORTED("scale_channels");
+}
+void Driver::do_max_accumulate(index_t, const float*, std::int32_t, float*, std::int32_t*) {
+  HN_UNSUPPORTED("max_accumulate");
+}
+void Driver::do_max_select(index_t, const std::int32_t*, std::int32_t, const float*, float*) {
+  HN_UNSUPPORTED("max_select");
+}
+void Driver::do_softmax_loss_forward(const AxisShape&, const float*, const float*, bool, int,
+                                     float*, float*) {
+  HN_UNSUPPORTED("softmax_loss_forward");
+}
+void Driver::do_softmax_loss_backward(const AxisShape&, const float*, const float*, bool, int,
+                                      float, float*) {
+  HN_UNSUPPORTED("softmax_loss_backward");
+}
+void Driver::do_sigmoid_cross_entropy_forward(index_t, const float*, const float*, bool, int,
+                                              float*, float*) {
+  HN_UNSUPPORTED("sigmoid_cross_entropy_forward");
+}
+void Driver::do_sigmoid_cross_entropy_backward(index_t, const float*, const float*, bool, int,
+                                               float, float*) {
+  HN_UNSUPPORTED("sigmoid_cross_entropy_backward");
 }
 
 #undef HN_UNSUPPORTED

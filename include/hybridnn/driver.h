@@ -26,14 +26,16 @@ namespace hn {
 struct Capabilities {
   bool host_addressable = false;  // computes directly on ordinary host memory
   bool gemm = false;              // gemm
-  bool lowering = false;          // im2col, col2im, swap_axes
-  bool elementwise = false;       // fill, scale, axpy, axpby, mul
+  bool lowering = false;          // im2col, col2im, swap_axes, lift, lift_backward
+  bool elementwise = false;       // fill, scale, axpy, axpby, mul, add_scalar, powx,
+                                  // copy_strided, scale_channels, max_accumulate, max_select
   bool reductions = false;        // dot, asum, sum, bias_backward
   bool activations = false;       // bias_forward, relu, sigmoid, tanh
   bool pooling = false;           // pool_max_*, pool_avg_*
   bool lrn = false;               // lrn_forward, lrn_backward
   bool softmax = false;           // softmax_forward, softmax_backward
   bool dropout = false;           // dropout_forward, dropout_backward
+  bool losses = false;            // softmax_loss_*, sigmoid_cross_entropy_*
 };
 
 // Transfers made through a driver, for tests and the scheduler's accounting.
@@ -93,12 +95,36 @@ class Driver {
   // out [C_out][N][H*W] to NCHW and back ("lifting").
   void swap_axes(index_t d0, index_t d1, index_t inner, const float* src, float* dst);
 
+  // CcT lowering type 3 ("lower the kernel, lift the output"), groups == 1 only. Given the
+  // products P = X^T W' of the NHWC input (rows (n, ih, iw): batch*height*width) with the
+  // kernel laid out [C][C_out][KH][KW] (columns (co, kh, kw)), lift overwrites
+  //   y[n][co][oh][ow] = sum_{kh,kw} P[(n, ih, iw)][(co, kh, kw)],
+  //   ih = oh*stride_h - pad_h + kh*dilation_h (terms outside the image are skipped).
+  // lift_backward overwrites dP[(n, ih, iw)][(co, kh, kw)] = dy[n][co][oh][ow] for the
+  // unique (oh, ow) that maps there, 0 where none does.
+  void lift(const LoweringShape& shape, index_t out_channels, const float* products, float* y);
+  void lift_backward(const LoweringShape& shape, index_t out_channels, const float* dy,
+                     float* products_diff);
+
   // ---- element-wise -------------------------------------------------------------------
   void fill(index_t n, float value, float* x);
   void scale(index_t n, float alpha, float* x);                              // x *= alpha
   void axpy(index_t n, float alpha, const float* x, float* y);               // y += a x
   void axpby(index_t n, float alpha, const float* x, float beta, float* y);  // y = a x + b y
   void mul(index_t n, const float* a, const float* b, float* y);             // y = a * b
+  void add_scalar(index_t n, float alpha, float* x);                         // x += alpha
+  void powx(index_t n, const float* x, float exponent, float* y);            // y = x^e
+  // dst[r * dst_ld + c] = src[r * src_ld + c] for r < rows, c < cols (Concat, Slice).
+  void copy_strided(index_t rows, index_t cols, const float* src, index_t src_ld, float* dst,
+                    index_t dst_ld);
+  // y[o][c][i] = x[o][c][i] * scale[c]; in place allowed.
+  void scale_channels(const AxisShape& shape, const float* scale, const float* x, float* y);
+  // Running element-wise maximum over inputs 0, 1, 2, ... (Eltwise MAX): index 0 copies x
+  // into y and sets mask to 0; a later index replaces y and mask where x > y (first wins).
+  void max_accumulate(index_t n, const float* x, std::int32_t index, float* y, std::int32_t* mask);
+  // dx = mask == index ? dy : 0.
+  void max_select(index_t n, const std::int32_t* mask, std::int32_t index, const float* dy,
+                  float* dx);
 
   // ---- reductions (results return to the host; they synchronise) --------------------
   float dot(index_t n, const float* x, const float* y);
@@ -141,6 +167,29 @@ class Driver {
                        const float* x, float* y, float* mask);
   void dropout_backward(index_t n, float ratio, const float* mask, const float* dy, float* dx);
 
+  // ---- losses -------------------------------------------------------------------------
+  // Labels are floats holding integers (Caffe's convention). For every (outer, inner)
+  // position p with label l = label[o*inner + i]:
+  //   loss[p] = -log(max(prob[o][l][i], FLT_MIN)), valid[p] = 1,
+  // or loss[p] = valid[p] = 0 where has_ignore_label and l == ignore_label.
+  // A label outside [0, channels) is an hn::Error (reported at the call or, on
+  // asynchronous drivers, at the next synchronising call).
+  void softmax_loss_forward(const AxisShape& shape, const float* prob, const float* label,
+                            bool has_ignore_label, int ignore_label, float* loss, float* valid);
+  // dx = scale * (prob - onehot(label)), 0 at ignored positions. In place (dx == prob) allowed.
+  void softmax_loss_backward(const AxisShape& shape, const float* prob, const float* label,
+                             bool has_ignore_label, int ignore_label, float scale, float* dx);
+  // Element-wise sigmoid cross-entropy of logits x against targets t in [0, 1], stably:
+  //   loss = max(x, 0) - x*t + log(1 + exp(-|x|)), valid = 1;
+  // both 0 where has_ignore_label and t == ignore_label.
+  void sigmoid_cross_entropy_forward(index_t n, const float* x, const float* target,
+                                     bool has_ignore_label, int ignore_label, float* loss,
+                                     float* valid);
+  // dx = scale * (sigmoid(x) - t), 0 where ignored.
+  void sigmoid_cross_entropy_backward(index_t n, const float* x, const float* target,
+                                      bool has_ignore_label, int ignore_label, float scale,
+                                      float* dx);
+
  protected:
   explicit Driver(Device device) : device_(device) {}
 
@@ -158,11 +207,25 @@ class Driver {
   virtual void do_im2col(const LoweringShape& shape, const float* images, float* columns);
   virtual void do_col2im(const LoweringShape& shape, const float* columns, float* images);
   virtual void do_swap_axes(index_t d0, index_t d1, index_t inner, const float* src, float* dst);
+  virtual void do_lift(const LoweringShape& shape, index_t out_channels, const float* products,
+                       float* y);
+  virtual void do_lift_backward(const LoweringShape& shape, index_t out_channels, const float* dy,
+                                float* products_diff);
   virtual void do_fill(index_t n, float value, float* x);
   virtual void do_scale(index_t n, float alpha, float* x);
   virtual void do_axpy(index_t n, float alpha, const float* x, float* y);
   virtual void do_axpby(index_t n, float alpha, const float* x, float beta, float* y);
   virtual void do_mul(index_t n, const float* a, const float* b, float* y);
+  virtual void do_add_scalar(index_t n, float alpha, float* x);
+  virtual void do_powx(index_t n, const float* x, float exponent, float* y);
+  virtual void do_copy_strided(index_t rows, index_t cols, const float* src, index_t src_ld,
+                               float* dst, index_t dst_ld);
+  virtual void do_scale_channels(const AxisShape& shape, const float* scale, const float* x,
+                                 float* y);
+  virtual void do_max_accumulate(index_t n, const float* x, std::int32_t index, float* y,
+                                 std::int32_t* mask);
+  virtual void do_max_select(index_t n, const std::int32_t* mask, std::int32_t index,
+                             const float* dy, float* dx);
   virtual float do_dot(index_t n, const float* x, const float* y);
   virtual float do_asum(index_t n, const float* x);
   virtual float do_sum(index_t n, const float* x);
@@ -191,6 +254,18 @@ class Driver {
                                   const float* x, float* y, float* mask);
   virtual void do_dropout_backward(index_t n, float ratio, const float* mask, const float* dy,
                                    float* dx);
+  virtual void do_softmax_loss_forward(const AxisShape& shape, const float* prob,
+                                       const float* label, bool has_ignore_label, int ignore_label,
+                                       float* loss, float* valid);
+  virtual void do_softmax_loss_backward(const AxisShape& shape, const float* prob,
+                                        const float* label, bool has_ignore_label, int ignore_label,
+                                        float scale, float* dx);
+  virtual void do_sigmoid_cross_entropy_forward(index_t n, const float* x, const float* target,
+                                                bool has_ignore_label, int ignore_label,
+                                                float* loss, float* valid);
+  virtual void do_sigmoid_cross_entropy_backward(index_t n, const float* x, const float* target,
+                                                 bool has_ignore_label, int ignore_label,
+                                                 float scale, float* dx);
 
  private:
   // Throws hn::Error when [address, address + bytes) is not memory this driver owns.

@@ -1,0 +1,125 @@
+// The Layer contract: written once, device-independent. A layer checks and infers shapes
+// in setup(), then computes forward and backward on a slice [begin, end) of the batch on
+// whatever driver it is given, through Pointers; it never includes device code and never
+// branches on the device. Parameters (weights, bias) and per-row state kept from forward
+// to backward (pooling masks, dropout masks, LRN scales) are Tensors the layer owns; the
+// caller (a Net, the scheduler, or a program using the layer as a kernel) resolves them on
+// the driver and passes Pointers in a LayerSlice.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hybridnn/driver.h"
+#include "hybridnn/memory.h"
+#include "hybridnn/tensor.h"
+
+namespace hn {
+
+enum class Phase { train, test };
+
+// One tensor operand of a layer call. `shape` is the whole tensor's shape (axis 0 is the
+// batch for inputs, outputs and state); `data` and `diff` point at the slice's rows on the
+// slice's driver (the whole tensor for parameters). `diff` may be null where no gradient
+// is wanted.
+struct Operand {
+  Shape shape;
+  Pointer data;
+  Pointer diff;
+
+  const float* x() const { return data.as<const float>(); }
+  float* mutable_x() const { return data.as<float>(); }
+  const float* dx() const { return diff.as<const float>(); }
+  float* mutable_dx() const { return diff.as<float>(); }
+};
+
+// Everything one forward or backward call of a layer sees.
+struct LayerSlice {
+  Driver* driver = nullptr;
+  index_t begin = 0, end = 0;  // rows of the batch computed by this call
+  Phase phase = Phase::train;
+  std::uint64_t seed = 0;        // random stream of this iteration (dropout)
+  std::vector<Operand> inputs;   // bottoms
+  std::vector<Operand> outputs;  // tops
+  // Parameters: data = current values; diff = the gradient this call ADDS to (Caffe
+  // accumulates parameter gradients; the caller clears them between iterations).
+  std::vector<Operand> params;
+  std::vector<Operand> state;        // the layer's state tensors, same rows as inputs
+  std::vector<bool> propagate_down;  // backward: compute inputs[i].diff (overwritten)
+  Pointer workspace;                 // scratch of at least workspace_bytes(rows()) bytes
+
+  index_t rows() const { return end - begin; }
+};
+
+class Layer {
+ public:
+  explicit Layer(std::string name) : name_(std::move(name)) {}
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+  virtual ~Layer() = default;
+
+  const std::string& name() const { return name_; }
+  // The Caffe type string ("Convolution", "ReLU", ...).
+  virtual const char* type() const = 0;
+
+  // Checks the input shapes and returns the output shapes; shapes the parameters (keeping
+  // their values when the shape is unchanged) and the state. Called again when the input
+  // shapes change. Throws hn::Error naming the layer, its type and the shapes at fault.
+  virtual std::vector<Shape> setup(const std::vector<Shape>& inputs) = 0;
+
+  virtual void forward(const LayerSlice& slice) = 0;
+  virtual void backward(const LayerSlice& slice) = 0;
+
+  // Scratch a slice of `rows` images needs on its driver (lowered columns, ...).
+  virtual std::size_t workspace_bytes(index_t rows) const {
+    static_cast<void>(rows);
+    return 0;
+  }
+  // False for layers whose rows depend on the whole batch (batch statistics, losses
+  // normalised over the batch): they always run with begin = 0, end = batch.
+  virtual bool splits_by_rows() const { return true; }
+  // Whether output i may share memory with input i (ReLU, Dropout, ...).
+  virtual bool allows_in_place() const { return false; }
+  // Whether a gradient can flow to input i (false for labels).
+  virtual bool can_propagate_down(int input) const {
+    static_cast<void>(input);
+    return true;
+  }
+  // Loss layers return true; their single output is a scalar whose diff holds the loss
+  // weight when backward runs (Caffe's convention).
+  virtual bool is_loss() const { return false; }
+
+  std::vector<Tensor>& params() { return params_; }
+  std::vector<Tensor>& state() { return state_; }
+
+ protected:
+  // Throws unless count lies in [min_count, max_count], naming the layer.
+  void check_input_count(const std::vector<Shape>& inputs, int min_count, int max_count) const;
+  // "layer 'conv1' (Convolution)": the prefix of this layer's error messages.
+  std::string describe() const;
+
+  std::vector<Tensor> params_;
+  std::vector<Tensor> state_;
+
+ private:
+  std::string name_;
+};
+
+// Runs a layer on whole tensors on one driver, without a Net or a split: resolves every
+// tensor on the driver (copying only stale data), allocates the workspace, and calls the
+// layer for rows [begin, end) (end < 0: the whole batch). What a Net does for each layer.
+struct RunOptions {
+  Phase phase = Phase::train;
+  std::uint64_t seed = 0;
+  index_t begin = 0, end = -1;
+};
+void run_forward(Layer& layer, Driver& driver, const std::vector<Tensor*>& inputs,
+                 const std::vector<Tensor*>& outputs, const RunOptions& options = {});
+// propagate_down: per input (empty: every input the layer can propagate to).
+void run_backward(Layer& layer, Driver& driver, const std::vector<Tensor*>& inputs,
+                  const std::vector<Tensor*>& outputs, std::vector<bool> propagate_down = {},
+                  const RunOptions& options = {});
+
+}  // namespace hn
