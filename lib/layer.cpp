@@ -93,8 +93,9 @@ void run_forward(Layer& layer, Driver& driver, const std::vector<Tensor*>& input
   for (Tensor* output : outputs) {
     s.outputs.push_back(resolve(*output, driver, p.batch, s.begin, s.end, Want::write, Want::none));
   }
+  const Want param_data = layer.updates_params_in_forward() ? Want::write : Want::read;
   for (Tensor& param : layer.params()) {
-    s.params.push_back(resolve(param, driver, 0, 0, 0, Want::read, Want::none));
+    s.params.push_back(resolve(param, driver, 0, 0, 0, param_data, Want::none));
   }
   for (Tensor& state : layer.state()) {
     s.state.push_back(resolve(state, driver, p.batch, s.begin, s.end, Want::write, Want::none));

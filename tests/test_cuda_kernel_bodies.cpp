@@ -18,6 +18,7 @@
 #include "drivers/cuda/kernels/activations.cuh"
 #include "drivers/cuda/kernels/dropout.cuh"
 #include "drivers/cuda/kernels/elementwise.cuh"
+#include "drivers/cuda/kernels/losses.cuh"
 #include "drivers/cuda/kernels/lowering.cuh"
 #include "drivers/cuda/kernels/lrn.cuh"
 #include "drivers/cuda/kernels/pooling.cuh"
@@ -215,6 +216,35 @@ TEST_CASE("cuda swap_axes body equals the reference", "[cuda-bodies]") {
   }
 }
 
+TEST_CASE("cuda lift body equals the reference and the lift_backward body is bitwise equal",
+          "[cuda-bodies]") {
+  auto ref = make_reference();
+  index_t out_channels = 1;
+  for (const LoweringShape& shape : lowering_shapes()) {
+    out_channels = out_channels % 5 + 2;  // 3, 5, 2, 4, 6
+    INFO(shape.to_string() << " out_channels=" << out_channels);
+    const cuda::LoweringDims d = cuda::lowering_dims(shape);
+    const index_t p_count =
+        shape.batch * shape.height * shape.width * out_channels * shape.kernel_h * shape.kernel_w;
+    const index_t y_count = shape.batch * out_channels * d.out_h * d.out_w;
+    const auto products = random_floats(size_of(p_count), 14);
+    std::vector<float> expected(size_of(y_count)), actual(size_of(y_count), NAN);
+    ref->lift(shape, out_channels, products.data(), expected.data());
+    for_each_index(y_count, [&](index_t i) {
+      cuda::lift_element(i, d, out_channels, products.data(), actual.data());
+    });
+    REQUIRE(max_rel_diff(actual, expected) <= 1e-6);
+
+    const auto dy = random_floats(size_of(y_count), 15);
+    std::vector<float> dp_expected(size_of(p_count)), dp_actual(size_of(p_count), NAN);
+    ref->lift_backward(shape, out_channels, dy.data(), dp_expected.data());
+    for_each_index(p_count, [&](index_t i) {
+      cuda::lift_backward_element(i, d, out_channels, dy.data(), dp_actual.data());
+    });
+    REQUIRE(dp_actual == dp_expected);
+  }
+}
+
 TEST_CASE("cuda element-wise bodies equal the reference, in place too", "[cuda-bodies]") {
   auto ref = make_reference();
   const index_t n = 1009;
@@ -259,6 +289,82 @@ TEST_CASE("cuda element-wise bodies equal the reference, in place too", "[cuda-b
     for_each_index(
         n, [&](index_t i) { cuda::mul_element(i, x.data(), actual.data(), actual.data()); });
     REQUIRE(max_rel_diff(actual, expected) <= 1e-7);
+  }
+}
+
+TEST_CASE("cuda add_scalar, powx, copy_strided and scale_channels bodies equal the reference",
+          "[cuda-bodies]") {
+  auto ref = make_reference();
+  const index_t n = 1009;
+
+  SECTION("add_scalar") {
+    auto expected = random_floats(size_of(n), 23), actual = expected;
+    ref->add_scalar(n, -0.625f, expected.data());
+    for_each_index(n, [&](index_t i) { cuda::add_scalar_element(i, -0.625f, actual.data()); });
+    REQUIRE(actual == expected);
+  }
+  SECTION("powx, in place, positive bases and signed bases with integer exponents") {
+    const auto positive = random_floats(size_of(n), 24, 0.05f, 4.0f);
+    const auto signed_bases = random_floats(size_of(n), 25, -3.0f, 3.0f);
+    for (const float exponent : {0.75f, -0.5f, 2.0f, 3.0f}) {
+      INFO("exponent=" << exponent);
+      const auto& x = exponent == std::floor(exponent) ? signed_bases : positive;
+      auto expected = x, actual = x;
+      ref->powx(n, x.data(), exponent, expected.data());
+      for_each_index(
+          n, [&](index_t i) { cuda::powx_element(i, actual.data(), exponent, actual.data()); });
+      REQUIRE(max_rel_diff(actual, expected) <= 1e-6);
+    }
+  }
+  SECTION("copy_strided leaves the padding alone") {
+    const index_t rows = 13, cols = 7, src_ld = 11, dst_ld = 9;
+    const auto src = random_floats(size_of(rows * src_ld), 26);
+    std::vector<float> expected(size_of(rows * dst_ld), -777.0f), actual = expected;
+    ref->copy_strided(rows, cols, src.data(), src_ld, expected.data(), dst_ld);
+    for_each_index(rows * cols, [&](index_t i) {
+      cuda::copy_strided_element(i, cols, src.data(), src_ld, actual.data(), dst_ld);
+    });
+    REQUIRE(actual == expected);
+  }
+  SECTION("scale_channels, in place") {
+    for (const AxisShape shape : {AxisShape{3, 7, 11}, AxisShape{5, 13, 1}, AxisShape{1, 1, 31}}) {
+      INFO(shape.to_string());
+      const auto scale = random_floats(size_of(shape.channels), 27);
+      auto expected = random_floats(size_of(shape.count()), 28), actual = expected;
+      ref->scale_channels(shape, scale.data(), expected.data(), expected.data());
+      for_each_index(shape.count(), [&](index_t i) {
+        cuda::scale_channels_element(i, shape, scale.data(), actual.data(), actual.data());
+      });
+      REQUIRE(actual == expected);
+    }
+  }
+}
+
+TEST_CASE("cuda max_accumulate and max_select bodies equal the reference bitwise, ties included",
+          "[cuda-bodies]") {
+  auto ref = make_reference();
+  const index_t n = 2011;
+  std::vector<float> expected(size_of(n), -7777.0f), actual(size_of(n), NAN);
+  std::vector<std::int32_t> mask_expected(size_of(n), -3), mask_actual(size_of(n), 99);
+  for (std::int32_t index = 0; index < 4; ++index) {
+    INFO("input " << index);
+    const auto x = tied_floats(size_of(n), 30 + static_cast<std::uint32_t>(index));
+    ref->max_accumulate(n, x.data(), index, expected.data(), mask_expected.data());
+    for_each_index(n, [&](index_t i) {
+      cuda::max_accumulate_element(i, x.data(), index, actual.data(), mask_actual.data());
+    });
+    REQUIRE(actual == expected);
+    REQUIRE(mask_actual == mask_expected);
+  }
+  const auto dy = random_floats(size_of(n), 35);
+  for (std::int32_t index = 0; index < 4; ++index) {
+    INFO("max_select " << index);
+    std::vector<float> dx_expected(size_of(n)), dx_actual(size_of(n), NAN);
+    ref->max_select(n, mask_expected.data(), index, dy.data(), dx_expected.data());
+    for_each_index(n, [&](index_t i) {
+      cuda::max_select_element(i, mask_expected.data(), index, dy.data(), dx_actual.data());
+    });
+    REQUIRE(dx_actual == dx_expected);
   }
 }
 
@@ -550,5 +656,146 @@ TEST_CASE("cuda dropout bodies draw the reference's mask and outputs bitwise", "
       });
       REQUIRE(dx_actual == dx_expected);
     }
+  }
+}
+
+namespace {
+
+// Labels in [0, channels) with `ignore` at every 4th position.
+std::vector<float> labels_for(const AxisShape& s, int ignore, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<index_t> pick(0, s.channels - 1);
+  std::vector<float> labels(size_of(s.outer * s.inner));
+  for (std::size_t p = 0; p < labels.size(); ++p)
+    labels[p] = p % 4 == 1 ? static_cast<float>(ignore) : static_cast<float>(pick(rng));
+  return labels;
+}
+
+}  // namespace
+
+TEST_CASE("cuda softmax_loss bodies equal the reference, with ignore_label, in place too",
+          "[cuda-bodies]") {
+  auto ref = make_reference();
+  for (const AxisShape shape : {AxisShape{5, 11, 7}, AxisShape{3, 1000, 1}, AxisShape{2, 3, 13}}) {
+    for (const bool has_ignore : {false, true}) {
+      INFO(shape.to_string() << " has_ignore_label=" << has_ignore);
+      const int ignore = has_ignore ? 255 : 0;  // without ignore_label, 0 is a class
+      const index_t positions = shape.outer * shape.inner;
+      auto prob = random_floats(size_of(shape.count()), 121, 1e-3f, 1.0f);
+      prob[3] = 0.0f;  // -log clamps at FLT_MIN
+      const auto label = labels_for(shape, ignore, 122);
+      std::vector<float> loss_expected(size_of(positions)), valid_expected(size_of(positions));
+      std::vector<float> loss_actual(size_of(positions), NAN),
+          valid_actual(size_of(positions), NAN);
+      ref->softmax_loss_forward(shape, prob.data(), label.data(), has_ignore, ignore,
+                                loss_expected.data(), valid_expected.data());
+      for_each_index(positions, [&](index_t p) {
+        REQUIRE(cuda::softmax_loss_forward_position(p, shape, prob.data(), label.data(), has_ignore,
+                                                    ignore, loss_actual.data(),
+                                                    valid_actual.data()));
+      });
+      REQUIRE(max_rel_diff(loss_actual, loss_expected) <= 1e-6);
+      REQUIRE(valid_actual == valid_expected);
+
+      std::vector<float> dx_expected(size_of(shape.count()));
+      ref->softmax_loss_backward(shape, prob.data(), label.data(), has_ignore, ignore, 0.3f,
+                                 dx_expected.data());
+      auto dx_actual = prob;  // in place
+      for_each_index(shape.count(), [&](index_t j) {
+        index_t position = -1;
+        REQUIRE(cuda::softmax_loss_backward_element(j, shape, dx_actual.data(), label.data(),
+                                                    has_ignore, ignore, 0.3f, dx_actual.data(),
+                                                    &position));
+        REQUIRE(position == (j / (shape.channels * shape.inner)) * shape.inner + j % shape.inner);
+      });
+      REQUIRE(dx_actual == dx_expected);
+    }
+  }
+}
+
+TEST_CASE(
+    "cuda softmax_loss bodies flag invalid labels, and settle keeps the first failing "
+    "launch's first position",
+    "[cuda-bodies]") {
+  const AxisShape shape{2, 3, 4};
+  const std::vector<float> prob(size_of(shape.count()), 0.5f);
+  // Positions 5 (label 3 == channels) and 2 (NaN) are invalid; -1 is ignored; 7 is 1e10.
+  std::vector<float> label = {0, 1, NAN, 2, -1, 3, 0, 1e10f};
+  CHECK(cuda::label_class(label[2], 3, true, -1) == cuda::kInvalidLabel);
+  CHECK(cuda::label_class(label[4], 3, true, -1) == cuda::kIgnoredLabel);
+  CHECK(cuda::label_class(label[4], 3, false, -1) == cuda::kInvalidLabel);
+  CHECK(cuda::label_class(label[7], 3, true, -1) == cuda::kInvalidLabel);
+  CHECK(cuda::label_class(2.7f, 3, true, -1) == 2);  // truncates as Caffe's int cast
+
+  cuda::LabelError error{};
+  cuda::reset_label_error(&error);
+  std::vector<float> loss(8), valid(8);
+  std::vector<index_t> invalid;
+  for_each_index(8, [&](index_t p) {
+    if (!cuda::softmax_loss_forward_position(p, shape, prob.data(), label.data(), true, -1,
+                                             loss.data(), valid.data())) {
+      invalid.push_back(p);
+      error.current =
+          std::min<unsigned long long>(error.current, static_cast<unsigned long long>(p));
+    }
+  });
+  std::sort(invalid.begin(), invalid.end());
+  CHECK(invalid == std::vector<index_t>{2, 5, 7});
+  CHECK(valid == std::vector<float>{1, 1, 0, 1, 0, 0, 1, 0});
+  cuda::settle_label_error(&error, label.data(), cuda::LossCall::softmax_loss_forward, shape);
+  CHECK(error.position == 2);
+  CHECK(std::isnan(error.label));
+  CHECK(error.call == static_cast<std::int32_t>(cuda::LossCall::softmax_loss_forward));
+  CHECK(error.channels == 3);
+  CHECK(error.inner == 4);
+  CHECK(error.current == cuda::kNoLabelError);
+
+  // A later failing launch does not replace the first report.
+  error.current = 5;
+  cuda::settle_label_error(&error, label.data(), cuda::LossCall::softmax_loss_backward, shape);
+  CHECK(error.position == 2);
+  CHECK(error.call == static_cast<std::int32_t>(cuda::LossCall::softmax_loss_forward));
+  CHECK(error.current == cuda::kNoLabelError);
+
+  // After a reset, the next failing launch is reported.
+  cuda::reset_label_error(&error);
+  error.current = 5;
+  cuda::settle_label_error(&error, label.data(), cuda::LossCall::softmax_loss_backward, shape);
+  CHECK(error.position == 5);
+  CHECK(error.label == 3.0f);
+  CHECK(error.call == static_cast<std::int32_t>(cuda::LossCall::softmax_loss_backward));
+}
+
+TEST_CASE("cuda sigmoid_cross_entropy bodies equal the reference, with ignore_label",
+          "[cuda-bodies]") {
+  auto ref = make_reference();
+  const index_t n = 2003;
+  auto x = random_floats(size_of(n), 131, -8.0f, 8.0f);
+  x[0] = 100.0f;
+  x[1] = -100.0f;  // exp(-|x|) underflows harmlessly; no overflow anywhere
+  auto target = random_floats(size_of(n), 132, 0.0f, 1.0f);
+  for (index_t i = 0; i < n; i += 9)
+    target[size_of(i)] = -1.0f;
+  for (const bool has_ignore : {false, true}) {
+    INFO("has_ignore_label=" << has_ignore);
+    std::vector<float> loss_expected(size_of(n)), valid_expected(size_of(n));
+    std::vector<float> loss_actual(size_of(n), NAN), valid_actual(size_of(n), NAN);
+    ref->sigmoid_cross_entropy_forward(n, x.data(), target.data(), has_ignore, -1,
+                                       loss_expected.data(), valid_expected.data());
+    for_each_index(n, [&](index_t i) {
+      cuda::sigmoid_cross_entropy_forward_element(i, x.data(), target.data(), has_ignore, -1,
+                                                  loss_actual.data(), valid_actual.data());
+    });
+    REQUIRE(max_rel_diff(loss_actual, loss_expected) <= 1e-6);
+    REQUIRE(valid_actual == valid_expected);
+
+    std::vector<float> dx_expected(size_of(n)), dx_actual(size_of(n), NAN);
+    ref->sigmoid_cross_entropy_backward(n, x.data(), target.data(), has_ignore, -1, 0.5f,
+                                        dx_expected.data());
+    for_each_index(n, [&](index_t i) {
+      cuda::sigmoid_cross_entropy_backward_element(i, x.data(), target.data(), has_ignore, -1, 0.5f,
+                                                   dx_actual.data());
+    });
+    REQUIRE(max_rel_diff(dx_actual, dx_expected) <= 1e-6);
   }
 }

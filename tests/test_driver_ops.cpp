@@ -585,6 +585,54 @@ TEST_CASE("swap_axes matches the reference bit for bit on every driver", "[drive
   }
 }
 
+// lowering_cases() with one group (lift is type 3, groups == 1) and a number of output
+// channels per case.
+std::vector<std::pair<hn::LoweringShape, index_t>> lift_cases() {
+  std::vector<std::pair<hn::LoweringShape, index_t>> cases;
+  const index_t out_channels[] = {1, 2, 3, 7, 13};
+  index_t next = 0;
+  for (hn::LoweringShape shape : lowering_cases()) {
+    shape.groups = 1;
+    cases.emplace_back(shape, out_channels[next++ % std::size(out_channels)]);
+  }
+  return cases;
+}
+
+index_t product_count(const hn::LoweringShape& s, index_t out_channels) {
+  return s.batch * s.height * s.width * out_channels * s.kernel_h * s.kernel_w;
+}
+
+TEST_CASE("lift matches the reference and lift_backward matches it bit for bit on every driver",
+          "[driver_ops][lowering]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 550;
+    for (const auto& [shape, out_channels] : lift_cases()) {
+      INFO(shape.to_string() << " out_channels=" << out_channels);
+      const index_t p_count = product_count(shape, out_channels);
+      const index_t y_count = shape.batch * out_channels * shape.out_h() * shape.out_w();
+      {
+        INFO("lift (overwrites y)");
+        const TwinArray products(drivers, random_floats(p_count, seed++));
+        const TwinArray y(drivers, constant(y_count, -7777.0f), constant(y_count, kNaN));
+        run_both(drivers,
+                 [&](hn::Driver& d, Side s) { d.lift(shape, out_channels, products[s], y[s]); });
+        check_close(y, kElementwiseTolerance);
+      }
+      {
+        INFO("lift_backward (overwrites dP, zeros where no output maps)");
+        const TwinArray dy(drivers, random_floats(y_count, seed++));
+        const TwinArray dp(drivers, constant(p_count, -7777.0f), constant(p_count, kNaN));
+        run_both(drivers, [&](hn::Driver& d, Side s) {
+          d.lift_backward(shape, out_channels, dy[s], dp[s]);
+        });
+        check_identical(dp);
+      }
+    }
+  }
+}
+
 // ---- element-wise and reductions ----------------------------------------------------
 
 TEST_CASE("fill, scale, axpy, axpby and mul match the reference on every driver",
@@ -637,6 +685,142 @@ TEST_CASE("fill, scale, axpy, axpby and mul match the reference on every driver"
         run_both(drivers, [&](hn::Driver& d, Side s) { d.mul(n, a[s], b[s], a[s]); });
         check_close(a, kElementwiseTolerance);
       }
+    }
+  }
+}
+
+TEST_CASE("add_scalar and powx match the reference on every driver, in place too",
+          "[driver_ops][elementwise]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 650;
+    for (const index_t n : kVectorSizes) {
+      INFO("n=" << n);
+      for (const float alpha : {1.0f, -0.375f, 1e3f}) {
+        INFO("add_scalar alpha=" << alpha);
+        const TwinArray x(drivers, random_floats(n, seed++));
+        run_both(drivers, [&](hn::Driver& d, Side s) { d.add_scalar(n, alpha, x[s]); });
+        check_close(x, kElementwiseTolerance);
+      }
+      // Positive bases for any exponent (Caffe's LRN and Power use 0.75, 0.5, -0.75, ...).
+      const std::vector<float> positive = random_floats(n, seed++, 0.05f, 4.0f);
+      for (const float exponent : {0.5f, -0.75f, 2.0f, 1.0f, 0.0f, 3.3f}) {
+        INFO("powx exponent=" << exponent);
+        const TwinArray x(drivers, positive);
+        const TwinArray y(drivers, constant(n, -7777.0f), constant(n, kNaN));
+        run_both(drivers, [&](hn::Driver& d, Side s) { d.powx(n, x[s], exponent, y[s]); });
+        check_close(y, kElementwiseTolerance);
+      }
+      // Negative bases with integer exponents are defined: (-2)^3 = -8.
+      for (const float exponent : {2.0f, 3.0f, -1.0f}) {
+        INFO("powx of signed bases, in place, exponent=" << exponent);
+        std::vector<float> signed_bases = random_floats(n, seed++, -2.0f, 2.0f);
+        for (float& v : signed_bases)
+          v += v < 0.0f ? -0.25f : 0.25f;  // away from 0 for the exponent -1
+        const TwinArray x(drivers, signed_bases);
+        run_both(drivers, [&](hn::Driver& d, Side s) { d.powx(n, x[s], exponent, x[s]); });
+        check_close(x, kElementwiseTolerance);
+      }
+    }
+  }
+}
+
+TEST_CASE("copy_strided copies the block bit for bit and leaves the padding on every driver",
+          "[driver_ops][elementwise]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 660;
+    // rows, cols, src_ld, dst_ld: contiguous, Concat-like (narrow into wide), Slice-like
+    // (wide into narrow), and a large one for the parallel paths.
+    const std::vector<std::vector<index_t>> cases = {
+        {1, 1, 1, 1},   {3, 7, 7, 7},          {13, 31, 31, 44},
+        {97, 3, 10, 3}, {7, 13, 29, 17},       {1, 97, 97, 200},
+        {31, 1, 2, 3},  {1000, 97, 1000, 131}, {2, 100003, 100003, 100003}};
+    for (const auto& c : cases) {
+      const index_t rows = c[0], cols = c[1], src_ld = c[2], dst_ld = c[3];
+      INFO("copy_strided rows=" << rows << " cols=" << cols << " src_ld=" << src_ld
+                                << " dst_ld=" << dst_ld);
+      const TwinArray src(drivers,
+                          padded(random_floats(rows * cols, seed++), rows, cols, src_ld, kNaN));
+      const TwinArray dst(drivers, constant(rows * dst_ld, kSentinel));
+      run_both(drivers, [&](hn::Driver& d, Side s) {
+        d.copy_strided(rows, cols, src[s], src_ld, dst[s], dst_ld);
+      });
+      check_identical(dst);
+    }
+  }
+}
+
+TEST_CASE("scale_channels matches the reference on every driver, in place too",
+          "[driver_ops][elementwise]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 670;
+    for (const hn::AxisShape& shape : axis_cases()) {
+      INFO(shape.to_string());
+      const TwinArray scale(drivers, random_floats(shape.channels, seed++, -2.0f, 2.0f));
+      const std::vector<float> x_values = random_floats(shape.count(), seed++);
+      const TwinArray x(drivers, x_values);
+      const TwinArray y(drivers, constant(shape.count(), -7777.0f), constant(shape.count(), kNaN));
+      run_both(drivers,
+               [&](hn::Driver& d, Side s) { d.scale_channels(shape, scale[s], x[s], y[s]); });
+      check_close(y, kElementwiseTolerance);
+      INFO("in place");
+      run_both(drivers,
+               [&](hn::Driver& d, Side s) { d.scale_channels(shape, scale[s], x[s], x[s]); });
+      check_close(x, kElementwiseTolerance);
+    }
+  }
+}
+
+TEST_CASE("max_accumulate outputs and masks and max_select are identical on every driver",
+          "[driver_ops][elementwise]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 680;
+    for (const index_t n : kVectorSizes) {
+      INFO("n=" << n);
+      // Four inputs drawn from eight values, so ties between inputs are frequent: the first
+      // input holding the maximum must win everywhere.
+      std::vector<std::vector<float>> inputs;
+      for (int k = 0; k < 4; ++k) {
+        std::vector<float> v = random_floats(n, seed++, 0.0f, 8.0f);
+        for (float& e : v)
+          e = std::floor(e) - 4.0f;
+        inputs.push_back(v);
+      }
+      // y and mask start as different garbage on each side: index 0 must not read them.
+      const TwinArray y(drivers, constant(n, -7777.0f), constant(n, kNaN));
+      TwinMask mask(drivers, n);
+      std::vector<std::int32_t> garbage(n);
+      for (index_t i = 0; i < n; ++i)
+        garbage[i] = static_cast<std::int32_t>(i * 7919 % 1000) - 500;
+      mask.upload(garbage);
+      for (std::int32_t index = 0; index < 4; ++index) {
+        INFO("max_accumulate of input " << index);
+        const TwinArray x(drivers, inputs[index]);
+        run_both(drivers,
+                 [&](hn::Driver& d, Side s) { d.max_accumulate(n, x[s], index, y[s], mask[s]); });
+        check_identical(y);
+        check_identical(mask);
+      }
+      const std::vector<float> dy_values = random_floats(n, seed++);
+      const TwinArray dy(drivers, dy_values);
+      for (std::int32_t index = 0; index < 4; ++index) {
+        INFO("max_select of input " << index);
+        const TwinArray dx(drivers, constant(n, -7777.0f), constant(n, kNaN));
+        run_both(drivers,
+                 [&](hn::Driver& d, Side s) { d.max_select(n, mask[s], index, dy[s], dx[s]); });
+        check_identical(dx);
+      }
+      INFO("max_select in place (dx == dy)");
+      const TwinArray g(drivers, dy_values);
+      run_both(drivers, [&](hn::Driver& d, Side s) { d.max_select(n, mask[s], 2, g[s], g[s]); });
+      check_identical(g);
     }
   }
 }
@@ -1103,6 +1287,174 @@ TEST_CASE("dropout of elements a..n at offset a equals the tail of the full run 
   }
 }
 
+// ---- losses -------------------------------------------------------------------------
+
+struct LabelCase {
+  bool has_ignore_label;
+  int ignore_label;
+};
+
+// Integer labels in [0, channels), with the ignore_label at every 5th position when there is
+// one (it may also be a class, as Caffe allows: ignore_label 0 skips the background).
+std::vector<float> random_labels(const hn::AxisShape& s, const LabelCase& c, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<float> labels(static_cast<std::size_t>(s.outer * s.inner));
+  for (std::size_t p = 0; p < labels.size(); ++p) {
+    labels[p] = static_cast<float>(uniform(rng, 0, s.channels - 1));
+    if (c.has_ignore_label && p % 5 == 2) labels[p] = static_cast<float>(c.ignore_label);
+  }
+  return labels;
+}
+
+// Probabilities with an exact 0 every 11th element (-log clamps it at FLT_MIN).
+std::vector<float> probabilities(std::size_t n, std::uint32_t seed) {
+  std::vector<float> v = random_floats(n, seed, 1e-3f, 1.0f);
+  for (std::size_t i = 0; i < n; i += 11)
+    v[i] = 0.0f;
+  return v;
+}
+
+TEST_CASE(
+    "softmax_loss forward and backward match the reference on every driver, with "
+    "ignore_label",
+    "[driver_ops][losses]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 1600;
+    for (const hn::AxisShape& shape : axis_cases()) {
+      for (const LabelCase& labels :
+           {LabelCase{false, -1}, LabelCase{true, -1}, LabelCase{true, 255}, LabelCase{true, 0}}) {
+        INFO(shape.to_string() << " has_ignore_label=" << labels.has_ignore_label
+                               << " ignore_label=" << labels.ignore_label);
+        const index_t count = shape.count(), positions = shape.outer * shape.inner;
+        const std::vector<float> prob_values = probabilities(count, seed++);
+        const TwinArray prob(drivers, prob_values);
+        const TwinArray label(drivers, random_labels(shape, labels, seed++));
+        {
+          INFO("softmax_loss_forward");
+          const TwinArray loss(drivers, constant(positions, -7777.0f), constant(positions, kNaN));
+          const TwinArray valid(drivers, constant(positions, -7777.0f), constant(positions, kNaN));
+          run_both(drivers, [&](hn::Driver& d, Side s) {
+            d.softmax_loss_forward(shape, prob[s], label[s], labels.has_ignore_label,
+                                   labels.ignore_label, loss[s], valid[s]);
+          });
+          check_close(loss, kElementwiseTolerance);
+          check_identical(valid);
+        }
+        for (const float scale : {1.0f, 0.3f}) {
+          INFO("softmax_loss_backward scale=" << scale);
+          const TwinArray dx(drivers, constant(count, -7777.0f), constant(count, kNaN));
+          run_both(drivers, [&](hn::Driver& d, Side s) {
+            d.softmax_loss_backward(shape, prob[s], label[s], labels.has_ignore_label,
+                                    labels.ignore_label, scale, dx[s]);
+          });
+          check_close(dx, kElementwiseTolerance);
+        }
+        {
+          INFO("softmax_loss_backward in place (dx == prob)");
+          const TwinArray g(drivers, prob_values);
+          run_both(drivers, [&](hn::Driver& d, Side s) {
+            d.softmax_loss_backward(shape, g[s], label[s], labels.has_ignore_label,
+                                    labels.ignore_label, 0.5f, g[s]);
+          });
+          check_close(g, kElementwiseTolerance);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "a softmax_loss label outside the classes is an error naming the call, the label and the "
+    "position on every driver, and the driver stays usable",
+    "[driver_ops][losses][errors]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto owned = hn::make_driver(config.device, config.options);
+    hn::Driver& d = *owned;
+    const hn::AxisShape shape = axis(3, 4, 5);
+    const DeviceArray prob(d, probabilities(shape.count(), 1700));
+    const DeviceArray loss(d, 15), valid(d, 15), dx(d, shape.count());
+    std::vector<float> values = random_labels(shape, LabelCase{true, -1}, 1701);
+    values[7] = 4.0f;   // (outer 1, inner 2): == channels
+    values[12] = 9.0f;  // a later one: the first is named
+    const DeviceArray label(d, values);
+    // Asynchronous drivers may report at the next synchronising call.
+    CHECK_THAT(error_of([&] {
+                 d.softmax_loss_forward(shape, prob.data(), label.data(), true, -1, loss.data(),
+                                        valid.data());
+                 d.synchronize();
+               }),
+               Contains("softmax_loss_forward") && Contains("label 4") && Contains("outer 1") &&
+                   Contains("inner 2") && Contains("[0, 4)"));
+    CHECK_THAT(error_of([&] {
+                 d.softmax_loss_backward(shape, prob.data(), label.data(), true, -1, 1.0f,
+                                         dx.data());
+                 d.synchronize();
+               }),
+               Contains("softmax_loss_backward") && Contains("label 4") && Contains("outer 1") &&
+                   Contains("inner 2"));
+    // -1 is a class only when it is not the ignore_label.
+    const DeviceArray negative(d, constant(15, -1.0f));
+    CHECK_THAT(error_of([&] {
+                 d.softmax_loss_forward(shape, prob.data(), negative.data(), false, -1, loss.data(),
+                                        valid.data());
+                 d.synchronize();
+               }),
+               Contains("softmax_loss_forward") && Contains("label -1") && Contains("outer 0") &&
+                   Contains("inner 0"));
+    // The error is reported once; later calls work.
+    d.softmax_loss_forward(shape, prob.data(), negative.data(), true, -1, loss.data(),
+                           valid.data());
+    CHECK(d.sum(15, valid.data()) == 0.0f);
+    d.synchronize();
+  }
+}
+
+TEST_CASE("sigmoid_cross_entropy forward and backward match the reference on every driver",
+          "[driver_ops][losses]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 1800;
+    for (const index_t n : kVectorSizes) {
+      for (const LabelCase& labels : {LabelCase{false, -1}, LabelCase{true, -1}}) {
+        INFO("n=" << n << " has_ignore_label=" << labels.has_ignore_label);
+        // Logits with saturating extremes; targets in [0, 1] with exact 0s and 1s, and -1 at
+        // every 7th element (ignored when there is an ignore_label, a number otherwise).
+        const TwinArray x(drivers, activation_inputs(n, seed++));
+        std::vector<float> t = random_floats(n, seed++, 0.0f, 1.0f);
+        for (index_t i = 0; i < n; ++i) {
+          if (i % 7 == 3) t[i] = -1.0f;
+          if (i % 7 == 5) t[i] = static_cast<float>(i % 2);
+        }
+        const TwinArray target(drivers, t);
+        {
+          INFO("sigmoid_cross_entropy_forward");
+          const TwinArray loss(drivers, constant(n, -7777.0f), constant(n, kNaN));
+          const TwinArray valid(drivers, constant(n, -7777.0f), constant(n, kNaN));
+          run_both(drivers, [&](hn::Driver& d, Side s) {
+            d.sigmoid_cross_entropy_forward(n, x[s], target[s], labels.has_ignore_label,
+                                            labels.ignore_label, loss[s], valid[s]);
+          });
+          check_close(loss, kElementwiseTolerance);
+          check_identical(valid);
+        }
+        {
+          INFO("sigmoid_cross_entropy_backward");
+          const TwinArray dx(drivers, constant(n, -7777.0f), constant(n, kNaN));
+          run_both(drivers, [&](hn::Driver& d, Side s) {
+            d.sigmoid_cross_entropy_backward(n, x[s], target[s], labels.has_ignore_label,
+                                             labels.ignore_label, 0.25f, dx[s]);
+          });
+          check_close(dx, kElementwiseTolerance);
+        }
+      }
+    }
+  }
+}
+
 // ---- memory -------------------------------------------------------------------------
 
 TEST_CASE("copies to, within and from every driver round-trip bit for bit",
@@ -1191,6 +1543,19 @@ TEST_CASE("calls with no elements leave memory untouched on every driver", "[dri
     d.softmax_backward(no_outer, a.data(), b.data(), c.data());
     d.dropout_forward(0, 0.5f, 1, 0, a.data(), c.data(), e.data());
     d.dropout_backward(0, 0.5f, a.data(), b.data(), c.data());
+    d.lift(lowered, 3, a.data(), c.data());
+    d.lift_backward(lowered, 3, a.data(), c.data());
+    d.add_scalar(0, 1.0f, c.data());
+    d.powx(0, a.data(), 2.0f, c.data());
+    d.copy_strided(0, 3, a.data(), 3, c.data(), 4);
+    d.copy_strided(3, 0, a.data(), 1, c.data(), 1);
+    d.scale_channels(no_outer, a.data(), b.data(), c.data());
+    d.max_accumulate(0, a.data(), 0, c.data(), mask.data());
+    d.max_select(0, mask.data(), 0, a.data(), c.data());
+    d.softmax_loss_forward(no_outer, a.data(), b.data(), false, -1, c.data(), e.data());
+    d.softmax_loss_backward(no_outer, a.data(), b.data(), false, -1, 1.0f, c.data());
+    d.sigmoid_cross_entropy_forward(0, a.data(), b.data(), false, -1, c.data(), e.data());
+    d.sigmoid_cross_entropy_backward(0, a.data(), b.data(), false, -1, 1.0f, c.data());
     d.synchronize();
 
     check_identical(a.host(), sentinel);
@@ -1265,6 +1630,18 @@ TEST_CASE("misuse errors name the call and the sizes on every driver", "[driver_
                Contains("dot") && Contains("got -2"));
     CHECK_THAT(error_of([&] { d.swap_axes(2, 3, 4, a.data(), a.data()); }),
                Contains("swap_axes") && Contains("src and dst"));
+    const hn::LoweringShape grouped = lowering(1, 2, 3, 3, 1, 1, 0, 0, 1, 1, 1, 1, 2);
+    CHECK_THAT(error_of([&] { d.lift(grouped, 2, a.data(), c.data()); }),
+               Contains("lift") && Contains("groups must be 1, got 2"));
+    const hn::LoweringShape single = lowering(1, 1, 3, 3, 1, 1, 0, 0, 1, 1);
+    CHECK_THAT(error_of([&] { d.lift_backward(single, 0, a.data(), c.data()); }),
+               Contains("lift_backward") && Contains("out_channels must be > 0, got 0"));
+    CHECK_THAT(error_of([&] { d.copy_strided(2, 5, a.data(), 4, c.data(), 5); }),
+               Contains("copy_strided") && Contains("src_ld=4") && Contains("cols=5"));
+    CHECK_THAT(error_of([&] { d.max_accumulate(4, a.data(), -1, c.data(), mask.data()); }),
+               Contains("max_accumulate") && Contains("got -1"));
+    CHECK_THAT(error_of([&] { d.powx(-2, a.data(), 1.0f, c.data()); }),
+               Contains("powx") && Contains("got -2"));
   }
 }
 
@@ -1354,7 +1731,7 @@ TEST_CASE("a driver lacking a call throws an error naming the driver and the cal
   hn::Capabilities all_claimed;
   all_claimed.host_addressable = all_claimed.gemm = all_claimed.lowering = all_claimed.elementwise =
       all_claimed.reductions = all_claimed.activations = all_claimed.pooling = all_claimed.lrn =
-          all_claimed.softmax = all_claimed.dropout = true;
+          all_claimed.softmax = all_claimed.dropout = all_claimed.losses = true;
   const bool claims = GENERATE(false, true);
   DYNAMIC_SECTION((claims ? "capabilities claimed, no do_* overridden" : "capabilities false")) {
     MemoryOnlyDriver d(claims ? all_claimed : none);
@@ -1407,6 +1784,26 @@ TEST_CASE("a driver lacking a call throws an error naming the driver and the cal
         {"dropout_forward",
          [&] { d.dropout_forward(4, 0.5f, 1, 0, a.data(), c.data(), e.data()); }},
         {"dropout_backward", [&] { d.dropout_backward(4, 0.5f, a.data(), b.data(), c.data()); }},
+        {"lift", [&] { d.lift(lowered, 1, a.data(), c.data()); }},
+        {"lift_backward", [&] { d.lift_backward(lowered, 1, a.data(), c.data()); }},
+        {"add_scalar", [&] { d.add_scalar(4, 1.0f, c.data()); }},
+        {"powx", [&] { d.powx(4, a.data(), 2.0f, c.data()); }},
+        {"copy_strided", [&] { d.copy_strided(2, 2, a.data(), 2, c.data(), 2); }},
+        {"scale_channels", [&] { d.scale_channels(shape, a.data(), b.data(), c.data()); }},
+        {"max_accumulate", [&] { d.max_accumulate(4, a.data(), 0, c.data(), mask.data()); }},
+        {"max_select", [&] { d.max_select(4, mask.data(), 0, a.data(), c.data()); }},
+        {"softmax_loss_forward",
+         [&] { d.softmax_loss_forward(shape, a.data(), b.data(), false, -1, c.data(), e.data()); }},
+        {"softmax_loss_backward",
+         [&] { d.softmax_loss_backward(shape, a.data(), b.data(), false, -1, 1.0f, c.data()); }},
+        {"sigmoid_cross_entropy_forward",
+         [&] {
+           d.sigmoid_cross_entropy_forward(4, a.data(), b.data(), false, -1, c.data(), e.data());
+         }},
+        {"sigmoid_cross_entropy_backward",
+         [&] {
+           d.sigmoid_cross_entropy_backward(4, a.data(), b.data(), false, -1, 1.0f, c.data());
+         }},
     };
     for (const auto& [call, run] : calls) {
       INFO(call);

@@ -265,7 +265,7 @@ TEST_CASE("reference im2col and col2im follow the (c,kh,kw) x (n,oh,ow) layout",
   }
 }
 
-TEST_CASE("reference swap_axes writes dst[j][i][r] = src[i][j][r]", "[reference]") {
+TEST_CASE("reference swap_axes moves element (i, j, r) to (j, i, r)", "[reference]") {
   auto driver = make_reference(GENERATE(false, true));
   std::vector<float> src(12);
   std::iota(src.begin(), src.end(), 0.0f);  // src[i][j][r] = 6i + 2j + r, d0=2 d1=3 inner=2
@@ -273,6 +273,62 @@ TEST_CASE("reference swap_axes writes dst[j][i][r] = src[i][j][r]", "[reference]
   driver->swap_axes(2, 3, 2, in.data(), out.data());
   // dst[j] = src[0][j], src[1][j]: j=0 -> 0 1 6 7, j=1 -> 2 3 8 9, j=2 -> 4 5 10 11
   check_close(out.host(), {0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11});
+}
+
+TEST_CASE("reference lift sums the product taps of each output, and lift_backward routes dy back",
+          "[reference]") {
+  auto driver = make_reference(GENERATE(false, true));
+  // 1x1x3x3 input, 2x2 kernel, pad 1, stride 2, 2 output channels: out 2x2. P has rows
+  // (ih, iw) = 9 and columns (co, kh, kw) = 8; P[r][c] = 10r + c.
+  const LoweringShape s = lowering(1, 1, 3, 3, 2, 1, 2);
+  std::vector<float> products(72);
+  for (int r = 0; r < 9; ++r) {
+    for (int c = 0; c < 8; ++c)
+      products[r * 8 + c] = static_cast<float>(10 * r + c);
+  }
+  DeviceArray p(*driver, products), y(*driver, std::vector<float>(8, kNaN));
+  driver->lift(s, 2, p.data(), y.data());
+  // Output (oh, ow) reads (ih, iw) = (2oh - 1 + kh, 2ow - 1 + kw), column co*4 + kh*2 + kw:
+  //   (0,0): tap (1,1) at (0,0)                    -> P[0][3]                  = 3  | co 1: 7
+  //   (0,1): taps (1,0) (1,1) at (0,1) (0,2)       -> P[1][2] + P[2][3]        = 35 | 43
+  //   (1,0): taps (0,1) (1,1) at (1,0) (2,0)       -> P[3][1] + P[6][3]        = 94 | 102
+  //   (1,1): all four at (1,1) (1,2) (2,1) (2,2)   -> 40 + 51 + 72 + 83        = 246 | 262
+  check_close(y.host(), {3, 35, 94, 246, 7, 43, 102, 262});
+
+  // dy[co] = (1 2 3 4) and (5 6 7 8): each P entry gets the dy of the output it feeds
+  // (the same taps as above), 0 where it feeds none; the NaN start is overwritten.
+  DeviceArray dy(*driver, std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8});
+  DeviceArray dp(*driver, std::vector<float>(72, kNaN));
+  driver->lift_backward(s, 2, dy.data(), dp.data());
+  //                 co 0: kh,kw = 00 01 10 11 | co 1: 00 01 10 11
+  check_close(dp.host(), {0, 0, 0, 1, 0, 0, 0, 5,    // (0,0) -> out (0,0)
+                          0, 0, 2, 0, 0, 0, 6, 0,    // (0,1) -> out (0,1) via tap (1,0)
+                          0, 0, 0, 2, 0, 0, 0, 6,    // (0,2) -> out (0,1) via tap (1,1)
+                          0, 3, 0, 0, 0, 7, 0, 0,    // (1,0) -> out (1,0) via tap (0,1)
+                          4, 0, 0, 0, 8, 0, 0, 0,    // (1,1) -> out (1,1) via tap (0,0)
+                          0, 4, 0, 0, 0, 8, 0, 0,    // (1,2) -> out (1,1) via tap (0,1)
+                          0, 0, 0, 3, 0, 0, 0, 7,    // (2,0) -> out (1,0) via tap (1,1)
+                          0, 0, 4, 0, 0, 0, 8, 0,    // (2,1) -> out (1,1) via tap (1,0)
+                          0, 0, 0, 4, 0, 0, 0, 8});  // (2,2) -> out (1,1) via tap (1,1)
+}
+
+TEST_CASE("reference lift with dilation 2 reads taps two pixels apart", "[reference]") {
+  auto driver = make_reference(GENERATE(false, true));
+  // 2 images of 1x3x3, 2x2 kernel, dilation 2, no pad: out 1x1, taps at (0,0) (0,2) (2,0)
+  // (2,2). One output channel, P[(n, ih, iw)][(kh, kw)] = 100n + 10(3ih + iw) + (2kh + kw).
+  const LoweringShape s = lowering(2, 1, 3, 3, 2, 0, 1, 2);
+  REQUIRE(s.out_h() == 1);
+  std::vector<float> products(72);
+  for (int n = 0; n < 2; ++n) {
+    for (int pixel = 0; pixel < 9; ++pixel) {
+      for (int tap = 0; tap < 4; ++tap)
+        products[(n * 9 + pixel) * 4 + tap] = static_cast<float>(100 * n + 10 * pixel + tap);
+    }
+  }
+  DeviceArray p(*driver, products), y(*driver, 2);
+  driver->lift(s, 1, p.data(), y.data());
+  // Tap t reads pixel 0, 2, 6, 8: (0 + 0) + (20 + 1) + (60 + 2) + (80 + 3) = 166; n = 1 adds 400.
+  check_close(y.host(), {166, 566});
 }
 
 // ---- element-wise and reductions --------------------------------------------------------
@@ -328,8 +384,77 @@ TEST_CASE("reference element-wise calls and reductions give the BLAS results", "
   }
 }
 
-TEST_CASE("reference bias_forward adds bias[c] and bias_backward sums dy over outer and inner",
+TEST_CASE("reference add_scalar, powx, copy_strided and scale_channels", "[reference]") {
+  auto driver = make_reference(GENERATE(false, true));
+
+  SECTION("add_scalar") {
+    DeviceArray x(*driver, std::vector<float>{1, 2, 3});
+    driver->add_scalar(3, 0.5f, x.data());
+    check_close(x.host(), {1.5f, 2.5f, 3.5f});
+  }
+  SECTION("powx, also in place") {
+    DeviceArray x(*driver, std::vector<float>{4, 9, 0.25f, 16}), y(*driver, 4);
+    driver->powx(4, x.data(), 0.5f, y.data());
+    check_close(y.host(), {2, 3, 0.5f, 4});  // square roots
+    driver->powx(4, x.data(), -0.75f, x.data());
+    // 4^-0.75 = 2^-1.5 = 0.353553; 9^-0.75 = 3^-1.5 = 0.19245; 0.25^-0.75 = 2^1.5 = 2.828427;
+    // 16^-0.75 = 2^-3
+    check_close(x.host(), {0.35355339f, 0.19245009f, 2.8284271f, 0.125f});
+    DeviceArray neg(*driver, std::vector<float>{-3, 2}), sq(*driver, 2);
+    driver->powx(2, neg.data(), 2.0f, sq.data());  // integer exponents take negative bases
+    check_close(sq.host(), {9, 4});
+  }
+  SECTION("copy_strided copies a rows x cols block between leading dimensions") {
+    const float P = kNaN;
+    DeviceArray src(*driver, std::vector<float>{1, 2, 3, P, 4, 5, 6, P});  // 2x3, ld 4
+    DeviceArray dst(*driver, std::vector<float>(10, -777.0f));             // 2x3, ld 5
+    driver->copy_strided(2, 3, src.data(), 4, dst.data(), 5);
+    check_close(dst.host(), {1, 2, 3, -777, -777, 4, 5, 6, -777, -777});
+  }
+  SECTION("scale_channels multiplies by scale[c], also in place") {
+    const AxisShape s = axis(2, 2, 2);  // x[o][c][i] = 1..8
+    DeviceArray x(*driver, std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8}), y(*driver, 8);
+    DeviceArray scale(*driver, std::vector<float>{2, -1});
+    driver->scale_channels(s, scale.data(), x.data(), y.data());
+    check_close(y.host(), {2, 4, -3, -4, 10, 12, -7, -8});
+    driver->scale_channels(s, scale.data(), x.data(), x.data());
+    check_close(x.host(), {2, 4, -3, -4, 10, 12, -7, -8});
+  }
+}
+
+TEST_CASE("reference max_accumulate keeps the first maximum, and max_select routes dy by the mask",
           "[reference]") {
+  auto driver = make_reference(GENERATE(false, true));
+  DeviceArray a(*driver, std::vector<float>{1, 5, 3, -2});
+  DeviceArray b(*driver, std::vector<float>{2, 5, 1, -1});
+  DeviceArray c(*driver, std::vector<float>{0, 6, 3, -1});
+  DeviceArray y(*driver, std::vector<float>(4, kNaN));  // index 0 overwrites, never reads
+  MaskArray mask(*driver, 4);
+  driver->max_accumulate(4, a.data(), 0, y.data(), mask.data());
+  check_close(y.host(), {1, 5, 3, -2});
+  CHECK(mask.host() == std::vector<std::int32_t>{0, 0, 0, 0});
+  driver->max_accumulate(4, b.data(), 1, y.data(), mask.data());
+  // 2 > 1 and -1 > -2 replace; 5 == 5 is a tie and stays with input 0; 1 < 3.
+  check_close(y.host(), {2, 5, 3, -1});
+  CHECK(mask.host() == std::vector<std::int32_t>{1, 0, 0, 1});
+  driver->max_accumulate(4, c.data(), 2, y.data(), mask.data());
+  // Only 6 > 5 replaces; 3 == 3 and -1 == -1 are ties.
+  check_close(y.host(), {2, 6, 3, -1});
+  CHECK(mask.host() == std::vector<std::int32_t>{1, 2, 0, 1});
+
+  DeviceArray dy(*driver, std::vector<float>{10, 20, 30, 40});
+  DeviceArray dx(*driver, std::vector<float>(4, kNaN));
+  driver->max_select(4, mask.data(), 0, dy.data(), dx.data());
+  check_close(dx.host(), {0, 0, 30, 0});
+  driver->max_select(4, mask.data(), 1, dy.data(), dx.data());
+  check_close(dx.host(), {10, 0, 0, 40});
+  driver->max_select(4, mask.data(), 2, dy.data(), dy.data());  // in place
+  check_close(dy.host(), {0, 20, 0, 0});
+}
+
+TEST_CASE(
+    "reference bias_forward adds the channel bias and bias_backward sums dy over outer and inner",
+    "[reference]") {
   auto driver = make_reference(GENERATE(false, true));
   const AxisShape s = axis(2, 2, 2);  // [outer 2][channels 2][inner 2]
   DeviceArray bias(*driver, std::vector<float>{10, 20});
@@ -377,7 +502,7 @@ TEST_CASE("reference relu uses the negative slope for x <= 0, forward and backwa
   check_close(x.host(), {-0.2f, -0.05f, 0.0f, 1.5f});
 }
 
-TEST_CASE("reference sigmoid and tanh match closed forms; backward uses y", "[reference]") {
+TEST_CASE("reference sigmoid and tanh match closed forms, and backward uses y", "[reference]") {
   auto driver = make_reference(GENERATE(false, true));
   const float ln2 = 0.6931471805599453f, ln3 = 1.0986122886681098f;
   DeviceArray x(*driver, std::vector<float>{0.0f, ln3, -ln3}), y(*driver, 3);
@@ -691,6 +816,94 @@ TEST_CASE("reference dropout keeps element i when philox_uniform(seed, offset+i)
   }
 }
 
+// ---- losses -----------------------------------------------------------------------------
+
+TEST_CASE(
+    "reference softmax_loss takes -log of the label probability, skips ignored labels, and its "
+    "backward subtracts the one-hot label",
+    "[reference]") {
+  auto driver = make_reference(GENERATE(false, true));
+  const AxisShape s = axis(2, 3, 2);                                               // prob[o][c][i]
+  const std::vector<float> prob_values{0.5f, 0.25f,  0.25f, 0.25f,  0.25f, 0.5f,   // o = 0
+                                       1.0f, 0.125f, 0.0f,  0.375f, 0.0f,  0.5f};  // o = 1
+  DeviceArray prob(*driver, prob_values);
+  // Labels per (o, i): (0,0) -> 0, (0,1) -> 2, (1,0) -> 1, (1,1) -> ignored (-1).
+  DeviceArray label(*driver, std::vector<float>{0, 2, 1, -1});
+  DeviceArray loss(*driver, std::vector<float>(4, kNaN)),
+      valid(*driver, std::vector<float>(4, kNaN));
+  driver->softmax_loss_forward(s, prob.data(), label.data(), true, -1, loss.data(), valid.data());
+  // -log 0.5 = ln 2 twice; prob 0 is clamped to FLT_MIN: -ln(1.17549435e-38) = 87.336545
+  check_close(loss.host(), {0.69314718f, 0.69314718f, 87.336545f, 0.0f}, 1e-5);
+  check_close(valid.host(), {1, 1, 1, 0});
+
+  DeviceArray dx(*driver, std::vector<float>(12, kNaN));
+  driver->softmax_loss_backward(s, prob.data(), label.data(), true, -1, 0.5f, dx.data());
+  // 0.5 * (prob - onehot): (0,0) label 0: (0.5-1, 0.25, 0.25)/2; (0,1) label 2: (0.25, 0.25,
+  // 0.5-1)/2; (1,0) label 1: (1, 0-1, 0)/2; (1,1) ignored: zeros. Laid out [o][c][i]:
+  const std::vector<float> expected{-0.25f, 0.125f, 0.125f, 0.125f, 0.125f, -0.25f,  //
+                                    0.5f,   0.0f,   -0.5f,  0.0f,   0.0f,   0.0f};
+  check_close(dx.host(), expected);
+  driver->softmax_loss_backward(s, prob.data(), label.data(), true, -1, 0.5f, prob.data());
+  check_close(prob.host(), expected);  // in place
+}
+
+TEST_CASE("reference softmax_loss rejects a label outside the classes, naming it and where",
+          "[reference]") {
+  auto driver = make_reference(GENERATE(false, true));
+  const AxisShape s = axis(1, 3, 2);
+  DeviceArray prob(*driver, std::vector<float>(6, 1.0f / 3)), loss(*driver, 2), valid(*driver, 2);
+  DeviceArray dx(*driver, 6);
+  SECTION("a negative label without ignore_label") {
+    DeviceArray label(*driver, std::vector<float>{0, -1});
+    CHECK_THROWS_WITH(driver->softmax_loss_forward(s, prob.data(), label.data(), false, -1,
+                                                   loss.data(), valid.data()),
+                      Contains("softmax_loss_forward") && Contains("label -1") &&
+                          Contains("inner 1") && Contains("[0, 3)"));
+    CHECK_THROWS_WITH(
+        driver->softmax_loss_backward(s, prob.data(), label.data(), false, -1, 1.0f, dx.data()),
+        Contains("softmax_loss_backward") && Contains("label -1"));
+  }
+  SECTION("a label equal to channels, even with another ignore_label") {
+    DeviceArray label(*driver, std::vector<float>{3, 0});
+    CHECK_THROWS_WITH(driver->softmax_loss_forward(s, prob.data(), label.data(), true, 255,
+                                                   loss.data(), valid.data()),
+                      Contains("label 3") && Contains("inner 0"));
+  }
+  SECTION("an ignored label outside the range is fine") {
+    DeviceArray label(*driver, std::vector<float>{255, 1});
+    driver->softmax_loss_forward(s, prob.data(), label.data(), true, 255, loss.data(),
+                                 valid.data());
+    check_close(loss.host(), {0.0f, 1.0986123f});  // -log(1/3) = ln 3
+    check_close(valid.host(), {0, 1});
+  }
+}
+
+TEST_CASE("reference sigmoid_cross_entropy is stable for large logits and skips ignored targets",
+          "[reference]") {
+  auto driver = make_reference(GENERATE(false, true));
+  const float ln3 = 1.0986122886681098f;
+  DeviceArray x(*driver, std::vector<float>{0, ln3, -ln3, 100, 2});
+  DeviceArray t(*driver, std::vector<float>{1, 0, 1, 0.25f, -1});  // the last is ignored
+  DeviceArray loss(*driver, std::vector<float>(5, kNaN)),
+      valid(*driver, std::vector<float>(5, kNaN));
+  driver->sigmoid_cross_entropy_forward(5, x.data(), t.data(), true, -1, loss.data(), valid.data());
+  // max(x,0) - x t + log(1 + e^-|x|):  0 - 0 + ln 2;  ln3 - 0 + ln(4/3) = ln 4;
+  // 0 + ln3 + ln(4/3) = ln 4;  100 - 25 + log(1 + e^-100) = 75 (no overflow);  ignored 0
+  check_close(loss.host(), {0.69314718f, 1.3862944f, 1.3862944f, 75.0f, 0.0f}, 1e-5);
+  check_close(valid.host(), {1, 1, 1, 1, 0});
+
+  DeviceArray dx(*driver, std::vector<float>(5, kNaN));
+  driver->sigmoid_cross_entropy_backward(5, x.data(), t.data(), true, -1, 2.0f, dx.data());
+  // 2 (sigmoid(x) - t): 2(0.5 - 1), 2(0.75 - 0), 2(0.25 - 1), 2(1 - 0.25), ignored 0
+  check_close(dx.host(), {-1.0f, 1.5f, -1.5f, 1.5f, 0.0f});
+
+  // Without ignore_label, target -1 is just a number: 2 + 2 + log(1 + e^-2) = 4.126928.
+  driver->sigmoid_cross_entropy_forward(5, x.data(), t.data(), false, -1, loss.data(),
+                                        valid.data());
+  CHECK(loss.host()[4] == Approx(4.126928f));
+  CHECK(valid.host()[4] == 1.0f);
+}
+
 // ---- memory -----------------------------------------------------------------------------
 
 TEST_CASE("reference memory is 64-byte aligned, copies round-trip, foreign frees are ignored",
@@ -897,5 +1110,108 @@ TEST_CASE("reference sigmoid, tanh and relu backward are the derivatives of thei
     };
     driver->relu_backward(n, 0.1f, x.data(), weights.data(), dx.data());
     check_gradient(x, weights, forward, dx);
+  }
+}
+
+TEST_CASE("reference lift_backward is the adjoint of lift", "[reference]") {
+  auto driver = make_reference(false);
+  LoweringShape shape = GENERATE(lowering(2, 1, 5, 4, 3, 1, 2),     // stride 2, pad 1
+                                 lowering(1, 1, 6, 7, 2, 2, 1, 2),  // dilation 2, big pad
+                                 lowering(2, 1, 5, 5, 3, 0, 3));    // stride > 1, gaps
+  shape.kernel_w = shape.kernel_h == 3 ? 2 : 3;                     // non-square kernels
+  CAPTURE(shape.to_string());
+  const index_t out_channels = 3;
+  const index_t p_count =
+      shape.batch * shape.height * shape.width * out_channels * shape.kernel_h * shape.kernel_w;
+  const index_t y_count = shape.batch * out_channels * shape.out_h() * shape.out_w();
+  const std::vector<float> p = test::random_floats(p_count, 51);
+  const std::vector<float> dy = test::random_floats(y_count, 52);
+  std::vector<float> y(y_count), dp(p_count);
+  driver->lift(shape, out_channels, p.data(), y.data());
+  driver->lift_backward(shape, out_channels, dy.data(), dp.data());
+  // <lift(P), dy> == <P, lift_backward(dy)>
+  double forward_side = 0.0, backward_side = 0.0;
+  for (index_t i = 0; i < y_count; ++i)
+    forward_side += static_cast<double>(y[i]) * dy[i];
+  for (index_t i = 0; i < p_count; ++i)
+    backward_side += static_cast<double>(p[i]) * dp[i];
+  CHECK(forward_side == Approx(backward_side).epsilon(1e-5));
+
+  // And by central differences: lift is linear, so its derivative is lift_backward.
+  const Forward forward = [&](const std::vector<float>& at) {
+    std::vector<float> out(y_count);
+    driver->lift(shape, out_channels, at.data(), out.data());
+    return out;
+  };
+  check_gradient(p, dy, forward, dp);
+}
+
+TEST_CASE("reference type-3 convolution (NHWC products, lift) equals im2col convolution",
+          "[reference]") {
+  auto driver = make_reference(false);
+  const LoweringShape shape =
+      GENERATE(lowering(2, 3, 5, 6, 3, 1, 2), lowering(1, 2, 7, 5, 2, 1, 1, 2),
+               lowering(3, 4, 4, 4, 1, 0, 1));
+  CAPTURE(shape.to_string());
+  const index_t n = shape.batch, c = shape.channels, hw = shape.height * shape.width;
+  const index_t co = 5, k = shape.kernel_h * shape.kernel_w;
+  const index_t ohw = shape.out_h() * shape.out_w();
+  const std::vector<float> x = test::random_floats(n * c * hw, 61);
+  const std::vector<float> w = test::random_floats(co * c * k, 62);  // [co][c][kh][kw]
+
+  // Type 1: columns [(c,kh,kw)][(n,oh,ow)]; W [co][(c,kh,kw)] x columns = [co][n][oh*ow].
+  std::vector<float> columns(shape.col_count()), by_columns(co * n * ohw), expected(co * n * ohw);
+  driver->im2col(shape, x.data(), columns.data());
+  driver->gemm(Transpose::no, Transpose::no, co, n * ohw, c * k, 1.0f, w.data(), c * k,
+               columns.data(), n * ohw, 0.0f, by_columns.data(), n * ohw);
+  driver->swap_axes(co, n, ohw, by_columns.data(), expected.data());
+
+  // Type 3: X^T in NHWC ([n][hw][c]) times W' = [c][(co,kh,kw)], then lift.
+  std::vector<float> x_nhwc(x.size()), w_lowered(w.size()), products(n * hw * co * k);
+  for (index_t i = 0; i < n; ++i)
+    driver->swap_axes(c, hw, 1, x.data() + i * c * hw, x_nhwc.data() + i * c * hw);
+  driver->swap_axes(co, c, k, w.data(), w_lowered.data());
+  driver->gemm(Transpose::no, Transpose::no, n * hw, co * k, c, 1.0f, x_nhwc.data(), c,
+               w_lowered.data(), co * k, 0.0f, products.data(), co * k);
+  std::vector<float> y(n * co * ohw);
+  driver->lift(shape, co, products.data(), y.data());
+  CHECK(test::max_rel_diff(y, expected) < 1e-5);
+}
+
+TEST_CASE("reference loss backwards are the derivatives of their forwards", "[reference]") {
+  auto driver = make_reference(false);
+
+  SECTION("softmax_loss through softmax: d(-log softmax_l)/dx = prob - onehot") {
+    const AxisShape shape = axis(2, 4, 3);
+    const std::vector<float> x = test::random_floats(shape.count(), 71, -2.0f, 2.0f);
+    const std::vector<float> label{0, 3, 255, 1, 2, 2};  // 255 is ignored
+    const std::vector<float> ones(6, 1.0f);
+    const Forward forward = [&](const std::vector<float>& at) {
+      std::vector<float> prob(shape.count()), loss(6), valid(6);
+      driver->softmax_forward(shape, at.data(), prob.data());
+      driver->softmax_loss_forward(shape, prob.data(), label.data(), true, 255, loss.data(),
+                                   valid.data());
+      return loss;
+    };
+    std::vector<float> prob(shape.count()), dx(shape.count());
+    driver->softmax_forward(shape, x.data(), prob.data());
+    driver->softmax_loss_backward(shape, prob.data(), label.data(), true, 255, 1.0f, dx.data());
+    check_gradient(x, ones, forward, dx);
+  }
+  SECTION("sigmoid_cross_entropy: dloss/dx = sigmoid(x) - t") {
+    const index_t n = 10;
+    const std::vector<float> x = test::random_floats(n, 72, -3.0f, 3.0f);
+    std::vector<float> t = test::random_floats(n, 73, 0.0f, 1.0f);
+    t[3] = -1.0f;  // ignored
+    const std::vector<float> ones(n, 1.0f);
+    const Forward forward = [&](const std::vector<float>& at) {
+      std::vector<float> loss(n), valid(n);
+      driver->sigmoid_cross_entropy_forward(n, at.data(), t.data(), true, -1, loss.data(),
+                                            valid.data());
+      return loss;
+    };
+    std::vector<float> dx(n);
+    driver->sigmoid_cross_entropy_backward(n, x.data(), t.data(), true, -1, 1.0f, dx.data());
+    check_gradient(x, ones, forward, dx);
   }
 }

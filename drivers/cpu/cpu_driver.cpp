@@ -26,6 +26,7 @@ class CpuDriver final : public Driver {
     caps.host_addressable = true;
     caps.gemm = caps.lowering = caps.elementwise = caps.reductions = true;
     caps.activations = caps.pooling = caps.lrn = caps.softmax = caps.dropout = true;
+    caps.losses = true;
     return caps;
   }
   MemorySpace memory_space() const override { return host_space(); }
@@ -70,6 +71,14 @@ class CpuDriver final : public Driver {
   void do_swap_axes(index_t d0, index_t d1, index_t inner, const float* src, float* dst) override {
     cpu::swap_axes(parallel_, d0, d1, inner, src, dst);
   }
+  void do_lift(const LoweringShape& shape, index_t out_channels, const float* products,
+               float* y) override {
+    cpu::lift(parallel_, shape, out_channels, products, y);
+  }
+  void do_lift_backward(const LoweringShape& shape, index_t out_channels, const float* dy,
+                        float* products_diff) override {
+    cpu::lift_backward(parallel_, shape, out_channels, dy, products_diff);
+  }
 
   void do_fill(index_t n, float value, float* x) override { cpu::fill(parallel_, n, value, x); }
   void do_scale(index_t n, float alpha, float* x) override { cpu::scale(parallel_, n, alpha, x); }
@@ -78,6 +87,28 @@ class CpuDriver final : public Driver {
   }
   void do_axpby(index_t n, float alpha, const float* x, float beta, float* y) override {
     cpu::axpby(parallel_, n, alpha, x, beta, y);
+  }
+  void do_add_scalar(index_t n, float alpha, float* x) override {
+    cpu::add_scalar(parallel_, n, alpha, x);
+  }
+  void do_powx(index_t n, const float* x, float exponent, float* y) override {
+    cpu::powx(parallel_, n, x, exponent, y);
+  }
+  void do_copy_strided(index_t rows, index_t cols, const float* src, index_t src_ld, float* dst,
+                       index_t dst_ld) override {
+    cpu::copy_strided(parallel_, rows, cols, src, src_ld, dst, dst_ld);
+  }
+  void do_scale_channels(const AxisShape& shape, const float* scale, const float* x,
+                         float* y) override {
+    cpu::scale_channels(parallel_, shape, scale, x, y);
+  }
+  void do_max_accumulate(index_t n, const float* x, std::int32_t index, float* y,
+                         std::int32_t* mask) override {
+    cpu::max_accumulate(parallel_, n, x, index, y, mask);
+  }
+  void do_max_select(index_t n, const std::int32_t* mask, std::int32_t index, const float* dy,
+                     float* dx) override {
+    cpu::max_select(parallel_, n, mask, index, dy, dx);
   }
   void do_mul(index_t n, const float* a, const float* b, float* y) override {
     cpu::mul(parallel_, n, a, b, y);
@@ -152,6 +183,31 @@ class CpuDriver final : public Driver {
   void do_dropout_backward(index_t n, float ratio, const float* mask, const float* dy,
                            float* dx) override {
     cpu::dropout_backward(parallel_, n, ratio, mask, dy, dx);
+  }
+
+  void do_softmax_loss_forward(const AxisShape& shape, const float* prob, const float* label,
+                               bool has_ignore_label, int ignore_label, float* loss,
+                               float* valid) override {
+    cpu::softmax_loss_forward(parallel_, shape, prob, label, has_ignore_label, ignore_label, loss,
+                              valid);
+  }
+  void do_softmax_loss_backward(const AxisShape& shape, const float* prob, const float* label,
+                                bool has_ignore_label, int ignore_label, float scale,
+                                float* dx) override {
+    cpu::softmax_loss_backward(parallel_, shape, prob, label, has_ignore_label, ignore_label, scale,
+                               dx);
+  }
+  void do_sigmoid_cross_entropy_forward(index_t n, const float* x, const float* target,
+                                        bool has_ignore_label, int ignore_label, float* loss,
+                                        float* valid) override {
+    cpu::sigmoid_cross_entropy_forward(parallel_, n, x, target, has_ignore_label, ignore_label,
+                                       loss, valid);
+  }
+  void do_sigmoid_cross_entropy_backward(index_t n, const float* x, const float* target,
+                                         bool has_ignore_label, int ignore_label, float scale,
+                                         float* dx) override {
+    cpu::sigmoid_cross_entropy_backward(parallel_, n, x, target, has_ignore_label, ignore_label,
+                                        scale, dx);
   }
 
  private:

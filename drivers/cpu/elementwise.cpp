@@ -1,5 +1,6 @@
-// Element-wise calls, reductions, activations, bias and dropout on the CPU: Eigen array
-// maps over contiguous chunks, chunks spread over the driver's arena when large enough.
+// Element-wise calls, reductions, activations, bias, dropout and the Eltwise/Concat helpers
+// on the CPU: Eigen array maps over contiguous chunks, chunks spread over the driver's arena
+// when large enough.
 #include "drivers/cpu/kernels.h"  // first: see eigen.h
 
 #include <algorithm>
@@ -19,6 +20,7 @@ constexpr index_t kCostCopy = 1;
 constexpr index_t kCostArith = 1;
 constexpr index_t kCostTranscendental = 4;
 constexpr index_t kCostPhilox = 48;
+constexpr index_t kCostPow = 60;  // glibc powf, scalar: ~5 ns
 // Reductions add fixed blocks in order, so their result is the same on any thread count.
 constexpr index_t kReduceBlock = 1 << 14;
 
@@ -88,6 +90,96 @@ void mul(Parallel& par, index_t n, const float* a, const float* b, float* y) {
   for_chunks(par, n, kCostArith, [&](index_t i, index_t len) {
     Array(y + i, len) = ConstArray(a + i, len) * ConstArray(b + i, len);
   });
+}
+
+void add_scalar(Parallel& par, index_t n, float alpha, float* x) {
+  for_chunks(par, n, kCostArith, [&](index_t i, index_t len) { Array(x + i, len) += alpha; });
+}
+
+namespace {
+
+// std::pow per element: Caffe's powx semantics for every base (negative bases with integer
+// exponents included), which Eigen's vectorised pow does not promise.
+void powx_run(index_t n, const float* x, float exponent, float* y) {
+  for (index_t i = 0; i < n; ++i)
+    y[i] = std::pow(x[i], exponent);
+}
+
+}  // namespace
+
+void powx(Parallel& par, index_t n, const float* x, float exponent, float* y) {
+  for_chunks(par, n, kCostPow,
+             [&](index_t i, index_t len) { powx_run(len, x + i, exponent, y + i); });
+}
+
+void copy_strided(Parallel& par, index_t rows, index_t cols, const float* src, index_t src_ld,
+                  float* dst, index_t dst_ld) {
+  if (src_ld == cols && dst_ld == cols) {
+    copy_bytes(par, dst, src, sizeof(float) * static_cast<std::size_t>(rows * cols));
+    return;
+  }
+  par.for_range(rows, cols * kCostCopy, [&](index_t first, index_t last) {
+    for (index_t r = first; r < last; ++r)
+      std::memcpy(dst + r * dst_ld, src + r * src_ld, sizeof(float) * cols);
+  });
+}
+
+void scale_channels(Parallel& par, const AxisShape& s, const float* scale, const float* x,
+                    float* y) {
+  if (s.inner == 1) {
+    const ConstArray factors(scale, s.channels);
+    par.for_range(s.outer, s.channels * kCostArith, [&](index_t first, index_t last) {
+      for (index_t o = first; o < last; ++o) {
+        Array(y + o * s.channels, s.channels) =
+            ConstArray(x + o * s.channels, s.channels) * factors;
+      }
+    });
+    return;
+  }
+  par.for_range(s.outer * s.channels, s.inner * kCostArith, [&](index_t first, index_t last) {
+    for (index_t row = first; row < last; ++row) {
+      Array(y + row * s.inner, s.inner) =
+          ConstArray(x + row * s.inner, s.inner) * scale[row % s.channels];
+    }
+  });
+}
+
+namespace {
+
+// Caffe's Eltwise MAX: strict >, so the first input holding the maximum keeps it.
+void max_accumulate_run(index_t n, const float* x, std::int32_t index, float* y,
+                        std::int32_t* mask) {
+  for (index_t i = 0; i < n; ++i) {
+    const bool greater = x[i] > y[i];
+    y[i] = greater ? x[i] : y[i];
+    mask[i] = greater ? index : mask[i];
+  }
+}
+
+void max_select_run(index_t n, const std::int32_t* mask, std::int32_t index, const float* dy,
+                    float* dx) {
+  for (index_t i = 0; i < n; ++i)
+    dx[i] = mask[i] == index ? dy[i] : 0.0f;
+}
+
+}  // namespace
+
+void max_accumulate(Parallel& par, index_t n, const float* x, std::int32_t index, float* y,
+                    std::int32_t* mask) {
+  for_chunks(par, n, kCostArith, [&](index_t i, index_t len) {
+    if (index == 0) {  // y and mask are not read: they may hold anything
+      std::memmove(y + i, x + i, sizeof(float) * len);
+      std::fill(mask + i, mask + i + len, 0);
+    } else {
+      max_accumulate_run(len, x + i, index, y + i, mask + i);
+    }
+  });
+}
+
+void max_select(Parallel& par, index_t n, const std::int32_t* mask, std::int32_t index,
+                const float* dy, float* dx) {
+  for_chunks(par, n, kCostArith,
+             [&](index_t i, index_t len) { max_select_run(len, mask + i, index, dy + i, dx + i); });
 }
 
 float dot(Parallel& par, index_t n, const float* x, const float* y) {

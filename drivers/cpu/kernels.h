@@ -29,6 +29,10 @@ inline OutputRange valid_outputs(index_t offset, index_t stride, index_t size, i
 void im2col(Parallel& par, const LoweringShape& shape, const float* images, float* columns);
 void col2im(Parallel& par, const LoweringShape& shape, const float* columns, float* images);
 void swap_axes(Parallel& par, index_t d0, index_t d1, index_t inner, const float* src, float* dst);
+void lift(Parallel& par, const LoweringShape& shape, index_t out_channels, const float* products,
+          float* y);
+void lift_backward(Parallel& par, const LoweringShape& shape, index_t out_channels, const float* dy,
+                   float* products_diff);
 
 // ---- elementwise.cpp: element-wise, reductions, activations, bias, dropout, copies ----
 void copy_bytes(Parallel& par, void* dst, const void* src, std::size_t bytes);
@@ -37,6 +41,16 @@ void scale(Parallel& par, index_t n, float alpha, float* x);
 void axpy(Parallel& par, index_t n, float alpha, const float* x, float* y);
 void axpby(Parallel& par, index_t n, float alpha, const float* x, float beta, float* y);
 void mul(Parallel& par, index_t n, const float* a, const float* b, float* y);
+void add_scalar(Parallel& par, index_t n, float alpha, float* x);
+void powx(Parallel& par, index_t n, const float* x, float exponent, float* y);
+void copy_strided(Parallel& par, index_t rows, index_t cols, const float* src, index_t src_ld,
+                  float* dst, index_t dst_ld);
+void scale_channels(Parallel& par, const AxisShape& shape, const float* scale, const float* x,
+                    float* y);
+void max_accumulate(Parallel& par, index_t n, const float* x, std::int32_t index, float* y,
+                    std::int32_t* mask);
+void max_select(Parallel& par, index_t n, const std::int32_t* mask, std::int32_t index,
+                const float* dy, float* dx);
 float dot(Parallel& par, index_t n, const float* x, const float* y);
 float asum(Parallel& par, index_t n, const float* x);
 float sum(Parallel& par, index_t n, const float* x);
@@ -75,5 +89,19 @@ void lrn_backward(Parallel& par, const LrnShape& shape, const float* x, const fl
 void softmax_forward(Parallel& par, const AxisShape& shape, const float* x, float* y);
 void softmax_backward(Parallel& par, const AxisShape& shape, const float* y, const float* dy,
                       float* dx);
+
+// ---- losses.cpp ---------------------------------------------------------------------
+void softmax_loss_forward(Parallel& par, const AxisShape& shape, const float* prob,
+                          const float* label, bool has_ignore_label, int ignore_label, float* loss,
+                          float* valid);
+void softmax_loss_backward(Parallel& par, const AxisShape& shape, const float* prob,
+                           const float* label, bool has_ignore_label, int ignore_label, float scale,
+                           float* dx);
+void sigmoid_cross_entropy_forward(Parallel& par, index_t n, const float* x, const float* target,
+                                   bool has_ignore_label, int ignore_label, float* loss,
+                                   float* valid);
+void sigmoid_cross_entropy_backward(Parallel& par, index_t n, const float* x, const float* target,
+                                    bool has_ignore_label, int ignore_label, float scale,
+                                    float* dx);
 
 }  // namespace hn::detail::cpu

@@ -2,6 +2,11 @@
 // kernels (drivers/cuda/kernels) for everything else, and cuDNN for softmax and
 // cross-channel LRN when the build has it. Host copies go through reusable pinned staging
 // buffers. Every CUDA, cuBLAS and cuDNN failure becomes an hn::Error naming the call.
+//
+// An invalid softmax_loss label is found on the GPU: the kernels record it in device memory
+// (kernels/losses.cuh) and the driver throws hn::Error for it at its next synchronising call
+// (synchronize, copy_to_host, copy_from_host, dot / asum / sum), as driver.h allows, so the
+// loss calls stay asynchronous. Only the first invalid label since the last report is named.
 #include "drivers/cuda/cuda_driver.h"
 
 #include <cublas_v2.h>
@@ -133,6 +138,16 @@ class CudaDriver final : public Driver {
     check(cudaHostAlloc(&result, sizeof(float), cudaHostAllocDefault), "cudaHostAlloc",
           "{} bytes for reduction results", sizeof(float));
     reduce_result_.reset(result);
+    void* record = nullptr;
+    check(cudaMalloc(&record, sizeof(cuda::LabelError)), "cudaMalloc",
+          "{} bytes for the label error record", sizeof(cuda::LabelError));
+    label_error_.reset(record);
+    void* record_copy = nullptr;
+    check(cudaHostAlloc(&record_copy, sizeof(cuda::LabelError), cudaHostAllocDefault),
+          "cudaHostAlloc", "{} bytes for the label error record", sizeof(cuda::LabelError));
+    label_error_host_.reset(record_copy);
+    launched(cuda::launch_reset_label_error(stream, label_error()), "label error record reset",
+             "device {}", ordinal_);
 
     description_ = fmt::format("{}: {} (sm_{}{}, {} MiB), cuBLAS {}", name(), props.name,
                                props.major, props.minor, props.totalGlobalMem >> 20, blas_version);
@@ -161,6 +176,7 @@ class CudaDriver final : public Driver {
     caps.host_addressable = false;
     caps.gemm = caps.lowering = caps.elementwise = caps.reductions = true;
     caps.activations = caps.pooling = caps.lrn = caps.softmax = caps.dropout = true;
+    caps.losses = true;
     return caps;
   }
 
@@ -238,6 +254,7 @@ class CudaDriver final : public Driver {
     }
     // The source may be reused as soon as we return, and staging is shared: wait.
     sync("copy_from_host", bytes);
+    report_label_error();
   }
 
   void do_copy_to_host(void* host_dst, const void* src, std::size_t bytes) override {
@@ -246,6 +263,7 @@ class CudaDriver final : public Driver {
       check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream()),
             "copy_to_host: cudaMemcpyAsync", "{} bytes to pinned memory", bytes);
       sync("copy_to_host", bytes);
+      report_label_error();
       return;
     }
     const std::size_t chunk = reserve_staging(bytes);
@@ -267,6 +285,7 @@ class CudaDriver final : public Driver {
       if (k > 0) drain(k - 1);
     }
     drain(chunks - 1);
+    report_label_error();
   }
 
   void do_copy(void* dst, const void* src, std::size_t bytes) override {
@@ -279,6 +298,7 @@ class CudaDriver final : public Driver {
     activate();
     check(cudaStreamSynchronize(stream()), "synchronize: cudaStreamSynchronize", "stream of {}",
           name());
+    report_label_error();
   }
 
   // ---- GEMM ---------------------------------------------------------------------------
@@ -321,6 +341,21 @@ class CudaDriver final : public Driver {
              "d0={} d1={} inner={}", d0, d1, inner);
   }
 
+  void do_lift(const LoweringShape& shape, index_t out_channels, const float* products,
+               float* y) override {
+    activate();
+    launched(cuda::launch_lift(stream(), cuda::lowering_dims(shape), out_channels, products, y),
+             "lift", "{} out_channels={}", shape.to_string(), out_channels);
+  }
+
+  void do_lift_backward(const LoweringShape& shape, index_t out_channels, const float* dy,
+                        float* products_diff) override {
+    activate();
+    launched(cuda::launch_lift_backward(stream(), cuda::lowering_dims(shape), out_channels, dy,
+                                        products_diff),
+             "lift_backward", "{} out_channels={}", shape.to_string(), out_channels);
+  }
+
   // ---- element-wise -------------------------------------------------------------------
 
   void do_fill(index_t n, float value, float* x) override {
@@ -342,6 +377,39 @@ class CudaDriver final : public Driver {
   void do_mul(index_t n, const float* a, const float* b, float* y) override {
     activate();
     launched(cuda::launch_mul(stream(), n, a, b, y), "mul", "n={}", n);
+  }
+  void do_add_scalar(index_t n, float alpha, float* x) override {
+    activate();
+    launched(cuda::launch_add_scalar(stream(), n, alpha, x), "add_scalar", "n={}", n);
+  }
+  void do_powx(index_t n, const float* x, float exponent, float* y) override {
+    activate();
+    launched(cuda::launch_powx(stream(), n, x, exponent, y), "powx", "n={} exponent={}", n,
+             exponent);
+  }
+  void do_copy_strided(index_t rows, index_t cols, const float* src, index_t src_ld, float* dst,
+                       index_t dst_ld) override {
+    activate();
+    launched(cuda::launch_copy_strided(stream(), rows, cols, src, src_ld, dst, dst_ld),
+             "copy_strided", "rows={} cols={} src_ld={} dst_ld={}", rows, cols, src_ld, dst_ld);
+  }
+  void do_scale_channels(const AxisShape& shape, const float* scale, const float* x,
+                         float* y) override {
+    activate();
+    launched(cuda::launch_scale_channels(stream(), shape, scale, x, y), "scale_channels", "{}",
+             shape.to_string());
+  }
+  void do_max_accumulate(index_t n, const float* x, std::int32_t index, float* y,
+                         std::int32_t* mask) override {
+    activate();
+    launched(cuda::launch_max_accumulate(stream(), n, x, index, y, mask), "max_accumulate",
+             "n={} index={}", n, index);
+  }
+  void do_max_select(index_t n, const std::int32_t* mask, std::int32_t index, const float* dy,
+                     float* dx) override {
+    activate();
+    launched(cuda::launch_max_select(stream(), n, mask, index, dy, dx), "max_select",
+             "n={} index={}", n, index);
   }
 
   // ---- reductions ---------------------------------------------------------------------
@@ -528,6 +596,43 @@ class CudaDriver final : public Driver {
              "n={} ratio={}", n, ratio);
   }
 
+  // ---- losses -------------------------------------------------------------------------
+
+  void do_softmax_loss_forward(const AxisShape& shape, const float* prob, const float* label,
+                               bool has_ignore_label, int ignore_label, float* loss,
+                               float* valid) override {
+    activate();
+    launched(cuda::launch_softmax_loss_forward(stream(), shape, prob, label, has_ignore_label,
+                                               ignore_label, loss, valid, label_error()),
+             "softmax_loss_forward", "{}", shape.to_string());
+    label_check_pending_ = true;
+  }
+  void do_softmax_loss_backward(const AxisShape& shape, const float* prob, const float* label,
+                                bool has_ignore_label, int ignore_label, float scale,
+                                float* dx) override {
+    activate();
+    launched(cuda::launch_softmax_loss_backward(stream(), shape, prob, label, has_ignore_label,
+                                                ignore_label, scale, dx, label_error()),
+             "softmax_loss_backward", "{}", shape.to_string());
+    label_check_pending_ = true;
+  }
+  void do_sigmoid_cross_entropy_forward(index_t n, const float* x, const float* target,
+                                        bool has_ignore_label, int ignore_label, float* loss,
+                                        float* valid) override {
+    activate();
+    launched(cuda::launch_sigmoid_cross_entropy_forward(stream(), n, x, target, has_ignore_label,
+                                                        ignore_label, loss, valid),
+             "sigmoid_cross_entropy_forward", "n={}", n);
+  }
+  void do_sigmoid_cross_entropy_backward(index_t n, const float* x, const float* target,
+                                         bool has_ignore_label, int ignore_label, float scale,
+                                         float* dx) override {
+    activate();
+    launched(cuda::launch_sigmoid_cross_entropy_backward(stream(), n, x, target, has_ignore_label,
+                                                         ignore_label, scale, dx),
+             "sigmoid_cross_entropy_backward", "n={}", n);
+  }
+
  private:
   static constexpr std::size_t kReduceScratchBytes =
       cuda::kReduceMaxBlocks * sizeof(double) + sizeof(double);
@@ -642,6 +747,40 @@ class CudaDriver final : public Driver {
     return static_cast<float*>(scratch_.get());
   }
 
+  cuda::LabelError* label_error() const {
+    return static_cast<cuda::LabelError*>(label_error_.get());
+  }
+
+  // Throws the first invalid softmax_loss label recorded on the GPU since the last report
+  // (kernels/losses.cuh), then clears the record. Called after the stream has drained, by
+  // every synchronising call; costs one small copy, only when a loss call ran since.
+  void report_label_error() {
+    if (!label_check_pending_) return;
+    label_check_pending_ = false;
+    auto* record = static_cast<cuda::LabelError*>(label_error_host_.get());
+    check(cudaMemcpyAsync(record, label_error(), sizeof(cuda::LabelError), cudaMemcpyDeviceToHost,
+                          stream()),
+          "cudaMemcpyAsync", "{} bytes of the label error record", sizeof(cuda::LabelError));
+    check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize", "label error record");
+    if (record->position == cuda::kNoLabelError) return;
+    const cuda::LabelError found = *record;
+    launched(cuda::launch_reset_label_error(stream(), label_error()), "label error record reset",
+             "device {}", ordinal_);
+    AxisShape shape;
+    shape.outer = found.outer;
+    shape.channels = found.channels;
+    shape.inner = found.inner;
+    const auto position = static_cast<index_t>(found.position);
+    fail(
+        "{}: label {} at position (outer {}, inner {}) is outside [0, {}) ({}); found on {}, "
+        "reported at the next synchronising call",
+        found.call == static_cast<std::int32_t>(cuda::LossCall::softmax_loss_forward)
+            ? "softmax_loss_forward"
+            : "softmax_loss_backward",
+        found.label, position / shape.inner, position % shape.inner, shape.channels,
+        shape.to_string(), name());
+  }
+
   float reduce(cuda::ReduceOp op, const char* call, index_t n, const float* x, const float* y) {
     activate();
     auto* partials = static_cast<double*>(reduce_scratch_.get());
@@ -651,7 +790,9 @@ class CudaDriver final : public Driver {
                           stream()),
           "cudaMemcpyAsync", "{} result, n={}", call, n);
     check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize", "{}, n={}", call, n);
-    return *static_cast<const float*>(reduce_result_.get());
+    const float value = *static_cast<const float*>(reduce_result_.get());
+    report_label_error();
+    return value;
   }
 
 #if HYBRIDNN_WITH_CUDNN
@@ -722,6 +863,9 @@ class CudaDriver final : public Driver {
   PinnedMemory reduce_result_;
   DeviceMemory scratch_;
   std::size_t scratch_bytes_ = 0;
+  DeviceMemory label_error_;          // cuda::LabelError, written by the loss kernels
+  PinnedMemory label_error_host_;     // its copy, read by report_label_error
+  bool label_check_pending_ = false;  // a loss call ran since the last report
   mutable std::mutex allocations_mutex_;
   std::map<std::uintptr_t, std::size_t> allocations_;  // start -> bytes of live allocations
 };

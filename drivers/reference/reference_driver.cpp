@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "drivers/common/philox.h"
@@ -66,6 +67,13 @@ PoolShape within_channel_pool(const LrnShape& s) {
   return pool;
 }
 
+// Caffe's static_cast<int>(label), defined for every float: values that do not truncate
+// to an int (NaN, out of range) have none.
+std::optional<int> label_as_int(float value) {
+  if (!(value > -2147483648.0f && value < 2147483648.0f)) return std::nullopt;
+  return static_cast<int>(value);
+}
+
 class ReferenceDriver final : public Driver {
  public:
   ReferenceDriver(const Device& device, bool separate_memory)
@@ -84,6 +92,7 @@ class ReferenceDriver final : public Driver {
     caps.host_addressable = !separate_memory_;
     caps.gemm = caps.lowering = caps.elementwise = caps.reductions = true;
     caps.activations = caps.pooling = caps.lrn = caps.softmax = caps.dropout = true;
+    caps.losses = true;
     return caps;
   }
 
@@ -226,6 +235,53 @@ class ReferenceDriver final : public Driver {
     }
   }
 
+  // Calls visit(products index, output index) for every product term that lands in the
+  // output (CcT lowering type 3, documented in driver.h), so lift and lift_backward share
+  // one statement of the layout.
+  template <class Visit>
+  static void for_each_lifted(const LoweringShape& s, index_t out_channels, Visit visit) {
+    const index_t out_h = s.out_h(), out_w = s.out_w();
+    const index_t product_cols = out_channels * s.kernel_h * s.kernel_w;
+    for (index_t n = 0; n < s.batch; ++n) {
+      for (index_t co = 0; co < out_channels; ++co) {
+        for (index_t oh = 0; oh < out_h; ++oh) {
+          for (index_t ow = 0; ow < out_w; ++ow) {
+            const index_t out = ((n * out_channels + co) * out_h + oh) * out_w + ow;
+            for (index_t kh = 0; kh < s.kernel_h; ++kh) {
+              for (index_t kw = 0; kw < s.kernel_w; ++kw) {
+                const index_t h = oh * s.stride_h - s.pad_h + kh * s.dilation_h;
+                const index_t w = ow * s.stride_w - s.pad_w + kw * s.dilation_w;
+                if (h < 0 || h >= s.height || w < 0 || w >= s.width) continue;
+                const index_t row = (n * s.height + h) * s.width + w;
+                const index_t col = (co * s.kernel_h + kh) * s.kernel_w + kw;
+                visit(row * product_cols + col, out);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  void do_lift(const LoweringShape& shape, index_t out_channels, const float* products,
+               float* y) override {
+    const index_t count = shape.batch * out_channels * shape.out_h() * shape.out_w();
+    std::vector<double> total(static_cast<std::size_t>(count), 0.0);
+    for_each_lifted(shape, out_channels,
+                    [&](index_t product, index_t out) { total[out] += products[product]; });
+    for (index_t i = 0; i < count; ++i)
+      y[i] = static_cast<float>(total[i]);
+  }
+
+  void do_lift_backward(const LoweringShape& shape, index_t out_channels, const float* dy,
+                        float* products_diff) override {
+    const index_t count =
+        shape.batch * shape.height * shape.width * out_channels * shape.kernel_h * shape.kernel_w;
+    std::fill(products_diff, products_diff + count, 0.0f);
+    for_each_lifted(shape, out_channels,
+                    [&](index_t product, index_t out) { products_diff[product] = dy[out]; });
+  }
+
   // ---- element-wise -------------------------------------------------------------------
 
   void do_fill(index_t n, float value, float* x) override {
@@ -249,6 +305,48 @@ class ReferenceDriver final : public Driver {
   void do_mul(index_t n, const float* a, const float* b, float* y) override {
     for (index_t i = 0; i < n; ++i)
       y[i] = a[i] * b[i];
+  }
+
+  void do_add_scalar(index_t n, float alpha, float* x) override {
+    for (index_t i = 0; i < n; ++i)
+      x[i] += alpha;
+  }
+  void do_powx(index_t n, const float* x, float exponent, float* y) override {
+    for (index_t i = 0; i < n; ++i) {
+      y[i] = static_cast<float>(std::pow(static_cast<double>(x[i]), static_cast<double>(exponent)));
+    }
+  }
+  void do_copy_strided(index_t rows, index_t cols, const float* src, index_t src_ld, float* dst,
+                       index_t dst_ld) override {
+    for (index_t r = 0; r < rows; ++r) {
+      for (index_t c = 0; c < cols; ++c)
+        dst[r * dst_ld + c] = src[r * src_ld + c];
+    }
+  }
+  void do_scale_channels(const AxisShape& shape, const float* scale, const float* x,
+                         float* y) override {
+    for (index_t o = 0; o < shape.outer; ++o) {
+      for (index_t c = 0; c < shape.channels; ++c) {
+        for (index_t i = 0; i < shape.inner; ++i) {
+          const index_t at = (o * shape.channels + c) * shape.inner + i;
+          y[at] = x[at] * scale[c];
+        }
+      }
+    }
+  }
+  void do_max_accumulate(index_t n, const float* x, std::int32_t index, float* y,
+                         std::int32_t* mask) override {
+    for (index_t i = 0; i < n; ++i) {
+      if (index == 0 || x[i] > y[i]) {  // strict: the first maximum wins
+        y[i] = x[i];
+        mask[i] = index;
+      }
+    }
+  }
+  void do_max_select(index_t n, const std::int32_t* mask, std::int32_t index, const float* dy,
+                     float* dx) override {
+    for (index_t i = 0; i < n; ++i)
+      dx[i] = mask[i] == index ? dy[i] : 0.0f;
   }
 
   // ---- reductions ---------------------------------------------------------------------
@@ -491,6 +589,86 @@ class ReferenceDriver final : public Driver {
     const float s = 1.0f / (1.0f - ratio);
     for (index_t i = 0; i < n; ++i)
       dx[i] = mask[i] != 0.0f ? dy[i] * s : 0.0f;
+  }
+
+  // ---- losses -------------------------------------------------------------------------
+
+  // The class index of the label at position (o, i), or -1 when it is ignored; throws
+  // when it is neither ignored nor a class.
+  static index_t checked_label(const char* call, const AxisShape& shape, float value,
+                               bool has_ignore_label, int ignore_label, index_t o, index_t i) {
+    const std::optional<int> label = label_as_int(value);
+    if (has_ignore_label && label == ignore_label) return -1;
+    HN_CHECK(label && *label >= 0 && *label < shape.channels,
+             "{}: label {} at position (outer {}, inner {}) is outside [0, {}) ({})", call, value,
+             o, i, shape.channels, shape.to_string());
+    return *label;
+  }
+
+  void do_softmax_loss_forward(const AxisShape& shape, const float* prob, const float* label,
+                               bool has_ignore_label, int ignore_label, float* loss,
+                               float* valid) override {
+    for (index_t o = 0; o < shape.outer; ++o) {
+      for (index_t i = 0; i < shape.inner; ++i) {
+        const index_t at = o * shape.inner + i;
+        const index_t l = checked_label("softmax_loss_forward", shape, label[at], has_ignore_label,
+                                        ignore_label, o, i);
+        if (l < 0) {
+          loss[at] = valid[at] = 0.0f;
+          continue;
+        }
+        const float p = prob[(o * shape.channels + l) * shape.inner + i];
+        loss[at] = static_cast<float>(-std::log(static_cast<double>(std::max(p, FLT_MIN))));
+        valid[at] = 1.0f;
+      }
+    }
+  }
+
+  void do_softmax_loss_backward(const AxisShape& shape, const float* prob, const float* label,
+                                bool has_ignore_label, int ignore_label, float scale,
+                                float* dx) override {
+    for (index_t o = 0; o < shape.outer; ++o) {
+      for (index_t i = 0; i < shape.inner; ++i) {
+        const index_t l = checked_label("softmax_loss_backward", shape, label[o * shape.inner + i],
+                                        has_ignore_label, ignore_label, o, i);
+        for (index_t c = 0; c < shape.channels; ++c) {
+          const index_t at = (o * shape.channels + c) * shape.inner + i;
+          // prob is read before dx is written: dx may alias prob.
+          dx[at] = l < 0 ? 0.0f : scale * (prob[at] - (c == l ? 1.0f : 0.0f));
+        }
+      }
+    }
+  }
+
+  static bool ignored_target(float target, bool has_ignore_label, int ignore_label) {
+    return has_ignore_label && label_as_int(target) == ignore_label;
+  }
+
+  void do_sigmoid_cross_entropy_forward(index_t n, const float* x, const float* target,
+                                        bool has_ignore_label, int ignore_label, float* loss,
+                                        float* valid) override {
+    for (index_t i = 0; i < n; ++i) {
+      if (ignored_target(target[i], has_ignore_label, ignore_label)) {
+        loss[i] = valid[i] = 0.0f;
+        continue;
+      }
+      const double v = x[i], t = target[i];
+      loss[i] = static_cast<float>(std::max(v, 0.0) - v * t + std::log1p(std::exp(-std::abs(v))));
+      valid[i] = 1.0f;
+    }
+  }
+
+  void do_sigmoid_cross_entropy_backward(index_t n, const float* x, const float* target,
+                                         bool has_ignore_label, int ignore_label, float scale,
+                                         float* dx) override {
+    for (index_t i = 0; i < n; ++i) {
+      if (ignored_target(target[i], has_ignore_label, ignore_label)) {
+        dx[i] = 0.0f;
+        continue;
+      }
+      const double sigmoid = 1.0 / (1.0 + std::exp(-static_cast<double>(x[i])));
+      dx[i] = static_cast<float>(scale * (sigmoid - target[i]));
+    }
   }
 
  private:

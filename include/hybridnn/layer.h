@@ -90,6 +90,9 @@ class Layer {
   // Loss layers return true; their single output is a scalar whose diff holds the loss
   // weight when backward runs (Caffe's convention).
   virtual bool is_loss() const { return false; }
+  // True when forward writes the parameters' data (BatchNorm's moving averages): the caller
+  // then resolves them for writing, so copies on other devices become stale.
+  virtual bool updates_params_in_forward() const { return false; }
 
   std::vector<Tensor>& params() { return params_; }
   std::vector<Tensor>& state() { return state_; }

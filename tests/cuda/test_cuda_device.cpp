@@ -410,6 +410,48 @@ TEST_CASE("cuda results are visible after copy_to_host without an explicit synch
   REQUIRE(gpu->sum(n, x.data()) == 0.5f * static_cast<float>(n));
 }
 
+TEST_CASE(
+    "cuda reports an invalid softmax_loss label at the next synchronising call, once, "
+    "and the first failing call's first position",
+    "[cuda]") {
+  auto gpu = make_gpu();
+  AxisShape shape;
+  shape.outer = 64;
+  shape.channels = 10;
+  shape.inner = 1000;
+  const index_t positions = shape.outer * shape.inner;
+  DeviceArray prob(*gpu, Values(size_of(shape.count()), 0.1f));
+  Values labels(size_of(positions), 3.0f);
+  labels[size_of(positions - 1)] = 12.0f;  // (outer 63, inner 999)
+  labels[size_of(1234)] = 10.0f;           // (outer 1, inner 234): the first
+  DeviceArray label(*gpu, labels), good(*gpu, Values(size_of(positions), 1.0f));
+  DeviceArray loss(*gpu, size_of(positions)), valid(*gpu, size_of(positions));
+  DeviceArray dx(*gpu, size_of(shape.count()));
+
+  // Queued without an error; a later failing call does not replace the first report.
+  gpu->softmax_loss_forward(shape, prob.data(), label.data(), false, -1, loss.data(), valid.data());
+  gpu->softmax_loss_backward(shape, prob.data(), label.data(), false, -1, 1.0f, dx.data());
+  std::string message;
+  try {
+    (void)loss.host();  // copy_to_host synchronises
+  } catch (const hn::Error& error) {
+    message = error.what();
+  }
+  CHECK(message.find("softmax_loss_forward: label 10 at position (outer 1, inner 234)") !=
+        std::string::npos);
+  CHECK(message.find("outside [0, 10)") != std::string::npos);
+  CHECK(message.find("next synchronising call") != std::string::npos);
+  gpu->synchronize();  // reported once
+
+  // The record is clear again: valid labels pass, the next invalid one is reported.
+  gpu->softmax_loss_forward(shape, prob.data(), good.data(), false, -1, loss.data(), valid.data());
+  REQUIRE(gpu->sum(positions, valid.data()) == static_cast<float>(positions));
+  gpu->softmax_loss_backward(shape, prob.data(), label.data(), false, -1, 1.0f, dx.data());
+  REQUIRE_THROWS_WITH(gpu->synchronize(),
+                      Catch::Matchers::Contains("softmax_loss_backward: label 10"));
+  gpu->synchronize();
+}
+
 TEST_CASE("cuda allocation failure is an hn::Error and the driver stays usable", "[cuda]") {
   auto gpu = make_gpu();
   const std::size_t huge = std::size_t{1} << 52;  // 4 PiB

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "drivers/cuda/kernels/losses.cuh"
 #include "drivers/cuda/kernels/lowering.cuh"
 #include "drivers/cuda/kernels/pooling.cuh"
 #include "drivers/cuda/kernels/reductions.cuh"
@@ -21,6 +22,10 @@ cudaError_t launch_col2im(cudaStream_t stream, const LoweringDims& d, const floa
                           float* images);
 cudaError_t launch_swap_axes(cudaStream_t stream, index_t d0, index_t d1, index_t inner,
                              const float* src, float* dst);
+cudaError_t launch_lift(cudaStream_t stream, const LoweringDims& d, index_t out_channels,
+                        const float* products, float* y);
+cudaError_t launch_lift_backward(cudaStream_t stream, const LoweringDims& d, index_t out_channels,
+                                 const float* dy, float* products_diff);
 
 // elementwise.cu
 cudaError_t launch_fill(cudaStream_t stream, index_t n, float value, float* x);
@@ -31,6 +36,16 @@ cudaError_t launch_axpby(cudaStream_t stream, index_t n, float alpha, const floa
 cudaError_t launch_mul(cudaStream_t stream, index_t n, const float* a, const float* b, float* y);
 cudaError_t launch_scale_matrix(cudaStream_t stream, index_t m, index_t n, index_t ldc, float beta,
                                 float* c);
+cudaError_t launch_add_scalar(cudaStream_t stream, index_t n, float alpha, float* x);
+cudaError_t launch_powx(cudaStream_t stream, index_t n, const float* x, float exponent, float* y);
+cudaError_t launch_copy_strided(cudaStream_t stream, index_t rows, index_t cols, const float* src,
+                                index_t src_ld, float* dst, index_t dst_ld);
+cudaError_t launch_scale_channels(cudaStream_t stream, const AxisShape& shape, const float* scale,
+                                  const float* x, float* y);
+cudaError_t launch_max_accumulate(cudaStream_t stream, index_t n, const float* x,
+                                  std::int32_t index, float* y, std::int32_t* mask);
+cudaError_t launch_max_select(cudaStream_t stream, index_t n, const std::int32_t* mask,
+                              std::int32_t index, const float* dy, float* dx);
 
 // reductions.cu. `partials` holds kReduceMaxBlocks doubles of device scratch; the float
 // result lands in device memory at `result`.
@@ -82,5 +97,23 @@ cudaError_t launch_dropout_forward(cudaStream_t stream, index_t n, float ratio, 
                                    std::uint64_t offset, const float* x, float* y, float* mask);
 cudaError_t launch_dropout_backward(cudaStream_t stream, index_t n, float ratio, const float* mask,
                                     const float* dy, float* dx);
+
+// losses.cu. softmax_loss launches record an invalid label in `error` (see losses.cuh);
+// launch_reset_label_error clears the record.
+cudaError_t launch_reset_label_error(cudaStream_t stream, LabelError* error);
+cudaError_t launch_softmax_loss_forward(cudaStream_t stream, const AxisShape& shape,
+                                        const float* prob, const float* label,
+                                        bool has_ignore_label, int ignore_label, float* loss,
+                                        float* valid, LabelError* error);
+cudaError_t launch_softmax_loss_backward(cudaStream_t stream, const AxisShape& shape,
+                                         const float* prob, const float* label,
+                                         bool has_ignore_label, int ignore_label, float scale,
+                                         float* dx, LabelError* error);
+cudaError_t launch_sigmoid_cross_entropy_forward(cudaStream_t stream, index_t n, const float* x,
+                                                 const float* target, bool has_ignore_label,
+                                                 int ignore_label, float* loss, float* valid);
+cudaError_t launch_sigmoid_cross_entropy_backward(cudaStream_t stream, index_t n, const float* x,
+                                                  const float* target, bool has_ignore_label,
+                                                  int ignore_label, float scale, float* dx);
 
 }  // namespace hn::detail::cuda

@@ -1,5 +1,6 @@
-// Per-element bodies of the CUDA lowering kernels (im2col, col2im, swap_axes). Plain C++
-// with HN_HOST_DEVICE, so tests/test_cuda_kernel_bodies.cpp runs them on the host.
+// Per-element bodies of the CUDA lowering kernels (im2col, col2im, swap_axes, lift,
+// lift_backward). Plain C++ with HN_HOST_DEVICE, so tests/test_cuda_kernel_bodies.cpp runs
+// them on the host.
 #pragma once
 
 #include "drivers/common/philox.h"
@@ -78,6 +79,55 @@ HN_HOST_DEVICE inline void swap_axes_element(index_t k, index_t d0, index_t d1, 
   const index_t i = (k / inner) % d0;
   const index_t j = k / (inner * d0);
   dst[k] = src[(i * d1 + j) * inner + r];
+}
+
+// One output of lift (CcT lowering type 3), i in [0, batch * out_channels * out_h * out_w):
+// the sum of the product entries of its in-image taps, in (kh, kw) order as the reference
+// adds them. A gather, so no atomics and a deterministic result.
+HN_HOST_DEVICE inline void lift_element(index_t i, const LoweringDims& d, index_t out_channels,
+                                        const float* products, float* y) {
+  const index_t ow = i % d.out_w;
+  const index_t oh = (i / d.out_w) % d.out_h;
+  const index_t co = (i / (d.out_w * d.out_h)) % out_channels;
+  const index_t n = i / (d.out_w * d.out_h * out_channels);
+  const index_t taps = d.kernel_h * d.kernel_w, product_cols = out_channels * taps;
+  float sum = 0.0f;
+  for (index_t kh = 0; kh < d.kernel_h; ++kh) {
+    const index_t ih = oh * d.stride_h - d.pad_h + kh * d.dilation_h;
+    if (ih < 0 || ih >= d.height) continue;
+    for (index_t kw = 0; kw < d.kernel_w; ++kw) {
+      const index_t iw = ow * d.stride_w - d.pad_w + kw * d.dilation_w;
+      if (iw < 0 || iw >= d.width) continue;
+      const index_t row = (n * d.height + ih) * d.width + iw;
+      sum += products[row * product_cols + co * taps + kh * d.kernel_w + kw];
+    }
+  }
+  y[i] = sum;
+}
+
+// One entry of the products' gradient, i in [0, batch * height * width * out_channels *
+// kernel_h * kernel_w): the dy of the single output its tap feeds, or 0. Consecutive
+// threads write consecutive entries, so the stores coalesce.
+HN_HOST_DEVICE inline void lift_backward_element(index_t i, const LoweringDims& d,
+                                                 index_t out_channels, const float* dy,
+                                                 float* products_diff) {
+  const index_t taps = d.kernel_h * d.kernel_w, product_cols = out_channels * taps;
+  const index_t col = i % product_cols, row = i / product_cols;
+  const index_t kw = col % d.kernel_w;
+  const index_t kh = (col / d.kernel_w) % d.kernel_h;
+  const index_t co = col / taps;
+  const index_t iw = row % d.width;
+  const index_t ih = (row / d.width) % d.height;
+  const index_t n = row / (d.width * d.height);
+  const index_t h_span = ih + d.pad_h - kh * d.dilation_h;  // = oh * stride_h
+  const index_t w_span = iw + d.pad_w - kw * d.dilation_w;  // = ow * stride_w
+  float value = 0.0f;
+  if (h_span >= 0 && w_span >= 0 && h_span % d.stride_h == 0 && w_span % d.stride_w == 0) {
+    const index_t oh = h_span / d.stride_h, ow = w_span / d.stride_w;
+    if (oh < d.out_h && ow < d.out_w)
+      value = dy[((n * out_channels + co) * d.out_h + oh) * d.out_w + ow];
+  }
+  products_diff[i] = value;
 }
 
 }  // namespace hn::detail::cuda
