@@ -1,0 +1,37 @@
+// Local response normalisation with Caffe's LRNParameter: ACROSS_CHANNELS and
+// WITHIN_CHANNEL (the formulas are in hybridnn/shapes.h, LrnShape).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "hybridnn/layer.h"
+
+namespace hn {
+
+struct LrnParams {
+  index_t local_size = 5;  // odd
+  float alpha = 1.0f;
+  float beta = 0.75f;
+  float k = 1.0f;  // ACROSS_CHANNELS only (WITHIN_CHANNEL uses 1, as Caffe does)
+  LrnRegion norm_region = LrnRegion::across_channels;
+};
+
+// Input and output N x C x H x W. The per-element scale computed by forward is a state
+// tensor shaped like the input, read again by backward.
+class LrnLayer final : public Layer {
+ public:
+  explicit LrnLayer(std::string name, LrnParams params = {});
+  const char* type() const override { return "LRN"; }
+  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
+  void forward(const LayerSlice& slice) override;
+  void backward(const LayerSlice& slice) override;
+
+ private:
+  LrnShape slice_shape(const LayerSlice& slice) const;
+
+  LrnParams param_;
+  LrnShape shape_;  // of the whole batch, set by setup
+};
+
+}  // namespace hn

@@ -1,0 +1,46 @@
+// Pooling layer with Caffe's semantics: MAX and AVE, global_pooling, kernel/stride/pad in
+// the square (kernel_size, stride, pad) or the _h/_w forms, and Caffe's output size (round
+// up, then drop a last window that would start in the padding).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "hybridnn/layer.h"
+
+namespace hn {
+
+enum class PoolMethod { max, ave };
+
+// Caffe's PoolingParameter. The square forms apply unless an _h/_w form is set (nonzero);
+// setting both forms of one field is an error, as in Caffe.
+struct PoolingParams {
+  PoolMethod pool = PoolMethod::max;
+  index_t kernel_size = 0;
+  index_t kernel_h = 0, kernel_w = 0;
+  index_t stride = 1;
+  index_t stride_h = 0, stride_w = 0;
+  index_t pad = 0;
+  index_t pad_h = 0, pad_w = 0;
+  bool global_pooling = false;  // kernel = the input's height x width; no kernel fields
+};
+
+// Input N x C x H x W -> output N x C x out_h x out_w. MAX keeps, per output, the index
+// h * W + w of the chosen input within its channel plane (first maximum wins) in a state
+// tensor shaped like the output, for backward.
+class PoolingLayer final : public Layer {
+ public:
+  PoolingLayer(std::string name, PoolingParams params);
+  const char* type() const override { return "Pooling"; }
+  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
+  void forward(const LayerSlice& slice) override;
+  void backward(const LayerSlice& slice) override;
+
+ private:
+  PoolShape slice_shape(const LayerSlice& slice) const;
+
+  PoolingParams param_;
+  PoolShape shape_;  // of the whole batch, set by setup
+};
+
+}  // namespace hn

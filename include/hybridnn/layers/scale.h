@@ -1,0 +1,48 @@
+// Scale (Caffe): multiplies the input by a scale broadcast over the axes around it, with an
+// optional learned bias: y[o][d][i] = x[o][d][i] * scale[d] (+ bias[d]).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "hybridnn/layer.h"
+
+namespace hn {
+
+struct ScaleParams {
+  int axis = 1;  // first axis of the input the scale covers; negative counts from the end
+  // Axes the scale covers (one input only): -1 = to the last axis, 0 = a scalar. With two
+  // inputs the second input's shape decides.
+  int num_axes = 1;
+  float filler_value = 1.0f;  // filler of the learned scale: constant (Caffe's default, 1)
+  bool bias_term = false;
+  float bias_filler_value = 0.0f;  // bias_filler: constant (Caffe's default, 0)
+};
+
+// One input: the scale is parameter 0 (shape = the input's dims [axis, axis + num_axes)).
+// Two inputs: the scale is input 1 and receives a gradient like any input. With bias_term,
+// the bias is the last parameter, shaped like the scale. Not in place: backward needs the
+// input to form the scale's gradient.
+class ScaleLayer final : public Layer {
+ public:
+  explicit ScaleLayer(std::string name, const ScaleParams& params = {});
+  const char* type() const override { return "Scale"; }
+  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
+  void forward(const LayerSlice& slice) override;
+  void backward(const LayerSlice& slice) override;
+  std::size_t workspace_bytes(index_t rows) const override;
+  // Rows are independent unless the scale (or bias) spans the batch axis or is an input
+  // whose gradient sums over the batch.
+  bool splits_by_rows() const override { return splits_by_rows_; }
+
+ private:
+  AxisShape slice_shape(index_t rows) const;
+
+  ScaleParams param_;
+  Shape input_shape_, scale_shape_;
+  int axis_ = 1;
+  bool scale_is_input_ = false;
+  bool splits_by_rows_ = false;
+};
+
+}  // namespace hn

@@ -1,0 +1,113 @@
+// Eltwise layer: SUM (axpby/axpy with the coefficients), PROD (mul) and MAX (a running
+// maximum with the winner's index kept for backward).
+#include "hybridnn/layers/eltwise.h"
+
+#include <cstdint>
+#include <limits>
+#include <utility>
+
+#include "layers/common.h"
+
+namespace hn {
+
+static_assert(sizeof(float) == sizeof(std::int32_t), "MAX keeps int32 indices in a float tensor");
+
+EltwiseLayer::EltwiseLayer(std::string name, EltwiseParams params)
+    : Layer(std::move(name)), param_(std::move(params)) {}
+
+float EltwiseLayer::coeff(std::size_t input) const {
+  return param_.coeff.empty() ? 1.0f : param_.coeff[input];
+}
+
+std::vector<Shape> EltwiseLayer::setup(const std::vector<Shape>& inputs) {
+  check_input_count(inputs, 2, std::numeric_limits<int>::max());
+  for (std::size_t i = 1; i < inputs.size(); ++i) {
+    HN_CHECK(inputs[i] == inputs[0],
+             "{}: inputs must have the same shape; input 0 is {}, input {} is {}", describe(),
+             inputs[0].to_string(), i, inputs[i].to_string());
+  }
+  HN_CHECK(param_.coeff.empty() || param_.operation == EltwiseOp::sum,
+           "{}: coeff is for SUM only (input {})", describe(), inputs[0].to_string());
+  HN_CHECK(param_.coeff.empty() || param_.coeff.size() == inputs.size(),
+           "{}: {} coefficients for {} inputs (input 0 is {})", describe(), param_.coeff.size(),
+           inputs.size(), inputs[0].to_string());
+  if (param_.operation == EltwiseOp::max) {
+    // The winning input per element: int32 stored bitwise in a float tensor.
+    detail::reshape_state(state_, inputs[0]);
+  } else {
+    state_.clear();
+  }
+  return {inputs[0]};
+}
+
+void EltwiseLayer::forward(const LayerSlice& slice) {
+  Driver& driver = *slice.driver;
+  const auto& in = slice.inputs;
+  const index_t n = detail::slice_count(in[0].shape, slice.rows());
+  float* y = slice.outputs[0].mutable_x();
+  switch (param_.operation) {
+    case EltwiseOp::sum:
+      driver.axpby(n, coeff(0), in[0].x(), 0.0f, y);
+      for (std::size_t i = 1; i < in.size(); ++i) {
+        driver.axpy(n, coeff(i), in[i].x(), y);
+      }
+      break;
+    case EltwiseOp::prod:
+      driver.mul(n, in[0].x(), in[1].x(), y);
+      for (std::size_t i = 2; i < in.size(); ++i) {
+        driver.mul(n, y, in[i].x(), y);
+      }
+      break;
+    case EltwiseOp::max: {
+      // The state tensor holds int32 indices bitwise (sizeof(float) == sizeof(int32_t)).
+      auto* mask = slice.state[0].data.as<std::int32_t>();
+      for (std::size_t i = 0; i < in.size(); ++i) {
+        driver.max_accumulate(n, in[i].x(), static_cast<std::int32_t>(i), y, mask);
+      }
+      break;
+    }
+  }
+}
+
+void EltwiseLayer::backward(const LayerSlice& slice) {
+  Driver& driver = *slice.driver;
+  const auto& in = slice.inputs;
+  const Operand& out = slice.outputs[0];
+  const index_t n = detail::slice_count(in[0].shape, slice.rows());
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    if (!slice.propagate_down[i]) continue;
+    float* dx = in[i].mutable_dx();
+    switch (param_.operation) {
+      case EltwiseOp::sum:
+        if (coeff(i) == 1.0f) {
+          detail::copy_floats(driver, n, out.dx(), dx);
+        } else {
+          driver.axpby(n, coeff(i), out.dx(), 0.0f, dx);
+        }
+        break;
+      case EltwiseOp::prod:
+        if (param_.stable_prod_grad) {
+          // dx_i = dy * prod_{j != i} x_j, never dividing by x_i.
+          const float* factor = out.dx();
+          for (std::size_t j = 0; j < in.size(); ++j) {
+            if (j == i) continue;
+            driver.mul(n, factor, in[j].x(), dx);
+            factor = dx;
+          }
+        } else {
+          // Caffe's fast form dx_i = dy * y / x_i, as y * x_i^-1.
+          driver.powx(n, in[i].x(), -1.0f, dx);
+          driver.mul(n, dx, out.x(), dx);
+          driver.mul(n, dx, out.dx(), dx);
+        }
+        break;
+      case EltwiseOp::max: {
+        const auto* mask = slice.state[0].data.as<const std::int32_t>();
+        driver.max_select(n, mask, static_cast<std::int32_t>(i), out.dx(), dx);
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace hn

@@ -1,0 +1,136 @@
+// Scale (Caffe): per-channel (or any broadcast) multiply and optional bias, as one
+// scale_channels / bias_forward over the input viewed as [outer][scale][inner].
+#include "hybridnn/layers/scale.h"
+
+#include <algorithm>
+
+#include "layers/common.h"
+#include "lib/check.h"
+
+namespace hn {
+
+ScaleLayer::ScaleLayer(std::string name, const ScaleParams& params)
+    : Layer(std::move(name)), param_(params) {}
+
+namespace {
+
+// Keeps a parameter's values when its shape is unchanged (and it is not new); otherwise a
+// new one filled with the constant `value`.
+void shape_param(Tensor& param, bool fresh, const Shape& shape, float value) {
+  if (!fresh && param.shape() == shape) return;
+  param = Tensor(shape);
+  std::fill(param.host_data_mut(), param.host_data_mut() + param.count(), value);
+}
+
+}  // namespace
+
+std::vector<Shape> ScaleLayer::setup(const std::vector<Shape>& inputs) {
+  check_input_count(inputs, 1, 2);
+  const Shape& x = inputs[0];
+  scale_is_input_ = inputs.size() == 2;
+  if (scale_is_input_) {
+    scale_shape_ = inputs[1];
+  } else {
+    const int first = detail::canonical_axis(describe(), "axis", param_.axis, x);
+    HN_CHECK(param_.num_axes >= -1, "{}: num_axes must be >= 0, or -1 for every axis, got {}",
+             describe(), param_.num_axes);
+    const int last = param_.num_axes == -1 ? x.axes() : first + param_.num_axes;
+    HN_CHECK(last <= x.axes(),
+             "{}: a scale of {} axes from axis {} extends past the input {} ({} axes)", describe(),
+             param_.num_axes, first, x.to_string(), x.axes());
+    scale_shape_ = Shape(std::vector<index_t>(x.dims().begin() + first, x.dims().begin() + last));
+  }
+  // A scalar scale acts the same on any axis; Caffe uses axis 0 for it.
+  axis_ = scale_shape_.axes() == 0 ? 0 : detail::canonical_axis(describe(), "axis", param_.axis, x);
+  HN_CHECK(x.axes() >= axis_ + scale_shape_.axes(),
+           "{}: scale {} applied from axis {} extends past the input {}", describe(),
+           scale_shape_.to_string(), axis_, x.to_string());
+  for (int i = 0; i < scale_shape_.axes(); ++i) {
+    HN_CHECK(x[axis_ + i] == scale_shape_[i],
+             "{}: scale {} does not match the input {} from axis {} (scale dimension {} is {}, "
+             "input dimension {} is {})",
+             describe(), scale_shape_.to_string(), x.to_string(), axis_, i, scale_shape_[i],
+             axis_ + i, x[axis_ + i]);
+  }
+  input_shape_ = x;
+
+  const std::size_t count = (scale_is_input_ ? 0 : 1) + (param_.bias_term ? 1 : 0);
+  const bool fresh = params_.size() != count;
+  if (fresh) params_ = std::vector<Tensor>(count);
+  if (!scale_is_input_) shape_param(params_[0], fresh, scale_shape_, param_.filler_value);
+  if (param_.bias_term) {
+    shape_param(params_.back(), fresh, scale_shape_, param_.bias_filler_value);
+  }
+
+  const bool scalar = scale_shape_.axes() == 0;
+  if (scale_is_input_) {
+    // The scale's gradient is an overwritten input diff: it may not sum over slices, so
+    // only a scale with its own rows (axis 0) splits, and a bias would span the batch.
+    splits_by_rows_ = !scalar && axis_ == 0 && !param_.bias_term;
+  } else {
+    // Parameter gradients accumulate, so slices add up; a scale over axis 0 spans the batch.
+    splits_by_rows_ = scalar || axis_ >= 1;
+  }
+  return {x};
+}
+
+// The input rows [begin, begin + rows) viewed as [outer][scale][inner]. When the scale
+// covers axis 0 (split only when it is an input), its rows are sliced along with the input.
+AxisShape ScaleLayer::slice_shape(index_t rows) const {
+  const Shape& x = input_shape_;
+  const index_t row_count = x.axes() > 0 ? x.count(1, x.axes()) : 1;
+  const int scale_end = axis_ + scale_shape_.axes();
+  if (scale_shape_.axes() == 0) return AxisShape{1, 1, x.axes() > 0 ? rows * row_count : 1};
+  const index_t inner = x.count(scale_end, x.axes());
+  if (axis_ == 0) return AxisShape{1, rows * scale_shape_.count(1, scale_shape_.axes()), inner};
+  return AxisShape{rows * x.count(1, axis_), scale_shape_.count(), inner};
+}
+
+std::size_t ScaleLayer::workspace_bytes(index_t rows) const {
+  const AxisShape shape = slice_shape(rows);
+  return static_cast<std::size_t>(shape.count()) * sizeof(float);  // dy * x for the scale
+}
+
+void ScaleLayer::forward(const LayerSlice& slice) {
+  const AxisShape shape = slice_shape(slice.rows());
+  if (shape.channels == 0 || shape.inner == 0) return;
+  Driver& driver = *slice.driver;
+  const float* scale = scale_is_input_ ? slice.inputs[1].x() : slice.params[0].x();
+  float* y = slice.outputs[0].mutable_x();
+  driver.scale_channels(shape, scale, slice.inputs[0].x(), y);
+  if (param_.bias_term) driver.bias_forward(shape, slice.params.back().x(), y);
+}
+
+void ScaleLayer::backward(const LayerSlice& slice) {
+  const AxisShape shape = slice_shape(slice.rows());
+  if (shape.channels == 0 || shape.inner == 0) return;  // nothing to scale, no gradient
+  Driver& driver = *slice.driver;
+  const float* dy = slice.outputs[0].dx();
+  auto wants = [&](std::size_t input) {
+    return input < slice.propagate_down.size() && slice.propagate_down[input];
+  };
+  if (param_.bias_term && slice.params.back().diff.address != nullptr) {
+    driver.bias_backward(shape, dy, 1.0f, slice.params.back().mutable_dx());
+  }
+  // The scale's gradient: sum over outer and inner of dy * x. A parameter accumulates
+  // (Caffe's +=), an input is overwritten.
+  float* dscale = nullptr;
+  float beta = 0.0f;
+  if (scale_is_input_ && wants(1)) {
+    dscale = slice.inputs[1].mutable_dx();
+  } else if (!scale_is_input_ && slice.params[0].diff.address != nullptr) {
+    dscale = slice.params[0].mutable_dx();
+    beta = 1.0f;
+  }
+  if (dscale != nullptr) {
+    float* product = slice.workspace.as<float>();
+    driver.mul(shape.count(), dy, slice.inputs[0].x(), product);
+    driver.bias_backward(shape, product, beta, dscale);
+  }
+  if (wants(0)) {
+    const float* scale = scale_is_input_ ? slice.inputs[1].x() : slice.params[0].x();
+    driver.scale_channels(shape, scale, dy, slice.inputs[0].mutable_dx());
+  }
+}
+
+}  // namespace hn

@@ -1,0 +1,371 @@
+// Concat, Slice, Split, Flatten and Reshape layers: forward and backward against naive
+// coordinate-wise references on every driver, split runs, gradients, Caffe's shape rules
+// and the setup errors.
+#include <catch2/catch.hpp>
+
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hybridnn/error.h"
+#include "hybridnn/layers/shape.h"
+#include "hybridnn/runtime.h"
+#include "tests/layer_runs.h"
+#include "tests/layer_support.h"
+#include "tests/support.h"
+
+namespace {
+
+using Catch::Matchers::Contains;
+using hn::index_t;
+using hn::Shape;
+using hn::test::HostValues;
+using hn::test::random_floats;
+using hn::test::run_layer;
+using hn::test::RunSpec;
+
+// Row-major coordinates of element `flat` of `shape`, and back.
+std::vector<index_t> coords_of(const Shape& shape, index_t flat) {
+  std::vector<index_t> c(static_cast<std::size_t>(shape.axes()));
+  for (int a = shape.axes() - 1; a >= 0; --a) {
+    c[a] = flat % shape[a];
+    flat /= shape[a];
+  }
+  return c;
+}
+index_t flat_of(const Shape& shape, const std::vector<index_t>& c) {
+  index_t flat = 0;
+  for (int a = 0; a < shape.axes(); ++a)
+    flat = flat * shape[a] + c[a];
+  return flat;
+}
+
+// For every element of the joined tensor: which part along `axis` holds it, and where.
+struct Place {
+  std::size_t part;
+  index_t flat;
+};
+std::vector<Place> joined_places(const Shape& joined, const std::vector<Shape>& parts, int axis) {
+  std::vector<Place> places;
+  for (index_t e = 0; e < joined.count(); ++e) {
+    std::vector<index_t> c = coords_of(joined, e);
+    std::size_t part = 0;
+    while (c[axis] >= parts[part][axis]) {
+      c[axis] -= parts[part][axis];
+      ++part;
+    }
+    places.push_back({part, flat_of(parts[part], c)});
+  }
+  return places;
+}
+
+std::vector<float> sequence(index_t n, float start) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  std::iota(v.begin(), v.end(), start);
+  return v;
+}
+
+HostValues random_parts(const std::vector<Shape>& shapes, std::uint32_t seed) {
+  HostValues v;
+  for (const Shape& s : shapes)
+    v.push_back(random_floats(static_cast<std::size_t>(s.count()), seed++));
+  return v;
+}
+
+// Named builders: brace-initialising these structs inside initializer lists trips GCC 12's
+// -Wmaybe-uninitialized at -O3.
+hn::SliceParams slice_params(int axis, int slice_dim, std::vector<index_t> points) {
+  hn::SliceParams p;
+  p.axis = axis;
+  p.slice_dim = slice_dim;
+  p.slice_point = std::move(points);
+  return p;
+}
+hn::ReshapeParams reshape_params(std::vector<index_t> shape, int axis, int num_axes) {
+  hn::ReshapeParams p;
+  p.shape = std::move(shape);
+  p.axis = axis;
+  p.num_axes = num_axes;
+  return p;
+}
+
+std::vector<index_t> dims(const Shape& s) {
+  return s.dims();
+}
+
+}  // namespace
+
+TEST_CASE("Concat joins inputs along the axis and routes gradients back on every driver",
+          "[layer][concat]") {
+  const auto config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    struct Case {
+      hn::ConcatParams params;
+      std::vector<Shape> inputs;
+      int axis;
+    };
+    const std::vector<Case> cases = {
+        {{1, -1}, {Shape{3, 2, 4, 2}, Shape{3, 5, 4, 2}, Shape{3, 1, 4, 2}}, 1},
+        {{-1, -1}, {Shape{3, 2, 3}, Shape{3, 2, 1}}, 2},
+        {{2, -1}, {Shape{3, 2, 2, 2}, Shape{3, 2, 3, 2}}, 2},
+        {{1, 0}, {Shape{2, 3, 2}, Shape{4, 3, 2}}, 0},  // legacy concat_dim, the batch axis
+        {{0, -1}, {Shape{1, 3}, Shape{2, 3}, Shape{3, 3}}, 0},
+    };
+    std::uint32_t seed = 50;
+    for (const Case& c : cases) {
+      INFO("axis " << c.axis << ", first input " << c.inputs[0].to_string());
+      hn::ConcatLayer layer("concat", c.params);
+      const Shape out = layer.setup(c.inputs)[0];
+      std::vector<index_t> want_dims = dims(c.inputs[0]);
+      want_dims[c.axis] = 0;
+      for (const Shape& s : c.inputs)
+        want_dims[c.axis] += s[c.axis];
+      REQUIRE(out == Shape(want_dims));
+      CHECK(layer.splits_by_rows() == (c.axis != 0));
+
+      const HostValues x = random_parts(c.inputs, seed);
+      seed += 10;
+      const auto dy = random_floats(static_cast<std::size_t>(out.count()), seed++);
+      const std::vector<Place> places = joined_places(out, c.inputs, c.axis);
+      std::vector<float> y(places.size());
+      HostValues dx;
+      for (const Shape& s : c.inputs)
+        dx.emplace_back(static_cast<std::size_t>(s.count()), 0.0f);
+      for (std::size_t e = 0; e < places.size(); ++e) {
+        y[e] = x[places[e].part][places[e].flat];
+        dx[places[e].part][places[e].flat] = dy[e];
+      }
+      const auto run = run_layer(layer, *driver, c.inputs, x, {dy});
+      CHECK(run.outputs[0] == y);
+      CHECK(run.input_diffs == dx);
+      if (c.axis != 0) {
+        hn::test::check_split_equals_whole(layer, *driver, c.inputs, x, RunSpec{{0, 1, 3}}, 0.0);
+      }
+    }
+  }
+}
+
+TEST_CASE("Slice cuts the input at slice points or evenly and routes gradients back",
+          "[layer][slice]") {
+  const auto config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    struct Case {
+      hn::SliceParams params;
+      int num_outputs;
+      Shape input;
+      int axis;
+      std::vector<index_t> sizes;
+    };
+    const std::vector<Case> cases = {
+        {slice_params(1, -1, {2, 3}), 0, Shape{3, 6, 2, 2}, 1, {2, 1, 3}},
+        {slice_params(1, -1, {}), 3, Shape{3, 6, 2}, 1, {2, 2, 2}},
+        {slice_params(-1, -1, {1}), 0, Shape{3, 2, 4}, 2, {1, 3}},
+        {slice_params(1, 2, {}), 2, Shape{3, 2, 4}, 2, {2, 2}},       // legacy slice_dim
+        {slice_params(0, -1, {1, 3}), 0, Shape{4, 3}, 0, {1, 2, 1}},  // the batch axis
+    };
+    std::uint32_t seed = 60;
+    for (const Case& c : cases) {
+      INFO("axis " << c.axis << ", input " << c.input.to_string());
+      hn::SliceLayer layer("slice", c.params, c.num_outputs);
+      const std::vector<Shape> outs = layer.setup({c.input});
+      REQUIRE(outs.size() == c.sizes.size());
+      for (std::size_t j = 0; j < outs.size(); ++j) {
+        std::vector<index_t> want = dims(c.input);
+        want[c.axis] = c.sizes[j];
+        CHECK(outs[j] == Shape(want));
+      }
+      CHECK(layer.splits_by_rows() == (c.axis != 0));
+      const auto x = random_floats(static_cast<std::size_t>(c.input.count()), seed++);
+      const HostValues dy = random_parts(outs, seed);
+      seed += 10;
+      const std::vector<Place> places = joined_places(c.input, outs, c.axis);
+      HostValues y;
+      for (const Shape& s : outs)
+        y.emplace_back(static_cast<std::size_t>(s.count()), 0.0f);
+      std::vector<float> dx(x.size());
+      for (std::size_t e = 0; e < places.size(); ++e) {
+        y[places[e].part][places[e].flat] = x[e];
+        dx[e] = dy[places[e].part][places[e].flat];
+      }
+      const auto run = run_layer(layer, *driver, {c.input}, {x}, dy);
+      CHECK(run.outputs == y);
+      CHECK(run.input_diffs[0] == dx);
+      if (c.axis != 0) {
+        hn::test::check_split_equals_whole(layer, *driver, {c.input}, {x}, RunSpec{{0, 2, 3}}, 0.0);
+      }
+    }
+  }
+}
+
+TEST_CASE("Split copies its input to every output and sums the output gradients",
+          "[layer][split]") {
+  const auto config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    const Shape shape{3, 4, 5};
+    const auto x = random_floats(static_cast<std::size_t>(shape.count()), 70);
+    for (const int outputs : {1, 2, 3}) {
+      INFO(outputs << " outputs");
+      hn::SplitLayer layer("split", outputs);
+      const HostValues dy = random_parts(std::vector<Shape>(outputs, shape), 71);
+      std::vector<float> dx(x.size());
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        double sum = 0.0;
+        for (const auto& d : dy)
+          sum += d[i];
+        dx[i] = static_cast<float>(sum);
+      }
+      const auto run = run_layer(layer, *driver, {shape}, {x}, dy);
+      REQUIRE(run.outputs.size() == static_cast<std::size_t>(outputs));
+      for (const auto& y : run.outputs)
+        CHECK(y == x);
+      CHECK(hn::test::max_rel_diff(run.input_diffs[0], dx) <= 1e-6);
+      hn::test::check_split_equals_whole(layer, *driver, {shape}, {x}, RunSpec{{0, 1, 3}}, 0.0);
+    }
+  }
+}
+
+TEST_CASE("Flatten and Reshape keep the values and follow Caffe's shape rules on every driver",
+          "[layer][flatten][reshape]") {
+  const auto config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    const Shape in{2, 3, 4, 5};
+    const auto x = sequence(in.count(), 1.0f);
+    const auto dy = random_floats(x.size(), 80);
+    auto check_copy = [&](hn::Layer& layer, const Shape& want, bool by_rows) {
+      const auto out = layer.setup({in});
+      REQUIRE(out.size() == 1);
+      CHECK(out[0] == want);
+      CHECK(layer.splits_by_rows() == by_rows);
+      const auto run = run_layer(layer, *driver, {in}, {x}, {dy});
+      CHECK(run.outputs[0] == x);
+      CHECK(run.input_diffs[0] == dy);
+      if (by_rows) {
+        hn::test::check_split_equals_whole(layer, *driver, {in}, {x}, RunSpec{{0, 1, 2}}, 0.0);
+      }
+    };
+    SECTION("Flatten") {
+      struct Case {
+        hn::FlattenParams params;
+        Shape out;
+        bool by_rows;
+      };
+      for (const Case& c : std::vector<Case>{{{1, -1}, Shape{2, 60}, true},
+                                             {{2, 3}, Shape{2, 3, 20}, true},
+                                             {{1, 2}, Shape{2, 12, 5}, true},
+                                             {{-3, -2}, Shape{2, 12, 5}, true},
+                                             {{0, -1}, Shape{120}, false},
+                                             {{0, 1}, Shape{6, 4, 5}, false},
+                                             {{2, 2}, Shape{2, 3, 4, 5}, true}}) {
+        INFO("axis " << c.params.axis << " end_axis " << c.params.end_axis);
+        hn::FlattenLayer layer("flat", c.params);
+        check_copy(layer, c.out, c.by_rows);
+      }
+    }
+    SECTION("Reshape") {
+      struct Case {
+        hn::ReshapeParams params;
+        Shape out;
+        bool by_rows;
+      };
+      for (const Case& c : std::vector<Case>{
+               {reshape_params({0, -1}, 0, -1), Shape{2, 60}, true},
+               {reshape_params({0, 0, -1}, 0, -1), Shape{2, 3, 20}, true},
+               {reshape_params({-1}, 0, -1), Shape{120}, false},
+               {reshape_params({6, -1}, 0, -1), Shape{6, 20}, false},
+               {reshape_params({2, 5, 3, 4}, 0, -1), Shape{2, 5, 3, 4}, true},
+               {reshape_params({12}, 1, 2), Shape{2, 12, 5}, true},
+               {reshape_params({-1}, 1, 2), Shape{2, 12, 5}, true},
+               {reshape_params({1, 1}, -1, 0), Shape{2, 3, 4, 5, 1, 1},
+                true},  // after the last axis
+               {reshape_params({1, -1}, 0, 1), Shape{1, 2, 3, 4, 5}, false},
+               {reshape_params({}, 1, 0), Shape{2, 3, 4, 5}, true},
+               {reshape_params({0, 2, -1, 0}, 0, -1), Shape{2, 2, 6, 5}, true},
+           }) {
+        INFO("axis " << c.params.axis << " num_axes " << c.params.num_axes << " -> "
+                     << c.out.to_string());
+        hn::ReshapeLayer layer("reshape", c.params);
+        check_copy(layer, c.out, c.by_rows);
+      }
+    }
+  }
+}
+
+TEST_CASE("Concat, Slice, Split, Flatten and Reshape gradients match finite differences",
+          "[layer][concat][slice][split][flatten][reshape][gradient]") {
+  const auto config = GENERATE(from_range(hn::test::gradient_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    const Shape a{2, 2, 3}, b{2, 1, 3};
+    const auto xa = random_floats(12, 90), xb = random_floats(6, 91);
+    hn::ConcatLayer concat("concat");
+    hn::test::check_layer_gradients(concat, *driver, {a, b}, {xa, xb});
+    hn::ConcatLayer concat0("concat0", {0, -1});
+    hn::test::check_layer_gradients(concat0, *driver, {a, Shape{1, 2, 3}},
+                                    {xa, random_floats(6, 92)});
+    hn::SliceLayer slice("slice", slice_params(2, -1, {1}));
+    hn::test::check_layer_gradients(slice, *driver, {a}, {xa});
+    hn::SplitLayer split("split", 3);
+    hn::test::check_layer_gradients(split, *driver, {a}, {xa});
+    hn::FlattenLayer flatten("flat");
+    hn::test::check_layer_gradients(flatten, *driver, {a}, {xa});
+    hn::ReshapeLayer reshape("reshape", reshape_params({3, -1}, 0, -1));
+    hn::test::check_layer_gradients(reshape, *driver, {a}, {xa});
+  }
+}
+
+TEST_CASE("Shape layer setup errors name the layer and the shapes",
+          "[layer][concat][slice][flatten][reshape]") {
+  SECTION("Concat with mismatched shapes") {
+    hn::ConcatLayer layer("concat1");
+    CHECK_THROWS_WITH(layer.setup({Shape{2, 3, 4}, Shape{2, 5, 3}}),
+                      Contains("concat1") && Contains("2x3x4") && Contains("2x5x3"));
+    CHECK_THROWS_WITH(layer.setup({Shape{2, 3, 4}, Shape{2, 3}}),
+                      Contains("concat1") && Contains("2x3x4") && Contains("2x3"));
+  }
+  SECTION("Concat with axis and concat_dim, or an axis out of range") {
+    hn::ConcatLayer both("concat2", {2, 0});
+    CHECK_THROWS_WITH(both.setup({Shape{2, 3, 4}}), Contains("concat2") && Contains("concat_dim"));
+    hn::ConcatLayer far("concat3", {3, -1});
+    CHECK_THROWS_WITH(far.setup({Shape{2, 3, 4}}), Contains("concat3") && Contains("2x3x4"));
+  }
+  SECTION("Slice points out of range or out of order") {
+    hn::SliceLayer beyond("slice1", slice_params(1, -1, {2, 6}));
+    CHECK_THROWS_WITH(beyond.setup({Shape{2, 6, 3}}),
+                      Contains("slice1") && Contains("6") && Contains("2x6x3"));
+    hn::SliceLayer zero("slice2", slice_params(1, -1, {0}));
+    CHECK_THROWS_WITH(zero.setup({Shape{2, 6, 3}}), Contains("slice2") && Contains("2x6x3"));
+    hn::SliceLayer unordered("slice3", slice_params(1, -1, {4, 2}));
+    CHECK_THROWS_WITH(unordered.setup({Shape{2, 6, 3}}), Contains("slice3") && Contains("2x6x3"));
+    hn::SliceLayer counted("slice4", slice_params(1, -1, {2}), 3);
+    CHECK_THROWS_WITH(counted.setup({Shape{2, 6, 3}}),
+                      Contains("slice4") && Contains("3 outputs") && Contains("2x6x3"));
+    hn::SliceLayer uneven("slice5", slice_params(1, -1, {}), 4);
+    CHECK_THROWS_WITH(uneven.setup({Shape{2, 6, 3}}),
+                      Contains("slice5") && Contains("evenly") && Contains("2x6x3"));
+  }
+  SECTION("Flatten with axis after end_axis") {
+    hn::FlattenLayer layer("flat1", {2, 1});
+    CHECK_THROWS_WITH(layer.setup({Shape{2, 3, 4}}), Contains("flat1") && Contains("2x3x4"));
+  }
+  SECTION("Reshape with two -1, an impossible count, or a 0 beyond the input") {
+    const Shape in{2, 3, 4};
+    hn::ReshapeLayer two("reshape1", reshape_params({-1, -1}, 0, -1));
+    CHECK_THROWS_WITH(two.setup({in}),
+                      Contains("reshape1") && Contains("more than one -1") && Contains("2x3x4"));
+    hn::ReshapeLayer indivisible("reshape2", reshape_params({5, -1}, 0, -1));
+    CHECK_THROWS_WITH(indivisible.setup({in}),
+                      Contains("reshape2") && Contains("[5, -1]") && Contains("2x3x4"));
+    hn::ReshapeLayer wrong_count("reshape3", reshape_params({5, 5}, 0, -1));
+    CHECK_THROWS_WITH(wrong_count.setup({in}),
+                      Contains("reshape3") && Contains("5x5") && Contains("2x3x4"));
+    hn::ReshapeLayer copy_missing("reshape4", reshape_params({0, 0, 0, 0}, 0, -1));
+    CHECK_THROWS_WITH(copy_missing.setup({in}), Contains("reshape4") && Contains("2x3x4"));
+    hn::ReshapeLayer bad_axis("reshape5", reshape_params({-1}, 4, -1));
+    CHECK_THROWS_WITH(bad_axis.setup({in}), Contains("reshape5") && Contains("2x3x4"));
+  }
+}
