@@ -174,6 +174,61 @@ void Driver::lift_backward(const LoweringShape& shape, index_t out_channels, con
   do_lift_backward(shape, out_channels, dy, products_diff);
 }
 
+namespace {
+
+void check_conv(const char* call, const LoweringShape& shape, index_t out_channels) {
+  shape.validate(call);
+  HN_CHECK(out_channels > 0 && out_channels % shape.groups == 0,
+           "{}: out_channels {} must be > 0 and divisible by groups {} ({})", call, out_channels,
+           shape.groups, shape.to_string());
+}
+
+std::size_t conv_weight_bytes(const LoweringShape& shape, index_t out_channels) {
+  return floats(out_channels * (shape.channels / shape.groups) * shape.kernel_h * shape.kernel_w);
+}
+
+std::size_t conv_output_bytes(const LoweringShape& shape, index_t out_channels) {
+  return floats(shape.batch * out_channels * shape.out_h() * shape.out_w());
+}
+
+}  // namespace
+
+void Driver::conv_forward(const LoweringShape& shape, index_t out_channels, const float* x,
+                          const float* weights, const float* bias, float* y) {
+  require(capabilities().convolution, "conv_forward");
+  check_conv("conv_forward", shape, out_channels);
+  if (shape.batch == 0) return;
+  check_range("conv_forward", "x", x, floats(shape.image_count()));
+  check_range("conv_forward", "weights", weights, conv_weight_bytes(shape, out_channels));
+  if (bias != nullptr) check_range("conv_forward", "bias", bias, floats(out_channels));
+  check_range("conv_forward", "y", y, conv_output_bytes(shape, out_channels));
+  do_conv_forward(shape, out_channels, x, weights, bias, y);
+}
+
+void Driver::conv_backward_data(const LoweringShape& shape, index_t out_channels,
+                                const float* weights, const float* dy, float* dx) {
+  require(capabilities().convolution, "conv_backward_data");
+  check_conv("conv_backward_data", shape, out_channels);
+  if (shape.batch == 0) return;
+  check_range("conv_backward_data", "weights", weights, conv_weight_bytes(shape, out_channels));
+  check_range("conv_backward_data", "dy", dy, conv_output_bytes(shape, out_channels));
+  check_range("conv_backward_data", "dx", dx, floats(shape.image_count()));
+  do_conv_backward_data(shape, out_channels, weights, dy, dx);
+}
+
+void Driver::conv_backward_weights(const LoweringShape& shape, index_t out_channels, const float* x,
+                                   const float* dy, float* dweights, float* dbias) {
+  require(capabilities().convolution, "conv_backward_weights");
+  check_conv("conv_backward_weights", shape, out_channels);
+  if (shape.batch == 0) return;
+  check_range("conv_backward_weights", "x", x, floats(shape.image_count()));
+  check_range("conv_backward_weights", "dy", dy, conv_output_bytes(shape, out_channels));
+  check_range("conv_backward_weights", "dweights", dweights,
+              conv_weight_bytes(shape, out_channels));
+  if (dbias != nullptr) check_range("conv_backward_weights", "dbias", dbias, floats(out_channels));
+  do_conv_backward_weights(shape, out_channels, x, dy, dweights, dbias);
+}
+
 // ---- element-wise and reductions ---------------------------------------------------
 
 void Driver::fill(index_t n, float value, float* x) {
@@ -665,6 +720,19 @@ void Driver::do_sigmoid_cross_entropy_forward(index_t, const float*, const float
 void Driver::do_sigmoid_cross_entropy_backward(index_t, const float*, const float*, bool, int,
                                                float, float*) {
   HN_UNSUPPORTED("sigmoid_cross_entropy_backward");
+}
+
+void Driver::do_conv_forward(const LoweringShape&, index_t, const float*, const float*,
+                             const float*, float*) {
+  HN_UNSUPPORTED("conv_forward");
+}
+void Driver::do_conv_backward_data(const LoweringShape&, index_t, const float*, const float*,
+                                   float*) {
+  HN_UNSUPPORTED("conv_backward_data");
+}
+void Driver::do_conv_backward_weights(const LoweringShape&, index_t, const float*, const float*,
+                                      float*, float*) {
+  HN_UNSUPPORTED("conv_backward_weights");
 }
 
 #undef HN_UNSUPPORTED

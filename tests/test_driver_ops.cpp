@@ -633,6 +633,133 @@ TEST_CASE("lift matches the reference and lift_backward matches it bit for bit o
   }
 }
 
+// ---- direct convolution -------------------------------------------------------------
+
+// lowering_cases() with a number of output channels divisible by the groups, plus shapes
+// whose channels are multiples of 16 (oneDNN's blocked AVX-512 kernels on the CPU driver;
+// the small ones above take its plain-layout path).
+std::vector<std::pair<hn::LoweringShape, index_t>> conv_cases() {
+  const index_t per_group[] = {1, 2, 3, 5, 16};
+  std::vector<std::pair<hn::LoweringShape, index_t>> cases;
+  index_t next = 0;
+  for (const hn::LoweringShape& shape : lowering_cases()) {
+    cases.emplace_back(shape, shape.groups * per_group[next++ % std::size(per_group)]);
+  }
+  cases.emplace_back(lowering(1, 3, 37, 41, 11, 11, 0, 0, 4, 4), 32);  // conv1-like, batch 1
+  cases.emplace_back(lowering(2, 32, 13, 13, 3, 3, 1, 1, 1, 1, 1, 1, 2), 32);  // conv4-like
+  cases.emplace_back(lowering(3, 16, 9, 11, 5, 3, 2, 1, 2, 1), 32);          // non-square, stride 2
+  cases.emplace_back(lowering(2, 64, 7, 9, 3, 3, 2, 2, 1, 1, 2, 2), 16);     // dilation 2
+  cases.emplace_back(lowering(2, 32, 8, 8, 1, 1, 0, 0, 1, 1, 1, 1, 2), 64);  // 1x1, groups 2
+  cases.emplace_back(lowering(1, 32, 10, 8, 3, 3, 1, 1, 1, 1, 1, 1, 32), 32);  // depthwise
+  cases.emplace_back(lowering(8, 16, 14, 14, 3, 3, 1, 1, 1, 1), 16);  // Winograd-sized batch
+  return cases;
+}
+
+index_t conv_weight_count(const hn::LoweringShape& s, index_t out_channels) {
+  return out_channels * (s.channels / s.groups) * s.kernel_h * s.kernel_w;
+}
+
+// A driver without the convolution capability must say so; returns false then.
+bool has_convolution(hn::Driver& driver) {
+  if (driver.capabilities().convolution) return true;
+  const hn::LoweringShape shape = lowering(1, 1, 3, 3, 3, 3, 0, 0, 1, 1);
+  const DeviceArray a(driver, 16), b(driver, 16), c(driver, 16);
+  CHECK_THAT(
+      error_of([&] { driver.conv_forward(shape, 1, a.data(), b.data(), nullptr, c.data()); }),
+      Contains("does not support conv_forward"));
+  return false;
+}
+
+TEST_CASE("conv_forward, conv_backward_data and conv_backward_weights match the reference",
+          "[driver_ops][convolution]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    if (!has_convolution(*drivers.driver)) return;
+    std::uint32_t seed = 3100;
+    index_t case_index = 0;
+    for (const auto& [shape, out_channels] : conv_cases()) {
+      // Alternate bias present and absent; every case accumulates into non-zero gradients.
+      const bool with_bias = case_index++ % 2 == 0;
+      INFO(shape.to_string() << " out_channels=" << out_channels
+                             << (with_bias ? " with bias" : " no bias"));
+      const index_t x_count = shape.image_count();
+      const index_t w_count = conv_weight_count(shape, out_channels);
+      const index_t y_count = shape.batch * out_channels * shape.out_h() * shape.out_w();
+      const double tolerance =
+          gemm_tolerance(shape.channels / shape.groups * shape.kernel_h * shape.kernel_w);
+      const TwinArray x(drivers, random_floats(x_count, seed++));
+      const TwinArray w(drivers, random_floats(w_count, seed++));
+      const TwinArray bias(drivers, random_floats(out_channels, seed++));
+      {
+        INFO("conv_forward (overwrites y)");
+        const TwinArray y(drivers, constant(y_count, -7777.0f), constant(y_count, kNaN));
+        run_both(drivers, [&](hn::Driver& d, Side s) {
+          d.conv_forward(shape, out_channels, x[s], w[s], with_bias ? bias[s] : nullptr, y[s]);
+        });
+        check_close(y, tolerance);
+      }
+      const TwinArray dy(drivers, random_floats(y_count, seed++));
+      {
+        INFO("conv_backward_data (overwrites dx, zeros where no output reads)");
+        const TwinArray dx(drivers, constant(x_count, -7777.0f), constant(x_count, kNaN));
+        run_both(drivers, [&](hn::Driver& d, Side s) {
+          d.conv_backward_data(shape, out_channels, w[s], dy[s], dx[s]);
+        });
+        check_close(dx,
+                    gemm_tolerance(out_channels / shape.groups * shape.kernel_h * shape.kernel_w));
+      }
+      {
+        INFO("conv_backward_weights (adds to dweights and dbias)");
+        const TwinArray dw(drivers, random_floats(w_count, seed++, -3.0f, 3.0f));
+        const TwinArray db(drivers, random_floats(out_channels, seed++, -3.0f, 3.0f));
+        run_both(drivers, [&](hn::Driver& d, Side s) {
+          d.conv_backward_weights(shape, out_channels, x[s], dy[s], dw[s],
+                                  with_bias ? db[s] : nullptr);
+        });
+        const double sum_tolerance = gemm_tolerance(shape.batch * shape.out_h() * shape.out_w());
+        check_close(dw, sum_tolerance);
+        check_close(db, sum_tolerance);  // untouched when no bias
+      }
+    }
+  }
+}
+
+TEST_CASE("convolution calls on alternating shapes and fresh buffers match the reference",
+          "[driver_ops][convolution]") {
+  // Drivers that cache per-shape state must bind each call's own addresses.
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    if (!has_convolution(*drivers.driver)) return;
+    const hn::LoweringShape a = lowering(2, 4, 9, 7, 3, 3, 1, 1, 1, 1, 1, 1, 2);
+    const hn::LoweringShape b = lowering(3, 4, 9, 7, 3, 3, 1, 1, 1, 1, 1, 1, 2);  // batch only
+    std::uint32_t seed = 3300;
+    for (const hn::LoweringShape& shape : {a, b, a, a, b}) {
+      INFO(shape.to_string());
+      const index_t oc = 6;
+      const index_t y_count = shape.batch * oc * shape.out_h() * shape.out_w();
+      const index_t w_count = conv_weight_count(shape, oc);
+      const TwinArray x(drivers, random_floats(shape.image_count(), seed++));
+      const TwinArray w(drivers, random_floats(w_count, seed++));
+      const TwinArray bias(drivers, random_floats(oc, seed++));
+      const TwinArray y(drivers, constant(y_count, kNaN));
+      const TwinArray dx(drivers, constant(shape.image_count(), kNaN));
+      const TwinArray dw(drivers, random_floats(w_count, seed++));
+      const TwinArray db(drivers, random_floats(oc, seed++));
+      run_both(drivers, [&](hn::Driver& d, Side s) {
+        d.conv_forward(shape, oc, x[s], w[s], bias[s], y[s]);
+        d.conv_backward_data(shape, oc, w[s], y[s], dx[s]);
+        d.conv_backward_weights(shape, oc, x[s], y[s], dw[s], db[s]);
+      });
+      check_close(y, gemm_tolerance(18));
+      check_close(dx, gemm_tolerance(27));
+      check_close(dw, gemm_tolerance(shape.batch * 63));
+      check_close(db, gemm_tolerance(shape.batch * 63));
+    }
+  }
+}
+
 // ---- element-wise and reductions ----------------------------------------------------
 
 TEST_CASE("fill, scale, axpy, axpby and mul match the reference on every driver",
@@ -1556,6 +1683,11 @@ TEST_CASE("calls with no elements leave memory untouched on every driver", "[dri
     d.softmax_loss_backward(no_outer, a.data(), b.data(), false, -1, 1.0f, c.data());
     d.sigmoid_cross_entropy_forward(0, a.data(), b.data(), false, -1, c.data(), e.data());
     d.sigmoid_cross_entropy_backward(0, a.data(), b.data(), false, -1, 1.0f, c.data());
+    if (d.capabilities().convolution) {
+      d.conv_forward(lowered, 3, a.data(), b.data(), b.data(), c.data());
+      d.conv_backward_data(lowered, 3, a.data(), b.data(), c.data());
+      d.conv_backward_weights(lowered, 3, a.data(), b.data(), c.data(), e.data());
+    }
     d.synchronize();
 
     check_identical(a.host(), sentinel);
@@ -1731,7 +1863,8 @@ TEST_CASE("a driver lacking a call throws an error naming the driver and the cal
   hn::Capabilities all_claimed;
   all_claimed.host_addressable = all_claimed.gemm = all_claimed.lowering = all_claimed.elementwise =
       all_claimed.reductions = all_claimed.activations = all_claimed.pooling = all_claimed.lrn =
-          all_claimed.softmax = all_claimed.dropout = all_claimed.losses = true;
+          all_claimed.softmax = all_claimed.dropout = all_claimed.losses = all_claimed.convolution =
+              true;
   const bool claims = GENERATE(false, true);
   DYNAMIC_SECTION((claims ? "capabilities claimed, no do_* overridden" : "capabilities false")) {
     MemoryOnlyDriver d(claims ? all_claimed : none);
@@ -1786,6 +1919,12 @@ TEST_CASE("a driver lacking a call throws an error naming the driver and the cal
         {"dropout_backward", [&] { d.dropout_backward(4, 0.5f, a.data(), b.data(), c.data()); }},
         {"lift", [&] { d.lift(lowered, 1, a.data(), c.data()); }},
         {"lift_backward", [&] { d.lift_backward(lowered, 1, a.data(), c.data()); }},
+        {"conv_forward",
+         [&] { d.conv_forward(lowered, 1, a.data(), b.data(), nullptr, c.data()); }},
+        {"conv_backward_data",
+         [&] { d.conv_backward_data(lowered, 1, a.data(), b.data(), c.data()); }},
+        {"conv_backward_weights",
+         [&] { d.conv_backward_weights(lowered, 1, a.data(), b.data(), c.data(), nullptr); }},
         {"add_scalar", [&] { d.add_scalar(4, 1.0f, c.data()); }},
         {"powx", [&] { d.powx(4, a.data(), 2.0f, c.data()); }},
         {"copy_strided", [&] { d.copy_strided(2, 2, a.data(), 2, c.data(), 2); }},

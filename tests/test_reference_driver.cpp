@@ -1215,3 +1215,118 @@ TEST_CASE("reference loss backwards are the derivatives of their forwards", "[re
     check_gradient(x, ones, forward, dx);
   }
 }
+
+// ---- direct convolution ---------------------------------------------------------------
+
+TEST_CASE("reference conv_forward sums x * w over the window and adds the bias", "[reference]") {
+  auto driver = make_reference(false);
+  // x = 1..9 in a 3x3 plane, w = [1 0; 0 -1]: y[oh][ow] = x[oh][ow] - x[oh+1][ow+1] = -4.
+  const LoweringShape shape = lowering(1, 1, 3, 3, 2, 0, 1);
+  const std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8, 9}, w = {1, 0, 0, -1}, bias = {0.5f};
+  std::vector<float> y(4, kNaN);
+  driver->conv_forward(shape, 1, x.data(), w.data(), nullptr, y.data());
+  check_close(y, {-4, -4, -4, -4});
+  driver->conv_forward(shape, 1, x.data(), w.data(), bias.data(), y.data());
+  check_close(y, {-3.5f, -3.5f, -3.5f, -3.5f});
+}
+
+TEST_CASE("reference conv_forward with groups, stride 2 and pad 1 reads only in-image taps",
+          "[reference]") {
+  auto driver = make_reference(false);
+  // Two channels, two groups, 1x1 kernels w = 2 (group 0) and 3 (group 1). Outputs read
+  // input pixel (2*oh - 1, 2*ow - 1): only output (1, 1) lands inside, on pixel (1, 1).
+  LoweringShape shape = lowering(1, 2, 2, 2, 1, 1, 2);
+  shape.groups = 2;
+  const std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8}, w = {2, 3};
+  REQUIRE(shape.out_h() == 2);
+  std::vector<float> y(8, kNaN);
+  driver->conv_forward(shape, 2, x.data(), w.data(), nullptr, y.data());
+  check_close(y, {0, 0, 0, 2 * 4, 0, 0, 0, 3 * 8});
+}
+
+TEST_CASE("reference conv_forward with a 1x2 kernel dilated by 2 reads taps two pixels apart",
+          "[reference]") {
+  auto driver = make_reference(false);
+  LoweringShape shape = lowering(1, 1, 1, 5, 1, 0, 1);
+  shape.kernel_w = 2;
+  shape.dilation_w = 2;
+  // y[ow] = x[ow] + 10 * x[ow + 2], out_w = 5 - 3 + 1 = 3.
+  const std::vector<float> x = {1, 2, 3, 4, 5}, w = {1, 10};
+  std::vector<float> y(3, kNaN);
+  driver->conv_forward(shape, 1, x.data(), w.data(), nullptr, y.data());
+  check_close(y, {31, 42, 53});
+}
+
+TEST_CASE("reference conv_backward_data scatters dy through the weights", "[reference]") {
+  auto driver = make_reference(false);
+  // w = [1 0; 0 -1], dy = 1 on the 2x2 output: dx[h][w] = [h<2 && w<2] - [h>=1 && w>=1].
+  const LoweringShape shape = lowering(1, 1, 3, 3, 2, 0, 1);
+  const std::vector<float> w = {1, 0, 0, -1}, dy = {1, 1, 1, 1};
+  std::vector<float> dx(9, kNaN);
+  driver->conv_backward_data(shape, 1, w.data(), dy.data(), dx.data());
+  check_close(dx, {1, 1, 0, 1, 0, -1, 0, -1, -1});
+}
+
+TEST_CASE("reference conv_backward_weights adds x * dy to dweights and dy to dbias",
+          "[reference]") {
+  auto driver = make_reference(false);
+  // dy = 1: dw[kh][kw] = sum over the 2x2 outputs of x[oh+kh][ow+kw], x = 1..9:
+  // 1+2+4+5 = 12, 2+3+5+6 = 16, 4+5+7+8 = 24, 5+6+8+9 = 28; dbias = 4 ones.
+  const LoweringShape shape = lowering(1, 1, 3, 3, 2, 0, 1);
+  const std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8, 9}, dy = {1, 1, 1, 1};
+  std::vector<float> dw = {100, 100, 100, 100}, db = {1};
+  driver->conv_backward_weights(shape, 1, x.data(), dy.data(), dw.data(), db.data());
+  check_close(dw, {112, 116, 124, 128});
+  check_close(db, {5});
+  driver->conv_backward_weights(shape, 1, x.data(), dy.data(), dw.data(), nullptr);
+  check_close(dw, {124, 132, 148, 156});
+  check_close(db, {5});
+}
+
+TEST_CASE("reference conv backward passes are the adjoint and derivative of conv_forward",
+          "[reference]") {
+  auto driver = make_reference(false);
+  LoweringShape shape = GENERATE(lowering(2, 4, 6, 5, 3, 1, 2),     // stride 2, pad 1
+                                 lowering(1, 6, 7, 6, 2, 2, 1, 2),  // dilation 2, big pad
+                                 lowering(2, 2, 5, 7, 3, 0, 3));    // stride > 1, gaps
+  shape.kernel_w = shape.kernel_h == 3 ? 2 : 3;                     // non-square kernels
+  shape.groups = 2;
+  CAPTURE(shape.to_string());
+  const index_t oc = 4;
+  const index_t x_count = shape.image_count();
+  const index_t w_count = oc * (shape.channels / shape.groups) * shape.kernel_h * shape.kernel_w;
+  const index_t y_count = shape.batch * oc * shape.out_h() * shape.out_w();
+  const std::vector<float> x = test::random_floats(x_count, 71);
+  const std::vector<float> w = test::random_floats(w_count, 72);
+  const std::vector<float> bias = test::random_floats(oc, 73);
+  const std::vector<float> dy = test::random_floats(y_count, 74);
+  std::vector<float> y(y_count), dx(x_count), dw(w_count, 0.0f), db(oc, 0.0f);
+  driver->conv_forward(shape, oc, x.data(), w.data(), nullptr, y.data());
+  driver->conv_backward_data(shape, oc, w.data(), dy.data(), dx.data());
+  driver->conv_backward_weights(shape, oc, x.data(), dy.data(), dw.data(), db.data());
+
+  // <conv_forward(x), dy> == <x, conv_backward_data(dy)> == <w, conv_backward_weights(dy)>
+  double forward_side = 0.0, data_side = 0.0, weights_side = 0.0;
+  for (index_t i = 0; i < y_count; ++i)
+    forward_side += static_cast<double>(y[i]) * dy[i];
+  for (index_t i = 0; i < x_count; ++i)
+    data_side += static_cast<double>(x[i]) * dx[i];
+  for (index_t i = 0; i < w_count; ++i)
+    weights_side += static_cast<double>(w[i]) * dw[i];
+  CHECK(forward_side == Approx(data_side).epsilon(1e-5));
+  CHECK(forward_side == Approx(weights_side).epsilon(1e-5));
+
+  // Central differences of L = <conv_forward(x, w, bias), dy> in x, w and bias.
+  const auto run = [&](const std::vector<float>& at_x, const std::vector<float>& at_w,
+                       const std::vector<float>& at_bias) {
+    std::vector<float> out(y_count);
+    driver->conv_forward(shape, oc, at_x.data(), at_w.data(), at_bias.data(), out.data());
+    return out;
+  };
+  check_gradient(
+      x, dy, [&](const std::vector<float>& at) { return run(at, w, bias); }, dx);
+  check_gradient(
+      w, dy, [&](const std::vector<float>& at) { return run(x, at, bias); }, dw);
+  check_gradient(
+      bias, dy, [&](const std::vector<float>& at) { return run(x, w, at); }, db);
+}

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "drivers/cpu/blas.h"
+#include "drivers/cpu/conv.h"
 #include "drivers/cpu/kernels.h"
 #include "lib/check.h"
 
@@ -27,6 +28,7 @@ class CpuDriver final : public Driver {
     caps.gemm = caps.lowering = caps.elementwise = caps.reductions = true;
     caps.activations = caps.pooling = caps.lrn = caps.softmax = caps.dropout = true;
     caps.losses = true;
+    caps.convolution = cpu::DirectConvolution::available();
     return caps;
   }
   MemorySpace memory_space() const override { return host_space(); }
@@ -78,6 +80,19 @@ class CpuDriver final : public Driver {
   void do_lift_backward(const LoweringShape& shape, index_t out_channels, const float* dy,
                         float* products_diff) override {
     cpu::lift_backward(parallel_, shape, out_channels, dy, products_diff);
+  }
+
+  void do_conv_forward(const LoweringShape& shape, index_t out_channels, const float* x,
+                       const float* weights, const float* bias, float* y) override {
+    conv_.forward(parallel_.threads(), shape, out_channels, x, weights, bias, y);
+  }
+  void do_conv_backward_data(const LoweringShape& shape, index_t out_channels, const float* weights,
+                             const float* dy, float* dx) override {
+    conv_.backward_data(parallel_.threads(), shape, out_channels, weights, dy, dx);
+  }
+  void do_conv_backward_weights(const LoweringShape& shape, index_t out_channels, const float* x,
+                                const float* dy, float* dweights, float* dbias) override {
+    conv_.backward_weights(parallel_.threads(), shape, out_channels, x, dy, dweights, dbias);
   }
 
   void do_fill(index_t n, float value, float* x) override { cpu::fill(parallel_, n, value, x); }
@@ -213,6 +228,7 @@ class CpuDriver final : public Driver {
  private:
   cpu::Blas blas_;
   cpu::Parallel parallel_;
+  cpu::DirectConvolution conv_;  // oneDNN primitives cached per shape
 };
 
 }  // namespace

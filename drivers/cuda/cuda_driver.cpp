@@ -1,7 +1,7 @@
 // The CUDA driver: device memory, one non-blocking stream, cuBLAS for GEMM, the project's own
-// kernels (drivers/cuda/kernels) for everything else, and cuDNN for softmax and
-// cross-channel LRN when the build has it. Host copies go through reusable pinned staging
-// buffers. Every CUDA, cuBLAS and cuDNN failure becomes an hn::Error naming the call.
+// kernels (drivers/cuda/kernels) for everything else, and cuDNN for softmax, cross-channel
+// LRN and direct convolution when the build has it. Host copies go through reusable pinned
+// staging buffers. Every CUDA, cuBLAS and cuDNN failure becomes an hn::Error naming the call.
 //
 // An invalid softmax_loss label is found on the GPU: the kernels record it in device memory
 // (kernels/losses.cuh) and the driver throws hn::Error for it at its next synchronising call
@@ -16,12 +16,14 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "drivers/cuda/kernels/launchers.h"
 #include "lib/check.h"
@@ -83,6 +85,50 @@ struct LrnDescriptorDeleter {
   void operator()(cudnnLRNDescriptor_t desc) const noexcept { cudnnDestroyLRNDescriptor(desc); }
 };
 using LrnDescriptor = std::unique_ptr<cudnnLRNStruct, LrnDescriptorDeleter>;
+
+struct FilterDescriptorDeleter {
+  void operator()(cudnnFilterDescriptor_t desc) const noexcept {
+    cudnnDestroyFilterDescriptor(desc);
+  }
+};
+using FilterDescriptor = std::unique_ptr<cudnnFilterStruct, FilterDescriptorDeleter>;
+
+struct ConvolutionDescriptorDeleter {
+  void operator()(cudnnConvolutionDescriptor_t desc) const noexcept {
+    cudnnDestroyConvolutionDescriptor(desc);
+  }
+};
+using ConvolutionDescriptor = std::unique_ptr<cudnnConvolutionStruct, ConvolutionDescriptorDeleter>;
+
+// One convolution shape's descriptors and algorithms, made once (the heuristics query is
+// slow next to a small convolution).
+struct ConvPlan {
+  TensorDescriptor x, y, bias;
+  FilterDescriptor w;
+  ConvolutionDescriptor conv;
+  cudnnConvolutionFwdAlgo_t forward_algo{};
+  cudnnConvolutionBwdDataAlgo_t data_algo{};
+  cudnnConvolutionBwdFilterAlgo_t filter_algo{};
+  std::size_t forward_bytes = 0, data_bytes = 0, filter_bytes = 0;
+};
+
+// Batch slices of different sizes are different shapes: room for a few nets' worth.
+constexpr std::size_t kMaxConvPlans = 64;
+using ConvKey = std::array<index_t, 14>;
+
+// Of cuDNN's heuristic ranking, the first algorithm that runs in full FP32 (no TF32) and is
+// deterministic (a run must be reproducible), else the first FP32 one, else the first.
+template <class Perf>
+const Perf& pick_algorithm(const Perf* results, int count) {
+  const Perf* fp32 = nullptr;
+  for (int i = 0; i < count; ++i) {
+    const Perf& r = results[i];
+    if (r.status != CUDNN_STATUS_SUCCESS || r.mathType != CUDNN_FMA_MATH) continue;
+    if (r.determinism == CUDNN_DETERMINISTIC) return r;
+    if (fp32 == nullptr) fp32 = &r;
+  }
+  return fp32 != nullptr ? *fp32 : results[0];
+}
 
 // cuDNN is used unless the environment says HYBRIDNN_CUDNN=0 (read when the driver is made).
 bool cudnn_wanted() {
@@ -158,7 +204,8 @@ class CudaDriver final : public Driver {
                 "device {}; set HYBRIDNN_CUDNN=0 to run without cuDNN", ordinal_);
       cudnn_.reset(dnn);
       check_dnn(cudnnSetStream(dnn, stream), "cudnnSetStream", "driver stream");
-      description_ += fmt::format(", cuDNN {} (softmax, cross-channel LRN)", cudnnGetVersion());
+      description_ +=
+          fmt::format(", cuDNN {} (softmax, cross-channel LRN, convolution)", cudnnGetVersion());
     } else {
       description_ += ", cuDNN off (HYBRIDNN_CUDNN=0)";
     }
@@ -177,6 +224,9 @@ class CudaDriver final : public Driver {
     caps.gemm = caps.lowering = caps.elementwise = caps.reductions = true;
     caps.activations = caps.pooling = caps.lrn = caps.softmax = caps.dropout = true;
     caps.losses = true;
+#if HYBRIDNN_WITH_CUDNN
+    caps.convolution = cudnn_ != nullptr;
+#endif
     return caps;
   }
 
@@ -544,6 +594,59 @@ class CudaDriver final : public Driver {
     }
   }
 
+  // ---- direct convolution (cuDNN) -----------------------------------------------------
+
+#if HYBRIDNN_WITH_CUDNN
+  void do_conv_forward(const LoweringShape& shape, index_t out_channels, const float* x,
+                       const float* weights, const float* bias, float* y) override {
+    activate();
+    const ConvPlan& plan = conv_plan("conv_forward", shape, out_channels);
+    const float one = 1.0f, zero = 0.0f;
+    check_dnn(cudnnConvolutionForward(cudnn_.get(), &one, plan.x.get(), x, plan.w.get(), weights,
+                                      plan.conv.get(), plan.forward_algo,
+                                      conv_workspace(plan.forward_bytes), plan.forward_bytes, &zero,
+                                      plan.y.get(), y),
+              "conv_forward: cudnnConvolutionForward", "{} out_channels={} algo={}",
+              shape.to_string(), out_channels, static_cast<int>(plan.forward_algo));
+    if (bias == nullptr) return;
+    check_dnn(cudnnAddTensor(cudnn_.get(), &one, plan.bias.get(), bias, &one, plan.y.get(), y),
+              "conv_forward: cudnnAddTensor", "bias of {} out_channels={}", shape.to_string(),
+              out_channels);
+  }
+
+  void do_conv_backward_data(const LoweringShape& shape, index_t out_channels, const float* weights,
+                             const float* dy, float* dx) override {
+    activate();
+    const ConvPlan& plan = conv_plan("conv_backward_data", shape, out_channels);
+    const float one = 1.0f, zero = 0.0f;
+    check_dnn(cudnnConvolutionBackwardData(cudnn_.get(), &one, plan.w.get(), weights, plan.y.get(),
+                                           dy, plan.conv.get(), plan.data_algo,
+                                           conv_workspace(plan.data_bytes), plan.data_bytes, &zero,
+                                           plan.x.get(), dx),
+              "conv_backward_data: cudnnConvolutionBackwardData", "{} out_channels={} algo={}",
+              shape.to_string(), out_channels, static_cast<int>(plan.data_algo));
+  }
+
+  // beta = 1: cuDNN adds to the gradients, as Caffe accumulates them.
+  void do_conv_backward_weights(const LoweringShape& shape, index_t out_channels, const float* x,
+                                const float* dy, float* dweights, float* dbias) override {
+    activate();
+    const ConvPlan& plan = conv_plan("conv_backward_weights", shape, out_channels);
+    const float one = 1.0f;
+    check_dnn(cudnnConvolutionBackwardFilter(cudnn_.get(), &one, plan.x.get(), x, plan.y.get(), dy,
+                                             plan.conv.get(), plan.filter_algo,
+                                             conv_workspace(plan.filter_bytes), plan.filter_bytes,
+                                             &one, plan.w.get(), dweights),
+              "conv_backward_weights: cudnnConvolutionBackwardFilter", "{} out_channels={} algo={}",
+              shape.to_string(), out_channels, static_cast<int>(plan.filter_algo));
+    if (dbias == nullptr) return;
+    check_dnn(cudnnConvolutionBackwardBias(cudnn_.get(), &one, plan.y.get(), dy, &one,
+                                           plan.bias.get(), dbias),
+              "conv_backward_weights: cudnnConvolutionBackwardBias", "{} out_channels={}",
+              shape.to_string(), out_channels);
+  }
+#endif
+
   // ---- softmax ------------------------------------------------------------------------
 
   void do_softmax_forward(const AxisShape& shape, const float* x, float* y) override {
@@ -837,6 +940,117 @@ class CudaDriver final : public Driver {
     return tensor_descriptor(s.batch, s.channels, s.height, s.width, s.to_string());
   }
 
+  void* conv_workspace(std::size_t bytes) {
+    return bytes == 0 ? nullptr : scratch(bytes);
+  }
+
+  const ConvPlan& conv_plan(const char* call, const LoweringShape& s, index_t out_channels) {
+    const ConvKey key = {s.batch,      s.channels,   s.height, s.width,     s.kernel_h,
+                         s.kernel_w,   s.pad_h,      s.pad_w,  s.stride_h,  s.stride_w,
+                         s.dilation_h, s.dilation_w, s.groups, out_channels};
+    const auto found = conv_plans_.find(key);
+    if (found != conv_plans_.end()) return found->second;
+    ConvPlan plan = make_conv_plan(call, s, out_channels);
+    if (conv_plans_.size() >= kMaxConvPlans) {
+      conv_plans_.erase(conv_plan_order_.front());
+      conv_plan_order_.erase(conv_plan_order_.begin());
+    }
+    conv_plan_order_.push_back(key);
+    return conv_plans_.emplace(key, std::move(plan)).first->second;
+  }
+
+  ConvPlan make_conv_plan(const char* call, const LoweringShape& s, index_t out_channels) const {
+    const std::string what =
+        fmt::format("{}: {} out_channels={}", call, s.to_string(), out_channels);
+    const index_t out_h = s.out_h(), out_w = s.out_w();
+    HN_CHECK(cudnn_ != nullptr, "{}: cuDNN is off (HYBRIDNN_CUDNN=0)", what);
+    HN_CHECK(fits_int(s.image_count()) && fits_int(s.batch * out_channels * out_h * out_w) &&
+                 fits_int(out_channels * (s.channels / s.groups) * s.kernel_h * s.kernel_w) &&
+                 fits_int(s.pad_h) && fits_int(s.pad_w) && fits_int(s.stride_h) &&
+                 fits_int(s.stride_w) && fits_int(s.dilation_h) && fits_int(s.dilation_w),
+             "{}: sizes beyond cuDNN's int range", what);
+    const auto i = [](index_t v) { return static_cast<int>(v); };
+    ConvPlan plan;
+    plan.x = tensor_descriptor(s.batch, s.channels, s.height, s.width, what);
+    plan.y = tensor_descriptor(s.batch, out_channels, out_h, out_w, what);
+    plan.bias = tensor_descriptor(1, out_channels, 1, 1, what);
+
+    cudnnFilterDescriptor_t filter = nullptr;
+    check_dnn(cudnnCreateFilterDescriptor(&filter), "cudnnCreateFilterDescriptor", "{}", what);
+    plan.w.reset(filter);
+    check_dnn(
+        cudnnSetFilter4dDescriptor(filter, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, i(out_channels),
+                                   i(s.channels / s.groups), i(s.kernel_h), i(s.kernel_w)),
+        "cudnnSetFilter4dDescriptor", "{}", what);
+
+    cudnnConvolutionDescriptor_t conv = nullptr;
+    check_dnn(cudnnCreateConvolutionDescriptor(&conv), "cudnnCreateConvolutionDescriptor", "{}",
+              what);
+    plan.conv.reset(conv);
+    // Caffe's layers compute a cross-correlation, in FP32 (FMA math: no TF32 tensor cores).
+    check_dnn(cudnnSetConvolution2dDescriptor(conv, i(s.pad_h), i(s.pad_w), i(s.stride_h),
+                                              i(s.stride_w), i(s.dilation_h), i(s.dilation_w),
+                                              CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+              "cudnnSetConvolution2dDescriptor", "{}", what);
+    check_dnn(cudnnSetConvolutionGroupCount(conv, i(s.groups)), "cudnnSetConvolutionGroupCount",
+              "{}", what);
+    check_dnn(cudnnSetConvolutionMathType(conv, CUDNN_FMA_MATH), "cudnnSetConvolutionMathType",
+              "{}", what);
+    int dims[4] = {0, 0, 0, 0};
+    check_dnn(cudnnGetConvolutionNdForwardOutputDim(conv, plan.x.get(), plan.w.get(), 4, dims),
+              "cudnnGetConvolutionNdForwardOutputDim", "{}", what);
+    HN_CHECK(dims[0] == i(s.batch) && dims[1] == i(out_channels) && dims[2] == i(out_h) &&
+                 dims[3] == i(out_w),
+             "{}: cuDNN's output {}x{}x{}x{} differs from {}x{}x{}x{}", what, dims[0], dims[1],
+             dims[2], dims[3], s.batch, out_channels, out_h, out_w);
+
+    cudnnHandle_t handle = cudnn_.get();
+    int count = 0;
+    {
+      cudnnConvolutionFwdAlgoPerf_t results[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+      check_dnn(cudnnGetConvolutionForwardAlgorithm_v7(
+                    handle, plan.x.get(), plan.w.get(), conv, plan.y.get(),
+                    CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, results),
+                "cudnnGetConvolutionForwardAlgorithm_v7", "{}", what);
+      HN_CHECK(count > 0, "{}: cuDNN offers no forward algorithm", what);
+      const auto& best = pick_algorithm(results, count);
+      plan.forward_algo = best.algo;
+      check_dnn(
+          cudnnGetConvolutionForwardWorkspaceSize(handle, plan.x.get(), plan.w.get(), conv,
+                                                  plan.y.get(), best.algo, &plan.forward_bytes),
+          "cudnnGetConvolutionForwardWorkspaceSize", "{}", what);
+    }
+    {
+      cudnnConvolutionBwdDataAlgoPerf_t results[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+      check_dnn(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                    handle, plan.w.get(), plan.y.get(), conv, plan.x.get(),
+                    CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, results),
+                "cudnnGetConvolutionBackwardDataAlgorithm_v7", "{}", what);
+      HN_CHECK(count > 0, "{}: cuDNN offers no backward data algorithm", what);
+      const auto& best = pick_algorithm(results, count);
+      plan.data_algo = best.algo;
+      check_dnn(
+          cudnnGetConvolutionBackwardDataWorkspaceSize(handle, plan.w.get(), plan.y.get(), conv,
+                                                       plan.x.get(), best.algo, &plan.data_bytes),
+          "cudnnGetConvolutionBackwardDataWorkspaceSize", "{}", what);
+    }
+    {
+      cudnnConvolutionBwdFilterAlgoPerf_t results[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+      check_dnn(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                    handle, plan.x.get(), plan.y.get(), conv, plan.w.get(),
+                    CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, results),
+                "cudnnGetConvolutionBackwardFilterAlgorithm_v7", "{}", what);
+      HN_CHECK(count > 0, "{}: cuDNN offers no backward filter algorithm", what);
+      const auto& best = pick_algorithm(results, count);
+      plan.filter_algo = best.algo;
+      check_dnn(cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, plan.x.get(), plan.y.get(),
+                                                               conv, plan.w.get(), best.algo,
+                                                               &plan.filter_bytes),
+                "cudnnGetConvolutionBackwardFilterWorkspaceSize", "{}", what);
+    }
+    return plan;
+  }
+
   LrnDescriptor lrn_descriptor(const LrnShape& s) const {
     cudnnLRNDescriptor_t raw = nullptr;
     check_dnn(cudnnCreateLRNDescriptor(&raw), "cudnnCreateLRNDescriptor", "{}", s.to_string());
@@ -856,6 +1070,8 @@ class CudaDriver final : public Driver {
   BlasHandle blas_;
 #if HYBRIDNN_WITH_CUDNN
   CudnnHandle cudnn_;
+  std::map<ConvKey, ConvPlan> conv_plans_;
+  std::vector<ConvKey> conv_plan_order_;  // insertion order, for eviction
 #endif
   PinnedMemory staging_;
   std::size_t staging_bytes_ = 0;

@@ -92,7 +92,7 @@ class ReferenceDriver final : public Driver {
     caps.host_addressable = !separate_memory_;
     caps.gemm = caps.lowering = caps.elementwise = caps.reductions = true;
     caps.activations = caps.pooling = caps.lrn = caps.softmax = caps.dropout = true;
-    caps.losses = true;
+    caps.losses = caps.convolution = true;
     return caps;
   }
 
@@ -280,6 +280,92 @@ class ReferenceDriver final : public Driver {
     std::fill(products_diff, products_diff + count, 0.0f);
     for_each_lifted(shape, out_channels,
                     [&](index_t product, index_t out) { products_diff[product] = dy[out]; });
+  }
+
+  // ---- direct convolution -------------------------------------------------------------
+
+  // Calls visit(x index, weights index, y index) for every product x * w that lands in an
+  // output, so the three convolution calls share one statement of the layout.
+  template <class Visit>
+  static void for_each_conv_term(const LoweringShape& s, index_t out_channels, Visit visit) {
+    const index_t out_h = s.out_h(), out_w = s.out_w();
+    const index_t in_per_group = s.channels / s.groups, out_per_group = out_channels / s.groups;
+    for (index_t n = 0; n < s.batch; ++n) {
+      for (index_t co = 0; co < out_channels; ++co) {
+        const index_t g = co / out_per_group;
+        for (index_t oh = 0; oh < out_h; ++oh) {
+          for (index_t ow = 0; ow < out_w; ++ow) {
+            const index_t out = ((n * out_channels + co) * out_h + oh) * out_w + ow;
+            for (index_t ci = 0; ci < in_per_group; ++ci) {
+              const index_t c = g * in_per_group + ci;
+              for (index_t kh = 0; kh < s.kernel_h; ++kh) {
+                const index_t h = oh * s.stride_h - s.pad_h + kh * s.dilation_h;
+                if (h < 0 || h >= s.height) continue;
+                for (index_t kw = 0; kw < s.kernel_w; ++kw) {
+                  const index_t w = ow * s.stride_w - s.pad_w + kw * s.dilation_w;
+                  if (w < 0 || w >= s.width) continue;
+                  visit(((n * s.channels + c) * s.height + h) * s.width + w,
+                        ((co * in_per_group + ci) * s.kernel_h + kh) * s.kernel_w + kw, out);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  static index_t conv_out_count(const LoweringShape& s, index_t out_channels) {
+    return s.batch * out_channels * s.out_h() * s.out_w();
+  }
+  static index_t conv_weight_count(const LoweringShape& s, index_t out_channels) {
+    return out_channels * (s.channels / s.groups) * s.kernel_h * s.kernel_w;
+  }
+
+  void do_conv_forward(const LoweringShape& shape, index_t out_channels, const float* x,
+                       const float* weights, const float* bias, float* y) override {
+    const index_t count = conv_out_count(shape, out_channels);
+    const index_t plane = shape.out_h() * shape.out_w();
+    std::vector<double> total(static_cast<std::size_t>(count), 0.0);
+    if (bias != nullptr) {
+      for (index_t i = 0; i < count; ++i)
+        total[i] = bias[(i / plane) % out_channels];
+    }
+    for_each_conv_term(shape, out_channels, [&](index_t xi, index_t wi, index_t yi) {
+      total[yi] += static_cast<double>(x[xi]) * weights[wi];
+    });
+    for (index_t i = 0; i < count; ++i)
+      y[i] = static_cast<float>(total[i]);
+  }
+
+  void do_conv_backward_data(const LoweringShape& shape, index_t out_channels, const float* weights,
+                             const float* dy, float* dx) override {
+    const index_t count = shape.image_count();
+    std::vector<double> total(static_cast<std::size_t>(count), 0.0);
+    for_each_conv_term(shape, out_channels, [&](index_t xi, index_t wi, index_t yi) {
+      total[xi] += static_cast<double>(dy[yi]) * weights[wi];
+    });
+    for (index_t i = 0; i < count; ++i)
+      dx[i] = static_cast<float>(total[i]);
+  }
+
+  void do_conv_backward_weights(const LoweringShape& shape, index_t out_channels, const float* x,
+                                const float* dy, float* dweights, float* dbias) override {
+    const index_t count = conv_weight_count(shape, out_channels);
+    std::vector<double> total(static_cast<std::size_t>(count), 0.0);
+    for_each_conv_term(shape, out_channels, [&](index_t xi, index_t wi, index_t yi) {
+      total[wi] += static_cast<double>(x[xi]) * dy[yi];
+    });
+    for (index_t i = 0; i < count; ++i)
+      dweights[i] = static_cast<float>(dweights[i] + total[i]);
+    if (dbias == nullptr) return;
+    const index_t plane = shape.out_h() * shape.out_w();
+    std::vector<double> bias_total(static_cast<std::size_t>(out_channels), 0.0);
+    const index_t out_count = conv_out_count(shape, out_channels);
+    for (index_t i = 0; i < out_count; ++i)
+      bias_total[(i / plane) % out_channels] += dy[i];
+    for (index_t c = 0; c < out_channels; ++c)
+      dbias[c] = static_cast<float>(dbias[c] + bias_total[c]);
   }
 
   // ---- element-wise -------------------------------------------------------------------

@@ -36,6 +36,7 @@ struct Capabilities {
   bool softmax = false;           // softmax_forward, softmax_backward
   bool dropout = false;           // dropout_forward, dropout_backward
   bool losses = false;            // softmax_loss_*, sigmoid_cross_entropy_*
+  bool convolution = false;       // conv_forward, conv_backward_data, conv_backward_weights
 };
 
 // Transfers made through a driver, for tests and the scheduler's accounting.
@@ -105,6 +106,18 @@ class Driver {
   void lift(const LoweringShape& shape, index_t out_channels, const float* products, float* y);
   void lift_backward(const LoweringShape& shape, index_t out_channels, const float* dy,
                      float* products_diff);
+
+  // ---- direct convolution (optional: oneDNN on the CPU, cuDNN on CUDA) ---------------
+  // NCHW x of `shape`, weights [out_channels][channels/groups][kernel_h][kernel_w], y
+  // [batch][out_channels][out_h][out_w]. conv_forward overwrites y (bias may be null);
+  // conv_backward_data overwrites dx; conv_backward_weights ADDS to dweights and, when not
+  // null, to dbias (Caffe accumulates parameter gradients).
+  void conv_forward(const LoweringShape& shape, index_t out_channels, const float* x,
+                    const float* weights, const float* bias, float* y);
+  void conv_backward_data(const LoweringShape& shape, index_t out_channels, const float* weights,
+                          const float* dy, float* dx);
+  void conv_backward_weights(const LoweringShape& shape, index_t out_channels, const float* x,
+                             const float* dy, float* dweights, float* dbias);
 
   // ---- element-wise -------------------------------------------------------------------
   void fill(index_t n, float value, float* x);
@@ -211,6 +224,13 @@ class Driver {
                        float* y);
   virtual void do_lift_backward(const LoweringShape& shape, index_t out_channels, const float* dy,
                                 float* products_diff);
+  virtual void do_conv_forward(const LoweringShape& shape, index_t out_channels, const float* x,
+                               const float* weights, const float* bias, float* y);
+  virtual void do_conv_backward_data(const LoweringShape& shape, index_t out_channels,
+                                     const float* weights, const float* dy, float* dx);
+  virtual void do_conv_backward_weights(const LoweringShape& shape, index_t out_channels,
+                                        const float* x, const float* dy, float* dweights,
+                                        float* dbias);
   virtual void do_fill(index_t n, float value, float* x);
   virtual void do_scale(index_t n, float alpha, float* x);
   virtual void do_axpy(index_t n, float alpha, const float* x, float* y);

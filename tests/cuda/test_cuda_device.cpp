@@ -514,3 +514,66 @@ TEST_CASE("cuda cuDNN softmax and LRN agree with the driver's own kernels", "[cu
             d.lrn_backward(s, p[0], p[1], p[2], p[3], p[4]);
           });
 }
+
+TEST_CASE("cuda cuDNN convolution equals the reference, accumulating weight gradients", "[cuda]") {
+  auto gpu = make_gpu();
+  auto ref = make_reference();
+  if (!gpu->capabilities().convolution) {
+    // Built without cuDNN: the calls must say so.
+    const DeviceArray a(*gpu, 64);
+    CHECK_THROWS_WITH(gpu->conv_forward(lowering(1, 1, 5, 5, 1, 0, 1, 1), 1, a.data(), a.data(),
+                                        nullptr, a.data()),
+                      Catch::Contains("does not support conv_forward"));
+    return;
+  }
+  INFO(gpu->description());
+  struct Case {
+    LoweringShape shape;
+    index_t out_channels;
+  };
+  std::vector<Case> cases = {
+      {lowering(2, 3, 17, 19, 5, 2, 1, 1), 8},    // non-square kernel, pad and stride
+      {lowering(1, 6, 13, 11, 3, 1, 2, 2), 4},    // dilation 2, batch 1
+      {lowering(3, 8, 9, 9, 1, 0, 1, 1), 12},     // 1x1 x 2 wide kernel
+      {lowering(4, 32, 13, 13, 3, 1, 1, 1), 48},  // conv4-like, groups below
+  };
+  cases[1].shape.groups = 2;
+  cases[2].shape.groups = 4;
+  cases[3].shape.groups = 2;
+  for (const Case& c : cases) {
+    const LoweringShape& s = c.shape;
+    const index_t oc = c.out_channels;
+    INFO(s.to_string() << " out_channels=" << oc);
+    const std::size_t xn = size_of(s.image_count());
+    const std::size_t wn = size_of(oc * (s.channels / s.groups) * s.kernel_h * s.kernel_w);
+    const std::size_t yn = size_of(s.batch * oc * s.out_h() * s.out_w());
+    const double tolerance =
+        1e-4 * std::max(1.0, (s.channels / s.groups) * s.kernel_h * s.kernel_w / 64.0);
+    const Values x = random_floats(xn, 41), w = random_floats(wn, 42),
+                 b = random_floats(size_of(oc), 43);
+    const Values dy = random_floats(yn, 44);
+    compare(*gpu, *ref, {x, w, b, nans(yn)}, {3}, tolerance,
+            [&](Driver& d, const std::vector<float*>& p) {
+              d.conv_forward(s, oc, p[0], p[1], p[2], p[3]);
+            });
+    compare(*gpu, *ref, {x, w, nans(yn)}, {2}, tolerance,
+            [&](Driver& d, const std::vector<float*>& p) {
+              d.conv_forward(s, oc, p[0], p[1], nullptr, p[2]);
+            });
+    compare(*gpu, *ref, {w, dy, nans(xn)}, {2}, tolerance,
+            [&](Driver& d, const std::vector<float*>& p) {
+              d.conv_backward_data(s, oc, p[0], p[1], p[2]);
+            });
+    // Non-zero starting gradients: conv_backward_weights adds to them.
+    const Values dw = random_floats(wn, 45, -3.0f, 3.0f), db = random_floats(size_of(oc), 46);
+    const double sum_tolerance = 1e-4 * std::max(1.0, s.batch * s.out_h() * s.out_w() / 64.0);
+    compare(*gpu, *ref, {x, dy, dw, db}, {2, 3}, sum_tolerance,
+            [&](Driver& d, const std::vector<float*>& p) {
+              d.conv_backward_weights(s, oc, p[0], p[1], p[2], p[3]);
+            });
+    compare(*gpu, *ref, {x, dy, dw, db}, {2, 3}, sum_tolerance,
+            [&](Driver& d, const std::vector<float*>& p) {
+              d.conv_backward_weights(s, oc, p[0], p[1], p[2], nullptr);
+            });
+  }
+}
