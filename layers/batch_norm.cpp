@@ -49,7 +49,7 @@ AxisShape BatchNormLayer::slice_shape(index_t rows) const {
   return AxisShape{rows, channels_, spatial};
 }
 
-std::size_t BatchNormLayer::workspace_bytes(index_t rows) const {
+std::size_t BatchNormLayer::workspace_bytes(const Driver&, index_t rows) const {
   // Batch statistics: one input-sized temporary and three channel vectors; global ones:
   // two channel vectors.
   const bool may_use_batch = !param_.use_global_stats.value_or(false);

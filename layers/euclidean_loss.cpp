@@ -22,7 +22,7 @@ std::vector<Shape> EuclideanLossLayer::setup(const std::vector<Shape>& inputs) {
   return {Shape{}};
 }
 
-std::size_t EuclideanLossLayer::workspace_bytes(index_t rows) const {
+std::size_t EuclideanLossLayer::workspace_bytes(const Driver&, index_t rows) const {
   static_cast<void>(rows);  // never split: always the whole batch
   return static_cast<std::size_t>(input_shape_.count()) * sizeof(float);
 }

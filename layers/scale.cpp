@@ -86,7 +86,7 @@ AxisShape ScaleLayer::slice_shape(index_t rows) const {
   return AxisShape{rows * x.count(1, axis_), scale_shape_.count(), inner};
 }
 
-std::size_t ScaleLayer::workspace_bytes(index_t rows) const {
+std::size_t ScaleLayer::workspace_bytes(const Driver&, index_t rows) const {
   const AxisShape shape = slice_shape(rows);
   return static_cast<std::size_t>(shape.count()) * sizeof(float);  // dy * x for the scale
 }

@@ -29,7 +29,7 @@ std::vector<Shape> SigmoidCrossEntropyLossLayer::setup(const std::vector<Shape>&
   return {Shape{}};
 }
 
-std::size_t SigmoidCrossEntropyLossLayer::workspace_bytes(index_t rows) const {
+std::size_t SigmoidCrossEntropyLossLayer::workspace_bytes(const Driver&, index_t rows) const {
   static_cast<void>(rows);  // never split: always the whole batch
   return static_cast<std::size_t>(2 * input_shape_.count()) * sizeof(float);
 }

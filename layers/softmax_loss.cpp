@@ -81,7 +81,7 @@ AxisShape SoftmaxWithLossLayer::axis_shape() const {
                    input_shape_.count(axis_ + 1, input_shape_.axes())};
 }
 
-std::size_t SoftmaxWithLossLayer::workspace_bytes(index_t rows) const {
+std::size_t SoftmaxWithLossLayer::workspace_bytes(const Driver&, index_t rows) const {
   static_cast<void>(rows);  // never split: always the whole batch
   const AxisShape shape = axis_shape();
   return static_cast<std::size_t>(2 * shape.outer * shape.inner) * sizeof(float);

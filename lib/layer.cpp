@@ -76,7 +76,7 @@ Prepared prepare(Layer& layer, Driver& driver, const std::vector<Tensor*>& input
   slice.end = end;
   slice.phase = options.phase;
   slice.seed = options.seed;
-  prepared.workspace = Buffer(driver, layer.workspace_bytes(end - begin));
+  prepared.workspace = Buffer(driver, layer.workspace_bytes(driver, end - begin));
   slice.workspace = prepared.workspace.pointer();
   return prepared;
 }

@@ -4,6 +4,8 @@
 #include "hybridnn/device.h"
 #include "hybridnn/driver.h"
 #include "hybridnn/error.h"
+#include "hybridnn/layer.h"
+#include "hybridnn/layers.h"
 #include "hybridnn/memory.h"
 #include "hybridnn/runtime.h"
 #include "hybridnn/shapes.h"

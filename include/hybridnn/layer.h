@@ -72,8 +72,9 @@ class Layer {
   virtual void forward(const LayerSlice& slice) = 0;
   virtual void backward(const LayerSlice& slice) = 0;
 
-  // Scratch a slice of `rows` images needs on its driver (lowered columns, ...).
-  virtual std::size_t workspace_bytes(index_t rows) const {
+  // Scratch a slice of `rows` images needs on `driver` (lowered columns, ...).
+  virtual std::size_t workspace_bytes(const Driver& driver, index_t rows) const {
+    static_cast<void>(driver);
     static_cast<void>(rows);
     return 0;
   }

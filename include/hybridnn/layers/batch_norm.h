@@ -33,7 +33,7 @@ class BatchNormLayer final : public Layer {
   std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
   void forward(const LayerSlice& slice) override;
   void backward(const LayerSlice& slice) override;
-  std::size_t workspace_bytes(index_t rows) const override;
+  std::size_t workspace_bytes(const Driver& driver, index_t rows) const override;
   // Only explicit global statistics split: otherwise the call may need batch statistics.
   bool splits_by_rows() const override { return param_.use_global_stats.value_or(false); }
   bool allows_in_place() const override { return true; }

@@ -53,7 +53,7 @@ class SoftmaxWithLossLayer final : public Layer {
   std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
   void forward(const LayerSlice& slice) override;
   void backward(const LayerSlice& slice) override;
-  std::size_t workspace_bytes(index_t rows) const override;
+  std::size_t workspace_bytes(const Driver& driver, index_t rows) const override;
   bool splits_by_rows() const override { return false; }
   bool can_propagate_down(int input) const override { return input == 0; }
   bool is_loss() const override { return true; }
@@ -78,7 +78,7 @@ class EuclideanLossLayer final : public Layer {
   std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
   void forward(const LayerSlice& slice) override;
   void backward(const LayerSlice& slice) override;
-  std::size_t workspace_bytes(index_t rows) const override;
+  std::size_t workspace_bytes(const Driver& driver, index_t rows) const override;
   bool splits_by_rows() const override { return false; }
   bool is_loss() const override { return true; }
 
@@ -102,7 +102,7 @@ class SigmoidCrossEntropyLossLayer final : public Layer {
   std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
   void forward(const LayerSlice& slice) override;
   void backward(const LayerSlice& slice) override;
-  std::size_t workspace_bytes(index_t rows) const override;
+  std::size_t workspace_bytes(const Driver& driver, index_t rows) const override;
   bool splits_by_rows() const override { return false; }
   bool can_propagate_down(int input) const override { return input == 0; }
   bool is_loss() const override { return true; }

@@ -30,7 +30,7 @@ class ScaleLayer final : public Layer {
   std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
   void forward(const LayerSlice& slice) override;
   void backward(const LayerSlice& slice) override;
-  std::size_t workspace_bytes(index_t rows) const override;
+  std::size_t workspace_bytes(const Driver& driver, index_t rows) const override;
   // Rows are independent unless the scale (or bias) spans the batch axis or is an input
   // whose gradient sums over the batch.
   bool splits_by_rows() const override { return splits_by_rows_; }

@@ -1,0 +1,339 @@
+// hybridnn-bench layers: CaffeNet's layers (bvlc_reference_caffenet_deploy.prototxt, shapes
+// hard-coded until the prototxt parser exists) forward and backward on the CPU driver, each
+// run as a kernel on buffers the benchmark owns (as a Net would run it: persistent
+// workspace, no tensor bookkeeping in the timed region), against the sgemm peak.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/bench_common.h"
+#include "hybridnn/layer.h"
+#include "hybridnn/layers/convolution.h"
+#include "hybridnn/layers/inner_product.h"
+#include "hybridnn/memory.h"
+#include "hybridnn/runtime.h"
+
+#if __has_include("hybridnn/layers/pooling.h")
+#include "hybridnn/layers/pooling.h"
+#define HYBRIDNN_BENCH_POOLING 1
+#endif
+#if __has_include("hybridnn/layers/lrn.h")
+#include "hybridnn/layers/lrn.h"
+#define HYBRIDNN_BENCH_LRN 1
+#endif
+#if __has_include("hybridnn/layers/activation.h")
+#include "hybridnn/layers/activation.h"
+#define HYBRIDNN_BENCH_RELU 1
+#endif
+
+namespace hn::bench {
+
+namespace {
+
+struct LayersOptions {
+  int threads = 0;
+  std::string blas;  // empty: the build's default
+  index_t batch = 32;
+  std::vector<std::string> only;  // empty: every layer
+  // Overrides for the convolutions, for tuning: 0 / automatic = the library's choice.
+  std::size_t chunk_bytes = 0;
+  Lowering lowering = Lowering::automatic;
+};
+
+LayersOptions parse_layers(const std::vector<std::string>& args) {
+  LayersOptions options;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if ((arg == "--threads" || arg == "--blas" || arg == "--batch" || arg == "--only" ||
+         arg == "--chunk-bytes" || arg == "--lowering") &&
+        i + 1 == args.size()) {
+      throw UsageError{"layers: " + arg + " needs a value"};
+    }
+    if (arg == "--threads") {
+      options.threads = parse_threads("layers", args[++i]);
+    } else if (arg == "--blas") {
+      options.blas = args[++i];
+    } else if (arg == "--batch") {
+      const std::string& value = args[++i];
+      char* end = nullptr;
+      const long batch = std::strtol(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || batch < 1 || batch > 4096) {
+        throw UsageError{"layers: --batch needs a number in [1, 4096], got '" + value + "'"};
+      }
+      options.batch = batch;
+    } else if (arg == "--only") {
+      std::istringstream list(args[++i]);
+      for (std::string name; std::getline(list, name, ',');) {
+        if (!name.empty()) options.only.push_back(name);
+      }
+    } else if (arg == "--chunk-bytes") {
+      const std::string& value = args[++i];
+      char* end = nullptr;
+      const unsigned long long bytes = std::strtoull(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0') {
+        throw UsageError{"layers: --chunk-bytes needs a number of bytes, got '" + value + "'"};
+      }
+      options.chunk_bytes = static_cast<std::size_t>(bytes);
+    } else if (arg == "--lowering") {
+      const std::string& value = args[++i];
+      bool known = false;
+      for (const Lowering l : {Lowering::automatic, Lowering::type1, Lowering::type3,
+                               Lowering::direct_1x1, Lowering::direct}) {
+        if (value == lowering_name(l)) {
+          options.lowering = l;
+          known = true;
+        }
+      }
+      if (!known) throw UsageError{"layers: unknown --lowering '" + value + "'"};
+    } else {
+      throw UsageError{"layers: unknown option '" + arg + "'"};
+    }
+  }
+  return options;
+}
+
+// One layer of the net with its input shape and its forward FLOPs (0: not a GEMM layer).
+struct NetLayer {
+  std::unique_ptr<Layer> layer;
+  Shape input;
+  double forward_flops = 0.0;
+};
+
+ConvolutionParams conv(index_t num_output, index_t kernel, index_t stride, index_t pad,
+                       index_t group) {
+  ConvolutionParams p;
+  p.num_output = num_output;
+  p.kernel_size = {kernel};
+  p.stride = {stride};
+  p.pad = {pad};
+  p.group = group;
+  return p;
+}
+
+// CaffeNet (bvlc_reference_caffenet_deploy.prototxt) at batch n, without the dropout and
+// softmax layers.
+std::vector<NetLayer> caffenet(const LayersOptions& options) {
+  const index_t n = options.batch;
+  std::vector<NetLayer> net;
+  auto add_conv = [&](const char* name, Shape input, ConvolutionParams p) {
+    p.chunk_bytes = options.chunk_bytes;
+    // A forced lowering applies where it can (type3: group 1 only).
+    if (options.lowering != Lowering::type3 || p.group == 1) p.lowering = options.lowering;
+    auto layer = std::make_unique<ConvolutionLayer>(name, p);
+    const Shape out = layer->setup({input}).at(0);
+    // 2 * outputs * (C_in / group) * kernel_h * kernel_w: the weights of one output.
+    const double flops = 2.0 * out.count() * layer->params().at(0).count() / p.num_output;
+    net.push_back({std::move(layer), input, flops});
+  };
+  auto add_fc = [&](const char* name, Shape input, index_t num_output) {
+    InnerProductParams p;
+    p.num_output = num_output;
+    net.push_back({std::make_unique<InnerProductLayer>(name, p), input,
+                   2.0 * input[0] * input.count(1, input.axes()) * num_output});
+  };
+  auto add = [&](std::unique_ptr<Layer> layer, Shape input) {
+    net.push_back({std::move(layer), input, 0.0});
+  };
+#if HYBRIDNN_BENCH_RELU
+  auto relu = [&](const char* name, Shape input) { add(std::make_unique<ReluLayer>(name), input); };
+#else
+  auto relu = [](const char*, const Shape&) {};
+#endif
+#if HYBRIDNN_BENCH_POOLING
+  auto pool = [&](const char* name, Shape input) {
+    PoolingParams p;
+    p.pool = PoolMethod::max;
+    p.kernel_size = 3;
+    p.stride = 2;
+    add(std::make_unique<PoolingLayer>(name, p), input);
+  };
+#else
+  auto pool = [](const char*, const Shape&) {};
+#endif
+#if HYBRIDNN_BENCH_LRN
+  auto norm = [&](const char* name, Shape input) {
+    LrnParams p;
+    p.local_size = 5;
+    p.alpha = 1e-4f;
+    p.beta = 0.75f;
+    add(std::make_unique<LrnLayer>(name, p), input);
+  };
+#else
+  auto norm = [](const char*, const Shape&) {};
+#endif
+  add_conv("conv1", Shape{n, 3, 227, 227}, conv(96, 11, 4, 0, 1));
+  relu("relu1", Shape{n, 96, 55, 55});
+  pool("pool1", Shape{n, 96, 55, 55});
+  norm("norm1", Shape{n, 96, 27, 27});
+  add_conv("conv2", Shape{n, 96, 27, 27}, conv(256, 5, 1, 2, 2));
+  relu("relu2", Shape{n, 256, 27, 27});
+  pool("pool2", Shape{n, 256, 27, 27});
+  norm("norm2", Shape{n, 256, 13, 13});
+  add_conv("conv3", Shape{n, 256, 13, 13}, conv(384, 3, 1, 1, 1));
+  relu("relu3", Shape{n, 384, 13, 13});
+  add_conv("conv4", Shape{n, 384, 13, 13}, conv(384, 3, 1, 1, 2));
+  relu("relu4", Shape{n, 384, 13, 13});
+  add_conv("conv5", Shape{n, 384, 13, 13}, conv(256, 3, 1, 1, 2));
+  relu("relu5", Shape{n, 256, 13, 13});
+  pool("pool5", Shape{n, 256, 13, 13});
+  add_fc("fc6", Shape{n, 256, 6, 6}, 4096);
+  relu("relu6", Shape{n, 4096});
+  add_fc("fc7", Shape{n, 4096}, 4096);
+  relu("relu7", Shape{n, 4096});
+  add_fc("fc8", Shape{n, 4096}, 1000);
+  return net;
+}
+
+// A buffer of `shape`'s floats on the driver, filled with random values in [-scale, scale].
+struct Array {
+  Array(Driver& driver, const Shape& s, unsigned seed, float scale)
+      : shape(s), buffer(driver, static_cast<std::size_t>(s.count()) * sizeof(float)) {
+    std::vector<float> values = random_floats(static_cast<std::size_t>(s.count()), seed);
+    for (float& v : values)
+      v *= scale;
+    driver.copy_from_host(buffer.address(), values.data(), buffer.bytes());
+  }
+  Pointer pointer() const { return buffer.pointer(); }
+  Shape shape;
+  Buffer buffer;
+};
+
+struct Timing {
+  double forward = 0.0, backward = 0.0;  // seconds
+};
+
+// Runs the layer as a kernel: buffers for every operand, one LayerSlice per direction over
+// the whole batch, the workspace allocated once.
+Timing time_layer(Driver& driver, NetLayer& entry) {
+  Layer& layer = *entry.layer;
+  const Shape out_shape = layer.setup({entry.input}).at(0);
+  const index_t batch = entry.input[0];
+  Array x(driver, entry.input, 1, 1.0f), dx(driver, entry.input, 2, 1.0f);
+  Array y(driver, out_shape, 3, 1.0f), dy(driver, out_shape, 4, 1.0f);
+  std::vector<Array> params, param_diffs, states;
+  for (Tensor& p : layer.params()) {
+    params.emplace_back(driver, p.shape(), 5, 0.01f);
+    param_diffs.emplace_back(driver, p.shape(), 6, 0.0f);
+  }
+  for (Tensor& s : layer.state())
+    states.emplace_back(driver, s.shape(), 7, 0.0f);
+  Buffer workspace(driver, layer.workspace_bytes(driver, batch));
+
+  LayerSlice forward;
+  forward.driver = &driver;
+  forward.begin = 0;
+  forward.end = batch;
+  forward.phase = Phase::train;
+  forward.inputs = {Operand{entry.input, x.pointer(), Pointer{driver.device(), nullptr, 0}}};
+  forward.outputs = {Operand{out_shape, y.pointer(), Pointer{driver.device(), nullptr, 0}}};
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    forward.params.push_back(
+        Operand{params[i].shape, params[i].pointer(), param_diffs[i].pointer()});
+  }
+  for (const Array& s : states) {
+    forward.state.push_back(Operand{s.shape, s.pointer(), Pointer{driver.device(), nullptr, 0}});
+  }
+  forward.workspace = workspace.pointer();
+  LayerSlice backward = forward;
+  backward.inputs[0].diff = dx.pointer();
+  backward.outputs[0].diff = dy.pointer();
+  backward.propagate_down = {true};
+
+  Timing t;
+  t.forward = best_seconds([&] {
+    layer.forward(forward);
+    driver.synchronize();
+  });
+  t.backward = best_seconds([&] {
+    layer.backward(backward);
+    driver.synchronize();
+  });
+  return t;
+}
+
+bool selected(const LayersOptions& options, const std::string& name) {
+  if (options.only.empty()) return true;
+  for (const std::string& s : options.only) {
+    if (s == name) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+int run_layers(const std::vector<std::string>& args) {
+  const LayersOptions options = parse_layers(args);
+  const int threads = resolve_threads(options.threads);
+  DriverOptions driver_options;
+  driver_options.threads = threads;
+  driver_options.blas = options.blas;
+  const std::unique_ptr<Driver> driver = make_driver(Device{DeviceKind::cpu, 0}, driver_options);
+  const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
+  std::fprintf(stderr, "layers: %s, batch %ld, OMP_WAIT_POLICY=%s\n", driver->description().c_str(),
+               static_cast<long>(options.batch), wait_policy ? wait_policy : "(unset)");
+
+  const Peak peak = measure_peak(threads);
+  // OMP_WAIT_POLICY is part of the result: oneDNN's OpenMP threads spin after each GEMM and
+  // slow the TBB lowering that follows unless it is "passive" (docs/layers.md).
+  fmt::print(
+      "{{\"bench\":\"gemm_peak\",\"blas\":\"{}\",\"threads\":{},\"gflops\":{:.1f},"
+      "\"omp_wait_policy\":\"{}\"}}\n",
+      peak.blas, threads, peak.gflops, wait_policy ? wait_policy : "");
+  std::fflush(stdout);
+
+  double conv_forward = 0.0, conv_backward = 0.0, conv_flops = 0.0;
+  int convs = 0;
+  for (NetLayer& entry : caffenet(options)) {
+    const std::string name = entry.layer->name();
+    if (!selected(options, name)) continue;
+    const Timing t = time_layer(*driver, entry);
+    const std::string type = entry.layer->type();
+    std::string line = fmt::format(
+        "{{\"bench\":\"layer\",\"name\":\"{}\",\"type\":\"{}\",\"batch\":{},\"threads\":{}", name,
+        type, options.batch, threads);
+    if (const auto* c = dynamic_cast<const ConvolutionLayer*>(entry.layer.get())) {
+      line += fmt::format(",\"lowering\":\"{}\",\"fwd_chunk\":{},\"bwd_chunk\":{}",
+                          lowering_name(c->lowering_for(*driver)), c->forward_chunk(options.batch),
+                          c->backward_chunk(options.batch));
+      line += fmt::format(",\"workspace_mb\":{:.1f}",
+                          c->workspace_bytes(*driver, options.batch) * 1e-6);
+    }
+    line += fmt::format(",\"fwd_ms\":{:.3f},\"bwd_ms\":{:.3f}", t.forward * 1e3, t.backward * 1e3);
+    if (entry.forward_flops > 0.0) {
+      const double fwd = entry.forward_flops / t.forward * 1e-9;
+      const double bwd = 2.0 * entry.forward_flops / t.backward * 1e-9;
+      line += fmt::format(
+          ",\"fwd_gflops\":{:.1f},\"bwd_gflops\":{:.1f},\"fwd_ratio_to_peak\":{:.3f},"
+          "\"bwd_ratio_to_peak\":{:.3f}",
+          fwd, bwd, fwd / peak.gflops, bwd / peak.gflops);
+    }
+    fmt::print("{}}}\n", line);
+    std::fflush(stdout);
+    std::fprintf(stderr, "layers: %s: forward %.2f ms, backward %.2f ms\n", name.c_str(),
+                 t.forward * 1e3, t.backward * 1e3);
+    if (type == "Convolution") {
+      conv_forward += t.forward;
+      conv_backward += t.backward;
+      conv_flops += entry.forward_flops;
+      ++convs;
+    }
+  }
+  if (convs > 0) {
+    const double fwd = conv_flops / conv_forward * 1e-9;
+    const double total = 3.0 * conv_flops / (conv_forward + conv_backward) * 1e-9;
+    fmt::print(
+        "{{\"bench\":\"layer_total\",\"name\":\"conv1..conv5\",\"layers\":{},\"fwd_ms\":{:.3f},"
+        "\"bwd_ms\":{:.3f},\"fwd_gflops\":{:.1f},\"fwd_ratio_to_peak\":{:.3f},"
+        "\"fwd_bwd_gflops\":{:.1f},\"fwd_bwd_ratio_to_peak\":{:.3f}}}\n",
+        convs, conv_forward * 1e3, conv_backward * 1e3, fwd, fwd / peak.gflops, total,
+        total / peak.gflops);
+  }
+  return 0;
+}
+
+}  // namespace hn::bench

@@ -1,0 +1,462 @@
+// Convolution layer: forward and backward against a naive direct convolution written here
+// (double accumulation) on every driver and with every lowering forced; row slices against
+// the whole-batch run; finite-difference gradients; setup errors.
+#include <catch2/catch.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hybridnn/error.h"
+#include "hybridnn/layers/convolution.h"
+#include "hybridnn/runtime.h"
+#include "tests/layer_support.h"
+#include "tests/support.h"
+
+namespace {
+
+using Catch::Matchers::Contains;
+using hn::ConvolutionParams;
+using hn::index_t;
+using hn::Lowering;
+using hn::Shape;
+using hn::test::max_rel_diff;
+using hn::test::random_floats;
+
+// GEMM summation order differs between drivers and lowerings.
+constexpr double kTolerance = 2e-5;
+
+struct Geometry {
+  index_t kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
+};
+
+// The resolved geometry of `p`, by Caffe's rules, independently of the layer.
+Geometry geometry_of(const ConvolutionParams& p) {
+  auto pick = [](const std::vector<index_t>& v, int axis, index_t fallback) {
+    return v.empty() ? fallback : v[v.size() == 1 ? 0 : static_cast<std::size_t>(axis)];
+  };
+  Geometry g{};
+  g.kernel_h = p.kernel_h ? *p.kernel_h : pick(p.kernel_size, 0, 0);
+  g.kernel_w = p.kernel_w ? *p.kernel_w : pick(p.kernel_size, 1, 0);
+  g.stride_h = p.stride_h ? *p.stride_h : pick(p.stride, 0, 1);
+  g.stride_w = p.stride_w ? *p.stride_w : pick(p.stride, 1, 1);
+  g.pad_h = p.pad_h ? *p.pad_h : pick(p.pad, 0, 0);
+  g.pad_w = p.pad_w ? *p.pad_w : pick(p.pad, 1, 0);
+  g.dilation_h = pick(p.dilation, 0, 1);
+  g.dilation_w = pick(p.dilation, 1, 1);
+  return g;
+}
+
+struct Case {
+  std::string name;
+  Shape input;
+  ConvolutionParams params;
+};
+
+ConvolutionParams square(index_t num_output, index_t kernel, index_t stride, index_t pad,
+                         index_t group = 1) {
+  ConvolutionParams p;
+  p.num_output = num_output;
+  p.kernel_size = {kernel};
+  p.stride = {stride};
+  p.pad = {pad};
+  p.group = group;
+  return p;
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> list;
+  list.push_back({"3x3 pad 1, batch 2", Shape{2, 3, 7, 6}, square(4, 3, 1, 1)});
+  {
+    ConvolutionParams p = square(6, 3, 1, 2, 2);
+    p.dilation = {2};
+    list.push_back({"group 2, dilation 2, odd batch 3", Shape{3, 4, 9, 8}, p});
+  }
+  {
+    ConvolutionParams p;
+    p.num_output = 3;
+    p.kernel_h = 3;
+    p.kernel_w = 2;
+    p.stride_h = 2;
+    p.stride_w = 1;
+    p.pad_h = 1;
+    p.pad_w = 0;
+    list.push_back({"non-square kernel/stride/pad, batch 1", Shape{1, 2, 8, 7}, p});
+  }
+  {
+    ConvolutionParams p = square(4, 1, 1, 0, 2);
+    p.bias_term = false;
+    list.push_back({"1x1 group 2 without bias, batch 3", Shape{3, 6, 5, 4}, p});
+  }
+  list.push_back({"1x1, batch 2", Shape{2, 5, 3, 4}, square(3, 1, 1, 0)});
+  list.push_back(
+      {"11x11 stride 4 (conv1-like), batch 5", Shape{5, 3, 19, 19}, square(2, 11, 4, 0)});
+  {
+    ConvolutionParams p = square(6, 3, 1, 0, 3);
+    p.kernel_size = {3, 2};
+    p.stride = {1, 2};
+    p.pad = {2, 1};
+    p.dilation = {2, 1};
+    list.push_back({"group 3, two-value kernel/stride/pad/dilation", Shape{2, 6, 6, 7}, p});
+  }
+  return list;
+}
+
+// Every lowering a case can be forced to, plus automatic.
+std::vector<Lowering> lowerings_for(const Case& c) {
+  const Geometry g = geometry_of(c.params);
+  std::vector<Lowering> list = {Lowering::automatic, Lowering::type1, Lowering::direct};
+  if (c.params.group == 1) list.push_back(Lowering::type3);
+  if (g.kernel_h == 1 && g.kernel_w == 1 && g.stride_h == 1 && g.stride_w == 1 && g.pad_h == 0 &&
+      g.pad_w == 0) {
+    list.push_back(Lowering::direct_1x1);
+  }
+  return list;
+}
+
+struct Naive {
+  std::vector<float> y, dx, dw, db;
+};
+
+// The direct definition: y[n][co][oh][ow] = b[co] + sum over the input channels of co's
+// group and the kernel taps of x * w; backward by the same index map.
+Naive naive_convolution(const Shape& in, const ConvolutionParams& p, const std::vector<float>& x,
+                        const std::vector<float>& w, const std::vector<float>& b,
+                        const std::vector<float>& dy) {
+  const Geometry g = geometry_of(p);
+  const index_t n_count = in[0], channels = in[1], height = in[2], width = in[3];
+  const index_t out_h =
+      (height + 2 * g.pad_h - (g.dilation_h * (g.kernel_h - 1) + 1)) / g.stride_h + 1;
+  const index_t out_w =
+      (width + 2 * g.pad_w - (g.dilation_w * (g.kernel_w - 1) + 1)) / g.stride_w + 1;
+  const index_t group_in = channels / p.group, group_out = p.num_output / p.group;
+  std::vector<double> y(static_cast<std::size_t>(n_count * p.num_output * out_h * out_w));
+  std::vector<double> dx(x.size()), dw(w.size()), db(static_cast<std::size_t>(p.num_output));
+  auto x_at = [&](index_t n, index_t c, index_t h, index_t wi) {
+    return static_cast<std::size_t>(((n * channels + c) * height + h) * width + wi);
+  };
+  for (index_t n = 0; n < n_count; ++n) {
+    for (index_t co = 0; co < p.num_output; ++co) {
+      const index_t group = co / group_out;
+      for (index_t oh = 0; oh < out_h; ++oh) {
+        for (index_t ow = 0; ow < out_w; ++ow) {
+          const std::size_t yi =
+              static_cast<std::size_t>(((n * p.num_output + co) * out_h + oh) * out_w + ow);
+          double sum = p.bias_term ? b[static_cast<std::size_t>(co)] : 0.0;
+          const double grad = dy.empty() ? 0.0 : dy[yi];
+          if (p.bias_term) db[static_cast<std::size_t>(co)] += grad;
+          for (index_t ci = 0; ci < group_in; ++ci) {
+            for (index_t kh = 0; kh < g.kernel_h; ++kh) {
+              for (index_t kw = 0; kw < g.kernel_w; ++kw) {
+                const index_t ih = oh * g.stride_h - g.pad_h + kh * g.dilation_h;
+                const index_t iw = ow * g.stride_w - g.pad_w + kw * g.dilation_w;
+                if (ih < 0 || ih >= height || iw < 0 || iw >= width) continue;
+                const std::size_t xi = x_at(n, group * group_in + ci, ih, iw);
+                const std::size_t wi = static_cast<std::size_t>(
+                    ((co * group_in + ci) * g.kernel_h + kh) * g.kernel_w + kw);
+                sum += static_cast<double>(x[xi]) * w[wi];
+                dx[xi] += grad * w[wi];
+                dw[wi] += grad * x[xi];
+              }
+            }
+          }
+          y[yi] = sum;
+        }
+      }
+    }
+  }
+  auto to_float = [](const std::vector<double>& v) {
+    return std::vector<float>(v.begin(), v.end());
+  };
+  return {to_float(y), to_float(dx), to_float(dw),
+          p.bias_term ? to_float(db) : std::vector<float>{}};
+}
+
+struct Run {
+  std::vector<float> y, dx, dw, db;
+};
+
+// Runs the layer on `driver` over the row ranges `cuts` ({0, b, N}: rows [0, b) then
+// [b, N)), forward and, when dy is given, backward with cleared parameter gradients.
+Run run_convolution(hn::ConvolutionLayer& layer, hn::Driver& driver, const Shape& in,
+                    const std::vector<float>& x, const std::vector<float>& w,
+                    const std::vector<float>& b, const std::vector<float>& dy,
+                    std::vector<index_t> cuts = {}) {
+  const Shape out_shape = layer.setup({in}).at(0);
+  hn::Tensor input(in), output(out_shape);
+  hn::test::set_values(input, x);
+  hn::test::set_values(layer.params()[0], w);
+  if (layer.params().size() > 1) hn::test::set_values(layer.params()[1], b);
+  for (hn::Tensor& param : layer.params()) {
+    std::fill(param.host_diff_mut(), param.host_diff_mut() + param.count(), 0.0f);
+  }
+  if (cuts.empty()) cuts = {0, in[0]};
+  hn::RunOptions options;
+  for (std::size_t c = 0; c + 1 < cuts.size(); ++c) {
+    options.begin = cuts[c];
+    options.end = cuts[c + 1];
+    hn::run_forward(layer, driver, {&input}, {&output}, options);
+  }
+  Run run;
+  run.y = hn::test::values(output);
+  if (dy.empty()) return run;
+  std::copy(dy.begin(), dy.end(), output.host_diff_mut());
+  for (std::size_t c = 0; c + 1 < cuts.size(); ++c) {
+    options.begin = cuts[c];
+    options.end = cuts[c + 1];
+    hn::run_backward(layer, driver, {&input}, {&output}, {true}, options);
+  }
+  run.dx = hn::test::diffs(input);
+  run.dw = hn::test::diffs(layer.params()[0]);
+  if (layer.params().size() > 1) run.db = hn::test::diffs(layer.params()[1]);
+  return run;
+}
+
+struct Data {
+  std::vector<float> x, w, b, dy;
+};
+
+Data data_for(const Case& c) {
+  const Geometry g = geometry_of(c.params);
+  hn::ConvolutionLayer probe("probe", c.params);
+  const Shape out = probe.setup({c.input}).at(0);
+  const std::size_t weights = static_cast<std::size_t>(c.params.num_output * c.input[1] /
+                                                       c.params.group * g.kernel_h * g.kernel_w);
+  return {random_floats(static_cast<std::size_t>(c.input.count()), 11), random_floats(weights, 12),
+          c.params.bias_term ? random_floats(static_cast<std::size_t>(c.params.num_output), 13)
+                             : std::vector<float>{},
+          random_floats(static_cast<std::size_t>(out.count()), 14)};
+}
+
+std::vector<hn::test::DriverConfig> gradient_configs() {
+  std::vector<hn::test::DriverConfig> configs;
+  for (const auto& config : hn::test::driver_configs()) {
+    if (config.label == "reference" ||
+        (config.label.find("1 thread") != std::string::npos && configs.size() < 2)) {
+      configs.push_back(config);
+    }
+  }
+  return configs;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "Convolution forward and backward equal a naive direct convolution on every driver "
+    "with every lowering",
+    "[layer][convolution]") {
+  const auto config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    const auto oracle = hn::make_driver(hn::Device{hn::DeviceKind::reference, 0});
+    for (const Case& c : cases()) {
+      const Data data = data_for(c);
+      const Naive want = naive_convolution(c.input, c.params, data.x, data.w, data.b, data.dy);
+      for (const Lowering lowering : lowerings_for(c)) {
+        INFO(c.name << ", input " << c.input.to_string() << ", lowering "
+                    << hn::lowering_name(lowering));
+        ConvolutionParams p = c.params;
+        p.lowering = lowering;
+        hn::ConvolutionLayer layer("conv", p);
+        const Run got = run_convolution(layer, *driver, c.input, data.x, data.w, data.b, data.dy);
+        INFO("chosen lowering " << layer.lowering_name());
+        CHECK(max_rel_diff(got.y, want.y) <= kTolerance);
+        CHECK(max_rel_diff(got.dx, want.dx) <= kTolerance);
+        CHECK(max_rel_diff(got.dw, want.dw) <= kTolerance);
+        CHECK(max_rel_diff(got.db, want.db) <= kTolerance);
+        // The same layer on the reference driver.
+        hn::ConvolutionLayer reference_layer("conv", p);
+        const Run ref =
+            run_convolution(reference_layer, *oracle, c.input, data.x, data.w, data.b, data.dy);
+        CHECK(max_rel_diff(got.y, ref.y) <= kTolerance);
+        CHECK(max_rel_diff(got.dx, ref.dx) <= kTolerance);
+        CHECK(max_rel_diff(got.dw, ref.dw) <= kTolerance);
+        CHECK(max_rel_diff(got.db, ref.db) <= kTolerance);
+      }
+    }
+  }
+}
+
+TEST_CASE("Convolution lowered in chunks smaller than the slice equals the naive convolution",
+          "[layer][convolution]") {
+  const auto config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    Case c{"group 2, 7 images", Shape{7, 4, 6, 5}, square(6, 3, 1, 1, 2)};
+    const Data data = data_for(c);
+    const Naive want = naive_convolution(c.input, c.params, data.x, data.w, data.b, data.dy);
+    // Per image: 4 * 9 * 30 lowered floats (4320 bytes); type 3 lowers 30 * (6*9 + 4).
+    for (const std::size_t chunk_bytes : {std::size_t{1}, std::size_t{9000}, std::size_t{20000}}) {
+      for (const Lowering lowering : {Lowering::type1, Lowering::type3}) {
+        ConvolutionParams p = c.params;
+        p.lowering = lowering;
+        p.chunk_bytes = chunk_bytes;
+        if (lowering == Lowering::type3) p.group = 1;
+        INFO("lowering " << hn::lowering_name(lowering) << ", chunk_bytes " << chunk_bytes);
+        const Data d = lowering == Lowering::type3 ? data_for({c.name, c.input, p}) : data;
+        const Naive w =
+            lowering == Lowering::type3 ? naive_convolution(c.input, p, d.x, d.w, d.b, d.dy) : want;
+        hn::ConvolutionLayer layer("conv", p);
+        const Run got = run_convolution(layer, *driver, c.input, d.x, d.w, d.b, d.dy);
+        INFO("chunks of " << layer.forward_chunk(7) << " / " << layer.backward_chunk(7)
+                          << " images");
+        CHECK(layer.forward_chunk(7) < 7);
+        CHECK(layer.backward_chunk(7) < 7);
+        CHECK(max_rel_diff(got.y, w.y) <= kTolerance);
+        CHECK(max_rel_diff(got.dx, w.dx) <= kTolerance);
+        CHECK(max_rel_diff(got.dw, w.dw) <= kTolerance);
+        CHECK(max_rel_diff(got.db, w.db) <= kTolerance);
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "Convolution on rows b..e gives the whole-batch run's rows, and slice gradients "
+    "add up to the whole batch's",
+    "[layer][convolution]") {
+  const auto config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    for (const Case& c : cases()) {
+      if (c.input[0] < 2) continue;
+      const Data data = data_for(c);
+      for (const Lowering lowering : lowerings_for(c)) {
+        INFO(c.name << ", lowering " << hn::lowering_name(lowering));
+        ConvolutionParams p = c.params;
+        p.lowering = lowering;
+        hn::ConvolutionLayer layer("conv", p);
+        const Run whole = run_convolution(layer, *driver, c.input, data.x, data.w, data.b, data.dy);
+        const index_t n = c.input[0];
+        const Run split = run_convolution(layer, *driver, c.input, data.x, data.w, data.b, data.dy,
+                                          {0, 1, n - 1 > 1 ? n - 1 : n, n});
+        CHECK(max_rel_diff(split.y, whole.y) <= kTolerance);
+        CHECK(max_rel_diff(split.dx, whole.dx) <= kTolerance);
+        CHECK(max_rel_diff(split.dw, whole.dw) <= kTolerance);
+        CHECK(max_rel_diff(split.db, whole.db) <= kTolerance);
+      }
+    }
+  }
+}
+
+TEST_CASE("Convolution gradients match finite differences for every lowering",
+          "[layer][convolution]") {
+  const auto config = GENERATE(from_range(gradient_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    std::vector<Case> list;
+    list.push_back({"3x3 pad 1", Shape{2, 2, 5, 4}, square(3, 3, 1, 1)});
+    {
+      ConvolutionParams p = square(4, 2, 2, 1, 2);
+      p.dilation = {2, 1};
+      list.push_back({"group 2, stride 2, dilation 2x1", Shape{2, 4, 6, 5}, p});
+    }
+    list.push_back({"1x1", Shape{3, 3, 3, 2}, square(2, 1, 1, 0)});
+    for (const Case& c : list) {
+      for (const Lowering lowering : lowerings_for(c)) {
+        INFO(c.name << ", lowering " << hn::lowering_name(lowering));
+        ConvolutionParams p = c.params;
+        p.lowering = lowering;
+        hn::ConvolutionLayer layer("conv", p);
+        const Shape out = layer.setup({c.input}).at(0);
+        const Data data = data_for(c);
+        hn::Tensor input(c.input), output(out);
+        hn::test::set_values(input, data.x);
+        hn::test::set_values(layer.params()[0], data.w);
+        hn::test::set_values(layer.params()[1], data.b);
+        hn::test::GradientCheck options;
+        options.step = 1e-2f;
+        options.threshold = 1e-3;
+        hn::test::check_gradients(layer, *driver, {&input}, {&output}, options);
+      }
+    }
+  }
+}
+
+TEST_CASE("Convolution setup computes Caffe's output shape and picks a lowering",
+          "[layer][convolution]") {
+  hn::ConvolutionLayer conv1("conv1", square(96, 11, 4, 0));
+  CHECK(conv1.setup({Shape{10, 3, 227, 227}}).at(0) == Shape{10, 96, 55, 55});
+  CHECK(conv1.params().at(0).shape() == Shape{96, 3, 11, 11});
+  CHECK(conv1.params().at(1).shape() == Shape{96});
+  CHECK(std::string(conv1.lowering_name()) == "type1");
+  // Caffe's conv2 (group 2): weights hold C / group input channels.
+  hn::ConvolutionLayer conv2("conv2", square(256, 5, 1, 2, 2));
+  CHECK(conv2.setup({Shape{10, 96, 27, 27}}).at(0) == Shape{10, 256, 27, 27});
+  CHECK(conv2.params().at(0).shape() == Shape{256, 48, 5, 5});
+  // The workspace of a slice is bounded by the chunk, not by the batch (on a driver without
+  // a direct convolution, where the GEMM lowering runs).
+  const std::unique_ptr<hn::Driver> bare = hn::make_driver(hn::Device::parse("reference"));
+  CHECK(conv2.lowering_for(*bare) == Lowering::direct);  // the reference has one
+  hn::ConvolutionParams forced = square(256, 5, 1, 2, 2);
+  forced.lowering = Lowering::type1;
+  hn::ConvolutionLayer conv2_type1("conv2", forced);
+  conv2_type1.setup({Shape{10, 96, 27, 27}});
+  CHECK(conv2_type1.lowering_for(*bare) == Lowering::type1);
+  CHECK(conv2_type1.workspace_bytes(*bare, 256) == conv2_type1.workspace_bytes(*bare, 32));
+  CHECK(conv2_type1.workspace_bytes(*bare, 256) < std::size_t{64} << 20);
+  CHECK(conv2_type1.workspace_bytes(*bare, 256) > 0);
+  // The direct path needs no workspace.
+  CHECK(conv2.workspace_bytes(*bare, 256) == 0);
+  // A 1x1 kernel needs no lowering: the cost model picks direct_1x1 among the GEMM paths.
+  hn::ConvolutionLayer one("one", square(64, 1, 1, 0));
+  one.setup({Shape{4, 32, 14, 14}});
+  CHECK(one.lowering() == Lowering::direct_1x1);
+  CHECK(one.workspace_bytes(*bare, 4) == 0);
+}
+
+TEST_CASE("Convolution setup errors name the layer and the shapes", "[layer][convolution]") {
+  SECTION("channels not divisible by group") {
+    hn::ConvolutionLayer layer("conv_g", square(4, 3, 1, 1, 2));
+    CHECK_THROWS_WITH(layer.setup({Shape{2, 3, 8, 8}}),
+                      Contains("conv_g") && Contains("Convolution") && Contains("group 2") &&
+                          Contains("2x3x8x8"));
+  }
+  SECTION("num_output not divisible by group") {
+    hn::ConvolutionLayer layer("conv_o", square(5, 3, 1, 1, 2));
+    CHECK_THROWS_WITH(layer.setup({Shape{2, 4, 8, 8}}),
+                      Contains("conv_o") && Contains("num_output 5"));
+  }
+  SECTION("kernel larger than the padded input") {
+    hn::ConvolutionLayer layer("conv_k", square(4, 7, 1, 1));
+    CHECK_THROWS_WITH(layer.setup({Shape{2, 3, 4, 4}}), Contains("conv_k") &&
+                                                            Contains("kernel 7x7") &&
+                                                            Contains("6x6") && Contains("2x3x4x4"));
+  }
+  SECTION("wrong input count") {
+    hn::ConvolutionLayer layer("conv_n", square(4, 3, 1, 1));
+    CHECK_THROWS_WITH(layer.setup({Shape{2, 3, 8, 8}, Shape{2, 3, 8, 8}}),
+                      Contains("conv_n") && Contains("1 input") && Contains("got 2"));
+    CHECK_THROWS_WITH(layer.setup({}), Contains("conv_n") && Contains("got 0"));
+  }
+  SECTION("input not 4-D") {
+    hn::ConvolutionLayer layer("conv_d", square(4, 3, 1, 1));
+    CHECK_THROWS_WITH(layer.setup({Shape{2, 3, 8}}), Contains("conv_d") && Contains("2x3x8"));
+  }
+  SECTION("kernel_size and kernel_h/kernel_w together") {
+    ConvolutionParams p = square(4, 3, 1, 1);
+    p.kernel_h = 3;
+    p.kernel_w = 3;
+    hn::ConvolutionLayer layer("conv_b", p);
+    CHECK_THROWS_WITH(layer.setup({Shape{2, 3, 8, 8}}), Contains("conv_b") && Contains("kernel"));
+  }
+  SECTION("a forced lowering that does not apply") {
+    ConvolutionParams p = square(4, 3, 1, 1, 2);
+    p.lowering = Lowering::type3;
+    hn::ConvolutionLayer type3("conv_t3", p);
+    CHECK_THROWS_WITH(type3.setup({Shape{2, 4, 8, 8}}), Contains("conv_t3") && Contains("type3"));
+    p.group = 1;
+    p.lowering = Lowering::direct_1x1;
+    hn::ConvolutionLayer direct("conv_d1", p);
+    CHECK_THROWS_WITH(direct.setup({Shape{2, 4, 8, 8}}),
+                      Contains("conv_d1") && Contains("direct_1x1") && Contains("3x3"));
+  }
+  SECTION("num_output missing") {
+    ConvolutionParams p;
+    p.kernel_size = {3};
+    hn::ConvolutionLayer layer("conv_z", p);
+    CHECK_THROWS_WITH(layer.setup({Shape{2, 3, 8, 8}}),
+                      Contains("conv_z") && Contains("num_output"));
+  }
+}
