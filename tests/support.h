@@ -11,6 +11,7 @@
 
 #include "hybridnn/memory.h"
 #include "hybridnn/runtime.h"
+#include "hybridnn/shapes.h"
 
 namespace hn::test {
 
@@ -58,6 +59,68 @@ inline std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float
   for (auto& x : v)
     x = dist(rng);
   return v;
+}
+
+// Parameter structs from positional sizes, for tables of test cases.
+inline LoweringShape lowering(index_t batch, index_t channels, index_t height, index_t width,
+                              index_t kernel_h, index_t kernel_w, index_t pad_h, index_t pad_w,
+                              index_t stride_h, index_t stride_w, index_t dilation_h = 1,
+                              index_t dilation_w = 1, index_t groups = 1) {
+  LoweringShape s;
+  s.batch = batch;
+  s.channels = channels;
+  s.height = height;
+  s.width = width;
+  s.kernel_h = kernel_h;
+  s.kernel_w = kernel_w;
+  s.pad_h = pad_h;
+  s.pad_w = pad_w;
+  s.stride_h = stride_h;
+  s.stride_w = stride_w;
+  s.dilation_h = dilation_h;
+  s.dilation_w = dilation_w;
+  s.groups = groups;
+  return s;
+}
+
+inline PoolShape pooling(index_t batch, index_t channels, index_t height, index_t width,
+                         index_t kernel_h, index_t kernel_w, index_t stride_h, index_t stride_w,
+                         index_t pad_h, index_t pad_w) {
+  PoolShape s;
+  s.batch = batch;
+  s.channels = channels;
+  s.height = height;
+  s.width = width;
+  s.kernel_h = kernel_h;
+  s.kernel_w = kernel_w;
+  s.stride_h = stride_h;
+  s.stride_w = stride_w;
+  s.pad_h = pad_h;
+  s.pad_w = pad_w;
+  return s;
+}
+
+inline AxisShape axis(index_t outer, index_t channels, index_t inner) {
+  AxisShape s;
+  s.outer = outer;
+  s.channels = channels;
+  s.inner = inner;
+  return s;
+}
+
+inline LrnShape lrn(index_t batch, index_t channels, index_t height, index_t width, index_t size,
+                    LrnRegion region, float alpha = 1.0f, float beta = 0.75f, float k = 1.0f) {
+  LrnShape s;
+  s.batch = batch;
+  s.channels = channels;
+  s.height = height;
+  s.width = width;
+  s.size = size;
+  s.region = region;
+  s.alpha = alpha;
+  s.beta = beta;
+  s.k = k;
+  return s;
 }
 
 // Largest |a - b| / max(1, |b|) over the elements; infinity when the sizes differ.

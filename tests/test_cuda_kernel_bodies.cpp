@@ -35,7 +35,10 @@ using hn::LoweringShape;
 using hn::LrnRegion;
 using hn::LrnShape;
 using hn::PoolShape;
+using hn::test::lowering;
+using hn::test::lrn;
 using hn::test::max_rel_diff;
+using hn::test::pooling;
 using hn::test::random_floats;
 namespace cuda = hn::detail::cuda;
 
@@ -67,25 +70,6 @@ std::vector<float> tied_floats(std::size_t n, std::uint32_t seed) {
   return v;
 }
 
-LoweringShape lowering(index_t batch, index_t channels, index_t height, index_t width,
-                       index_t kernel_h, index_t kernel_w, index_t pad_h, index_t pad_w,
-                       index_t stride_h, index_t stride_w, index_t dilation_h, index_t dilation_w) {
-  LoweringShape s;
-  s.batch = batch;
-  s.channels = channels;
-  s.height = height;
-  s.width = width;
-  s.kernel_h = kernel_h;
-  s.kernel_w = kernel_w;
-  s.pad_h = pad_h;
-  s.pad_w = pad_w;
-  s.stride_h = stride_h;
-  s.stride_w = stride_w;
-  s.dilation_h = dilation_h;
-  s.dilation_w = dilation_w;
-  return s;
-}
-
 std::vector<LoweringShape> lowering_shapes() {
   return {
       lowering(3, 5, 7, 11, 3, 5, 1, 2, 2, 1, 1, 2),  // pad, stride and dilation all uneven
@@ -96,23 +80,6 @@ std::vector<LoweringShape> lowering_shapes() {
   };
 }
 
-PoolShape pooling(index_t batch, index_t channels, index_t height, index_t width, index_t kernel_h,
-                  index_t kernel_w, index_t stride_h, index_t stride_w, index_t pad_h,
-                  index_t pad_w) {
-  PoolShape s;
-  s.batch = batch;
-  s.channels = channels;
-  s.height = height;
-  s.width = width;
-  s.kernel_h = kernel_h;
-  s.kernel_w = kernel_w;
-  s.stride_h = stride_h;
-  s.stride_w = stride_w;
-  s.pad_h = pad_h;
-  s.pad_w = pad_w;
-  return s;
-}
-
 std::vector<PoolShape> pool_shapes() {
   return {
       pooling(2, 3, 7, 11, 3, 2, 2, 3, 1, 1),   // Caffe's ceil mode leaves partial windows
@@ -121,21 +88,6 @@ std::vector<PoolShape> pool_shapes() {
       pooling(2, 3, 6, 7, 6, 7, 1, 1, 0, 0),    // global pooling
       pooling(1, 5, 11, 13, 3, 3, 2, 2, 2, 2),  // padding drops the last window
   };
-}
-
-LrnShape lrn(index_t batch, index_t channels, index_t height, index_t width, index_t size,
-             LrnRegion region) {
-  LrnShape s;
-  s.batch = batch;
-  s.channels = channels;
-  s.height = height;
-  s.width = width;
-  s.size = size;
-  s.alpha = 0.37f;
-  s.beta = 0.75f;
-  s.k = 1.3f;
-  s.region = region;
-  return s;
 }
 
 // Emulates the reduction kernels' two passes: per-thread partials, block trees, final tree.

@@ -32,8 +32,12 @@ namespace {
 using Catch::Matchers::Contains;
 using hn::index_t;
 using hn::Transpose;
+using hn::test::axis;
 using hn::test::DeviceArray;
 using hn::test::DriverConfig;
+using hn::test::lowering;
+using hn::test::lrn;
+using hn::test::pooling;
 using hn::test::random_floats;
 
 // Relative tolerances (|got - want| / max(1, |want|)). Element-wise results may differ by
@@ -226,27 +230,6 @@ const std::vector<index_t> kVectorSizes = {1, 3, 7, 13, 31, 97, 1000, 10007, 100
 
 // ---- shapes -------------------------------------------------------------------------
 
-hn::LoweringShape lowering(index_t batch, index_t channels, index_t height, index_t width,
-                           index_t kernel_h, index_t kernel_w, index_t pad_h, index_t pad_w,
-                           index_t stride_h, index_t stride_w, index_t dilation_h = 1,
-                           index_t dilation_w = 1, index_t groups = 1) {
-  hn::LoweringShape s;
-  s.batch = batch;
-  s.channels = channels;
-  s.height = height;
-  s.width = width;
-  s.kernel_h = kernel_h;
-  s.kernel_w = kernel_w;
-  s.pad_h = pad_h;
-  s.pad_w = pad_w;
-  s.stride_h = stride_h;
-  s.stride_w = stride_w;
-  s.dilation_h = dilation_h;
-  s.dilation_w = dilation_w;
-  s.groups = groups;
-  return s;
-}
-
 std::vector<hn::LoweringShape> lowering_cases() {
   std::vector<hn::LoweringShape> cases = {
       lowering(1, 1, 5, 5, 3, 3, 1, 1, 1, 1),
@@ -282,23 +265,6 @@ std::vector<hn::LoweringShape> lowering_cases() {
     if (s.out_h() > 0 && s.out_w() > 0) cases.push_back(s);
   }
   return cases;
-}
-
-hn::PoolShape pooling(index_t batch, index_t channels, index_t height, index_t width,
-                      index_t kernel_h, index_t kernel_w, index_t stride_h, index_t stride_w,
-                      index_t pad_h, index_t pad_w) {
-  hn::PoolShape s;
-  s.batch = batch;
-  s.channels = channels;
-  s.height = height;
-  s.width = width;
-  s.kernel_h = kernel_h;
-  s.kernel_w = kernel_w;
-  s.stride_h = stride_h;
-  s.stride_w = stride_w;
-  s.pad_h = pad_h;
-  s.pad_w = pad_w;
-  return s;
 }
 
 std::vector<hn::PoolShape> pool_cases() {
@@ -337,33 +303,10 @@ std::vector<hn::PoolShape> pool_cases() {
   return cases;
 }
 
-hn::AxisShape axis(index_t outer, index_t channels, index_t inner) {
-  hn::AxisShape s;
-  s.outer = outer;
-  s.channels = channels;
-  s.inner = inner;
-  return s;
-}
-
 std::vector<hn::AxisShape> axis_cases() {
   return {axis(1, 1, 1),     axis(2, 3, 7),    axis(3, 13, 31), axis(5, 97, 1),
           axis(1, 7, 291),   axis(4, 1, 13),   axis(2, 31, 97), axis(1, 1000, 1),
           axis(64, 1000, 1), axis(8, 21, 1023)};  // large: the parallel paths
-}
-
-hn::LrnShape lrn(index_t batch, index_t channels, index_t height, index_t width, index_t size,
-                 hn::LrnRegion region, float alpha = 1.0f, float beta = 0.75f, float k = 1.0f) {
-  hn::LrnShape s;
-  s.batch = batch;
-  s.channels = channels;
-  s.height = height;
-  s.width = width;
-  s.size = size;
-  s.region = region;
-  s.alpha = alpha;
-  s.beta = beta;
-  s.k = k;
-  return s;
 }
 
 std::vector<hn::LrnShape> lrn_cases() {

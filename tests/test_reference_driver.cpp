@@ -59,63 +59,24 @@ void check_close(const std::vector<float>& actual, const std::vector<float>& exp
   }
 }
 
+using hn::test::axis;
+using hn::test::pooling;
+
+// Square kernel, pad, stride and dilation.
 LoweringShape lowering(index_t batch, index_t channels, index_t height, index_t width,
                        index_t kernel, index_t pad, index_t stride, index_t dilation = 1) {
-  LoweringShape s;
-  s.batch = batch;
-  s.channels = channels;
-  s.height = height;
-  s.width = width;
-  s.kernel_h = s.kernel_w = kernel;
-  s.pad_h = s.pad_w = pad;
-  s.stride_h = s.stride_w = stride;
-  s.dilation_h = s.dilation_w = dilation;
-  return s;
+  return hn::test::lowering(batch, channels, height, width, kernel, kernel, pad, pad, stride,
+                            stride, dilation, dilation);
 }
 
-PoolShape pooling(index_t batch, index_t channels, index_t height, index_t width, index_t kernel_h,
-                  index_t kernel_w, index_t stride_h, index_t stride_w, index_t pad_h,
-                  index_t pad_w) {
-  PoolShape s;
-  s.batch = batch;
-  s.channels = channels;
-  s.height = height;
-  s.width = width;
-  s.kernel_h = kernel_h;
-  s.kernel_w = kernel_w;
-  s.stride_h = stride_h;
-  s.stride_w = stride_w;
-  s.pad_h = pad_h;
-  s.pad_w = pad_w;
-  return s;
+LrnShape lrn(index_t batch, index_t channels, index_t height, index_t width, index_t size,
+             float alpha, float beta, float k, LrnRegion region) {
+  return hn::test::lrn(batch, channels, height, width, size, region, alpha, beta, k);
 }
 
 PoolShape square_pooling(index_t batch, index_t channels, index_t size, index_t kernel,
                          index_t stride, index_t pad) {
   return pooling(batch, channels, size, size, kernel, kernel, stride, stride, pad, pad);
-}
-
-LrnShape lrn(index_t batch, index_t channels, index_t height, index_t width, index_t size,
-             float alpha, float beta, float k, LrnRegion region) {
-  LrnShape s;
-  s.batch = batch;
-  s.channels = channels;
-  s.height = height;
-  s.width = width;
-  s.size = size;
-  s.alpha = alpha;
-  s.beta = beta;
-  s.k = k;
-  s.region = region;
-  return s;
-}
-
-AxisShape axis(index_t outer, index_t channels, index_t inner) {
-  AxisShape s;
-  s.outer = outer;
-  s.channels = channels;
-  s.inner = inner;
-  return s;
 }
 
 }  // namespace

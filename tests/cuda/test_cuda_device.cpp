@@ -87,50 +87,22 @@ Values nans(std::size_t n) {
   return Values(n, NAN);
 }
 
+// Deliberately non-square: the width gets kernel + 1, pad + 1 and another stride.
 LoweringShape lowering(index_t batch, index_t channels, index_t height, index_t width,
                        index_t kernel, index_t pad, index_t stride, index_t dilation) {
-  LoweringShape s;
-  s.batch = batch;
-  s.channels = channels;
-  s.height = height;
-  s.width = width;
-  s.kernel_h = kernel;
-  s.kernel_w = kernel + 1;
-  s.pad_h = pad;
-  s.pad_w = pad + 1;
-  s.stride_h = stride;
-  s.stride_w = stride == 1 ? 2 : 1;
-  s.dilation_h = dilation;
-  s.dilation_w = 1;
-  return s;
+  return hn::test::lowering(batch, channels, height, width, kernel, kernel + 1, pad, pad + 1,
+                            stride, stride == 1 ? 2 : 1, dilation, 1);
 }
 
 PoolShape pooling(index_t batch, index_t channels, index_t height, index_t width, index_t kernel,
                   index_t stride, index_t pad) {
-  PoolShape s;
-  s.batch = batch;
-  s.channels = channels;
-  s.height = height;
-  s.width = width;
-  s.kernel_h = s.kernel_w = kernel;
-  s.stride_h = s.stride_w = stride;
-  s.pad_h = s.pad_w = pad;
-  return s;
+  return hn::test::pooling(batch, channels, height, width, kernel, kernel, stride, stride, pad,
+                           pad);
 }
 
 LrnShape lrn(index_t batch, index_t channels, index_t height, index_t width, index_t size,
              LrnRegion region) {
-  LrnShape s;
-  s.batch = batch;
-  s.channels = channels;
-  s.height = height;
-  s.width = width;
-  s.size = size;
-  s.alpha = 0.37f;
-  s.beta = 0.75f;
-  s.k = 1.3f;
-  s.region = region;
-  return s;
+  return hn::test::lrn(batch, channels, height, width, size, region, 0.37f, 0.75f, 1.3f);
 }
 
 }  // namespace
