@@ -1,0 +1,100 @@
+// Readers and writers of Caffe-format protobuf files, with errors that point at the file
+// and position rather than protobuf's default logging to stderr.
+#include "lib/proto/prototxt.h"
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/text_format.h>
+
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <sstream>
+
+#include "lib/check.h"
+
+namespace hn::detail {
+
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  HN_CHECK(file.is_open(), "cannot open '{}' for reading", path);
+  std::ostringstream contents;
+  contents << file.rdbuf();
+  HN_CHECK(!file.bad(), "error while reading '{}'", path);
+  return contents.str();
+}
+
+// Keeps the first error (protobuf reports 0-based positions) instead of logging it.
+class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
+ public:
+  explicit FirstErrorCollector(std::string path) : path_(std::move(path)) {}
+
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    if (!first_) first_ = fmt::format("{}:{}:{}: {}", path_, line + 1, column + 1, message);
+  }
+  // Warnings (e.g. deprecated fields) do not stop parsing and are not errors.
+  void AddWarning(int, google::protobuf::io::ColumnNumber, const std::string&) override {}
+
+  const std::optional<std::string>& first() const { return first_; }
+
+ private:
+  std::string path_;
+  std::optional<std::string> first_;
+};
+
+}  // namespace
+
+void read_text_proto(const std::string& path, google::protobuf::Message& message) {
+  const std::string text = read_file(path);
+  FirstErrorCollector errors(path);
+  google::protobuf::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text, &message)) {
+    if (errors.first()) throw Error(*errors.first());
+    fail("{}: not a valid {} in text format", path, message.GetTypeName());
+  }
+}
+
+hybridnn::proto::NetParameter read_net_prototxt(const std::string& path) {
+  hybridnn::proto::NetParameter net;
+  read_text_proto(path, net);
+  return net;
+}
+
+hybridnn::proto::SolverParameter read_solver_prototxt(const std::string& path) {
+  hybridnn::proto::SolverParameter solver;
+  read_text_proto(path, solver);
+  return solver;
+}
+
+void read_binary_proto(const std::string& path, google::protobuf::Message& message) {
+  const std::string bytes = read_file(path);
+  // .caffemodel files of large nets exceed protobuf's 64 MiB default limit (Caffe lifts
+  // it too); the limit is an int, so files up to 2 GiB are readable.
+  HN_CHECK(bytes.size() <= static_cast<std::size_t>(std::numeric_limits<int>::max()),
+           "'{}' is {} bytes, over the 2 GiB limit of a protobuf message", path, bytes.size());
+  google::protobuf::io::ArrayInputStream stream(bytes.data(), static_cast<int>(bytes.size()));
+  google::protobuf::io::CodedInputStream input(&stream);
+  input.SetTotalBytesLimit(std::numeric_limits<int>::max());
+  message.Clear();
+  HN_CHECK(message.ParseFromCodedStream(&input) && input.ConsumedEntireMessage(),
+           "'{}' ({} bytes) is truncated or not a binary {}", path, bytes.size(),
+           message.GetTypeName());
+}
+
+void write_binary_proto(const std::string& path, const google::protobuf::Message& message) {
+  std::string bytes;
+  HN_CHECK(message.SerializeToString(&bytes), "cannot serialise {} for '{}'", message.GetTypeName(),
+           path);
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  HN_CHECK(file.is_open(), "cannot open '{}' for writing", path);
+  file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  file.close();
+  HN_CHECK(!file.fail(), "error while writing {} bytes to '{}'", bytes.size(), path);
+}
+
+}  // namespace hn::detail

@@ -1,0 +1,27 @@
+// Internal readers for Caffe-format files: text .prototxt nets and solvers, and binary
+// messages (.caffemodel, .solverstate, .binaryproto). Errors are hn::Error naming the file.
+#pragma once
+
+#include <string>
+
+#include "hybridnn.pb.h"
+
+namespace hn::detail {
+
+// Parses a text-format NetParameter; errors read "FILE:LINE:COLUMN: message" (1-based).
+hybridnn::proto::NetParameter read_net_prototxt(const std::string& path);
+
+// Parses a text-format SolverParameter; errors as for read_net_prototxt.
+hybridnn::proto::SolverParameter read_solver_prototxt(const std::string& path);
+
+// Parses any text-format message into `message`, replacing its contents.
+void read_text_proto(const std::string& path, google::protobuf::Message& message);
+
+// Parses a binary message into `message`, replacing its contents; a truncated or foreign
+// file is an error that names the path and the expected message type.
+void read_binary_proto(const std::string& path, google::protobuf::Message& message);
+
+// Serialises `message` in binary to `path`, replacing the file.
+void write_binary_proto(const std::string& path, const google::protobuf::Message& message);
+
+}  // namespace hn::detail
