@@ -33,6 +33,19 @@ const char* lowering_name(Lowering lowering) {
 
 namespace {
 
+// The gradients a backward call produces: dx where it is asked for and has memory, the
+// parameter gradients where the caller passed their memory.
+struct Wanted {
+  bool dx, dw, db;
+};
+
+Wanted wanted_gradients(const LayerSlice& slice, bool bias_term) {
+  return Wanted{!slice.propagate_down.empty() && slice.propagate_down[0] &&
+                    slice.inputs[0].diff.address != nullptr,
+                slice.params[0].diff.address != nullptr,
+                bias_term && slice.params[1].diff.address != nullptr};
+}
+
 // ---- chunking and cost model ----------------------------------------------------------
 //
 // Chunking (type 1 and type 3): a slice is lowered a chunk of images at a time, so the
@@ -309,12 +322,16 @@ void ConvolutionLayer::forward_driver_conv(const LayerSlice& slice) const {
 void ConvolutionLayer::backward_driver_conv(const LayerSlice& slice) const {
   const LoweringShape shape = lowering_shape(slice.rows());
   const Operand& weights = slice.params[0];
-  if (weights.diff.address != nullptr) {
-    float* dbias = config_.bias_term ? slice.params[1].mutable_dx() : nullptr;
+  const Wanted want = wanted_gradients(slice, config_.bias_term);
+  float* dbias = want.db ? slice.params[1].mutable_dx() : nullptr;
+  if (want.dw) {
     slice.driver->conv_backward_weights(shape, config_.num_output, slice.inputs[0].x(),
                                         slice.outputs[0].dx(), weights.mutable_dx(), dbias);
+  } else if (want.db) {
+    slice.driver->bias_backward(AxisShape{slice.rows(), config_.num_output, out_h_ * out_w_},
+                                slice.outputs[0].dx(), 1.0f, dbias);
   }
-  if (slice.propagate_down[0]) {
+  if (want.dx) {
     slice.driver->conv_backward_data(shape, config_.num_output, weights.x(), slice.outputs[0].dx(),
                                      slice.inputs[0].mutable_dx());
   }
@@ -367,7 +384,7 @@ void ConvolutionLayer::backward(const LayerSlice& slice) {
     case Lowering::automatic:
       detail::fail("{}: backward called before setup", describe());
   }
-  if (config_.bias_term && slice.params[1].diff.address != nullptr) {
+  if (wanted_gradients(slice, config_.bias_term).db) {
     slice.driver->bias_backward(AxisShape{slice.rows(), config_.num_output, out_h_ * out_w_},
                                 slice.outputs[0].dx(), 1.0f, slice.params[1].mutable_dx());
   }
@@ -414,10 +431,7 @@ void ConvolutionLayer::backward_type1(const LayerSlice& slice) const {
   Driver& d = *slice.driver;
   const Operand& in = slice.inputs[0];
   const Operand& weights = slice.params[0];
-  const bool want_dx =
-      !slice.propagate_down.empty() && slice.propagate_down[0] && in.diff.address != nullptr;
-  const bool want_dw = weights.diff.address != nullptr;
-  const bool want_db = config_.bias_term && slice.params[1].diff.address != nullptr;
+  const auto [want_dx, want_dw, want_db] = wanted_gradients(slice, config_.bias_term);
   if (!want_dx && !want_dw && !want_db) return;
   const index_t rows = slice.rows(), chunk = backward_chunk(rows);
   const index_t groups = config_.group, m = config_.num_output / groups;
@@ -496,9 +510,8 @@ void ConvolutionLayer::backward_type3(const LayerSlice& slice) const {
   Driver& d = *slice.driver;
   const Operand& in = slice.inputs[0];
   const Operand& weights = slice.params[0];
-  const bool want_dx =
-      !slice.propagate_down.empty() && slice.propagate_down[0] && in.diff.address != nullptr;
-  const bool want_dw = weights.diff.address != nullptr;
+  const Wanted want = wanted_gradients(slice, config_.bias_term);
+  const bool want_dx = want.dx, want_dw = want.dw;
   if (!want_dx && !want_dw) return;
   const index_t rows = slice.rows(), chunk = backward_chunk(rows);
   const index_t c = channels_, kernel_taps = kernel_h_ * kernel_w_;
@@ -560,9 +573,8 @@ void ConvolutionLayer::backward_direct(const LayerSlice& slice) const {
   Driver& d = *slice.driver;
   const Operand& in = slice.inputs[0];
   const Operand& weights = slice.params[0];
-  const bool want_dx =
-      !slice.propagate_down.empty() && slice.propagate_down[0] && in.diff.address != nullptr;
-  const bool want_dw = weights.diff.address != nullptr;
+  const Wanted want = wanted_gradients(slice, config_.bias_term);
+  const bool want_dx = want.dx, want_dw = want.dw;
   const index_t groups = config_.group, m = config_.num_output / groups, k = channels_ / groups;
   const index_t plane = out_h_ * out_w_;
   const float* dy = slice.outputs[0].dx();
