@@ -143,34 +143,44 @@ void Driver::swap_axes(index_t d0, index_t d1, index_t inner, const float* src, 
   if (bytes > 0) do_swap_axes(d0, d1, inner, src, dst);
 }
 
+namespace {
+
+void check_lift(const char* call, const LoweringShape& shape, index_t out_channels) {
+  shape.validate(call);
+  HN_CHECK(shape.groups == 1, "{}: groups must be 1, got {} ({})", call, shape.groups,
+           shape.to_string());
+  HN_CHECK(out_channels > 0, "{}: out_channels must be > 0, got {}", call, out_channels);
+}
+
+// Floats of the type-3 products: rows (n, ih, iw), columns (co, kh, kw).
+std::size_t product_bytes(const LoweringShape& shape, index_t out_channels) {
+  return floats(shape.batch * shape.height * shape.width * out_channels * shape.kernel_h *
+                shape.kernel_w);
+}
+
+std::size_t conv_output_bytes(const LoweringShape& shape, index_t out_channels) {
+  return floats(shape.batch * out_channels * shape.out_h() * shape.out_w());
+}
+
+}  // namespace
+
 void Driver::lift(const LoweringShape& shape, index_t out_channels, const float* products,
                   float* y) {
   require(capabilities().lowering, "lift");
-  shape.validate("lift");
-  HN_CHECK(shape.groups == 1, "lift: groups must be 1, got {} ({})", shape.groups,
-           shape.to_string());
-  HN_CHECK(out_channels > 0, "lift: out_channels must be > 0, got {}", out_channels);
+  check_lift("lift", shape, out_channels);
   if (shape.batch == 0) return;
-  const index_t kernel = shape.kernel_h * shape.kernel_w;
-  check_range("lift", "products", products,
-              floats(shape.batch * shape.height * shape.width * out_channels * kernel));
-  check_range("lift", "y", y, floats(shape.batch * out_channels * shape.out_h() * shape.out_w()));
+  check_range("lift", "products", products, product_bytes(shape, out_channels));
+  check_range("lift", "y", y, conv_output_bytes(shape, out_channels));
   do_lift(shape, out_channels, products, y);
 }
 
 void Driver::lift_backward(const LoweringShape& shape, index_t out_channels, const float* dy,
                            float* products_diff) {
   require(capabilities().lowering, "lift_backward");
-  shape.validate("lift_backward");
-  HN_CHECK(shape.groups == 1, "lift_backward: groups must be 1, got {} ({})", shape.groups,
-           shape.to_string());
-  HN_CHECK(out_channels > 0, "lift_backward: out_channels must be > 0, got {}", out_channels);
+  check_lift("lift_backward", shape, out_channels);
   if (shape.batch == 0) return;
-  const index_t kernel = shape.kernel_h * shape.kernel_w;
-  check_range("lift_backward", "dy", dy,
-              floats(shape.batch * out_channels * shape.out_h() * shape.out_w()));
-  check_range("lift_backward", "products_diff", products_diff,
-              floats(shape.batch * shape.height * shape.width * out_channels * kernel));
+  check_range("lift_backward", "dy", dy, conv_output_bytes(shape, out_channels));
+  check_range("lift_backward", "products_diff", products_diff, product_bytes(shape, out_channels));
   do_lift_backward(shape, out_channels, dy, products_diff);
 }
 
@@ -185,10 +195,6 @@ void check_conv(const char* call, const LoweringShape& shape, index_t out_channe
 
 std::size_t conv_weight_bytes(const LoweringShape& shape, index_t out_channels) {
   return floats(out_channels * (shape.channels / shape.groups) * shape.kernel_h * shape.kernel_w);
-}
-
-std::size_t conv_output_bytes(const LoweringShape& shape, index_t out_channels) {
-  return floats(shape.batch * out_channels * shape.out_h() * shape.out_w());
 }
 
 }  // namespace
