@@ -328,8 +328,7 @@ void ConvolutionLayer::backward_driver_conv(const LayerSlice& slice) const {
     slice.driver->conv_backward_weights(shape, config_.num_output, slice.inputs[0].x(),
                                         slice.outputs[0].dx(), weights.mutable_dx(), dbias);
   } else if (want.db) {
-    slice.driver->bias_backward(AxisShape{slice.rows(), config_.num_output, out_h_ * out_w_},
-                                slice.outputs[0].dx(), 1.0f, dbias);
+    add_bias_gradient(slice);
   }
   if (want.dx) {
     slice.driver->conv_backward_data(shape, config_.num_output, weights.x(), slice.outputs[0].dx(),
@@ -384,10 +383,13 @@ void ConvolutionLayer::backward(const LayerSlice& slice) {
     case Lowering::automatic:
       detail::fail("{}: backward called before setup", describe());
   }
-  if (wanted_gradients(slice, config_.bias_term).db) {
-    slice.driver->bias_backward(AxisShape{slice.rows(), config_.num_output, out_h_ * out_w_},
-                                slice.outputs[0].dx(), 1.0f, slice.params[1].mutable_dx());
-  }
+  if (wanted_gradients(slice, config_.bias_term).db) add_bias_gradient(slice);
+}
+
+// Adds the bias gradient of the whole slice: dbias += sum of dy over images and positions.
+void ConvolutionLayer::add_bias_gradient(const LayerSlice& slice) const {
+  slice.driver->bias_backward(AxisShape{slice.rows(), config_.num_output, out_h_ * out_w_},
+                              slice.outputs[0].dx(), 1.0f, slice.params[1].mutable_dx());
 }
 
 // ---- type 1: im2col over a chunk, one GEMM per group, lift to NCHW ---------------------

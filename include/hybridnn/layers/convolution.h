@@ -72,6 +72,7 @@ class ConvolutionLayer final : public Layer {
   std::size_t lowered_bytes_per_image() const;
   index_t chunk_for(index_t rows, std::size_t target) const;
   void add_bias(const LayerSlice& slice, index_t first, index_t images) const;
+  void add_bias_gradient(const LayerSlice& slice) const;
   void forward_type1(const LayerSlice& slice) const;
   void forward_type3(const LayerSlice& slice) const;
   void forward_direct(const LayerSlice& slice) const;
