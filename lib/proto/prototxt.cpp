@@ -7,6 +7,7 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/text_format.h>
 
+#include <cstdio>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -49,7 +50,11 @@ class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
 }  // namespace
 
 void read_text_proto(const std::string& path, google::protobuf::Message& message) {
-  const std::string text = read_file(path);
+  parse_text_proto(read_file(path), path, message);
+}
+
+void parse_text_proto(const std::string& text, const std::string& path,
+                      google::protobuf::Message& message) {
   FirstErrorCollector errors(path);
   google::protobuf::TextFormat::Parser parser;
   parser.RecordErrorsTo(&errors);
@@ -62,6 +67,13 @@ void read_text_proto(const std::string& path, google::protobuf::Message& message
 hybridnn::proto::NetParameter read_net_prototxt(const std::string& path) {
   hybridnn::proto::NetParameter net;
   read_text_proto(path, net);
+  return net;
+}
+
+hybridnn::proto::NetParameter parse_net_prototxt(const std::string& text,
+                                                 const std::string& origin) {
+  hybridnn::proto::NetParameter net;
+  parse_text_proto(text, origin, net);
   return net;
 }
 
@@ -90,11 +102,23 @@ void write_binary_proto(const std::string& path, const google::protobuf::Message
   std::string bytes;
   HN_CHECK(message.SerializeToString(&bytes), "cannot serialise {} for '{}'", message.GetTypeName(),
            path);
-  std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  HN_CHECK(file.is_open(), "cannot open '{}' for writing", path);
-  file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  file.close();
-  HN_CHECK(!file.fail(), "error while writing {} bytes to '{}'", bytes.size(), path);
+  // Written beside the target and renamed over it, so a crash or a full disk never leaves a
+  // torn file where a good one was.
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
+    HN_CHECK(file.is_open(), "cannot open '{}' for writing", temporary);
+    file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    file.close();
+    if (file.fail()) {
+      std::remove(temporary.c_str());
+      fail("error while writing {} bytes to '{}'", bytes.size(), temporary);
+    }
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    std::remove(temporary.c_str());
+    fail("cannot rename '{}' to '{}'", temporary, path);
+  }
 }
 
 }  // namespace hn::detail

@@ -11,11 +11,19 @@ namespace hn::detail {
 // Parses a text-format NetParameter; errors read "FILE:LINE:COLUMN: message" (1-based).
 hybridnn::proto::NetParameter read_net_prototxt(const std::string& path);
 
+// The same from text in memory; `origin` takes the file's place in errors.
+hybridnn::proto::NetParameter parse_net_prototxt(const std::string& text,
+                                                 const std::string& origin);
+
 // Parses a text-format SolverParameter; errors as for read_net_prototxt.
 hybridnn::proto::SolverParameter read_solver_prototxt(const std::string& path);
 
 // Parses any text-format message into `message`, replacing its contents.
 void read_text_proto(const std::string& path, google::protobuf::Message& message);
+
+// Parses text-format `text` into `message`; errors name `origin` as for a file.
+void parse_text_proto(const std::string& text, const std::string& origin,
+                      google::protobuf::Message& message);
 
 // Parses a binary message into `message`, replacing its contents; a truncated or foreign
 // file is an error that names the path and the expected message type.

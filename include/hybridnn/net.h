@@ -1,0 +1,164 @@
+// Net: a Caffe network (NetParameter prototxt) built for one phase as a DAG of layers, with
+// its data layers, fillers, shared parameters, automatic splits of tops consumed by several
+// layers, in-place layers and reuse of activation memory; forward, backward, and .caffemodel
+// weights in and out. The public header hides protobuf: nets come from files or text.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hybridnn/layer.h"
+#include "hybridnn/runtime.h"
+#include "hybridnn/tensor.h"
+
+namespace hn {
+
+// Caffe's NetState: selects the layers whose include/exclude rules match.
+struct NetState {
+  Phase phase = Phase::train;
+  int level = 0;
+  std::vector<std::string> stages;
+};
+
+struct NetOptions {
+  NetState state;
+  // Replaces the `source` of every Data layer of the net (empty: keep the prototxt's). A
+  // path to an LMDB directory of Datum records, an IDX images file (the labels file beside
+  // it is found by name), a CIFAR-10 binary file, or "synthetic:CxHxW[:classes]" for
+  // generated images.
+  std::string data_source;
+  // Replaces transform_param.mean_file of every data layer ("none" drops it).
+  std::string mean_file;
+  // Replaces data_param.batch_size of every Data layer and the batch axis of Input shapes
+  // (0: keep).
+  int batch_size = 0;
+  // Computes gradients for every blob, inputs included (Caffe's force_backward).
+  bool force_backward = false;
+  // Lets blobs whose values are no longer needed share memory (outputs of the net and
+  // blobs named in keep_blobs are never reused).
+  bool reuse_memory = true;
+  std::vector<std::string> keep_blobs;
+  // Seed of the net's random streams (dropout, random crops and mirrors, fillers).
+  std::uint64_t seed = 1701;
+};
+
+// A named blob of a net: its shape and its data and gradient memory. A blob whose memory is
+// reused holds its values only until a later layer overwrites them; in a net that runs no
+// backward, gradients have no memory (diff is empty).
+struct BlobRef {
+  const std::string* name = nullptr;
+  const Shape* shape = nullptr;
+  SyncedMemory* data = nullptr;
+  SyncedMemory* diff = nullptr;
+
+  index_t count() const { return shape->count(); }
+  const float* host_data() const { return static_cast<const float*>(data->host_read()); }
+  float* host_data_mut() const { return static_cast<float*>(data->host_write()); }
+  const float* host_diff() const { return static_cast<const float*>(diff->host_read()); }
+};
+
+// A learnable parameter of the net, listed once even when several layers share it.
+struct NetParam {
+  std::string name;   // the ParamSpec name, or "LAYER.INDEX" when unnamed
+  std::string layer;  // the owning layer
+  int index = 0;      // position among the owning layer's parameters
+  Tensor* tensor = nullptr;
+  float lr_mult = 1.0f;
+  float decay_mult = 1.0f;
+};
+
+class Net {
+ public:
+  // Builds the net for options.state from a prototxt file; runs on `driver`, which must
+  // belong to `runtime` and outlive the Net. Errors name the file, line, layer and shapes.
+  Net(const std::string& prototxt_path, Runtime& runtime, Driver& driver,
+      const NetOptions& options = {});
+  // The same from prototxt text; `origin` names it in errors.
+  static std::unique_ptr<Net> from_text(const std::string& prototxt_text, const std::string& origin,
+                                        Runtime& runtime, Driver& driver,
+                                        const NetOptions& options = {});
+  Net(const Net&) = delete;
+  Net& operator=(const Net&) = delete;
+  ~Net();
+
+  const std::string& name() const;
+  Phase phase() const;
+  Driver& driver() const;
+  index_t batch_size() const;  // axis 0 of the first data (or Input) layer's first top
+
+  // Runs every layer forward (data layers fetch their next batch) and returns the sum of
+  // the loss outputs weighted by their loss_weight.
+  float forward();
+  // Runs every layer that needs it backward, accumulating parameter gradients.
+  void backward();
+  float forward_backward() {
+    const float loss = forward();
+    backward();
+    return loss;
+  }
+  // The same for one layer (for per-layer timing); layers run in index order.
+  void forward_layer(int index);
+  void backward_layer(int index);
+  // Sums the weighted losses of the last forward.
+  float loss() const;
+  // Zeroes every learnable parameter's gradient.
+  void clear_param_diffs();
+
+  int num_layers() const;
+  Layer& layer(int index) const;
+  const std::string& layer_name(int index) const;
+  const char* layer_type(int index) const;  // data layers included ("Data", "Input")
+  bool layer_needs_backward(int index) const;
+
+  std::vector<std::string> blob_names() const;
+  bool has_blob(const std::string& name) const;
+  BlobRef blob(const std::string& name) const;  // throws listing the blobs
+  // Blobs no layer consumes (Caffe's net outputs) and the Input layers' tops.
+  std::vector<std::string> output_blob_names() const;
+  std::vector<std::string> input_blob_names() const;
+  // Output blobs with their loss weights (0 for non-loss outputs), in output order.
+  std::vector<std::pair<std::string, float>> outputs() const;
+
+  // Learnable parameters in Caffe's order (layer order, then parameter index); shared
+  // parameters appear once, at their owner.
+  const std::vector<NetParam>& learnable_params() const;
+
+  // Uses `other`'s parameters for every layer of the same name (Caffe's
+  // ShareTrainedLayersWith: a test net sees the training net's weights without copies).
+  void share_trained_layers_with(const Net& other);
+
+  // Copies weights by layer name from a .caffemodel (binary NetParameter; V1 layers too);
+  // layers absent from the file keep their values; a blob count or shape mismatch is an
+  // error naming the layer and both shapes.
+  void copy_trained_layers_from(const std::string& caffemodel_path);
+  // Writes the weights as a .caffemodel (through a temporary file and a rename).
+  void save(const std::string& caffemodel_path, bool write_diff = false) const;
+
+  // The next forward's data layers produce batch number `batch` of their sources (each
+  // source counts its own batches from 0; the net starts at 0). Deterministic: random
+  // transforms depend on the record and the seed only.
+  void seek_data(std::uint64_t batch);
+  std::uint64_t data_position() const;  // batches fetched since the last seek
+  // Sets the random stream of the next forward/backward (dropout masks). The Solver sets
+  // it from the iteration, so resumed runs reproduce uninterrupted ones.
+  void set_iteration_seed(std::uint64_t seed);
+
+  // Bytes of activation memory (data and gradients) allocated, and the bytes it would take
+  // without reuse.
+  std::size_t activation_bytes() const;
+  std::size_t activation_bytes_without_reuse() const;
+
+  struct Impl;
+
+ private:
+  Net(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The Caffe type strings a net accepts: layers and data layers.
+std::vector<std::string> known_layer_types();
+
+}  // namespace hn

@@ -1,0 +1,101 @@
+// Solver: Caffe's training loop from a SolverParameter prototxt: the training net and its
+// test nets, the update rules (SGD, Nesterov, AdaGrad, RMSProp, AdaDelta, Adam), learning
+// rate policies, regularisation, gradient clipping, iter_size, periodic tests, display,
+// snapshots (.caffemodel + .solverstate, written atomically) and exact resume.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hybridnn/net.h"
+#include "hybridnn/runtime.h"
+
+namespace hn {
+
+struct SolverOptions {
+  // Data sources replacing those of the training net's and the test nets' Data layers (see
+  // NetOptions::data_source); empty keeps the prototxt's.
+  std::string train_data;
+  std::string test_data;
+  std::string mean_file;  // see NetOptions::mean_file
+  // Replaces the solver's snapshot_prefix (empty: keep). Relative prefixes and the `net`
+  // path resolve against the working directory, as in Caffe.
+  std::string snapshot_prefix;
+  // Replaces max_iter when > 0.
+  int max_iter = 0;
+  std::uint64_t seed = 0;  // 0: the solver's random_seed when set, else a fixed default
+};
+
+// What the Solver reports while it runs: one event per display interval (phase train) and
+// one per test pass and test net (phase test).
+struct SolverEvent {
+  int iter = 0;
+  Phase phase = Phase::train;
+  int test_net = 0;
+  float loss = 0.0f;  // train: smoothed over average_loss iterations; test: mean over test_iter
+  std::optional<float> accuracy;  // the first output blob named "accuracy*" when present
+  std::vector<std::pair<std::string, float>> outputs;  // every net output (test: means)
+  float lr = 0.0f;
+  double images_per_s = 0.0;       // train: since the previous display
+  double seconds_remaining = 0.0;  // train: estimated to max_iter
+  std::string snapshot;            // set on snapshot events (the .caffemodel path)
+};
+
+class Solver {
+ public:
+  // Reads the solver prototxt and builds its nets on `driver`. The `net` / `train_net` path
+  // is taken as written; when relative and missing it is also looked up beside the solver
+  // file.
+  Solver(const std::string& solver_prototxt_path, Runtime& runtime, Driver& driver,
+         const SolverOptions& options = {});
+  Solver(const Solver&) = delete;
+  Solver& operator=(const Solver&) = delete;
+  ~Solver();
+
+  // Receives display, test and snapshot events (called on the solving thread).
+  void on_event(std::function<void(const SolverEvent&)> callback);
+
+  // Copies weights from one or more .caffemodel files ("a,b") into the training net.
+  void copy_weights(const std::string& caffemodel_paths);
+  // Restores weights, history and iteration from a .solverstate (its learned_net is
+  // looked up as written, then beside the .solverstate).
+  void restore(const std::string& solverstate_path);
+
+  // Trains until max_iter (or a stop request), testing and snapshotting as configured,
+  // with Caffe's final snapshot and test. Throws hn::Error when the loss becomes NaN or
+  // infinite, naming the iteration; snapshots already written stay as they were.
+  void solve();
+  // Runs `iterations` training iterations (no final snapshot).
+  void step(int iterations);
+  // Asks solve()/step() to stop after the current iteration; solve() then writes a
+  // snapshot. Only stores to a lock-free atomic: safe to call from a signal handler.
+  void request_stop() noexcept;
+  bool stop_requested() const noexcept;
+
+  // Runs test_iter forward passes of test net `index` from the start of its data and
+  // returns the mean of each output blob.
+  std::vector<std::pair<std::string, float>> test(int index);
+  // Writes <prefix>_iter_N.caffemodel and .solverstate; returns the .caffemodel path.
+  std::string snapshot();
+
+  int iter() const;
+  int max_iter() const;
+  float learning_rate() const;  // at the current iteration, per lr_policy
+  float last_loss() const;      // of the last iteration (unsmoothed, summed over iter_size)
+  Net& net();
+  int num_test_nets() const;
+  Net& test_net(int index);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace hn

@@ -1,0 +1,290 @@
+// Net: phase rules, splits, in-place layers, shared parameters and loss weights checked
+// against finite differences of the whole net's loss; memory reuse against the unshared
+// run; caffemodel round trips; Caffe's example nets; errors that name the file and layer.
+#include <fmt/format.h>
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "hybridnn/net.h"
+#include "hybridnn/runtime.h"
+#include "tests/support.h"
+
+namespace hn {
+namespace {
+
+// Two fully connected layers sharing their weights, an in-place TanH, a blob consumed
+// twice (split), a loss weight on a consumed blob and a softmax loss.
+const char* kSmallNet = R"(
+name: "small"
+layer { name: "in" type: "Input" top: "x" top: "label"
+        input_param { shape { dim: 4 dim: 6 } shape { dim: 4 } } }
+layer { name: "ip1" type: "InnerProduct" bottom: "x" top: "h"
+        param { name: "w" } param { name: "b" lr_mult: 2 decay_mult: 0 }
+        inner_product_param { num_output: 6 weight_filler { type: "gaussian" std: 0.5 }
+                              bias_filler { type: "constant" value: 0.1 } } }
+layer { name: "act" type: "TanH" bottom: "h" top: "h" }
+layer { name: "ip2" type: "InnerProduct" bottom: "h" top: "h2"
+        param { name: "w" } param { name: "b" } inner_product_param { num_output: 6 } }
+layer { name: "sum" type: "Eltwise" bottom: "h" bottom: "h2" top: "s" }
+layer { name: "ip3" type: "InnerProduct" bottom: "s" top: "logits" loss_weight: 0.01
+        inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "logits" bottom: "label" top: "loss" }
+)";
+
+struct Fixture {
+  Runtime runtime;
+  Driver* driver;
+  explicit Fixture(const Device& device = Device::parse("reference"))
+      : driver(&runtime.add(device)) {}
+};
+
+void set_inputs(Net& net) {
+  const std::vector<float> x = test::random_floats(24, 7);
+  std::copy(x.begin(), x.end(), net.blob("x").host_data_mut());
+  float* label = net.blob("label").host_data_mut();
+  for (int i = 0; i < 4; ++i)
+    label[i] = static_cast<float>(i % 3);
+}
+
+std::string temp_path(const std::string& name) {
+  return fmt::format("{}/hybridnn_test_net_{}", P_tmpdir, name);
+}
+
+TEST_CASE("Net inserts a split for a blob consumed twice and shares named parameters") {
+  Fixture f;
+  auto net = Net::from_text(kSmallNet, "small.prototxt", f.runtime, *f.driver);
+  std::vector<std::string> types;
+  for (int l = 0; l < net->num_layers(); ++l)
+    types.emplace_back(net->layer_type(l));
+  CHECK(std::count(types.begin(), types.end(), std::string("Split")) == 2);  // h and logits
+  // w and b are owned by ip1 and reused by ip2: 2 + ip3's 2.
+  REQUIRE(net->learnable_params().size() == 4);
+  CHECK(net->learnable_params()[0].name == "w");
+  CHECK(net->learnable_params()[1].lr_mult == 2.0f);
+  CHECK(net->learnable_params()[1].decay_mult == 0.0f);
+  CHECK(net->learnable_params()[2].name == "ip3.0");
+  const float* bias = net->learnable_params()[1].tensor->host_data();
+  for (int i = 0; i < 6; ++i)
+    CHECK(bias[i] == 0.1f);
+  // The loss, and the logits' loss weight moved onto their split (as Caffe does).
+  const auto outputs = net->outputs();
+  REQUIRE(outputs.size() == 2);
+  CHECK(outputs[0].second == 0.01f);
+  CHECK(outputs[1].first == "loss");
+  CHECK(outputs[1].second == 1.0f);
+}
+
+// The whole net's gradient (parameters and the input, through splits, the in-place layer,
+// the shared weights and the extra loss weight) against central differences of forward().
+TEST_CASE("Net backward matches finite differences of the net loss") {
+  Fixture f;
+  NetOptions options;
+  options.force_backward = true;
+  auto net = Net::from_text(kSmallNet, "small.prototxt", f.runtime, *f.driver, options);
+  set_inputs(*net);
+  net->clear_param_diffs();
+  net->forward();
+  net->backward();
+  std::vector<std::pair<float*, std::vector<float>>> targets;  // value, analytic gradient
+  for (const NetParam& param : net->learnable_params()) {
+    const float* diff = param.tensor->host_diff();
+    targets.emplace_back(param.tensor->host_data_mut(),
+                         std::vector<float>(diff, diff + param.tensor->count()));
+  }
+  {
+    const BlobRef x = net->blob("x");
+    targets.emplace_back(x.host_data_mut(),
+                         std::vector<float>(x.host_diff(), x.host_diff() + x.count()));
+  }
+  const float eps = 1e-2f;
+  double worst = 0.0;
+  for (auto& target : targets) {
+    float* const& values = target.first;
+    const std::vector<float>& gradient = target.second;
+    for (std::size_t i = 0; i < gradient.size(); ++i) {
+      const float saved = values[i];
+      values[i] = saved + eps;
+      const double plus = net->forward();
+      values[i] = saved - eps;
+      const double minus = net->forward();
+      values[i] = saved;
+      const double numeric = (plus - minus) / (2.0 * eps);
+      const double error = std::fabs(numeric - gradient[i]) / std::max(1.0, std::fabs(numeric));
+      worst = std::max(worst, error);
+    }
+  }
+  CHECK(worst < 2e-3);
+}
+
+TEST_CASE("Net without memory reuse computes the same losses and gradients") {
+  Fixture f;
+  NetOptions shared, separate;
+  separate.reuse_memory = false;
+  auto a = Net::from_text(kSmallNet, "small.prototxt", f.runtime, *f.driver, shared);
+  auto b = Net::from_text(kSmallNet, "small.prototxt", f.runtime, *f.driver, separate);
+  set_inputs(*a);
+  set_inputs(*b);
+  a->clear_param_diffs();
+  b->clear_param_diffs();
+  CHECK(a->forward_backward() == b->forward_backward());
+  for (std::size_t p = 0; p < a->learnable_params().size(); ++p) {
+    const Tensor& ta = *a->learnable_params()[p].tensor;
+    const Tensor& tb = *b->learnable_params()[p].tensor;
+    const std::vector<float> da(const_cast<Tensor&>(ta).host_diff(),
+                                const_cast<Tensor&>(ta).host_diff() + ta.count());
+    CHECK(std::equal(da.begin(), da.end(), const_cast<Tensor&>(tb).host_diff()));
+  }
+}
+
+TEST_CASE("Net include and exclude rules select layers by phase level and stage") {
+  const char* text = R"(
+layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+layer { name: "train_only" type: "ReLU" bottom: "x" top: "a" include { phase: TRAIN } }
+layer { name: "test_only" type: "ReLU" bottom: "x" top: "b" include { phase: TEST } }
+layer { name: "deep" type: "ReLU" bottom: "x" top: "c" include { min_level: 2 } }
+layer { name: "staged" type: "ReLU" bottom: "x" top: "d" include { stage: "s1" stage: "s2" } }
+layer { name: "not_staged" type: "ReLU" bottom: "x" top: "e" exclude { stage: "s1" } }
+)";
+  Fixture f;
+  auto names = [&](NetState state) {
+    NetOptions options;
+    options.state = state;
+    auto net = Net::from_text(text, "rules.prototxt", f.runtime, *f.driver, options);
+    std::vector<std::string> result;
+    for (int l = 0; l < net->num_layers(); ++l)
+      if (std::string(net->layer_type(l)) != "Split") result.push_back(net->layer_name(l));
+    return result;
+  };
+  using V = std::vector<std::string>;
+  CHECK(names({Phase::train, 0, {}}) == V{"in", "train_only", "not_staged"});
+  CHECK(names({Phase::test, 2, {}}) == V{"in", "test_only", "deep", "not_staged"});
+  CHECK(names({Phase::test, 0, {"s1"}}) == V{"in", "test_only"});
+  CHECK(names({Phase::test, 0, {"s1", "s2"}}) == V{"in", "test_only", "staged"});
+}
+
+TEST_CASE("Net weights saved as a caffemodel reload into a net with other initial weights") {
+  Fixture f;
+  auto a = Net::from_text(kSmallNet, "small.prototxt", f.runtime, *f.driver);
+  NetOptions other_seed;
+  other_seed.seed = 99;
+  auto b = Net::from_text(kSmallNet, "small.prototxt", f.runtime, *f.driver, other_seed);
+  set_inputs(*a);
+  set_inputs(*b);
+  const float loss_a = a->forward();
+  REQUIRE(b->forward() != loss_a);
+  const std::string path = temp_path("roundtrip.caffemodel");
+  a->save(path);
+  b->copy_trained_layers_from(path);
+  CHECK(b->forward() == loss_a);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("Net rejects a caffemodel with a mismatched, truncated or foreign content") {
+  Fixture f;
+  auto net = Net::from_text(kSmallNet, "small.prototxt", f.runtime, *f.driver);
+  const std::string path = temp_path("bad.caffemodel");
+  // Same layer names, ip3 with 4 outputs instead of 3.
+  std::string wider = kSmallNet;
+  wider.replace(wider.find("num_output: 3"), 13, "num_output: 4");
+  auto other = Net::from_text(wider, "wider.prototxt", f.runtime, *f.driver);
+  other->save(path);
+  CHECK_THROWS_WITH(net->copy_trained_layers_from(path),
+                    Catch::Contains("ip3") && Catch::Contains("4x6") && Catch::Contains("3x6"));
+  // Truncated: the first half of a good file.
+  net->save(path);
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
+  }
+  CHECK_THROWS_WITH(net->copy_trained_layers_from(path),
+                    Catch::Contains(path) && Catch::Contains("truncated"));
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << "this is a text file, not a caffemodel\n";
+  }
+  CHECK_THROWS_WITH(net->copy_trained_layers_from(path), Catch::Contains(path));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("Net errors name the file, the layer and the shapes at fault") {
+  Fixture f;
+  auto build = [&](const std::string& text) {
+    return Net::from_text(text, "bad.prototxt", f.runtime, *f.driver);
+  };
+  const std::string input =
+      R"(layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 4 dim: 4 } } })";
+  CHECK_THROWS_WITH(build(input + R"(layer { name: "z" type: "Frobnicate" bottom: "x" top: "y" })"),
+                    Catch::Contains("bad.prototxt") && Catch::Contains("Frobnicate") &&
+                        Catch::Contains("Convolution") && Catch::Contains("Input"));
+  CHECK_THROWS_WITH(build(input + R"(layer { name: "r" type: "ReLU" bottom: "nope" top: "y" })"),
+                    Catch::Contains("'r'") && Catch::Contains("nope") && Catch::Contains("x"));
+  CHECK_THROWS_WITH(
+      build(input + R"(layer { name: "e" type: "Eltwise" bottom: "x" bottom: "p" top: "y" }
+                       layer { name: "p0" type: "Input" top: "p" input_param { shape { dim: 2 dim: 3 } } })"),
+      Catch::Contains("'e'") && Catch::Contains("'p'"));
+  CHECK_THROWS_WITH(
+      build(input +
+            R"(layer { name: "p" type: "Input" top: "q" input_param { shape { dim: 2 dim: 5 } } }
+                       layer { name: "sum" type: "Eltwise" bottom: "x" bottom: "q" top: "y" })"),
+      Catch::Contains("'sum'") && Catch::Contains("2x3x4x4") && Catch::Contains("2x5"));
+  CHECK_THROWS_WITH(build("layer { name: \"a\" type: \"ReLU\" \n bottom: x }"),
+                    Catch::Contains("bad.prototxt:2:"));
+}
+
+TEST_CASE("Caffe example deploy nets build and run forward and backward") {
+  Fixture f(Device::parse("cpu"));
+  for (const char* file : {"bvlc_reference_caffenet_deploy.prototxt",
+                           "bvlc_alexnet_deploy.prototxt", "mnist_lenet.prototxt"}) {
+    INFO(file);
+    NetOptions options;
+    options.batch_size = 2;
+    options.force_backward = true;
+    Net net(fmt::format("{}/{}", HYBRIDNN_MODELS_DIR, file), f.runtime, *f.driver, options);
+    REQUIRE(net.input_blob_names().size() == 1);
+    const BlobRef data = net.blob(net.input_blob_names()[0]);
+    CHECK((*data.shape)[0] == 2);
+    const std::vector<float> x = test::random_floats(static_cast<std::size_t>(data.count()), 3);
+    std::copy(x.begin(), x.end(), data.host_data_mut());
+    net.forward();
+    const std::string out = net.output_blob_names().back();
+    const BlobRef prob = net.blob(out);
+    const float* p = prob.host_data();
+    double sum = 0.0;
+    for (index_t i = 0; i < prob.count(); ++i)
+      sum += p[i];
+    CHECK(sum == Approx(2.0).epsilon(1e-4));  // softmax rows of the 2 images
+    net.backward();
+    const float* dx = data.host_diff();
+    CHECK(std::isfinite(dx[0]));
+  }
+}
+
+TEST_CASE("Net memory reuse shrinks the activations of a forward-only CaffeNet") {
+  Fixture f(Device::parse("cpu"));
+  NetOptions options;
+  options.state.phase = Phase::test;
+  options.batch_size = 1;
+  Net net(fmt::format("{}/bvlc_reference_caffenet_deploy.prototxt", HYBRIDNN_MODELS_DIR), f.runtime,
+          *f.driver, options);
+  CHECK(static_cast<double>(net.activation_bytes()) <
+        0.65 * static_cast<double>(net.activation_bytes_without_reuse()));
+  // Train-phase backward reuses gradient memory.
+  NetOptions train = options;
+  train.force_backward = true;
+  Net trained(fmt::format("{}/bvlc_reference_caffenet_deploy.prototxt", HYBRIDNN_MODELS_DIR),
+              f.runtime, *f.driver, train);
+  CHECK(trained.activation_bytes() < trained.activation_bytes_without_reuse());
+}
+
+}  // namespace
+}  // namespace hn
