@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git python3
   libopenblas-dev libdnnl-dev libeigen3-dev libtbb-dev libfmt-dev catch2
-  libprotobuf-dev protobuf-compiler
+  libprotobuf-dev protobuf-compiler liblmdb-dev zlib1g-dev
   clang-format
   dataset-fashion-mnist
 )

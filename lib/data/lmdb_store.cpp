@@ -1,0 +1,260 @@
+// LMDB access: the read-only cursor source of Caffe Datum records behind the Data layer, and
+// the append writer behind `convert`.
+#include "lib/data/lmdb_store.h"
+
+#include <lmdb.h>
+
+#include <cctype>
+#include <cerrno>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <mutex>
+
+#include "hybridnn.pb.h"
+#include "lib/check.h"
+#include "lib/data/source.h"
+
+namespace hn::detail {
+
+namespace {
+
+// Caffe's map size: LMDB maps the file sparsely, so this only reserves address space.
+constexpr std::size_t kMapSize = std::size_t{1} << 40;
+
+void check_mdb(int rc, const char* call, const std::string& dir, const std::string& context) {
+  HN_CHECK(rc == MDB_SUCCESS, "{}: LMDB '{}': {} failed: {}", context, dir, call, mdb_strerror(rc));
+}
+
+// Printable form of a key for error messages.
+std::string printable_key(const MDB_val& key) {
+  std::string text;
+  const auto* bytes = static_cast<const unsigned char*>(key.mv_data);
+  for (std::size_t i = 0; i < key.mv_size && i < 64; ++i) {
+    text += std::isprint(bytes[i]) ? static_cast<char>(bytes[i]) : '?';
+  }
+  if (key.mv_size > 64) text += "...";
+  return text;
+}
+
+// One read-only environment per database and process: LMDB forbids opening the same
+// database twice in one process (closing one handle drops the other's file locks), and a
+// net's train and test feeds may read the same source.
+class ReadEnv {
+ public:
+  ReadEnv(const std::string& dir, const std::string& context) {
+    // MDB_NOTLS: a feed's transaction is opened here and read on its prefetch thread.
+    unsigned flags = MDB_RDONLY | MDB_NOTLS;
+    int rc = open(dir, flags);
+    if (rc == EACCES || rc == EROFS) {
+      // A database on read-only storage: its lock file cannot be created, and no one
+      // writes it, so reading without locks is safe (Caffe's ALLOW_LMDB_NOLOCK).
+      rc = open(dir, flags | MDB_NOLOCK);
+    }
+    if (rc != MDB_SUCCESS && env_ != nullptr) {
+      mdb_env_close(env_);  // LMDB's rule after a failed mdb_env_open
+      env_ = nullptr;
+    }
+    check_mdb(rc, "mdb_env_open", dir, context);
+  }
+  ~ReadEnv() {
+    if (env_ != nullptr) mdb_env_close(env_);
+  }
+  ReadEnv(const ReadEnv&) = delete;
+  ReadEnv& operator=(const ReadEnv&) = delete;
+
+  MDB_env* get() const { return env_; }
+
+  static std::shared_ptr<ReadEnv> shared(const std::string& dir, const std::string& context) {
+    static std::mutex mutex;
+    static std::map<std::string, std::weak_ptr<ReadEnv>> open_envs;
+    std::error_code error;
+    std::string key = std::filesystem::canonical(dir, error).string();
+    if (error) key = dir;
+    std::lock_guard<std::mutex> lock(mutex);
+    for (auto it = open_envs.begin(); it != open_envs.end();) {
+      it = it->second.expired() ? open_envs.erase(it) : std::next(it);
+    }
+    if (auto env = open_envs[key].lock()) return env;
+    auto env = std::make_shared<ReadEnv>(dir, context);
+    open_envs[key] = env;
+    return env;
+  }
+
+ private:
+  int open(const std::string& dir, unsigned flags) {
+    if (env_ != nullptr) mdb_env_close(env_);
+    env_ = nullptr;
+    const int rc = mdb_env_create(&env_);
+    if (rc != MDB_SUCCESS) return rc;
+    return mdb_env_open(env_, dir.c_str(), flags, 0664);
+  }
+
+  MDB_env* env_ = nullptr;
+};
+
+// Reads records in key order with one cursor; stepping forward is cheap, stepping back
+// restarts from the first key.
+class LmdbSource final : public RecordSource {
+ public:
+  LmdbSource(const std::string& dir, std::string context)
+      : path_(dir), context_(std::move(context)), env_(ReadEnv::shared(dir, context_)) {
+    MDB_txn* txn = nullptr;
+    check_mdb(mdb_txn_begin(env_->get(), nullptr, MDB_RDONLY, &txn), "mdb_txn_begin", path_,
+              context_);
+    txn_.reset(txn);
+    check_mdb(mdb_dbi_open(txn, nullptr, 0, &dbi_), "mdb_dbi_open", path_, context_);
+    MDB_stat stat{};
+    check_mdb(mdb_stat(txn, dbi_, &stat), "mdb_stat", path_, context_);
+    entries_ = stat.ms_entries;
+    HN_CHECK(entries_ > 0, "{}: LMDB '{}' holds no records", context_, path_);
+    MDB_cursor* cursor = nullptr;
+    check_mdb(mdb_cursor_open(txn, dbi_, &cursor), "mdb_cursor_open", path_, context_);
+    cursor_.reset(cursor);
+    // The first record fixes the shape every other record must have.
+    read(0);
+    shape_ = shape_of(datum_);
+  }
+
+  const char* kind() const override { return "LMDB"; }
+  const std::string& path() const override { return path_; }
+  std::uint64_t size() const override { return entries_; }
+  RecordShape shape() const override { return shape_; }
+
+  RecordView read(std::uint64_t index) override {
+    MDB_val key{}, value{};
+    int rc;
+    if (position_ == index) {
+      rc = mdb_cursor_get(cursor_.get(), &key, &value, MDB_GET_CURRENT);
+    } else {
+      std::uint64_t at = position_;
+      if (position_ == kNone || index < position_) {
+        rc = mdb_cursor_get(cursor_.get(), &key, &value, MDB_FIRST);
+        at = 0;
+      } else {
+        rc = MDB_SUCCESS;
+      }
+      for (; rc == MDB_SUCCESS && at < index; ++at) {
+        rc = mdb_cursor_get(cursor_.get(), &key, &value, MDB_NEXT);
+      }
+    }
+    if (rc != MDB_SUCCESS) position_ = kNone;
+    HN_CHECK(rc != MDB_NOTFOUND, "{}: LMDB '{}' ends before record {} (mdb_stat counts {})",
+             context_, path_, index, entries_);
+    check_mdb(rc, "mdb_cursor_get", path_, context_);
+    position_ = index;
+    return decode(index, key, value);
+  }
+
+ private:
+  static constexpr std::uint64_t kNone = ~std::uint64_t{0};
+
+  static RecordShape shape_of(const hybridnn::proto::Datum& datum) {
+    return {datum.channels(), datum.height(), datum.width()};
+  }
+
+  RecordView decode(std::uint64_t index, const MDB_val& key, const MDB_val& value) {
+    const auto where = [&] {
+      return fmt::format("record {} (key '{}')", index, printable_key(key));
+    };
+    HN_CHECK(value.mv_size <= static_cast<std::size_t>(std::numeric_limits<int>::max()) &&
+                 datum_.ParseFromArray(value.mv_data, static_cast<int>(value.mv_size)),
+             "{}: LMDB '{}': {} is not a Datum ({} bytes)", context_, path_, where(),
+             value.mv_size);
+    HN_CHECK(!datum_.encoded(),
+             "{}: LMDB '{}': {} holds an encoded (JPEG/PNG) image; this build has no image "
+             "decoder: write raw pixels (convert_imageset without --encoded, or `hybridnn "
+             "convert`)",
+             context_, path_, where());
+    const RecordShape shape = shape_of(datum_);
+    HN_CHECK(shape.channels > 0 && shape.height > 0 && shape.width > 0,
+             "{}: LMDB '{}': {} has shape {}", context_, path_, where(), shape.to_string());
+    HN_CHECK(index == 0 || shape == shape_,
+             "{}: LMDB '{}': {} is {}, but the first record is {}; all records must have one "
+             "shape",
+             context_, path_, where(), shape.to_string(), shape_.to_string());
+    RecordView view;
+    view.label = static_cast<float>(datum_.label());
+    if (!datum_.data().empty()) {
+      HN_CHECK(datum_.data().size() == shape.count(),
+               "{}: LMDB '{}': {} has {} data bytes; its shape {} needs {}", context_, path_,
+               where(), datum_.data().size(), shape.to_string(), shape.count());
+      view.bytes = reinterpret_cast<const std::uint8_t*>(datum_.data().data());
+    } else {
+      HN_CHECK(static_cast<std::size_t>(datum_.float_data_size()) == shape.count(),
+               "{}: LMDB '{}': {} has {} float_data values (and no data bytes); its shape {} "
+               "needs {}",
+               context_, path_, where(), datum_.float_data_size(), shape.to_string(),
+               shape.count());
+      view.floats = datum_.float_data().data();
+    }
+    return view;
+  }
+
+  std::string path_, context_;
+  struct TxnAbort {
+    void operator()(MDB_txn* txn) const { mdb_txn_abort(txn); }
+  };
+  struct CursorClose {
+    void operator()(MDB_cursor* cursor) const { mdb_cursor_close(cursor); }
+  };
+
+  std::shared_ptr<ReadEnv> env_;  // declared first: closed after the cursor and transaction
+  std::unique_ptr<MDB_txn, TxnAbort> txn_;
+  MDB_dbi dbi_ = 0;
+  std::unique_ptr<MDB_cursor, CursorClose> cursor_;
+  std::uint64_t entries_ = 0;
+  std::uint64_t position_ = kNone;  // the record under the cursor
+  RecordShape shape_;
+  hybridnn::proto::Datum datum_;
+};
+
+}  // namespace
+
+std::unique_ptr<RecordSource> open_lmdb_source(const std::string& dir, const std::string& context) {
+  return std::make_unique<LmdbSource>(dir, context);
+}
+
+struct LmdbWriter::Impl {
+  std::string dir, context;
+  MDB_env* env = nullptr;
+  MDB_txn* txn = nullptr;
+  MDB_dbi dbi = 0;
+
+  ~Impl() {
+    if (txn != nullptr) mdb_txn_abort(txn);
+    if (env != nullptr) mdb_env_close(env);
+  }
+};
+
+LmdbWriter::LmdbWriter(const std::string& dir, std::string context)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->dir = dir;
+  impl_->context = std::move(context);
+  check_mdb(mdb_env_create(&impl_->env), "mdb_env_create", dir, impl_->context);
+  check_mdb(mdb_env_set_mapsize(impl_->env, kMapSize), "mdb_env_set_mapsize", dir, impl_->context);
+  check_mdb(mdb_env_open(impl_->env, dir.c_str(), 0, 0664), "mdb_env_open", dir, impl_->context);
+}
+
+LmdbWriter::~LmdbWriter() = default;
+
+void LmdbWriter::put(const std::string& key, const std::string& value) {
+  Impl& w = *impl_;
+  if (w.txn == nullptr) {
+    check_mdb(mdb_txn_begin(w.env, nullptr, 0, &w.txn), "mdb_txn_begin", w.dir, w.context);
+    check_mdb(mdb_dbi_open(w.txn, nullptr, 0, &w.dbi), "mdb_dbi_open", w.dir, w.context);
+  }
+  MDB_val k{key.size(), const_cast<char*>(key.data())};
+  MDB_val v{value.size(), const_cast<char*>(value.data())};
+  check_mdb(mdb_put(w.txn, w.dbi, &k, &v, MDB_APPEND), "mdb_put", w.dir, w.context);
+}
+
+void LmdbWriter::commit() {
+  Impl& w = *impl_;
+  if (w.txn == nullptr) return;
+  MDB_txn* txn = w.txn;
+  w.txn = nullptr;  // mdb_txn_commit frees it, even when it fails
+  check_mdb(mdb_txn_commit(txn), "mdb_txn_commit", w.dir, w.context);
+}
+
+}  // namespace hn::detail
