@@ -269,6 +269,31 @@ TEST_CASE("Caffe example deploy nets build and run forward and backward") {
   }
 }
 
+TEST_CASE("Caffe example train and test nets run on generated data in both phases") {
+  Fixture f(Device::parse("cpu"));
+  const std::pair<const char*, const char*> nets[] = {
+      {"mnist_lenet_train_test.prototxt", "synthetic:1x28x28"},
+      {"cifar10_cifar10_quick_train_test.prototxt", "synthetic:3x32x32"},
+      {"cifar10_cifar10_full_train_test.prototxt", "synthetic:3x32x32"}};
+  for (const auto& [file, source] : nets) {
+    for (Phase phase : {Phase::train, Phase::test}) {
+      INFO(file << (phase == Phase::train ? " TRAIN" : " TEST"));
+      NetOptions options;
+      options.state.phase = phase;
+      options.data_source = source;
+      options.mean_file = "none";
+      options.batch_size = 4;
+      Net net(fmt::format("{}/{}", HYBRIDNN_MODELS_DIR, file), f.runtime, *f.driver, options);
+      CHECK(net.batch_size() == 4);
+      net.clear_param_diffs();
+      const float loss = net.forward_backward();
+      // Ten classes, small random weights: the softmax loss starts near log(10).
+      CHECK(loss == Approx(std::log(10.0f)).margin(1.0f));
+      CHECK(net.has_blob(phase == Phase::test ? "accuracy" : "loss"));
+    }
+  }
+}
+
 TEST_CASE("Net memory reuse shrinks the activations of a forward-only CaffeNet") {
   Fixture f(Device::parse("cpu"));
   NetOptions options;
