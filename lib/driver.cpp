@@ -2,6 +2,9 @@
 // capability checks and transfer counting, shared by all drivers.
 #include "hybridnn/driver.h"
 
+#include <cmath>
+#include <utility>
+
 #include "lib/check.h"
 
 namespace hn {
@@ -589,6 +592,53 @@ void Driver::sigmoid_cross_entropy_backward(index_t n, const float* x, const flo
   }
 }
 
+// ---- solver ------------------------------------------------------------------------
+
+void Driver::solver_update(const SolverUpdate& u, index_t n, float* param, const float* grad,
+                           float* history, float* history2) {
+  require(capabilities().solver_update, "solver_update");
+  const int type_index = static_cast<int>(u.type);
+  HN_CHECK(type_index >= 0 && type_index <= static_cast<int>(UpdateType::adam),
+           "solver_update: unknown update type {} (n={})", type_index, n);
+  const char* type = update_type_name(u.type);
+  HN_CHECK(n >= 0, "solver_update ({}): n must be >= 0, got {}", type, n);
+  const std::pair<const char*, float> settings[] = {{"lr", u.lr},
+                                                    {"momentum", u.momentum},
+                                                    {"momentum2", u.momentum2},
+                                                    {"delta", u.delta},
+                                                    {"rms_decay", u.rms_decay},
+                                                    {"decay", u.decay},
+                                                    {"grad_scale", u.grad_scale}};
+  for (const auto& [setting, value] : settings) {
+    HN_CHECK(std::isfinite(value), "solver_update ({}): {} must be finite, got {} (n={})", type,
+             setting, value, n);
+  }
+  if (n == 0) return;
+  const bool two = u.needs_history2();
+  HN_CHECK(param != nullptr && grad != nullptr && history != nullptr,
+           "solver_update ({}): param, grad and history must not be null (param={}, grad={}, "
+           "history={}, n={})",
+           type, static_cast<const void*>(param), static_cast<const void*>(grad),
+           static_cast<const void*>(history), n);
+  HN_CHECK(!two || history2 != nullptr,
+           "solver_update ({}): {} keeps two histories, history2 must not be null (n={})", type,
+           type, n);
+  const void* arrays[] = {param, grad, history, two ? history2 : nullptr};
+  for (int i = 0; i < 4; ++i) {
+    for (int j = i + 1; j < 4; ++j) {
+      HN_CHECK(arrays[i] == nullptr || arrays[i] != arrays[j],
+               "solver_update ({}): param, grad, history{} must be distinct arrays, got the "
+               "same address {} twice (n={})",
+               type, two ? " and history2" : "", arrays[i], n);
+    }
+  }
+  check_range("solver_update", "param", param, floats(n));
+  check_range("solver_update", "grad", grad, floats(n));
+  check_range("solver_update", "history", history, floats(n));
+  if (two) check_range("solver_update", "history2", history2, floats(n));
+  do_solver_update(u, n, param, grad, history, two ? history2 : nullptr);
+}
+
 // ---- defaults of the optional calls: unsupported -----------------------------------
 
 #define HN_UNSUPPORTED(call) detail::fail("driver {} does not support {}", name(), call)
@@ -739,6 +789,10 @@ void Driver::do_conv_backward_data(const LoweringShape&, index_t, const float*, 
 void Driver::do_conv_backward_weights(const LoweringShape&, index_t, const float*, const float*,
                                       float*, float*) {
   HN_UNSUPPORTED("conv_backward_weights");
+}
+
+void Driver::do_solver_update(const SolverUpdate&, index_t, float*, const float*, float*, float*) {
+  HN_UNSUPPORTED("solver_update");
 }
 
 #undef HN_UNSUPPORTED

@@ -24,6 +24,7 @@
 #include "drivers/cuda/kernels/pooling.cuh"
 #include "drivers/cuda/kernels/reductions.cuh"
 #include "drivers/cuda/kernels/softmax.cuh"
+#include "drivers/cuda/kernels/solver_update.cuh"
 #include "hybridnn/runtime.h"
 #include "tests/support.h"
 
@@ -749,5 +750,45 @@ TEST_CASE("cuda sigmoid_cross_entropy bodies equal the reference, with ignore_la
                                                    dx_actual.data());
     });
     REQUIRE(max_rel_diff(dx_actual, dx_expected) <= 1e-6);
+  }
+}
+
+TEST_CASE("cuda solver_update body equals the reference for every rule, L1 and L2",
+          "[cuda-bodies]") {
+  auto ref = make_reference();
+  const index_t n = 1009;
+  using hn::UpdateType;
+  for (const UpdateType type : {UpdateType::sgd, UpdateType::nesterov, UpdateType::adagrad,
+                                UpdateType::rmsprop, UpdateType::adadelta, UpdateType::adam}) {
+    for (const int regularisation : {0, 1, 2}) {  // none, L2, L1
+      hn::SolverUpdate u;
+      u.type = type;
+      u.lr = type == UpdateType::adadelta ? 1.0f : 0.01f;
+      u.momentum = type == UpdateType::adadelta ? 0.95f : 0.9f;
+      u.delta = 1e-6f;
+      u.rms_decay = 0.98f;
+      u.decay = regularisation == 0 ? 0.0f : 0.01f;
+      u.l1 = regularisation == 2;
+      u.grad_scale = 0.7f;
+      INFO(hn::update_type_name(type) << " regularisation " << regularisation);
+      auto w_expected = random_floats(size_of(n), 120, -1.0f, 1.0f);
+      for (index_t i = 0; i < n; i += 5)
+        w_expected[size_of(i)] = 0.0f;  // sign(0) = 0
+      auto h_expected = random_floats(size_of(n), 121, 0.0f, 0.3f);
+      auto h2_expected = random_floats(size_of(n), 122, 0.0f, 0.3f);
+      auto w_actual = w_expected, h_actual = h_expected, h2_actual = h2_expected;
+      for (int step = 0; step < 3; ++step) {
+        const auto grad = random_floats(size_of(n), 130 + static_cast<std::uint32_t>(step));
+        ref->solver_update(u, n, w_expected.data(), grad.data(), h_expected.data(),
+                           h2_expected.data());
+        for_each_index(n, [&](index_t i) {
+          cuda::solver_update_element(i, u, w_actual.data(), grad.data(), h_actual.data(),
+                                      h2_actual.data());
+        });
+      }
+      REQUIRE(max_rel_diff(w_actual, w_expected) <= 1e-5);
+      REQUIRE(max_rel_diff(h_actual, h_expected) <= 1e-5);
+      REQUIRE(max_rel_diff(h2_actual, h2_expected) <= 1e-5);
+    }
   }
 }

@@ -27,7 +27,7 @@ class CpuDriver final : public Driver {
     caps.host_addressable = true;
     caps.gemm = caps.lowering = caps.elementwise = caps.reductions = true;
     caps.activations = caps.pooling = caps.lrn = caps.softmax = caps.dropout = true;
-    caps.losses = true;
+    caps.losses = caps.solver_update = true;
     caps.convolution = cpu::DirectConvolution::available();
     return caps;
   }
@@ -223,6 +223,11 @@ class CpuDriver final : public Driver {
                                          float* dx) override {
     cpu::sigmoid_cross_entropy_backward(parallel_, n, x, target, has_ignore_label, ignore_label,
                                         scale, dx);
+  }
+
+  void do_solver_update(const SolverUpdate& u, index_t n, float* param, const float* grad,
+                        float* history, float* history2) override {
+    cpu::solver_update(parallel_, u, n, param, grad, history, history2);
   }
 
  private:

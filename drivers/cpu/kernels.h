@@ -104,4 +104,8 @@ void sigmoid_cross_entropy_backward(Parallel& par, index_t n, const float* x, co
                                     bool has_ignore_label, int ignore_label, float scale,
                                     float* dx);
 
+// ---- solver_update.cpp --------------------------------------------------------------
+void solver_update(Parallel& par, const SolverUpdate& u, index_t n, float* param, const float* grad,
+                   float* history, float* history2);
+
 }  // namespace hn::detail::cpu

@@ -223,7 +223,7 @@ class CudaDriver final : public Driver {
     caps.host_addressable = false;
     caps.gemm = caps.lowering = caps.elementwise = caps.reductions = true;
     caps.activations = caps.pooling = caps.lrn = caps.softmax = caps.dropout = true;
-    caps.losses = true;
+    caps.losses = caps.solver_update = true;
 #if HYBRIDNN_WITH_CUDNN
     caps.convolution = cudnn_ != nullptr;
 #endif
@@ -734,6 +734,15 @@ class CudaDriver final : public Driver {
     launched(cuda::launch_sigmoid_cross_entropy_backward(stream(), n, x, target, has_ignore_label,
                                                          ignore_label, scale, dx),
              "sigmoid_cross_entropy_backward", "n={}", n);
+  }
+
+  // ---- solver -------------------------------------------------------------------------
+
+  void do_solver_update(const SolverUpdate& u, index_t n, float* param, const float* grad,
+                        float* history, float* history2) override {
+    activate();
+    launched(cuda::launch_solver_update(stream(), u, n, param, grad, history, history2),
+             "solver_update", "{} n={}", update_type_name(u.type), n);
   }
 
  private:

@@ -92,7 +92,7 @@ class ReferenceDriver final : public Driver {
     caps.host_addressable = !separate_memory_;
     caps.gemm = caps.lowering = caps.elementwise = caps.reductions = true;
     caps.activations = caps.pooling = caps.lrn = caps.softmax = caps.dropout = true;
-    caps.losses = caps.convolution = true;
+    caps.losses = caps.convolution = caps.solver_update = true;
     return caps;
   }
 
@@ -754,6 +754,59 @@ class ReferenceDriver final : public Driver {
       }
       const double sigmoid = 1.0 / (1.0 + std::exp(-static_cast<double>(x[i])));
       dx[i] = static_cast<float>(scale * (sigmoid - target[i]));
+    }
+  }
+
+  // Each statement of Caffe's float update (solvers' ComputeUpdateValue) evaluated in double
+  // and rounded to float where Caffe stores a float: the diff after scaling and after
+  // regularising, the histories, the update value and the weight.
+  void do_solver_update(const SolverUpdate& u, index_t n, float* param, const float* grad,
+                        float* history, float* history2) override {
+    const double lr = u.lr, momentum = u.momentum, momentum2 = u.momentum2;
+    const double delta = u.delta, rms_decay = u.rms_decay, decay = u.decay;
+    for (index_t i = 0; i < n; ++i) {
+      const double w = param[i];
+      float g = static_cast<float>(grad[i] * static_cast<double>(u.grad_scale));
+      if (u.decay != 0.0f) {  // Caffe skips regularisation when the local decay is 0
+        const double sign = w > 0.0 ? 1.0 : (w < 0.0 ? -1.0 : 0.0);
+        g = static_cast<float>(g + decay * (u.l1 ? sign : w));
+      }
+      const double gg = static_cast<double>(g) * g;
+      const double h = history[i];
+      double step = 0.0;
+      switch (u.type) {
+        case UpdateType::sgd:
+          history[i] = static_cast<float>(momentum * h + lr * g);
+          step = history[i];
+          break;
+        case UpdateType::nesterov:
+          history[i] = static_cast<float>(momentum * h + lr * g);
+          step = (1.0 + momentum) * history[i] - momentum * h;
+          break;
+        case UpdateType::adagrad:
+          history[i] = static_cast<float>(h + gg);
+          step = lr * (g / (std::sqrt(static_cast<double>(history[i])) + delta));
+          break;
+        case UpdateType::rmsprop:
+          history[i] = static_cast<float>(rms_decay * h + (1.0 - rms_decay) * gg);
+          step = lr * (g / (std::sqrt(static_cast<double>(history[i])) + delta));
+          break;
+        case UpdateType::adadelta: {
+          history[i] = static_cast<float>(momentum * h + (1.0 - momentum) * gg);
+          const float scaled = static_cast<float>(
+              g * std::sqrt((history2[i] + delta) / (static_cast<double>(history[i]) + delta)));
+          history2[i] = static_cast<float>(
+              momentum * history2[i] + (1.0 - momentum) * (static_cast<double>(scaled) * scaled));
+          step = lr * scaled;
+          break;
+        }
+        case UpdateType::adam:
+          history[i] = static_cast<float>(momentum * h + (1.0 - momentum) * g);
+          history2[i] = static_cast<float>(momentum2 * history2[i] + (1.0 - momentum2) * gg);
+          step = lr * (history[i] / (std::sqrt(static_cast<double>(history2[i])) + delta));
+          break;
+      }
+      param[i] = static_cast<float>(w - static_cast<float>(step));
     }
   }
 

@@ -37,6 +37,7 @@ struct Capabilities {
   bool dropout = false;           // dropout_forward, dropout_backward
   bool losses = false;            // softmax_loss_*, sigmoid_cross_entropy_*
   bool convolution = false;       // conv_forward, conv_backward_data, conv_backward_weights
+  bool solver_update = false;     // solver_update
 };
 
 // Transfers made through a driver, for tests and the scheduler's accounting.
@@ -203,6 +204,13 @@ class Driver {
                                       bool has_ignore_label, int ignore_label, float scale,
                                       float* dx);
 
+  // ---- solver ---------------------------------------------------------------------------
+  // One step of Caffe's update rule u.type on n parameters in a single pass (formulas in
+  // shapes.h, SolverUpdate): reads grad, updates param and history (and history2 for
+  // AdaDelta and Adam; it may be null for the others). The four arrays must be distinct.
+  void solver_update(const SolverUpdate& u, index_t n, float* param, const float* grad,
+                     float* history, float* history2);
+
  protected:
   explicit Driver(Device device) : device_(device) {}
 
@@ -286,6 +294,8 @@ class Driver {
   virtual void do_sigmoid_cross_entropy_backward(index_t n, const float* x, const float* target,
                                                  bool has_ignore_label, int ignore_label,
                                                  float scale, float* dx);
+  virtual void do_solver_update(const SolverUpdate& u, index_t n, float* param, const float* grad,
+                                float* history, float* history2);
 
  private:
   // Throws hn::Error when [address, address + bytes) is not memory this driver owns.

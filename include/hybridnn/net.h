@@ -5,7 +5,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -141,7 +140,7 @@ class Net {
   // source counts its own batches from 0; the net starts at 0). Deterministic: random
   // transforms depend on the record and the seed only.
   void seek_data(std::uint64_t batch);
-  std::uint64_t data_position() const;  // batches fetched since the last seek
+  std::uint64_t data_position() const;  // the batch the next forward fetches
   // Sets the random stream of the next forward/backward (dropout masks). The Solver sets
   // it from the iteration, so resumed runs reproduce uninterrupted ones.
   void set_iteration_seed(std::uint64_t seed);

@@ -87,7 +87,7 @@ class Solver {
   int iter() const;
   int max_iter() const;
   float learning_rate() const;  // at the current iteration, per lr_policy
-  float last_loss() const;      // of the last iteration (unsmoothed, summed over iter_size)
+  float last_loss() const;      // of the last iteration (unsmoothed, mean over iter_size)
   Net& net();
   int num_test_nets() const;
   Net& test_net(int index);

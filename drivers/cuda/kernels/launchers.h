@@ -116,4 +116,8 @@ cudaError_t launch_sigmoid_cross_entropy_backward(cudaStream_t stream, index_t n
                                                   const float* target, bool has_ignore_label,
                                                   int ignore_label, float scale, float* dx);
 
+// solver_update.cu
+cudaError_t launch_solver_update(cudaStream_t stream, const SolverUpdate& u, index_t n,
+                                 float* param, const float* grad, float* history, float* history2);
+
 }  // namespace hn::detail::cuda

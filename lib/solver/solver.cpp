@@ -1,0 +1,777 @@
+// The Solver: Caffe's Solver / SGDSolver loop (solver.cpp, sgd_solver.cpp) over a Net. The
+// per-parameter arithmetic (normalisation, regularisation, the update rule and the weight
+// update) is one fused Driver::solver_update call per parameter; everything else follows
+// Caffe's order, so that Caffe's hyper-parameters give Caffe's trajectory.
+//
+// Exact resume: iteration i's k-th forward/backward reads batch i * iter_size + k of the
+// training data and uses the random stream iteration_seed(seed, i, k), and the snapshot
+// holds the weights, every history array and the step of the multistep policy, so a run
+// restored at iteration i computes what the uninterrupted run computed.
+#include "hybridnn/solver.h"
+
+#include <fmt/format.h>
+#include <google/protobuf/text_format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <filesystem>
+#include <limits>
+
+#include "drivers/common/philox.h"
+#include "lib/check.h"
+#include "lib/proto/prototxt.h"
+
+namespace hn {
+
+namespace pb = hybridnn::proto;
+namespace fs = std::filesystem;
+
+namespace {
+
+static_assert(std::atomic<bool>::is_always_lock_free,
+              "request_stop must be safe in a signal handler");
+
+constexpr std::uint64_t kDefaultSeed = 1701;
+
+std::uint64_t mix(std::uint64_t a, std::uint64_t b) {
+  const std::uint64_t low = detail::philox_bits(a, b);
+  const std::uint64_t high = detail::philox_bits(a ^ 0x9E3779B97F4A7C15ull, b);
+  return (high << 32) | low;
+}
+
+// The random stream of forward/backward k of iteration `iter` (dropout masks, DummyData).
+std::uint64_t iteration_seed(std::uint64_t seed, int iter, int k) {
+  return mix(mix(seed, static_cast<std::uint64_t>(iter)), static_cast<std::uint64_t>(k));
+}
+
+// The stream of the test passes: the same for every pass, apart from the training streams.
+std::uint64_t test_seed(std::uint64_t seed, int test_net) {
+  return mix(seed ^ 0x7E57u, static_cast<std::uint64_t>(test_net));
+}
+
+struct TypeName {
+  const char* name;
+  UpdateType type;
+};
+constexpr TypeName kTypes[] = {
+    {"SGD", UpdateType::sgd},           {"Nesterov", UpdateType::nesterov},
+    {"AdaGrad", UpdateType::adagrad},   {"RMSProp", UpdateType::rmsprop},
+    {"AdaDelta", UpdateType::adadelta}, {"Adam", UpdateType::adam}};
+
+std::string known_types() {
+  std::string names;
+  for (const TypeName& t : kTypes)
+    names += names.empty() ? t.name : std::string(", ") + t.name;
+  return names;
+}
+
+// Caffe's type string, or the legacy solver_type enum (upgrade_proto.cpp's rule: both may
+// not be given).
+UpdateType update_type_of(const pb::SolverParameter& param, const std::string& origin) {
+  if (param.has_solver_type()) {
+    HN_CHECK(!param.has_type(),
+             "{}: give the solver either as type: \"...\" or as the old solver_type enum, not "
+             "both (type: \"{}\", solver_type: {})",
+             origin, param.type(), pb::SolverParameter::SolverType_Name(param.solver_type()));
+    return kTypes[static_cast<int>(param.solver_type())].type;
+  }
+  for (const TypeName& t : kTypes) {
+    if (param.type() == t.name) return t.type;
+  }
+  detail::fail("{}: unknown solver type \"{}\"; known types: {}", origin, param.type(),
+               known_types());
+}
+
+// A net file named in the solver: as written, else beside the solver file when relative.
+std::string resolve_beside(const std::string& path, const std::string& solver_path) {
+  const fs::path written(path);
+  if (fs::exists(written) || written.is_absolute()) return path;
+  const fs::path beside = fs::path(solver_path).parent_path() / written;
+  return fs::exists(beside) ? beside.string() : path;
+}
+
+NetState merge_state(Phase phase, const pb::NetState* extra) {
+  NetState state;
+  state.phase = phase;
+  if (extra == nullptr) return state;
+  // Caffe's NetState::MergeFrom: set fields replace, stages append.
+  if (extra->has_phase()) state.phase = extra->phase() == pb::TRAIN ? Phase::train : Phase::test;
+  if (extra->has_level()) state.level = extra->level();
+  for (const std::string& stage : extra->stage())
+    state.stages.push_back(stage);
+  return state;
+}
+
+std::string text_of(const pb::NetParameter& net) {
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(net, &text);
+  return text;
+}
+
+// A BlobProto's shape: `shape` when present, else the legacy num/channels/height/width.
+Shape blob_shape(const pb::BlobProto& blob) {
+  if (blob.has_shape())
+    return Shape(std::vector<index_t>(blob.shape().dim().begin(), blob.shape().dim().end()));
+  return Shape({blob.num(), blob.channels(), blob.height(), blob.width()});
+}
+
+// Caffe's Blob::ShapeEquals: a legacy 4-d shape matches ours padded with ones on the left.
+bool blob_shape_matches(const pb::BlobProto& blob, const Shape& shape) {
+  if (blob.has_shape()) return blob_shape(blob) == shape;
+  if (shape.axes() > 4) return false;
+  std::vector<index_t> legacy(4, 1);
+  for (int i = 0; i < shape.axes(); ++i)
+    legacy[4 - shape.axes() + i] = shape[i];
+  return legacy == std::vector<index_t>{blob.num(), blob.channels(), blob.height(), blob.width()};
+}
+
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> parts;
+  std::size_t begin = 0;
+  for (;;) {
+    const std::size_t comma = text.find(',', begin);
+    std::string part = text.substr(begin, comma - begin);
+    if (!part.empty()) parts.push_back(std::move(part));
+    if (comma == std::string::npos) return parts;
+    begin = comma + 1;
+  }
+}
+
+}  // namespace
+
+struct Solver::Impl {
+  Runtime* runtime = nullptr;
+  Driver* driver = nullptr;
+  SolverOptions options;
+  std::string origin;  // the solver file
+  pb::SolverParameter param;
+  UpdateType type = UpdateType::sgd;
+  bool l1 = false;
+  std::uint64_t seed = kDefaultSeed;
+
+  std::unique_ptr<Net> net;
+  std::vector<std::unique_ptr<Net>> test_nets;
+  std::vector<int> test_iters;
+  // Caffe's history_: one array per learnable parameter, then (AdaDelta, Adam) a second.
+  std::vector<std::unique_ptr<Tensor>> history, history2;
+
+  int iter = 0;
+  int current_step = 0;  // step and multistep policies
+  float last_loss = 0.0f;
+  std::deque<float> losses;  // the average_loss window, oldest first
+  float smoothed_loss = 0.0f;
+  // A pending stop request (set by request_stop, taken by the loop) and whether the last
+  // solve()/step() ended on one.
+  std::atomic<bool> stop{false};
+  bool stopped = false;
+  std::function<void(const SolverEvent&)> callback;
+
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point display_time;
+  int iterations_since_display = 0;
+
+  void build_nets();
+  void check_policy() const;
+  // The rate at `iter` and the multistep step it implies (Caffe's GetLearningRate, which
+  // advances the multistep step by at most one per call).
+  float rate(int* step) const;
+  void train_iteration();
+  void apply_update(float rate);
+  void update_smoothed_loss(float loss);
+  void display(float rate);
+  void test_all();
+  std::optional<std::vector<std::pair<std::string, float>>> run_test(int index, float* loss,
+                                                                     bool interruptible);
+  // Takes a pending stop request: true when there was one.
+  bool take_stop() {
+    if (!stop.exchange(false)) return false;
+    stopped = true;
+    return true;
+  }
+  std::string snapshot();
+  std::string prefix() const;
+  void check_snapshot_prefix() const;
+  int run(int iterations);
+  void emit(const SolverEvent& event) const {
+    if (callback) callback(event);
+  }
+  SolverEvent event(Phase phase) const {
+    SolverEvent e;
+    e.iter = iter;
+    e.phase = phase;
+    int step = current_step;
+    e.lr = rate(&step);
+    return e;
+  }
+};
+
+// ---- construction -------------------------------------------------------------------
+
+void Solver::Impl::build_nets() {
+  const pb::SolverParameter& p = param;
+  const int train_sources =
+      p.has_net() + p.has_net_param() + p.has_train_net() + p.has_train_net_param();
+  HN_CHECK(train_sources == 1,
+           "{}: the solver must name exactly one training net with one of net, net_param, "
+           "train_net, train_net_param; it names {}",
+           origin, train_sources);
+  NetOptions train_options;
+  train_options.state = merge_state(Phase::train, p.has_train_state() ? &p.train_state() : nullptr);
+  train_options.data_source = options.train_data;
+  train_options.mean_file = options.mean_file;
+  train_options.seed = seed;
+  if (p.has_net() || p.has_train_net()) {
+    const std::string path = resolve_beside(p.has_net() ? p.net() : p.train_net(), origin);
+    net = std::make_unique<Net>(path, *runtime, *driver, train_options);
+  } else {
+    const pb::NetParameter& inline_net = p.has_net_param() ? p.net_param() : p.train_net_param();
+    net = Net::from_text(
+        text_of(inline_net),
+        fmt::format("{} ({})", origin, p.has_net_param() ? "net_param" : "train_net_param"),
+        *runtime, *driver, train_options);
+  }
+  for (const std::string& weights : p.weights())
+    net->copy_trained_layers_from(weights);
+
+  // Caffe's InitTestNets: test_net_param first, then test_net files, then as many
+  // instances of the generic net (net / net_param) as test_iter entries remain.
+  const bool generic = p.has_net() || p.has_net_param();
+  const int listed = p.test_net_param_size() + p.test_net_size();
+  HN_CHECK(generic ? p.test_iter_size() >= listed : p.test_iter_size() == listed,
+           "{}: test_iter must be given once per test net: {} test nets, {} test_iter", origin,
+           listed, p.test_iter_size());
+  const int count = generic ? p.test_iter_size() : listed;
+  HN_CHECK(p.test_state_size() == 0 || p.test_state_size() == count,
+           "{}: test_state must be given once per test net or not at all: {} test nets, {} "
+           "test_state",
+           origin, count, p.test_state_size());
+  HN_CHECK(count == 0 || p.test_interval() > 0, "{}: {} test nets need test_interval > 0, got {}",
+           origin, count, p.test_interval());
+  for (int i = 0; i < count; ++i) {
+    NetOptions test_options;
+    test_options.state =
+        merge_state(Phase::test, p.test_state_size() > 0 ? &p.test_state(i) : nullptr);
+    test_options.data_source = options.test_data;
+    test_options.mean_file = options.mean_file;
+    test_options.seed = seed;
+    std::unique_ptr<Net> test_net;
+    if (i < p.test_net_param_size()) {
+      test_net = Net::from_text(text_of(p.test_net_param(i)),
+                                fmt::format("{} (test_net_param {})", origin, i), *runtime, *driver,
+                                test_options);
+    } else if (i < listed) {
+      const std::string path = resolve_beside(p.test_net(i - p.test_net_param_size()), origin);
+      test_net = std::make_unique<Net>(path, *runtime, *driver, test_options);
+    } else if (p.has_net()) {
+      test_net =
+          std::make_unique<Net>(resolve_beside(p.net(), origin), *runtime, *driver, test_options);
+    } else {
+      test_net = Net::from_text(text_of(p.net_param()), fmt::format("{} (net_param)", origin),
+                                *runtime, *driver, test_options);
+    }
+    HN_CHECK(p.test_iter(i) > 0, "{}: test_iter of test net {} must be > 0, got {}", origin, i,
+             p.test_iter(i));
+    test_net->share_trained_layers_with(*net);
+    test_nets.push_back(std::move(test_net));
+    test_iters.push_back(p.test_iter(i));
+  }
+
+  const bool two = type == UpdateType::adadelta || type == UpdateType::adam;
+  for (const NetParam& np : net->learnable_params()) {
+    history.push_back(std::make_unique<Tensor>(np.tensor->shape()));
+    if (two) history2.push_back(std::make_unique<Tensor>(np.tensor->shape()));
+  }
+}
+
+void Solver::Impl::check_policy() const {
+  const pb::SolverParameter& p = param;
+  const std::string& policy = p.lr_policy();
+  const char* known = "fixed, step, exp, inv, multistep, poly, sigmoid";
+  HN_CHECK(!policy.empty(), "{}: lr_policy is not set; Caffe's policies: {}", origin, known);
+  const bool uses_gamma = policy == "step" || policy == "exp" || policy == "inv" ||
+                          policy == "multistep" || policy == "sigmoid";
+  if (policy == "fixed" || policy == "poly") {
+    // no further settings to check
+  } else if (policy == "step" || policy == "sigmoid") {
+    HN_CHECK(p.stepsize() > 0, "{}: lr_policy \"{}\" needs stepsize > 0, got {}", origin, policy,
+             p.stepsize());
+  } else if (policy == "multistep") {
+    for (int i = 1; i < p.stepvalue_size(); ++i) {
+      HN_CHECK(p.stepvalue(i) > p.stepvalue(i - 1),
+               "{}: lr_policy \"multistep\" needs increasing stepvalue entries, got {} after {}",
+               origin, p.stepvalue(i), p.stepvalue(i - 1));
+    }
+  } else if (policy != "exp" && policy != "inv") {
+    detail::fail("{}: unknown lr_policy \"{}\"; Caffe's policies: {}", origin, policy, known);
+  }
+  if (uses_gamma) {
+    HN_CHECK(p.gamma() >= 0.0f, "{}: lr_policy \"{}\" needs gamma >= 0, got {}", origin, policy,
+             p.gamma());
+  }
+  if (policy == "poly") {
+    HN_CHECK(p.max_iter() > 0, "{}: lr_policy \"poly\" needs max_iter > 0, got {}", origin,
+             p.max_iter());
+  }
+}
+
+// ---- the learning rate ----------------------------------------------------------------
+
+float Solver::Impl::rate(int* step) const {
+  const pb::SolverParameter& p = param;
+  const std::string& policy = p.lr_policy();
+  const float base_lr = p.base_lr(), gamma = p.gamma(), power = p.power();
+  // Caffe's expressions in Caffe's types: pow(float, int) is evaluated in double.
+  if (policy == "fixed") return base_lr;
+  if (policy == "step") {
+    *step = iter / p.stepsize();
+    return static_cast<float>(base_lr * std::pow(gamma, *step));
+  }
+  if (policy == "exp") return static_cast<float>(base_lr * std::pow(gamma, iter));
+  if (policy == "inv") {
+    return base_lr * std::pow(1.0f + gamma * static_cast<float>(iter), -power);
+  }
+  if (policy == "multistep") {
+    if (*step < p.stepvalue_size() && iter >= p.stepvalue(*step)) ++*step;
+    return static_cast<float>(base_lr * std::pow(gamma, *step));
+  }
+  if (policy == "poly") {
+    return base_lr *
+           std::pow(1.0f - static_cast<float>(iter) / static_cast<float>(p.max_iter()), power);
+  }
+  // sigmoid
+  return base_lr * (1.0f / (1.0f + std::exp(-gamma * (static_cast<float>(iter) -
+                                                      static_cast<float>(p.stepsize())))));
+}
+
+// ---- one iteration -------------------------------------------------------------------
+
+void Solver::Impl::train_iteration() {
+  const int iter_size = param.iter_size();
+  net->clear_param_diffs();
+  float loss = 0.0f;
+  for (int k = 0; k < iter_size; ++k) {
+    const std::uint64_t batch = static_cast<std::uint64_t>(iter) * iter_size + k;
+    if (net->data_position() != batch) net->seek_data(batch);
+    net->set_iteration_seed(iteration_seed(seed, iter, k));
+    loss += net->forward_backward();
+  }
+  loss /= static_cast<float>(iter_size);
+  if (!std::isfinite(loss)) {
+    detail::fail(
+        "{}: the training loss is {} at iteration {}; stopping before the update (lower base_lr "
+        "or set clip_gradients; snapshots already written are unchanged)",
+        origin, std::isnan(loss) ? "NaN" : "infinite", iter);
+  }
+  last_loss = loss;
+}
+
+void Solver::Impl::apply_update(float rate) {
+  const std::vector<NetParam>& params = net->learnable_params();
+  Driver& d = *driver;
+  // Caffe's ClipGradients: one L2 norm over every raw (accumulated) gradient.
+  float grad_scale = 1.0f;
+  if (param.clip_gradients() >= 0.0f) {
+    double sumsq = 0.0;
+    for (const NetParam& np : params) {
+      const float* diff = np.tensor->diff_read(d);
+      sumsq += d.dot(np.tensor->count(), diff, diff);
+    }
+    const float norm = static_cast<float>(std::sqrt(sumsq));
+    if (norm > param.clip_gradients()) grad_scale = param.clip_gradients() / norm;
+  }
+  // Normalize: 1 / iter_size, after clipping.
+  if (param.iter_size() != 1) grad_scale *= 1.0f / static_cast<float>(param.iter_size());
+
+  SolverUpdate u;
+  u.type = type;
+  u.momentum = param.momentum();
+  u.momentum2 = param.momentum2();
+  u.delta = param.delta();
+  u.rms_decay = param.rms_decay();
+  u.l1 = l1;
+  u.grad_scale = grad_scale;
+  float correction = 1.0f;
+  if (type == UpdateType::adam) {  // Caffe's AdamSolver folds the bias correction into the rate
+    const int t = iter + 1;
+    correction = static_cast<float>(std::sqrt(1.0 - std::pow(param.momentum2(), t)) /
+                                    (1.0 - std::pow(param.momentum(), t)));
+  }
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    Tensor& tensor = *params[i].tensor;
+    u.lr = rate * params[i].lr_mult;
+    if (type == UpdateType::adam) u.lr *= correction;
+    u.decay = param.weight_decay() * params[i].decay_mult;
+    float* h2 = history2.empty() ? nullptr : history2[i]->data_write(d);
+    d.solver_update(u, tensor.count(), tensor.data_write(d), tensor.diff_read(d),
+                    history[i]->data_write(d), h2);
+  }
+}
+
+// Caffe's smoothed loss: the mean of the last average_loss losses of this run. Caffe keeps a
+// running sum whose rounding errors accumulate over the run; the mean of the window, added
+// oldest first, depends only on the losses in it, so a resumed run reports the same values
+// as the uninterrupted one once its window has filled.
+void Solver::Impl::update_smoothed_loss(float loss) {
+  losses.push_back(loss);
+  if (static_cast<int>(losses.size()) > std::max(1, param.average_loss())) losses.pop_front();
+  double sum = 0.0;
+  for (const float value : losses)
+    sum += value;
+  smoothed_loss = static_cast<float>(sum / static_cast<double>(losses.size()));
+}
+
+void Solver::Impl::display(float rate) {
+  const Clock::time_point now = Clock::now();
+  const double seconds = std::chrono::duration<double>(now - display_time).count();
+  SolverEvent e;
+  e.iter = iter;
+  e.phase = Phase::train;
+  e.loss = smoothed_loss;
+  e.lr = rate;
+  if (seconds > 0.0 && iterations_since_display > 0) {
+    const double per_iteration = seconds / iterations_since_display;
+    e.images_per_s = static_cast<double>(net->batch_size()) * param.iter_size() / per_iteration;
+    e.seconds_remaining = std::max(0, param.max_iter() - iter) * per_iteration;
+  }
+  for (const auto& [name, weight] : net->outputs()) {
+    static_cast<void>(weight);
+    const BlobRef blob = net->blob(name);
+    const float* values = blob.host_data();
+    for (index_t k = 0; k < blob.count(); ++k) {
+      e.outputs.emplace_back(blob.count() == 1 ? name : fmt::format("{}[{}]", name, k), values[k]);
+    }
+  }
+  for (const auto& [name, value] : e.outputs) {
+    if (name.rfind("accuracy", 0) == 0) {
+      e.accuracy = value;
+      break;
+    }
+  }
+  display_time = now;
+  iterations_since_display = 0;
+  emit(e);
+}
+
+// ---- testing ---------------------------------------------------------------------------
+
+// Caffe's Solver::Test: the mean of every output element over test_iter forwards. Returns
+// nothing when a stop request interrupts it (interruptible only; the request stays pending).
+std::optional<std::vector<std::pair<std::string, float>>> Solver::Impl::run_test(
+    int index, float* loss, bool interruptible) {
+  Net& test_net = *test_nets[index];
+  test_net.seek_data(0);
+  test_net.set_iteration_seed(test_seed(seed, index));
+  const std::vector<std::pair<std::string, float>> outputs = test_net.outputs();
+  std::vector<double> sums;
+  double loss_sum = 0.0;
+  const int passes = test_iters[index];
+  for (int i = 0; i < passes; ++i) {
+    if (interruptible && stop.load()) return std::nullopt;
+    loss_sum += test_net.forward();
+    std::size_t at = 0;
+    for (const auto& [name, weight] : outputs) {
+      static_cast<void>(weight);
+      const BlobRef blob = test_net.blob(name);
+      const float* values = blob.host_data();
+      if (i == 0) sums.resize(sums.size() + static_cast<std::size_t>(blob.count()), 0.0);
+      for (index_t k = 0; k < blob.count(); ++k)
+        sums[at++] += values[k];
+    }
+  }
+  std::vector<std::pair<std::string, float>> means;
+  std::size_t at = 0;
+  for (const auto& [name, weight] : outputs) {
+    static_cast<void>(weight);
+    const index_t count = test_net.blob(name).count();
+    for (index_t k = 0; k < count; ++k) {
+      means.emplace_back(count == 1 ? name : fmt::format("{}[{}]", name, k),
+                         static_cast<float>(sums[at++] / passes));
+    }
+  }
+  *loss = static_cast<float>(loss_sum / passes);
+  return means;
+}
+
+void Solver::Impl::test_all() {
+  for (int i = 0; i < static_cast<int>(test_nets.size()); ++i) {
+    SolverEvent e = event(Phase::test);
+    e.test_net = i;
+    auto means = run_test(i, &e.loss, true);
+    if (!means) return;
+    e.outputs = std::move(*means);
+    for (const auto& [name, value] : e.outputs) {
+      if (name.rfind("accuracy", 0) == 0) {
+        e.accuracy = value;
+        break;
+      }
+    }
+    emit(e);
+  }
+}
+
+// ---- snapshots -----------------------------------------------------------------------
+
+// Caffe's snapshot_prefix rules (upgrade_proto.cpp): unset, the solver file without its
+// extension; a directory, the solver file's stem inside it.
+std::string Solver::Impl::prefix() const {
+  std::string prefix =
+      options.snapshot_prefix.empty() ? param.snapshot_prefix() : options.snapshot_prefix;
+  if (prefix.empty()) return fs::path(origin).replace_extension().string();
+  if (fs::is_directory(prefix)) return (fs::path(prefix) / fs::path(origin).stem()).string();
+  return prefix;
+}
+
+void Solver::Impl::check_snapshot_prefix() const {
+  const std::string p = prefix();
+  const fs::path parent = fs::path(p).parent_path();
+  HN_CHECK(parent.empty() || fs::is_directory(parent),
+           "{}: snapshot_prefix '{}' lies in '{}', which is not a directory; create it or set "
+           "another prefix",
+           origin, p, parent.string());
+}
+
+std::string Solver::Impl::snapshot() {
+  HN_CHECK(param.snapshot_format() == pb::SolverParameter::BINARYPROTO,
+           "{}: snapshot_format HDF5 is not supported; use BINARYPROTO", origin);
+  const std::string base = fmt::format("{}_iter_{}", prefix(), iter);
+  const std::string model = base + ".caffemodel";
+  net->save(model, param.snapshot_diff());
+  pb::SolverState state;
+  state.set_iter(iter);
+  state.set_learned_net(model);
+  state.set_current_step(current_step);
+  auto add = [&](Tensor& tensor) {
+    pb::BlobProto* blob = state.add_history();
+    for (index_t d : tensor.shape().dims())
+      blob->mutable_shape()->add_dim(d);
+    const float* data = tensor.host_data();
+    blob->mutable_data()->Add(data, data + tensor.count());
+  };
+  for (auto& h : history)
+    add(*h);
+  for (auto& h : history2)
+    add(*h);
+  detail::write_binary_proto(base + ".solverstate", state);
+  SolverEvent e = event(Phase::train);
+  e.loss = smoothed_loss;
+  e.snapshot = model;
+  emit(e);
+  return model;
+}
+
+// ---- the loop ------------------------------------------------------------------------
+
+// Caffe's Solver::Step. Returns the iterations run.
+int Solver::Impl::run(int iterations) {
+  const int start_iter = iter, stop_iter = iter + iterations;
+  losses.clear();
+  smoothed_loss = 0.0f;
+  display_time = Clock::now();
+  iterations_since_display = 0;
+  while (iter < stop_iter) {
+    if (param.test_interval() > 0 && iter % param.test_interval() == 0 &&
+        (iter > 0 || param.test_initialization())) {
+      test_all();
+    }
+    if (take_stop()) break;
+    train_iteration();
+    ++iterations_since_display;
+    update_smoothed_loss(last_loss);
+    const float lr = rate(&current_step);
+    if (param.display() > 0 && iter % param.display() == 0) display(lr);
+    apply_update(lr);
+    ++iter;
+    if (param.snapshot() > 0 && iter % param.snapshot() == 0) snapshot();
+    if (take_stop()) break;
+  }
+  return iter - start_iter;
+}
+
+// ---- Solver --------------------------------------------------------------------------
+
+Solver::Solver(const std::string& solver_prototxt_path, Runtime& runtime, Driver& driver,
+               const SolverOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.runtime = &runtime;
+  s.driver = &driver;
+  s.options = options;
+  s.origin = solver_prototxt_path;
+  s.param = detail::read_solver_prototxt(solver_prototxt_path);
+  pb::SolverParameter& p = s.param;
+  if (options.max_iter > 0) p.set_max_iter(options.max_iter);
+  s.type = update_type_of(p, s.origin);
+  HN_CHECK(p.regularization_type() == "L2" || p.regularization_type() == "L1",
+           "{}: unknown regularization_type \"{}\"; use L2 or L1", s.origin,
+           p.regularization_type());
+  s.l1 = p.regularization_type() == "L1";
+  HN_CHECK(p.snapshot_format() == pb::SolverParameter::BINARYPROTO,
+           "{}: snapshot_format HDF5 is not supported; use BINARYPROTO", s.origin);
+  HN_CHECK(p.iter_size() >= 1, "{}: iter_size must be >= 1, got {}", s.origin, p.iter_size());
+  HN_CHECK(p.max_iter() >= 0, "{}: max_iter must be >= 0, got {}", s.origin, p.max_iter());
+  HN_CHECK(p.average_loss() >= 1, "{}: average_loss must be >= 1, got {}", s.origin,
+           p.average_loss());
+  HN_CHECK(p.snapshot() >= 0 && p.display() >= 0 && p.test_interval() >= 0,
+           "{}: snapshot, display and test_interval must be >= 0 (got {}, {}, {})", s.origin,
+           p.snapshot(), p.display(), p.test_interval());
+  s.check_policy();
+  if (options.seed != 0) {
+    s.seed = options.seed;
+  } else if (p.random_seed() >= 0) {
+    s.seed = static_cast<std::uint64_t>(p.random_seed());
+  }
+  s.build_nets();
+}
+
+Solver::~Solver() = default;
+
+void Solver::on_event(std::function<void(const SolverEvent&)> callback) {
+  impl_->callback = std::move(callback);
+}
+
+void Solver::copy_weights(const std::string& caffemodel_paths) {
+  const std::vector<std::string> paths = split_commas(caffemodel_paths);
+  HN_CHECK(!paths.empty(), "copy_weights: no .caffemodel path given ('{}')", caffemodel_paths);
+  for (const std::string& path : paths)
+    impl_->net->copy_trained_layers_from(path);
+}
+
+void Solver::restore(const std::string& solverstate_path) {
+  Impl& s = *impl_;
+  HN_CHECK(fs::exists(solverstate_path), "restore: solver state '{}' does not exist",
+           solverstate_path);
+  pb::SolverState state;
+  detail::read_binary_proto(solverstate_path, state);
+  HN_CHECK(state.iter() >= 0, "{}: iteration {} is negative", solverstate_path, state.iter());
+
+  // Check everything before changing anything.
+  const std::vector<NetParam>& params = s.net->learnable_params();
+  const std::size_t expected = params.size() * (s.history2.empty() ? 1 : 2);
+  HN_CHECK(static_cast<std::size_t>(state.history_size()) == expected,
+           "{}: holds {} history blobs, but the {} solver of net '{}' keeps {} ({} learnable "
+           "parameters{}); was it written for another net or solver type?",
+           solverstate_path, state.history_size(), update_type_name(s.type), s.net->name(),
+           expected, params.size(), s.history2.empty() ? "" : " x 2");
+  for (int i = 0; i < state.history_size(); ++i) {
+    const pb::BlobProto& blob = state.history(i);
+    const NetParam& np = params[static_cast<std::size_t>(i) % params.size()];
+    const Shape& shape = np.tensor->shape();
+    HN_CHECK(blob_shape_matches(blob, shape),
+             "{}: history blob {} has shape {}, but parameter '{}' of layer '{}' is {}",
+             solverstate_path, i, blob_shape(blob).to_string(), np.name, np.layer,
+             shape.to_string());
+    const index_t values = blob.double_data_size() > 0 ? blob.double_data_size() : blob.data_size();
+    HN_CHECK(values == shape.count(),
+             "{}: history blob {} (parameter '{}' of layer '{}', shape {}) holds {} values, its "
+             "shape needs {}",
+             solverstate_path, i, np.name, np.layer, shape.to_string(), values, shape.count());
+  }
+  std::string model;
+  if (state.has_learned_net() && !state.learned_net().empty()) {
+    model = state.learned_net();
+    if (!fs::exists(model)) {
+      const fs::path beside = fs::path(solverstate_path).parent_path() / fs::path(model).filename();
+      HN_CHECK(fs::exists(beside),
+               "{}: its weights '{}' do not exist, neither as written nor beside the solver "
+               "state ('{}')",
+               solverstate_path, model, beside.string());
+      model = beside.string();
+    }
+  }
+
+  if (!model.empty()) s.net->copy_trained_layers_from(model);
+  for (int i = 0; i < state.history_size(); ++i) {
+    const pb::BlobProto& blob = state.history(i);
+    const std::size_t index = static_cast<std::size_t>(i) % params.size();
+    Tensor& tensor =
+        static_cast<std::size_t>(i) < params.size() ? *s.history[index] : *s.history2[index];
+    float* data = tensor.host_data_mut();
+    if (blob.double_data_size() > 0) {
+      for (int k = 0; k < blob.double_data_size(); ++k)
+        data[k] = static_cast<float>(blob.double_data(k));
+    } else {
+      std::copy(blob.data().begin(), blob.data().end(), data);
+    }
+  }
+  s.iter = state.iter();
+  s.current_step = state.current_step();
+}
+
+void Solver::solve() {
+  Impl& s = *impl_;
+  s.stopped = false;
+  s.check_snapshot_prefix();
+  const int start_iter = s.iter;
+  s.run(std::max(0, s.param.max_iter() - s.iter));
+  const bool stopped = s.stopped;
+  const bool just_written =
+      s.param.snapshot() > 0 && s.iter % s.param.snapshot() == 0 && s.iter > start_iter;
+  if ((s.param.snapshot_after_train() || stopped) && !just_written) s.snapshot();
+  if (stopped) return;
+  // Caffe's closing display (one more forward of the training net) and test.
+  if (s.param.display() > 0 && s.iter % s.param.display() == 0) {
+    s.net->set_iteration_seed(iteration_seed(s.seed, s.iter, 0));
+    const float loss = s.net->forward();
+    s.update_smoothed_loss(loss);
+    int step = s.current_step;
+    const float lr = s.rate(&step);
+    s.iterations_since_display = 0;  // no training iterations to time
+    s.display(lr);
+  }
+  if (s.param.test_interval() > 0 && s.iter % s.param.test_interval() == 0) s.test_all();
+}
+
+void Solver::step(int iterations) {
+  HN_CHECK(iterations >= 0, "step: iterations must be >= 0, got {}", iterations);
+  impl_->stopped = false;
+  impl_->run(iterations);
+}
+
+void Solver::request_stop() noexcept {
+  impl_->stop.store(true);
+}
+
+// Pending, or acted on by the last solve()/step().
+bool Solver::stop_requested() const noexcept {
+  return impl_->stop.load() || impl_->stopped;
+}
+
+std::vector<std::pair<std::string, float>> Solver::test(int index) {
+  HN_CHECK(index >= 0 && index < num_test_nets(), "test({}): the solver has {} test nets", index,
+           num_test_nets());
+  float loss = 0.0f;
+  return *impl_->run_test(index, &loss, false);
+}
+
+std::string Solver::snapshot() {
+  return impl_->snapshot();
+}
+
+int Solver::iter() const {
+  return impl_->iter;
+}
+int Solver::max_iter() const {
+  return impl_->param.max_iter();
+}
+float Solver::learning_rate() const {
+  int step = impl_->current_step;
+  return impl_->rate(&step);
+}
+float Solver::last_loss() const {
+  return impl_->last_loss;
+}
+Net& Solver::net() {
+  return *impl_->net;
+}
+int Solver::num_test_nets() const {
+  return static_cast<int>(impl_->test_nets.size());
+}
+Net& Solver::test_net(int index) {
+  HN_CHECK(index >= 0 && index < num_test_nets(), "test_net({}): the solver has {} test nets",
+           index, num_test_nets());
+  return *impl_->test_nets[index];
+}
+
+}  // namespace hn
