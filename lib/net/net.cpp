@@ -267,6 +267,14 @@ void Net::Impl::build(pb::NetParameter net) {
            "(or rename 'layers' to 'layer' with string types)",
            origin);
   if (net.force_backward()) options.force_backward = true;
+  // The file's own state supplies level and stages the caller left unset (as in Caffe, the
+  // phase is always the caller's).
+  if (net.has_state()) {
+    if (options.state.level == 0) options.state.level = net.state().level();
+    if (options.state.stages.empty()) {
+      options.state.stages.assign(net.state().stage().begin(), net.state().stage().end());
+    }
+  }
   pb::NetParameter filtered = net;
   filtered.clear_layer();
   for (const pb::LayerParameter& param : net.layer()) {
