@@ -1,0 +1,762 @@
+#!/usr/bin/env python3
+"""Tests of the `hybridnn` tool, one ctest test per case (tools/CMakeLists.txt registers them).
+
+  test_tool.py --list
+  test_tool.py --tool BUILD/bin/hybridnn --models ../shared/models --work DIR CASE
+
+Each case runs in DIR/CASE on small generated data: IDX files whose label is the bright
+quadrant of a noisy 12x12 image, a tiny LeNet-like net and a solver of a few dozen
+iterations. Exit status: 0 passed, 1 failed, 77 skipped (something the machine lacks).
+"""
+
+import argparse
+import gzip
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+CASES = {}
+
+
+def case(function):
+    CASES[function.__name__] = function
+    return function
+
+
+class Failure(Exception):
+    pass
+
+
+class Skip(Exception):
+    pass
+
+
+def check(condition, message):
+    if not condition:
+        raise Failure(message)
+
+
+class Context:
+    def __init__(self, tool, models, work):
+        self.tool, self.models, self.work = tool, models, work
+        self.repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    def path(self, *parts):
+        return os.path.join(self.work, *parts)
+
+    def run(self, *args, code=0, timeout=90):
+        command = [self.tool] + [str(a) for a in args]
+        run = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                             cwd=self.work)
+        if run.returncode != code:
+            raise Failure(f"`{' '.join(command)}` exited {run.returncode}, expected {code}\n"
+                          f"--- stdout (end)\n{run.stdout[-3000:]}\n"
+                          f"--- stderr\n{run.stderr[-3000:]}")
+        return run
+
+    def error(self, *args, needles=(), patterns=(), code=1):
+        """Runs a command that must fail with `code` and a message on stderr holding every
+        needle and matching every pattern."""
+        run = self.run(*args, code=code)
+        command = args[0]
+        prefix = f"hybridnn {command}: error: " if code == 1 else f"hybridnn {command}: "
+        check(run.stderr.startswith(prefix),
+              f"stderr should start with '{prefix}':\n{run.stderr}")
+        for needle in needles:
+            check(needle in run.stderr, f"stderr lacks '{needle}':\n{run.stderr}")
+        for pattern in patterns:
+            check(re.search(pattern, run.stderr), f"stderr does not match /{pattern}/:\n"
+                  f"{run.stderr}")
+        return run
+
+
+# ---- generated data and nets ---------------------------------------------------------------
+
+SIDE = 12
+CLASSES = 4
+
+
+def write_idx(images_path, images, labels, compress=True):
+    """IDX images (magic 0x803) and the labels file beside them (0x801)."""
+    labels_path = images_path.replace("images-idx3", "labels-idx1")
+    opener = gzip.open if compress else open
+    with opener(images_path, "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, len(images), SIDE, SIDE))
+        f.write(b"".join(images))
+    with opener(labels_path, "wb") as f:
+        f.write(struct.pack(">II", 0x801, len(labels)))
+        f.write(bytes(labels))
+    return images_path
+
+
+def make_images(count, seed):
+    rng = random.Random(seed)
+    images, labels = [], []
+    half = SIDE // 2
+    for _ in range(count):
+        label = rng.randrange(CLASSES)
+        qy, qx = divmod(label, 2)
+        pixels = bytearray(rng.randrange(0, 90) for _ in range(SIDE * SIDE))
+        for y in range(qy * half, qy * half + half):
+            for x in range(qx * half, qx * half + half):
+                pixels[y * SIDE + x] = min(255, pixels[y * SIDE + x] + 150)
+        images.append(bytes(pixels))
+        labels.append(label)
+    return images, labels
+
+
+def make_dataset(ctx, compress=True):
+    """Train (256 images) and test (100) IDX files in ctx.work/data; returns their paths."""
+    os.makedirs(ctx.path("data"), exist_ok=True)
+    ext = ".gz" if compress else ""
+    train = write_idx(ctx.path("data", "train-images-idx3-ubyte" + ext), *make_images(256, 1),
+                      compress=compress)
+    test = write_idx(ctx.path("data", "t10k-images-idx3-ubyte" + ext), *make_images(100, 2),
+                     compress=compress)
+    return train, test
+
+
+def data_layer(phase, source, batch):
+    return f"""layer {{
+  name: "data" type: "Data" top: "data" top: "label"
+  include {{ phase: {phase} }}
+  transform_param {{ scale: 0.00390625 }}
+  data_param {{ source: "{source}" batch_size: {batch} backend: LMDB }}
+}}
+"""
+
+
+def tiny_net(train_source, test_source, conv_type="Convolution", classes=CLASSES, extra=""):
+    return (f'name: "Tiny"\n' + data_layer("TRAIN", train_source, 16) +
+            data_layer("TEST", test_source, 20) + f"""layer {{
+  name: "conv1" type: "{conv_type}" bottom: "data" top: "conv1"
+  convolution_param {{ num_output: 4 kernel_size: 3 weight_filler {{ type: "xavier" }} }}
+}}
+layer {{
+  name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1"
+  pooling_param {{ pool: MAX kernel_size: 2 stride: 2 }}
+}}
+layer {{
+  name: "ip1" type: "InnerProduct" bottom: "pool1" top: "ip1"
+  inner_product_param {{ num_output: 16 weight_filler {{ type: "xavier" }} }}
+}}
+layer {{ name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }}
+layer {{
+  name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
+  inner_product_param {{ num_output: {classes} weight_filler {{ type: "xavier" }} }}
+}}
+layer {{
+  name: "accuracy" type: "Accuracy" bottom: "ip2" bottom: "label" top: "accuracy"
+  include {{ phase: TEST }}
+}}
+layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }}
+""" + extra)
+
+
+def solver_text(net, prefix, max_iter=40, display=1, snapshot=20, test_interval=20,
+                extra=""):
+    return f"""net: "{net}"
+test_iter: 5
+test_interval: {test_interval}
+base_lr: 0.05
+momentum: 0.9
+weight_decay: 0.0005
+lr_policy: "inv"
+gamma: 0.0001
+power: 0.75
+display: {display}
+max_iter: {max_iter}
+snapshot: {snapshot}
+snapshot_prefix: "{prefix}"
+random_seed: 7
+{extra}"""
+
+
+def write(ctx, name, text):
+    path = ctx.path(name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def setup_training(ctx, **solver_args):
+    """Data, tiny net and solver in ctx.work; returns (solver, net, snapshot prefix)."""
+    train, test = make_dataset(ctx)
+    net = write(ctx, "net.prototxt", tiny_net(train, test))
+    prefix = ctx.path("snapshots", "tiny")
+    solver = write(ctx, "solver.prototxt", solver_text(net, prefix, **solver_args))
+    return solver, net, prefix
+
+
+def read_metrics(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def output_value(stdout, name):
+    """The last 'NAME = V' line of `hybridnn test` (the mean over the batches)."""
+    values = re.findall(rf"^{re.escape(name)} = (\S+)", stdout, re.MULTILINE)
+    check(values, f"no '{name} = ...' line in:\n{stdout[-2000:]}")
+    return float(values[-1])
+
+
+def json_lines(stdout):
+    records = [json.loads(line) for line in stdout.splitlines() if line.strip()]
+    check(records, "no JSON lines printed")
+    return records
+
+
+# ---- command line ----------------------------------------------------------------------------
+
+@case
+def help_and_usage_errors(ctx):
+    run = ctx.run("help")
+    for command in ["train", "test", "time", "device_query", "convert"]:
+        check(command in run.stdout, f"`hybridnn help` does not list {command}")
+    check("--threads" in ctx.run("--help").stdout, "`hybridnn --help` does not mention --threads")
+    for args in (["help", "train"], ["train", "--help"], ["train", "-help"]):
+        run = ctx.run(*args)
+        check("usage: hybridnn train" in run.stdout and "--solver" in run.stdout,
+              f"`hybridnn {' '.join(args)}` does not show train's flags:\n{run.stdout}")
+    for command in ["test", "time", "device_query", "convert"]:
+        check(f"usage: hybridnn {command}" in ctx.run(command, "--help").stdout,
+              f"no usage for {command}")
+    ctx.run(code=2)
+    ctx.run("frobnicate", code=2)
+    usage_errors = [
+        (["train"], "needs --solver"),
+        (["train", "--solver", "s.prototxt", "--bogus", "1"], "unknown flag '--bogus'"),
+        (["train", "--solver"], "--solver needs a value"),
+        (["train", "--solver", "a", "--solver", "b"], "given twice"),
+        (["train", "--solver", "s", "--weights", "w", "--snapshot", "s"], "not both"),
+        (["train", "--solver", "s", "stray"], "unexpected argument 'stray'"),
+        (["test", "--model", "m", "--weights", "w", "--iterations", "ten"], "expects an integer"),
+        (["test", "--model", "m", "--weights", "w", "--iterations", "0"], "between 1"),
+        (["test", "--model", "m"], "needs --weights"),
+        (["time", "--model", "m", "--phase", "deploy"], "expects train or test"),
+        (["time", "--model", "m", "--json=maybe"], "expects true or false"),
+        (["time", "--model", "m", "--device", "tpu"], "--device"),
+        (["time", "--model", "m", "--device", "cpu", "--gpu", "0"], "not both"),
+        (["convert", "--source", "x"], "needs --output"),
+    ]
+    for args, needle in usage_errors:
+        run = ctx.error(*args, needles=[needle, f"usage: hybridnn {args[0]}"], code=2)
+
+
+@case
+def split_spec(ctx):
+    solver, net, prefix = setup_training(ctx)
+    for spec in ["cpu", "cpu:1", "cpu=1", "reference:1", "cpu:1.0"]:
+        run = ctx.run("time", "--model", net, "--iterations", 1, "--split", spec, "--json")
+        device = spec.split(":")[0].split("=")[0]
+        check(json_lines(run.stdout)[-1]["device"] == device,
+              f"--split {spec} did not run on {device}:\n{run.stdout}")
+    for spec in ["cpu:0.5,reference:0.5", "cuda:0:0.6,cpu:0.4", "reference:0.25,cpu"]:
+        ctx.error("time", "--model", net, "--split", spec, code=2,
+                  needles=[f"--split '{spec}'", "not supported yet"])
+    for spec, needle in [("cpu:0.5", "sum to 0.5"), ("tpu:1", "unknown device 'tpu:1'"),
+                         ("cpu:1,cpu:1", "appears twice"), ("cpu:-1", "'cpu:-1'"),
+                         ("", "an empty entry")]:
+        ctx.error("time", "--model", net, "--split", spec, code=2, needles=[needle])
+    ctx.error("time", "--model", net, "--split", "reference", "--device", "cpu", code=2,
+              needles=["--device"])
+    # A device this build or machine lacks is the library's error, not a usage error.
+    ctx.error("time", "--model", net, "--iterations", 1, "--device", "cuda:7",
+              needles=["cuda:7"])
+
+
+@case
+def flag_spellings(ctx):
+    solver, net, prefix = setup_training(ctx)
+    for args in (["-model", net, "-iterations", "1"], ["--model=" + net, "--iterations=1"],
+                 ["-model=" + net, "--iterations", "1", "--force_backward=false", "-json"],
+                 ["--model", net, "-iterations=1", "--no-force-backward", "--json=true"]):
+        run = ctx.run("time", *args)
+        if any("json" in a for a in args):
+            json_lines(run.stdout)
+        else:
+            check("Average Forward-Backward" in run.stdout, f"no Caffe-style summary:\n{run.stdout}")
+    run = ctx.run("train", "-solver=" + solver, "-max_iter", "2", "--snapshot_prefix",
+                  ctx.path("other", "x"))
+    check("Iteration 2" in run.stdout or "Iteration 1" in run.stdout, run.stdout)
+    check(os.path.exists(ctx.path("other", "x_iter_2.caffemodel")),
+          "--max-iter 2 with --snapshot-prefix did not write other/x_iter_2.caffemodel; "
+          f"files: {os.listdir(ctx.path('other')) if os.path.isdir(ctx.path('other')) else []}")
+
+
+@case
+def device_query(ctx):
+    run = ctx.run("device_query")
+    for needle in ["available devices:", "reference", "cpu", "cpu BLAS:", "CUDA driver built:"]:
+        check(needle in run.stdout, f"device_query lacks '{needle}':\n{run.stdout}")
+    run = ctx.run("device_query", "--device", "reference")
+    check(re.search(r"^reference", run.stdout, re.MULTILINE), run.stdout)
+
+
+# ---- bad input: a clear message and a non-zero exit ---------------------------------------
+
+@case
+def malformed_prototxt(ctx):
+    train, test = make_dataset(ctx)
+    text = tiny_net(train, test).replace('name: "pool1" type: "Pooling"',
+                                         'name: "pool1" type: "Pooling" }')
+    net = write(ctx, "bad_net.prototxt", text)
+    line = text[:text.index('type: "Pooling" }')].count("\n") + 1
+    ctx.error("time", "--model", net, needles=[f"bad_net.prototxt:{line}:"],
+              patterns=[rf"bad_net\.prototxt:{line}:\d+"])
+    solver = write(ctx, "solver.prototxt", solver_text(net, ctx.path("s", "x")))
+    ctx.error("train", "--solver", solver, patterns=[rf"bad_net\.prototxt:{line}:\d+"])
+    bad_solver = write(ctx, "bad_solver.prototxt", 'net: "x.prototxt"\nbase_lr: fast\n')
+    ctx.error("train", "--solver", bad_solver, patterns=[r"bad_solver\.prototxt:2:\d+"])
+    ctx.error("train", "--solver", ctx.path("missing_solver.prototxt"),
+              needles=["missing_solver.prototxt"])
+
+
+@case
+def unknown_layer_type(ctx):
+    train, test = make_dataset(ctx)
+    net = write(ctx, "net.prototxt", tiny_net(train, test, conv_type="Convolutio"))
+    ctx.error("time", "--model", net,
+              needles=["conv1", "'Convolutio'", "Convolution", "InnerProduct", "Pooling",
+                       "SoftmaxWithLoss"])
+
+
+@case
+def mismatched_shapes(ctx):
+    train, test = make_dataset(ctx)
+    extra = """layer {
+  name: "bad_sum" type: "Eltwise" bottom: "pool1" bottom: "ip2" top: "bad_sum"
+}
+"""
+    net = write(ctx, "net.prototxt", tiny_net(train, test, extra=extra))
+    ctx.error("time", "--model", net, needles=["bad_sum", "16x4x5x5", f"16x{CLASSES}"])
+
+
+@case
+def weights_of_another_net(ctx):
+    solver, net, prefix = setup_training(ctx, max_iter=2, snapshot=0)
+    ctx.run("train", "--solver", solver)
+    model = prefix + "_iter_2.caffemodel"
+    check(os.path.exists(model), f"no final snapshot {model}")
+    train, test = make_dataset(ctx)
+    other = write(ctx, "other.prototxt", tiny_net(train, test, classes=CLASSES + 1))
+    ctx.error("test", "--model", other, "--weights", model, "--iterations", 1,
+              needles=["ip2", model, f"{CLASSES}x16", f"{CLASSES + 1}x16"])
+    other_solver = write(ctx, "other_solver.prototxt", solver_text(other, ctx.path("o", "x")))
+    ctx.error("train", "--solver", other_solver, "--weights", model, needles=["ip2"])
+
+
+@case
+def truncated_and_foreign_caffemodel(ctx):
+    solver, net, prefix = setup_training(ctx, max_iter=2, snapshot=0)
+    ctx.run("train", "--solver", solver)
+    model, state = prefix + "_iter_2.caffemodel", prefix + "_iter_2.solverstate"
+    with open(model, "rb") as f:
+        data = f.read()
+    truncated = ctx.path("truncated.caffemodel")
+    with open(truncated, "wb") as f:
+        f.write(data[:len(data) // 2])
+    ctx.error("test", "--model", net, "--weights", truncated, needles=[truncated])
+    ctx.error("train", "--solver", solver, "--weights", truncated, needles=[truncated])
+    foreign = ctx.path("foreign.caffemodel")
+    with open(foreign, "wb") as f:
+        f.write(bytes(random.Random(3).randrange(256) for _ in range(4096)))
+    ctx.error("test", "--model", net, "--weights", foreign, needles=[foreign])
+    ctx.error("test", "--model", net, "--weights", net, needles=[net])
+    ctx.error("test", "--model", net, "--weights", ctx.path("absent.caffemodel"),
+              needles=["absent.caffemodel"])
+    with open(state, "rb") as f:
+        state_data = f.read()
+    truncated_state = ctx.path("truncated.solverstate")
+    with open(truncated_state, "wb") as f:
+        f.write(state_data[:len(state_data) // 2])
+    ctx.error("train", "--solver", solver, "--snapshot", truncated_state,
+              needles=[truncated_state])
+
+
+@case
+def missing_dataset(ctx):
+    solver, net, prefix = setup_training(ctx)
+    missing = ctx.path("nowhere", "train-images-idx3-ubyte.gz")
+    ctx.error("train", "--solver", solver, "--train-data", missing, needles=[missing])
+    ctx.error("time", "--model", net, "--data", missing, needles=[missing])
+    os.remove(ctx.path("data", "train-labels-idx1-ubyte.gz"))
+    ctx.error("train", "--solver", solver, needles=["train-labels-idx1-ubyte"])
+
+
+@case
+def truncated_dataset(ctx):
+    for compress in (True, False):
+        shutil.rmtree(ctx.path("data"), ignore_errors=True)
+        train, test = make_dataset(ctx, compress=compress)
+        net = write(ctx, "net.prototxt", tiny_net(train, test))
+        with open(train, "rb") as f:
+            data = f.read()
+        with open(train, "wb") as f:
+            f.write(data[:len(data) * 2 // 3])
+        ctx.error("time", "--model", net, "--iterations", 1, needles=[train])
+        solver = write(ctx, "solver.prototxt", solver_text(net, ctx.path("s", "x")))
+        ctx.error("train", "--solver", solver, needles=[train])
+
+
+@case
+def nan_loss_keeps_earlier_snapshot(ctx):
+    train, test = make_dataset(ctx)
+    net = write(ctx, "net.prototxt", tiny_net(train, test))
+    prefix = ctx.path("snap", "tiny")
+    # From iteration 6 the learning rate is 1e30 times larger: the loss becomes NaN or inf.
+    text = solver_text(net, prefix, max_iter=6, snapshot=5, test_interval=1000,
+                       extra="stepvalue: 6\n")
+    text = text.replace('lr_policy: "inv"', 'lr_policy: "multistep"').replace(
+        "gamma: 0.0001", "gamma: 1e30")
+    # The same run stopped before the NaN gives the bytes the snapshot at 5 must keep.
+    ctx.run("train", "--solver", write(ctx, "good.prototxt", text))
+    snapshot = prefix + "_iter_5.caffemodel"
+    state = prefix + "_iter_5.solverstate"
+    expected = {path: open(path, "rb").read() for path in (snapshot, state)}
+    shutil.rmtree(ctx.path("snap"))
+    bad = write(ctx, "bad.prototxt", text.replace("max_iter: 6", "max_iter: 60"))
+    run = ctx.error("train", "--solver", bad, patterns=[r"(?i)iteration \d+"], needles=[snapshot])
+    check(re.search(r"(?i)nan|inf", run.stderr), f"the message says neither NaN nor inf:\n"
+          f"{run.stderr}")
+    for path, data in expected.items():
+        with open(path, "rb") as f:
+            check(f.read() == data, f"{path} differs from the same run's snapshot without NaN")
+    leftovers = sorted(set(os.listdir(ctx.path("snap"))) -
+                       {os.path.basename(p) for p in expected})
+    check(not leftovers, f"files besides the iteration-5 snapshot: {leftovers}")
+
+
+# ---- training, testing, resuming ---------------------------------------------------------
+
+@case
+def metrics_lines(ctx):
+    solver, net, prefix = setup_training(ctx, display=5)
+    metrics = ctx.path("out", "metrics.jsonl")
+    run = ctx.run("train", "--solver", solver, "--metrics", metrics)
+    check(re.search(r"^Iteration 5, loss = \S+, lr = \S+, \d+ images/s, \S+ remaining$",
+                    run.stdout, re.MULTILINE), f"no display line for iteration 5:\n{run.stdout}")
+    check(re.search(r"Test net output #\d+: accuracy = ", run.stdout), run.stdout)
+    check(re.search(r"Snapshotting to binary proto file \S+_iter_20\.caffemodel", run.stdout),
+          run.stdout)
+    records = read_metrics(metrics)
+    keys = {"iter", "phase", "loss", "accuracy", "lr", "images_per_s"}
+    for record in records:
+        check(set(record) == keys, f"metrics keys {sorted(record)}")
+    train_records = [r for r in records if r["phase"] == "train"]
+    test_records = [r for r in records if r["phase"] == "test"]
+    check([r["iter"] for r in train_records][:3] == [0, 5, 10] or
+          [r["iter"] for r in train_records][:3] == [5, 10, 15],
+          f"train iterations {[r['iter'] for r in train_records]}")
+    check(all(r["accuracy"] is None for r in train_records), "train lines have an accuracy")
+    # The closing display after the last iteration times no training iteration.
+    check(all(isinstance(r["images_per_s"], (int, float)) for r in train_records[:-1]),
+          f"train lines lack images_per_s: {train_records}")
+    check(test_records and all(0 <= r["accuracy"] <= 1 for r in test_records), "test lines")
+    check(test_records[-1]["iter"] == 40, f"no final test at 40: {test_records}")
+    check(test_records[-1]["accuracy"] > 0.6,
+          f"the tiny net did not learn the quadrants: {test_records[-1]}")
+
+
+@case
+def reloaded_caffemodel_gives_identical_accuracy(ctx):
+    solver, net, prefix = setup_training(ctx)
+    metrics = ctx.path("metrics.jsonl")
+    ctx.run("train", "--solver", solver, "--metrics", metrics)
+    final = [r for r in read_metrics(metrics) if r["phase"] == "test"][-1]
+    check(final["iter"] == 40, f"last test at {final['iter']}")
+    run = ctx.run("test", "--model", net, "--weights", prefix + "_iter_40.caffemodel",
+                  "--iterations", 5)
+    check(re.search(r"^Batch 0, accuracy = \S+$", run.stdout, re.MULTILINE), run.stdout)
+    check(re.search(r"^Loss: \S+$", run.stdout, re.MULTILINE), run.stdout)
+    check(output_value(run.stdout, "accuracy") == final["accuracy"],
+          f"test gives accuracy {output_value(run.stdout, 'accuracy')}, training ended with "
+          f"{final['accuracy']}")
+    check(output_value(run.stdout, "loss") == final["loss"],
+          f"test gives loss {output_value(run.stdout, 'loss')}, training ended with "
+          f"{final['loss']}")
+
+
+@case
+def resume_reproduces_losses(ctx):
+    solver, net, prefix = setup_training(ctx)
+    full = ctx.path("full.jsonl")
+    ctx.run("train", "--solver", solver, "--metrics", full)
+    # The interrupted run: stops at 20 with a snapshot, then resumes from it.
+    first, second = ctx.path("first.jsonl"), ctx.path("second.jsonl")
+    resumed_prefix = ctx.path("resumed", "tiny")
+    ctx.run("train", "--solver", solver, "--max-iter", 20, "--snapshot-prefix", resumed_prefix,
+            "--metrics", first)
+    run = ctx.run("train", "--solver", solver, "--snapshot", resumed_prefix + "_iter_20.solverstate",
+                  "--snapshot-prefix", resumed_prefix, "--metrics", second)
+    check("Resumed at iteration 20" in run.stdout, run.stdout)
+
+    def losses(records, phase):
+        return [(r["iter"], r["loss"], r["lr"]) for r in records if r["phase"] == phase]
+
+    expected = losses(read_metrics(full), "train")
+    got = losses(read_metrics(first), "train") + losses(read_metrics(second), "train")
+    got = sorted(set(got))
+    check(len(expected) >= 40, f"only {len(expected)} train lines with display 1")
+    check(got == sorted(set(expected)),
+          "resumed losses differ:\n" + "\n".join(
+              f"{a} | {b}" for a, b in zip(sorted(set(expected)), got) if a != b))
+    check(losses(read_metrics(full), "test")[-1] == losses(read_metrics(second), "test")[-1],
+          "the final tests differ")
+    with open(prefix + "_iter_40.caffemodel", "rb") as a, \
+            open(resumed_prefix + "_iter_40.caffemodel", "rb") as b:
+        check(a.read() == b.read(), "the resumed run's final weights differ")
+
+
+def start_training(ctx, solver, *args):
+    """Starts `hybridnn train` and returns it with the lines read up to "Iteration 3,"."""
+    process = subprocess.Popen([ctx.tool, "train", "--solver", solver, *args], cwd=ctx.work,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("Iteration 3,"):
+            return process, lines
+    process.wait()
+    raise Failure(f"training ended before iteration 3:\n{''.join(lines)}\n"
+                  f"{process.stderr.read()}")
+
+
+def stop_writes_snapshot(ctx, signum, name):
+    solver, net, prefix = setup_training(ctx, max_iter=1000000, snapshot=0, test_interval=100000)
+    process, lines = start_training(ctx, solver)
+    try:
+        process.send_signal(signum)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    stdout = "".join(lines) + out
+    check(process.returncode == 0, f"exit {process.returncode} after {name}:\n"
+          f"{stdout[-2000:]}\n{err}")
+    match = re.search(r"Snapshotting to binary proto file (\S+)", stdout)
+    check(match, f"no snapshot after {name}:\n{stdout[-2000:]}")
+    check(f"stopped by {name}" in stdout, stdout[-2000:])
+    model = match.group(1)
+    model = model if os.path.isabs(model) else ctx.path(model)
+    state = model.replace(".caffemodel", ".solverstate")
+    check(os.path.exists(model) and os.path.exists(state), f"{model} or {state} is missing")
+    ctx.run("test", "--model", net, "--weights", model, "--iterations", 1)
+    stopped_at = int(re.search(r"_iter_(\d+)\.caffemodel", model).group(1))
+    run = ctx.run("train", "--solver", solver, "--snapshot", state, "--max-iter", stopped_at + 2)
+    check(f"Resumed at iteration {stopped_at}" in run.stdout, run.stdout)
+
+
+@case
+def sigint_writes_snapshot(ctx):
+    stop_writes_snapshot(ctx, signal.SIGINT, "SIGINT")
+
+
+@case
+def sigterm_writes_snapshot(ctx):
+    stop_writes_snapshot(ctx, signal.SIGTERM, "SIGTERM")
+
+
+@case
+def second_sigint_exits_at_once(ctx):
+    # Iterations of a few hundred milliseconds, so the second signal lands within one.
+    heavy = """name: "Heavy"
+layer { name: "data" type: "Data" top: "data" top: "label"
+  transform_param { scale: 0.00390625 } data_param { source: "synthetic:3x64x64" batch_size: 64 } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param { num_output: 64 kernel_size: 5 weight_filler { type: "xavier" } } }
+layer { name: "ip" type: "InnerProduct" bottom: "conv" top: "ip"
+  inner_product_param { num_output: 10 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+    net = write(ctx, "heavy.prototxt", heavy)
+    solver = write(ctx, "solver.prototxt", solver_text(net, ctx.path("snap", "heavy"),
+                                                        max_iter=1000, snapshot=0,
+                                                        test_interval=0).replace(
+        "test_iter: 5\n", "").replace("base_lr: 0.05", "base_lr: 0.0001"))
+    for attempt in range(3):
+        process, lines = start_training(ctx, solver)
+        try:
+            process.send_signal(signal.SIGINT)
+            # The handler says it took the first one; only then can a second one count
+            # (two pending SIGINTs are one).
+            said = process.stderr.readline()
+            check("stopping after this iteration" in said, f"no stop message: {said!r}")
+            process.send_signal(signal.SIGINT)
+            out, err = process.communicate(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        if process.returncode == 0:
+            continue  # the iteration ended before the second signal: try again
+        check(process.returncode == 128 + signal.SIGINT,
+              f"exit {process.returncode} after two SIGINTs, expected {128 + signal.SIGINT}\n{err}")
+        check("stopped by" not in out, f"the second SIGINT waited for the stop:\n{out}")
+        return
+    raise Failure("three times the first SIGINT's stop finished before the second arrived")
+
+
+# ---- time ---------------------------------------------------------------------------------
+
+def check_time_json(ctx, records, layer_names):
+    layers = [r for r in records if "layer" in r]
+    totals = [r for r in records if r.get("total")]
+    check(len(totals) == 1 and records[-1] is totals[0], f"one total line, last: {records[-1]}")
+    names = [r["layer"] for r in layers]
+    for name in layer_names:
+        check(name in names, f"no line for layer {name}: {names}")
+    for r in layers:
+        check(set(r) == {"layer", "type", "forward_ms", "backward_ms"}, f"layer keys {r}")
+        check(r["forward_ms"] >= 0 and r["backward_ms"] >= 0, f"negative time {r}")
+    total = totals[0]
+    for key in ["forward_ms", "backward_ms", "forward_backward_ms"]:
+        check(total[key] > 0, f"total {key} is {total[key]}")
+    check(total["forward_backward_ms"] >= 0.9 * (total["forward_ms"] + total["backward_ms"]),
+          f"total {total}")
+    return layers, total
+
+
+def time_deploy(ctx, name):
+    model = os.path.join(ctx.models, name)
+    if not os.path.exists(model):
+        raise Skip(f"{model} is missing")
+    run = ctx.run("time", "--model", model, "--iterations", 1, "--batch", 1, "--json")
+    layers, total = check_time_json(ctx, json_lines(run.stdout),
+                                    ["conv1", "conv5", "fc6", "fc8", "prob"])
+    conv1 = next(r for r in layers if r["layer"] == "conv1")
+    check(conv1["backward_ms"] > 0, f"conv1 has no backward (force_backward): {conv1}")
+    check(total["batch"] == 1, f"--batch 1 not applied: {total}")
+
+
+@case
+def time_json_caffenet_deploy(ctx):
+    time_deploy(ctx, "bvlc_reference_caffenet_deploy.prototxt")
+
+
+@case
+def time_json_alexnet_deploy(ctx):
+    time_deploy(ctx, "bvlc_alexnet_deploy.prototxt")
+
+
+def time_train_test(ctx, name, data, layer_names, extra=()):
+    model = os.path.join(ctx.models, name)
+    if not os.path.exists(model):
+        raise Skip(f"{model} is missing")
+    for phase in ("train", "test"):
+        run = ctx.run("time", "--model", model, "--iterations", 2, "--data", data, "--batch", 10,
+                      "--phase", phase, "--json", *extra)
+        layers, total = check_time_json(ctx, json_lines(run.stdout), layer_names)
+        check(total["phase"] == phase and total["batch"] == 10, f"total {total}")
+        names = [r["layer"] for r in layers]
+        check(("accuracy" in names) == (phase == "test"), f"{phase} layers: {names}")
+
+
+@case
+def time_json_lenet_train_test_synthetic(ctx):
+    time_train_test(ctx, "mnist_lenet_train_test.prototxt", "synthetic:1x28x28",
+                    ["mnist", "conv1", "ip2", "loss"])
+
+
+@case
+def time_json_cifar10_quick_synthetic(ctx):
+    time_train_test(ctx, "cifar10_cifar10_quick_train_test.prototxt", "synthetic:3x32x32",
+                    ["cifar", "conv1", "ip2", "loss"], extra=["--mean-file", "none"])
+
+
+@case
+def time_json_cifar10_full_synthetic(ctx):
+    time_train_test(ctx, "cifar10_cifar10_full_train_test.prototxt", "synthetic:3x32x32",
+                    ["cifar", "norm1", "ip1", "loss"], extra=["--mean-file", "none"])
+
+
+@case
+def time_text_like_caffe(ctx):
+    solver, net, prefix = setup_training(ctx)
+    run = ctx.run("time", "--model", net, "--iterations", 2)
+    for pattern in [r"Initial loss: \S+", r"Iteration: 2 forward-backward time: \S+ ms\.",
+                    r"conv1\tforward: \S+ ms\.", r"conv1\tbackward: \S+ ms\.",
+                    r"Average Forward pass: \S+ ms\.", r"Average Backward pass: \S+ ms\.",
+                    r"Average Forward-Backward: \S+ ms\.", r"Total Time: \S+ ms\."]:
+        check(re.search(pattern, run.stdout), f"no /{pattern}/ in:\n{run.stdout}")
+
+
+# ---- convert and the example ---------------------------------------------------------------
+
+@case
+def convert_to_lmdb(ctx):
+    train, test = make_dataset(ctx)
+    lmdb = ctx.path("train_lmdb")
+    mean = ctx.path("mean.binaryproto")
+    run = ctx.run("convert", "--source", train, "--output", lmdb, "--shuffle", "--seed", 5,
+                  "--mean", mean)
+    check("Wrote 256 records" in run.stdout, run.stdout)
+    check(os.path.exists(os.path.join(lmdb, "data.mdb")) and os.path.exists(mean),
+          f"no data.mdb or mean file: {os.listdir(ctx.work)}")
+    net = write(ctx, "net.prototxt", tiny_net(lmdb, test))
+    ctx.run("time", "--model", net, "--iterations", 1)
+    solver = write(ctx, "solver.prototxt", solver_text(net, ctx.path("s", "x"), max_iter=4))
+    ctx.run("train", "--solver", solver)
+    ctx.error("convert", "--source", train, "--output", lmdb, needles=[lmdb])
+    ctx.error("convert", "--source", ctx.path("absent-images-idx3-ubyte"), "--output",
+              ctx.path("other_lmdb"), needles=["absent-images-idx3-ubyte"])
+
+
+FASHION = "/usr/share/datasets/fashion-mnist"
+
+
+@case
+def example_nets_parse_and_run(ctx):
+    example = os.path.join(ctx.repo, "examples", "fashion_mnist")
+    net = os.path.join(example, "lenet_train_test.prototxt")
+    with open(net) as f, open(os.path.join(ctx.models, "mnist_lenet_train_test.prototxt")) as g:
+        ours, caffe = f.read(), g.read()
+    check(ours == caffe.replace("examples/mnist/mnist_train_lmdb",
+                                f"{FASHION}/train-images-idx3-ubyte.gz").replace(
+        "examples/mnist/mnist_test_lmdb", f"{FASHION}/t10k-images-idx3-ubyte.gz"),
+        "the example net differs from Caffe's LeNet beyond its data sources")
+    ctx.run("time", "--model", net, "--iterations", 1, "--data", "synthetic:1x28x28", "--json")
+    if not os.path.exists(os.path.join(FASHION, "t10k-images-idx3-ubyte.gz")):
+        raise Skip(f"Fashion-MNIST is not installed in {FASHION} (dataset-fashion-mnist)")
+    ctx.run("time", "--model", net, "--iterations", 1, "--phase", "test", "--json")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--list", action="store_true", help="print the case names")
+    parser.add_argument("--tool", help="the hybridnn executable")
+    parser.add_argument("--models", help="Caffe's example nets (../shared/models)")
+    parser.add_argument("--work", help="scratch directory; each case uses WORK/CASE")
+    parser.add_argument("case", nargs="?", choices=sorted(CASES))
+    args = parser.parse_args()
+    if args.list:
+        print("\n".join(CASES))
+        return 0
+    if not (args.tool and args.models and args.work and args.case):
+        parser.error("--tool, --models, --work and a case are needed")
+    work = os.path.join(os.path.abspath(args.work), args.case)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    ctx = Context(os.path.abspath(args.tool), os.path.abspath(args.models), work)
+    try:
+        CASES[args.case](ctx)
+    except Skip as skip:
+        print(f"SKIPPED: {skip}")
+        return 77
+    except (Failure, subprocess.TimeoutExpired) as failure:
+        print(f"FAILED: {args.case}\n{failure}")
+        return 1
+    print(f"passed: {args.case}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

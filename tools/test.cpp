@@ -1,0 +1,81 @@
+// `hybridnn test`: Caffe's `caffe test`. Scores trained weights with the TEST phase net:
+// every output per batch, then the means over the batches.
+#include <fmt/format.h>
+
+#include <string>
+#include <vector>
+
+#include "hybridnn/net.h"
+#include "tools/tool.h"
+
+namespace hn::tool {
+namespace {
+
+int run_test(const Args& args) {
+  const std::string model = args.required_text("model");
+  const std::string weights = args.required_text("weights");
+  const int iterations = static_cast<int>(args.integer("iterations", 50, 1, 1 << 30));
+  const NetOptions options = net_options(args, Phase::test);
+
+  Runtime runtime;
+  Driver& driver = add_chosen_driver(runtime, args);
+  Net net(model, runtime, driver, options);
+  for (const std::string& path : split_commas(weights))
+    net.copy_trained_layers_from(path);
+  fmt::print("Testing {} on {} for {} iterations (batch {})\n", net.name(), driver.description(),
+             iterations, net.batch_size());
+
+  const std::vector<std::pair<std::string, float>> outputs = net.outputs();
+  // Summed in double and divided in double, as the Solver's test does, so a reloaded
+  // snapshot prints exactly the means printed at the end of training.
+  std::vector<double> sums;
+  double loss = 0.0;
+  for (int i = 0; i < iterations; ++i) {
+    loss += net.forward();
+    std::size_t index = 0;
+    for (const auto& [name, weight] : outputs) {
+      const BlobRef blob = net.blob(name);
+      const float* values = blob.host_data();
+      for (index_t k = 0; k < blob.count(); ++k, ++index) {
+        if (i == 0) sums.push_back(0.0);
+        sums.at(index) += values[k];
+        fmt::print("Batch {}, {} = {}\n", i, name, format_float(values[k]));
+      }
+    }
+  }
+  fmt::print("Loss: {}\n", format_float(static_cast<float>(loss / iterations)));
+  std::size_t index = 0;
+  for (const auto& [name, weight] : outputs) {
+    const index_t count = net.blob(name).count();
+    for (index_t k = 0; k < count; ++k, ++index) {
+      const float mean = static_cast<float>(sums.at(index) / iterations);
+      fmt::print("{} = {}{}\n", name, format_float(mean), loss_note(weight, mean));
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command test_command() {
+  Command command;
+  command.name = "test";
+  command.summary = "score a model's TEST phase (Caffe's caffe test)";
+  command.synopsis = "--model FILE --weights W [--iterations N] [--data SRC] [flags]";
+  command.details =
+      "Prints every output blob per batch (\"Batch I, NAME = V\"), the mean loss and the mean\n"
+      "of every output (\"accuracy = V\").";
+  command.flags = {
+      {"model", FlagKind::text, "FILE", "the net prototxt (required)"},
+      {"weights", FlagKind::text, "W[,W2]", "trained .caffemodel files (required)"},
+      {"iterations", FlagKind::integer, "N", "batches to score (default 50)"},
+  };
+  for (FlagSpec& flag : net_flags())
+    command.flags.push_back(std::move(flag));
+  for (FlagSpec& flag : device_flags())
+    command.flags.push_back(std::move(flag));
+  command.run = run_test;
+  return command;
+}
+
+}  // namespace hn::tool

@@ -1,0 +1,61 @@
+// The commands of the `hybridnn` tool and what they share: choosing the device (--device,
+// --gpu, --split, --threads, --blas) and formatting numbers for people and for JSON.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "hybridnn/device.h"
+#include "hybridnn/net.h"
+#include "hybridnn/runtime.h"
+#include "tools/flags.h"
+
+namespace hn::tool {
+
+Command train_command();
+Command test_command();
+Command time_command();
+Command device_query_command();
+Command convert_command();
+
+// --device, --gpu, --split, --threads, --blas.
+std::vector<FlagSpec> device_flags();
+
+// --data, --mean-file, --batch, --level, --stage: how `test` and `time` build a net.
+std::vector<FlagSpec> net_flags();
+NetOptions net_options(const Args& args, Phase phase);
+
+// One share of a --split SPEC.
+struct SplitShare {
+  Device device;
+  double fraction = 1.0;
+};
+// Parses "DEVICE[:FRACTION][,DEVICE[:FRACTION]...]" (also DEVICE=FRACTION); the fraction
+// follows a device's full name ("cuda:0:0.6,cpu:0.4"); a single bare name takes the whole
+// batch. Throws UsageError for malformed text or fractions that do not sum to 1.
+std::vector<SplitShare> parse_split(const std::string& text);
+
+// The device the command runs on, from --split, --device or --gpu (default cpu). Throws
+// UsageError when they disagree or the split needs several devices (not supported yet).
+Device chosen_device(const Args& args);
+// Adds the driver for chosen_device() with --threads and --blas to `runtime`.
+Driver& add_chosen_driver(Runtime& runtime, const Args& args);
+
+// Shortest text that reads back as the same float ("0.8934", "1e-05", "nan").
+std::string format_float(double value);
+// A JSON number (shortest float text), or null when not finite.
+std::string json_number(double value);
+std::string json_string(const std::string& text);
+// Caffe's note after a loss output: " (* WEIGHT = WEIGHT*VALUE loss)"; empty for weight 0.
+std::string loss_note(float weight, float value);
+// "1h02m03s", "4m05s", "12s".
+std::string format_duration(double seconds);
+
+// "a,b,,c" -> {"a", "b", "", "c"}; "" -> {}.
+std::vector<std::string> split_commas(const std::string& text);
+
+// Creates the directory that will hold files named `prefix`* (a snapshot prefix or an
+// output path); does nothing when it exists or the prefix has no directory part.
+void create_parent_directory(const std::string& prefix);
+
+}  // namespace hn::tool
