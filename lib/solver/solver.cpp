@@ -169,8 +169,11 @@ struct Solver::Impl {
   std::function<void(const SolverEvent&)> callback;
 
   using Clock = std::chrono::steady_clock;
-  Clock::time_point display_time;
+  // Training time since the last display: forward, backward and update only (tests and
+  // snapshots excluded), so images/s and the time remaining measure training.
+  double train_seconds = 0.0;
   int iterations_since_display = 0;
+  bool first_display = true;  // the first iteration of a run pays one-off setup: not timed
 
   void build_nets();
   void check_policy() const;
@@ -423,14 +426,13 @@ void Solver::Impl::update_smoothed_loss(float loss) {
 }
 
 void Solver::Impl::display(float rate) {
-  const Clock::time_point now = Clock::now();
-  const double seconds = std::chrono::duration<double>(now - display_time).count();
+  const double seconds = train_seconds;
   SolverEvent e;
   e.iter = iter;
   e.phase = Phase::train;
   e.loss = smoothed_loss;
   e.lr = rate;
-  if (seconds > 0.0 && iterations_since_display > 0) {
+  if (seconds > 0.0 && iterations_since_display > 0 && !first_display) {
     const double per_iteration = seconds / iterations_since_display;
     e.images_per_s = static_cast<double>(net->batch_size()) * param.iter_size() / per_iteration;
     e.seconds_remaining = std::max(0, param.max_iter() - iter) * per_iteration;
@@ -449,8 +451,9 @@ void Solver::Impl::display(float rate) {
       break;
     }
   }
-  display_time = now;
+  train_seconds = 0.0;
   iterations_since_display = 0;
+  first_display = false;
   emit(e);
 }
 
@@ -568,20 +571,25 @@ int Solver::Impl::run(int iterations) {
   const int start_iter = iter, stop_iter = iter + iterations;
   losses.clear();
   smoothed_loss = 0.0f;
-  display_time = Clock::now();
+  train_seconds = 0.0;
   iterations_since_display = 0;
+  first_display = true;
   while (iter < stop_iter) {
     if (param.test_interval() > 0 && iter % param.test_interval() == 0 &&
         (iter > 0 || param.test_initialization())) {
       test_all();
     }
     if (take_stop()) break;
+    Clock::time_point start = Clock::now();
     train_iteration();
+    train_seconds += std::chrono::duration<double>(Clock::now() - start).count();
     ++iterations_since_display;
     update_smoothed_loss(last_loss);
     const float lr = rate(&current_step);
     if (param.display() > 0 && iter % param.display() == 0) display(lr);
+    start = Clock::now();
     apply_update(lr);
+    train_seconds += std::chrono::duration<double>(Clock::now() - start).count();
     ++iter;
     if (param.snapshot() > 0 && iter % param.snapshot() == 0) snapshot();
     if (take_stop()) break;

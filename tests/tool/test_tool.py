@@ -456,8 +456,11 @@ def metrics_lines(ctx):
           [r["iter"] for r in train_records][:3] == [5, 10, 15],
           f"train iterations {[r['iter'] for r in train_records]}")
     check(all(r["accuracy"] is None for r in train_records), "train lines have an accuracy")
-    # The closing display after the last iteration times no training iteration.
-    check(all(isinstance(r["images_per_s"], (int, float)) for r in train_records[:-1]),
+    # The first display of a run (its first iteration pays one-off setup) and the closing
+    # display after the last iteration time no training: their speed is null.
+    check(train_records[0]["images_per_s"] is None and train_records[-1]["images_per_s"] is None,
+          f"first or last train line has a speed: {train_records}")
+    check(all(isinstance(r["images_per_s"], (int, float)) for r in train_records[1:-1]),
           f"train lines lack images_per_s: {train_records}")
     check(test_records and all(0 <= r["accuracy"] <= 1 for r in test_records), "test lines")
     check(test_records[-1]["iter"] == 40, f"no final test at 40: {test_records}")
