@@ -4,7 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -134,5 +138,39 @@ inline double max_rel_diff(const std::vector<float>& a, const std::vector<float>
   }
   return worst;
 }
+
+// A host-memory driver with no arithmetic, claiming the capabilities it is given: the
+// Driver base must refuse every call it does not implement.
+class MemoryOnlyDriver final : public Driver {
+ public:
+  explicit MemoryOnlyDriver(Capabilities claimed)
+      : Driver(Device{DeviceKind::cpu, 7}), capabilities_(claimed) {}
+  Capabilities capabilities() const override { return capabilities_; }
+  MemorySpace memory_space() const override { return host_space(); }
+  bool owns(const void*, std::size_t) const override { return true; }
+
+ protected:
+  void* do_allocate(std::size_t bytes) override {
+    auto block = std::make_unique<std::byte[]>(bytes);
+    void* address = block.get();
+    blocks_.emplace(address, std::move(block));
+    return address;
+  }
+  void do_deallocate(void* address) noexcept override { blocks_.erase(address); }
+  void do_copy_from_host(void* dst, const void* src, std::size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+  }
+  void do_copy_to_host(void* dst, const void* src, std::size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+  }
+  void do_copy(void* dst, const void* src, std::size_t bytes) override {
+    std::memmove(dst, src, bytes);
+  }
+  void do_synchronize() override {}
+
+ private:
+  Capabilities capabilities_;
+  std::map<void*, std::unique_ptr<std::byte[]>> blocks_;
+};
 
 }  // namespace hn::test

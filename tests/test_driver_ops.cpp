@@ -1765,40 +1765,6 @@ TEST_CASE(
 
 // ---- capabilities -------------------------------------------------------------------
 
-// A driver with host memory and no arithmetic of its own. With `claimed` capabilities it
-// still overrides no do_* call, so the base class defaults must answer.
-class MemoryOnlyDriver final : public hn::Driver {
- public:
-  explicit MemoryOnlyDriver(hn::Capabilities claimed)
-      : hn::Driver(hn::Device{hn::DeviceKind::cpu, 7}), capabilities_(claimed) {}
-  hn::Capabilities capabilities() const override { return capabilities_; }
-  hn::MemorySpace memory_space() const override { return hn::host_space(); }
-  bool owns(const void*, std::size_t) const override { return true; }
-
- protected:
-  void* do_allocate(std::size_t bytes) override {
-    auto block = std::make_unique<std::byte[]>(bytes);
-    void* address = block.get();
-    blocks_.emplace(address, std::move(block));
-    return address;
-  }
-  void do_deallocate(void* address) noexcept override { blocks_.erase(address); }
-  void do_copy_from_host(void* dst, const void* src, std::size_t bytes) override {
-    std::memcpy(dst, src, bytes);
-  }
-  void do_copy_to_host(void* dst, const void* src, std::size_t bytes) override {
-    std::memcpy(dst, src, bytes);
-  }
-  void do_copy(void* dst, const void* src, std::size_t bytes) override {
-    std::memmove(dst, src, bytes);
-  }
-  void do_synchronize() override {}
-
- private:
-  hn::Capabilities capabilities_;
-  std::map<void*, std::unique_ptr<std::byte[]>> blocks_;
-};
-
 TEST_CASE("a driver lacking a call throws an error naming the driver and the call",
           "[driver_ops][errors]") {
   hn::Capabilities none;
@@ -1810,7 +1776,7 @@ TEST_CASE("a driver lacking a call throws an error naming the driver and the cal
               true;
   const bool claims = GENERATE(false, true);
   DYNAMIC_SECTION((claims ? "capabilities claimed, no do_* overridden" : "capabilities false")) {
-    MemoryOnlyDriver d(claims ? all_claimed : none);
+    hn::test::MemoryOnlyDriver d(claims ? all_claimed : none);
 
     // Memory calls work.
     const std::vector<float> values = random_floats(64, 2000);

@@ -252,6 +252,8 @@ struct Net::Impl {
                    static_cast<std::size_t>(shape.count()) * sizeof(float)};
   }
 
+  // The slice of layer `index` over its whole batch, without operands.
+  LayerSlice start_slice(int index) const;
   void forward_layer(int index);
   void backward_layer(int index);
   void fill_dummy(NetLayer& layer);
@@ -740,6 +742,21 @@ void Net::Impl::fill_dummy(NetLayer& nl) {
   }
 }
 
+LayerSlice Net::Impl::start_slice(int index) const {
+  const NetLayer& nl = layers[index];
+  LayerSlice slice;
+  slice.driver = driver;
+  slice.phase = options.state.phase;
+  slice.seed = mix(iteration_seed, static_cast<std::uint64_t>(index));
+  // The batch is axis 0 of the first input (of the first output for layers without inputs).
+  const Shape* first = !nl.bottoms.empty()
+                           ? &blobs[nl.bottoms[0]].shape
+                           : (!nl.tops.empty() ? &blobs[nl.tops[0]].shape : nullptr);
+  slice.end = first != nullptr && first->axes() > 0 ? (*first)[0] : 1;
+  slice.workspace = workspace.pointer();
+  return slice;
+}
+
 void Net::Impl::forward_layer(int index) {
   NetLayer& nl = layers[index];
   switch (nl.kind) {
@@ -770,14 +787,7 @@ void Net::Impl::forward_layer(int index) {
       break;
   }
   Layer& layer = *nl.layer;
-  LayerSlice slice;
-  slice.driver = driver;
-  slice.phase = options.state.phase;
-  slice.seed = mix(iteration_seed, static_cast<std::uint64_t>(index));
-  const Shape* first = !nl.bottoms.empty()
-                           ? &blobs[nl.bottoms[0]].shape
-                           : (!nl.tops.empty() ? &blobs[nl.tops[0]].shape : nullptr);
-  slice.end = first != nullptr && first->axes() > 0 ? (*first)[0] : 1;
+  LayerSlice slice = start_slice(index);
   for (int b : nl.bottoms) {
     const BlobVersion& blob = blobs[b];
     void* x = const_cast<void*>(data_of(b).read(*driver));
@@ -801,7 +811,6 @@ void Net::Impl::forward_layer(int index) {
     void* s = state.data().write(*driver);
     slice.state.push_back(Operand{state.shape(), at(s, state.shape()), {}});
   }
-  slice.workspace = workspace.pointer();
   layer.forward(slice);
 }
 
@@ -834,14 +843,7 @@ void Net::Impl::backward_layer(int index) {
   }
   if (nl.kind != Kind::compute) return;
   Layer& layer = *nl.layer;
-  LayerSlice slice;
-  slice.driver = driver;
-  slice.phase = options.state.phase;
-  slice.seed = mix(iteration_seed, static_cast<std::uint64_t>(index));
-  const Shape* first = !nl.bottoms.empty()
-                           ? &blobs[nl.bottoms[0]].shape
-                           : (!nl.tops.empty() ? &blobs[nl.tops[0]].shape : nullptr);
-  slice.end = first != nullptr && first->axes() > 0 ? (*first)[0] : 1;
+  LayerSlice slice = start_slice(index);
   slice.propagate_down = nl.propagate_down;
   for (std::size_t i = 0; i < nl.bottoms.size(); ++i) {
     const int b = nl.bottoms[i];
@@ -872,7 +874,6 @@ void Net::Impl::backward_layer(int index) {
     void* s = const_cast<void*>(state.data().read(*driver));
     slice.state.push_back(Operand{state.shape(), at(s, state.shape()), {}});
   }
-  slice.workspace = workspace.pointer();
   layer.backward(slice);
 }
 
