@@ -500,8 +500,10 @@ TEST_CASE("a stop request ends solve after the current iteration with a snapshot
   });
   solver.solve();
   REQUIRE(images_per_s.size() == 5);
-  for (const double rate : images_per_s)
-    CHECK(rate > 0.0);
+  // The first display of a run is not timed (its iteration pays one-off setup).
+  CHECK(images_per_s[0] == 0.0);
+  for (std::size_t i = 1; i < images_per_s.size(); ++i)
+    CHECK(images_per_s[i] > 0.0);
   CHECK(solver.iter() == 5);
   CHECK(solver.stop_requested());
   CHECK(fs::exists(dir / "snap_iter_5.caffemodel"));
