@@ -1,0 +1,520 @@
+#!/usr/bin/env python3
+"""hybridnn against PyTorch on the CPU: Caffe's LeNet trained on Fashion-MNIST and CaffeNet
+forward + full backward at batch 32, each in PyTorch (1 and 2 threads) and in the `hybridnn`
+tool, printed as JSON lines with the ratio hybridnn / PyTorch's best.
+
+  bench/vs_pytorch.py [--build build] [--iterations N] [--threads 1,2] [--only lenet|caffenet]
+  bench/vs_pytorch.py --accuracy     # PyTorch LeNet, 10,000 iterations, test accuracy
+
+Both sides are timed the same way: a warm-up, then the timed iterations in chunks; the
+figure is the best chunk's mean (the machine is shared, so the best chunk is the one least
+disturbed) and the mean over all chunks is printed beside it. PyTorch runs in both memory
+formats (NCHW and channels_last, which is faster with Debian's oneDNN build); its best over
+threads and formats is the reference of the ratio. LeNet's data come from
+tensors preloaded in memory, sliced per batch in Caffe's order (batch b holds records
+[64b, 64b+64) modulo 60,000), as hybridnn's data feed hands them over.
+
+Needs Debian's python3-torch (CPU); without it the script says so, prints
+{"skipped": ...} and exits 0. Without the `hybridnn` tool only the PyTorch figures print.
+"""
+
+import argparse
+import functools
+import gzip
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = os.path.join(os.path.dirname(REPO), "shared", "models")
+FASHION = "/usr/share/datasets/fashion-mnist"
+LENET_EXAMPLE = os.path.join(REPO, "examples", "fashion_mnist", "lenet_train_test.prototxt")
+LENET_CAFFE = os.path.join(MODELS, "mnist_lenet_train_test.prototxt")
+CAFFENET = os.path.join(MODELS, "bvlc_reference_caffenet_deploy.prototxt")
+
+# Caffe's lenet_solver.prototxt.
+BASE_LR, MOMENTUM, WEIGHT_DECAY, GAMMA, POWER = 0.01, 0.9, 5e-4, 1e-4, 0.75
+LENET_BATCH, LENET_TEST_BATCH, CAFFENET_BATCH = 64, 100, 32
+
+
+def emit(record):
+    print(json.dumps(record), flush=True)
+
+
+def note(message):
+    print("vs_pytorch: " + message, file=sys.stderr, flush=True)
+
+
+def import_torch():
+    """Debian's python3-torch lives in /usr/bin/python3's dist-packages; a python3 earlier
+    on PATH (pyenv, a venv) does not see it, so re-run under /usr/bin/python3 then."""
+    try:
+        import numpy  # noqa: F401
+        import torch
+        return torch
+    except ImportError as error:
+        system = "/usr/bin/python3"
+        if (os.path.exists(system) and os.path.realpath(sys.executable) != os.path.realpath(system)
+                and not os.environ.get("HYBRIDNN_VS_PYTORCH_REEXEC")):
+            os.environ["HYBRIDNN_VS_PYTORCH_REEXEC"] = "1"
+            os.execv(system, [system] + sys.argv)
+        note(f"PyTorch is not installed ({error}); install Debian's CPU build with "
+             "`sudo apt-get install python3-torch` to run this comparison")
+        emit({"skipped": f"python3-torch not installed ({error})"})
+        sys.exit(0)
+
+
+def set_threads(torch, threads):
+    """torch.set_num_threads covers OpenMP and oneDNN; Debian's torch does its GEMMs in
+    OpenBLAS (pthreads build), whose pool must be sized separately."""
+    torch.set_num_threads(threads)
+    import ctypes
+    for name in ("libopenblas.so.0", "libopenblas.so"):
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        if hasattr(lib, "openblas_set_num_threads"):
+            lib.openblas_set_num_threads(threads)
+        break
+
+
+# ---------------------------------------------------------------------------------------------
+# Fashion-MNIST (IDX, gzip)
+
+def read_idx(path):
+    import numpy as np
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
+        raise SystemExit(f"vs_pytorch: {path} is not an IDX file of unsigned bytes")
+    dims = data[3]
+    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims)]
+    body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims)
+    if body.size != math.prod(shape):
+        raise SystemExit(f"vs_pytorch: {path} is truncated "
+                         f"({body.size} of {math.prod(shape)} bytes)")
+    return body.reshape(shape)
+
+
+def load_fashion(torch, split):
+    prefix = "train" if split == "train" else "t10k"
+    images = read_idx(os.path.join(FASHION, f"{prefix}-images-idx3-ubyte.gz"))
+    labels = read_idx(os.path.join(FASHION, f"{prefix}-labels-idx1-ubyte.gz"))
+    # transform_param scale: 0.00390625, applied to the bytes as Caffe does.
+    x = torch.from_numpy(images.astype("float32")).mul_(0.00390625).unsqueeze(1).contiguous()
+    y = torch.from_numpy(labels.astype("int64"))
+    return x, y
+
+
+class Batches:
+    """Batch b = records [b*batch, (b+1)*batch) modulo the set's size (Caffe's Data layer
+    order, and hybridnn's feed)."""
+
+    def __init__(self, torch, x, y, batch):
+        self.torch, self.x, self.y, self.batch, self.pos = torch, x, y, batch, 0
+
+    def next(self):
+        n, start, end = self.x.shape[0], self.pos, self.pos + self.batch
+        self.pos = end % n
+        if end <= n:
+            return self.x[start:end], self.y[start:end]
+        rest = end - n
+        return (self.torch.cat((self.x[start:], self.x[:rest])),
+                self.torch.cat((self.y[start:], self.y[:rest])))
+
+
+# ---------------------------------------------------------------------------------------------
+# The nets, as in the prototxt files
+
+def caffe_xavier_(torch, weight):
+    # Caffe's XavierFiller (variance_norm FAN_IN): U(-a, a), a = sqrt(3 / fan_in).
+    fan_in = weight[0].numel()
+    bound = math.sqrt(3.0 / fan_in)
+    with torch.no_grad():
+        weight.uniform_(-bound, bound)
+
+
+def lenet(torch):
+    nn = torch.nn
+    net = nn.Sequential(
+        nn.Conv2d(1, 20, 5),                                   # conv1
+        nn.MaxPool2d(2, 2, ceil_mode=True),                    # pool1
+        nn.Conv2d(20, 50, 5),                                  # conv2
+        nn.MaxPool2d(2, 2, ceil_mode=True),                    # pool2
+        nn.Flatten(),
+        nn.Linear(800, 500),                                   # ip1
+        nn.ReLU(inplace=True),                                 # relu1
+        nn.Linear(500, 10))                                    # ip2
+    for module in net:
+        if isinstance(module, (nn.Conv2d, nn.Linear)):
+            caffe_xavier_(torch, module.weight)
+            nn.init.zeros_(module.bias)
+    return net
+
+
+def lenet_solver(torch, net):
+    """SGD, momentum 0.9, weight_decay 5e-4 on weights and biases (decay_mult 1), biases at
+    lr_mult 2; the inv policy is applied per iteration by inv_lr()."""
+    weights = [p for name, p in net.named_parameters() if name.endswith("weight")]
+    biases = [p for name, p in net.named_parameters() if name.endswith("bias")]
+    groups = [{"params": weights, "lr_mult": 1.0}, {"params": biases, "lr_mult": 2.0}]
+    return torch.optim.SGD(groups, lr=BASE_LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
+
+
+def inv_lr(iteration):
+    return BASE_LR * (1.0 + GAMMA * iteration) ** (-POWER)
+
+
+def caffenet(torch):
+    nn = torch.nn
+    lrn = dict(size=5, alpha=1e-4, beta=0.75, k=1.0)
+    net = nn.Sequential(
+        nn.Conv2d(3, 96, 11, stride=4), nn.ReLU(inplace=True),                   # conv1
+        nn.MaxPool2d(3, 2, ceil_mode=True), nn.LocalResponseNorm(**lrn),         # pool1 norm1
+        nn.Conv2d(96, 256, 5, padding=2, groups=2), nn.ReLU(inplace=True),       # conv2
+        nn.MaxPool2d(3, 2, ceil_mode=True), nn.LocalResponseNorm(**lrn),         # pool2 norm2
+        nn.Conv2d(256, 384, 3, padding=1), nn.ReLU(inplace=True),                # conv3
+        nn.Conv2d(384, 384, 3, padding=1, groups=2), nn.ReLU(inplace=True),      # conv4
+        nn.Conv2d(384, 256, 3, padding=1, groups=2), nn.ReLU(inplace=True),      # conv5
+        nn.MaxPool2d(3, 2, ceil_mode=True),                                      # pool5
+        nn.Flatten(),
+        nn.Linear(9216, 4096), nn.ReLU(inplace=True), nn.Dropout(0.5),           # fc6
+        nn.Linear(4096, 4096), nn.ReLU(inplace=True), nn.Dropout(0.5),           # fc7
+        nn.Linear(4096, 1000),                                                   # fc8
+        nn.Softmax(dim=1))                                                       # prob
+    # The deploy net has no fillers; values do not change the timing, so keep activations
+    # in the normal float range.
+    for module in net:
+        if isinstance(module, (nn.Conv2d, nn.Linear)):
+            nn.init.normal_(module.weight, std=0.01)
+            nn.init.constant_(module.bias, 0.1)
+    return net.train()  # `caffe time` runs the TRAIN phase: dropout is active
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+
+def chunked(step, iterations, chunks, warmup):
+    """Runs `warmup` steps, then `iterations` steps in `chunks` chunks; returns
+    (best chunk ms/iteration, mean ms/iteration)."""
+    for _ in range(warmup):
+        step()
+    size = max(1, iterations // chunks)
+    times = []
+    for _ in range(max(1, iterations // size)):
+        start = time.perf_counter()
+        for _ in range(size):
+            step()
+        times.append((time.perf_counter() - start) * 1e3 / size)
+    return min(times), sum(times) / len(times)
+
+
+def memory_format(torch, name):
+    return torch.channels_last if name == "channels_last" else torch.contiguous_format
+
+
+def pytorch_lenet(torch, threads, layout, iterations, chunks):
+    set_threads(torch, threads)
+    torch.manual_seed(1)
+    x, y = load_fashion(torch, "train")
+    x = x.contiguous(memory_format=memory_format(torch, layout))
+    feed = Batches(torch, x, y, LENET_BATCH)
+    net = lenet(torch).to(memory_format=memory_format(torch, layout))
+    solver = lenet_solver(torch, net)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    state = {"iter": 0}
+
+    def step():
+        lr = inv_lr(state["iter"])
+        for group in solver.param_groups:
+            group["lr"] = lr * group["lr_mult"]
+        data, label = feed.next()
+        loss = loss_fn(net(data), label)
+        solver.zero_grad(set_to_none=True)
+        loss.backward()
+        solver.step()
+        state["iter"] += 1
+
+    warmup = max(1, iterations // chunks)
+    return chunked(step, iterations, chunks, warmup)
+
+
+def pytorch_caffenet(torch, threads, layout, iterations, chunks):
+    set_threads(torch, threads)
+    torch.manual_seed(1)
+    fmt = memory_format(torch, layout)
+    net = caffenet(torch).to(memory_format=fmt)
+    data = torch.randn(CAFFENET_BATCH, 3, 227, 227).contiguous(memory_format=fmt)
+    data.requires_grad_()
+
+    def step():
+        loss = net(data).sum()
+        net.zero_grad(set_to_none=True)
+        data.grad = None
+        loss.backward()  # weights and the input's gradient (Caffe's force_backward)
+
+    return chunked(step, iterations, chunks, warmup=2)
+
+
+def pytorch_accuracy(torch, threads, iterations=10000):
+    set_threads(torch, threads)
+    torch.manual_seed(1)
+    x, y = load_fashion(torch, "train")
+    tx, ty = load_fashion(torch, "test")
+    feed = Batches(torch, x, y, LENET_BATCH)
+    net = lenet(torch).to(memory_format=torch.channels_last)  # the faster layout here
+    solver = lenet_solver(torch, net)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def test():
+        correct = 0
+        with torch.no_grad():
+            for start in range(0, tx.shape[0], LENET_TEST_BATCH):
+                out = net(tx[start:start + LENET_TEST_BATCH])
+                correct += (out.argmax(1) == ty[start:start + LENET_TEST_BATCH]).sum().item()
+        return correct / tx.shape[0]
+
+    start = time.perf_counter()
+    for iteration in range(iterations):
+        lr = inv_lr(iteration)
+        for group in solver.param_groups:
+            group["lr"] = lr * group["lr_mult"]
+        data, label = feed.next()
+        loss = loss_fn(net(data), label)
+        solver.zero_grad(set_to_none=True)
+        loss.backward()
+        solver.step()
+        if (iteration + 1) % 1000 == 0 and iteration + 1 < iterations:
+            note(f"pytorch lenet iteration {iteration + 1}: loss {loss.item():.4f}, "
+                 f"test accuracy {test():.4f}")
+    wall = time.perf_counter() - start
+    return test(), wall, loss.item()
+
+
+# ---------------------------------------------------------------------------------------------
+# hybridnn
+
+def find_tool(build):
+    path = os.path.join(build if os.path.isabs(build) else os.path.join(REPO, build),
+                        "bin", "hybridnn")
+    return path if os.access(path, os.X_OK) else None
+
+
+@functools.lru_cache(maxsize=None)
+def tool_help(tool):
+    try:
+        run = subprocess.run([tool, "--help"], capture_output=True, text=True, timeout=60)
+        return run.stdout + run.stderr
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def thread_args(tool, threads):
+    """`hybridnn` takes --threads where it has it; the environment caps OpenMP and OpenBLAS
+    pools either way."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    args = ["--threads", str(threads)] if "--threads" in tool_help(tool) else []
+    return args, env
+
+
+def lenet_net_file(tmp):
+    if os.path.exists(LENET_EXAMPLE):
+        return LENET_EXAMPLE
+    # Caffe's LeNet with its LMDB sources pointed at the Fashion-MNIST IDX files.
+    with open(LENET_CAFFE) as f:
+        text = f.read()
+    text = text.replace("examples/mnist/mnist_train_lmdb",
+                        os.path.join(FASHION, "train-images-idx3-ubyte.gz"))
+    text = text.replace("examples/mnist/mnist_test_lmdb",
+                        os.path.join(FASHION, "t10k-images-idx3-ubyte.gz"))
+    path = os.path.join(tmp, "lenet_train_test.prototxt")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def hybridnn_lenet(tool, threads, iterations, chunks, tmp):
+    display = max(1, iterations // chunks)
+    # Displays fall at iterations 0, d, 2d, ... below max_iter, each line's rate covering
+    # the d iterations before it: the lines at 2d ... (chunks+1)d are the timed chunks.
+    max_iter = display * (iterations // display + 2)
+    solver = os.path.join(tmp, f"lenet_solver_{threads}.prototxt")
+    metrics = os.path.join(tmp, f"lenet_metrics_{threads}.jsonl")
+    with open(solver, "w") as f:
+        f.write(f'net: "{lenet_net_file(tmp)}"\n'
+                f"test_iter: 1\ntest_interval: {max_iter + 1000}\n"
+                f"test_initialization: false\n"
+                f"base_lr: {BASE_LR}\nmomentum: {MOMENTUM}\nweight_decay: {WEIGHT_DECAY}\n"
+                f'lr_policy: "inv"\ngamma: {GAMMA}\npower: {POWER}\n'
+                f"display: {display}\nmax_iter: {max_iter}\n"
+                f"snapshot: 0\nsnapshot_after_train: false\n"
+                f'snapshot_prefix: "{os.path.join(tmp, "lenet")}"\nsolver_mode: CPU\n')
+    args, env = thread_args(tool, threads)
+    command = [tool, "train", "--solver", solver, "--metrics", metrics] + args
+    start = time.perf_counter()
+    run = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env)
+    wall = time.perf_counter() - start
+    if run.returncode != 0:
+        raise RuntimeError(f"`{' '.join(command)}` failed ({run.returncode}):\n"
+                           f"{(run.stdout + run.stderr)[-2000:]}")
+    rates = []
+    with open(metrics) as f:
+        for line in f:
+            record = json.loads(line)
+            if record.get("phase") == "train" and record.get("images_per_s"):
+                rates.append((record["iter"], record["images_per_s"]))
+    # The interval ending at d (net warm-up) is left out.
+    timed = [LENET_BATCH * 1e3 / rate for it, rate in sorted(rates) if it > display]
+    if not timed:
+        raise RuntimeError(f"no images_per_s after iteration {display} in {metrics}")
+    return min(timed), sum(timed) / len(timed), wall
+
+
+def hybridnn_caffenet(tool, threads, iterations, chunks):
+    """`hybridnn time` once per chunk (it warms up, then reports its mean): the best run's
+    and the overall mean ms/iteration, as chunked() gives PyTorch's."""
+    size = max(1, iterations // chunks)
+    times = [hybridnn_time(tool, threads, size) for _ in range(max(1, iterations // size))]
+    return min(times), sum(times) / len(times)
+
+
+def hybridnn_time(tool, threads, iterations):
+    args, env = thread_args(tool, threads)
+    command = [tool, "time", "--model", CAFFENET, "--iterations", str(iterations),
+               "--batch", str(CAFFENET_BATCH), "--json"] + args
+    run = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env)
+    if run.returncode != 0:
+        raise RuntimeError(f"`{' '.join(command)}` failed ({run.returncode}):\n"
+                           f"{(run.stdout + run.stderr)[-2000:]}")
+    total = None
+    for line in run.stdout.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            record = json.loads(line)
+            # The last line, {"total":true,...}, holds the mean per iteration.
+            if record.get("total") is True and "forward_backward_ms" in record:
+                total = float(record["forward_backward_ms"])
+    if total is None:
+        raise RuntimeError("no total forward+backward milliseconds in the output of "
+                           f"`{' '.join(command)}`:\n{run.stdout[-2000:]}")
+    return total
+
+
+# ---------------------------------------------------------------------------------------------
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--build", default="build", help="hybridnn build directory (build)")
+    parser.add_argument("--iterations", type=int, default=None,
+                        help="timed LeNet iterations (500); CaffeNet uses this too unless "
+                             "--caffenet-iterations is given")
+    parser.add_argument("--caffenet-iterations", type=int, default=None,
+                        help="timed CaffeNet iterations (10)")
+    parser.add_argument("--chunks", type=int, default=5,
+                        help="timed iterations are measured in this many chunks; the best "
+                             "chunk is reported (5)")
+    parser.add_argument("--threads", default="1,2",
+                        help="thread counts, PyTorch's and hybridnn's (1,2)")
+    parser.add_argument("--layouts", default="nchw,channels_last",
+                        help="PyTorch memory formats tried; the best counts (nchw,channels_last)")
+    parser.add_argument("--only", choices=["lenet", "caffenet"], default=None)
+    parser.add_argument("--accuracy", action="store_true",
+                        help="instead: train PyTorch's LeNet for 10,000 iterations and print "
+                             "its Fashion-MNIST test accuracy")
+    args = parser.parse_args()
+    try:
+        threads = [int(t) for t in args.threads.split(",") if t]
+    except ValueError:
+        threads = []
+    if not threads or min(threads) < 1:
+        parser.error("--threads needs positive counts, e.g. 1,2")
+    layouts = [l for l in args.layouts.split(",") if l]
+    if not layouts or any(l not in ("nchw", "channels_last") for l in layouts):
+        parser.error("--layouts takes nchw and/or channels_last")
+    lenet_iterations = args.iterations or 500
+    caffenet_iterations = args.caffenet_iterations or args.iterations or 10
+    if lenet_iterations < 1 or caffenet_iterations < 1 or args.chunks < 1:
+        parser.error("--iterations, --caffenet-iterations and --chunks must be positive")
+
+    torch = import_torch()
+    load = os.getloadavg()[0]
+    emit({"bench": "setup", "torch": torch.__version__, "load_1min": round(load, 2),
+          "cpus": os.cpu_count()})
+
+    if args.accuracy:
+        accuracy, wall, loss = pytorch_accuracy(torch, max(threads))
+        emit({"bench": "lenet_accuracy", "impl": "pytorch", "threads": max(threads),
+              "iterations": 10000, "test_accuracy": round(accuracy, 4),
+              "final_loss": round(loss, 4), "wall_s": round(wall, 1)})
+        return 0
+
+    tool = find_tool(args.build)
+    if tool is None:
+        note(f"no hybridnn tool at {os.path.join(args.build, 'bin', 'hybridnn')}; build it "
+             "(cmake --build build) for the comparison; printing PyTorch's figures only")
+    failed = False
+
+    if args.only in (None, "lenet"):
+        best = None
+        for t in threads:
+            for layout in layouts:
+                ms, mean = pytorch_lenet(torch, t, layout, lenet_iterations, args.chunks)
+                emit({"bench": "lenet_train", "impl": "pytorch", "threads": t, "layout": layout,
+                      "batch": LENET_BATCH, "iterations": lenet_iterations,
+                      "ms_per_iter": round(ms, 3), "ms_per_iter_mean": round(mean, 3)})
+                best = ms if best is None else min(best, ms)
+        if tool:
+            with tempfile.TemporaryDirectory(prefix="hybridnn-bench-") as tmp:
+                try:
+                    ours = None
+                    for t in threads:
+                        ms, mean, wall = hybridnn_lenet(tool, t, lenet_iterations, args.chunks,
+                                                        tmp)
+                        emit({"bench": "lenet_train", "impl": "hybridnn", "threads": t,
+                              "batch": LENET_BATCH, "iterations": lenet_iterations,
+                              "ms_per_iter": round(ms, 3), "ms_per_iter_mean": round(mean, 3),
+                              "process_wall_s": round(wall, 2)})
+                        ours = ms if ours is None else min(ours, ms)
+                    emit({"bench": "lenet_train", "ratio_hybridnn_to_pytorch_best":
+                          round(ours / best, 3)})
+                except (RuntimeError, OSError, ValueError) as error:
+                    note(f"hybridnn LeNet failed: {error}")
+                    failed = True
+
+    if args.only in (None, "caffenet"):
+        best = None
+        for t in threads:
+            for layout in layouts:
+                ms, mean = pytorch_caffenet(torch, t, layout, caffenet_iterations,
+                                            min(args.chunks, caffenet_iterations))
+                emit({"bench": "caffenet_fwd_bwd", "impl": "pytorch", "threads": t,
+                      "layout": layout, "batch": CAFFENET_BATCH,
+                      "iterations": caffenet_iterations, "ms_per_iter": round(ms, 1),
+                      "ms_per_iter_mean": round(mean, 1)})
+                best = ms if best is None else min(best, ms)
+        if tool:
+            try:
+                ours = None
+                for t in threads:
+                    ms, mean = hybridnn_caffenet(tool, t, caffenet_iterations,
+                                                 min(args.chunks, caffenet_iterations))
+                    emit({"bench": "caffenet_fwd_bwd", "impl": "hybridnn", "threads": t,
+                          "batch": CAFFENET_BATCH, "iterations": caffenet_iterations,
+                          "ms_per_iter": round(ms, 1), "ms_per_iter_mean": round(mean, 1)})
+                    ours = ms if ours is None else min(ours, ms)
+                emit({"bench": "caffenet_fwd_bwd", "ratio_hybridnn_to_pytorch_best":
+                      round(ours / best, 3)})
+            except (RuntimeError, OSError, ValueError) as error:
+                note(f"hybridnn CaffeNet failed: {error}")
+                failed = True
+
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
