@@ -37,8 +37,9 @@ namespace {
 
 struct LayersOptions {
   int threads = 0;
-  std::string blas;  // empty: the build's default
-  index_t batch = 32;
+  std::string blas;               // empty: the build's default
+  std::string net = "caffenet";   // or "lenet" (Caffe's mnist LeNet, batch 64)
+  index_t batch = 0;              // 0: the net's usual batch (CaffeNet 32, LeNet 64)
   std::vector<std::string> only;  // empty: every layer
   // Overrides for the convolutions, for tuning: 0 / automatic = the library's choice.
   std::size_t chunk_bytes = 0;
@@ -50,7 +51,7 @@ LayersOptions parse_layers(const std::vector<std::string>& args) {
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if ((arg == "--threads" || arg == "--blas" || arg == "--batch" || arg == "--only" ||
-         arg == "--chunk-bytes" || arg == "--lowering") &&
+         arg == "--chunk-bytes" || arg == "--lowering" || arg == "--net") &&
         i + 1 == args.size()) {
       throw UsageError{"layers: " + arg + " needs a value"};
     }
@@ -66,6 +67,11 @@ LayersOptions parse_layers(const std::vector<std::string>& args) {
         throw UsageError{"layers: --batch needs a number in [1, 4096], got '" + value + "'"};
       }
       options.batch = batch;
+    } else if (arg == "--net") {
+      options.net = args[++i];
+      if (options.net != "caffenet" && options.net != "lenet") {
+        throw UsageError{"layers: --net takes caffenet or lenet, got '" + options.net + "'"};
+      }
     } else if (arg == "--only") {
       std::istringstream list(args[++i]);
       for (std::string name; std::getline(list, name, ',');) {
@@ -102,6 +108,7 @@ struct NetLayer {
   std::unique_ptr<Layer> layer;
   Shape input;
   double forward_flops = 0.0;
+  bool data_gradient = true;  // false for a net's first layer (no gradient to the data)
 };
 
 ConvolutionParams conv(index_t num_output, index_t kernel, index_t stride, index_t pad,
@@ -189,6 +196,48 @@ std::vector<NetLayer> caffenet(const LayersOptions& options) {
   return net;
 }
 
+// Caffe's LeNet (examples/mnist/lenet_train_test.prototxt) at batch n, without the data and
+// loss layers. conv1 computes no data gradient, as in training.
+std::vector<NetLayer> lenet(const LayersOptions& options) {
+  const index_t n = options.batch;
+  std::vector<NetLayer> net;
+  auto add_conv = [&](const char* name, Shape input, ConvolutionParams p, bool data_gradient) {
+    p.chunk_bytes = options.chunk_bytes;
+    if (options.lowering != Lowering::type3 || p.group == 1) p.lowering = options.lowering;
+    auto layer = std::make_unique<ConvolutionLayer>(name, p);
+    const Shape out = layer->setup({input}).at(0);
+    const double flops = 2.0 * out.count() * layer->params().at(0).count() / p.num_output;
+    net.push_back({std::move(layer), input, flops, data_gradient});
+  };
+  auto add_fc = [&](const char* name, Shape input, index_t num_output) {
+    InnerProductParams p;
+    p.num_output = num_output;
+    net.push_back({std::make_unique<InnerProductLayer>(name, p), input,
+                   2.0 * input[0] * input.count(1, input.axes()) * num_output});
+  };
+#if HYBRIDNN_BENCH_POOLING
+  auto pool = [&](const char* name, Shape input) {
+    PoolingParams p;
+    p.pool = PoolMethod::max;
+    p.kernel_size = 2;
+    p.stride = 2;
+    net.push_back({std::make_unique<PoolingLayer>(name, p), input, 0.0});
+  };
+#else
+  auto pool = [](const char*, const Shape&) {};
+#endif
+  add_conv("conv1", Shape{n, 1, 28, 28}, conv(20, 5, 1, 0, 1), false);
+  pool("pool1", Shape{n, 20, 24, 24});
+  add_conv("conv2", Shape{n, 20, 12, 12}, conv(50, 5, 1, 0, 1), true);
+  pool("pool2", Shape{n, 50, 8, 8});
+  add_fc("ip1", Shape{n, 50, 4, 4}, 500);
+#if HYBRIDNN_BENCH_RELU
+  net.push_back({std::make_unique<ReluLayer>("relu1"), Shape{n, 500}, 0.0});
+#endif
+  add_fc("ip2", Shape{n, 500}, 10);
+  return net;
+}
+
 // A buffer of `shape`'s floats on the driver, filled with random values in [-scale, scale].
 struct Array {
   Array(Driver& driver, const Shape& s, unsigned seed, float scale)
@@ -242,7 +291,8 @@ Timing time_layer(Driver& driver, NetLayer& entry) {
   LayerSlice backward = forward;
   backward.inputs[0].diff = dx.pointer();
   backward.outputs[0].diff = dy.pointer();
-  backward.propagate_down = {true};
+  backward.propagate_down = {entry.data_gradient};
+  if (!entry.data_gradient) backward.inputs[0].diff = Pointer{driver.device(), nullptr, 0};
 
   Timing t;
   t.forward = best_seconds([&] {
@@ -267,15 +317,17 @@ bool selected(const LayersOptions& options, const std::string& name) {
 }  // namespace
 
 int run_layers(const std::vector<std::string>& args) {
-  const LayersOptions options = parse_layers(args);
+  LayersOptions options = parse_layers(args);
+  if (options.batch == 0) options.batch = options.net == "lenet" ? 64 : 32;
   const int threads = resolve_threads(options.threads);
   DriverOptions driver_options;
   driver_options.threads = threads;
   driver_options.blas = options.blas;
   const std::unique_ptr<Driver> driver = make_driver(Device{DeviceKind::cpu, 0}, driver_options);
   const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
-  std::fprintf(stderr, "layers: %s, batch %ld, OMP_WAIT_POLICY=%s\n", driver->description().c_str(),
-               static_cast<long>(options.batch), wait_policy ? wait_policy : "(unset)");
+  std::fprintf(stderr, "layers: %s, %s at batch %ld, OMP_WAIT_POLICY=%s\n",
+               driver->description().c_str(), options.net.c_str(), static_cast<long>(options.batch),
+               wait_policy ? wait_policy : "(unset)");
 
   const Peak peak = measure_peak(threads);
   // OMP_WAIT_POLICY is part of the result: oneDNN's OpenMP threads spin after each GEMM and
@@ -288,7 +340,9 @@ int run_layers(const std::vector<std::string>& args) {
 
   double conv_forward = 0.0, conv_backward = 0.0, conv_flops = 0.0;
   int convs = 0;
-  for (NetLayer& entry : caffenet(options)) {
+  std::vector<NetLayer> layers = options.net == "lenet" ? lenet(options) : caffenet(options);
+  double total_forward = 0.0, total_backward = 0.0;
+  for (NetLayer& entry : layers) {
     const std::string name = entry.layer->name();
     if (!selected(options, name)) continue;
     const Timing t = time_layer(*driver, entry);
@@ -316,6 +370,8 @@ int run_layers(const std::vector<std::string>& args) {
     std::fflush(stdout);
     std::fprintf(stderr, "layers: %s: forward %.2f ms, backward %.2f ms\n", name.c_str(),
                  t.forward * 1e3, t.backward * 1e3);
+    total_forward += t.forward;
+    total_backward += t.backward;
     if (type == "Convolution") {
       conv_forward += t.forward;
       conv_backward += t.backward;
@@ -327,12 +383,16 @@ int run_layers(const std::vector<std::string>& args) {
     const double fwd = conv_flops / conv_forward * 1e-9;
     const double total = 3.0 * conv_flops / (conv_forward + conv_backward) * 1e-9;
     fmt::print(
-        "{{\"bench\":\"layer_total\",\"name\":\"conv1..conv5\",\"layers\":{},\"fwd_ms\":{:.3f},"
+        "{{\"bench\":\"layer_total\",\"name\":\"conv1..conv{}\",\"layers\":{},\"fwd_ms\":{:.3f},"
         "\"bwd_ms\":{:.3f},\"fwd_gflops\":{:.1f},\"fwd_ratio_to_peak\":{:.3f},"
         "\"fwd_bwd_gflops\":{:.1f},\"fwd_bwd_ratio_to_peak\":{:.3f}}}\n",
-        convs, conv_forward * 1e3, conv_backward * 1e3, fwd, fwd / peak.gflops, total,
+        convs, convs, conv_forward * 1e3, conv_backward * 1e3, fwd, fwd / peak.gflops, total,
         total / peak.gflops);
   }
+  fmt::print(
+      "{{\"bench\":\"layer_total\",\"name\":\"all\",\"net\":\"{}\",\"fwd_ms\":{:.3f},"
+      "\"bwd_ms\":{:.3f}}}\n",
+      options.net, total_forward * 1e3, total_backward * 1e3);
   return 0;
 }
 

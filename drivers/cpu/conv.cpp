@@ -4,11 +4,17 @@
 // internal buffers are cached per shape: creating them costs milliseconds.
 #include "drivers/cpu/conv.h"
 
+#include <algorithm>
 #include <array>
 #include <deque>
 #include <map>
+#include <memory>
+#include <string>
 #include <unordered_map>
+#include <vector>
 
+#include "drivers/cpu/conv_small.h"
+#include "drivers/cpu/kernels.h"
 #include "lib/check.h"
 
 #if HYBRIDNN_WITH_ONEDNN
@@ -121,30 +127,43 @@ void store(const dnnl::stream& stream, const Operand& op) {
   if (op.reordered) op.reorder.execute(stream, inner, user);
 }
 
-// oneDNN's descriptors of one convolution shape: plain (the caller's layouts) and `any`
-// (left to the primitive).
+// oneDNN's descriptors of one convolution shape: plain (the caller's layouts), `any` (left
+// to the primitive) and channels-last. With `one_group`, the shape's first group as a
+// convolution of its own: plain activations are views into the whole NCHW tensors (the
+// other groups are the same views, shifted).
 struct Geometry {
   memory::desc src_plain, weights_plain, dst_plain, bias_plain;
   memory::desc src_any, weights_any, dst_any, bias_any;
+  memory::desc src_nhwc, dst_nhwc;
+  index_t in_per_group, out_per_group;
   memory::dims strides, dilates, pad_l, pad_r;
 
-  Geometry(const LoweringShape& s, index_t out_channels, bool has_bias) {
-    const memory::dims src{s.batch, s.channels, s.height, s.width};
-    const memory::dims dst{s.batch, out_channels, s.out_h(), s.out_w()};
-    const index_t g = s.groups;
-    const memory::dims weights =
-        g == 1 ? memory::dims{out_channels, s.channels, s.kernel_h, s.kernel_w}
-               : memory::dims{g, out_channels / g, s.channels / g, s.kernel_h, s.kernel_w};
+  Geometry(const LoweringShape& s, index_t out_channels, bool has_bias, bool one_group = false) {
+    const index_t g = one_group ? 1 : s.groups;
+    in_per_group = s.channels / s.groups;
+    out_per_group = out_channels / s.groups;
+    const index_t in_c = one_group ? in_per_group : s.channels;
+    const index_t out_c = one_group ? out_per_group : out_channels;
+    const index_t out_h = s.out_h(), out_w = s.out_w();
+    const memory::dims src{s.batch, in_c, s.height, s.width};
+    const memory::dims dst{s.batch, out_c, out_h, out_w};
+    const memory::dims weights = g == 1
+                                     ? memory::dims{out_c, in_c, s.kernel_h, s.kernel_w}
+                                     : memory::dims{g, out_c / g, in_c / g, s.kernel_h, s.kernel_w};
     const auto f32 = memory::data_type::f32;
-    src_plain = memory::desc(src, f32, Tag::nchw);
-    dst_plain = memory::desc(dst, f32, Tag::nchw);
+    // NCHW strides of the whole tensors, whatever the channels described.
+    src_plain =
+        memory::desc(src, f32, {s.channels * s.height * s.width, s.height * s.width, s.width, 1});
+    dst_plain = memory::desc(dst, f32, {out_channels * out_h * out_w, out_h * out_w, out_w, 1});
     weights_plain = memory::desc(weights, f32, g == 1 ? Tag::oihw : Tag::goihw);
     src_any = memory::desc(src, f32, Tag::any);
     dst_any = memory::desc(dst, f32, Tag::any);
     weights_any = memory::desc(weights, f32, Tag::any);
+    src_nhwc = memory::desc(src, f32, Tag::nhwc);
+    dst_nhwc = memory::desc(dst, f32, Tag::nhwc);
     if (has_bias) {
-      bias_plain = memory::desc({out_channels}, f32, Tag::x);
-      bias_any = memory::desc({out_channels}, f32, Tag::any);
+      bias_plain = memory::desc({out_c}, f32, Tag::x);
+      bias_any = memory::desc({out_c}, f32, Tag::any);
     }
     strides = {s.stride_h, s.stride_w};
     dilates = {s.dilation_h - 1, s.dilation_w - 1};  // oneDNN counts the gaps
@@ -160,16 +179,61 @@ struct Geometry {
 // Winograd's error is ~10x direct's: 4e-6 of the largest output instead of 3e-7 there.
 constexpr dnnl::algorithm kAlgorithm = dnnl::algorithm::convolution_auto;
 
-// An internal layout this much larger than the plain one is mostly channel padding (e.g.
-// 3 input channels blocked by 16 for conv1's backward data: 45 GFLOP/s blocked, 136 plain).
-constexpr std::size_t kMaxPaddingRatio = 2;
+// How a call lays out its activations inside oneDNN: `blocked` lets the primitive choose
+// (nChw16c on AVX-512), `nhwc` asks for channels-last, `plain` keeps NCHW (oneDNN then
+// falls back to its im2col + GEMM implementation).
+enum class Layout { blocked, nhwc, plain };
+
+// Blocked layouts pad channels to 16 (AVX-512). A blocked call whose activations carry this
+// much padding (input-channel padding times output-channel padding, i.e. the share of
+// wasted multiply-adds), and that channels-last does not rescue, runs on NCHW instead
+// (oneDNN's GEMM-based kernels) or, for the data gradient, lowered by the driver itself
+// (lowered_backward_data): 3 input channels padded to 16 for CaffeNet conv1's data
+// gradient ran at 45 GFLOP/s blocked, 136 through oneDNN's GEMM kernel, and the lowering
+// takes 2/3 of that kernel's time.
+constexpr double kMaxPaddingRatio = 2.0;
+// Channels-last kernels vectorise over one channel axis only (output channels forward and
+// for the weight gradient, input channels for the data gradient) and handle its tail with
+// masks, so they waste less than the blocked kernels when channel counts are not
+// multiples of 16. They replace a blocked call that wastes this much more (LeNet conv2, 20
+// -> 50 channels, batch 64, one thread: forward 1.6 ms nhwc vs 2.7 blocked vs 3.1 plain;
+// data gradient 2.0 vs 2.6 vs 3.5; weight gradient 1.8 vs 2.9 vs 3.4). On CaffeNet's
+// layers (multiples of 16) the two are within noise, with the blocked reorders cheaper.
+constexpr double kNhwcGain = 1.2;
+
+double padding(const Operand& op) {
+  return static_cast<double>(op.inner.get_desc().get_size()) /
+         static_cast<double>(op.user.get_desc().get_size());
+}
+
+index_t padded16(index_t channels) {
+  return (channels + 15) / 16 * 16;
+}
+
+// The descriptors a call of `layout` asks for: weights and bias stay `any` except in
+// plain calls.
+struct Descs {
+  memory::desc src, weights, bias, dst;
+};
+
+Descs descs(const Geometry& geo, Layout layout) {
+  switch (layout) {
+    case Layout::plain:
+      return {geo.src_plain, geo.weights_plain, geo.bias_plain, geo.dst_plain};
+    case Layout::nhwc:
+      return {geo.src_nhwc, geo.weights_any, geo.bias_any, geo.dst_nhwc};
+    case Layout::blocked:
+      break;
+  }
+  return {geo.src_any, geo.weights_any, geo.bias_any, geo.dst_any};
+}
 
 dnnl::convolution_forward::primitive_desc forward_desc(const dnnl::engine& engine,
-                                                       const Geometry& geo, bool plain) {
-  const dnnl::convolution_forward::desc desc(
-      dnnl::prop_kind::forward_training, kAlgorithm, plain ? geo.src_plain : geo.src_any,
-      plain ? geo.weights_plain : geo.weights_any, plain ? geo.bias_plain : geo.bias_any,
-      plain ? geo.dst_plain : geo.dst_any, geo.strides, geo.dilates, geo.pad_l, geo.pad_r);
+                                                       const Geometry& geo, Layout layout) {
+  const Descs d = descs(geo, layout);
+  const dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_training, kAlgorithm, d.src,
+                                             d.weights, d.bias, d.dst, geo.strides, geo.dilates,
+                                             geo.pad_l, geo.pad_r);
   return dnnl::convolution_forward::primitive_desc(desc, engine);
 }
 
@@ -177,7 +241,35 @@ dnnl::convolution_forward::primitive_desc forward_desc(const dnnl::engine& engin
 struct Entry {
   dnnl::primitive primitive;
   Operand a, b, c, d;
+  std::string implementation;  // oneDNN's name for the kernel, e.g. "jit:avx512_core"
+  // Multiply-adds done per useful one: the channel padding of the input-side activations
+  // times that of the output-side ones (or of their gradients).
+  double padding = 1.0;
+  // Data gradient computed by lowered_backward_data instead of a primitive (no primitive).
+  bool lowered = false;
+  // Set when the groups run one after the other as convolutions of their own (for
+  // Winograd): `per_group` is group 0's call, and group g's operands are group 0's
+  // shifted by g * group_step floats (operands in the order of a, b, c, d).
+  std::shared_ptr<const Entry> per_group;
+  index_t group_count = 0;
+  std::array<index_t, 4> group_step{};
 };
+
+// Floats between consecutive groups' operands of a call, in the order of its operands.
+std::array<index_t, 4> group_steps(Call call, const LoweringShape& s, index_t out_channels) {
+  const index_t cg = s.channels / s.groups, og = out_channels / s.groups;
+  const index_t src = cg * s.height * s.width, dst = og * s.out_h() * s.out_w();
+  const index_t weights = og * cg * s.kernel_h * s.kernel_w, bias = og;
+  switch (call) {
+    case Call::forward:
+      return {src, weights, bias, dst};
+    case Call::backward_data:
+      return {weights, dst, src, 0};
+    case Call::backward_weights:
+      return {src, dst, weights, bias};
+  }
+  return {};
+}
 
 }  // namespace
 
@@ -200,54 +292,95 @@ struct DirectConvolution::Impl {
     return cache.emplace(key, std::move(made)).first->second;
   }
 
-  // The primitive on oneDNN's preferred layouts, unless they pad a tensor heavily.
+  // The primitive on oneDNN's preferred (blocked) layouts, unless their channel padding
+  // wastes much: then channels-last where that wastes less and oneDNN has a direct kernel
+  // for it, else plain NCHW (the data gradient: the driver's own lowering).
   Entry create(Call call, const LoweringShape& s, index_t out_channels, bool has_bias) const {
-    const Geometry geo(s, out_channels, has_bias);
-    Entry blocked = build(call, geo, has_bias, false);
-    for (const Operand* op : {&blocked.a, &blocked.b, &blocked.c, &blocked.d}) {
-      if (op->reordered &&
-          op->inner.get_desc().get_size() > kMaxPaddingRatio * op->user.get_desc().get_size()) {
-        return build(call, geo, has_bias, true);
+    if (s.groups > 1) {
+      // oneDNN 2.6 has Winograd only for ungrouped convolutions; where it takes one group
+      // alone, the groups run one by one (CaffeNet conv4 and conv5, 3x3 on 13x13, batch
+      // 32, one thread: forward + both gradients 95 ms instead of 123, and 59 instead of 82).
+      Entry part =
+          build(call, Geometry(s, out_channels, has_bias, true), has_bias, Layout::blocked);
+      if (part.implementation.find("wino") != std::string::npos) {
+        Entry split;
+        split.implementation = part.implementation + " per group";
+        split.group_count = s.groups;
+        split.group_step = group_steps(call, s, out_channels);
+        split.per_group = std::make_shared<const Entry>(std::move(part));
+        return split;
       }
+    }
+    const Geometry geo(s, out_channels, has_bias);
+    Entry blocked = build(call, geo, has_bias, Layout::blocked);
+    const double waste = blocked.padding;
+    const index_t vector_channels =
+        call == Call::backward_data ? geo.in_per_group : geo.out_per_group;
+    const double nhwc_waste =
+        static_cast<double>(padded16(vector_channels)) / static_cast<double>(vector_channels);
+    if (waste > kNhwcGain * nhwc_waste) {
+      try {
+        Entry nhwc = build(call, geo, has_bias, Layout::nhwc);
+        const std::string& impl = nhwc.implementation;
+        if (impl.find("gemm") == std::string::npos && impl.find("ref") == std::string::npos) {
+          return nhwc;
+        }
+      } catch (const dnnl::error&) {
+        // no channels-last implementation for this shape: keep looking
+      }
+    }
+    if (waste > kMaxPaddingRatio) {
+      if (call == Call::backward_data) {
+        Entry lowered;
+        lowered.lowered = true;
+        lowered.implementation = "hybridnn:gemm+col2im";
+        return lowered;
+      }
+      return build(call, geo, has_bias, Layout::plain);
     }
     return blocked;
   }
 
-  Entry build(Call call, const Geometry& geo, bool has_bias, bool plain) const {
-    const auto fwd = forward_desc(engine, geo, plain);
+  Entry build(Call call, const Geometry& geo, bool has_bias, Layout layout) const {
+    const auto fwd = forward_desc(engine, geo, layout);
+    const Descs want = descs(geo, layout);
     Entry e;
     switch (call) {
       case Call::forward: {
         e.primitive = dnnl::convolution_forward(fwd);
+        e.implementation = fwd.impl_info_str();
         e.a = make_input(engine, geo.src_plain, fwd.src_desc());
         e.b = make_input(engine, geo.weights_plain, fwd.weights_desc());
         if (has_bias) e.c = make_input(engine, geo.bias_plain, fwd.bias_desc());
         e.d = make_output(engine, geo.dst_plain, fwd.dst_desc(), false);
+        e.padding = padding(e.a) * padding(e.d);
         break;
       }
       case Call::backward_data: {
-        const dnnl::convolution_backward_data::desc desc(
-            kAlgorithm, plain ? geo.src_plain : geo.src_any,
-            plain ? geo.weights_plain : geo.weights_any, plain ? geo.dst_plain : geo.dst_any,
-            geo.strides, geo.dilates, geo.pad_l, geo.pad_r);
+        const dnnl::convolution_backward_data::desc desc(kAlgorithm, want.src, want.weights,
+                                                         want.dst, geo.strides, geo.dilates,
+                                                         geo.pad_l, geo.pad_r);
         const dnnl::convolution_backward_data::primitive_desc pd(desc, engine, fwd);
         e.primitive = dnnl::convolution_backward_data(pd);
+        e.implementation = pd.impl_info_str();
         e.a = make_input(engine, geo.weights_plain, pd.weights_desc());
         e.b = make_input(engine, geo.dst_plain, pd.diff_dst_desc());
         e.c = make_output(engine, geo.src_plain, pd.diff_src_desc(), false);
+        e.padding = padding(e.c) * padding(e.b);
         break;
       }
       case Call::backward_weights: {
-        const dnnl::convolution_backward_weights::desc desc(
-            kAlgorithm, plain ? geo.src_plain : geo.src_any,
-            plain ? geo.weights_plain : geo.weights_any, plain ? geo.bias_plain : geo.bias_any,
-            plain ? geo.dst_plain : geo.dst_any, geo.strides, geo.dilates, geo.pad_l, geo.pad_r);
+        const dnnl::convolution_backward_weights::desc desc(kAlgorithm, want.src, want.weights,
+                                                            want.bias, want.dst, geo.strides,
+                                                            geo.dilates, geo.pad_l, geo.pad_r);
         const dnnl::convolution_backward_weights::primitive_desc pd(desc, engine, fwd);
         e.primitive = dnnl::convolution_backward_weights(pd);
+        e.implementation = pd.impl_info_str();
         e.a = make_input(engine, geo.src_plain, pd.src_desc());
         e.b = make_input(engine, geo.dst_plain, pd.diff_dst_desc());
         e.c = make_output(engine, geo.weights_plain, pd.diff_weights_desc(), true);
         if (has_bias) e.d = make_output(engine, geo.bias_plain, pd.diff_bias_desc(), true);
+        e.padding = padding(e.a) * padding(e.b);
         break;
       }
     }
@@ -279,70 +412,157 @@ void run(Call call, int threads, const LoweringShape& shape, index_t out_channel
   }
 }
 
+// Bound on the lowered rows a data-gradient GEMM writes before col2im reads them back, so
+// they are read from L2 (2 MiB per core on the development machine): CaffeNet conv1's
+// lowered image is 4.4 MB, and col2im reading it from memory took a third of the time.
+constexpr std::size_t kLoweredBlockBytes = std::size_t{1} << 20;
+
+// The data gradient as type-1 lowering does it, for shapes whose oneDNN kernels pad the
+// input channels heavily (CaffeNet conv1: 3 channels; oneDNN's own GEMM-based kernel took
+// 104 ms at batch 32 on one thread, this 70): per image and block of input channels,
+// columns = W_block^T dy (one GEMM), then col2im into those channels of dx. Images are
+// independent, so they are spread over the threads, each GEMM on one thread: results do
+// not depend on the thread count.
+void lowered_backward_data(Parallel& par, Blas blas, const LoweringShape& s, index_t out_channels,
+                           const float* weights, const float* dy, float* dx) {
+  const index_t groups = s.groups, m = out_channels / groups, cg = s.channels / groups;
+  const index_t taps = s.kernel_h * s.kernel_w, plane_out = s.out_h() * s.out_w();
+  const index_t plane_in = s.height * s.width;
+  const index_t block = std::clamp<index_t>(
+      static_cast<index_t>(kLoweredBlockBytes / (sizeof(float) * taps * plane_out)), 1, cg);
+  auto image = [&](index_t n, int gemm_threads, Parallel& col2im_par, std::vector<float>& columns) {
+    columns.resize(static_cast<std::size_t>(block * taps * plane_out));
+    for (index_t g = 0; g < groups; ++g) {
+      const float* w_g = weights + g * m * cg * taps;
+      const float* dy_g = dy + (n * out_channels + g * m) * plane_out;
+      for (index_t c0 = 0; c0 < cg; c0 += block) {
+        const index_t channels = std::min(block, cg - c0);
+        sgemm(blas, gemm_threads, true, false, channels * taps, plane_out, m, 1.0f, w_g + c0 * taps,
+              cg * taps, dy_g, plane_out, 0.0f, columns.data(), plane_out);
+        LoweringShape part = s;
+        part.batch = 1;
+        part.channels = channels;
+        part.groups = 1;
+        col2im(col2im_par, part, columns.data(), dx + (n * s.channels + g * cg + c0) * plane_in);
+      }
+    }
+  };
+  if (blas != Blas::onednn || par.threads() == 1) {
+    // OpenBLAS sets its thread count process-wide: no GEMMs from several threads at once.
+    std::vector<float> columns;
+    for (index_t n = 0; n < s.batch; ++n)
+      image(n, par.threads(), par, columns);
+    return;
+  }
+  const index_t flops = 2 * out_channels * cg * taps * plane_out;
+  par.for_range(s.batch, flops / 8, [&](index_t first, index_t last) {
+    thread_local std::vector<float> columns;
+    Parallel serial(1);
+    for (index_t n = first; n < last; ++n)
+      image(n, 1, serial, columns);
+  });
+}
+
 }  // namespace
 
-void DirectConvolution::forward(int threads, const LoweringShape& shape, index_t out_channels,
+namespace {
+
+// Runs a cached call on the caller's buffers (operands in the entry's order a, b, c, d;
+// null where the call has no such operand).
+void execute(const dnnl::stream& stream, Call call, const Entry& e,
+             const std::array<const float*, 4>& at) {
+  if (e.per_group) {
+    for (index_t g = 0; g < e.group_count; ++g) {
+      std::array<const float*, 4> part{};
+      for (std::size_t i = 0; i < at.size(); ++i) {
+        part[i] = at[i] != nullptr ? at[i] + g * e.group_step[i] : nullptr;
+      }
+      execute(stream, call, *e.per_group, part);
+    }
+    return;
+  }
+  const std::array<const Operand*, 4> ops{&e.a, &e.b, &e.c, &e.d};
+  for (std::size_t i = 0; i < at.size(); ++i) {
+    if (at[i] != nullptr) ops[i]->bind(at[i]);
+  }
+  std::unordered_map<int, memory> args;
+  switch (call) {
+    case Call::forward:
+      load(stream, e.a);
+      load(stream, e.b);
+      args = {{DNNL_ARG_SRC, e.a.inner}, {DNNL_ARG_WEIGHTS, e.b.inner}, {DNNL_ARG_DST, e.d.inner}};
+      if (at[2] != nullptr) {
+        load(stream, e.c);
+        args.emplace(DNNL_ARG_BIAS, e.c.inner);
+      }
+      e.primitive.execute(stream, args);
+      store(stream, e.d);
+      break;
+    case Call::backward_data:
+      load(stream, e.a);
+      load(stream, e.b);
+      e.primitive.execute(stream, {{DNNL_ARG_WEIGHTS, e.a.inner},
+                                   {DNNL_ARG_DIFF_DST, e.b.inner},
+                                   {DNNL_ARG_DIFF_SRC, e.c.inner}});
+      store(stream, e.c);
+      break;
+    case Call::backward_weights:
+      load(stream, e.a);
+      load(stream, e.b);
+      args = {{DNNL_ARG_SRC, e.a.inner},
+              {DNNL_ARG_DIFF_DST, e.b.inner},
+              {DNNL_ARG_DIFF_WEIGHTS, e.c.inner}};
+      if (at[3] != nullptr) args.emplace(DNNL_ARG_DIFF_BIAS, e.d.inner);
+      e.primitive.execute(stream, args);
+      store(stream, e.c);  // adds into dweights
+      if (at[3] != nullptr) store(stream, e.d);
+      break;
+  }
+}
+
+}  // namespace
+
+void DirectConvolution::forward(Parallel& par, const LoweringShape& shape, index_t out_channels,
                                 const float* x, const float* weights, const float* bias, float* y) {
-  run(Call::forward, threads, shape, out_channels, [&] {
+  if (small_conv_supported(shape)) {
+    small_conv_forward(par, shape, out_channels, x, weights, bias, y);
+    return;
+  }
+  run(Call::forward, par.threads(), shape, out_channels, [&] {
     if (!impl_) impl_ = std::make_unique<Impl>();
     const Entry& e = impl_->entry(Call::forward, shape, out_channels, bias != nullptr);
-    dnnl::stream& stream = impl_->stream;
-    e.a.bind(x);
-    e.b.bind(weights);
-    if (bias != nullptr) e.c.bind(bias);
-    e.d.bind(y);
-    load(stream, e.a);
-    load(stream, e.b);
-    std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, e.a.inner}, {DNNL_ARG_WEIGHTS, e.b.inner}, {DNNL_ARG_DST, e.d.inner}};
-    if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, e.c.inner);
-    e.primitive.execute(stream, args);
-    store(stream, e.d);
-    stream.wait();
+    execute(impl_->stream, Call::forward, e, {x, weights, bias, y});
+    impl_->stream.wait();
   });
 }
 
-void DirectConvolution::backward_data(int threads, const LoweringShape& shape, index_t out_channels,
-                                      const float* weights, const float* dy, float* dx) {
-  run(Call::backward_data, threads, shape, out_channels, [&] {
+void DirectConvolution::backward_data(Parallel& par, Blas blas, const LoweringShape& shape,
+                                      index_t out_channels, const float* weights, const float* dy,
+                                      float* dx) {
+  run(Call::backward_data, par.threads(), shape, out_channels, [&] {
     if (!impl_) impl_ = std::make_unique<Impl>();
     const Entry& e = impl_->entry(Call::backward_data, shape, out_channels, false);
-    dnnl::stream& stream = impl_->stream;
-    e.a.bind(weights);
-    e.b.bind(dy);
-    e.c.bind(dx);
-    load(stream, e.a);
-    load(stream, e.b);
-    e.primitive.execute(stream, {{DNNL_ARG_WEIGHTS, e.a.inner},
-                                 {DNNL_ARG_DIFF_DST, e.b.inner},
-                                 {DNNL_ARG_DIFF_SRC, e.c.inner}});
-    store(stream, e.c);
-    stream.wait();
+    if (e.lowered) {
+      lowered_backward_data(par, blas, shape, out_channels, weights, dy, dx);
+      return;
+    }
+    execute(impl_->stream, Call::backward_data, e, {weights, dy, dx, nullptr});
+    impl_->stream.wait();
   });
 }
 
-void DirectConvolution::backward_weights(int threads, const LoweringShape& shape,
+void DirectConvolution::backward_weights(Parallel& par, const LoweringShape& shape,
                                          index_t out_channels, const float* x, const float* dy,
                                          float* dweights, float* dbias) {
-  run(Call::backward_weights, threads, shape, out_channels, [&] {
+  if (small_conv_supported(shape)) {
+    small_conv_backward_weights(par, shape, out_channels, x, dy, dweights, dbias);
+    return;
+  }
+  run(Call::backward_weights, par.threads(), shape, out_channels, [&] {
     if (!impl_) impl_ = std::make_unique<Impl>();
-    const bool has_bias = dbias != nullptr;
-    const Entry& e = impl_->entry(Call::backward_weights, shape, out_channels, has_bias);
-    dnnl::stream& stream = impl_->stream;
-    e.a.bind(x);
-    e.b.bind(dy);
-    e.c.bind(dweights);
-    if (has_bias) e.d.bind(dbias);
-    load(stream, e.a);
-    load(stream, e.b);
-    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, e.a.inner},
-                                         {DNNL_ARG_DIFF_DST, e.b.inner},
-                                         {DNNL_ARG_DIFF_WEIGHTS, e.c.inner}};
-    if (has_bias) args.emplace(DNNL_ARG_DIFF_BIAS, e.d.inner);
-    e.primitive.execute(stream, args);
-    store(stream, e.c);  // adds into dweights
-    if (has_bias) store(stream, e.d);
-    stream.wait();
+    const Entry& e = impl_->entry(Call::backward_weights, shape, out_channels, dbias != nullptr);
+    execute(impl_->stream, Call::backward_weights, e, {x, dy, dweights, dbias});
+    impl_->stream.wait();
   });
 }
 
@@ -357,15 +577,15 @@ bool DirectConvolution::available() {
 DirectConvolution::DirectConvolution() = default;
 DirectConvolution::~DirectConvolution() = default;
 
-void DirectConvolution::forward(int, const LoweringShape&, index_t, const float*, const float*,
-                                const float*, float*) {
+void DirectConvolution::forward(Parallel&, const LoweringShape&, index_t, const float*,
+                                const float*, const float*, float*) {
   fail("conv_forward: this build has no oneDNN");
 }
-void DirectConvolution::backward_data(int, const LoweringShape&, index_t, const float*,
+void DirectConvolution::backward_data(Parallel&, Blas, const LoweringShape&, index_t, const float*,
                                       const float*, float*) {
   fail("conv_backward_data: this build has no oneDNN");
 }
-void DirectConvolution::backward_weights(int, const LoweringShape&, index_t, const float*,
+void DirectConvolution::backward_weights(Parallel&, const LoweringShape&, index_t, const float*,
                                          const float*, float*, float*) {
   fail("conv_backward_weights: this build has no oneDNN");
 }

@@ -5,9 +5,12 @@
 
 #include <memory>
 
+#include "drivers/cpu/blas.h"
 #include "hybridnn/shapes.h"
 
 namespace hn::detail::cpu {
+
+class Parallel;  // parallel.h (kept out: kernels.h must include Eigen before TBB)
 
 class DirectConvolution {
  public:
@@ -19,12 +22,15 @@ class DirectConvolution {
   DirectConvolution(const DirectConvolution&) = delete;
   DirectConvolution& operator=(const DirectConvolution&) = delete;
 
-  void forward(int threads, const LoweringShape& shape, index_t out_channels, const float* x,
+  // Layers with very few input channels (LeNet's conv1) run on conv_small.h's kernels.
+  void forward(Parallel& par, const LoweringShape& shape, index_t out_channels, const float* x,
                const float* weights, const float* bias, float* y);
-  void backward_data(int threads, const LoweringShape& shape, index_t out_channels,
+  // Shapes whose input channels oneDNN would pad heavily (3 channels blocked by 16) are
+  // lowered instead: a GEMM per image and col2im, on `par` and `blas`.
+  void backward_data(Parallel& par, Blas blas, const LoweringShape& shape, index_t out_channels,
                      const float* weights, const float* dy, float* dx);
   // Adds to dweights and, when not null, to dbias.
-  void backward_weights(int threads, const LoweringShape& shape, index_t out_channels,
+  void backward_weights(Parallel& par, const LoweringShape& shape, index_t out_channels,
                         const float* x, const float* dy, float* dweights, float* dbias);
 
  private:

@@ -1,5 +1,5 @@
 // The fast CPU driver: host memory (64-byte aligned), GEMM through the selected BLAS, every
-// other call through the TBB/Eigen kernels in kernels.h, all on the driver's thread count.
+// other call through the Eigen and OpenMP kernels in kernels.h, all on the driver's thread count.
 #include "drivers/cpu/cpu_driver.h"
 
 #include <cstdlib>
@@ -84,15 +84,15 @@ class CpuDriver final : public Driver {
 
   void do_conv_forward(const LoweringShape& shape, index_t out_channels, const float* x,
                        const float* weights, const float* bias, float* y) override {
-    conv_.forward(parallel_.threads(), shape, out_channels, x, weights, bias, y);
+    conv_.forward(parallel_, shape, out_channels, x, weights, bias, y);
   }
   void do_conv_backward_data(const LoweringShape& shape, index_t out_channels, const float* weights,
                              const float* dy, float* dx) override {
-    conv_.backward_data(parallel_.threads(), shape, out_channels, weights, dy, dx);
+    conv_.backward_data(parallel_, blas_, shape, out_channels, weights, dy, dx);
   }
   void do_conv_backward_weights(const LoweringShape& shape, index_t out_channels, const float* x,
                                 const float* dy, float* dweights, float* dbias) override {
-    conv_.backward_weights(parallel_.threads(), shape, out_channels, x, dy, dweights, dbias);
+    conv_.backward_weights(parallel_, shape, out_channels, x, dy, dweights, dbias);
   }
 
   void do_fill(index_t n, float value, float* x) override { cpu::fill(parallel_, n, value, x); }

@@ -1,5 +1,5 @@
 // The fast CPU driver: GEMM through a BLAS (oneDNN's sgemm or OpenBLAS), lowering and
-// primitives vectorised and parallelised with TBB in an arena of its own.
+// primitives vectorised and parallelised on OpenMP (parallel.h), the runtime oneDNN uses.
 #pragma once
 
 #include <memory>

@@ -1,5 +1,5 @@
 // Element-wise calls, reductions, activations, bias, dropout and the Eltwise/Concat helpers
-// on the CPU: Eigen array maps over contiguous chunks, chunks spread over the driver's arena
+// on the CPU: Eigen array maps over contiguous chunks, chunks spread over the driver's threads
 // when large enough.
 #include "drivers/cpu/kernels.h"  // first: see eigen.h
 
@@ -244,7 +244,7 @@ void bias_backward(Parallel& par, const AxisShape& s, const float* dy, float bet
 }
 
 // ReLU and dropout are plain loops over one chunk, in functions of their own: Eigen 3.4's
-// select() is not vectorised, and inside a lambda run by TBB the compiler must assume a
+// select() is not vectorised, and inside a lambda run in parallel the compiler must assume a
 // float store may overwrite a captured float (slope, scale, ratio) and stays scalar.
 namespace {
 

@@ -1,5 +1,5 @@
 // The CPU driver's arithmetic, one function per driver call, grouped by family (one .cpp
-// per family). Every function receives the driver's Parallel and runs inside its arena.
+// per family). Every function receives the driver's Parallel and runs on its threads.
 #pragma once
 
 #include "drivers/cpu/eigen.h"  // first: see eigen.h

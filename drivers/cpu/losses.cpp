@@ -1,5 +1,5 @@
 // Loss calls on the CPU: per-position softmax log-loss against integer labels (with
-// Caffe's ignore_label) and element-wise sigmoid cross-entropy, over the driver's arena.
+// Caffe's ignore_label) and element-wise sigmoid cross-entropy, over the driver's threads.
 #include "drivers/cpu/kernels.h"  // first: see eigen.h
 
 #include <atomic>

