@@ -2,7 +2,7 @@
 // Every figure comes with a ratio against a reference measured in the same run.
 //
 //   hybridnn-bench gemm [--threads N] [--blas NAME]      (bench_gemm.cpp)
-//   hybridnn-bench layers [--threads N] [--batch B]      (bench_layers.cpp)
+//   hybridnn-bench layers [--net caffenet|lenet] [--threads N] [--batch B]  (bench_layers.cpp)
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -22,10 +22,11 @@ const char* const kUsage =
     "      GEMM of the CPU driver on square sizes and CaffeNet's conv layers (batch 32),\n"
     "      as GFLOP/s and as a ratio to the best sgemm of any BLAS on this machine.\n"
     "      --threads: 0 (default) = every core; --blas: default = the build's default\n"
-    "  layers [--threads N] [--blas NAME] [--batch B] [--only NAME,...] [--chunk-bytes N]\n"
-    "         [--lowering automatic|type1|type3|direct_1x1]\n"
-    "      CaffeNet's layers (conv1..conv5, pooling, LRN, ReLU, fc6..fc8) forward and\n"
-    "      backward on the CPU driver, one JSON line per layer with the ratio of the\n"
+    "  layers [--net caffenet|lenet] [--threads N] [--blas NAME] [--batch B] [--only NAME,...]\n"
+    "         [--chunk-bytes N] [--lowering automatic|type1|type3|direct_1x1]\n"
+    "      CaffeNet's layers (conv1..conv5, pooling, LRN, ReLU, fc6..fc8), or Caffe's LeNet\n"
+    "      at batch 64 with --net lenet, forward and backward on the CPU driver, one JSON\n"
+    "      line per layer with the ratio of the\n"
     "      convolutions to the sgemm peak measured in the same run. --batch: default 32;\n"
     "      --only: a comma-separated list of layer names to run; --chunk-bytes and\n"
     "      --lowering override the convolutions' choices (for tuning)\n";
