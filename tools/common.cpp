@@ -12,58 +12,6 @@
 #include "tools/tool.h"
 
 namespace hn::tool {
-namespace {
-
-std::optional<Device> try_parse_device(const std::string& text) {
-  try {
-    return Device::parse(text);
-  } catch (const Error&) {
-    return std::nullopt;
-  }
-}
-
-std::optional<double> try_parse_number(const std::string& text) {
-  if (text.empty()) return std::nullopt;
-  char* end = nullptr;
-  const double value = std::strtod(text.c_str(), &end);
-  if (end != text.c_str() + text.size() || !std::isfinite(value)) return std::nullopt;
-  return value;
-}
-
-std::string trim(const std::string& text) {
-  const auto begin = text.find_first_not_of(" \t");
-  if (begin == std::string::npos) return {};
-  return text.substr(begin, text.find_last_not_of(" \t") - begin + 1);
-}
-
-struct ParsedShare {
-  std::string device_text;
-  std::optional<double> fraction;
-};
-
-// "cuda:0:0.6" -> {"cuda:0", 0.6}; "cpu" -> {"cpu", none}. A suffix after the last ':'
-// is a fraction when what precedes it is a device name.
-ParsedShare parse_share(const std::string& entry, const std::string& spec) {
-  const auto fail = [&](const std::string& why) {
-    return UsageError(
-        fmt::format("--split '{}': {} (write DEVICE:FRACTION[,DEVICE:FRACTION...], "
-                    "e.g. cpu:1 or cuda:0:0.6,cpu:0.4)",
-                    spec, why));
-  };
-  if (const auto eq = entry.find('='); eq != std::string::npos) {
-    const auto fraction = try_parse_number(trim(entry.substr(eq + 1)));
-    if (!fraction) throw fail(fmt::format("'{}' is not a fraction", entry.substr(eq + 1)));
-    return {trim(entry.substr(0, eq)), fraction};
-  }
-  if (const auto colon = entry.rfind(':'); colon != std::string::npos) {
-    const std::string prefix = entry.substr(0, colon);
-    const auto fraction = try_parse_number(entry.substr(colon + 1));
-    if (fraction && try_parse_device(prefix)) return {prefix, fraction};
-  }
-  return {entry, std::nullopt};
-}
-
-}  // namespace
 
 std::vector<std::string> split_commas(const std::string& text) {
   std::vector<std::string> items;
@@ -77,57 +25,12 @@ std::vector<std::string> split_commas(const std::string& text) {
   }
 }
 
-std::vector<SplitShare> parse_split(const std::string& spec) {
-  std::vector<std::string> entries = split_commas(spec);
-  if (entries.empty()) entries.emplace_back();
-  for (std::string& entry : entries)
-    entry = trim(entry);
-  const auto fail = [&](const std::string& why) {
-    return UsageError(fmt::format("--split '{}': {}", spec, why));
-  };
-  std::vector<SplitShare> shares;
-  int unsized = -1;
-  double sized_total = 0.0;
-  for (const std::string& entry : entries) {
-    if (entry.empty()) throw fail("an empty entry");
-    ParsedShare parsed = parse_share(entry, spec);
-    // A single "cuda:0" or "cpu:2" names a device instance, not a fraction of 0 or 2.
-    if (entries.size() == 1 && parsed.fraction && *parsed.fraction != 1.0 &&
-        try_parse_device(entry)) {
-      parsed = {entry, std::nullopt};
-    }
-    std::optional<Device> device;
-    try {
-      device = Device::parse(parsed.device_text);
-    } catch (const Error& error) {
-      throw fail(error.what());
-    }
-    for (const SplitShare& share : shares) {
-      if (share.device == *device) throw fail(fmt::format("{} appears twice", device->name()));
-    }
-    if (parsed.fraction) {
-      if (!(*parsed.fraction > 0.0 && *parsed.fraction <= 1.0)) {
-        throw fail(fmt::format("the fraction of {} must lie in (0, 1], got {}", device->name(),
-                               *parsed.fraction));
-      }
-      sized_total += *parsed.fraction;
-    } else if (unsized >= 0) {
-      throw fail("only one device may leave out its fraction");
-    } else {
-      unsized = static_cast<int>(shares.size());
-    }
-    shares.push_back({*device, parsed.fraction.value_or(0.0)});
+Split parse_split(const std::string& spec) {
+  try {
+    return Split::parse(spec);
+  } catch (const Error& error) {
+    throw UsageError(fmt::format("--split '{}': {}", spec, error.what()));
   }
-  if (unsized >= 0) {
-    if (sized_total >= 1.0 - 1e-9) {
-      throw fail(fmt::format("{} gets nothing: the other fractions already sum to {}",
-                             shares[unsized].device.name(), sized_total));
-    }
-    shares[unsized].fraction = 1.0 - sized_total;
-  } else if (std::abs(sized_total - 1.0) > 1e-6) {
-    throw fail(fmt::format("the fractions sum to {}, not 1", sized_total));
-  }
-  return shares;
 }
 
 std::vector<FlagSpec> device_flags() {
@@ -184,12 +87,17 @@ Device chosen_device(const Args& args) {
   }
   if (args.has("split")) {
     const std::string spec = args.text("split");
-    const std::vector<SplitShare> shares = parse_split(spec);
+    const Split split = parse_split(spec);
+    if (split.is_automatic()) {
+      throw UsageError(fmt::format(
+          "--split '{}': measured fractions are not supported yet (hybrid split, issue #5)", spec));
+    }
+    const std::vector<SplitShare>& shares = split.shares();
     if (shares.size() > 1) {
       throw UsageError(fmt::format(
           "--split '{}' divides each batch among {} devices; splitting a batch across devices "
           "is not supported yet (hybrid split, issue #5): give one device with fraction 1, "
-          "e.g. --split cpu or --split cuda:0:1",
+          "e.g. --split cpu or --split cuda:0:1.0",
           spec, shares.size()));
     }
     if (device && *device != shares[0].device) {

@@ -8,6 +8,7 @@
 #include "hybridnn/device.h"
 #include "hybridnn/net.h"
 #include "hybridnn/runtime.h"
+#include "hybridnn/split.h"
 #include "tools/flags.h"
 
 namespace hn::tool {
@@ -25,15 +26,8 @@ std::vector<FlagSpec> device_flags();
 std::vector<FlagSpec> net_flags();
 NetOptions net_options(const Args& args, Phase phase);
 
-// One share of a --split SPEC.
-struct SplitShare {
-  Device device;
-  double fraction = 1.0;
-};
-// Parses "DEVICE[:FRACTION][,DEVICE[:FRACTION]...]" (also DEVICE=FRACTION); the fraction
-// follows a device's full name ("cuda:0:0.6,cpu:0.4"); a single bare name takes the whole
-// batch. Throws UsageError for malformed text or fractions that do not sum to 1.
-std::vector<SplitShare> parse_split(const std::string& text);
+// Parses a --split SPEC with hn::Split::parse; throws UsageError quoting the flag.
+Split parse_split(const std::string& text);
 
 // The device the command runs on, from --split, --device or --gpu (default cpu). Throws
 // UsageError when they disagree or the split needs several devices (not supported yet).

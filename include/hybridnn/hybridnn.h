@@ -7,8 +7,11 @@
 #include "hybridnn/layer.h"
 #include "hybridnn/layers.h"
 #include "hybridnn/memory.h"
+#include "hybridnn/net.h"
 #include "hybridnn/runtime.h"
 #include "hybridnn/shapes.h"
+#include "hybridnn/solver.h"
+#include "hybridnn/split.h"
 #include "hybridnn/tensor.h"
 
 namespace hn {

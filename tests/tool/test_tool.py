@@ -253,16 +253,18 @@ def help_and_usage_errors(ctx):
 @case
 def split_spec(ctx):
     solver, net, prefix = setup_training(ctx)
-    for spec in ["cpu", "cpu:1", "cpu=1", "reference:1", "cpu:1.0"]:
+    # An integer after a bare device kind is a device index ("cpu:1" is the device cpu:1);
+    # a fraction has a point or follows a full device name.
+    for spec, device in [("cpu", "cpu"), ("cpu=1", "cpu"), ("reference:1.0", "reference"),
+                         ("cpu:1.0", "cpu"), ("cpu:0:1", "cpu"), ("cpu:1", "cpu:1")]:
         run = ctx.run("time", "--model", net, "--iterations", 1, "--split", spec, "--json")
-        device = spec.split(":")[0].split("=")[0]
         check(json_lines(run.stdout)[-1]["device"] == device,
               f"--split {spec} did not run on {device}:\n{run.stdout}")
     for spec in ["cpu:0.5,reference:0.5", "cuda:0:0.6,cpu:0.4", "reference:0.25,cpu"]:
         ctx.error("time", "--model", net, "--split", spec, code=2,
                   needles=[f"--split '{spec}'", "not supported yet"])
     for spec, needle in [("cpu:0.5", "sum to 0.5"), ("tpu:1", "unknown device 'tpu:1'"),
-                         ("cpu:1,cpu:1", "appears twice"), ("cpu:-1", "'cpu:-1'"),
+                         ("cpu:0.5,cpu:0.5", "appears twice"), ("cpu:-1", "'cpu:-1'"),
                          ("", "an empty entry")]:
         ctx.error("time", "--model", net, "--split", spec, code=2, needles=[needle])
     ctx.error("time", "--model", net, "--split", "reference", "--device", "cpu", code=2,

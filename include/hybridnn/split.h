@@ -1,0 +1,63 @@
+// The hybrid split of a batch among devices: a list of {device, fraction}, written
+// "cuda:0:0.6,cpu:0.4" (or "cuda:0=0.6,cpu=0.4") on the command line and as repeated
+// `split { device: "cuda:0" fraction: 0.6 }` entries in a prototxt, or "auto" for fractions
+// measured at run time. Rounding to whole rows is deterministic (see partition()).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "hybridnn/device.h"
+#include "hybridnn/shapes.h"
+
+namespace hn {
+
+class Runtime;
+
+struct SplitShare {
+  Device device;
+  double fraction = 0.0;
+};
+
+class Split {
+ public:
+  // No shares: "not set" (a layer without its own split uses the net's).
+  Split() = default;
+  // Throws hn::Error unless every fraction is finite and non-negative, they sum to 1 within
+  // 1e-6, and no device appears twice.
+  explicit Split(std::vector<SplitShare> shares);
+  static Split single(const Device& device) { return Split({SplitShare{device, 1.0}}); }
+  static Split automatic();
+
+  // Parses "DEVICE[:FRACTION],..." or "DEVICE=FRACTION,..." or "auto". An integer after a
+  // bare device kind is a device index ("cpu:1", "cuda:1"); a fraction has a point or
+  // follows a full device name ("cpu:0.5", "cuda:1:1"). One entry may leave out its
+  // fraction and takes what the others leave (a lone device: all). Errors quote the text
+  // and say what is wrong.
+  static Split parse(std::string_view text);
+
+  bool empty() const { return shares_.empty() && !automatic_; }
+  bool is_automatic() const { return automatic_; }
+  const std::vector<SplitShare>& shares() const { return shares_; }
+
+  // Rows [begin, end) of each share for a batch of `rows`, in share order. Boundary i is the
+  // cumulative fraction of shares 0..i times rows, rounded half up (the last is `rows`), so
+  // slices are contiguous, sum to the batch, each is within one row of its exact share, and
+  // a share may get no rows.
+  std::vector<std::pair<index_t, index_t>> partition(index_t rows) const;
+
+  // Throws hn::Error naming the device and the devices present when a share's device has
+  // no driver in `runtime`.
+  void check_devices(const Runtime& runtime) const;
+
+  // "cuda:0:0.6,cpu:0.4" (fractions with up to 6 significant digits), or "auto".
+  std::string to_string() const;
+
+ private:
+  std::vector<SplitShare> shares_;
+  bool automatic_ = false;
+};
+
+}  // namespace hn
