@@ -170,6 +170,20 @@ def inv_lr(iteration):
     return BASE_LR * (1.0 + GAMMA * iteration) ** (-POWER)
 
 
+def sgd_step(net, solver, loss_fn, feed, iteration):
+    """One LeNet training iteration as Caffe's solver does it: the inv rate times each
+    group's lr_mult, forward, backward, update. Returns the loss tensor."""
+    lr = inv_lr(iteration)
+    for group in solver.param_groups:
+        group["lr"] = lr * group["lr_mult"]
+    data, label = feed.next()
+    loss = loss_fn(net(data), label)
+    solver.zero_grad(set_to_none=True)
+    loss.backward()
+    solver.step()
+    return loss
+
+
 def caffenet(torch):
     nn = torch.nn
     lrn = dict(size=5, alpha=1e-4, beta=0.75, k=1.0)
@@ -230,14 +244,7 @@ def pytorch_lenet(torch, threads, layout, iterations, chunks):
     state = {"iter": 0}
 
     def step():
-        lr = inv_lr(state["iter"])
-        for group in solver.param_groups:
-            group["lr"] = lr * group["lr_mult"]
-        data, label = feed.next()
-        loss = loss_fn(net(data), label)
-        solver.zero_grad(set_to_none=True)
-        loss.backward()
-        solver.step()
+        sgd_step(net, solver, loss_fn, feed, state["iter"])
         state["iter"] += 1
 
     warmup = max(1, iterations // chunks)
@@ -281,14 +288,7 @@ def pytorch_accuracy(torch, threads, iterations=10000):
 
     start = time.perf_counter()
     for iteration in range(iterations):
-        lr = inv_lr(iteration)
-        for group in solver.param_groups:
-            group["lr"] = lr * group["lr_mult"]
-        data, label = feed.next()
-        loss = loss_fn(net(data), label)
-        solver.zero_grad(set_to_none=True)
-        loss.backward()
-        solver.step()
+        loss = sgd_step(net, solver, loss_fn, feed, iteration)
         if (iteration + 1) % 1000 == 0 and iteration + 1 < iterations:
             note(f"pytorch lenet iteration {iteration + 1}: loss {loss.item():.4f}, "
                  f"test accuracy {test():.4f}")
