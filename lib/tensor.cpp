@@ -1,6 +1,8 @@
 // Shape, SyncedMemory and Tensor.
 #include "hybridnn/tensor.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -51,46 +53,83 @@ std::string Shape::to_string() const {
 
 // ---- SyncedMemory ------------------------------------------------------------------
 
-SyncedMemory::Copy& SyncedMemory::copy_in(MemorySpace space, Driver* driver) {
-  for (Copy& copy : copies_) {
-    if (copy.space == space) return copy;
+namespace {
+
+using Ranges = std::vector<std::pair<std::size_t, std::size_t>>;
+
+// The parts of [begin, end) that `valid` (sorted, disjoint) does not cover.
+template <class RangeList>
+Ranges uncovered(const RangeList& valid, std::size_t begin, std::size_t end) {
+  Ranges gaps;
+  std::size_t at = begin;
+  for (const auto& range : valid) {
+    if (range.end <= at) continue;
+    if (range.begin >= end) break;
+    if (range.begin > at) gaps.emplace_back(at, range.begin);
+    at = std::max(at, range.end);
+    if (at >= end) break;
   }
-  Buffer buffer = driver ? Buffer(*driver, bytes_) : Buffer::host(bytes_);
-  copies_.push_back(Copy{space, driver, std::move(buffer), false});
-  return copies_.back();
+  if (at < end) gaps.emplace_back(at, end);
+  return gaps;
 }
 
-void SyncedMemory::refresh(Copy& target) {
-  if (target.current) return;
-  const Copy* source = nullptr;
-  for (const Copy& copy : copies_) {
-    if (copy.current && (source == nullptr || copy.space == host_space())) source = &copy;
-  }
-  if (source != nullptr) {
-    detail::transfer(target.driver, target.buffer.address(), source->driver,
-                     source->buffer.address(), bytes_);
-  } else if (bytes_ > 0) {
-    // Never written anywhere: new memory reads as zeros.
-    if (target.driver == nullptr) {
-      std::memset(target.buffer.address(), 0, bytes_);
-    } else if (target.driver->capabilities().elementwise && bytes_ % sizeof(float) == 0) {
-      target.driver->fill(static_cast<index_t>(bytes_ / sizeof(float)), 0.0f,
-                          target.buffer.as<float>());
+template <class RangeList>
+bool covers(const RangeList& valid, std::size_t begin, std::size_t end) {
+  return begin >= end || uncovered(valid, begin, end).empty();
+}
+
+// Adds [begin, end) to `valid`, merging touching ranges.
+template <class RangeList>
+void add_range(RangeList& valid, std::size_t begin, std::size_t end) {
+  if (begin >= end) return;
+  RangeList merged;
+  bool placed = false;
+  for (const auto& range : valid) {
+    if (range.end < begin) {
+      merged.push_back(range);
+    } else if (range.begin > end) {
+      if (!placed) merged.push_back({begin, end});
+      placed = true;
+      merged.push_back(range);
     } else {
-      Buffer zeros = Buffer::host(bytes_);
-      std::memset(zeros.address(), 0, bytes_);
-      target.driver->copy_from_host(target.buffer.address(), zeros.address(), bytes_);
+      begin = std::min(begin, range.begin);
+      end = std::max(end, range.end);
     }
   }
-  target.current = true;
+  if (!placed) merged.push_back({begin, end});
+  valid = std::move(merged);
 }
 
-void SyncedMemory::make_exclusive(const Copy& target) {
-  for (Copy& copy : copies_)
-    copy.current = (&copy == &target);
+// Removes [begin, end) from `valid`.
+template <class RangeList>
+void remove_range(RangeList& valid, std::size_t begin, std::size_t end) {
+  if (begin >= end) return;
+  RangeList kept;
+  for (const auto& range : valid) {
+    if (range.end <= begin || range.begin >= end) {
+      kept.push_back(range);
+      continue;
+    }
+    if (range.begin < begin) kept.push_back({range.begin, begin});
+    if (range.end > end) kept.push_back({end, range.end});
+  }
+  valid = std::move(kept);
 }
 
-namespace {
+// Zeros `bytes` at `address` in `driver`'s memory (nullptr: host).
+void zero_fill(Driver* driver, void* address, std::size_t bytes) {
+  if (bytes == 0) return;
+  if (driver == nullptr) {
+    std::memset(address, 0, bytes);
+  } else if (driver->capabilities().elementwise && bytes % sizeof(float) == 0 &&
+             reinterpret_cast<std::uintptr_t>(address) % alignof(float) == 0) {
+    driver->fill(static_cast<index_t>(bytes / sizeof(float)), 0.0f, static_cast<float*>(address));
+  } else {
+    Buffer zeros = Buffer::host(bytes);
+    std::memset(zeros.address(), 0, bytes);
+    driver->copy_from_host(address, zeros.address(), bytes);
+  }
+}
 
 // Host-addressable drivers share the host copy.
 Driver* copy_owner(Driver& driver) {
@@ -99,47 +138,129 @@ Driver* copy_owner(Driver& driver) {
 
 }  // namespace
 
+SyncedMemory::Copy& SyncedMemory::copy_in(MemorySpace space, Driver* driver) {
+  for (Copy& copy : copies_) {
+    if (copy.space == space) return copy;
+  }
+  Buffer buffer = driver ? Buffer(*driver, bytes_) : Buffer::host(bytes_);
+  copies_.push_back(Copy{space, driver, std::move(buffer), {}});
+  return copies_.back();
+}
+
+SyncedMemory::Copy& SyncedMemory::copy_for(Driver& driver) {
+  return copy_in(driver.memory_space(), copy_owner(driver));
+}
+
+void SyncedMemory::refresh(Copy& target, std::size_t begin, std::size_t end) {
+  for (const auto& [gap_begin, gap_end] : uncovered(target.valid, begin, end)) {
+    // Sources in order of preference: the host copy, then the others in creation order.
+    std::vector<const Copy*> sources;
+    for (const Copy& copy : copies_) {
+      if (&copy != &target && copy.space == host_space()) sources.push_back(&copy);
+    }
+    for (const Copy& copy : copies_) {
+      if (&copy != &target && copy.space != host_space()) sources.push_back(&copy);
+    }
+    Ranges missing{{gap_begin, gap_end}};
+    for (const Copy* source : sources) {
+      Ranges still;
+      for (const auto& [b, e] : missing) {
+        // The pieces of [b, e) that `source` holds are copied; the rest stays missing.
+        std::size_t at = b;
+        for (const auto& [held_begin, held_end] : uncovered(source->valid, b, e)) {
+          if (held_begin > at) {
+            detail::transfer(target.driver, target.buffer.as<char>() + at, source->driver,
+                             source->buffer.as<char>() + at, held_begin - at);
+          }
+          still.emplace_back(held_begin, held_end);
+          at = held_end;
+        }
+        if (at < e) {
+          detail::transfer(target.driver, target.buffer.as<char>() + at, source->driver,
+                           source->buffer.as<char>() + at, e - at);
+        }
+      }
+      missing = std::move(still);
+      if (missing.empty()) break;
+    }
+    // Bytes no copy holds were never written: new memory reads as zeros.
+    for (const auto& [b, e] : missing)
+      zero_fill(target.driver, target.buffer.as<char>() + b, e - b);
+  }
+  add_range(target.valid, begin, end);
+}
+
+void SyncedMemory::make_exclusive(Copy& target, std::size_t begin, std::size_t end) {
+  for (Copy& copy : copies_) {
+    if (&copy != &target) remove_range(copy.valid, begin, end);
+  }
+  add_range(target.valid, begin, end);
+}
+
+void SyncedMemory::check_range(std::size_t offset, std::size_t length) const {
+  HN_CHECK(offset <= bytes_ && length <= bytes_ - offset,
+           "memory range [{}, {}) is outside the {} bytes of the array", offset, offset + length,
+           bytes_);
+}
+
 const void* SyncedMemory::read(Driver& driver) {
-  Copy& copy = copy_in(driver.memory_space(), copy_owner(driver));
-  refresh(copy);
-  return copy.buffer.address();
+  return read_range(driver, 0, bytes_);
 }
-
 void* SyncedMemory::write(Driver& driver) {
-  Copy& copy = copy_in(driver.memory_space(), copy_owner(driver));
-  refresh(copy);
-  make_exclusive(copy);
-  return copy.buffer.address();
+  return write_range(driver, 0, bytes_);
+}
+void* SyncedMemory::overwrite(Driver& driver) {
+  return overwrite_range(driver, 0, bytes_);
 }
 
-void* SyncedMemory::overwrite(Driver& driver) {
-  Copy& copy = copy_in(driver.memory_space(), copy_owner(driver));
-  make_exclusive(copy);
-  return copy.buffer.address();
+const void* SyncedMemory::read_range(Driver& driver, std::size_t offset, std::size_t length) {
+  check_range(offset, length);
+  Copy& copy = copy_for(driver);
+  refresh(copy, offset, offset + length);
+  return copy.buffer.as<char>() + offset;
+}
+
+void* SyncedMemory::write_range(Driver& driver, std::size_t offset, std::size_t length) {
+  check_range(offset, length);
+  Copy& copy = copy_for(driver);
+  refresh(copy, offset, offset + length);
+  make_exclusive(copy, offset, offset + length);
+  return copy.buffer.as<char>() + offset;
+}
+
+void* SyncedMemory::overwrite_range(Driver& driver, std::size_t offset, std::size_t length) {
+  check_range(offset, length);
+  Copy& copy = copy_for(driver);
+  make_exclusive(copy, offset, offset + length);
+  return copy.buffer.as<char>() + offset;
 }
 
 const void* SyncedMemory::host_read() {
   Copy& copy = copy_in(host_space(), nullptr);
-  refresh(copy);
+  refresh(copy, 0, bytes_);
   return copy.buffer.address();
 }
 
 void* SyncedMemory::host_write() {
   Copy& copy = copy_in(host_space(), nullptr);
-  refresh(copy);
-  make_exclusive(copy);
+  refresh(copy, 0, bytes_);
+  make_exclusive(copy, 0, bytes_);
   return copy.buffer.address();
 }
 
 void* SyncedMemory::host_overwrite() {
   Copy& copy = copy_in(host_space(), nullptr);
-  make_exclusive(copy);
+  make_exclusive(copy, 0, bytes_);
   return copy.buffer.address();
 }
 
 bool SyncedMemory::current_on(MemorySpace space) const {
+  return current_on(space, 0, bytes_);
+}
+
+bool SyncedMemory::current_on(MemorySpace space, std::size_t offset, std::size_t length) const {
   for (const Copy& copy : copies_) {
-    if (copy.space == space) return copy.current;
+    if (copy.space == space) return covers(copy.valid, offset, offset + length);
   }
   return false;
 }

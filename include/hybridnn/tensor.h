@@ -56,20 +56,38 @@ class SyncedMemory {
   void* host_write();
   void* host_overwrite();
 
+  // The same for the byte range [offset, offset + length) only (a batch slice's rows on the
+  // driver that computes them): only stale parts of the range are copied, and a write makes
+  // only that range stale elsewhere. They return the address of the range's first byte.
+  // Currency is tracked per byte range, so slices written on different drivers stay where
+  // they are until someone reads them elsewhere.
+  const void* read_range(Driver& driver, std::size_t offset, std::size_t length);
+  void* write_range(Driver& driver, std::size_t offset, std::size_t length);
+  void* overwrite_range(Driver& driver, std::size_t offset, std::size_t length);
+
   bool current_on(MemorySpace space) const;
+  bool current_on(MemorySpace space, std::size_t offset, std::size_t length) const;
   // Releases every copy and sets a new size; the contents read as zeros again.
   void resize(std::size_t bytes);
 
  private:
+  struct Range {
+    std::size_t begin, end;
+  };
   struct Copy {
     MemorySpace space;
     Driver* driver;  // nullptr for the host copy
     Buffer buffer;
-    bool current;
+    std::vector<Range> valid;  // sorted, disjoint, non-adjacent: the current bytes
   };
   Copy& copy_in(MemorySpace space, Driver* driver);
-  void refresh(Copy& target);
-  void make_exclusive(const Copy& target);
+  Copy& copy_for(Driver& driver);
+  // Makes [begin, end) current in `target`, copying the stale parts from copies that hold
+  // them (the host copy first) and zero-filling what was never written anywhere.
+  void refresh(Copy& target, std::size_t begin, std::size_t end);
+  // Marks [begin, end) current in `target` and stale in every other copy.
+  void make_exclusive(Copy& target, std::size_t begin, std::size_t end);
+  void check_range(std::size_t offset, std::size_t length) const;
 
   std::size_t bytes_;
   std::vector<Copy> copies_;
