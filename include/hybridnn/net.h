@@ -11,6 +11,7 @@
 
 #include "hybridnn/layer.h"
 #include "hybridnn/runtime.h"
+#include "hybridnn/split.h"
 #include "hybridnn/tensor.h"
 
 namespace hn {
@@ -42,6 +43,11 @@ struct NetOptions {
   std::vector<std::string> keep_blobs;
   // Seed of the net's random streams (dropout, random crops and mirrors, fillers).
   std::uint64_t seed = 1701;
+  // How every layer's batch is cut among devices (empty: the prototxt's NetParameter
+  // `split`, else the whole batch on the Net's driver). A layer's own `split` entries
+  // override it. Each device needs a driver in the Runtime. Layers that need the whole
+  // batch (losses, batch statistics) and data layers run on the Net's driver.
+  Split split;
 };
 
 // A named blob of a net: its shape and its data and gradient memory. A blob whose memory is

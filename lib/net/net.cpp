@@ -55,6 +55,7 @@ struct NetLayer {
   std::vector<pb::FillerParameter> dummy_fillers;
   std::vector<bool> propagate_down;
   bool needs_backward = false;
+  Split split;  // resolved: empty = the whole batch on the Net's driver
 };
 
 struct Group {
@@ -207,6 +208,14 @@ pb::NetParameter insert_splits(const pb::NetParameter& net) {
   return result;
 }
 
+// A prototxt's `split { device: "cuda:0" fraction: 0.6 }` entries as a Split.
+Split split_of(const google::protobuf::RepeatedPtrField<pb::SplitEntry>& entries) {
+  std::vector<SplitShare> shares;
+  for (const pb::SplitEntry& entry : entries)
+    shares.push_back(SplitShare{Device::parse(entry.device()), entry.fraction()});
+  return shares.empty() ? Split() : Split(std::move(shares));
+}
+
 std::uint64_t mix(std::uint64_t a, std::uint64_t b) {
   const std::uint64_t low = detail::philox_bits(a, b);
   const std::uint64_t high = detail::philox_bits(a ^ 0x9E3779B97F4A7C15ull, b);
@@ -252,8 +261,13 @@ struct Net::Impl {
                    static_cast<std::size_t>(shape.count()) * sizeof(float)};
   }
 
-  // The slice of layer `index` over its whole batch, without operands.
-  LayerSlice start_slice(int index) const;
+  // The slice of layer `index` for rows [begin, end) on `on`, without operands.
+  LayerSlice start_slice(int index, Driver& on, index_t begin, index_t end);
+  // Runs compute layer `index` forward or backward, cut per its split.
+  void run_compute(int index, bool backward);
+  void run_slice(int index, Driver& on, index_t begin, index_t end, bool backward);
+  index_t rows_of(const NetLayer& nl) const;
+  std::map<Driver*, Buffer> workspaces;  // drivers other than the Net's, grown on demand
   void forward_layer(int index);
   void backward_layer(int index);
   void fill_dummy(NetLayer& layer);
@@ -285,6 +299,30 @@ void Net::Impl::build(pb::NetParameter net) {
   const pb::NetParameter with_splits = insert_splits(filtered);
   for (const pb::LayerParameter& param : with_splits.layer())
     add_layer(param);
+  // Splits: the layer's own entries, else the caller's, else the file's net-wide ones.
+  Split net_split = options.split;
+  if (net_split.empty()) {
+    try {
+      net_split = split_of(net.split());
+    } catch (const Error& error) {
+      detail::fail("{}: the net's split: {}", origin, error.what());
+    }
+  }
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    NetLayer& nl = layers[l];
+    if (nl.kind != Kind::compute) continue;
+    try {
+      nl.split = nl.param.split_size() > 0 ? split_of(nl.param.split()) : net_split;
+      HN_CHECK(!nl.split.is_automatic(),
+               "split auto (fractions measured at run time) is not supported yet");
+      nl.split.check_devices(*runtime);
+    } catch (const Error& error) {
+      detail::fail("{}: split: {}", where(static_cast<int>(l)), error.what());
+    }
+    // The whole batch on the Net's own driver is the unsplit path.
+    const auto& shares = nl.split.shares();
+    if (shares.size() == 1 && shares[0].device == driver->device()) nl.split = Split();
+  }
   HN_CHECK(!layers.empty(), "{}: no layer is included in phase {}", origin,
            options.state.phase == Phase::train ? "TRAIN" : "TEST");
   for (const auto& [blob_name, version] : latest) {
@@ -742,19 +780,76 @@ void Net::Impl::fill_dummy(NetLayer& nl) {
   }
 }
 
-LayerSlice Net::Impl::start_slice(int index) const {
-  const NetLayer& nl = layers[index];
-  LayerSlice slice;
-  slice.driver = driver;
-  slice.phase = options.state.phase;
-  slice.seed = mix(iteration_seed, static_cast<std::uint64_t>(index));
+index_t Net::Impl::rows_of(const NetLayer& nl) const {
   // The batch is axis 0 of the first input (of the first output for layers without inputs).
   const Shape* first = !nl.bottoms.empty()
                            ? &blobs[nl.bottoms[0]].shape
                            : (!nl.tops.empty() ? &blobs[nl.tops[0]].shape : nullptr);
-  slice.end = first != nullptr && first->axes() > 0 ? (*first)[0] : 1;
-  slice.workspace = workspace.pointer();
+  return first != nullptr && first->axes() > 0 ? (*first)[0] : 1;
+}
+
+LayerSlice Net::Impl::start_slice(int index, Driver& on, index_t begin, index_t end) {
+  LayerSlice slice;
+  slice.driver = &on;
+  slice.phase = options.state.phase;
+  slice.seed = mix(iteration_seed, static_cast<std::uint64_t>(index));
+  slice.begin = begin;
+  slice.end = end;
+  if (&on == driver) {
+    slice.workspace = workspace.pointer();
+  } else {
+    const std::size_t bytes = layers[index].layer->workspace_bytes(on, end - begin);
+    Buffer& buffer = workspaces[&on];
+    if (buffer.bytes() < bytes) buffer = Buffer(on, bytes);
+    slice.workspace = buffer.pointer();
+  }
   return slice;
+}
+
+namespace {
+
+enum class Want { read, write, overwrite };
+
+// Rows [begin, end) of a batch-major array of `shape` (axis 0 == batch) in `memory` on
+// `on`; the whole array when it is not batch-major.
+Pointer rows(SyncedMemory& memory, const Shape& shape, index_t batch, index_t begin, index_t end,
+             Driver& on, Want want) {
+  const bool by_rows = shape.axes() > 0 && shape[0] == batch && batch > 0;
+  const std::size_t row = by_rows ? static_cast<std::size_t>(shape.count() / batch) : 0;
+  const std::size_t offset = by_rows ? static_cast<std::size_t>(begin) * row * sizeof(float) : 0;
+  const std::size_t bytes = by_rows ? static_cast<std::size_t>(end - begin) * row * sizeof(float)
+                                    : static_cast<std::size_t>(shape.count()) * sizeof(float);
+  void* address = nullptr;
+  switch (want) {
+    case Want::read:
+      address = const_cast<void*>(memory.read_range(on, offset, bytes));
+      break;
+    case Want::write:
+      address = memory.write_range(on, offset, bytes);
+      break;
+    case Want::overwrite:
+      address = memory.overwrite_range(on, offset, bytes);
+      break;
+  }
+  return Pointer{on.device(), address, bytes};
+}
+
+}  // namespace
+
+void Net::Impl::run_compute(int index, bool backward) {
+  const NetLayer& nl = layers[index];
+  const index_t layer_rows = rows_of(nl);
+  if (nl.split.empty() || !nl.layer->splits_by_rows()) {
+    run_slice(index, *driver, 0, layer_rows, backward);
+    return;
+  }
+  // Slices in device-list order: parameter gradients are summed in that order.
+  const auto slices = nl.split.partition(layer_rows);
+  for (std::size_t i = 0; i < slices.size(); ++i) {
+    if (slices[i].second == slices[i].first) continue;
+    run_slice(index, runtime->driver(nl.split.shares()[i].device), slices[i].first,
+              slices[i].second, backward);
+  }
 }
 
 void Net::Impl::forward_layer(int index) {
@@ -786,32 +881,78 @@ void Net::Impl::forward_layer(int index) {
     case Kind::compute:
       break;
   }
+  run_compute(index, false);
+}
+
+void Net::Impl::run_slice(int index, Driver& on, index_t begin, index_t end, bool backward) {
+  const NetLayer& nl = layers[index];
   Layer& layer = *nl.layer;
-  LayerSlice slice = start_slice(index);
-  for (int b : nl.bottoms) {
-    const BlobVersion& blob = blobs[b];
-    void* x = const_cast<void*>(data_of(b).read(*driver));
-    slice.inputs.push_back(Operand{blob.shape, at(x, blob.shape), Pointer{}});
+  const index_t layer_rows = rows_of(nl);
+  LayerSlice slice = start_slice(index, on, begin, end);
+  auto same_data = [&](int t) {
+    for (int b : nl.bottoms)
+      if (blobs[b].data_group == blobs[t].data_group) return true;
+    return false;
+  };
+  if (!backward) {
+    for (int b : nl.bottoms) {
+      const Shape& shape = blobs[b].shape;
+      slice.inputs.push_back(Operand{
+          shape, rows(data_of(b), shape, layer_rows, begin, end, on, Want::read), Pointer{}});
+    }
+    for (int t : nl.tops) {
+      const Shape& shape = blobs[t].shape;
+      const Want want = same_data(t) ? Want::write : Want::overwrite;
+      slice.outputs.push_back(
+          Operand{shape, rows(data_of(t), shape, layer_rows, begin, end, on, want), Pointer{}});
+    }
+    const Want param_want = layer.updates_params_in_forward() ? Want::write : Want::read;
+    for (Tensor* param : nl.params) {
+      slice.params.push_back(Operand{
+          param->shape(), rows(param->data(), param->shape(), 0, 0, 0, on, param_want), {}});
+    }
+    for (Tensor& state : layer.state()) {
+      slice.state.push_back(
+          Operand{state.shape(),
+                  rows(state.data(), state.shape(), layer_rows, begin, end, on, Want::write),
+                  {}});
+    }
+    layer.forward(slice);
+    return;
+  }
+  slice.propagate_down = nl.propagate_down;
+  for (std::size_t i = 0; i < nl.bottoms.size(); ++i) {
+    const int b = nl.bottoms[i];
+    const Shape& shape = blobs[b].shape;
+    Pointer dx{};
+    if (nl.propagate_down[i]) {
+      bool in_place = false;
+      for (int t : nl.tops)
+        in_place = in_place || blobs[t].diff_group == blobs[b].diff_group;
+      dx = rows(diff_of(b), shape, layer_rows, begin, end, on,
+                in_place ? Want::write : Want::overwrite);
+    }
+    slice.inputs.push_back(
+        Operand{shape, rows(data_of(b), shape, layer_rows, begin, end, on, Want::read), dx});
   }
   for (int t : nl.tops) {
-    const BlobVersion& blob = blobs[t];
-    bool in_place = false;
-    for (int b : nl.bottoms)
-      in_place = in_place || blobs[b].data_group == blob.data_group;
-    void* y = in_place ? data_of(t).write(*driver) : data_of(t).overwrite(*driver);
-    slice.outputs.push_back(Operand{blob.shape, at(y, blob.shape), Pointer{}});
+    const Shape& shape = blobs[t].shape;
+    slice.outputs.push_back(
+        Operand{shape, rows(data_of(t), shape, layer_rows, begin, end, on, Want::read),
+                rows(diff_of(t), shape, layer_rows, begin, end, on, Want::read)});
   }
-  const bool writes_params = layer.updates_params_in_forward();
   for (Tensor* param : nl.params) {
-    void* w = writes_params ? param->data().write(*driver)
-                            : const_cast<void*>(param->data().read(*driver));
-    slice.params.push_back(Operand{param->shape(), at(w, param->shape()), {}});
+    const Shape& shape = param->shape();
+    slice.params.push_back(Operand{shape, rows(param->data(), shape, 0, 0, 0, on, Want::read),
+                                   rows(param->diff(), shape, 0, 0, 0, on, Want::write)});
   }
   for (Tensor& state : layer.state()) {
-    void* s = state.data().write(*driver);
-    slice.state.push_back(Operand{state.shape(), at(s, state.shape()), {}});
+    slice.state.push_back(
+        Operand{state.shape(),
+                rows(state.data(), state.shape(), layer_rows, begin, end, on, Want::read),
+                {}});
   }
-  layer.forward(slice);
+  layer.backward(slice);
 }
 
 void Net::Impl::backward_layer(int index) {
@@ -842,39 +983,7 @@ void Net::Impl::backward_layer(int index) {
     return;
   }
   if (nl.kind != Kind::compute) return;
-  Layer& layer = *nl.layer;
-  LayerSlice slice = start_slice(index);
-  slice.propagate_down = nl.propagate_down;
-  for (std::size_t i = 0; i < nl.bottoms.size(); ++i) {
-    const int b = nl.bottoms[i];
-    const BlobVersion& blob = blobs[b];
-    void* x = const_cast<void*>(data_of(b).read(*driver));
-    Pointer dx{};
-    if (nl.propagate_down[i]) {
-      bool in_place = false;
-      for (int t : nl.tops)
-        in_place = in_place || blobs[t].diff_group == blob.diff_group;
-      void* d = in_place ? diff_of(b).write(*driver) : diff_of(b).overwrite(*driver);
-      dx = at(d, blob.shape);
-    }
-    slice.inputs.push_back(Operand{blob.shape, at(x, blob.shape), dx});
-  }
-  for (int t : nl.tops) {
-    const BlobVersion& blob = blobs[t];
-    void* y = const_cast<void*>(data_of(t).read(*driver));
-    void* dy = const_cast<void*>(diff_of(t).read(*driver));
-    slice.outputs.push_back(Operand{blob.shape, at(y, blob.shape), at(dy, blob.shape)});
-  }
-  for (Tensor* param : nl.params) {
-    void* w = const_cast<void*>(param->data().read(*driver));
-    void* dw = param->diff().write(*driver);
-    slice.params.push_back(Operand{param->shape(), at(w, param->shape()), at(dw, param->shape())});
-  }
-  for (Tensor& state : layer.state()) {
-    void* s = const_cast<void*>(state.data().read(*driver));
-    slice.state.push_back(Operand{state.shape(), at(s, state.shape()), {}});
-  }
-  layer.backward(slice);
+  run_compute(index, true);
 }
 
 // ---- Net -------------------------------------------------------------------------------
