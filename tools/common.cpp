@@ -38,7 +38,7 @@ std::vector<FlagSpec> device_flags() {
       {"device", FlagKind::text, "D", "run on device D: cpu (default), reference, cuda:N"},
       {"gpu", FlagKind::text, "N", "as Caffe's -gpu: run on cuda:N (one GPU)"},
       {"split", FlagKind::text, "SPEC",
-       "split of each batch among devices, DEVICE:FRACTION,... (one device for now)"},
+       "split of each batch among devices, DEVICE:FRACTION,... (e.g. cpu:0.5,reference:0.5)"},
       {"threads", FlagKind::integer, "N", "CPU driver threads (default 0: every core)"},
       {"blas", FlagKind::text, "NAME", "CPU driver GEMM: onednn or openblas (default: build's)"},
   };
@@ -63,6 +63,7 @@ NetOptions net_options(const Args& args, Phase phase) {
   options.data_source = args.text("data");
   options.mean_file = args.text("mean-file");
   options.batch_size = static_cast<int>(args.integer("batch", 0, 1, 1 << 30));
+  options.split = chosen_split(args);
   return options;
 }
 
@@ -92,28 +93,28 @@ Device chosen_device(const Args& args) {
       throw UsageError(fmt::format(
           "--split '{}': measured fractions are not supported yet (hybrid split, issue #5)", spec));
     }
-    const std::vector<SplitShare>& shares = split.shares();
-    if (shares.size() > 1) {
-      throw UsageError(fmt::format(
-          "--split '{}' divides each batch among {} devices; splitting a batch across devices "
-          "is not supported yet (hybrid split, issue #5): give one device with fraction 1, "
-          "e.g. --split cpu or --split cuda:0:1.0",
-          spec, shares.size()));
-    }
-    if (device && *device != shares[0].device) {
-      throw UsageError(fmt::format("--split '{}' runs on {} but --device/--gpu names {}", spec,
-                                   shares[0].device.name(), device->name()));
-    }
-    device = shares[0].device;
+    // The Net's own driver (data, losses, batch statistics): --device, else the split's
+    // first device.
+    if (!device) device = split.shares()[0].device;
   }
   return device.value_or(Device{DeviceKind::cpu, 0});
+}
+
+Split chosen_split(const Args& args) {
+  return args.has("split") ? parse_split(args.text("split")) : Split();
 }
 
 Driver& add_chosen_driver(Runtime& runtime, const Args& args) {
   DriverOptions options;
   options.threads = static_cast<int>(args.integer("threads", 0, 0, 4096));
   options.blas = args.text("blas");
-  return runtime.add(chosen_device(args), options);
+  Driver& main = runtime.add(chosen_device(args), options);
+  // A driver for every other device of the split.
+  const Split split = chosen_split(args);
+  for (const SplitShare& share : split.shares()) {
+    if (runtime.find(share.device) == nullptr) runtime.add(share.device, options);
+  }
+  return main;
 }
 
 std::string format_float(double value) {

@@ -28,11 +28,14 @@ NetOptions net_options(const Args& args, Phase phase);
 
 // Parses a --split SPEC with hn::Split::parse; throws UsageError quoting the flag.
 Split parse_split(const std::string& text);
+// The --split of the command line (empty without the flag).
+Split chosen_split(const Args& args);
 
-// The device the command runs on, from --split, --device or --gpu (default cpu). Throws
-// UsageError when they disagree or the split needs several devices (not supported yet).
+// The device of the Net's own driver (data, losses, batch statistics): --device or --gpu,
+// else the first device of --split, else cpu. Throws UsageError for malformed flags.
 Device chosen_device(const Args& args);
-// Adds the driver for chosen_device() with --threads and --blas to `runtime`.
+// Adds the driver for chosen_device() and one for every other device of --split, with
+// --threads and --blas, to `runtime`; returns the first.
 Driver& add_chosen_driver(Runtime& runtime, const Args& args);
 
 // Shortest text that reads back as the same float ("0.8934", "1e-05", "nan").

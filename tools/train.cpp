@@ -184,6 +184,7 @@ int run_train(const Args& args) {
   options.snapshot_prefix = args.text("snapshot-prefix");
   options.max_iter = static_cast<int>(args.integer("max-iter", 0, 1, INT_MAX));
   options.seed = static_cast<std::uint64_t>(args.integer("seed", 0, 0, LLONG_MAX));
+  options.split = chosen_split(args);
 
   Runtime runtime;
   Driver& driver = add_chosen_driver(runtime, args);

@@ -30,6 +30,9 @@ struct SolverOptions {
   // Replaces max_iter when > 0.
   int max_iter = 0;
   std::uint64_t seed = 0;  // 0: the solver's random_seed when set, else a fixed default
+  // Cuts every layer's batch among devices in the training and test nets (see
+  // NetOptions::split); empty: the nets' prototxt decides.
+  Split split;
 };
 
 // What the Solver reports while it runs: one event per display interval (phase train) and

@@ -225,6 +225,7 @@ void Solver::Impl::build_nets() {
   train_options.data_source = options.train_data;
   train_options.mean_file = options.mean_file;
   train_options.seed = seed;
+  train_options.split = options.split;
   if (p.has_net() || p.has_train_net()) {
     const std::string path = resolve_beside(p.has_net() ? p.net() : p.train_net(), origin);
     net = std::make_unique<Net>(path, *runtime, *driver, train_options);
@@ -256,6 +257,7 @@ void Solver::Impl::build_nets() {
     NetOptions test_options;
     test_options.state =
         merge_state(Phase::test, p.test_state_size() > 0 ? &p.test_state(i) : nullptr);
+    test_options.split = options.split;
     test_options.data_source = options.test_data;
     test_options.mean_file = options.mean_file;
     test_options.seed = seed;
