@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -172,6 +173,48 @@ TEST_CASE("LeNet training with a 1:1 split tracks the unsplit losses") {
   }
   // The weights moved (random labels leave nothing to learn in 50 iterations).
   CHECK(std::count(whole.begin(), whole.end(), whole.front()) == 1);
+}
+
+}  // namespace
+}  // namespace hn
+
+namespace hn {
+namespace {
+
+// Determinism: two runs of the same split training give bitwise identical losses and
+// weights (CPU driver instances, two threads each).
+TEST_CASE("split training is bitwise reproducible") {
+  const std::string dir = fmt::format("{}/hybridnn_split_repro", P_tmpdir);
+  std::filesystem::create_directories(dir);
+  const std::string solver_path = dir + "/solver.prototxt";
+  std::ofstream(solver_path) << "net: \"" << HYBRIDNN_MODELS_DIR
+                             << "/mnist_lenet_train_test.prototxt\"\n"
+                                "base_lr: 0.01\nmomentum: 0.9\nweight_decay: 0.0005\n"
+                                "lr_policy: \"fixed\"\nmax_iter: 10\n"
+                                "snapshot_after_train: false\n";
+  auto train = [&]() {
+    Runtime runtime;
+    Driver& main = runtime.add(Device::parse("cpu"));
+    runtime.add(Device::parse("cpu:1"));
+    SolverOptions options;
+    options.train_data = "synthetic:1x28x28";
+    options.split = Split::parse("cpu:0.7,cpu:1:0.3");
+    Solver solver(solver_path, runtime, main, options);
+    std::vector<float> result;
+    for (int i = 0; i < 10; ++i) {
+      solver.step(1);
+      result.push_back(solver.last_loss());
+    }
+    for (const NetParam& param : solver.net().learnable_params()) {
+      const float* w = param.tensor->host_data();
+      result.insert(result.end(), w, w + param.tensor->count());
+    }
+    return result;
+  };
+  const std::vector<float> first = train();
+  const std::vector<float> second = train();
+  REQUIRE(first.size() == second.size());
+  CHECK(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)) == 0);
 }
 
 }  // namespace
