@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "hybridnn/error.h"
 #include "hybridnn/memory.h"
 #include "hybridnn/runtime.h"
 #include "hybridnn/shapes.h"
@@ -137,6 +138,18 @@ inline double max_rel_diff(const std::vector<float>& a, const std::vector<float>
     if (!(d <= worst)) worst = d;  // NaN propagates as a failure
   }
   return worst;
+}
+
+// The hn::Error message `call` throws, or a note that it threw none. Other exception types
+// propagate and fail the test.
+template <class Call>
+std::string error_of(Call&& call) {
+  try {
+    call();
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "(no hn::Error thrown)";
 }
 
 // A host-memory driver with no arithmetic, claiming the capabilities it is given: the

@@ -35,6 +35,7 @@ using hn::Transpose;
 using hn::test::axis;
 using hn::test::DeviceArray;
 using hn::test::DriverConfig;
+using hn::test::error_of;
 using hn::test::lowering;
 using hn::test::lrn;
 using hn::test::pooling;
@@ -181,18 +182,6 @@ void check_identical(const TwinArray& array) {
 }
 void check_identical(const TwinMask& mask) {
   check_identical(mask.tested(), mask.oracle());
-}
-
-// The hn::Error message `call` throws, or a note that it threw none. Other exception types
-// propagate and fail the test.
-template <class Call>
-std::string error_of(Call&& call) {
-  try {
-    call();
-  } catch (const hn::Error& error) {
-    return error.what();
-  }
-  return "(no hn::Error thrown)";
 }
 
 template <class T>

@@ -20,12 +20,14 @@
 #include "hybridnn/net.h"
 #include "hybridnn/runtime.h"
 #include "hybridnn/solver.h"
+#include "tests/support.h"
 
 namespace hn {
 namespace {
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
+using test::error_of;
 
 // A fresh directory per test under the system's temporary directory.
 fs::path scratch_dir(const std::string& name) {
@@ -44,16 +46,6 @@ void write_file(const fs::path& path, const std::string& text) {
 std::string read_bytes(const fs::path& path) {
   std::ifstream file(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
-}
-
-template <class Call>
-std::string error_of(Call&& call) {
-  try {
-    call();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "(no hn::Error thrown)";
 }
 
 struct Fixture {

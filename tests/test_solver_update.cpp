@@ -29,6 +29,7 @@ using hn::SolverUpdate;
 using hn::UpdateType;
 using hn::test::DeviceArray;
 using hn::test::DriverConfig;
+using hn::test::error_of;
 using hn::test::max_rel_diff;
 using hn::test::random_floats;
 
@@ -219,16 +220,6 @@ std::vector<SolverUpdate> variants(UpdateType type) {
     }
   }
   return out;
-}
-
-template <class Call>
-std::string error_of(Call&& call) {
-  try {
-    call();
-  } catch (const hn::Error& error) {
-    return error.what();
-  }
-  return "(no hn::Error thrown)";
 }
 
 }  // namespace
