@@ -83,6 +83,39 @@ inline LayerRun run_layer(Layer& layer, Driver& driver, const std::vector<Shape>
   return run;
 }
 
+// A one-input layer with parameters (Convolution, InnerProduct): its output, input gradient
+// and parameter gradients.
+struct ParamLayerRun {
+  std::vector<float> y, dx;
+  HostValues param_diffs;  // one per parameter
+};
+
+// Sets `layer` up for `in`, sets its parameters to `params` (one vector per parameter the
+// layer has; an empty vector leaves that parameter alone) with cleared gradients, then runs
+// run_layer over `cuts`: forward and, when dy is not empty, backward.
+inline ParamLayerRun run_with_params(Layer& layer, Driver& driver, const Shape& in,
+                                     const std::vector<float>& x, const HostValues& params,
+                                     const std::vector<float>& dy,
+                                     const std::vector<index_t>& cuts = {}) {
+  layer.setup({in});  // shapes the parameters; run_layer's setup keeps their values
+  for (std::size_t p = 0; p < layer.params().size(); ++p) {
+    Tensor& param = layer.params()[p];
+    if (p < params.size() && !params[p].empty()) set_values(param, params[p]);
+    std::fill(param.host_diff_mut(), param.host_diff_mut() + param.count(), 0.0f);
+  }
+  RunSpec spec;
+  spec.cuts = cuts;
+  LayerRun run =
+      run_layer(layer, driver, {in}, {x}, dy.empty() ? HostValues{} : HostValues{dy}, spec);
+  ParamLayerRun result;
+  result.y = std::move(run.outputs.at(0));
+  if (dy.empty()) return result;
+  result.dx = std::move(run.input_diffs.at(0));
+  for (Tensor& param : layer.params())
+    result.param_diffs.push_back(diffs(param));
+  return result;
+}
+
 // Random output diffs for `layer`'s outputs given its input shapes.
 inline HostValues random_output_diffs(Layer& layer, const std::vector<Shape>& shapes,
                                       std::uint32_t seed) {

@@ -11,6 +11,7 @@
 #include "hybridnn/error.h"
 #include "hybridnn/layers/inner_product.h"
 #include "hybridnn/runtime.h"
+#include "tests/layer_runs.h"
 #include "tests/layer_support.h"
 #include "tests/support.h"
 
@@ -89,32 +90,10 @@ Result naive(const Case& c, const std::vector<float>& x, const std::vector<float
 // Forward then backward over the row ranges `cuts`, parameter gradients cleared first.
 Result run(hn::InnerProductLayer& layer, hn::Driver& driver, const Shape& in,
            const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>& b,
-           const std::vector<float>& dy, std::vector<index_t> cuts = {}) {
-  hn::Tensor input(in), output(layer.setup({in}).at(0));
-  hn::test::set_values(input, x);
-  hn::test::set_values(layer.params()[0], w);
-  if (layer.params().size() > 1) hn::test::set_values(layer.params()[1], b);
-  for (hn::Tensor& param : layer.params()) {
-    std::fill(param.host_diff_mut(), param.host_diff_mut() + param.count(), 0.0f);
-  }
-  if (cuts.empty()) cuts = {0, in[0]};
-  hn::RunOptions options;
-  for (std::size_t c = 0; c + 1 < cuts.size(); ++c) {
-    options.begin = cuts[c];
-    options.end = cuts[c + 1];
-    hn::run_forward(layer, driver, {&input}, {&output}, options);
-  }
-  Result result;
-  result.y = hn::test::values(output);
-  std::copy(dy.begin(), dy.end(), output.host_diff_mut());
-  for (std::size_t c = 0; c + 1 < cuts.size(); ++c) {
-    options.begin = cuts[c];
-    options.end = cuts[c + 1];
-    hn::run_backward(layer, driver, {&input}, {&output}, {true}, options);
-  }
-  result.dx = hn::test::diffs(input);
-  result.dw = hn::test::diffs(layer.params()[0]);
-  if (layer.params().size() > 1) result.db = hn::test::diffs(layer.params()[1]);
+           const std::vector<float>& dy, const std::vector<index_t>& cuts = {}) {
+  hn::test::ParamLayerRun run = hn::test::run_with_params(layer, driver, in, x, {w, b}, dy, cuts);
+  Result result{std::move(run.y), std::move(run.dx), std::move(run.param_diffs.at(0)), {}};
+  if (run.param_diffs.size() > 1) result.db = std::move(run.param_diffs[1]);
   return result;
 }
 
