@@ -249,6 +249,13 @@ struct Net::Impl {
   void decide_backward();
   void set_up_params();
   void plan_memory();
+  // `shape` with axis 0 replaced by options.batch_size when that is set.
+  Shape with_batch(const Shape& shape) const {
+    if (options.batch_size <= 0 || shape.axes() == 0) return shape;
+    std::vector<index_t> dims = shape.dims();
+    dims[0] = options.batch_size;
+    return Shape(std::move(dims));
+  }
   std::string where(int layer) const {
     return fmt::format("{}: layer '{}' ({})", origin, layers[layer].param.name(),
                        layers[layer].param.type());
@@ -256,10 +263,6 @@ struct Net::Impl {
 
   SyncedMemory& data_of(int blob) { return *slots[groups[blobs[blob].data_group].slot]; }
   SyncedMemory& diff_of(int blob) { return *slots[groups[blobs[blob].diff_group].slot]; }
-  Pointer at(void* address, const Shape& shape) const {
-    return Pointer{driver->device(), address,
-                   static_cast<std::size_t>(shape.count()) * sizeof(float)};
-  }
 
   // The slice of layer `index` for rows [begin, end) on `on`, without operands.
   LayerSlice start_slice(int index, Driver& on, index_t begin, index_t end);
@@ -422,13 +425,7 @@ void Net::Impl::add_layer(const pb::LayerParameter& source) {
              "{}: {} tops need one input_param shape or one per top, got {}", where(index),
              param.top_size(), shapes.size());
     for (int i = 0; i < param.top_size(); ++i) {
-      Shape shape = shape_of(shapes.size() == 1 ? shapes[0] : shapes[i]);
-      if (options.batch_size > 0 && shape.axes() > 0) {
-        std::vector<index_t> dims = shape.dims();
-        dims[0] = options.batch_size;
-        shape = Shape(dims);
-      }
-      top_shapes.push_back(shape);
+      top_shapes.push_back(with_batch(shape_of(shapes.size() == 1 ? shapes[0] : shapes[i])));
     }
   } else if (type == "DummyData") {
     nl.kind = Kind::dummy;
@@ -455,12 +452,7 @@ void Net::Impl::add_layer(const pb::LayerParameter& source) {
                  "{}: num, channels, height and width need the same count", where(index));
         shape = Shape({dummy.num(s), dummy.channels(s), dummy.height(s), dummy.width(s)});
       }
-      if (options.batch_size > 0 && shape.axes() > 0) {
-        std::vector<index_t> dims = shape.dims();
-        dims[0] = options.batch_size;
-        shape = Shape(dims);
-      }
-      top_shapes.push_back(shape);
+      top_shapes.push_back(with_batch(shape));
       pb::FillerParameter filler;  // Caffe's default: constant 0
       if (dummy.data_filler_size() == 1) filler = dummy.data_filler(0);
       if (dummy.data_filler_size() > 1) filler = dummy.data_filler(i);
@@ -776,7 +768,7 @@ void Net::Impl::fill_dummy(NetLayer& nl) {
     detail::fill(nl.dummy_fillers[t], blob.shape, host,
                  mix(options.seed ^ iteration_seed, (static_cast<std::uint64_t>(t) << 32) |
                                                         static_cast<std::uint64_t>(nl.tops[t])),
-                 fmt::format("{}", nl.param.name()));
+                 nl.param.name());
   }
 }
 
