@@ -203,55 +203,53 @@ void SyncedMemory::check_range(std::size_t offset, std::size_t length) const {
            bytes_);
 }
 
+const void* SyncedMemory::read_in(Copy& copy, std::size_t offset, std::size_t length) {
+  check_range(offset, length);
+  refresh(copy, offset, offset + length);
+  return copy.buffer.as<char>() + offset;
+}
+
+void* SyncedMemory::write_in(Copy& copy, std::size_t offset, std::size_t length) {
+  check_range(offset, length);
+  refresh(copy, offset, offset + length);
+  make_exclusive(copy, offset, offset + length);
+  return copy.buffer.as<char>() + offset;
+}
+
+void* SyncedMemory::overwrite_in(Copy& copy, std::size_t offset, std::size_t length) {
+  check_range(offset, length);
+  make_exclusive(copy, offset, offset + length);
+  return copy.buffer.as<char>() + offset;
+}
+
 const void* SyncedMemory::read(Driver& driver) {
-  return read_range(driver, 0, bytes_);
+  return read_in(copy_for(driver), 0, bytes_);
 }
 void* SyncedMemory::write(Driver& driver) {
-  return write_range(driver, 0, bytes_);
+  return write_in(copy_for(driver), 0, bytes_);
 }
 void* SyncedMemory::overwrite(Driver& driver) {
-  return overwrite_range(driver, 0, bytes_);
+  return overwrite_in(copy_for(driver), 0, bytes_);
 }
 
 const void* SyncedMemory::read_range(Driver& driver, std::size_t offset, std::size_t length) {
-  check_range(offset, length);
-  Copy& copy = copy_for(driver);
-  refresh(copy, offset, offset + length);
-  return copy.buffer.as<char>() + offset;
+  return read_in(copy_for(driver), offset, length);
 }
-
 void* SyncedMemory::write_range(Driver& driver, std::size_t offset, std::size_t length) {
-  check_range(offset, length);
-  Copy& copy = copy_for(driver);
-  refresh(copy, offset, offset + length);
-  make_exclusive(copy, offset, offset + length);
-  return copy.buffer.as<char>() + offset;
+  return write_in(copy_for(driver), offset, length);
 }
-
 void* SyncedMemory::overwrite_range(Driver& driver, std::size_t offset, std::size_t length) {
-  check_range(offset, length);
-  Copy& copy = copy_for(driver);
-  make_exclusive(copy, offset, offset + length);
-  return copy.buffer.as<char>() + offset;
+  return overwrite_in(copy_for(driver), offset, length);
 }
 
 const void* SyncedMemory::host_read() {
-  Copy& copy = copy_in(host_space(), nullptr);
-  refresh(copy, 0, bytes_);
-  return copy.buffer.address();
+  return read_in(copy_in(host_space(), nullptr), 0, bytes_);
 }
-
 void* SyncedMemory::host_write() {
-  Copy& copy = copy_in(host_space(), nullptr);
-  refresh(copy, 0, bytes_);
-  make_exclusive(copy, 0, bytes_);
-  return copy.buffer.address();
+  return write_in(copy_in(host_space(), nullptr), 0, bytes_);
 }
-
 void* SyncedMemory::host_overwrite() {
-  Copy& copy = copy_in(host_space(), nullptr);
-  make_exclusive(copy, 0, bytes_);
-  return copy.buffer.address();
+  return overwrite_in(copy_in(host_space(), nullptr), 0, bytes_);
 }
 
 bool SyncedMemory::current_on(MemorySpace space) const {

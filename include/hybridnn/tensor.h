@@ -88,6 +88,10 @@ class SyncedMemory {
   // Marks [begin, end) current in `target` and stale in every other copy.
   void make_exclusive(Copy& target, std::size_t begin, std::size_t end);
   void check_range(std::size_t offset, std::size_t length) const;
+  // The three accesses on one copy, for drivers' copies and the host copy alike.
+  const void* read_in(Copy& copy, std::size_t offset, std::size_t length);
+  void* write_in(Copy& copy, std::size_t offset, std::size_t length);
+  void* overwrite_in(Copy& copy, std::size_t offset, std::size_t length);
 
   std::size_t bytes_;
   std::vector<Copy> copies_;
