@@ -1,6 +1,7 @@
 // Runtime: the driver table, the driver factory and copies between memory spaces.
 #include "hybridnn/runtime.h"
 
+#include <chrono>
 #include <cstring>
 
 #include "drivers/cpu/cpu_driver.h"
@@ -101,11 +102,10 @@ MemorySpace Runtime::space_of(const Device& device) const {
   return found ? found->memory_space() : host_space();
 }
 
-namespace detail {
+namespace {
 
-void transfer(Driver* dst_driver, void* dst, Driver* src_driver, const void* src,
-              std::size_t bytes) {
-  if (bytes == 0) return;
+void copy_bytes(Driver* dst_driver, void* dst, Driver* src_driver, const void* src,
+                std::size_t bytes) {
   // A host-addressable driver's memory is host memory.
   if (dst_driver && dst_driver->memory_space() == host_space()) dst_driver = nullptr;
   if (src_driver && src_driver->memory_space() == host_space()) src_driver = nullptr;
@@ -123,6 +123,25 @@ void transfer(Driver* dst_driver, void* dst, Driver* src_driver, const void* src
     src_driver->copy_to_host(staging.address(), src, bytes);
     dst_driver->copy_from_host(dst, staging.address(), bytes);
   }
+}
+
+}  // namespace
+
+namespace detail {
+
+TransferTally& transfer_tally() {
+  thread_local TransferTally tally;
+  return tally;
+}
+
+void transfer(Driver* dst_driver, void* dst, Driver* src_driver, const void* src,
+              std::size_t bytes) {
+  if (bytes == 0) return;
+  const auto start = std::chrono::steady_clock::now();
+  copy_bytes(dst_driver, dst, src_driver, src, bytes);
+  TransferTally& tally = transfer_tally();
+  tally.bytes += bytes;
+  tally.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 }  // namespace detail

@@ -1,10 +1,17 @@
-// Split: parsing, validation and the rounding of fractions to rows.
+// Split: parsing, validation, the rounding of fractions to rows, and the file of per-layer
+// splits that `--split-save` writes and `--split-file` reads.
 #include "hybridnn/split.h"
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
 #include <optional>
 
 #include "hybridnn/runtime.h"
@@ -31,6 +38,18 @@ std::optional<double> number(std::string_view text) {
   return value;
 }
 
+// "a, b,,c" -> {"a", "b", "", "c"}.
+std::vector<std::string_view> comma_entries(std::string_view text) {
+  std::vector<std::string_view> entries;
+  for (std::size_t begin = 0;;) {
+    const std::size_t comma = text.find(',', begin);
+    entries.push_back(
+        trim(text.substr(begin, comma == std::string_view::npos ? comma : comma - begin)));
+    if (comma == std::string_view::npos) return entries;
+    begin = comma + 1;
+  }
+}
+
 bool is_device(std::string_view text) {
   try {
     Device::parse(trim(text));
@@ -45,6 +64,14 @@ bool is_device(std::string_view text) {
 namespace {
 
 // `label` names the split in messages: the text it was parsed from, or its shares.
+void check_distinct(const std::vector<Device>& devices, const std::string& label) {
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    for (std::size_t j = 0; j < i; ++j) {
+      HN_CHECK(devices[j] != devices[i], "split {}: {} appears twice", label, devices[i].name());
+    }
+  }
+}
+
 void validate(const std::vector<SplitShare>& shares, const std::string& label) {
   HN_CHECK(!shares.empty(), "split {}: no device", label);
   double total = 0.0;
@@ -53,24 +80,32 @@ void validate(const std::vector<SplitShare>& shares, const std::string& label) {
     HN_CHECK(std::isfinite(share.fraction) && share.fraction >= 0.0,
              "split {}: the fraction of {} must be a non-negative number, got {}", label,
              share.device.name(), share.fraction);
-    for (std::size_t j = 0; j < i; ++j) {
-      HN_CHECK(shares[j].device != share.device, "split {}: {} appears twice", label,
-               share.device.name());
-    }
     total += share.fraction;
   }
+  std::vector<Device> devices;
+  for (const SplitShare& share : shares)
+    devices.push_back(share.device);
+  check_distinct(devices, label);
   HN_CHECK(std::fabs(total - 1.0) <= 1e-6, "split {}: the fractions sum to {}, not 1", label,
            total);
 }
 
-std::string describe(const std::vector<SplitShare>& shares) {
+// Up to 6 significant digits, always with a point or an exponent so that parse() reads a
+// fraction back. With `last_takes_rest` the last share is written as what the others leave
+// (never below 0), so the written fractions sum to 1 within validate()'s tolerance however
+// many shares round the same way (three thirds would otherwise read back as 0.999999), and
+// parse(to_string()) writes the same text again.
+std::string describe(const std::vector<SplitShare>& shares, bool last_takes_rest) {
   std::string text;
-  for (const SplitShare& share : shares) {
-    if (!text.empty()) text += ',';
-    // Always with a point or an exponent, so that parse() reads it back as a fraction.
-    std::string fraction = fmt::format("{:.6g}", share.fraction);
+  double written = 0.0;
+  for (std::size_t i = 0; i < shares.size(); ++i) {
+    const bool last = last_takes_rest && i + 1 == shares.size() && i > 0;
+    const double value = last ? std::max(0.0, 1.0 - written) : shares[i].fraction;
+    std::string fraction = fmt::format("{:.6g}", value);
     if (fraction.find_first_of(".e") == std::string::npos) fraction += ".0";
-    text += fmt::format("{}:{}", share.device.name(), fraction);
+    written += std::strtod(fraction.c_str(), nullptr);
+    if (!text.empty()) text += ',';
+    text += fmt::format("{}:{}", shares[i].device.name(), fraction);
   }
   return text;
 }
@@ -78,30 +113,41 @@ std::string describe(const std::vector<SplitShare>& shares) {
 }  // namespace
 
 Split::Split(std::vector<SplitShare> shares) : shares_(std::move(shares)) {
-  validate(shares_, describe(shares_));
+  validate(shares_, describe(shares_, false));
 }
 
-Split Split::automatic() {
+Split Split::automatic(std::vector<Device> devices) {
+  std::vector<std::string> names;
+  for (const Device& device : devices)
+    names.push_back(device.name());
+  check_distinct(devices, fmt::format("auto:{}", fmt::join(names, ",")));
   Split split;
   split.automatic_ = true;
+  split.automatic_devices_ = std::move(devices);
   return split;
 }
 
 Split Split::parse(std::string_view text) {
   const std::string quoted(text);
   if (trim(text) == "auto") return automatic();
-  std::vector<std::string_view> entries;
-  for (std::size_t begin = 0;;) {
-    const std::size_t comma = text.find(',', begin);
-    entries.push_back(
-        trim(text.substr(begin, comma == std::string_view::npos ? comma : comma - begin)));
-    if (comma == std::string_view::npos) break;
-    begin = comma + 1;
+  if (const std::string_view auto_prefix = "auto:";
+      trim(text).substr(0, auto_prefix.size()) == auto_prefix) {
+    std::vector<Device> devices;
+    for (std::string_view entry : comma_entries(trim(text).substr(auto_prefix.size()))) {
+      HN_CHECK(!entry.empty(), "split '{}': an empty entry (write auto:DEVICE,DEVICE,...)", quoted);
+      try {
+        devices.push_back(Device::parse(entry));
+      } catch (const Error& error) {
+        detail::fail("split '{}': {}", quoted, error.what());
+      }
+    }
+    check_distinct(devices, fmt::format("'{}'", quoted));
+    return automatic(std::move(devices));
   }
   std::vector<SplitShare> shares;
   int open = -1;  // the entry without a fraction
   double given = 0.0;
-  for (std::string_view entry : entries) {
+  for (std::string_view entry : comma_entries(text)) {
     HN_CHECK(!entry.empty(), "split '{}': an empty entry (write DEVICE:FRACTION,...)", quoted);
     std::string_view device_text = entry;
     std::optional<double> fraction;
@@ -163,18 +209,98 @@ std::vector<std::pair<index_t, index_t>> Split::partition(index_t rows) const {
 }
 
 void Split::check_devices(const Runtime& runtime) const {
-  for (const SplitShare& share : shares_) {
-    if (runtime.find(share.device) != nullptr) continue;
+  std::vector<Device> devices = automatic_devices_;
+  for (const SplitShare& share : shares_)
+    devices.push_back(share.device);
+  for (const Device& device : devices) {
+    if (runtime.find(device) != nullptr) continue;
     std::vector<std::string> present;
     for (const Driver* driver : runtime.drivers())
       present.push_back(driver->name());
-    detail::fail("split {}: no driver for {} (present: {})", to_string(), share.device.name(),
+    detail::fail("split {}: no driver for {} (present: {})", to_string(), device.name(),
                  present.empty() ? "none" : fmt::format("{}", fmt::join(present, ", ")));
   }
 }
 
 std::string Split::to_string() const {
-  return automatic_ ? "auto" : describe(shares_);
+  if (!automatic_) return describe(shares_, true);
+  std::vector<std::string> names;
+  for (const Device& device : automatic_devices_)
+    names.push_back(device.name());
+  return names.empty() ? "auto" : fmt::format("auto:{}", fmt::join(names, ","));
+}
+
+void write_layer_splits(const std::string& path, const LayerSplits& splits) {
+  std::string text = fmt::format(
+      "# hybridnn layer splits: one \"LAYER DEVICE:FRACTION,...\" line per layer, as measured "
+      "by --split auto.\n# Reuse them with `hybridnn time|test|train --split-file {}` "
+      "(NetOptions::layer_splits).\n",
+      path);
+  for (const auto& [layer, split] : splits) {
+    HN_CHECK(
+        !layer.empty() && layer.find_first_of(" \t\r\n") == std::string::npos && layer[0] != '#',
+        "write_layer_splits '{}': layer name '{}' cannot be written (empty, whitespace "
+        "or a leading '#')",
+        path, layer);
+    HN_CHECK(!split.empty() && !split.is_automatic(),
+             "write_layer_splits '{}': layer {} has split '{}'; the file holds measured "
+             "fractions (calibrate the net first)",
+             path, layer, split.to_string());
+    text += fmt::format("{} {}\n", layer, split.to_string());
+  }
+  // Written beside the target and renamed over it, so an interrupted run never leaves a
+  // torn file where a good one was.
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream file(temporary, std::ios::trunc);
+    HN_CHECK(file.is_open(), "write_layer_splits: cannot open '{}' for writing: {}", temporary,
+             std::strerror(errno));
+    file << text;
+    file.close();
+    if (file.fail()) {
+      std::remove(temporary.c_str());
+      detail::fail("write_layer_splits: error while writing '{}'", temporary);
+    }
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    const std::string reason = std::strerror(errno);
+    std::remove(temporary.c_str());
+    detail::fail("write_layer_splits: cannot rename '{}' to '{}': {}", temporary, path, reason);
+  }
+}
+
+LayerSplits read_layer_splits(const std::string& path) {
+  std::ifstream file(path);
+  HN_CHECK(file.is_open(), "read_layer_splits: cannot read '{}': {}", path, std::strerror(errno));
+  LayerSplits splits;
+  std::map<std::string, int> first_line;  // of each layer
+  std::string line;
+  for (int number = 1; std::getline(file, line); ++number) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();  // written on Windows
+    const std::string_view content = trim(line);
+    if (content.empty() || content[0] == '#') continue;
+    const std::size_t space = content.find_first_of(" \t");
+    const std::string layer(content.substr(0, space));
+    const std::string_view text =
+        space == std::string_view::npos ? std::string_view() : trim(content.substr(space));
+    HN_CHECK(!text.empty(), "{}:{}: layer {} has no split (write LAYER DEVICE:FRACTION,...)", path,
+             number, layer);
+    Split split;
+    try {
+      split = Split::parse(text);
+    } catch (const Error& error) {
+      detail::fail("{}:{}: layer {}: {}", path, number, layer, error.what());
+    }
+    HN_CHECK(!split.is_automatic(),
+             "{}:{}: layer {}: split '{}' is automatic; the file holds measured fractions", path,
+             number, layer, text);
+    const auto [previous, inserted] = first_line.emplace(layer, number);
+    HN_CHECK(inserted, "{}:{}: layer {} is named twice (first on line {})", path, number, layer,
+             previous->second);
+    splits.emplace_back(layer, std::move(split));
+  }
+  HN_CHECK(!file.bad(), "read_layer_splits: error while reading '{}'", path);
+  return splits;
 }
 
 }  // namespace hn

@@ -12,4 +12,12 @@ namespace hn::detail {
 void transfer(Driver* dst_driver, void* dst, Driver* src_driver, const void* src,
               std::size_t bytes);
 
+// What transfer() has moved on the calling thread: the split scheduler reads it around the
+// operand resolution of each slice to charge the copies to that slice's device.
+struct TransferTally {
+  std::size_t bytes = 0;
+  double seconds = 0.0;
+};
+TransferTally& transfer_tally();
+
 }  // namespace hn::detail

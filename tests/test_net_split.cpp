@@ -6,17 +6,23 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "hybridnn/error.h"
 #include "hybridnn/net.h"
 #include "hybridnn/runtime.h"
 #include "hybridnn/solver.h"
+#include "lib/net/worker.h"
 
 namespace hn {
 namespace {
@@ -215,6 +221,217 @@ TEST_CASE("split training is bitwise reproducible") {
   const std::vector<float> second = train();
   REQUIRE(first.size() == second.size());
   CHECK(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)) == 0);
+}
+
+}  // namespace
+}  // namespace hn
+
+namespace hn {
+namespace {
+
+// The scheduler's threads: one per device, long-lived, running tasks at the same time.
+TEST_CASE("a device worker runs every task on one thread of its own") {
+  detail::DeviceWorker worker;
+  std::thread::id first, second;
+  worker.submit([&] { first = std::this_thread::get_id(); });
+  CHECK_FALSE(worker.wait());
+  worker.submit([&] { second = std::this_thread::get_id(); });
+  CHECK_FALSE(worker.wait());
+  CHECK(first == second);
+  CHECK(first != std::this_thread::get_id());
+}
+
+TEST_CASE("a device worker hands back what its task threw") {
+  detail::DeviceWorker worker;
+  worker.submit([] { throw Error("slice failed on reference:1"); });
+  const std::exception_ptr error = worker.wait();
+  REQUIRE(error);
+  CHECK_THROWS_WITH(std::rethrow_exception(error), "slice failed on reference:1");
+  worker.submit([] {});
+  CHECK_FALSE(worker.wait());
+}
+
+TEST_CASE("two device workers run their tasks at the same time") {
+  // Each task waits for the other to have started: they finish only if they overlap (a
+  // serial run would give up after the timeout and report it).
+  std::mutex mutex;
+  std::condition_variable changed;
+  int started = 0;
+  auto meet = [&] {
+    std::unique_lock<std::mutex> lock(mutex);
+    ++started;
+    changed.notify_all();
+    return changed.wait_for(lock, std::chrono::seconds(20), [&] { return started == 2; });
+  };
+  bool met_a = false, met_b = false;
+  detail::DeviceWorker a, b;
+  a.submit([&] { met_a = meet(); });
+  b.submit([&] { met_b = meet(); });
+  CHECK_FALSE(a.wait());
+  CHECK_FALSE(b.wait());
+  CHECK(met_a);
+  CHECK(met_b);
+}
+
+Net lenet(TwoDrivers& d, NetOptions options, int batch = 8) {
+  options.data_source = "synthetic:1x28x28";
+  options.batch_size = batch;
+  return Net(fmt::format("{}/mnist_lenet_train_test.prototxt", HYBRIDNN_MODELS_DIR), d.runtime,
+             *d.host, options);
+}
+
+const SliceProfile* find_device(const LayerProfile& layer, const std::string& device) {
+  for (const SliceProfile& slice : layer.devices)
+    if (slice.device.name() == device) return &slice;
+  return nullptr;
+}
+
+const LayerProfile& find_layer(const std::vector<LayerProfile>& profile, const std::string& name) {
+  for (const LayerProfile& layer : profile)
+    if (layer.name == name) return layer;
+  FAIL("no profile for layer " << name);
+  throw;
+}
+
+TEST_CASE("the profile reports each device's rows, busy time and copies per layer") {
+  TwoDrivers d;
+  NetOptions options;
+  options.split = Split::parse("reference:0.75,reference:1:0.25");
+  Net net = lenet(d, options);
+  net.forward_backward();
+  net.reset_profile();
+  net.forward_backward();
+  net.forward_backward();
+  const std::vector<LayerProfile> profile = net.profile();
+  const LayerProfile& conv1 = find_layer(profile, "conv1");
+  CHECK(conv1.forward_calls == 2);
+  CHECK(conv1.backward_calls == 2);
+  REQUIRE(conv1.devices.size() == 2);
+  CHECK(conv1.devices[0].device.name() == "reference");
+  CHECK(conv1.devices[0].rows == 6);
+  CHECK(conv1.devices[1].device.name() == "reference:1");
+  CHECK(conv1.devices[1].rows == 2);
+  for (const SliceProfile& slice : conv1.devices) {
+    CHECK(slice.forward_busy > 0.0);
+    CHECK(slice.backward_busy > 0.0);
+    CHECK(slice.forward_busy + slice.backward_busy + slice.waiting <=
+          conv1.forward_seconds + conv1.backward_seconds + 1e-9);
+  }
+  // Per forward: the device's 2 new images (host copies are shared, so the reference
+  // driver on host memory copies nothing); per backward: conv1's weight-gradient partial
+  // (20x1x5x5 + 20 floats) back to the host, where it is added to the host's.
+  CHECK(find_device(conv1, "reference")->copy_bytes == 0);
+  CHECK(find_device(conv1, "reference:1")->copy_bytes ==
+        2 * (2 * 28 * 28 + 20 * 25 + 20) * sizeof(float));
+  // conv2 reads what conv1 left on each device: its copies are only its gradient partial.
+  const LayerProfile& conv2 = find_layer(profile, "conv2");
+  CHECK(find_device(conv2, "reference:1")->copy_bytes == 2 * (50 * 20 * 25 + 50) * sizeof(float));
+  // The loss needs the whole batch: it runs on the Net's driver alone.
+  const LayerProfile& loss = find_layer(profile, "loss");
+  REQUIRE(loss.devices.size() == 1);
+  CHECK(loss.devices[0].device.name() == "reference");
+  CHECK(loss.devices[0].rows == 8);
+}
+
+TEST_CASE("per-layer splits override the net's and must name layers of the net") {
+  TwoDrivers d;
+  NetOptions options;
+  options.layer_splits = {{"conv2", Split::parse("reference:0.5,reference:1:0.5")}};
+  Net net = lenet(d, options);
+  const LayerSplits splits = net.layer_splits();
+  REQUIRE(splits.size() == 1);
+  CHECK(splits[0].first == "conv2");
+  CHECK(splits[0].second.to_string() == "reference:0.5,reference:1:0.5");
+  net.forward();
+  const LayerProfile& conv2 = find_layer(net.profile(), "conv2");
+  REQUIRE(conv2.devices.size() == 2);
+  CHECK(conv2.devices[1].rows == 4);
+
+  options.layer_splits = {{"conv7", Split::parse("reference:1")}};
+  CHECK_THROWS_WITH(lenet(d, options), Catch::Contains("mnist_lenet_train_test.prototxt") &&
+                                           Catch::Contains("'conv7'"));
+}
+
+TEST_CASE("an automatic split measures every layer and leaves the net's state as it was") {
+  TwoDrivers d;
+  NetOptions options;
+  options.split = Split::automatic({Device::parse("reference"), Device::parse("reference:1")});
+  options.force_backward = true;
+  Net net = lenet(d, options);
+  NetOptions plain_options;
+  plain_options.force_backward = true;
+  Net plain = lenet(d, plain_options);
+  CHECK(net.needs_split_calibration());
+  for (const NetParam& param : net.learnable_params()) {
+    float* diff = param.tensor->host_diff_mut();
+    for (index_t i = 0; i < param.tensor->count(); ++i)
+      diff[i] = 0.5f;
+  }
+  std::vector<std::vector<float>> before;
+  for (const NetParam& param : net.learnable_params()) {
+    before.emplace_back(param.tensor->host_data(),
+                        param.tensor->host_data() + param.tensor->count());
+    before.emplace_back(param.tensor->host_diff(),
+                        param.tensor->host_diff() + param.tensor->count());
+  }
+  std::vector<std::string> heard;
+  net.calibrate_splits([&](const std::string& layer, const Split& split) {
+    heard.push_back(layer);
+    CHECK(split.shares().size() == 2);
+  });
+  CHECK_FALSE(net.needs_split_calibration());
+  CHECK(net.data_position() == 0);
+  // Every layer that can be cut by rows was measured, in net order; the loss was not.
+  CHECK(heard ==
+        std::vector<std::string>{"conv1", "pool1", "conv2", "pool2", "ip1", "relu1", "ip2"});
+  const LayerSplits splits = net.layer_splits();
+  REQUIRE(splits.size() == heard.size());
+  for (const auto& [layer, split] : splits) {
+    INFO(layer << ": " << split.to_string());
+    double total = 0.0;
+    for (const SplitShare& share : split.shares())
+      total += share.fraction;
+    CHECK(total == Approx(1.0).epsilon(1e-9));
+  }
+  // relu1 computes in place on ip1's output and follows ip1.
+  CHECK(splits[5].second.to_string() == splits[4].second.to_string());
+  std::size_t k = 0;
+  for (const NetParam& param : net.learnable_params()) {
+    const float* data = param.tensor->host_data();
+    const float* diff = param.tensor->host_diff();
+    CHECK(std::equal(before[k].begin(), before[k].end(), data));
+    CHECK(std::equal(before[k + 1].begin(), before[k + 1].end(), diff));
+    k += 2;
+  }
+  // The measured split computes what the unsplit net does, starting from batch 0.
+  net.clear_param_diffs();
+  plain.clear_param_diffs();
+  CHECK(net.forward_backward() == Approx(plain.forward_backward()).epsilon(1e-6));
+  for (std::size_t p = 0; p < net.learnable_params().size(); ++p) {
+    const Tensor& a = *plain.learnable_params()[p].tensor;
+    Tensor& b = *net.learnable_params()[p].tensor;
+    const std::vector<float> want(const_cast<Tensor&>(a).host_diff(),
+                                  const_cast<Tensor&>(a).host_diff() + a.count());
+    const std::vector<float> got(b.host_diff(), b.host_diff() + b.count());
+    CHECK(max_rel_diff(want, got) <= 1e-5);
+  }
+}
+
+TEST_CASE("an automatic split is measured by the first forward when not asked before") {
+  TwoDrivers d;
+  NetOptions options;
+  options.split = Split::parse("auto:reference,reference:1");
+  Net net = lenet(d, options);
+  net.forward();
+  CHECK_FALSE(net.needs_split_calibration());
+  CHECK(net.layer_splits().size() == 7);
+}
+
+TEST_CASE("an automatic split over a device without a driver is an error naming the layer") {
+  TwoDrivers d;
+  NetOptions options;
+  options.split = Split::parse("auto:reference,cpu:3");
+  CHECK_THROWS_WITH(lenet(d, options), Catch::Contains("conv1") && Catch::Contains("cpu:3"));
 }
 
 }  // namespace

@@ -1,8 +1,13 @@
-// Split specs: the grammar, validation with clear errors, and the rounding of fractions to
-// rows against the exact shares.
+// Split specs: the grammar, validation with clear errors, the rounding of fractions to rows
+// against the exact shares, and the file of per-layer splits.
+#include <stdlib.h>
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
 
 #include "hybridnn/error.h"
 #include "hybridnn/runtime.h"
@@ -10,6 +15,38 @@
 
 namespace hn {
 namespace {
+
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "hybridnn-split-XXXXXX").string();
+    REQUIRE(mkdtemp(pattern.data()) != nullptr);
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code error;
+    fs::remove_all(path_, error);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const { return (fs::path(path_) / name).string(); }
+  std::string write(const std::string& name, const std::string& text) const {
+    std::ofstream(file(name)) << text;
+    return file(name);
+  }
+
+ private:
+  std::string path_;
+};
+
+std::string contents(const std::string& path) {
+  std::ifstream file(path);
+  std::ostringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
 
 TEST_CASE("Split parses devices with fractions in both spellings") {
   const Split a = Split::parse("cuda:0:0.6,cpu:0.4");
@@ -101,6 +138,131 @@ TEST_CASE("Split check_devices names a device without a driver and those present
   Split::parse("reference").check_devices(runtime);
   CHECK_THROWS_WITH(Split::parse("reference:0.5,cuda:3:0.5").check_devices(runtime),
                     Catch::Contains("cuda:3") && Catch::Contains("present: reference"));
+}
+
+TEST_CASE("Split auto names the devices to measure and reads back from to_string") {
+  const Split all = Split::parse("auto");
+  CHECK(all.is_automatic());
+  CHECK_FALSE(all.empty());
+  CHECK(all.automatic_devices().empty());
+  CHECK(all.shares().empty());
+  CHECK(all.to_string() == "auto");
+  const Split some = Split::parse(" auto: cpu , reference ");
+  REQUIRE(some.automatic_devices().size() == 2);
+  CHECK(some.automatic_devices()[0] == Device{DeviceKind::cpu, 0});
+  CHECK(some.automatic_devices()[1] == Device{DeviceKind::reference, 0});
+  CHECK(some.to_string() == "auto:cpu,reference");
+  for (const char* text : {"auto", "auto:cpu,reference", "auto:cpu,cuda:0", "auto:cpu:1"}) {
+    const Split again = Split::parse(Split::parse(text).to_string());
+    CHECK(again.is_automatic());
+    CHECK(again.to_string() == text);
+  }
+  CHECK(Split::automatic({Device{DeviceKind::cuda, 1}, Device{DeviceKind::cpu, 0}}).to_string() ==
+        "auto:cuda:1,cpu");
+  CHECK_THROWS_WITH(all.partition(8), Catch::Contains("auto"));
+}
+
+TEST_CASE("Split auto rejects a repeated, unknown or missing device, quoting the spec") {
+  CHECK_THROWS_WITH(Split::parse("auto:cpu,cpu"),
+                    Catch::Contains("'auto:cpu,cpu'") && Catch::Contains("cpu appears twice"));
+  CHECK_THROWS_WITH(Split::parse("auto:cpu,tpu"),
+                    Catch::Contains("'auto:cpu,tpu'") && Catch::Contains("unknown device"));
+  CHECK_THROWS_WITH(Split::parse("auto:"),
+                    Catch::Contains("'auto:'") && Catch::Contains("empty entry"));
+  CHECK_THROWS_WITH(Split::parse("auto:cpu,,reference"), Catch::Contains("empty entry"));
+  CHECK_THROWS_WITH(
+      Split::automatic({Device{DeviceKind::reference, 0}, Device{DeviceKind::reference, 0}}),
+      Catch::Contains("reference appears twice"));
+}
+
+TEST_CASE("Split to_string of measured fractions reads back as the same text") {
+  // Three thirds written with 6 digits each would sum to 0.999999, outside the tolerance:
+  // the last share is written as what the others leave.
+  const double third = 1.0 / 3.0;
+  const Split thirds({SplitShare{Device{DeviceKind::cpu, 0}, third},
+                      SplitShare{Device{DeviceKind::reference, 0}, third},
+                      SplitShare{Device{DeviceKind::cpu, 1}, third}});
+  CHECK(thirds.to_string() == "cpu:0.333333,reference:0.333333,cpu:1:0.333334");
+  const Split measured({SplitShare{Device{DeviceKind::cpu, 0}, 0.9712345678},
+                        SplitShare{Device{DeviceKind::reference, 0}, 1.0 - 0.9712345678}});
+  CHECK(measured.to_string() == "cpu:0.971235,reference:0.028765");
+  for (const Split& split : {thirds, measured}) {
+    const Split again = Split::parse(split.to_string());
+    CHECK(again.to_string() == split.to_string());
+    for (std::size_t i = 0; i < split.shares().size(); ++i)
+      CHECK(again.shares()[i].fraction == Approx(split.shares()[i].fraction).margin(1e-6));
+  }
+  // A share rounded to nothing stays non-negative.
+  const Split tiny({SplitShare{Device{DeviceKind::cpu, 0}, 1.0 - 1e-9},
+                    SplitShare{Device{DeviceKind::reference, 0}, 1e-9}});
+  CHECK(Split::parse(tiny.to_string()).shares()[1].fraction == 0.0);
+}
+
+TEST_CASE("Layer splits file reads back the fractions exactly as Split to_string wrote them") {
+  TempDir dir;
+  const std::string path = dir.file("splits.txt");
+  const LayerSplits splits = {
+      {"conv1", Split({SplitShare{Device{DeviceKind::cpu, 0}, 0.9712345678},
+                       SplitShare{Device{DeviceKind::reference, 0}, 1.0 - 0.9712345678}})},
+      {"pool1", Split::parse("cpu:0.5,reference:0.5")},
+      {"ip.1/x", Split::parse("reference:1.0,cpu:0.0")},
+      {"conv2", Split::parse("cuda:1:0.25,cpu:3:0.75")}};
+  write_layer_splits(path, splits);
+  CHECK_FALSE(fs::exists(path + ".tmp"));
+  const std::string text = contents(path);
+  CHECK(text.rfind("# ", 0) == 0);
+  CHECK_THAT(text, Catch::Contains("--split-file") && Catch::Contains("conv1 cpu:0.971235,"));
+  const LayerSplits read = read_layer_splits(path);
+  REQUIRE(read.size() == splits.size());
+  for (std::size_t i = 0; i < splits.size(); ++i) {
+    INFO(splits[i].first);
+    CHECK(read[i].first == splits[i].first);
+    CHECK(read[i].second.to_string() == splits[i].second.to_string());
+    // Exactly the fractions of the written text, read independently of the file code.
+    const Split written = Split::parse(splits[i].second.to_string());
+    REQUIRE(read[i].second.shares().size() == written.shares().size());
+    for (std::size_t k = 0; k < written.shares().size(); ++k) {
+      CHECK(read[i].second.shares()[k].device == written.shares()[k].device);
+      CHECK(read[i].second.shares()[k].fraction == written.shares()[k].fraction);
+    }
+  }
+  // Rewriting replaces the file; comments, blank lines and CRLF endings are ignored.
+  write_layer_splits(path, {splits[1]});
+  CHECK(read_layer_splits(path).size() == 1);
+  const std::string edited = dir.write(
+      "edited.txt", "# measured by hand\r\n\r\n  conv1 \t cpu = 0.5, reference = 0.5\r\n");
+  const LayerSplits by_hand = read_layer_splits(edited);
+  REQUIRE(by_hand.size() == 1);
+  CHECK(by_hand[0].first == "conv1");
+  CHECK(by_hand[0].second.to_string() == "cpu:0.5,reference:0.5");
+  CHECK(read_layer_splits(dir.write("empty.txt", "")).empty());
+}
+
+TEST_CASE("Layer splits file errors name the file and line and what is wrong") {
+  TempDir dir;
+  const std::string missing = dir.write("missing.txt", "# splits\nconv1 cpu:1.0\npool1\n");
+  CHECK_THROWS_WITH(read_layer_splits(missing),
+                    Catch::Contains(missing + ":3") && Catch::Contains("pool1 has no split"));
+  const std::string bad = dir.write("bad.txt", "conv1 cpu:0.6,reference:0.6\n");
+  CHECK_THROWS_WITH(read_layer_splits(bad), Catch::Contains(bad + ":1") &&
+                                                Catch::Contains("conv1") &&
+                                                Catch::Contains("sum to 1.2"));
+  const std::string twice = dir.write("twice.txt", "conv1 cpu:1.0\n\nconv1 reference:1.0\n");
+  CHECK_THROWS_WITH(read_layer_splits(twice), Catch::Contains(twice + ":3") &&
+                                                  Catch::Contains("conv1 is named twice") &&
+                                                  Catch::Contains("line 1"));
+  const std::string automatic = dir.write("auto.txt", "conv1 auto:cpu,reference\n");
+  CHECK_THROWS_WITH(read_layer_splits(automatic),
+                    Catch::Contains(automatic + ":1") && Catch::Contains("automatic"));
+  CHECK_THROWS_WITH(read_layer_splits(dir.file("absent.txt")),
+                    Catch::Contains(dir.file("absent.txt")) && Catch::Contains("cannot read"));
+  CHECK_THROWS_WITH(write_layer_splits(dir.file("out.txt"), {{"conv1", Split::parse("auto")}}),
+                    Catch::Contains("conv1") && Catch::Contains("measured"));
+  CHECK_THROWS_WITH(write_layer_splits(dir.file("out.txt"), {{"conv 1", Split::parse("cpu")}}),
+                    Catch::Contains("conv 1"));
+  CHECK_THROWS_WITH(write_layer_splits(dir.file("no/such/dir/out.txt"), {}),
+                    Catch::Contains("no/such/dir/out.txt"));
+  CHECK_FALSE(fs::exists(dir.file("out.txt")));
 }
 
 }  // namespace

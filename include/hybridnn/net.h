@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,7 +48,34 @@ struct NetOptions {
   // `split`, else the whole batch on the Net's driver). A layer's own `split` entries
   // override it. Each device needs a driver in the Runtime. Layers that need the whole
   // batch (losses, batch statistics) and data layers run on the Net's driver.
+  //
+  // Slices run at the same time, each on its driver's own long-lived thread (the Net's
+  // driver runs on the calling thread). See docs/architecture.md, "Hybrid split".
   Split split;
+  // Splits of single layers by name (read_layer_splits() reads a saved file of them); they
+  // override the prototxt's and `split`. Naming a layer the net lacks is an error.
+  LayerSplits layer_splits;
+};
+
+// What the split scheduler measured for one device's slices of one layer, summed over the
+// calls since the last reset_profile(). Copies are the bytes moved between memory spaces
+// to give this device its operands (and to bring its parameter-gradient partial back).
+struct SliceProfile {
+  Device device;
+  index_t rows = 0;           // rows of the latest call
+  double forward_busy = 0.0;  // seconds computing, synchronised at the end
+  double backward_busy = 0.0;
+  double waiting = 0.0;  // seconds of the layer's wall time this device sat idle
+  double copy_seconds = 0.0;
+  std::size_t copy_bytes = 0;
+};
+
+struct LayerProfile {
+  std::string name;
+  std::string type;
+  int forward_calls = 0, backward_calls = 0;
+  double forward_seconds = 0.0, backward_seconds = 0.0;  // wall time of the whole layer
+  std::vector<SliceProfile> devices;  // in split order; the Net's driver for unsplit layers
 };
 
 // A named blob of a net: its shape and its data and gradient memory. A blob whose memory is
@@ -150,6 +178,23 @@ class Net {
   // Sets the random stream of the next forward/backward (dropout masks). The Solver sets
   // it from the iteration, so resumed runs reproduce uninterrupted ones.
   void set_iteration_seed(std::uint64_t seed);
+
+  // The split every layer runs with, in layer order, for the layers cut among devices
+  // (measured fractions for automatic splits once measured).
+  LayerSplits layer_splits() const;
+  // Whether some layer's split is automatic and not yet measured.
+  bool needs_split_calibration() const;
+  // Measures automatic splits now (the first forward does it otherwise): on the current
+  // inputs, each device runs each such layer on growing slices until a slice takes a few
+  // milliseconds (or has the whole batch), and the layer's fractions are set inversely to
+  // the measured time per row so the slices finish together. Layers computed in place
+  // follow the layer before them. Parameter values and gradients are left as they were.
+  // `on_layer` (may be empty) hears each layer's choice as it is made.
+  void calibrate_splits(
+      const std::function<void(const std::string& layer, const Split& split)>& on_layer = {});
+  // Per-layer timing of the compute layers since construction or the last reset.
+  std::vector<LayerProfile> profile() const;
+  void reset_profile();
 
   // Bytes of activation memory (data and gradients) allocated, and the bytes it would take
   // without reuse.

@@ -1,7 +1,8 @@
 // The hybrid split of a batch among devices: a list of {device, fraction}, written
 // "cuda:0:0.6,cpu:0.4" (or "cuda:0=0.6,cpu=0.4") on the command line and as repeated
 // `split { device: "cuda:0" fraction: 0.6 }` entries in a prototxt, or "auto" for fractions
-// measured at run time. Rounding to whole rows is deterministic (see partition()).
+// measured at run time ("auto:cpu,cuda:0" names the devices to measure). Rounding to whole
+// rows is deterministic (see partition()).
 #pragma once
 
 #include <string>
@@ -29,10 +30,12 @@ class Split {
   // 1e-6, and no device appears twice.
   explicit Split(std::vector<SplitShare> shares);
   static Split single(const Device& device) { return Split({SplitShare{device, 1.0}}); }
-  static Split automatic();
+  // Fractions measured at run time among `devices` (empty: every driver of the Runtime).
+  // Throws when a device appears twice.
+  static Split automatic(std::vector<Device> devices = {});
 
-  // Parses "DEVICE[:FRACTION],..." or "DEVICE=FRACTION,..." or "auto". An integer after a
-  // bare device kind is a device index ("cpu:1", "cuda:1"); a fraction has a point or
+  // Parses "DEVICE[:FRACTION],..." or "DEVICE=FRACTION,..." or "auto[:DEVICE,...]". An integer
+  // after a bare device kind is a device index ("cpu:1", "cuda:1"); a fraction has a point or
   // follows a full device name ("cpu:0.5", "cuda:1:1"). One entry may leave out its
   // fraction and takes what the others leave (a lone device: all). Errors quote the text
   // and say what is wrong.
@@ -40,6 +43,8 @@ class Split {
 
   bool empty() const { return shares_.empty() && !automatic_; }
   bool is_automatic() const { return automatic_; }
+  // The devices an automatic split measures (empty: every driver of the Runtime).
+  const std::vector<Device>& automatic_devices() const { return automatic_devices_; }
   const std::vector<SplitShare>& shares() const { return shares_; }
 
   // Rows [begin, end) of each share for a batch of `rows`, in share order. Boundary i is the
@@ -52,12 +57,25 @@ class Split {
   // no driver in `runtime`.
   void check_devices(const Runtime& runtime) const;
 
-  // "cuda:0:0.6,cpu:0.4" (fractions with up to 6 significant digits), or "auto".
+  // "cuda:0:0.6,cpu:0.4" (fractions with up to 6 significant digits; parse() reads it back
+  // exactly as written), or "auto" / "auto:cpu,cuda:0".
   std::string to_string() const;
 
  private:
   std::vector<SplitShare> shares_;
   bool automatic_ = false;
+  std::vector<Device> automatic_devices_;
 };
+
+// Splits per layer name, in net order: what a Net measured for `--split auto`, saved to be
+// reused (NetOptions::layer_splits).
+using LayerSplits = std::vector<std::pair<std::string, Split>>;
+
+// The file format: one "LAYER SPLIT" line per layer ("conv1 cpu:0.75,cuda:0:0.25"); blank
+// lines and lines starting with '#' are ignored. Written through a temporary file and a
+// rename. Reading throws hn::Error naming the file and line of a malformed entry or a layer
+// named twice.
+void write_layer_splits(const std::string& path, const LayerSplits& splits);
+LayerSplits read_layer_splits(const std::string& path);
 
 }  // namespace hn

@@ -12,6 +12,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
+#include <exception>
+#include <functional>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -22,7 +25,9 @@
 #include "lib/data/data.h"
 #include "lib/net/filler.h"
 #include "lib/net/layer_factory.h"
+#include "lib/net/worker.h"
 #include "lib/proto/prototxt.h"
+#include "lib/transfer.h"
 
 namespace hn {
 
@@ -56,6 +61,9 @@ struct NetLayer {
   std::vector<bool> propagate_down;
   bool needs_backward = false;
   Split split;  // resolved: empty = the whole batch on the Net's driver
+  // An automatic split: measured among auto_devices at the first forward (calibrated).
+  bool automatic = false, calibrated = false;
+  std::vector<Device> auto_devices;
 };
 
 struct Group {
@@ -266,14 +274,35 @@ struct Net::Impl {
 
   // The slice of layer `index` for rows [begin, end) on `on`, without operands.
   LayerSlice start_slice(int index, Driver& on, index_t begin, index_t end);
+  // The slice with its operands resolved on `on` (copying what is stale there). Parameter
+  // gradients go to `partial` (zeroed by the caller) when given, else to the parameters'
+  // own diffs; input gradients go to `scratch` when given (calibration probes).
+  LayerSlice prepare_slice(int index, Driver& on, index_t begin, index_t end, bool backward,
+                           SyncedMemory* partial, SyncedMemory* scratch);
   // Runs compute layer `index` forward or backward, cut per its split.
   void run_compute(int index, bool backward);
-  void run_slice(int index, Driver& on, index_t begin, index_t end, bool backward);
+  // Whether layer `index` may be cut into row slices run at the same time.
+  bool splittable(int index) const;
   index_t rows_of(const NetLayer& nl) const;
+  // Runs `task` on `on`'s thread (the calling thread for the Net's driver) and waits.
+  void run_on(Driver& on, const std::function<void()>& task);
+  detail::DeviceWorker& worker(Driver& on);
+  // Measures layer `index`'s automatic split on its current inputs.
+  void calibrate_layer(int index);
+  double probe(int index, Driver& on, index_t rows);
+  const Split& upstream_split(int blob) const;
+  std::function<void(const std::string&, const Split&)> on_calibrated;
+
   std::map<Driver*, Buffer> workspaces;  // drivers other than the Net's, grown on demand
+  // Per device: the parameter-gradient partial sums of its slices (all but a layer's first).
+  std::map<Driver*, SyncedMemory> grad_partials;
+  std::vector<LayerProfile> profiles;  // per layer
   void forward_layer(int index);
   void backward_layer(int index);
   void fill_dummy(NetLayer& layer);
+
+  // Last: the threads stop before anything they might touch is destroyed.
+  std::map<Driver*, std::unique_ptr<detail::DeviceWorker>> workers;
 };
 
 // ---- construction ----------------------------------------------------------------------
@@ -302,7 +331,17 @@ void Net::Impl::build(pb::NetParameter net) {
   const pb::NetParameter with_splits = insert_splits(filtered);
   for (const pb::LayerParameter& param : with_splits.layer())
     add_layer(param);
-  // Splits: the layer's own entries, else the caller's, else the file's net-wide ones.
+  // Splits: the caller's per-layer ones, else the layer's own entries, else the caller's
+  // net-wide one, else the file's.
+  std::map<std::string, Split> named;
+  for (const auto& [layer_name, layer_split] : options.layer_splits) {
+    const bool known =
+        std::any_of(net.layer().begin(), net.layer().end(),
+                    [&](const pb::LayerParameter& param) { return param.name() == layer_name; });
+    HN_CHECK(known, "{}: a split is given for layer '{}', which the net does not have", origin,
+             layer_name);
+    named[layer_name] = layer_split;
+  }
   Split net_split = options.split;
   if (net_split.empty()) {
     try {
@@ -315,9 +354,26 @@ void Net::Impl::build(pb::NetParameter net) {
     NetLayer& nl = layers[l];
     if (nl.kind != Kind::compute) continue;
     try {
-      nl.split = nl.param.split_size() > 0 ? split_of(nl.param.split()) : net_split;
-      HN_CHECK(!nl.split.is_automatic(),
-               "split auto (fractions measured at run time) is not supported yet");
+      if (const auto found = named.find(nl.param.name()); found != named.end()) {
+        nl.split = found->second;
+      } else {
+        nl.split = nl.param.split_size() > 0 ? split_of(nl.param.split()) : net_split;
+      }
+      if (nl.split.is_automatic()) {
+        nl.automatic = true;
+        nl.auto_devices = nl.split.automatic_devices();
+        if (nl.auto_devices.empty()) {
+          for (const Driver* present : runtime->drivers())
+            nl.auto_devices.push_back(present->device());
+        }
+        std::vector<SplitShare> even;
+        for (const Device& device : nl.auto_devices)
+          even.push_back(SplitShare{device, 1.0 / static_cast<double>(nl.auto_devices.size())});
+        // Checks the devices; the fractions are measured at the first forward.
+        Split(std::move(even)).check_devices(*runtime);
+        nl.split = Split();
+        continue;
+      }
       nl.split.check_devices(*runtime);
     } catch (const Error& error) {
       detail::fail("{}: split: {}", where(static_cast<int>(l)), error.what());
@@ -341,6 +397,11 @@ void Net::Impl::build(pb::NetParameter net) {
   decide_backward();
   set_up_params();
   plan_memory();
+  profiles.resize(layers.size());
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    profiles[l].name = layers[l].param.name();
+    profiles[l].type = layers[l].param.type();
+  }
 }
 
 int Net::Impl::add_top(int layer_index, const std::string& top, const Shape& shape,
@@ -828,22 +889,6 @@ Pointer rows(SyncedMemory& memory, const Shape& shape, index_t batch, index_t be
 
 }  // namespace
 
-void Net::Impl::run_compute(int index, bool backward) {
-  const NetLayer& nl = layers[index];
-  const index_t layer_rows = rows_of(nl);
-  if (nl.split.empty() || !nl.layer->splits_by_rows()) {
-    run_slice(index, *driver, 0, layer_rows, backward);
-    return;
-  }
-  // Slices in device-list order: parameter gradients are summed in that order.
-  const auto slices = nl.split.partition(layer_rows);
-  for (std::size_t i = 0; i < slices.size(); ++i) {
-    if (slices[i].second == slices[i].first) continue;
-    run_slice(index, runtime->driver(nl.split.shares()[i].device), slices[i].first,
-              slices[i].second, backward);
-  }
-}
-
 void Net::Impl::forward_layer(int index) {
   NetLayer& nl = layers[index];
   switch (nl.kind) {
@@ -876,7 +921,8 @@ void Net::Impl::forward_layer(int index) {
   run_compute(index, false);
 }
 
-void Net::Impl::run_slice(int index, Driver& on, index_t begin, index_t end, bool backward) {
+LayerSlice Net::Impl::prepare_slice(int index, Driver& on, index_t begin, index_t end,
+                                    bool backward, SyncedMemory* partial, SyncedMemory* scratch) {
   const NetLayer& nl = layers[index];
   Layer& layer = *nl.layer;
   const index_t layer_rows = rows_of(nl);
@@ -909,15 +955,21 @@ void Net::Impl::run_slice(int index, Driver& on, index_t begin, index_t end, boo
                   rows(state.data(), state.shape(), layer_rows, begin, end, on, Want::write),
                   {}});
     }
-    layer.forward(slice);
-    return;
+    return slice;
   }
   slice.propagate_down = nl.propagate_down;
+  std::size_t scratch_offset = 0;
   for (std::size_t i = 0; i < nl.bottoms.size(); ++i) {
     const int b = nl.bottoms[i];
     const Shape& shape = blobs[b].shape;
     Pointer dx{};
-    if (nl.propagate_down[i]) {
+    if (nl.propagate_down[i] && scratch != nullptr) {
+      // A probe: the gradient lands in scratch, not in memory another blob may be using.
+      const std::size_t bytes =
+          rows(data_of(b), shape, layer_rows, begin, end, on, Want::read).bytes;
+      dx = Pointer{on.device(), scratch->overwrite_range(on, scratch_offset, bytes), bytes};
+      scratch_offset += bytes;
+    } else if (nl.propagate_down[i]) {
       bool in_place = false;
       for (int t : nl.tops)
         in_place = in_place || blobs[t].diff_group == blobs[b].diff_group;
@@ -933,10 +985,19 @@ void Net::Impl::run_slice(int index, Driver& on, index_t begin, index_t end, boo
         Operand{shape, rows(data_of(t), shape, layer_rows, begin, end, on, Want::read),
                 rows(diff_of(t), shape, layer_rows, begin, end, on, Want::read)});
   }
+  std::size_t partial_offset = 0;
   for (Tensor* param : nl.params) {
     const Shape& shape = param->shape();
-    slice.params.push_back(Operand{shape, rows(param->data(), shape, 0, 0, 0, on, Want::read),
-                                   rows(param->diff(), shape, 0, 0, 0, on, Want::write)});
+    Pointer diff;
+    if (partial != nullptr) {
+      const std::size_t bytes = static_cast<std::size_t>(shape.count()) * sizeof(float);
+      diff = Pointer{on.device(), partial->overwrite_range(on, partial_offset, bytes), bytes};
+      partial_offset += bytes;
+    } else {
+      diff = rows(param->diff(), shape, 0, 0, 0, on, Want::write);
+    }
+    slice.params.push_back(
+        Operand{shape, rows(param->data(), shape, 0, 0, 0, on, Want::read), diff});
   }
   for (Tensor& state : layer.state()) {
     slice.state.push_back(
@@ -944,7 +1005,288 @@ void Net::Impl::run_slice(int index, Driver& on, index_t begin, index_t end, boo
                 rows(state.data(), state.shape(), layer_rows, begin, end, on, Want::read),
                 {}});
   }
-  layer.backward(slice);
+  return slice;
+}
+
+bool Net::Impl::splittable(int index) const {
+  const NetLayer& nl = layers[index];
+  if (!nl.layer->splits_by_rows() || nl.layer->updates_params_in_forward()) return false;
+  // Outputs and state written by several slices at once must be cut by rows too.
+  const index_t layer_rows = rows_of(nl);
+  auto by_rows = [&](const Shape& shape) { return shape.axes() > 0 && shape[0] == layer_rows; };
+  for (int t : nl.tops)
+    if (!by_rows(blobs[t].shape)) return false;
+  for (const Tensor& state : nl.layer->state())
+    if (!by_rows(state.shape())) return false;
+  return layer_rows > 0;
+}
+
+detail::DeviceWorker& Net::Impl::worker(Driver& on) {
+  std::unique_ptr<detail::DeviceWorker>& found = workers[&on];
+  if (!found) found = std::make_unique<detail::DeviceWorker>();
+  return *found;
+}
+
+void Net::Impl::run_on(Driver& on, const std::function<void()>& task) {
+  if (&on == driver) {
+    task();
+    return;
+  }
+  detail::DeviceWorker& thread = worker(on);
+  thread.submit(task);
+  if (std::exception_ptr error = thread.wait()) std::rethrow_exception(error);
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// One device's part of a layer call.
+struct SliceRun {
+  Driver* on = nullptr;
+  index_t begin = 0, end = 0;
+  LayerSlice slice;
+  SyncedMemory* partial = nullptr;  // its parameter-gradient partial sums, if any
+  double busy = 0.0, copy_seconds = 0.0;
+  std::size_t copy_bytes = 0;
+};
+
+// Runs `run` (clearing its gradient partials first) and waits for its driver.
+void compute(Layer& layer, SliceRun& run, bool backward) {
+  const auto start = Clock::now();
+  if (run.partial != nullptr) {
+    for (const Operand& param : run.slice.params)
+      run.on->fill(param.shape.count(), 0.0f, param.mutable_dx());
+  }
+  if (backward) {
+    layer.backward(run.slice);
+  } else {
+    layer.forward(run.slice);
+  }
+  run.on->synchronize();
+  run.busy = seconds_since(start);
+}
+
+SliceProfile& profile_of(LayerProfile& profile, const Device& device) {
+  for (SliceProfile& slice : profile.devices)
+    if (slice.device == device) return slice;
+  profile.devices.push_back(SliceProfile{device});
+  return profile.devices.back();
+}
+
+}  // namespace
+
+void Net::Impl::run_compute(int index, bool backward) {
+  NetLayer& nl = layers[index];
+  if (nl.automatic && !nl.calibrated && !backward) calibrate_layer(index);
+  Layer& layer = *nl.layer;
+  const index_t layer_rows = rows_of(nl);
+  const auto layer_start = Clock::now();
+  const bool cut = !nl.split.empty() && splittable(index);
+  std::vector<SliceRun> runs;
+  // 1. Operands, resolved on this thread while every driver is idle: a copy may need the
+  // driver of any device that holds current data.
+  std::vector<std::pair<index_t, index_t>> bounds{{0, layer_rows}};
+  if (cut) bounds = nl.split.partition(layer_rows);
+  detail::TransferTally& tally = detail::transfer_tally();
+  for (std::size_t i = 0; i < bounds.size(); ++i) {
+    Driver& on = cut ? runtime->driver(nl.split.shares()[i].device) : *driver;
+    if (cut && bounds[i].first == bounds[i].second) continue;
+    SliceRun run;
+    run.on = &on;
+    run.begin = bounds[i].first;
+    run.end = bounds[i].second;
+    if (backward && !runs.empty() && !nl.params.empty()) {
+      // Every slice but the first adds its parameter gradients into a partial of its own,
+      // summed into the parameters' gradients in device order once all are done.
+      std::size_t bytes = 0;
+      for (const Tensor* param : nl.params)
+        bytes += static_cast<std::size_t>(param->count()) * sizeof(float);
+      SyncedMemory& partial = grad_partials[&on];
+      if (partial.bytes() < bytes) partial.resize(bytes);
+      run.partial = &partial;
+    }
+    const detail::TransferTally before = tally;
+    run.slice = prepare_slice(index, on, run.begin, run.end, backward, run.partial, nullptr);
+    run.copy_bytes = tally.bytes - before.bytes;
+    run.copy_seconds = tally.seconds - before.seconds;
+    runs.push_back(std::move(run));
+  }
+  // 2. The slices, each on its driver's thread at the same time.
+  if (runs.size() == 1 && runs[0].on == driver) {
+    // The unsplit path: no hand-off, and no synchronisation the caller did not ask for.
+    const auto start = Clock::now();
+    if (backward) {
+      layer.backward(runs[0].slice);
+    } else {
+      layer.forward(runs[0].slice);
+    }
+    runs[0].busy = seconds_since(start);
+  } else {
+    for (SliceRun& run : runs) {
+      if (run.on != driver)
+        worker(*run.on).submit([&layer, &run, backward] { compute(layer, run, backward); });
+    }
+    std::exception_ptr error;
+    for (SliceRun& run : runs) {
+      if (run.on != driver) continue;
+      try {
+        compute(layer, run, backward);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    // Every thread is waited for before anything is rethrown: they use `runs`.
+    for (SliceRun& run : runs) {
+      if (run.on == driver) continue;
+      std::exception_ptr failed = workers[run.on]->wait();
+      if (failed && !error) error = failed;
+    }
+    if (error) std::rethrow_exception(error);
+  }
+  // 3. Parameter gradients: the partials added in device order, on the Net's driver.
+  for (SliceRun& run : runs) {
+    if (run.partial == nullptr) continue;
+    const detail::TransferTally before = tally;
+    std::size_t offset = 0;
+    for (Tensor* param : nl.params) {
+      const std::size_t bytes = static_cast<std::size_t>(param->count()) * sizeof(float);
+      const auto* part = static_cast<const float*>(run.partial->read_range(*driver, offset, bytes));
+      driver->axpy(param->count(), 1.0f, part, param->diff_write(*driver));
+      offset += bytes;
+    }
+    run.copy_bytes += tally.bytes - before.bytes;
+    run.copy_seconds += tally.seconds - before.seconds;
+  }
+  // 4. What each device did.
+  const double wall = seconds_since(layer_start);
+  LayerProfile& profile = profiles[index];
+  (backward ? profile.backward_calls : profile.forward_calls) += 1;
+  (backward ? profile.backward_seconds : profile.forward_seconds) += wall;
+  if (cut) {
+    for (const SplitShare& share : nl.split.shares())
+      profile_of(profile, share.device).rows = 0;
+  }
+  for (const SliceRun& run : runs) {
+    SliceProfile& slice = profile_of(profile, run.on->device());
+    slice.rows = run.end - run.begin;
+    (backward ? slice.backward_busy : slice.forward_busy) += run.busy;
+    slice.copy_seconds += run.copy_seconds;
+    slice.copy_bytes += run.copy_bytes;
+    slice.waiting += std::max(0.0, wall - run.busy - run.copy_seconds);
+  }
+  if (cut) {
+    for (const SplitShare& share : nl.split.shares()) {
+      SliceProfile& slice = profile_of(profile, share.device);
+      if (slice.rows == 0) slice.waiting += wall;
+    }
+  }
+}
+
+const Split& Net::Impl::upstream_split(int blob) const {
+  static const Split none;
+  int producer = blobs[blob].producer;
+  while (producer >= 0 && layers[producer].kind == Kind::split)
+    producer = blobs[layers[producer].bottoms[0]].producer;
+  if (producer < 0 || layers[producer].kind != Kind::compute) return none;
+  return layers[producer].split;
+}
+
+double Net::Impl::probe(int index, Driver& on, index_t rows) {
+  const NetLayer& nl = layers[index];
+  Layer& layer = *nl.layer;
+  double seconds = 0.0;
+  SliceRun run;
+  run.on = &on;
+  run.end = rows;
+  run.slice = prepare_slice(index, on, 0, rows, false, nullptr, nullptr);
+  run_on(on, [&] { compute(layer, run, false); });
+  seconds += run.busy;
+  if (nl.needs_backward) {
+    SyncedMemory scratch(0);
+    std::size_t bytes = 0;
+    for (std::size_t i = 0; i < nl.bottoms.size(); ++i) {
+      const Shape& shape = blobs[nl.bottoms[i]].shape;
+      if (nl.propagate_down[i]) bytes += static_cast<std::size_t>(shape.count()) * sizeof(float);
+    }
+    scratch.resize(bytes);
+    run.slice = prepare_slice(index, on, 0, rows, true, nullptr, &scratch);
+    run_on(on, [&] { compute(layer, run, true); });
+    seconds += run.busy;
+  }
+  return seconds;
+}
+
+void Net::Impl::calibrate_layer(int index) {
+  NetLayer& nl = layers[index];
+  nl.calibrated = true;
+  if (!splittable(index)) {
+    nl.split = Split();  // needs the whole batch: the Net's driver
+    return;
+  }
+  const Split upstream = nl.bottoms.empty() ? Split() : upstream_split(nl.bottoms[0]);
+  bool in_place = false;
+  for (int t : nl.tops)
+    for (int b : nl.bottoms)
+      in_place = in_place || blobs[t].data_group == blobs[b].data_group;
+  if (in_place) {
+    // Probing would change the input it computes on; an in-place layer is cheap and best
+    // left where its input is.
+    nl.split = upstream;
+  } else {
+    // Probes add into the parameters' gradients: keep them.
+    std::vector<std::vector<float>> kept;
+    for (Tensor* param : nl.params) {
+      const float* diff = param->host_diff();
+      kept.emplace_back(diff, diff + param->count());
+    }
+    const index_t layer_rows = rows_of(nl);
+    std::vector<SplitShare> shares;
+    double total = 0.0;
+    for (const Device& device : nl.auto_devices) {
+      Driver& on = runtime->driver(device);
+      // Slices double until one takes a few milliseconds (or is the whole batch): small
+      // slices underuse a GPU and the CPU's batched lowering. The first probe also warms
+      // the driver up (workspace, copies) and is not counted unless it took long enough for
+      // that not to matter. One device alone needs no measuring.
+      if (nl.auto_devices.size() == 1) {
+        shares.push_back(SplitShare{device, 1.0});
+        total = 1.0;
+        break;
+      }
+      index_t rows = 1;
+      double seconds = probe(index, on, rows);
+      if (seconds < 0.05) seconds = probe(index, on, rows);
+      while (seconds < 0.005 && rows < layer_rows) {
+        rows = std::min(layer_rows, rows * 2);
+        seconds = probe(index, on, rows);
+      }
+      const double speed = static_cast<double>(rows) / std::max(seconds, 1e-9);
+      shares.push_back(SplitShare{device, speed});
+      total += speed;
+    }
+    for (SplitShare& share : shares)
+      share.fraction /= total;
+    // The fractions are renormalised so they sum to 1 within rounding.
+    double sum = 0.0;
+    for (std::size_t i = 0; i + 1 < shares.size(); ++i)
+      sum += shares[i].fraction;
+    shares.back().fraction = std::max(0.0, 1.0 - sum);
+    Split measured(std::move(shares));
+    // Where the rows come out as the layer before's, keep its split: the data stays put.
+    nl.split = !upstream.empty() && upstream.partition(layer_rows) == measured.partition(layer_rows)
+                   ? upstream
+                   : measured;
+    for (std::size_t p = 0; p < nl.params.size(); ++p) {
+      float* diff = static_cast<float*>(nl.params[p]->diff().host_overwrite());
+      std::copy(kept[p].begin(), kept[p].end(), diff);
+    }
+  }
+  if (on_calibrated) on_calibrated(nl.param.name(), nl.split);
 }
 
 void Net::Impl::backward_layer(int index) {
@@ -1237,6 +1579,55 @@ std::uint64_t Net::data_position() const {
 
 void Net::set_iteration_seed(std::uint64_t seed) {
   impl_->iteration_seed = seed;
+}
+
+LayerSplits Net::layer_splits() const {
+  LayerSplits splits;
+  for (const NetLayer& nl : impl_->layers) {
+    if (nl.kind == Kind::compute && !nl.split.empty())
+      splits.emplace_back(nl.param.name(), nl.split);
+  }
+  return splits;
+}
+
+bool Net::needs_split_calibration() const {
+  return std::any_of(impl_->layers.begin(), impl_->layers.end(),
+                     [](const NetLayer& nl) { return nl.automatic && !nl.calibrated; });
+}
+
+void Net::calibrate_splits(
+    const std::function<void(const std::string& layer, const Split& split)>& on_layer) {
+  if (!needs_split_calibration()) return;
+  // A forward pass measures each layer on its inputs as it reaches it; the data it fetched
+  // is fetched again by the next forward.
+  const std::uint64_t position = impl_->data_batch;
+  impl_->on_calibrated = on_layer;
+  try {
+    for (int l = 0; l < num_layers(); ++l)
+      impl_->forward_layer(l);
+  } catch (...) {
+    impl_->on_calibrated = nullptr;
+    seek_data(position);
+    throw;
+  }
+  impl_->on_calibrated = nullptr;
+  seek_data(position);
+}
+
+std::vector<LayerProfile> Net::profile() const {
+  std::vector<LayerProfile> result;
+  for (std::size_t l = 0; l < impl_->layers.size(); ++l) {
+    if (impl_->layers[l].kind == Kind::compute) result.push_back(impl_->profiles[l]);
+  }
+  return result;
+}
+
+void Net::reset_profile() {
+  for (LayerProfile& profile : impl_->profiles) {
+    profile.forward_calls = profile.backward_calls = 0;
+    profile.forward_seconds = profile.backward_seconds = 0.0;
+    profile.devices.clear();
+  }
 }
 
 std::size_t Net::activation_bytes() const {

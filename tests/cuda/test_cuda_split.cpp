@@ -1,0 +1,146 @@
+// GPU-only tests of the hybrid split: Caffe's LeNet and CIFAR-10 quick cut between the CPU
+// driver and cuda:0 compute the unsplit losses and gradients, activations stay on the GPU
+// between layers split alike, split training is bitwise reproducible, and an automatic split
+// measures both devices. cuda_test_main.cpp skips the binary (exit 77) when no GPU answers.
+#include <fmt/format.h>
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "hybridnn/net.h"
+#include "hybridnn/runtime.h"
+#include "hybridnn/solver.h"
+
+namespace hn {
+namespace {
+
+struct CpuAndGpu {
+  Runtime runtime;
+  Driver* cpu = &runtime.add(Device::parse("cpu"));
+  Driver* gpu = &runtime.add(Device::parse("cuda:0"));
+};
+
+struct Result {
+  float loss = 0.0f;
+  std::vector<std::vector<float>> gradients;  // every parameter's, then the data's
+};
+
+Result run(CpuAndGpu& d, const std::string& file, const std::string& source, int batch,
+           const std::string& split) {
+  NetOptions options;
+  options.data_source = source;
+  options.mean_file = "none";
+  options.batch_size = batch;
+  options.force_backward = true;
+  if (!split.empty()) options.split = Split::parse(split);
+  Net net(fmt::format("{}/{}", HYBRIDNN_MODELS_DIR, file), d.runtime, *d.cpu, options);
+  net.clear_param_diffs();
+  Result result;
+  result.loss = net.forward_backward();
+  for (const NetParam& param : net.learnable_params()) {
+    const float* diff = param.tensor->host_diff();
+    result.gradients.emplace_back(diff, diff + param.tensor->count());
+  }
+  const BlobRef data = net.blob("data");
+  result.gradients.emplace_back(data.host_diff(), data.host_diff() + data.count());
+  return result;
+}
+
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double scale = 1e-6, worst = 0.0;
+  for (float x : a)
+    scale = std::max(scale, static_cast<double>(std::fabs(x)));
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]) / scale);
+  return worst;
+}
+
+TEST_CASE("nets split between cpu and cuda:0 compute the unsplit losses and gradients", "[cuda]") {
+  CpuAndGpu d;
+  const std::pair<const char*, const char*> nets[] = {
+      {"mnist_lenet_train_test.prototxt", "synthetic:1x28x28"},
+      {"cifar10_cifar10_quick_train_test.prototxt", "synthetic:3x32x32"}};
+  for (const auto& [file, source] : nets) {
+    for (int batch : {8, 7}) {
+      const Result whole = run(d, file, source, batch, "");
+      for (const char* split : {"cpu:1.0,cuda:0:0.0", "cpu:0.0,cuda:0:1.0", "cpu:0.5,cuda:0:0.5",
+                                "cpu:0.75,cuda:0:0.25", "cpu:0.125,cuda:0:0.875"}) {
+        INFO(file << " batch " << batch << " split " << split);
+        const Result cut = run(d, file, source, batch, split);
+        CHECK(cut.loss == Approx(whole.loss).epsilon(1e-5));
+        REQUIRE(cut.gradients.size() == whole.gradients.size());
+        for (std::size_t g = 0; g < whole.gradients.size(); ++g) {
+          INFO("gradient " << g);
+          CHECK(max_rel_diff(whole.gradients[g], cut.gradients[g]) <= 1e-5);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("layers split alike keep their activations on cuda:0", "[cuda]") {
+  CpuAndGpu d;
+  NetOptions options;
+  options.data_source = "synthetic:1x28x28";
+  options.batch_size = 8;
+  options.split = Split::parse("cuda:0");
+  Net net(fmt::format("{}/mnist_lenet_train_test.prototxt", HYBRIDNN_MODELS_DIR), d.runtime, *d.cpu,
+          options);
+  net.forward();
+  d.gpu->reset_transfer_stats();
+  net.forward();
+  const TransferStats& stats = d.gpu->transfer_stats();
+  CHECK(stats.to_device_bytes == 8 * 28 * 28 * sizeof(float));
+  CHECK(stats.to_host_bytes == 8 * 10 * sizeof(float));
+}
+
+TEST_CASE("cpu and cuda:0 split training is bitwise reproducible", "[cuda]") {
+  auto train = [] {
+    CpuAndGpu d;
+    NetOptions options;
+    options.data_source = "synthetic:1x28x28";
+    options.batch_size = 16;
+    options.split = Split::parse("cpu:0.5,cuda:0:0.5");
+    Net net(fmt::format("{}/mnist_lenet_train_test.prototxt", HYBRIDNN_MODELS_DIR), d.runtime,
+            *d.cpu, options);
+    std::vector<float> result;
+    for (int i = 0; i < 3; ++i) {
+      net.clear_param_diffs();
+      result.push_back(net.forward_backward());
+    }
+    for (const NetParam& param : net.learnable_params()) {
+      const float* g = param.tensor->host_diff();
+      result.insert(result.end(), g, g + param.tensor->count());
+    }
+    return result;
+  };
+  const std::vector<float> first = train(), second = train();
+  REQUIRE(first.size() == second.size());
+  CHECK(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("an automatic split over cpu and cuda:0 measures every layer", "[cuda]") {
+  CpuAndGpu d;
+  NetOptions options;
+  options.data_source = "synthetic:3x32x32";
+  options.mean_file = "none";
+  options.batch_size = 32;
+  options.split = Split::parse("auto:cpu,cuda:0");
+  Net net(fmt::format("{}/cifar10_cifar10_quick_train_test.prototxt", HYBRIDNN_MODELS_DIR),
+          d.runtime, *d.cpu, options);
+  net.calibrate_splits();
+  const LayerSplits splits = net.layer_splits();
+  CHECK_FALSE(splits.empty());
+  for (const auto& [layer, split] : splits) {
+    INFO(layer << ": " << split.to_string());
+    REQUIRE(split.shares().size() == 2);
+  }
+  CHECK(std::isfinite(net.forward_backward()));
+}
+
+}  // namespace
+}  // namespace hn
