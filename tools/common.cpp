@@ -1,8 +1,9 @@
-// What the tool's commands share: device choice from the command line, split specs, and
-// number formatting for logs and JSON lines.
+// What the tool's commands share: device choice from the command line, split specs and
+// split files, measuring automatic splits, and number formatting for logs and JSON lines.
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
@@ -26,19 +27,46 @@ std::vector<std::string> split_commas(const std::string& text) {
 }
 
 Split parse_split(const std::string& spec) {
+  Split split;
   try {
-    return Split::parse(spec);
+    split = Split::parse(spec);
   } catch (const Error& error) {
     throw UsageError(fmt::format("--split '{}': {}", spec, error.what()));
   }
+  if (!split.is_automatic() || !split.automatic_devices().empty()) return split;
+  // The reference driver is an oracle, far slower than any other: measuring it would only
+  // hand it a sliver of every layer.
+  std::vector<Device> devices;
+  for (const Device& device : available_devices()) {
+    if (device.kind != DeviceKind::reference) devices.push_back(device);
+  }
+  return Split::automatic(std::move(devices));
 }
+
+namespace {
+
+// The devices a split names: its shares', or those an automatic split measures.
+std::vector<Device> devices_of(const Split& split) {
+  std::vector<Device> devices = split.automatic_devices();
+  for (const SplitShare& share : split.shares())
+    devices.push_back(share.device);
+  return devices;
+}
+
+}  // namespace
 
 std::vector<FlagSpec> device_flags() {
   return {
       {"device", FlagKind::text, "D", "run on device D: cpu (default), reference, cuda:N"},
       {"gpu", FlagKind::text, "N", "as Caffe's -gpu: run on cuda:N (one GPU)"},
       {"split", FlagKind::text, "SPEC",
-       "split of each batch among devices, DEVICE:FRACTION,... (e.g. cpu:0.5,reference:0.5)"},
+       "split of each layer's batch among devices: DEVICE:FRACTION,... (e.g. "
+       "cpu:0.5,reference:0.5), or auto[:DEVICE,...] to measure the fractions (auto: cpu and "
+       "every GPU)"},
+      {"split-file", FlagKind::text, "FILE",
+       "per-layer splits saved by --split-save (they override --split for their layers)"},
+      {"split-save", FlagKind::text, "FILE",
+       "write the split each layer runs with (the measured fractions for auto) to FILE"},
       {"threads", FlagKind::integer, "N", "CPU driver threads (default 0: every core)"},
       {"blas", FlagKind::text, "NAME", "CPU driver GEMM: onednn or openblas (default: build's)"},
   };
@@ -64,6 +92,7 @@ NetOptions net_options(const Args& args, Phase phase) {
   options.mean_file = args.text("mean-file");
   options.batch_size = static_cast<int>(args.integer("batch", 0, 1, 1 << 30));
   options.split = chosen_split(args);
+  options.layer_splits = chosen_layer_splits(args);
   return options;
 }
 
@@ -86,16 +115,15 @@ Device chosen_device(const Args& args) {
     if (device) throw UsageError("give --device or --gpu, not both");
     device = parse("gpu", "cuda:" + gpu);
   }
-  if (args.has("split")) {
-    const std::string spec = args.text("split");
-    const Split split = parse_split(spec);
-    if (split.is_automatic()) {
-      throw UsageError(fmt::format(
-          "--split '{}': measured fractions are not supported yet (hybrid split, issue #5)", spec));
-    }
-    // The Net's own driver (data, losses, batch statistics): --device, else the split's
-    // first device.
-    if (!device) device = split.shares()[0].device;
+  // The Net's own driver (data, losses, batch statistics): --device, else the split's first
+  // device.
+  if (!device) {
+    const std::vector<Device> devices = devices_of(chosen_split(args));
+    if (!devices.empty()) device = devices[0];
+  }
+  if (!device) {
+    const LayerSplits layer_splits = chosen_layer_splits(args);
+    if (!layer_splits.empty()) device = devices_of(layer_splits[0].second).at(0);
   }
   return device.value_or(Device{DeviceKind::cpu, 0});
 }
@@ -104,17 +132,59 @@ Split chosen_split(const Args& args) {
   return args.has("split") ? parse_split(args.text("split")) : Split();
 }
 
+LayerSplits chosen_layer_splits(const Args& args) {
+  return args.has("split-file") ? read_layer_splits(args.text("split-file")) : LayerSplits();
+}
+
+bool splits_chosen(const Args& args) {
+  return args.has("split") || args.has("split-file");
+}
+
 Driver& add_chosen_driver(Runtime& runtime, const Args& args) {
   DriverOptions options;
   options.threads = static_cast<int>(args.integer("threads", 0, 0, 4096));
   options.blas = args.text("blas");
   Driver& main = runtime.add(chosen_device(args), options);
-  // A driver for every other device of the split.
-  const Split split = chosen_split(args);
-  for (const SplitShare& share : split.shares()) {
-    if (runtime.find(share.device) == nullptr) runtime.add(share.device, options);
+  // A driver for every other device of the splits.
+  std::vector<Device> devices = devices_of(chosen_split(args));
+  for (const auto& [layer, split] : chosen_layer_splits(args)) {
+    for (const Device& device : devices_of(split))
+      devices.push_back(device);
+  }
+  for (const Device& device : devices) {
+    if (runtime.find(device) == nullptr) runtime.add(device, options);
   }
   return main;
+}
+
+void settle_splits(Net& net, const Args& args, bool json) {
+  if (net.needs_split_calibration()) {
+    std::FILE* progress = json ? stderr : stdout;
+    net.calibrate_splits([progress](const std::string& layer, const Split& split) {
+      fmt::print(progress, "Measuring the split of {}... {}\n", layer, split.to_string());
+      std::fflush(progress);
+    });
+    const LayerSplits chosen = net.layer_splits();
+    if (!json) fmt::print("Chosen split:\n");
+    for (const auto& [layer, split] : chosen) {
+      if (json) {
+        fmt::print(R"({{"split":true,"layer":{},"split_spec":{}}})"
+                   "\n",
+                   json_string(layer), json_string(split.to_string()));
+      } else {
+        fmt::print("  {} {}\n", layer, split.to_string());
+      }
+    }
+  }
+  if (args.has("split-save")) {
+    const std::string path = args.text("split-save");
+    create_parent_directory(path);
+    const LayerSplits splits = net.layer_splits();
+    write_layer_splits(path, splits);
+    fmt::print(json ? stderr : stdout,
+               "Saved the splits of {} layers to {} (reuse them with --split-file {})\n",
+               splits.size(), path, path);
+  }
 }
 
 std::string format_float(double value) {

@@ -1,5 +1,6 @@
 // The commands of the `hybridnn` tool and what they share: choosing the device (--device,
-// --gpu, --split, --threads, --blas) and formatting numbers for people and for JSON.
+// --gpu, --split, --split-file, --split-save, --threads, --blas), measuring automatic splits,
+// and formatting numbers for people and for JSON.
 #pragma once
 
 #include <string>
@@ -19,24 +20,39 @@ Command time_command();
 Command device_query_command();
 Command convert_command();
 
-// --device, --gpu, --split, --threads, --blas.
+// --device, --gpu, --split, --split-file, --split-save, --threads, --blas.
 std::vector<FlagSpec> device_flags();
 
 // --data, --mean-file, --batch, --level, --stage: how `test` and `time` build a net.
 std::vector<FlagSpec> net_flags();
 NetOptions net_options(const Args& args, Phase phase);
 
-// Parses a --split SPEC with hn::Split::parse; throws UsageError quoting the flag.
+// Parses a --split SPEC with hn::Split::parse; throws UsageError quoting the flag. A bare
+// "auto" measures every available device but the reference driver (cpu and each cuda:N).
 Split parse_split(const std::string& text);
 // The --split of the command line (empty without the flag).
 Split chosen_split(const Args& args);
+// The per-layer splits of --split-file (empty without the flag); hn::Error names the file
+// and line of a malformed entry.
+LayerSplits chosen_layer_splits(const Args& args);
+// Whether --split or --split-file cuts layers among devices.
+bool splits_chosen(const Args& args);
 
 // The device of the Net's own driver (data, losses, batch statistics): --device or --gpu,
-// else the first device of --split, else cpu. Throws UsageError for malformed flags.
+// else the first device of --split, else the first device of --split-file's first layer,
+// else cpu. Throws UsageError for malformed flags.
 Device chosen_device(const Args& args);
-// Adds the driver for chosen_device() and one for every other device of --split, with
-// --threads and --blas, to `runtime`; returns the first.
+// Adds the driver for chosen_device() and one for every other device of --split and
+// --split-file, with --threads and --blas, to `runtime`; returns the first.
 Driver& add_chosen_driver(Runtime& runtime, const Args& args);
+
+// Measures the net's automatic splits (--split auto) before the command's work starts,
+// printing each layer's choice as it is made ("Measuring the split of conv1...
+// cpu:0.97,reference:0.03") and then the chosen splits ("Chosen split:" and one
+// "LAYER SPLIT" line per layer). With `json`, stdout gets one line
+// {"split":true,"layer","split_spec"} per layer instead and the progress goes to stderr.
+// Then writes net.layer_splits() to --split-save when given.
+void settle_splits(Net& net, const Args& args, bool json = false);
 
 // Shortest text that reads back as the same float ("0.8934", "1e-05", "nan").
 std::string format_float(double value);

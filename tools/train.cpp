@@ -185,6 +185,7 @@ int run_train(const Args& args) {
   options.max_iter = static_cast<int>(args.integer("max-iter", 0, 1, INT_MAX));
   options.seed = static_cast<std::uint64_t>(args.integer("seed", 0, 0, LLONG_MAX));
   options.split = chosen_split(args);
+  options.layer_splits = chosen_layer_splits(args);
 
   Runtime runtime;
   Driver& driver = add_chosen_driver(runtime, args);
@@ -210,6 +211,7 @@ int run_train(const Args& args) {
     solver.restore(args.text("snapshot"));
     fmt::print("Resumed at iteration {}\n", solver.iter());
   }
+  settle_splits(solver.net(), args);
 
   Reporter reporter(solver, metrics);
   solver.on_event([&reporter](const SolverEvent& event) { reporter(event); });
@@ -242,14 +244,20 @@ Command train_command() {
   command.name = "train";
   command.summary = "train or fine-tune a model (Caffe's caffe train)";
   command.synopsis =
-      "--solver FILE [--weights W[,W2] | --snapshot S] [--split SPEC] [--data SRC] "
-      "[--metrics FILE] [flags]";
+      "--solver FILE [--weights W[,W2] | --snapshot S] [--split SPEC | --split-file FILE] "
+      "[--split-save FILE] [--data SRC] [--metrics FILE] [flags]";
   command.details =
       "Prints a line per display interval (iteration, loss, learning rate, images/s, time\n"
       "remaining), the test nets' outputs per test pass and the snapshot paths. SIGINT or\n"
       "SIGTERM stops after the current iteration and writes a snapshot (exit 0); a second one\n"
       "exits at once. --metrics writes JSON lines {\"iter\",\"phase\",\"loss\",\"accuracy\",\n"
-      "\"lr\",\"images_per_s\"} per display interval and test pass.";
+      "\"lr\",\"images_per_s\"} per display interval and test pass.\n"
+      "\n"
+      "--split cuts every layer's batch among devices in the training and test nets (the\n"
+      "slices run at the same time). --split auto first measures each layer of the training\n"
+      "net and prints the chosen fractions (the test nets measure theirs at their first\n"
+      "test); --split-save FILE keeps the training net's, and --split-file FILE trains with\n"
+      "them again (the test nets then use --split).";
   command.flags = {
       {"solver", FlagKind::text, "FILE", "the solver prototxt (required)"},
       {"weights", FlagKind::text, "W[,W2]", "fine-tune from these .caffemodel files"},

@@ -33,6 +33,9 @@ struct SolverOptions {
   // Cuts every layer's batch among devices in the training and test nets (see
   // NetOptions::split); empty: the nets' prototxt decides.
   Split split;
+  // Splits of single layers of the training net (see NetOptions::layer_splits); the test
+  // nets, whose layers may differ, use `split`.
+  LayerSplits layer_splits;
 };
 
 // What the Solver reports while it runs: one event per display interval (phase train) and

@@ -226,6 +226,7 @@ void Solver::Impl::build_nets() {
   train_options.mean_file = options.mean_file;
   train_options.seed = seed;
   train_options.split = options.split;
+  train_options.layer_splits = options.layer_splits;
   if (p.has_net() || p.has_train_net()) {
     const std::string path = resolve_beside(p.has_net() ? p.net() : p.train_net(), origin);
     net = std::make_unique<Net>(path, *runtime, *driver, train_options);

@@ -265,11 +265,16 @@ def split_spec(ctx):
         run = ctx.run("time", "--model", net, "--iterations", 1, "--split", spec, "--json")
         check(json_lines(run.stdout)[-1]["device"] == device,
               f"--split {spec} did not run on {device}:\n{run.stdout}")
-    ctx.error("time", "--model", net, "--split", "auto", code=2,
-              needles=["--split 'auto'", "not supported yet"])
+    # Measured fractions: bare auto measures cpu and the GPUs (not the reference driver).
+    run = ctx.run("time", "--model", net, "--iterations", 1, "--split", "auto", "--json")
+    chosen = [r for r in json_lines(run.stdout) if r.get("split")]
+    check(chosen and all(r["split_spec"] == "cpu:1.0" or "cuda" in r["split_spec"]
+                         for r in chosen), f"--split auto chose {chosen}")
+    check(json_lines(run.stdout)[-1]["device"] == "cpu", f"--split auto:\n{run.stdout}")
     for spec, needle in [("cpu:0.5", "sum to 0.5"), ("tpu:1", "unknown device 'tpu:1'"),
                          ("cpu:0.5,cpu:0.5", "appears twice"), ("cpu:-1", "'cpu:-1'"),
-                         ("", "an empty entry")]:
+                         ("", "an empty entry"), ("auto:cpu,cpu", "appears twice"),
+                         ("auto:cpu,tpu", "unknown device 'tpu'"), ("auto:", "an empty entry")]:
         ctx.error("time", "--model", net, "--split", spec, code=2, needles=[needle])
 
     # A device this build or machine lacks is the library's error, not a usage error.
@@ -695,6 +700,155 @@ def time_text_like_caffe(ctx):
                     r"Average Forward pass: \S+ ms\.", r"Average Backward pass: \S+ ms\.",
                     r"Average Forward-Backward: \S+ ms\.", r"Total Time: \S+ ms\."]:
         check(re.search(pattern, run.stdout), f"no /{pattern}/ in:\n{run.stdout}")
+
+
+LENET = "mnist_lenet_train_test.prototxt"
+LENET_SPLIT_LAYERS = ["conv1", "pool1", "conv2", "pool2", "ip1", "relu1", "ip2"]
+
+
+def lenet(ctx):
+    model = os.path.join(ctx.models, LENET)
+    if not os.path.exists(model):
+        raise Skip(f"{model} is missing")
+    return model
+
+
+def time_lenet(ctx, batch, *args):
+    return ctx.run("time", "--model", lenet(ctx), "--data", "synthetic:1x28x28", "--batch",
+                   batch, "--iterations", 2, *args)
+
+
+def device_lines(records):
+    """The per-(layer, device) lines of `time --split --json`, by layer, in device order."""
+    keys = {"layer", "device", "rows", "forward_busy_ms", "backward_busy_ms", "waiting_ms",
+            "copy_bytes", "copy_ms"}
+    by_layer = {}
+    for r in records:
+        if "device" in r and "layer" in r:
+            check(set(r) == keys, f"per-device keys {r}")
+            check(all(r[k] >= 0 for k in keys - {"layer", "device"}), f"negative value {r}")
+            by_layer.setdefault(r["layer"], []).append(r)
+    return by_layer
+
+
+def partition(spec, rows):
+    """Split::partition's rule: boundary i is the cumulative fraction times rows, rounded half
+    up; the last is `rows`."""
+    fractions = [float(entry.rsplit(":", 1)[1]) for entry in spec.split(",")]
+    counts, begin, cumulative = [], 0, 0.0
+    for i, fraction in enumerate(fractions):
+        cumulative += fraction
+        end = rows if i + 1 == len(fractions) else int(cumulative * rows + 0.5)
+        end = min(max(end, begin), rows)
+        counts.append(end - begin)
+        begin = end
+    return counts
+
+
+@case
+def time_split_reports_each_device(ctx):
+    batch = 10
+    run = time_lenet(ctx, batch, "--split", "cpu:0.5,reference:0.5", "--json")
+    records = json_lines(run.stdout)
+    check(records[-1].get("total") and records[-1]["device"] == "cpu", f"last: {records[-1]}")
+    by_layer = device_lines(records)
+    for name in LENET_SPLIT_LAYERS:
+        lines = by_layer.get(name, [])
+        check([r["device"] for r in lines] == ["cpu", "reference"],
+              f"{name}: devices {[r['device'] for r in lines]}")
+        check([r["rows"] for r in lines] == [5, 5], f"{name}: rows {lines}")
+        check(lines[0]["forward_busy_ms"] > 0, f"{name}: cpu was never busy: {lines[0]}")
+    # Layers that need the whole batch run on the Net's driver.
+    check([(r["device"], r["rows"]) for r in by_layer.get("loss", [])] == [("cpu", batch)],
+          f"loss: {by_layer.get('loss')}")
+    text = time_lenet(ctx, 7, "--split", "cpu:0.75,reference:0.25").stdout
+    table = text[text.find("Split per layer and device:"):]
+    check(table, f"no split table:\n{text}")
+    # 7 rows at 3:1: 5 and 2.
+    check(re.search(r"^\s*conv1\s+cpu\s+5\s", table, re.MULTILINE) and
+          re.search(r"^\s*conv1\s+reference\s+2\s", table, re.MULTILINE), table)
+    check("Split per layer and device" not in time_lenet(ctx, 7).stdout,
+          "the split table is printed without --split")
+
+
+@case
+def time_split_auto_saves_and_reuses(ctx):
+    saved = ctx.path("splits", "lenet.txt")
+    run = time_lenet(ctx, 10, "--split", "auto:cpu,reference", "--split-save", saved)
+    for name in LENET_SPLIT_LAYERS:
+        check(re.search(rf"^Measuring the split of {name}\.\.\. cpu:\S+,reference:\S+$",
+                        run.stdout, re.MULTILINE), f"no measurement of {name}:\n{run.stdout}")
+    chosen = run.stdout[run.stdout.find("Chosen split:"):]
+    check(chosen, f"no 'Chosen split:' block:\n{run.stdout}")
+    check(os.path.exists(saved), f"--split-save did not write {saved}")
+    with open(saved) as f:
+        text = f.read()
+    check(text.startswith("#") and "--split-file" in text, f"no header comment:\n{text}")
+    splits = dict(line.split() for line in text.splitlines() if line and not line[0] == "#")
+    check(sorted(splits) == sorted(LENET_SPLIT_LAYERS), f"saved layers {sorted(splits)}")
+    for name, spec in splits.items():
+        check(re.search(rf"^\s*{name} {re.escape(spec)}$", chosen, re.MULTILINE),
+              f"{name} {spec} is not in the printed choice:\n{chosen}")
+        check(abs(sum(float(e.rsplit(":", 1)[1]) for e in spec.split(",")) - 1) <= 1e-6, spec)
+
+    # The saved file runs the same per-layer splits, measuring nothing.
+    run = time_lenet(ctx, 10, "--split-file", saved, "--json")
+    check("Measuring" not in run.stderr, f"--split-file measured again:\n{run.stderr}")
+    by_layer = device_lines(json_lines(run.stdout))
+    for name, spec in splits.items():
+        rows = [r["rows"] for r in by_layer.get(name, [])]
+        check(rows == partition(spec, 10), f"{name} ran {rows} rows, {spec} gives "
+              f"{partition(spec, 10)}")
+
+    # --json: the choice as JSON lines on stdout, the progress on stderr.
+    run = time_lenet(ctx, 10, "--split", "auto:cpu,reference", "--json")
+    chosen = {r["layer"]: r["split_spec"] for r in json_lines(run.stdout) if r.get("split")}
+    check(sorted(chosen) == sorted(LENET_SPLIT_LAYERS), f"JSON choice {chosen}")
+    check("Measuring the split of conv1..." in run.stderr, f"no progress on stderr:\n{run.stderr}")
+
+    # train measures its net's splits before the first iteration, and saves them.
+    solver, net, prefix = setup_training(ctx, max_iter=2, test_interval=2)
+    trained = ctx.path("train_splits.txt")
+    run = ctx.run("train", "--solver", solver, "--split", "auto:cpu,reference", "--split-save",
+                  trained)
+    check(0 <= run.stdout.find("Chosen split:") < run.stdout.find("Iteration 0"),
+          f"no choice before the first iteration:\n{run.stdout}")
+    check(os.path.exists(trained), "train --split-save wrote nothing")
+    ctx.run("train", "--solver", solver, "--split-file", trained, "--snapshot-prefix",
+            ctx.path("again", "x"))
+
+
+@case
+def malformed_split_file(ctx):
+    model = lenet(ctx)
+    args = ["time", "--model", model, "--data", "synthetic:1x28x28", "--iterations", 1,
+            "--split-file"]
+    for name, text, needles in [
+            ("sum.txt", "# splits\nconv1 cpu:0.5\n", [":2", "conv1", "sum to 0.5"]),
+            ("missing.txt", "conv1 cpu:1.0\n\npool1\n", [":3", "pool1 has no split"]),
+            ("twice.txt", "conv1 cpu:1.0\nconv1 reference:1.0\n", [":2", "named twice"]),
+            ("auto.txt", "conv1 auto\n", [":1", "automatic"])]:
+        path = write(ctx, name, text)
+        line = needles[0]
+        ctx.error(*args, path, needles=[path + line] + needles[1:])
+    ctx.error(*args, ctx.path("absent.txt"), needles=[ctx.path("absent.txt"), "cannot read"])
+    path = write(ctx, "unknown.txt", "conv9 cpu:1.0\n")
+    ctx.error(*args, path, needles=["conv9"])
+
+
+@case
+def test_split_gives_unsplit_accuracy(ctx):
+    solver, net, prefix = setup_training(ctx)
+    ctx.run("train", "--solver", solver)
+    weights = prefix + "_iter_40.caffemodel"
+    plain = ctx.run("test", "--model", net, "--weights", weights, "--iterations", 5).stdout
+    split = ctx.run("test", "--model", net, "--weights", weights, "--iterations", 5, "--split",
+                    "cpu:0.5,reference:0.5").stdout
+    check(output_value(split, "accuracy") == output_value(plain, "accuracy"),
+          f"split accuracy {output_value(split, 'accuracy')}, unsplit "
+          f"{output_value(plain, 'accuracy')}")
+    check(abs(output_value(split, "loss") - output_value(plain, "loss")) <=
+          1e-5 * abs(output_value(plain, "loss")), "split loss differs")
 
 
 # ---- convert and the example ---------------------------------------------------------------
