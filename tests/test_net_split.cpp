@@ -1,7 +1,7 @@
-// The hybrid split inside a Net: Caffe's LeNet and CIFAR-10 quick, cut between the reference
-// driver on host memory and a second reference driver with memory of its own (a device),
-// compute the same losses and gradients as the unsplit net, and activations stay on the
-// device that computed them.
+// The hybrid split inside a Net: Caffe's LeNet and CIFAR-10 quick and full, cut between the
+// reference driver on host memory and a second reference driver with memory of its own (a
+// device), compute the same losses and gradients as the unsplit net; activations stay on the
+// device that computed them; the scheduler's threads, profile, per-layer and automatic splits.
 #include <fmt/format.h>
 #include <catch2/catch.hpp>
 
@@ -78,7 +78,8 @@ TEST_CASE("split nets compute the unsplit losses and gradients") {
   TwoDrivers d;
   const std::pair<const char*, const char*> nets[] = {
       {"mnist_lenet_train_test.prototxt", "synthetic:1x28x28"},
-      {"cifar10_cifar10_quick_train_test.prototxt", "synthetic:3x32x32"}};
+      {"cifar10_cifar10_quick_train_test.prototxt", "synthetic:3x32x32"},
+      {"cifar10_cifar10_full_train_test.prototxt", "synthetic:3x32x32"}};  // LRN
   for (const auto& [file, source] : nets) {
     for (int batch : {8, 7}) {
       const Result whole = run(d, file, source, batch, "");
