@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <deque>
 #include <map>
 #include <memory>
@@ -77,10 +78,31 @@ Key make_key(Call call, const LoweringShape& s, index_t out_channels, bool has_b
 struct Operand {
   memory user, inner;
   dnnl::reorder reorder;
+  memory scratch;  // the reorder's scratchpad (empty when it needs none)
   bool reordered = false;
 
   void bind(const void* address) const { user.set_data_handle(const_cast<void*>(address)); }
 };
+
+// Every primitive takes its scratchpad from the caller (the driver's own buffer): with
+// oneDNN's default (library) mode the scratchpad belongs to the thread that created the
+// primitive, and a driver may be driven by another thread later (the hybrid split's device
+// threads): executing there crashed.
+dnnl::primitive_attr user_scratchpad() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+// A memory for `pd`'s scratchpad, bound to the driver's buffer at each call; empty when the
+// primitive needs none.
+memory scratch_memory(const dnnl::engine& engine, const memory::desc& desc) {
+  return desc.get_size() > 0 ? memory(desc, engine, nullptr) : memory();
+}
+
+std::size_t scratch_bytes(const memory& scratch) {
+  return scratch ? scratch.get_desc().get_size() : 0;
+}
 
 Operand make_input(const dnnl::engine& engine, const memory::desc& plain,
                    const memory::desc& wanted) {
@@ -90,7 +112,9 @@ Operand make_input(const dnnl::engine& engine, const memory::desc& plain,
     op.inner = op.user;
   } else {
     op.inner = memory(wanted, engine);
-    op.reorder = dnnl::reorder(op.user, op.inner);
+    const dnnl::reorder::primitive_desc pd(op.user, op.inner, user_scratchpad());
+    op.reorder = dnnl::reorder(pd);
+    op.scratch = scratch_memory(engine, pd.scratchpad_desc());
     op.reordered = true;
   }
   return op;
@@ -105,26 +129,35 @@ Operand make_output(const dnnl::engine& engine, const memory::desc& plain,
     return op;
   }
   op.inner = memory(wanted, engine);
-  dnnl::primitive_attr attr;
+  dnnl::primitive_attr attr = user_scratchpad();
   if (accumulate) {
     dnnl::post_ops sum;
     sum.append_sum(1.0f);
     attr.set_post_ops(sum);
   }
-  op.reorder = dnnl::reorder(dnnl::reorder::primitive_desc(op.inner, op.user, attr));
+  const dnnl::reorder::primitive_desc pd(op.inner, op.user, attr);
+  op.reorder = dnnl::reorder(pd);
+  op.scratch = scratch_memory(engine, pd.scratchpad_desc());
   op.reordered = true;
   return op;
 }
 
-// dnnl::reorder::execute takes non-const memory references; the copies share the buffers.
-void load(const dnnl::stream& stream, const Operand& op) {
-  memory user = op.user, inner = op.inner;
-  if (op.reordered) op.reorder.execute(stream, user, inner);
+void reorder(const dnnl::stream& stream, const Operand& op, const memory& from, const memory& to,
+             void* scratch) {
+  std::unordered_map<int, memory> args{{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
+  if (op.scratch) {
+    op.scratch.set_data_handle(scratch);
+    args.emplace(DNNL_ARG_SCRATCHPAD, op.scratch);
+  }
+  op.reorder.execute(stream, args);
 }
 
-void store(const dnnl::stream& stream, const Operand& op) {
-  memory user = op.user, inner = op.inner;
-  if (op.reordered) op.reorder.execute(stream, inner, user);
+void load(const dnnl::stream& stream, const Operand& op, void* scratch) {
+  if (op.reordered) reorder(stream, op, op.user, op.inner, scratch);
+}
+
+void store(const dnnl::stream& stream, const Operand& op, void* scratch) {
+  if (op.reordered) reorder(stream, op, op.inner, op.user, scratch);
 }
 
 // oneDNN's descriptors of one convolution shape: plain (the caller's layouts), `any` (left
@@ -234,12 +267,13 @@ dnnl::convolution_forward::primitive_desc forward_desc(const dnnl::engine& engin
   const dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_training, kAlgorithm, d.src,
                                              d.weights, d.bias, d.dst, geo.strides, geo.dilates,
                                              geo.pad_l, geo.pad_r);
-  return dnnl::convolution_forward::primitive_desc(desc, engine);
+  return dnnl::convolution_forward::primitive_desc(desc, user_scratchpad(), engine);
 }
 
 // A cached call: the primitive and the operands in the order the call lists them.
 struct Entry {
   dnnl::primitive primitive;
+  memory scratch;  // the primitive's scratchpad (empty when it needs none)
   Operand a, b, c, d;
   std::string implementation;  // oneDNN's name for the kernel, e.g. "jit:avx512_core"
   // Multiply-adds done per useful one: the channel padding of the input-side activations
@@ -254,6 +288,14 @@ struct Entry {
   index_t group_count = 0;
   std::array<index_t, 4> group_step{};
 };
+
+// The largest scratchpad any primitive of the call needs.
+std::size_t scratch_bytes(const Entry& e) {
+  std::size_t bytes = e.per_group ? scratch_bytes(*e.per_group) : 0;
+  for (const memory* scratch : {&e.scratch, &e.a.scratch, &e.b.scratch, &e.c.scratch, &e.d.scratch})
+    bytes = std::max(bytes, scratch_bytes(*scratch));
+  return bytes;
+}
 
 // Floats between consecutive groups' operands of a call, in the order of its operands.
 std::array<index_t, 4> group_steps(Call call, const LoweringShape& s, index_t out_channels) {
@@ -278,6 +320,18 @@ struct DirectConvolution::Impl {
   dnnl::stream stream{engine};
   std::map<Key, Entry> cache;
   std::deque<Key> order;  // insertion order, for eviction
+  // The scratchpad every primitive of this driver uses (one call runs at a time).
+  std::unique_ptr<void, decltype(&std::free)> scratch{nullptr, &std::free};
+  std::size_t scratch_capacity = 0;
+
+  void reserve_scratch(std::size_t bytes) {
+    if (bytes <= scratch_capacity) return;
+    constexpr std::size_t kAlign = 64;
+    const std::size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+    scratch.reset(std::aligned_alloc(kAlign, rounded));
+    HN_CHECK(scratch != nullptr, "conv (onednn): cannot allocate a {}-byte scratchpad", rounded);
+    scratch_capacity = rounded;
+  }
 
   Entry& entry(Call call, const LoweringShape& s, index_t out_channels, bool has_bias) {
     const Key key = make_key(call, s, out_channels, has_bias);
@@ -288,6 +342,7 @@ struct DirectConvolution::Impl {
       order.pop_front();
     }
     Entry made = create(call, s, out_channels, has_bias);
+    reserve_scratch(scratch_bytes(made));
     order.push_back(key);
     return cache.emplace(key, std::move(made)).first->second;
   }
@@ -348,6 +403,7 @@ struct DirectConvolution::Impl {
     switch (call) {
       case Call::forward: {
         e.primitive = dnnl::convolution_forward(fwd);
+        e.scratch = scratch_memory(engine, fwd.scratchpad_desc());
         e.implementation = fwd.impl_info_str();
         e.a = make_input(engine, geo.src_plain, fwd.src_desc());
         e.b = make_input(engine, geo.weights_plain, fwd.weights_desc());
@@ -360,8 +416,10 @@ struct DirectConvolution::Impl {
         const dnnl::convolution_backward_data::desc desc(kAlgorithm, want.src, want.weights,
                                                          want.dst, geo.strides, geo.dilates,
                                                          geo.pad_l, geo.pad_r);
-        const dnnl::convolution_backward_data::primitive_desc pd(desc, engine, fwd);
+        const dnnl::convolution_backward_data::primitive_desc pd(desc, user_scratchpad(), engine,
+                                                                 fwd);
         e.primitive = dnnl::convolution_backward_data(pd);
+        e.scratch = scratch_memory(engine, pd.scratchpad_desc());
         e.implementation = pd.impl_info_str();
         e.a = make_input(engine, geo.weights_plain, pd.weights_desc());
         e.b = make_input(engine, geo.dst_plain, pd.diff_dst_desc());
@@ -373,8 +431,10 @@ struct DirectConvolution::Impl {
         const dnnl::convolution_backward_weights::desc desc(kAlgorithm, want.src, want.weights,
                                                             want.bias, want.dst, geo.strides,
                                                             geo.dilates, geo.pad_l, geo.pad_r);
-        const dnnl::convolution_backward_weights::primitive_desc pd(desc, engine, fwd);
+        const dnnl::convolution_backward_weights::primitive_desc pd(desc, user_scratchpad(), engine,
+                                                                    fwd);
         e.primitive = dnnl::convolution_backward_weights(pd);
+        e.scratch = scratch_memory(engine, pd.scratchpad_desc());
         e.implementation = pd.impl_info_str();
         e.a = make_input(engine, geo.src_plain, pd.src_desc());
         e.b = make_input(engine, geo.dst_plain, pd.diff_dst_desc());
@@ -470,14 +530,14 @@ namespace {
 // Runs a cached call on the caller's buffers (operands in the entry's order a, b, c, d;
 // null where the call has no such operand).
 void execute(const dnnl::stream& stream, Call call, const Entry& e,
-             const std::array<const float*, 4>& at) {
+             const std::array<const float*, 4>& at, void* scratch) {
   if (e.per_group) {
     for (index_t g = 0; g < e.group_count; ++g) {
       std::array<const float*, 4> part{};
       for (std::size_t i = 0; i < at.size(); ++i) {
         part[i] = at[i] != nullptr ? at[i] + g * e.group_step[i] : nullptr;
       }
-      execute(stream, call, *e.per_group, part);
+      execute(stream, call, *e.per_group, part, scratch);
     }
     return;
   }
@@ -486,36 +546,43 @@ void execute(const dnnl::stream& stream, Call call, const Entry& e,
     if (at[i] != nullptr) ops[i]->bind(at[i]);
   }
   std::unordered_map<int, memory> args;
+  if (e.scratch) {
+    e.scratch.set_data_handle(scratch);
+    args.emplace(DNNL_ARG_SCRATCHPAD, e.scratch);
+  }
   switch (call) {
     case Call::forward:
-      load(stream, e.a);
-      load(stream, e.b);
-      args = {{DNNL_ARG_SRC, e.a.inner}, {DNNL_ARG_WEIGHTS, e.b.inner}, {DNNL_ARG_DST, e.d.inner}};
+      load(stream, e.a, scratch);
+      load(stream, e.b, scratch);
+      args.emplace(DNNL_ARG_SRC, e.a.inner);
+      args.emplace(DNNL_ARG_WEIGHTS, e.b.inner);
+      args.emplace(DNNL_ARG_DST, e.d.inner);
       if (at[2] != nullptr) {
-        load(stream, e.c);
+        load(stream, e.c, scratch);
         args.emplace(DNNL_ARG_BIAS, e.c.inner);
       }
       e.primitive.execute(stream, args);
-      store(stream, e.d);
+      store(stream, e.d, scratch);
       break;
     case Call::backward_data:
-      load(stream, e.a);
-      load(stream, e.b);
-      e.primitive.execute(stream, {{DNNL_ARG_WEIGHTS, e.a.inner},
-                                   {DNNL_ARG_DIFF_DST, e.b.inner},
-                                   {DNNL_ARG_DIFF_SRC, e.c.inner}});
-      store(stream, e.c);
+      load(stream, e.a, scratch);
+      load(stream, e.b, scratch);
+      args.emplace(DNNL_ARG_WEIGHTS, e.a.inner);
+      args.emplace(DNNL_ARG_DIFF_DST, e.b.inner);
+      args.emplace(DNNL_ARG_DIFF_SRC, e.c.inner);
+      e.primitive.execute(stream, args);
+      store(stream, e.c, scratch);
       break;
     case Call::backward_weights:
-      load(stream, e.a);
-      load(stream, e.b);
-      args = {{DNNL_ARG_SRC, e.a.inner},
-              {DNNL_ARG_DIFF_DST, e.b.inner},
-              {DNNL_ARG_DIFF_WEIGHTS, e.c.inner}};
+      load(stream, e.a, scratch);
+      load(stream, e.b, scratch);
+      args.emplace(DNNL_ARG_SRC, e.a.inner);
+      args.emplace(DNNL_ARG_DIFF_DST, e.b.inner);
+      args.emplace(DNNL_ARG_DIFF_WEIGHTS, e.c.inner);
       if (at[3] != nullptr) args.emplace(DNNL_ARG_DIFF_BIAS, e.d.inner);
       e.primitive.execute(stream, args);
-      store(stream, e.c);  // adds into dweights
-      if (at[3] != nullptr) store(stream, e.d);
+      store(stream, e.c, scratch);  // adds into dweights
+      if (at[3] != nullptr) store(stream, e.d, scratch);
       break;
   }
 }
@@ -531,7 +598,7 @@ void DirectConvolution::forward(Parallel& par, const LoweringShape& shape, index
   run(Call::forward, par.threads(), shape, out_channels, [&] {
     if (!impl_) impl_ = std::make_unique<Impl>();
     const Entry& e = impl_->entry(Call::forward, shape, out_channels, bias != nullptr);
-    execute(impl_->stream, Call::forward, e, {x, weights, bias, y});
+    execute(impl_->stream, Call::forward, e, {x, weights, bias, y}, impl_->scratch.get());
     impl_->stream.wait();
   });
 }
@@ -546,7 +613,8 @@ void DirectConvolution::backward_data(Parallel& par, Blas blas, const LoweringSh
       lowered_backward_data(par, blas, shape, out_channels, weights, dy, dx);
       return;
     }
-    execute(impl_->stream, Call::backward_data, e, {weights, dy, dx, nullptr});
+    execute(impl_->stream, Call::backward_data, e, {weights, dy, dx, nullptr},
+            impl_->scratch.get());
     impl_->stream.wait();
   });
 }
@@ -561,7 +629,8 @@ void DirectConvolution::backward_weights(Parallel& par, const LoweringShape& sha
   run(Call::backward_weights, par.threads(), shape, out_channels, [&] {
     if (!impl_) impl_ = std::make_unique<Impl>();
     const Entry& e = impl_->entry(Call::backward_weights, shape, out_channels, dbias != nullptr);
-    execute(impl_->stream, Call::backward_weights, e, {x, dy, dweights, dbias});
+    execute(impl_->stream, Call::backward_weights, e, {x, dy, dweights, dbias},
+            impl_->scratch.get());
     impl_->stream.wait();
   });
 }
