@@ -34,8 +34,9 @@ struct Peak {
 };
 Peak measure_peak(int threads);
 
-// hybridnn-bench gemm / layers; argument lists exclude the command name.
+// hybridnn-bench gemm / layers / split; argument lists exclude the command name.
 int run_gemm(const std::vector<std::string>& args);
 int run_layers(const std::vector<std::string>& args);
+int run_split(const std::vector<std::string>& args);
 
 }  // namespace hn::bench

@@ -3,6 +3,7 @@
 //
 //   hybridnn-bench gemm [--threads N] [--blas NAME]      (bench_gemm.cpp)
 //   hybridnn-bench layers [--net caffenet|lenet] [--threads N] [--batch B]  (bench_layers.cpp)
+//   hybridnn-bench split [--devices LIST] [--split SPEC] [--batch B]  (bench_split.cpp)
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -29,7 +30,20 @@ const char* const kUsage =
     "      line per layer with the ratio of the\n"
     "      convolutions to the sgemm peak measured in the same run. --batch: default 32;\n"
     "      --only: a comma-separated list of layer names to run; --chunk-bytes and\n"
-    "      --lowering override the convolutions' choices (for tuning)\n";
+    "      --lowering override the convolutions' choices (for tuning)\n"
+    "  split [--devices LIST] [--split SPEC] [--batch B] [--iterations N] [--threads N]\n"
+    "        [--model FILE]\n"
+    "      CaffeNet (shared/models) forward + complete backward through a Net, in images/s:\n"
+    "      each device alone (ratio to the fastest), a fixed split (--split, default equal\n"
+    "      fractions) and the automatic split (measured first, untimed: calibration_s; the\n"
+    "      chosen per-layer splits go to stderr), each split with its efficiency = its images/s\n"
+    "      / the sum of the single devices' and per-device busy and waiting fractions of the\n"
+    "      wall time (fields: docs/benchmarks.md). --devices: default cpu and every cuda:N;\n"
+    "      without a GPU, cpu,cpu:1 with 1 thread each, which on a 2-core machine shows how\n"
+    "      close the scheduler gets to running two drivers side by side. reference may be\n"
+    "      listed (with its own memory) but is the naive oracle: minutes per iteration.\n"
+    "      --batch: default 32; --iterations: timed after 1 warm-up, default 3; --threads: per\n"
+    "      cpu driver, default every core shared out among the cpu drivers listed\n";
 
 }  // namespace
 
@@ -39,6 +53,7 @@ int main(int argc, char** argv) {
   try {
     if (command == "gemm") return hn::bench::run_gemm(args);
     if (command == "layers") return hn::bench::run_layers(args);
+    if (command == "split") return hn::bench::run_split(args);
     if (command == "-h" || command == "--help") {
       std::fputs(kUsage, stdout);
       return 0;

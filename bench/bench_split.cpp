@@ -1,0 +1,358 @@
+// hybridnn-bench split: CaffeNet forward + full backward through a Net, on each driver alone,
+// with a fixed split of the batch and with the measured (automatic) split; the splits'
+// throughput as a ratio to the sum of the single drivers', with per-device busy fractions.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/bench_common.h"
+#include "hybridnn/error.h"
+#include "hybridnn/net.h"
+#include "hybridnn/runtime.h"
+#include "hybridnn/split.h"
+
+namespace hn::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct SplitOptions {
+  std::string model;  // empty: CaffeNet's deploy prototxt from the models directory
+  index_t batch = 32;
+  std::vector<Device> devices;  // empty: the default (see the usage text)
+  std::string split;            // empty: equal fractions over the devices
+  int iterations = 3;
+  int threads = -1;  // -1: every core shared out among the cpu drivers listed
+};
+
+long parse_number(const std::string& option, const std::string& value, long low, long high) {
+  char* end = nullptr;
+  const long number = std::strtol(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || number < low || number > high) {
+    throw UsageError{
+        fmt::format("split: {} needs a number in [{}, {}], got '{}'", option, low, high, value)};
+  }
+  return number;
+}
+
+SplitOptions parse_split_options(const std::vector<std::string>& args) {
+  SplitOptions options;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if ((arg == "--model" || arg == "--batch" || arg == "--devices" || arg == "--split" ||
+         arg == "--iterations" || arg == "--threads") &&
+        i + 1 == args.size()) {
+      throw UsageError{"split: " + arg + " needs a value"};
+    }
+    if (arg == "--model") {
+      options.model = args[++i];
+    } else if (arg == "--batch") {
+      options.batch = parse_number(arg, args[++i], 1, 4096);
+    } else if (arg == "--iterations") {
+      options.iterations = static_cast<int>(parse_number(arg, args[++i], 1, 100000));
+    } else if (arg == "--threads") {
+      options.threads = parse_threads("split", args[++i]);
+    } else if (arg == "--split") {
+      options.split = args[++i];
+    } else if (arg == "--devices") {
+      std::istringstream list(args[++i]);
+      for (std::string name; std::getline(list, name, ',');) {
+        if (name.empty()) continue;
+        Device device;
+        try {
+          device = Device::parse(name);
+        } catch (const Error& e) {
+          throw UsageError{std::string("split: --devices: ") + e.what()};
+        }
+        if (std::find(options.devices.begin(), options.devices.end(), device) !=
+            options.devices.end()) {
+          throw UsageError{"split: --devices lists " + device.name() + " twice"};
+        }
+        options.devices.push_back(device);
+      }
+      if (options.devices.empty()) throw UsageError{"split: --devices needs at least one device"};
+    } else {
+      throw UsageError{"split: unknown option '" + arg + "'"};
+    }
+  }
+  return options;
+}
+
+std::string models_dir() {
+  if (const char* dir = std::getenv("HYBRIDNN_MODELS_DIR")) return dir;
+  return HYBRIDNN_MODELS_DIR;
+}
+
+std::string device_list(const std::vector<Device>& devices) {
+  std::string text;
+  for (const Device& d : devices)
+    text += (text.empty() ? "" : ",") + d.name();
+  return text;
+}
+
+// {"cpu":0.93,"cpu:1":0.91}, in `devices` order.
+std::string json_map(const std::vector<Device>& devices,
+                     const std::map<std::string, double>& values, int decimals) {
+  std::string text = "{";
+  for (const Device& d : devices) {
+    const auto it = values.find(d.name());
+    if (it == values.end()) continue;
+    text += fmt::format("{}\"{}\":", text.size() > 1 ? "," : "", d.name());
+    text += fmt::format("{:.{}f}", it->second, decimals);
+  }
+  return text + "}";
+}
+
+// What one configuration measured over its timed iterations.
+struct Measurement {
+  double wall = 0.0;  // seconds of all timed iterations
+  double images_per_s = 0.0;
+  double in_layers = 0.0;  // seconds inside the profiled layers
+  // Of those, the seconds between the first and the last slice of a layer to finish, and
+  // the seconds no slice ran (operand copies, hand-offs, the parameter-gradient reduction).
+  double imbalance = 0.0, outside_slices = 0.0;
+  std::map<std::string, double> busy, waiting;    // seconds, by device name
+  std::map<std::string, double> copy_s, copy_mb;  // seconds and megabytes
+  double calibration_s = 0.0;
+  LayerSplits layer_splits;
+};
+
+// One configuration: a Net on `main` with `split`; the input filled once, automatic splits
+// measured (untimed) before one warm-up iteration, then `iterations` timed ones.
+Measurement measure(const Device& main, const Split& split, const SplitOptions& options,
+                    int threads) {
+  // Fresh drivers for every configuration: nothing one leaves behind (cached primitives,
+  // memory) carries over to the next.
+  Runtime runtime;
+  for (const Device& d : options.devices) {
+    DriverOptions driver_options;
+    if (d.kind == DeviceKind::cpu) driver_options.threads = threads;
+    // The reference driver stands in for a device with its own memory, as a GPU would be.
+    driver_options.separate_memory = d.kind == DeviceKind::reference;
+    runtime.add(d, driver_options);
+  }
+  NetOptions net_options;
+  net_options.batch_size = options.batch;
+  net_options.force_backward = true;
+  net_options.split = split;
+  Net net(options.model, runtime, runtime.driver(main), net_options);
+  for (const std::string& name : net.input_blob_names()) {
+    const BlobRef blob = net.blob(name);
+    const std::vector<float> values = random_floats(static_cast<std::size_t>(blob.count()), 1);
+    std::copy(values.begin(), values.end(), blob.host_data_mut());
+  }
+  const auto iteration = [&] {
+    net.forward();
+    net.backward();
+    for (Driver* driver : runtime.drivers())
+      driver->synchronize();
+  };
+
+  Measurement m;
+  if (net.needs_split_calibration()) {
+    const auto start = Clock::now();
+    net.calibrate_splits([](const std::string& layer, const Split& chosen) {
+      std::fprintf(stderr, "split:   %-8s %s\n", layer.c_str(), chosen.to_string().c_str());
+    });
+    m.calibration_s = std::chrono::duration<double>(Clock::now() - start).count();
+    m.layer_splits = net.layer_splits();
+  }
+  iteration();
+  net.reset_profile();
+  const auto start = Clock::now();
+  for (int i = 0; i < options.iterations; ++i)
+    iteration();
+  m.wall = std::chrono::duration<double>(Clock::now() - start).count();
+  m.images_per_s = static_cast<double>(options.batch) * options.iterations / m.wall;
+  for (const LayerProfile& layer : net.profile()) {
+    m.in_layers += layer.forward_seconds + layer.backward_seconds;
+    double fastest_forward = 1e30, slowest_forward = 0.0;
+    double fastest_backward = 1e30, slowest_backward = 0.0;
+    for (const SliceProfile& slice : layer.devices) {
+      const std::string name = slice.device.name();
+      m.busy[name] += slice.forward_busy + slice.backward_busy;
+      m.waiting[name] += slice.waiting;
+      m.copy_s[name] += slice.copy_seconds;
+      m.copy_mb[name] += slice.copy_bytes * 1e-6;
+      fastest_forward = std::min(fastest_forward, slice.forward_busy);
+      slowest_forward = std::max(slowest_forward, slice.forward_busy);
+      fastest_backward = std::min(fastest_backward, slice.backward_busy);
+      slowest_backward = std::max(slowest_backward, slice.backward_busy);
+    }
+    if (!layer.devices.empty()) {
+      m.imbalance += slowest_forward - fastest_forward + slowest_backward - fastest_backward;
+      m.outside_slices += std::max(0.0, layer.forward_seconds - slowest_forward) +
+                          std::max(0.0, layer.backward_seconds - slowest_backward);
+    }
+  }
+  return m;
+}
+
+// The fields every configuration prints after its own: time, the busy and waiting
+// fractions of the wall time, and the copies.
+std::string common_fields(const std::vector<Device>& devices, const Measurement& m,
+                          const SplitOptions& options) {
+  std::map<std::string, double> busy, waiting;
+  for (const auto& [name, seconds] : m.busy)
+    busy[name] = seconds / m.wall;
+  for (const auto& [name, seconds] : m.waiting)
+    waiting[name] = seconds / m.wall;
+  return fmt::format(
+      ",\"iterations\":{},\"ms_per_iteration\":{:.1f},\"images_per_s\":{:.2f},"
+      "\"in_layers\":{:.3f},\"imbalance\":{:.3f},\"outside_slices\":{:.3f},\"busy\":{},"
+      "\"waiting\":{},\"copy_s\":{},\"copy_mb\":{}",
+      options.iterations, m.wall / options.iterations * 1e3, m.images_per_s, m.in_layers / m.wall,
+      m.imbalance / m.wall, m.outside_slices / m.wall, json_map(devices, busy, 3),
+      json_map(devices, waiting, 3), json_map(devices, m.copy_s, 3),
+      json_map(devices, m.copy_mb, 1));
+}
+
+void report_busy(const char* config, const std::vector<Device>& devices, const Measurement& m) {
+  for (const Device& d : devices) {
+    const auto busy = m.busy.find(d.name());
+    if (busy == m.busy.end()) continue;
+    std::fprintf(stderr, "split: %s: %s busy %.0f %%, waiting %.0f %% of the wall time\n", config,
+                 d.name().c_str(), 100.0 * busy->second / m.wall,
+                 100.0 * m.waiting.at(d.name()) / m.wall);
+  }
+}
+
+}  // namespace
+
+int run_split(const std::vector<std::string>& args) {
+  SplitOptions options = parse_split_options(args);
+  const bool default_model = options.model.empty();
+  if (default_model) options.model = models_dir() + "/bvlc_reference_caffenet_deploy.prototxt";
+
+  // Default devices: the CPU and every GPU; without a GPU two single-threaded CPU drivers,
+  // which on a 2-core machine shows how close the scheduler gets to running two drivers
+  // side by side.
+  bool two_cpus = false;
+  if (options.devices.empty()) {
+    options.devices.push_back(Device{DeviceKind::cpu, 0});
+    for (const Device& d : available_devices()) {
+      if (d.kind == DeviceKind::cuda) options.devices.push_back(d);
+    }
+    if (options.devices.size() == 1) {
+      options.devices.push_back(Device{DeviceKind::cpu, 1});
+      two_cpus = true;
+    }
+  }
+  const int cpu_drivers =
+      static_cast<int>(std::count_if(options.devices.begin(), options.devices.end(),
+                                     [](const Device& d) { return d.kind == DeviceKind::cpu; }));
+  int threads = options.threads;
+  if (two_cpus && threads < 0) threads = 1;
+  if (threads <= 0) threads = std::max(1, resolve_threads(0) / std::max(1, cpu_drivers));
+
+  Split fixed;
+  if (options.split.empty()) {
+    std::vector<SplitShare> shares;
+    for (const Device& d : options.devices)
+      shares.push_back({d, 1.0 / static_cast<double>(options.devices.size())});
+    fixed = Split(std::move(shares));
+  } else {
+    try {
+      fixed = Split::parse(options.split);
+    } catch (const Error& e) {
+      throw UsageError{std::string("split: --split: ") + e.what()};
+    }
+    if (fixed.is_automatic()) {
+      throw UsageError{"split: --split takes fractions; the automatic split always runs"};
+    }
+    for (const SplitShare& share : fixed.shares()) {
+      if (std::find(options.devices.begin(), options.devices.end(), share.device) ==
+          options.devices.end()) {
+        throw UsageError{"split: --split names " + share.device.name() + ", which --devices (" +
+                         device_list(options.devices) + ") lacks"};
+      }
+    }
+  }
+
+  for (const Device& d : options.devices) {
+    if (d.kind == DeviceKind::reference) {
+      std::fprintf(stderr,
+                   "split: warning: %s is the naive reference driver: CaffeNet takes minutes per "
+                   "iteration on it\n",
+                   d.name().c_str());
+    }
+  }
+  std::string net_label = "caffenet";
+  if (!default_model) {
+    net_label = options.model.substr(options.model.find_last_of('/') + 1);
+    net_label = net_label.substr(0, net_label.rfind(".prototxt"));
+  }
+  std::fprintf(stderr, "split: %s at batch %ld, devices %s, %d thread(s) per cpu driver\n",
+               options.model.c_str(), static_cast<long>(options.batch),
+               device_list(options.devices).c_str(), threads);
+  const std::string head =
+      fmt::format("{{\"bench\":\"split\",\"net\":\"{}\",\"batch\":{},\"threads\":{}", net_label,
+                  options.batch, threads);
+
+  // Each driver alone, with the whole batch.
+  std::vector<Measurement> singles;
+  double fastest = 0.0, sum = 0.0;
+  for (const Device& d : options.devices) {
+    std::fprintf(stderr, "split: single %s ...\n", d.name().c_str());
+    singles.push_back(measure(d, Split::single(d), options, threads));
+    fastest = std::max(fastest, singles.back().images_per_s);
+    sum += singles.back().images_per_s;
+    std::fprintf(stderr, "split: single %s: %.2f images/s\n", d.name().c_str(),
+                 singles.back().images_per_s);
+    report_busy("single", {d}, singles.back());
+  }
+  for (std::size_t i = 0; i < options.devices.size(); ++i) {
+    const Device& d = options.devices[i];
+    fmt::print(
+        "{},\"config\":\"single\",\"devices\":\"{}\",\"ratio_to_fastest_single\":{:.3f}{}}}\n",
+        head, d.name(), singles[i].images_per_s / fastest, common_fields({d}, singles[i], options));
+  }
+  std::fflush(stdout);
+
+  // The Net's own driver (whole-batch layers) is the first device of the split.
+  const auto ratios = [&](const Measurement& m) {
+    return fmt::format(
+        ",\"efficiency\":{:.3f},\"sum_single_images_per_s\":{:.2f},"
+        "\"ratio_to_fastest_single\":{:.3f}",
+        m.images_per_s / sum, sum, m.images_per_s / fastest);
+  };
+  std::fprintf(stderr, "split: fixed %s ...\n", fixed.to_string().c_str());
+  const Measurement f = measure(fixed.shares()[0].device, fixed, options, threads);
+  std::fprintf(stderr, "split: fixed: %.2f images/s, efficiency %.3f\n", f.images_per_s,
+               f.images_per_s / sum);
+  report_busy("fixed", options.devices, f);
+  fmt::print("{},\"config\":\"fixed\",\"devices\":\"{}\",\"split\":\"{}\"{}{}}}\n", head,
+             device_list(options.devices), fixed.to_string(), ratios(f),
+             common_fields(options.devices, f, options));
+  std::fflush(stdout);
+
+  const Split automatic = Split::automatic(options.devices);
+  std::fprintf(stderr, "split: %s: calibrating ...\n", automatic.to_string().c_str());
+  const Measurement a = measure(options.devices[0], automatic, options, threads);
+  std::fprintf(stderr, "split: auto: %.2f images/s, efficiency %.3f (calibration %.2f s)\n",
+               a.images_per_s, a.images_per_s / sum, a.calibration_s);
+  report_busy("auto", options.devices, a);
+  std::string layers = "{";
+  for (const auto& [layer, split] : a.layer_splits) {
+    layers +=
+        fmt::format("{}\"{}\":\"{}\"", layers.size() > 1 ? "," : "", layer, split.to_string());
+  }
+  layers += "}";
+  fmt::print(
+      "{},\"config\":\"auto\",\"devices\":\"{}\",\"split\":\"{}\",\"layer_splits\":{},"
+      "\"calibration_s\":{:.2f}{}{}}}\n",
+      head, device_list(options.devices), automatic.to_string(), layers, a.calibration_s, ratios(a),
+      common_fields(options.devices, a, options));
+  return 0;
+}
+
+}  // namespace hn::bench
