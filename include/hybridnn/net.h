@@ -185,10 +185,11 @@ class Net {
   // Whether some layer's split is automatic and not yet measured.
   bool needs_split_calibration() const;
   // Measures automatic splits now (the first forward does it otherwise): on the current
-  // inputs, each device runs each such layer on growing slices until a slice takes a few
-  // milliseconds (or has the whole batch), and the layer's fractions are set inversely to
-  // the measured time per row so the slices finish together. Layers computed in place
-  // follow the layer before them. Parameter values and gradients are left as they were.
+  // inputs, each device runs each such layer alone on growing slices until a slice takes a
+  // few milliseconds (or has the whole batch), then all devices run it side by side with
+  // the resulting fractions, re-measured until the rows settle, so that the slices finish
+  // together. Layers computed in place follow the layer before them. Parameter values and
+  // gradients are left as they were and the data layers are rewound.
   // `on_layer` (may be empty) hears each layer's choice as it is made.
   void calibrate_splits(
       const std::function<void(const std::string& layer, const Split& split)>& on_layer = {});

@@ -66,6 +66,16 @@ struct NetLayer {
   std::vector<Device> auto_devices;
 };
 
+// One device's part of a layer call.
+struct SliceRun {
+  Driver* on = nullptr;
+  index_t begin = 0, end = 0;
+  LayerSlice slice;
+  SyncedMemory* partial = nullptr;  // its parameter-gradient partial sums, if any
+  double busy = 0.0, copy_seconds = 0.0;
+  std::size_t copy_bytes = 0;
+};
+
 struct Group {
   std::size_t bytes = 0;
   int first = std::numeric_limits<int>::max(), last = -1;  // schedule steps
@@ -281,6 +291,10 @@ struct Net::Impl {
                            SyncedMemory* partial, SyncedMemory* scratch);
   // Runs compute layer `index` forward or backward, cut per its split.
   void run_compute(int index, bool backward);
+  // The slices of layer `index` per `split` (empty: the whole batch on the Net's driver),
+  // run at the same time; returns what each did. A probe (calibration) sends input
+  // gradients to scratch memory and leaves the parameter-gradient partials unreduced.
+  std::vector<SliceRun> run_slices(int index, bool backward, const Split& split, bool probe);
   // Whether layer `index` may be cut into row slices run at the same time.
   bool splittable(int index) const;
   index_t rows_of(const NetLayer& nl) const;
@@ -1045,16 +1059,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// One device's part of a layer call.
-struct SliceRun {
-  Driver* on = nullptr;
-  index_t begin = 0, end = 0;
-  LayerSlice slice;
-  SyncedMemory* partial = nullptr;  // its parameter-gradient partial sums, if any
-  double busy = 0.0, copy_seconds = 0.0;
-  std::size_t copy_bytes = 0;
-};
-
 // Runs `run` (clearing its gradient partials first) and waits for its driver.
 void compute(Layer& layer, SliceRun& run, bool backward) {
   const auto start = Clock::now();
@@ -1080,21 +1084,21 @@ SliceProfile& profile_of(LayerProfile& profile, const Device& device) {
 
 }  // namespace
 
-void Net::Impl::run_compute(int index, bool backward) {
+std::vector<SliceRun> Net::Impl::run_slices(int index, bool backward, const Split& split,
+                                            bool probe) {
   NetLayer& nl = layers[index];
-  if (nl.automatic && !nl.calibrated && !backward) calibrate_layer(index);
   Layer& layer = *nl.layer;
   const index_t layer_rows = rows_of(nl);
-  const auto layer_start = Clock::now();
-  const bool cut = !nl.split.empty() && splittable(index);
+  const bool cut = !split.empty();
   std::vector<SliceRun> runs;
   // 1. Operands, resolved on this thread while every driver is idle: a copy may need the
   // driver of any device that holds current data.
   std::vector<std::pair<index_t, index_t>> bounds{{0, layer_rows}};
-  if (cut) bounds = nl.split.partition(layer_rows);
+  if (cut) bounds = split.partition(layer_rows);
+  std::vector<std::unique_ptr<SyncedMemory>> scratch;  // probes' input gradients
   detail::TransferTally& tally = detail::transfer_tally();
   for (std::size_t i = 0; i < bounds.size(); ++i) {
-    Driver& on = cut ? runtime->driver(nl.split.shares()[i].device) : *driver;
+    Driver& on = cut ? runtime->driver(split.shares()[i].device) : *driver;
     if (cut && bounds[i].first == bounds[i].second) continue;
     SliceRun run;
     run.on = &on;
@@ -1110,14 +1114,21 @@ void Net::Impl::run_compute(int index, bool backward) {
       if (partial.bytes() < bytes) partial.resize(bytes);
       run.partial = &partial;
     }
+    if (backward && probe) {
+      std::size_t bytes = 0;
+      for (int b : nl.bottoms)
+        bytes += static_cast<std::size_t>(blobs[b].shape.count()) * sizeof(float);
+      scratch.push_back(std::make_unique<SyncedMemory>(bytes));
+    }
     const detail::TransferTally before = tally;
-    run.slice = prepare_slice(index, on, run.begin, run.end, backward, run.partial, nullptr);
+    run.slice = prepare_slice(index, on, run.begin, run.end, backward, run.partial,
+                              backward && probe ? scratch.back().get() : nullptr);
     run.copy_bytes = tally.bytes - before.bytes;
     run.copy_seconds = tally.seconds - before.seconds;
     runs.push_back(std::move(run));
   }
   // 2. The slices, each on its driver's thread at the same time.
-  if (runs.size() == 1 && runs[0].on == driver) {
+  if (runs.size() == 1 && runs[0].on == driver && !probe) {
     // The unsplit path: no hand-off, and no synchronisation the caller did not ask for.
     const auto start = Clock::now();
     if (backward) {
@@ -1126,28 +1137,38 @@ void Net::Impl::run_compute(int index, bool backward) {
       layer.forward(runs[0].slice);
     }
     runs[0].busy = seconds_since(start);
-  } else {
-    for (SliceRun& run : runs) {
-      if (run.on != driver)
-        worker(*run.on).submit([&layer, &run, backward] { compute(layer, run, backward); });
-    }
-    std::exception_ptr error;
-    for (SliceRun& run : runs) {
-      if (run.on != driver) continue;
-      try {
-        compute(layer, run, backward);
-      } catch (...) {
-        error = std::current_exception();
-      }
-    }
-    // Every thread is waited for before anything is rethrown: they use `runs`.
-    for (SliceRun& run : runs) {
-      if (run.on == driver) continue;
-      std::exception_ptr failed = workers[run.on]->wait();
-      if (failed && !error) error = failed;
-    }
-    if (error) std::rethrow_exception(error);
+    return runs;
   }
+  for (SliceRun& run : runs) {
+    if (run.on != driver)
+      worker(*run.on).submit([&layer, &run, backward] { compute(layer, run, backward); });
+  }
+  std::exception_ptr error;
+  for (SliceRun& run : runs) {
+    if (run.on != driver) continue;
+    try {
+      compute(layer, run, backward);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  // Every thread is waited for before anything is rethrown: they use `runs`.
+  for (SliceRun& run : runs) {
+    if (run.on == driver) continue;
+    std::exception_ptr failed = workers[run.on]->wait();
+    if (failed && !error) error = failed;
+  }
+  if (error) std::rethrow_exception(error);
+  return runs;
+}
+
+void Net::Impl::run_compute(int index, bool backward) {
+  NetLayer& nl = layers[index];
+  if (nl.automatic && !nl.calibrated && !backward) calibrate_layer(index);
+  const auto layer_start = Clock::now();
+  const bool cut = !nl.split.empty() && splittable(index);
+  std::vector<SliceRun> runs = run_slices(index, backward, cut ? nl.split : Split(), false);
+  detail::TransferTally& tally = detail::transfer_tally();
   // 3. Parameter gradients: the partials added in device order, on the Net's driver.
   for (SliceRun& run : runs) {
     if (run.partial == nullptr) continue;
@@ -1245,19 +1266,17 @@ void Net::Impl::calibrate_layer(int index) {
       kept.emplace_back(diff, diff + param->count());
     }
     const index_t layer_rows = rows_of(nl);
-    std::vector<SplitShare> shares;
-    double total = 0.0;
+    // Rows per second of each device, first alone: slices double until one takes a few
+    // milliseconds (or is the whole batch), since small slices underuse a GPU and the
+    // CPU's batched lowering. The first probe also warms the driver up (workspace,
+    // copies) and is not counted unless it took long enough for that not to matter.
+    std::vector<double> speed;
     for (const Device& device : nl.auto_devices) {
-      Driver& on = runtime->driver(device);
-      // Slices double until one takes a few milliseconds (or is the whole batch): small
-      // slices underuse a GPU and the CPU's batched lowering. The first probe also warms
-      // the driver up (workspace, copies) and is not counted unless it took long enough for
-      // that not to matter. One device alone needs no measuring.
       if (nl.auto_devices.size() == 1) {
-        shares.push_back(SplitShare{device, 1.0});
-        total = 1.0;
+        speed.push_back(1.0);  // one device alone needs no measuring
         break;
       }
+      Driver& on = runtime->driver(device);
       index_t rows = 1;
       double seconds = probe(index, on, rows);
       if (seconds < 0.05) seconds = probe(index, on, rows);
@@ -1265,18 +1284,45 @@ void Net::Impl::calibrate_layer(int index) {
         rows = std::min(layer_rows, rows * 2);
         seconds = probe(index, on, rows);
       }
-      const double speed = static_cast<double>(rows) / std::max(seconds, 1e-9);
-      shares.push_back(SplitShare{device, speed});
-      total += speed;
+      speed.push_back(static_cast<double>(rows) / std::max(seconds, 1e-9));
     }
-    for (SplitShare& share : shares)
-      share.fraction /= total;
-    // The fractions are renormalised so they sum to 1 within rounding.
-    double sum = 0.0;
-    for (std::size_t i = 0; i + 1 < shares.size(); ++i)
-      sum += shares[i].fraction;
-    shares.back().fraction = std::max(0.0, 1.0 - sum);
-    Split measured(std::move(shares));
+    auto split_for = [&] {
+      const double total = std::accumulate(speed.begin(), speed.end(), 0.0);
+      std::vector<SplitShare> shares;
+      double given = 0.0;
+      for (std::size_t d = 0; d < speed.size(); ++d) {
+        // The last takes what the others leave, so the fractions sum to 1 within rounding.
+        const double fraction =
+            d + 1 < speed.size() ? speed[d] / total : std::max(0.0, 1.0 - given);
+        given += fraction;
+        shares.push_back(SplitShare{nl.auto_devices[d], fraction});
+      }
+      return Split(std::move(shares));
+    };
+    Split measured = split_for();
+    // Then side by side, as they will run: devices sharing cores or memory bandwidth, or a
+    // thread waiting for a GPU, slow each other down. Each device's speed is re-measured
+    // with its slice of the split until the rows stop changing (at most a few rounds).
+    for (int round = 0; round < 3 && speed.size() > 1; ++round) {
+      std::vector<double> busy(speed.size(), 0.0);
+      std::vector<index_t> rows(speed.size(), 0);
+      for (const bool backward : {false, true}) {
+        if (backward && !nl.needs_backward) break;
+        for (const SliceRun& run : run_slices(index, backward, measured, true)) {
+          for (std::size_t d = 0; d < speed.size(); ++d) {
+            if (nl.auto_devices[d] != run.on->device()) continue;
+            busy[d] += run.busy;
+            rows[d] = run.end - run.begin;
+          }
+        }
+      }
+      for (std::size_t d = 0; d < speed.size(); ++d) {
+        if (rows[d] > 0) speed[d] = static_cast<double>(rows[d]) / std::max(busy[d], 1e-9);
+      }
+      const Split next = split_for();
+      if (next.partition(layer_rows) == measured.partition(layer_rows)) break;
+      measured = next;
+    }
     // Where the rows come out as the layer before's, keep its split: the data stays put.
     nl.split = !upstream.empty() && upstream.partition(layer_rows) == measured.partition(layer_rows)
                    ? upstream
