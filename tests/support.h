@@ -1,12 +1,16 @@
 // Test support: the driver configurations every op test runs on, device arrays filled from
-// host vectors, random data and tolerant comparison.
+// host vectors, random data, tolerant comparison and temporary directories.
 #pragma once
+
+#include <stdlib.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
@@ -139,6 +143,33 @@ inline double max_rel_diff(const std::vector<float>& a, const std::vector<float>
   }
   return worst;
 }
+
+// A fresh directory under the system's temporary directory, removed with what it holds.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix = "hybridnn-test") {
+    std::string pattern = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
+    if (mkdtemp(pattern.data()) == nullptr) throw Error("cannot create a directory " + pattern);
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code error;
+    std::filesystem::remove_all(path_, error);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const {
+    return (std::filesystem::path(path_) / name).string();
+  }
+  // Writes `text` to file `name` in the directory and returns its path.
+  std::string write(const std::string& name, const std::string& text) const {
+    std::ofstream(file(name)) << text;
+    return file(name);
+  }
+
+ private:
+  std::string path_;
+};
 
 // The hn::Error message `call` throws, or a note that it threw none. Other exception types
 // propagate and fail the test.

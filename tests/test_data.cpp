@@ -23,6 +23,7 @@
 #include "hybridnn.pb.h"
 #include "hybridnn/error.h"
 #include "lib/data/data.h"
+#include "tests/support.h"
 
 namespace Catch {
 template <>
@@ -37,25 +38,7 @@ namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
 using hn::detail::DataFeed;
 using hn::detail::FeedOptions;
-
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "hybridnn-data-XXXXXX").string();
-    REQUIRE(mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code error;
-    fs::remove_all(path_, error);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string file(const std::string& name) const { return (fs::path(path_) / name).string(); }
-
- private:
-  std::string path_;
-};
+using hn::test::TempDir;
 
 // Images with CHW pixels and labels.
 struct Images {
@@ -306,7 +289,7 @@ void write_text(const std::string& path, const std::string& text) {
 }  // namespace
 
 TEST_CASE("IDX images raw and gzip give hand-computed batches that wrap around the records") {
-  TempDir dir;
+  TempDir dir("hybridnn-data");
   const Images images = random_images(5, 1, 3, 4, 1);
   const auto [gzip_images, gzip_labels] =
       GENERATE(std::make_tuple(false, false), std::make_tuple(true, true),
@@ -330,7 +313,7 @@ TEST_CASE("IDX images raw and gzip give hand-computed batches that wrap around t
 }
 
 TEST_CASE("CIFAR-10 files given comma-separated are one stream of 3x32x32 CHW records") {
-  TempDir dir;
+  TempDir dir("hybridnn-data");
   const Images images = random_images(5, 3, 32, 32, 2);
   const std::string first = write_cifar(dir, "data_batch_1.bin", images, 0, 3);
   const std::string second = write_cifar(dir, "data_batch_2.bin", images, 3, 2);
@@ -345,7 +328,7 @@ TEST_CASE("CIFAR-10 files given comma-separated are one stream of 3x32x32 CHW re
 
 TEST_CASE(
     "an LMDB of hand-made Datum records is read in key order with uint8 and float_data alike") {
-  TempDir dir;
+  TempDir dir("hybridnn-data");
   // Four 2x2x3 records; b and d carry float_data, a and c bytes. Inserted out of key order.
   const Images images = random_images(4, 2, 2, 3, 3);
   auto datum = [&](int r, bool floats) {
@@ -398,7 +381,7 @@ TEST_CASE(
 }
 
 TEST_CASE("scale and mean_value and mean_file and the centred test crop match a naive loop") {
-  TempDir dir;
+  TempDir dir("hybridnn-data");
   const Images images = random_images(3, 3, 32, 32, 4);
   const std::string source = write_cifar(dir, "test_batch.bin", images, 0, 3);
   auto layer = data_layer(source, 3);
@@ -474,7 +457,7 @@ TEST_CASE("scale and mean_value and mean_file and the centred test crop match a 
 }
 
 TEST_CASE("train-phase crops and mirrors are valid and varied and reproducible and seekable") {
-  TempDir dir;
+  TempDir dir("hybridnn-data");
   const Images images = random_images(7, 1, 8, 9, 6);
   const std::string source = write_idx(dir, "train", images, true, true);
   auto layer = data_layer(source, 3);
@@ -528,7 +511,7 @@ TEST_CASE("train-phase crops and mirrors are valid and varied and reproducible a
 }
 
 TEST_CASE("convert writes IDX records as Datum in an LMDB that reads like the IDX itself") {
-  TempDir dir;
+  TempDir dir("hybridnn-data");
   const Images images = random_images(23, 1, 5, 6, 7);
   const std::string source = write_idx(dir, "t10k", images, true, true);
   const std::string db = dir.file("t10k_lmdb");
@@ -608,7 +591,7 @@ TEST_CASE("convert writes IDX records as Datum in an LMDB that reads like the ID
 }
 
 TEST_CASE("convert writes CIFAR-10 files as one LMDB that reads like the files themselves") {
-  TempDir dir;
+  TempDir dir("hybridnn-data");
   const Images images = random_images(7, 3, 32, 32, 15);
   const std::string source = write_cifar(dir, "data_batch_1.bin", images, 0, 4) + "," +
                              write_cifar(dir, "data_batch_2.bin", images, 4, 3);
@@ -628,7 +611,7 @@ TEST_CASE("convert writes CIFAR-10 files as one LMDB that reads like the files t
 }
 
 TEST_CASE("convert refuses a non-empty directory and leaves nothing behind when it fails") {
-  TempDir dir;
+  TempDir dir("hybridnn-data");
   const Images images = random_images(2500, 1, 2, 2, 8);
   const std::string source = write_idx(dir, "small", images, false, false);
 
@@ -669,7 +652,7 @@ TEST_CASE("convert refuses a non-empty directory and leaves nothing behind when 
 }
 
 TEST_CASE("bad sources give errors naming the layer and the path and where the data goes wrong") {
-  TempDir dir;
+  TempDir dir("hybridnn-data");
   const Images images = random_images(6, 1, 4, 4, 9);
   auto open = [&](const std::string& source) {
     return [source] {
@@ -852,7 +835,7 @@ TEST_CASE(
 }
 
 TEST_CASE("options replace the source and batch size and a one-top layer has one top") {
-  TempDir dir;
+  TempDir dir("hybridnn-data");
   const Images images = random_images(5, 1, 2, 3, 14);
   const std::string path = write_idx(dir, "opt", images, false, true);
   auto layer = data_layer(dir.file("elsewhere_lmdb"), 100, 1);

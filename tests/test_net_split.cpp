@@ -23,6 +23,7 @@
 #include "hybridnn/runtime.h"
 #include "hybridnn/solver.h"
 #include "lib/net/worker.h"
+#include "tests/net_runs.h"
 
 namespace hn {
 namespace {
@@ -39,41 +40,6 @@ struct TwoDrivers {
   }
 };
 
-struct Result {
-  float loss = 0.0f;
-  std::vector<std::vector<float>> gradients;  // every parameter's, then the data's
-};
-
-Result run(TwoDrivers& d, const std::string& file, const std::string& source, int batch,
-           const std::string& split) {
-  NetOptions options;
-  options.data_source = source;
-  options.mean_file = "none";
-  options.batch_size = batch;
-  options.force_backward = true;
-  if (!split.empty()) options.split = Split::parse(split);
-  Net net(fmt::format("{}/{}", HYBRIDNN_MODELS_DIR, file), d.runtime, *d.host, options);
-  net.clear_param_diffs();
-  Result result;
-  result.loss = net.forward_backward();
-  for (const NetParam& param : net.learnable_params()) {
-    const float* diff = param.tensor->host_diff();
-    result.gradients.emplace_back(diff, diff + param.tensor->count());
-  }
-  const BlobRef data = net.blob("data");
-  result.gradients.emplace_back(data.host_diff(), data.host_diff() + data.count());
-  return result;
-}
-
-double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double scale = 1e-6, worst = 0.0;
-  for (float x : a)
-    scale = std::max(scale, static_cast<double>(std::fabs(x)));
-  for (std::size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]) / scale);
-  return worst;
-}
-
 TEST_CASE("split nets compute the unsplit losses and gradients") {
   TwoDrivers d;
   const std::pair<const char*, const char*> nets[] = {
@@ -82,17 +48,19 @@ TEST_CASE("split nets compute the unsplit losses and gradients") {
       {"cifar10_cifar10_full_train_test.prototxt", "synthetic:3x32x32"}};  // LRN
   for (const auto& [file, source] : nets) {
     for (int batch : {8, 7}) {
-      const Result whole = run(d, file, source, batch, "");
+      const test::NetGradients whole =
+          test::net_gradients(d.runtime, *d.host, file, source, batch, "");
       for (const char* split : {"reference:1.0,reference:1:0.0", "reference:0.0,reference:1:1.0",
                                 "reference:0.5,reference:1:0.5", "reference:0.75,reference:1:0.25",
                                 "reference:0.125,reference:1:0.875"}) {
         INFO(file << " batch " << batch << " split " << split);
-        const Result cut = run(d, file, source, batch, split);
+        const test::NetGradients cut =
+            test::net_gradients(d.runtime, *d.host, file, source, batch, split);
         CHECK(cut.loss == Approx(whole.loss).epsilon(1e-6));
         REQUIRE(cut.gradients.size() == whole.gradients.size());
         for (std::size_t g = 0; g < whole.gradients.size(); ++g) {
           INFO("gradient " << g);
-          CHECK(max_rel_diff(whole.gradients[g], cut.gradients[g]) <= 1e-5);
+          CHECK(test::max_scaled_diff(whole.gradients[g], cut.gradients[g]) <= 1e-5);
         }
       }
     }
@@ -414,7 +382,7 @@ TEST_CASE("an automatic split measures every layer and leaves the net's state as
     const std::vector<float> want(const_cast<Tensor&>(a).host_diff(),
                                   const_cast<Tensor&>(a).host_diff() + a.count());
     const std::vector<float> got(b.host_diff(), b.host_diff() + b.count());
-    CHECK(max_rel_diff(want, got) <= 1e-5);
+    CHECK(test::max_scaled_diff(want, got) <= 1e-5);
   }
 }
 
@@ -473,8 +441,8 @@ TEST_CASE("a cpu driver computes on its device thread what it set up on the call
   outputs(cpu1, half, "");
   const auto cut = outputs(cpu, 2 * half, "cpu:0.5,cpu:1:0.5");
   const auto whole = outputs(cpu, 2 * half, "");
-  CHECK(max_rel_diff(whole.first, cut.first) <= 1e-5);
-  CHECK(max_rel_diff(whole.second, cut.second) <= 1e-5);
+  CHECK(test::max_scaled_diff(whole.first, cut.first) <= 1e-5);
+  CHECK(test::max_scaled_diff(whole.second, cut.second) <= 1e-5);
 }
 
 }  // namespace

@@ -12,34 +12,13 @@
 #include "hybridnn/error.h"
 #include "hybridnn/runtime.h"
 #include "hybridnn/split.h"
+#include "tests/support.h"
 
 namespace hn {
 namespace {
 
 namespace fs = std::filesystem;
-
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "hybridnn-split-XXXXXX").string();
-    REQUIRE(mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code error;
-    fs::remove_all(path_, error);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string file(const std::string& name) const { return (fs::path(path_) / name).string(); }
-  std::string write(const std::string& name, const std::string& text) const {
-    std::ofstream(file(name)) << text;
-    return file(name);
-  }
-
- private:
-  std::string path_;
-};
+using test::TempDir;
 
 std::string contents(const std::string& path) {
   std::ifstream file(path);
@@ -199,7 +178,7 @@ TEST_CASE("Split to_string of measured fractions reads back as the same text") {
 }
 
 TEST_CASE("Layer splits file reads back the fractions exactly as Split to_string wrote them") {
-  TempDir dir;
+  TempDir dir("hybridnn-split");
   const std::string path = dir.file("splits.txt");
   const LayerSplits splits = {
       {"conv1", Split({SplitShare{Device{DeviceKind::cpu, 0}, 0.9712345678},
@@ -239,7 +218,7 @@ TEST_CASE("Layer splits file reads back the fractions exactly as Split to_string
 }
 
 TEST_CASE("Layer splits file errors name the file and line and what is wrong") {
-  TempDir dir;
+  TempDir dir("hybridnn-split");
   const std::string missing = dir.write("missing.txt", "# splits\nconv1 cpu:1.0\npool1\n");
   CHECK_THROWS_WITH(read_layer_splits(missing),
                     Catch::Contains(missing + ":3") && Catch::Contains("pool1 has no split"));

@@ -14,6 +14,7 @@
 #include "hybridnn/net.h"
 #include "hybridnn/runtime.h"
 #include "hybridnn/solver.h"
+#include "tests/net_runs.h"
 
 namespace hn {
 namespace {
@@ -24,41 +25,6 @@ struct CpuAndGpu {
   Driver* gpu = &runtime.add(Device::parse("cuda:0"));
 };
 
-struct Result {
-  float loss = 0.0f;
-  std::vector<std::vector<float>> gradients;  // every parameter's, then the data's
-};
-
-Result run(CpuAndGpu& d, const std::string& file, const std::string& source, int batch,
-           const std::string& split) {
-  NetOptions options;
-  options.data_source = source;
-  options.mean_file = "none";
-  options.batch_size = batch;
-  options.force_backward = true;
-  if (!split.empty()) options.split = Split::parse(split);
-  Net net(fmt::format("{}/{}", HYBRIDNN_MODELS_DIR, file), d.runtime, *d.cpu, options);
-  net.clear_param_diffs();
-  Result result;
-  result.loss = net.forward_backward();
-  for (const NetParam& param : net.learnable_params()) {
-    const float* diff = param.tensor->host_diff();
-    result.gradients.emplace_back(diff, diff + param.tensor->count());
-  }
-  const BlobRef data = net.blob("data");
-  result.gradients.emplace_back(data.host_diff(), data.host_diff() + data.count());
-  return result;
-}
-
-double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double scale = 1e-6, worst = 0.0;
-  for (float x : a)
-    scale = std::max(scale, static_cast<double>(std::fabs(x)));
-  for (std::size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]) / scale);
-  return worst;
-}
-
 TEST_CASE("nets split between cpu and cuda:0 compute the unsplit losses and gradients", "[cuda]") {
   CpuAndGpu d;
   const std::pair<const char*, const char*> nets[] = {
@@ -66,16 +32,18 @@ TEST_CASE("nets split between cpu and cuda:0 compute the unsplit losses and grad
       {"cifar10_cifar10_quick_train_test.prototxt", "synthetic:3x32x32"}};
   for (const auto& [file, source] : nets) {
     for (int batch : {8, 7}) {
-      const Result whole = run(d, file, source, batch, "");
+      const test::NetGradients whole =
+          test::net_gradients(d.runtime, *d.cpu, file, source, batch, "");
       for (const char* split : {"cpu:1.0,cuda:0:0.0", "cpu:0.0,cuda:0:1.0", "cpu:0.5,cuda:0:0.5",
                                 "cpu:0.75,cuda:0:0.25", "cpu:0.125,cuda:0:0.875"}) {
         INFO(file << " batch " << batch << " split " << split);
-        const Result cut = run(d, file, source, batch, split);
+        const test::NetGradients cut =
+            test::net_gradients(d.runtime, *d.cpu, file, source, batch, split);
         CHECK(cut.loss == Approx(whole.loss).epsilon(1e-5));
         REQUIRE(cut.gradients.size() == whole.gradients.size());
         for (std::size_t g = 0; g < whole.gradients.size(); ++g) {
           INFO("gradient " << g);
-          CHECK(max_rel_diff(whole.gradients[g], cut.gradients[g]) <= 1e-5);
+          CHECK(test::max_scaled_diff(whole.gradients[g], cut.gradients[g]) <= 1e-5);
         }
       }
     }

@@ -1,0 +1,58 @@
+// Whole-net runs for the split tests (host and GPU): one forward and complete backward of a
+// Caffe example net from ../shared/models on generated data, with its loss and every
+// gradient, so that a split run can be compared with the unsplit one.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "hybridnn/net.h"
+#include "hybridnn/runtime.h"
+
+namespace hn::test {
+
+struct NetGradients {
+  float loss = 0.0f;
+  std::vector<std::vector<float>> gradients;  // every parameter's, then the data's
+};
+
+// `file` in HYBRIDNN_MODELS_DIR on `source` at `batch`, on `main` with `split` ("" = none).
+inline NetGradients net_gradients(Runtime& runtime, Driver& main, const std::string& file,
+                                  const std::string& source, int batch, const std::string& split) {
+  NetOptions options;
+  options.data_source = source;
+  options.mean_file = "none";
+  options.batch_size = batch;
+  options.force_backward = true;
+  if (!split.empty()) options.split = Split::parse(split);
+  Net net(fmt::format("{}/{}", HYBRIDNN_MODELS_DIR, file), runtime, main, options);
+  net.clear_param_diffs();
+  NetGradients result;
+  result.loss = net.forward_backward();
+  for (const NetParam& param : net.learnable_params()) {
+    const float* diff = param.tensor->host_diff();
+    result.gradients.emplace_back(diff, diff + param.tensor->count());
+  }
+  const BlobRef data = net.blob("data");
+  result.gradients.emplace_back(data.host_diff(), data.host_diff() + data.count());
+  return result;
+}
+
+// Largest |a - b| relative to the largest |a|: the error of a gradient as a whole.
+inline double max_scaled_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double scale = 1e-6, worst = 0.0;
+  for (float x : a)
+    scale = std::max(scale, static_cast<double>(std::fabs(x)));
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double d = std::fabs(static_cast<double>(a[i]) - b[i]) / scale;
+    if (!(d <= worst)) worst = d;  // NaN propagates as a failure
+  }
+  return worst;
+}
+
+}  // namespace hn::test
