@@ -2,12 +2,14 @@
 // split files, measuring automatic splits, and number formatting for logs and JSON lines.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <system_error>
+#include <thread>
 
 #include "hybridnn/error.h"
 #include "tools/tool.h"
@@ -67,7 +69,8 @@ std::vector<FlagSpec> device_flags() {
        "per-layer splits saved by --split-save (they override --split for their layers)"},
       {"split-save", FlagKind::text, "FILE",
        "write the split each layer runs with (the measured fractions for auto) to FILE"},
-      {"threads", FlagKind::integer, "N", "CPU driver threads (default 0: every core)"},
+      {"threads", FlagKind::integer, "N",
+       "CPU driver threads (default 0: every core, shared out among the CPU drivers of a split)"},
       {"blas", FlagKind::text, "NAME", "CPU driver GEMM: onednn or openblas (default: build's)"},
   };
 }
@@ -141,19 +144,34 @@ bool splits_chosen(const Args& args) {
 }
 
 Driver& add_chosen_driver(Runtime& runtime, const Args& args) {
-  DriverOptions options;
-  options.threads = static_cast<int>(args.integer("threads", 0, 0, 4096));
-  options.blas = args.text("blas");
-  Driver& main = runtime.add(chosen_device(args), options);
-  // A driver for every other device of the splits.
-  std::vector<Device> devices = devices_of(chosen_split(args));
+  // Every device: the Net's own first, then those of the splits.
+  std::vector<Device> devices{chosen_device(args)};
+  for (const Device& device : devices_of(chosen_split(args)))
+    devices.push_back(device);
   for (const auto& [layer, split] : chosen_layer_splits(args)) {
     for (const Device& device : devices_of(split))
       devices.push_back(device);
   }
+  std::vector<Device> distinct;
   for (const Device& device : devices) {
-    if (runtime.find(device) == nullptr) runtime.add(device, options);
+    if (std::find(distinct.begin(), distinct.end(), device) == distinct.end())
+      distinct.push_back(device);
   }
+  DriverOptions options;
+  options.threads = static_cast<int>(args.integer("threads", 0, 0, 4096));
+  options.blas = args.text("blas");
+  if (!args.has("threads")) {
+    // CPU drivers that compute side by side share the cores: each would otherwise start a
+    // thread per core, and the oversubscribed teams wait on each other.
+    const auto cpus = std::count_if(distinct.begin(), distinct.end(), [](const Device& device) {
+      return device.kind == DeviceKind::cpu;
+    });
+    const auto cores = static_cast<long>(std::max(1u, std::thread::hardware_concurrency()));
+    if (cpus > 1) options.threads = static_cast<int>(std::max(1L, cores / cpus));
+  }
+  Driver& main = runtime.add(distinct[0], options);
+  for (std::size_t i = 1; i < distinct.size(); ++i)
+    runtime.add(distinct[i], options);
   return main;
 }
 

@@ -43,7 +43,8 @@ bool splits_chosen(const Args& args);
 // else cpu. Throws UsageError for malformed flags.
 Device chosen_device(const Args& args);
 // Adds the driver for chosen_device() and one for every other device of --split and
-// --split-file, with --threads and --blas, to `runtime`; returns the first.
+// --split-file, with --threads and --blas, to `runtime`; returns the first. Without
+// --threads, several CPU drivers share the cores out among them.
 Driver& add_chosen_driver(Runtime& runtime, const Args& args);
 
 // Measures the net's automatic splits (--split auto) before the command's work starts,

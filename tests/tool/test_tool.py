@@ -769,6 +769,13 @@ def time_split_reports_each_device(ctx):
           re.search(r"^\s*conv1\s+reference\s+2\s", table, re.MULTILINE), table)
     check("Split per layer and device" not in time_lenet(ctx, 7).stdout,
           "the split table is printed without --split")
+    # Two CPU drivers side by side share the cores unless --threads says otherwise.
+    cores = os.cpu_count() or 1
+    header = time_lenet(ctx, 7, "--split", "cpu:0.5,cpu:1:0.5").stdout.splitlines()[0]
+    want = max(1, cores // 2)
+    check(f"cpu: {want} thread{'' if want == 1 else 's'}," in header, header)
+    header = time_lenet(ctx, 7, "--split", "cpu:0.5,cpu:1:0.5", "--threads", 2).stdout
+    check("cpu: 2 threads," in header.splitlines()[0], header.splitlines()[0])
 
 
 @case
