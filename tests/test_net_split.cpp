@@ -24,6 +24,7 @@
 #include "hybridnn/solver.h"
 #include "lib/net/worker.h"
 #include "tests/net_runs.h"
+#include "tests/support.h"
 
 namespace hn {
 namespace {
@@ -394,6 +395,23 @@ TEST_CASE("an automatic split is measured by the first forward when not asked be
   net.forward();
   CHECK_FALSE(net.needs_split_calibration());
   CHECK(net.layer_splits().size() == 7);
+}
+
+TEST_CASE("an error in a slice on a device thread reaches the caller, naming the device") {
+  TwoDrivers d;
+  Capabilities none;
+  none.host_addressable = true;
+  d.runtime.add(std::make_unique<test::MemoryOnlyDriver>(none));  // cpu:7: no arithmetic
+  NetOptions options;
+  options.split = Split::parse("reference:0.5,cpu:7:0.5");
+  Net net = lenet(d, options);
+  const std::string error = test::error_of([&] { net.forward(); });
+  CHECK_THAT(error, Catch::Contains("mnist_lenet_train_test.prototxt: layer 'conv1'") &&
+                        Catch::Contains("forward on cpu:7") && Catch::Contains("does not support"));
+  // The net stays usable: the device threads were all waited for.
+  NetOptions plain;
+  Net other = lenet(d, plain);
+  CHECK(std::isfinite(other.forward()));
 }
 
 TEST_CASE("an automatic split over a device without a driver is an error naming the layer") {

@@ -1146,21 +1146,33 @@ std::vector<SliceRun> Net::Impl::run_slices(int index, bool backward, const Spli
       worker(*run.on).submit([&layer, &run, backward] { compute(layer, run, backward); });
   }
   std::exception_ptr error;
+  const Driver* failed_on = nullptr;
   for (SliceRun& run : runs) {
     if (run.on != driver) continue;
     try {
       compute(layer, run, backward);
     } catch (...) {
       error = std::current_exception();
+      failed_on = run.on;
     }
   }
   // Every thread is waited for before anything is rethrown: they use `runs`.
   for (SliceRun& run : runs) {
     if (run.on == driver) continue;
     std::exception_ptr failed = workers[run.on]->wait();
-    if (failed && !error) error = failed;
+    if (failed && !error) {
+      error = failed;
+      failed_on = run.on;
+    }
   }
-  if (error) std::rethrow_exception(error);
+  if (error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const Error& failure) {
+      detail::fail("{}: {} on {}: {}", where(index), backward ? "backward" : "forward",
+                   failed_on->name(), failure.what());
+    }
+  }
   return runs;
 }
 
