@@ -69,6 +69,9 @@ std::vector<FlagSpec> device_flags() {
        "per-layer splits saved by --split-save (they override --split for their layers)"},
       {"split-save", FlagKind::text, "FILE",
        "write the split each layer runs with (the measured fractions for auto) to FILE"},
+      {"reference-memory", FlagKind::text, "host|separate",
+       "the reference driver's memory: host (default) or separate, a device's own memory "
+       "that every access copies to and from (shows a split's copies without a GPU)"},
       {"threads", FlagKind::integer, "N",
        "CPU driver threads (default 0: every core, shared out among the CPU drivers of a split)"},
       {"blas", FlagKind::text, "NAME", "CPU driver GEMM: onednn or openblas (default: build's)"},
@@ -169,6 +172,11 @@ Driver& add_chosen_driver(Runtime& runtime, const Args& args) {
     const auto cores = static_cast<long>(std::max(1u, std::thread::hardware_concurrency()));
     if (cpus > 1) options.threads = static_cast<int>(std::max(1L, cores / cpus));
   }
+  const std::string memory = args.text("reference-memory", "host");
+  if (memory != "host" && memory != "separate") {
+    throw UsageError(fmt::format("--reference-memory expects host or separate, got '{}'", memory));
+  }
+  options.separate_memory = memory == "separate";
   Driver& main = runtime.add(distinct[0], options);
   for (std::size_t i = 1; i < distinct.size(); ++i)
     runtime.add(distinct[i], options);

@@ -769,6 +769,21 @@ def time_split_reports_each_device(ctx):
           re.search(r"^\s*conv1\s+reference\s+2\s", table, re.MULTILINE), table)
     check("Split per layer and device" not in time_lenet(ctx, 7).stdout,
           "the split table is printed without --split")
+    # With memory of its own, the reference device is sent its rows: conv1's input (and its
+    # weight-gradient partial back), while conv2 reads what conv1 left there.
+    batch = 8
+    run = time_lenet(ctx, batch, "--split", "cpu:0.5,reference:0.5", "--json",
+                     "--reference-memory", "separate")
+    by_layer = device_lines(json_lines(run.stdout))
+    conv1 = {r["device"]: r for r in by_layer["conv1"]}
+    conv2 = {r["device"]: r for r in by_layer["conv2"]}
+    grads1, grads2 = (20 * 25 + 20) * 4, (50 * 20 * 25 + 50) * 4
+    check(conv1["cpu"]["copy_bytes"] == 0, f"conv1 cpu copied: {conv1['cpu']}")
+    check(conv1["reference"]["copy_bytes"] == 4 * 28 * 28 * 4 + grads1,
+          f"conv1 reference: {conv1['reference']}")
+    check(conv2["reference"]["copy_bytes"] == grads2, f"conv2 reference: {conv2['reference']}")
+    ctx.error("time", "--model", lenet(ctx), "--reference-memory", "far", code=2,
+              needles=["--reference-memory", "'far'"])
     # Two CPU drivers side by side share the cores unless --threads says otherwise.
     cores = os.cpu_count() or 1
     header = time_lenet(ctx, 7, "--split", "cpu:0.5,cpu:1:0.5").stdout.splitlines()[0]
