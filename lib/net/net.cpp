@@ -1293,13 +1293,12 @@ double Net::Impl::probe(int index, Driver& on, index_t rows) {
   run_on(on, [&] { compute(layer, run, false); });
   seconds += run.busy;
   if (nl.needs_backward) {
-    SyncedMemory scratch(0);
     std::size_t bytes = 0;
     for (std::size_t i = 0; i < nl.bottoms.size(); ++i) {
       const Shape& shape = blobs[nl.bottoms[i]].shape;
       if (nl.propagate_down[i]) bytes += static_cast<std::size_t>(shape.count()) * sizeof(float);
     }
-    scratch.resize(bytes);
+    SyncedMemory scratch(bytes);  // the input gradients: see prepare_slice
     run.slice = prepare_slice(index, on, 0, rows, true, nullptr, &scratch);
     run_on(on, [&] { compute(layer, run, true); });
     seconds += run.busy;
