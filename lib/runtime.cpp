@@ -8,6 +8,7 @@
 #include "drivers/reference/reference_driver.h"
 #include "lib/check.h"
 #include "lib/transfer.h"
+#include "lib/worker.h"
 #if HYBRIDNN_WITH_CUDA
 #include "drivers/cuda/cuda_driver.h"
 #endif
@@ -59,6 +60,17 @@ std::vector<Device> available_devices() {
   for (int i = 0; i < gpus; ++i)
     devices.push_back(Device{DeviceKind::cuda, i});
   return devices;
+}
+
+Runtime::Runtime() = default;
+Runtime::~Runtime() = default;
+
+detail::DeviceWorker& Runtime::device_thread(Driver& driver) {
+  for (auto& [owner, thread] : threads_) {
+    if (owner == &driver) return *thread;
+  }
+  threads_.emplace_back(&driver, std::make_unique<detail::DeviceWorker>());
+  return *threads_.back().second;
 }
 
 Driver& Runtime::add(std::unique_ptr<Driver> driver) {

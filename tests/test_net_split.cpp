@@ -22,7 +22,7 @@
 #include "hybridnn/net.h"
 #include "hybridnn/runtime.h"
 #include "hybridnn/solver.h"
-#include "lib/net/worker.h"
+#include "lib/worker.h"
 #include "tests/net_runs.h"
 #include "tests/support.h"
 

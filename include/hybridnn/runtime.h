@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "hybridnn/device.h"
@@ -12,6 +13,10 @@
 #include "hybridnn/memory.h"
 
 namespace hn {
+
+namespace detail {
+class DeviceWorker;
+}
 
 struct DriverOptions {
   int threads = 0;               // cpu: worker threads, 0 = every core
@@ -32,7 +37,8 @@ int cuda_device_count();  // 0 when CUDA is not built or no GPU answers
 
 class Runtime {
  public:
-  Runtime() = default;
+  Runtime();
+  ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
@@ -56,12 +62,18 @@ class Runtime {
   // Dereferences `pointer` for `driver` (see View).
   View view(const Pointer& pointer, Driver& driver, Access access);
 
+  // The long-lived host thread that issues `driver`'s slices of split layers, started at
+  // the first call and joined with the Runtime (internal: the Net's scheduler uses it).
+  detail::DeviceWorker& device_thread(Driver& driver);
+
  private:
   // The driver whose own memory holds `device`'s data; nullptr for host memory.
   Driver* owner(const Device& device) const;
 
   // Drivers die last: Buffers and Views they back must be gone before the Runtime is.
   std::vector<std::unique_ptr<Driver>> drivers_;
+  // Destroyed (threads joined) before the drivers they drive.
+  std::vector<std::pair<const Driver*, std::unique_ptr<detail::DeviceWorker>>> threads_;
 };
 
 }  // namespace hn

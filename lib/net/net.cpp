@@ -25,9 +25,9 @@
 #include "lib/data/data.h"
 #include "lib/net/filler.h"
 #include "lib/net/layer_factory.h"
-#include "lib/net/worker.h"
 #include "lib/proto/prototxt.h"
 #include "lib/transfer.h"
+#include "lib/worker.h"
 
 namespace hn {
 
@@ -302,7 +302,6 @@ struct Net::Impl {
   index_t rows_of(const NetLayer& nl) const;
   // Runs `task` on `on`'s thread (the calling thread for the Net's driver) and waits.
   void run_on(Driver& on, const std::function<void()>& task);
-  detail::DeviceWorker& worker(Driver& on);
   // Measures layer `index`'s automatic split on its current inputs.
   void calibrate_layer(int index);
   double probe(int index, Driver& on, index_t rows);
@@ -316,9 +315,6 @@ struct Net::Impl {
   void forward_layer(int index);
   void backward_layer(int index);
   void fill_dummy(NetLayer& layer);
-
-  // Last: the threads stop before anything they might touch is destroyed.
-  std::map<Driver*, std::unique_ptr<detail::DeviceWorker>> workers;
 };
 
 // ---- construction ----------------------------------------------------------------------
@@ -1037,18 +1033,12 @@ bool Net::Impl::splittable(int index) const {
   return layer_rows > 0;
 }
 
-detail::DeviceWorker& Net::Impl::worker(Driver& on) {
-  std::unique_ptr<detail::DeviceWorker>& found = workers[&on];
-  if (!found) found = std::make_unique<detail::DeviceWorker>();
-  return *found;
-}
-
 void Net::Impl::run_on(Driver& on, const std::function<void()>& task) {
   if (&on == driver) {
     task();
     return;
   }
-  detail::DeviceWorker& thread = worker(on);
+  detail::DeviceWorker& thread = runtime->device_thread(on);
   thread.submit(task);
   if (std::exception_ptr error = thread.wait()) std::rethrow_exception(error);
 }
@@ -1143,7 +1133,8 @@ std::vector<SliceRun> Net::Impl::run_slices(int index, bool backward, const Spli
   }
   for (SliceRun& run : runs) {
     if (run.on != driver)
-      worker(*run.on).submit([&layer, &run, backward] { compute(layer, run, backward); });
+      runtime->device_thread(*run.on).submit(
+          [&layer, &run, backward] { compute(layer, run, backward); });
   }
   std::exception_ptr error;
   const Driver* failed_on = nullptr;
@@ -1159,7 +1150,7 @@ std::vector<SliceRun> Net::Impl::run_slices(int index, bool backward, const Spli
   // Every thread is waited for before anything is rethrown: they use `runs`.
   for (SliceRun& run : runs) {
     if (run.on == driver) continue;
-    std::exception_ptr failed = workers[run.on]->wait();
+    std::exception_ptr failed = runtime->device_thread(*run.on).wait();
     if (failed && !error) {
       error = failed;
       failed_on = run.on;
@@ -1259,7 +1250,7 @@ void Net::Impl::reduce_partials(int index, std::vector<SliceRun>& runs) {
     on.synchronize();
   };
   for (std::size_t h = 1; h < helpers.size(); ++h)
-    worker(*helpers[h]).submit([&share, h] { share(h); });
+    runtime->device_thread(*helpers[h]).submit([&share, h] { share(h); });
   std::exception_ptr error;
   try {
     share(0);
@@ -1267,7 +1258,7 @@ void Net::Impl::reduce_partials(int index, std::vector<SliceRun>& runs) {
     error = std::current_exception();
   }
   for (std::size_t h = 1; h < helpers.size(); ++h) {
-    std::exception_ptr failed = workers[helpers[h]]->wait();
+    std::exception_ptr failed = runtime->device_thread(*helpers[h]).wait();
     if (failed && !error) error = failed;
   }
   if (error) std::rethrow_exception(error);

@@ -1,7 +1,8 @@
-// DeviceWorker: the long-lived host thread that issues one driver's slices of split layers.
-// A driver serves one thread at a time (driver.h); giving each split device its own thread
-// for the life of the Net lets the slices of a layer run at the same time without a thread
-// per call, and keeps per-thread runtime state (OpenMP teams, CUDA contexts) warm.
+// DeviceWorker: the long-lived host thread that issues one driver's slices of split layers
+// (Runtime::device_thread). A driver serves one thread at a time (driver.h); giving each
+// driver its own thread for the life of the Runtime lets the slices of a layer run at the
+// same time without a thread per call, and keeps per-thread runtime state (OpenMP teams,
+// CUDA contexts) warm.
 #pragma once
 
 #include <condition_variable>
