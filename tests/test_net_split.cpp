@@ -211,6 +211,26 @@ TEST_CASE("a device worker runs every task on one thread of its own") {
   CHECK(first != std::this_thread::get_id());
 }
 
+TEST_CASE("a runtime keeps one device thread per driver") {
+  TwoDrivers d;
+  detail::DeviceWorker& device = d.runtime.device_thread(*d.device);
+  CHECK(&d.runtime.device_thread(*d.device) == &device);
+  CHECK(&d.runtime.device_thread(*d.host) != &device);
+  // Two nets splitting onto the same device use its one thread.
+  NetOptions options;
+  options.data_source = "synthetic:1x28x28";
+  options.batch_size = 4;
+  options.split = Split::parse("reference:0.5,reference:1:0.5");
+  const std::string model = fmt::format("{}/mnist_lenet_train_test.prototxt", HYBRIDNN_MODELS_DIR);
+  Net first(model, d.runtime, *d.host, options);
+  Net second(model, d.runtime, *d.host, options);
+  CHECK(first.forward_backward() == second.forward_backward());
+  std::thread::id id;
+  device.submit([&] { id = std::this_thread::get_id(); });
+  CHECK_FALSE(device.wait());
+  CHECK(id != std::this_thread::get_id());
+}
+
 TEST_CASE("a device worker hands back what its task threw") {
   detail::DeviceWorker worker;
   worker.submit([] { throw Error("slice failed on reference:1"); });
