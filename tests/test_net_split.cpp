@@ -501,3 +501,97 @@ TEST_CASE("a cpu driver computes on its device thread what it set up on the call
 
 }  // namespace
 }  // namespace hn
+
+namespace hn {
+namespace {
+
+// Every kind of layer the nets above lack, cut by rows between the host and a device: a
+// split blob (branches), in-place chains (BatchNorm; ReLU and Dropout after Scale), BatchNorm's
+// batch statistics (never cut: the whole batch on the Net's driver, between cut layers),
+// Concat, LRN, TanH, Eltwise (sum and max), AVE pooling, Flatten, Sigmoid and Slice.
+constexpr const char* kEveryLayerNet = R"(
+name: "every_layer"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { shape { dim: 8 dim: 3 dim: 10 dim: 10 } shape { dim: 8 }
+    data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 2 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 6 kernel_size: 3 pad: 1 bias_term: false
+    weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "bn1" type: "BatchNorm" bottom: "conv1" top: "conv1" }
+layer { name: "scale1" type: "Scale" bottom: "conv1" top: "scaled"
+  scale_param { bias_term: true filler { type: "constant" value: 1.5 } } }
+layer { name: "relu1" type: "ReLU" bottom: "scaled" top: "scaled" relu_param { negative_slope: 0.1 } }
+layer { name: "drop1" type: "Dropout" bottom: "scaled" top: "scaled" dropout_param { dropout_ratio: 0.3 } }
+layer { name: "conv_a" type: "Convolution" bottom: "scaled" top: "conv_a"
+  convolution_param { num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } } }
+layer { name: "pool_b" type: "Pooling" bottom: "scaled" top: "pool_b"
+  pooling_param { pool: MAX kernel_size: 3 stride: 1 pad: 1 } }
+layer { name: "concat" type: "Concat" bottom: "conv_a" bottom: "pool_b" top: "concat" }
+layer { name: "lrn" type: "LRN" bottom: "concat" top: "lrn" lrn_param { local_size: 3 alpha: 0.1 beta: 0.75 } }
+layer { name: "tanh" type: "TanH" bottom: "lrn" top: "tanh" }
+layer { name: "conv_c" type: "Convolution" bottom: "scaled" top: "conv_c"
+  convolution_param { num_output: 10 kernel_size: 1 weight_filler { type: "gaussian" std: 0.2 } } }
+layer { name: "sum" type: "Eltwise" bottom: "tanh" bottom: "conv_c" top: "sum"
+  eltwise_param { operation: SUM coeff: 1 coeff: -0.5 } }
+layer { name: "pool2" type: "Pooling" bottom: "sum" top: "pool2"
+  pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
+layer { name: "flat" type: "Flatten" bottom: "pool2" top: "flat" }
+layer { name: "ip1" type: "InnerProduct" bottom: "flat" top: "ip1"
+  inner_product_param { num_output: 16 weight_filler { type: "xavier" } } }
+layer { name: "sig" type: "Sigmoid" bottom: "ip1" top: "sig" }
+layer { name: "halves" type: "Slice" bottom: "sig" top: "h1" top: "h2"
+  slice_param { axis: 1 slice_point: 8 } }
+layer { name: "max" type: "Eltwise" bottom: "h1" bottom: "h2" top: "max" eltwise_param { operation: MAX } }
+layer { name: "ip2" type: "InnerProduct" bottom: "max" top: "ip2"
+  inner_product_param { num_output: 5 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
+)";
+
+TEST_CASE("a net of every cuttable layer type computes the unsplit loss and gradients split") {
+  TwoDrivers d;
+  auto run = [&](int batch, const std::string& split) {
+    NetOptions options;
+    options.batch_size = batch;
+    options.force_backward = true;
+    if (!split.empty()) options.split = Split::parse(split);
+    const std::unique_ptr<Net> net =
+        Net::from_text(kEveryLayerNet, "every_layer", d.runtime, *d.host, options);
+    net->clear_param_diffs();
+    test::NetGradients result;
+    result.loss = net->forward_backward();
+    for (const NetParam& param : net->learnable_params()) {
+      const float* diff = param.tensor->host_diff();
+      result.gradients.emplace_back(diff, diff + param.tensor->count());
+    }
+    return result;
+  };
+  for (int batch : {8, 7}) {
+    const test::NetGradients whole = run(batch, "");
+    // conv1 1 (no bias before BatchNorm), bn1 3, scale1 2, conv_a, conv_c, ip1 and ip2 2 each.
+    REQUIRE(whole.gradients.size() == 14);
+    for (const char* split : {"reference:0.5,reference:1:0.5", "reference:0.75,reference:1:0.25",
+                              "reference:0.125,reference:1:0.875"}) {
+      INFO("batch " << batch << " split " << split);
+      const test::NetGradients cut = run(batch, split);
+      CHECK(cut.loss == Approx(whole.loss).epsilon(1e-6));
+      for (std::size_t g = 0; g < whole.gradients.size(); ++g) {
+        INFO("parameter " << g);
+        CHECK(test::max_scaled_diff(whole.gradients[g], cut.gradients[g]) <= 1e-5);
+      }
+    }
+  }
+  // The layers were cut (or not) as they should be.
+  NetOptions options;
+  options.split = Split::parse("reference:0.5,reference:1:0.5");
+  const std::unique_ptr<Net> net =
+      Net::from_text(kEveryLayerNet, "every_layer", d.runtime, *d.host, options);
+  net->forward();
+  for (const LayerProfile& layer : net->profile()) {
+    INFO(layer.name);
+    const bool whole_batch = layer.name == "bn1" || layer.name == "loss";
+    CHECK(layer.devices.size() == (whole_batch ? 1u : 2u));
+  }
+}
+
+}  // namespace
+}  // namespace hn
