@@ -53,6 +53,12 @@ std::vector<Shape> ScaleLayer::setup(const std::vector<Shape>& inputs) {
              axis_ + i, x[axis_ + i]);
   }
   input_shape_ = x;
+  // In place, forward overwrites the input that the scale's gradient is formed from.
+  if (in_place(0)) {
+    detail::reshape_state(state_, x);
+  } else {
+    state_.clear();
+  }
 
   const std::size_t count = (scale_is_input_ ? 0 : 1) + (param_.bias_term ? 1 : 0);
   const bool fresh = params_.size() != count;
@@ -97,7 +103,16 @@ void ScaleLayer::forward(const LayerSlice& slice) {
   Driver& driver = *slice.driver;
   const float* scale = scale_is_input_ ? slice.inputs[1].x() : slice.params[0].x();
   float* y = slice.outputs[0].mutable_x();
-  driver.scale_channels(shape, scale, slice.inputs[0].x(), y);
+  const float* x = slice.inputs[0].x();
+  HN_CHECK(x != y || in_place(0),
+           "{}: runs in place (one tensor for input 0 and output 0) without being told: call "
+           "set_in_place({{true}}) before setup(), so that it keeps the input for backward",
+           describe());
+  if (in_place(0)) {
+    driver.copy(slice.state[0].mutable_x(), x,
+                static_cast<std::size_t>(shape.count()) * sizeof(float));
+  }
+  driver.scale_channels(shape, scale, x, y);
   if (param_.bias_term) driver.bias_forward(shape, slice.params.back().x(), y);
 }
 
@@ -124,7 +139,8 @@ void ScaleLayer::backward(const LayerSlice& slice) {
   }
   if (dscale != nullptr) {
     float* product = slice.workspace.as<float>();
-    driver.mul(shape.count(), dy, slice.inputs[0].x(), product);
+    const float* x = in_place(0) ? slice.state[0].x() : slice.inputs[0].x();
+    driver.mul(shape.count(), dy, x, product);
     driver.bias_backward(shape, product, beta, dscale);
   }
   if (wants(0)) {

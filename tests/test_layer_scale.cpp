@@ -222,3 +222,61 @@ TEST_CASE("Scale rejects a scale that does not fit its input", "[layer][scale]")
 }
 
 }  // namespace
+
+TEST_CASE("Scale in place equals Scale on separate tensors, gradients included", "[layer][scale]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    auto driver = hn::make_driver(config.device, config.options);
+    const Shape shape{3, 4, 5, 2};
+    const std::size_t count = static_cast<std::size_t>(shape.count());
+    const std::vector<float> x = random_floats(count, 301);
+    const std::vector<float> dy = random_floats(count, 302);
+    const std::vector<float> scale = random_floats(4, 303, -2.0f, 2.0f);
+    const std::vector<float> bias = random_floats(4, 304);
+    auto make = [&](bool in_place) {
+      auto layer = std::make_unique<hn::ScaleLayer>("scale", make_params(1, 1, true));
+      if (in_place) layer->set_in_place({true});
+      layer->setup({shape});
+      hn::test::set_values(layer->params()[0], scale);
+      hn::test::set_values(layer->params()[1], bias);
+      return layer;
+    };
+    // Apart: y = scale(x); then dx and the parameter gradients from dy.
+    auto apart = make(false);
+    hn::Tensor in(shape), out(shape);
+    hn::test::set_values(in, x);
+    hn::run_forward(*apart, *driver, {&in}, {&out});
+    std::copy(dy.begin(), dy.end(), out.host_diff_mut());
+    hn::run_backward(*apart, *driver, {&in}, {&out});
+    // In place: one tensor is input and output, values and gradients.
+    auto together = make(true);
+    hn::Tensor both(shape);
+    hn::test::set_values(both, x);
+    hn::run_forward(*together, *driver, {&both}, {&both});
+    CHECK(max_rel_diff(hn::test::values(out), hn::test::values(both)) <= kTolerance);
+    std::copy(dy.begin(), dy.end(), both.host_diff_mut());
+    hn::run_backward(*together, *driver, {&both}, {&both});
+    const std::vector<float> dx(in.host_diff(), in.host_diff() + count);
+    CHECK(max_rel_diff(dx, std::vector<float>(both.host_diff(), both.host_diff() + count)) <=
+          kTolerance);
+    for (std::size_t p = 0; p < 2; ++p) {
+      INFO("parameter " << p);
+      hn::Tensor& a = apart->params()[p];
+      hn::Tensor& b = together->params()[p];
+      CHECK(max_rel_diff(std::vector<float>(a.host_diff(), a.host_diff() + a.count()),
+                         std::vector<float>(b.host_diff(), b.host_diff() + b.count())) <=
+            kTolerance);
+    }
+  }
+}
+
+TEST_CASE("Scale run in place without being told so is an error naming the remedy",
+          "[layer][scale]") {
+  auto driver = hn::make_driver(hn::Device::parse("reference"));
+  hn::ScaleLayer layer("scale", make_params(1, 1, false));
+  const Shape shape{2, 3, 4};
+  layer.setup({shape});
+  hn::Tensor both(shape);
+  CHECK_THROWS_WITH(hn::run_forward(layer, *driver, {&both}, {&both}),
+                    Contains("layer 'scale' (Scale)") && Contains("set_in_place"));
+}

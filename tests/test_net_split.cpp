@@ -506,7 +506,7 @@ namespace hn {
 namespace {
 
 // Every kind of layer the nets above lack, cut by rows between the host and a device: a
-// split blob (branches), in-place chains (BatchNorm; ReLU and Dropout after Scale), BatchNorm's
+// split blob (branches), an in-place chain (BatchNorm, Scale, ReLU, Dropout), BatchNorm's
 // batch statistics (never cut: the whole batch on the Net's driver, between cut layers),
 // Concat, LRN, TanH, Eltwise (sum and max), AVE pooling, Flatten, Sigmoid and Slice.
 constexpr const char* kEveryLayerNet = R"(
@@ -518,18 +518,18 @@ layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
   convolution_param { num_output: 6 kernel_size: 3 pad: 1 bias_term: false
     weight_filler { type: "gaussian" std: 0.3 } } }
 layer { name: "bn1" type: "BatchNorm" bottom: "conv1" top: "conv1" }
-layer { name: "scale1" type: "Scale" bottom: "conv1" top: "scaled"
+layer { name: "scale1" type: "Scale" bottom: "conv1" top: "conv1"
   scale_param { bias_term: true filler { type: "constant" value: 1.5 } } }
-layer { name: "relu1" type: "ReLU" bottom: "scaled" top: "scaled" relu_param { negative_slope: 0.1 } }
-layer { name: "drop1" type: "Dropout" bottom: "scaled" top: "scaled" dropout_param { dropout_ratio: 0.3 } }
-layer { name: "conv_a" type: "Convolution" bottom: "scaled" top: "conv_a"
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" relu_param { negative_slope: 0.1 } }
+layer { name: "drop1" type: "Dropout" bottom: "conv1" top: "conv1" dropout_param { dropout_ratio: 0.3 } }
+layer { name: "conv_a" type: "Convolution" bottom: "conv1" top: "conv_a"
   convolution_param { num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } } }
-layer { name: "pool_b" type: "Pooling" bottom: "scaled" top: "pool_b"
+layer { name: "pool_b" type: "Pooling" bottom: "conv1" top: "pool_b"
   pooling_param { pool: MAX kernel_size: 3 stride: 1 pad: 1 } }
 layer { name: "concat" type: "Concat" bottom: "conv_a" bottom: "pool_b" top: "concat" }
 layer { name: "lrn" type: "LRN" bottom: "concat" top: "lrn" lrn_param { local_size: 3 alpha: 0.1 beta: 0.75 } }
 layer { name: "tanh" type: "TanH" bottom: "lrn" top: "tanh" }
-layer { name: "conv_c" type: "Convolution" bottom: "scaled" top: "conv_c"
+layer { name: "conv_c" type: "Convolution" bottom: "conv1" top: "conv_c"
   convolution_param { num_output: 10 kernel_size: 1 weight_filler { type: "gaussian" std: 0.2 } } }
 layer { name: "sum" type: "Eltwise" bottom: "tanh" bottom: "conv_c" top: "sum"
   eltwise_param { operation: SUM coeff: 1 coeff: -0.5 } }

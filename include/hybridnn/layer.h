@@ -83,6 +83,14 @@ class Layer {
   virtual bool splits_by_rows() const { return true; }
   // Whether output i may share memory with input i (ReLU, Dropout, ...).
   virtual bool allows_in_place() const { return false; }
+  // Which outputs will share memory with the input at the same position, told before
+  // setup(): the Net does so from the prototxt's names; a program running the layer as a
+  // kernel on one tensor for both does so itself. A layer whose backward needs an input
+  // that running in place overwrites keeps a copy of it (Scale), as Caffe does.
+  void set_in_place(std::vector<bool> outputs) { in_place_ = std::move(outputs); }
+  bool in_place(int output) const {
+    return output >= 0 && output < static_cast<int>(in_place_.size()) && in_place_[output];
+  }
   // Whether a gradient can flow to input i (false for labels).
   virtual bool can_propagate_down(int input) const {
     static_cast<void>(input);
@@ -106,6 +114,7 @@ class Layer {
 
   std::vector<Tensor> params_;
   std::vector<Tensor> state_;
+  std::vector<bool> in_place_;
 
  private:
   std::string name_;

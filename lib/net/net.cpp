@@ -547,6 +547,10 @@ void Net::Impl::add_layer(const pb::LayerParameter& source) {
     } catch (const Error& error) {
       detail::fail("{}: {}", origin, error.what());
     }
+    std::vector<bool> in_place;
+    for (int i = 0; i < param.top_size(); ++i)
+      in_place.push_back(i < param.bottom_size() && param.top(i) == param.bottom(i));
+    nl.layer->set_in_place(std::move(in_place));
     try {
       top_shapes = nl.layer->setup(bottom_shapes);
     } catch (const Error& error) {

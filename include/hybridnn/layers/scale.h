@@ -21,8 +21,9 @@ struct ScaleParams {
 
 // One input: the scale is parameter 0 (shape = the input's dims [axis, axis + num_axes)).
 // Two inputs: the scale is input 1 and receives a gradient like any input. With bias_term,
-// the bias is the last parameter, shaped like the scale. Not in place: backward needs the
-// input to form the scale's gradient.
+// the bias is the last parameter, shaped like the scale. In place (set_in_place before
+// setup), it keeps a copy of the input as its state, which backward needs for the scale's
+// gradient (as Caffe's temp_).
 class ScaleLayer final : public Layer {
  public:
   explicit ScaleLayer(std::string name, const ScaleParams& params = {});
@@ -34,6 +35,7 @@ class ScaleLayer final : public Layer {
   // Rows are independent unless the scale (or bias) spans the batch axis or is an input
   // whose gradient sums over the batch.
   bool splits_by_rows() const override { return splits_by_rows_; }
+  bool allows_in_place() const override { return true; }
 
  private:
   AxisShape slice_shape(index_t rows) const;
