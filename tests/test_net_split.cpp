@@ -595,3 +595,29 @@ TEST_CASE("a net of every cuttable layer type computes the unsplit loss and grad
 
 }  // namespace
 }  // namespace hn
+
+namespace hn {
+namespace {
+
+TEST_CASE("a solver's per-layer splits apply to its test net built from the same prototxt") {
+  test::TempDir dir("hybridnn-split-solver");
+  const std::string solver_path =
+      dir.write("solver.prototxt", fmt::format("net: \"{}/mnist_lenet_train_test.prototxt\"\n"
+                                               "test_iter: 1\ntest_interval: 10\nbase_lr: 0.01\n"
+                                               "lr_policy: \"fixed\"\nmax_iter: 1\n",
+                                               HYBRIDNN_MODELS_DIR));
+  TwoDrivers d;
+  SolverOptions options;
+  options.train_data = options.test_data = "synthetic:1x28x28";
+  options.layer_splits = {{"conv2", Split::parse("reference:0.5,reference:1:0.5")}};
+  Solver solver(solver_path, d.runtime, *d.host, options);
+  REQUIRE(solver.num_test_nets() == 1);
+  for (Net* net : {&solver.net(), &solver.test_net(0)}) {
+    const LayerSplits splits = net->layer_splits();
+    REQUIRE(splits.size() == 1);
+    CHECK(splits[0].first == "conv2");
+  }
+}
+
+}  // namespace
+}  // namespace hn

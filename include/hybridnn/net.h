@@ -53,7 +53,8 @@ struct NetOptions {
   // driver runs on the calling thread). See docs/architecture.md, "Hybrid split".
   Split split;
   // Splits of single layers by name (read_layer_splits() reads a saved file of them); they
-  // override the prototxt's and `split`. Naming a layer the net lacks is an error.
+  // override the prototxt's and `split`. Naming a layer the prototxt lacks (in every phase)
+  // is an error.
   LayerSplits layer_splits;
 };
 

@@ -33,8 +33,9 @@ struct SolverOptions {
   // Cuts every layer's batch among devices in the training and test nets (see
   // NetOptions::split); empty: the nets' prototxt decides.
   Split split;
-  // Splits of single layers of the training net (see NetOptions::layer_splits); the test
-  // nets, whose layers may differ, use `split`.
+  // Splits of single layers (see NetOptions::layer_splits) of the training net, and of the
+  // test nets built from the same prototxt (net / net_param); test nets from files of their
+  // own (test_net, test_net_param) use `split`.
   LayerSplits layer_splits;
 };
 

@@ -270,12 +270,16 @@ void Solver::Impl::build_nets() {
     } else if (i < listed) {
       const std::string path = resolve_beside(p.test_net(i - p.test_net_param_size()), origin);
       test_net = std::make_unique<Net>(path, *runtime, *driver, test_options);
-    } else if (p.has_net()) {
-      test_net =
-          std::make_unique<Net>(resolve_beside(p.net(), origin), *runtime, *driver, test_options);
     } else {
-      test_net = Net::from_text(text_of(p.net_param()), fmt::format("{} (net_param)", origin),
-                                *runtime, *driver, test_options);
+      // The training net's own prototxt in the test phase: its per-layer splits apply too.
+      test_options.layer_splits = options.layer_splits;
+      if (p.has_net()) {
+        test_net =
+            std::make_unique<Net>(resolve_beside(p.net(), origin), *runtime, *driver, test_options);
+      } else {
+        test_net = Net::from_text(text_of(p.net_param()), fmt::format("{} (net_param)", origin),
+                                  *runtime, *driver, test_options);
+      }
     }
     HN_CHECK(p.test_iter(i) > 0, "{}: test_iter of test net {} must be > 0, got {}", origin, i,
              p.test_iter(i));
