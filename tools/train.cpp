@@ -257,7 +257,7 @@ Command train_command() {
       "slices run at the same time). --split auto first measures each layer of the training\n"
       "net and prints the chosen fractions (the test nets measure theirs at their first\n"
       "test); --split-save FILE keeps the training net's, and --split-file FILE trains with\n"
-      "them again (the test nets then use --split).";
+      "them again (test nets built from the same prototxt use them too).";
   command.flags = {
       {"solver", FlagKind::text, "FILE", "the solver prototxt (required)"},
       {"weights", FlagKind::text, "W[,W2]", "fine-tune from these .caffemodel files"},
