@@ -9,9 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
-#include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <string>
@@ -40,6 +38,18 @@ struct TwoDrivers {
     device = &runtime.add(Device::parse("reference:1"), separate);
   }
 };
+
+// Caffe's LeNet (train phase) from ../shared/models.
+std::string lenet_path() {
+  return fmt::format("{}/mnist_lenet_train_test.prototxt", HYBRIDNN_MODELS_DIR);
+}
+
+// LeNet on generated images at `batch`, on the host driver.
+Net lenet(TwoDrivers& d, NetOptions options, int batch = 8) {
+  options.data_source = "synthetic:1x28x28";
+  options.batch_size = batch;
+  return Net(lenet_path(), d.runtime, *d.host, options);
+}
 
 TEST_CASE("split nets compute the unsplit losses and gradients") {
   TwoDrivers d;
@@ -71,11 +81,8 @@ TEST_CASE("split nets compute the unsplit losses and gradients") {
 TEST_CASE("layers split alike keep their activations on the device that computed them") {
   TwoDrivers d;
   NetOptions options;
-  options.data_source = "synthetic:1x28x28";
-  options.batch_size = 8;
   options.split = Split::parse("reference:1");  // every layer that can: on the device
-  Net net(fmt::format("{}/mnist_lenet_train_test.prototxt", HYBRIDNN_MODELS_DIR), d.runtime,
-          *d.host, options);
+  Net net = lenet(d, options);
   net.forward();  // the first forward also copies the parameters
   d.device->reset_transfer_stats();
   net.forward();
@@ -90,19 +97,10 @@ TEST_CASE("layers split alike keep their activations on the device that computed
 TEST_CASE("a split naming a device without a driver is an error naming the layer") {
   TwoDrivers d;
   NetOptions options;
-  options.data_source = "synthetic:1x28x28";
   options.split = Split::parse("reference:0.5,cuda:3:0.5");
-  CHECK_THROWS_WITH(
-      Net(fmt::format("{}/mnist_lenet_train_test.prototxt", HYBRIDNN_MODELS_DIR), d.runtime,
-          *d.host, options),
-      Catch::Contains("conv1") && Catch::Contains("cuda:3") && Catch::Contains("reference:1"));
+  CHECK_THROWS_WITH(lenet(d, options), Catch::Contains("conv1") && Catch::Contains("cuda:3") &&
+                                           Catch::Contains("reference:1"));
 }
-
-}  // namespace
-}  // namespace hn
-
-namespace hn {
-namespace {
 
 // 50 SGD iterations of Caffe's LeNet (at batch 16, to keep the reference drivers quick) with
 // the batch cut 1:1 between the reference driver and a second one with memory of its own
@@ -111,22 +109,21 @@ namespace {
 // two halves use other convolution algorithms than the whole batch, and the rounding
 // differences grow chaotically after some 30 iterations.)
 TEST_CASE("LeNet training with a 1:1 split tracks the unsplit losses") {
-  const std::string dir = fmt::format("{}/hybridnn_split_solver", P_tmpdir);
-  std::filesystem::create_directories(dir);
+  test::TempDir dir("hybridnn-split-solver");
   std::string net;
   {
-    std::ifstream in(fmt::format("{}/mnist_lenet_train_test.prototxt", HYBRIDNN_MODELS_DIR));
+    std::ifstream in(lenet_path());
     net.assign(std::istreambuf_iterator<char>(in), {});
     const auto at = net.find("batch_size: 64");
     REQUIRE(at != std::string::npos);
     net.replace(at, 14, "batch_size: 16");
-    std::ofstream(dir + "/lenet.prototxt") << net;
   }
-  const std::string solver_path = dir + "/solver.prototxt";
-  std::ofstream(solver_path) << "net: \"" << dir << "/lenet.prototxt\"\n"
-                             << "base_lr: 0.01\nmomentum: 0.9\nweight_decay: 0.0005\n"
-                                "lr_policy: \"inv\"\ngamma: 0.0001\npower: 0.75\n"
-                                "max_iter: 50\nsnapshot_after_train: false\nrandom_seed: 3\n";
+  const std::string solver_path = dir.write(
+      "solver.prototxt", "net: \"" + dir.write("lenet.prototxt", net) +
+                             "\"\n"
+                             "base_lr: 0.01\nmomentum: 0.9\nweight_decay: 0.0005\n"
+                             "lr_policy: \"inv\"\ngamma: 0.0001\npower: 0.75\n"
+                             "max_iter: 50\nsnapshot_after_train: false\nrandom_seed: 3\n");
   auto losses = [&](const std::string& split) {
     TwoDrivers d;
     SolverOptions options;
@@ -151,23 +148,15 @@ TEST_CASE("LeNet training with a 1:1 split tracks the unsplit losses") {
   CHECK(std::count(whole.begin(), whole.end(), whole.front()) == 1);
 }
 
-}  // namespace
-}  // namespace hn
-
-namespace hn {
-namespace {
-
 // Determinism: two runs of the same split training give bitwise identical losses and
 // weights (CPU driver instances, two threads each).
 TEST_CASE("split training is bitwise reproducible") {
-  const std::string dir = fmt::format("{}/hybridnn_split_repro", P_tmpdir);
-  std::filesystem::create_directories(dir);
-  const std::string solver_path = dir + "/solver.prototxt";
-  std::ofstream(solver_path) << "net: \"" << HYBRIDNN_MODELS_DIR
-                             << "/mnist_lenet_train_test.prototxt\"\n"
-                                "base_lr: 0.01\nmomentum: 0.9\nweight_decay: 0.0005\n"
-                                "lr_policy: \"fixed\"\nmax_iter: 10\n"
-                                "snapshot_after_train: false\n";
+  test::TempDir dir("hybridnn-split-repro");
+  const std::string solver_path = dir.write(
+      "solver.prototxt", "net: \"" + lenet_path() +
+                             "\"\n"
+                             "base_lr: 0.01\nmomentum: 0.9\nweight_decay: 0.0005\n"
+                             "lr_policy: \"fixed\"\nmax_iter: 10\nsnapshot_after_train: false\n");
   auto train = [&]() {
     Runtime runtime;
     Driver& main = runtime.add(Device::parse("cpu"));
@@ -193,12 +182,6 @@ TEST_CASE("split training is bitwise reproducible") {
   CHECK(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)) == 0);
 }
 
-}  // namespace
-}  // namespace hn
-
-namespace hn {
-namespace {
-
 // The scheduler's threads: one per device, long-lived, running tasks at the same time.
 TEST_CASE("a device worker runs every task on one thread of its own") {
   detail::DeviceWorker worker;
@@ -218,12 +201,9 @@ TEST_CASE("a runtime keeps one device thread per driver") {
   CHECK(&d.runtime.device_thread(*d.host) != &device);
   // Two nets splitting onto the same device use its one thread.
   NetOptions options;
-  options.data_source = "synthetic:1x28x28";
-  options.batch_size = 4;
   options.split = Split::parse("reference:0.5,reference:1:0.5");
-  const std::string model = fmt::format("{}/mnist_lenet_train_test.prototxt", HYBRIDNN_MODELS_DIR);
-  Net first(model, d.runtime, *d.host, options);
-  Net second(model, d.runtime, *d.host, options);
+  Net first = lenet(d, options, 4);
+  Net second = lenet(d, options, 4);
   CHECK(first.forward_backward() == second.forward_backward());
   std::thread::id id;
   device.submit([&] { id = std::this_thread::get_id(); });
@@ -261,13 +241,6 @@ TEST_CASE("two device workers run their tasks at the same time") {
   CHECK_FALSE(b.wait());
   CHECK(met_a);
   CHECK(met_b);
-}
-
-Net lenet(TwoDrivers& d, NetOptions options, int batch = 8) {
-  options.data_source = "synthetic:1x28x28";
-  options.batch_size = batch;
-  return Net(fmt::format("{}/mnist_lenet_train_test.prototxt", HYBRIDNN_MODELS_DIR), d.runtime,
-             *d.host, options);
 }
 
 const SliceProfile* find_device(const LayerProfile& layer, const std::string& device) {
@@ -441,12 +414,6 @@ TEST_CASE("an automatic split over a device without a driver is an error naming 
   CHECK_THROWS_WITH(lenet(d, options), Catch::Contains("conv1") && Catch::Contains("cpu:3"));
 }
 
-}  // namespace
-}  // namespace hn
-
-namespace hn {
-namespace {
-
 // A driver may be driven by one thread and later by another: here cpu:1 computes a net on
 // the calling thread, then the slices of a split net on its device thread, with the same
 // convolution shapes (its cached oneDNN primitives were created on the calling thread).
@@ -498,12 +465,6 @@ TEST_CASE("a cpu driver computes on its device thread what it set up on the call
     CHECK(test::max_scaled_diff(whole[i], cut[i]) <= 1e-5);
   }
 }
-
-}  // namespace
-}  // namespace hn
-
-namespace hn {
-namespace {
 
 // Every kind of layer the nets above lack, cut by rows between the host and a device: a
 // split blob (branches), an in-place chain (BatchNorm, Scale, ReLU, Dropout), BatchNorm's
@@ -593,19 +554,13 @@ TEST_CASE("a net of every cuttable layer type computes the unsplit loss and grad
   }
 }
 
-}  // namespace
-}  // namespace hn
-
-namespace hn {
-namespace {
-
 TEST_CASE("a solver's per-layer splits apply to its test net built from the same prototxt") {
   test::TempDir dir("hybridnn-split-solver");
   const std::string solver_path =
-      dir.write("solver.prototxt", fmt::format("net: \"{}/mnist_lenet_train_test.prototxt\"\n"
-                                               "test_iter: 1\ntest_interval: 10\nbase_lr: 0.01\n"
-                                               "lr_policy: \"fixed\"\nmax_iter: 1\n",
-                                               HYBRIDNN_MODELS_DIR));
+      dir.write("solver.prototxt", "net: \"" + lenet_path() +
+                                       "\"\n"
+                                       "test_iter: 1\ntest_interval: 10\nbase_lr: 0.01\n"
+                                       "lr_policy: \"fixed\"\nmax_iter: 1\n");
   TwoDrivers d;
   SolverOptions options;
   options.train_data = options.test_data = "synthetic:1x28x28";
