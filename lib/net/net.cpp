@@ -305,6 +305,8 @@ struct Net::Impl {
   // Measures layer `index`'s automatic split on its current inputs.
   void calibrate_layer(int index);
   double probe(int index, Driver& on, index_t rows);
+  // Room for a probe's input gradients (prepare_slice's `scratch`): every gradient wanted.
+  std::size_t probe_scratch_bytes(const NetLayer& nl) const;
   const Split& upstream_split(int blob) const;
   std::function<void(const std::string&, const Split&)> on_calibrated;
 
@@ -371,6 +373,7 @@ void Net::Impl::build(pb::NetParameter net) {
       } else {
         nl.split = nl.param.split_size() > 0 ? split_of(nl.param.split()) : net_split;
       }
+      nl.split.check_devices(*runtime);  // an automatic split's devices too
       if (nl.split.is_automatic()) {
         nl.automatic = true;
         nl.auto_devices = nl.split.automatic_devices();
@@ -378,15 +381,9 @@ void Net::Impl::build(pb::NetParameter net) {
           for (const Driver* present : runtime->drivers())
             nl.auto_devices.push_back(present->device());
         }
-        std::vector<SplitShare> even;
-        for (const Device& device : nl.auto_devices)
-          even.push_back(SplitShare{device, 1.0 / static_cast<double>(nl.auto_devices.size())});
-        // Checks the devices; the fractions are measured at the first forward.
-        Split(std::move(even)).check_devices(*runtime);
-        nl.split = Split();
+        nl.split = Split();  // the fractions are measured at the first forward
         continue;
       }
-      nl.split.check_devices(*runtime);
     } catch (const Error& error) {
       detail::fail("{}: split: {}", where(static_cast<int>(l)), error.what());
     }
@@ -1110,12 +1107,8 @@ std::vector<SliceRun> Net::Impl::run_slices(int index, bool backward, const Spli
       if (partial.bytes() < bytes) partial.resize(bytes);
       run.partial = &partial;
     }
-    if (backward && probe) {
-      std::size_t bytes = 0;
-      for (int b : nl.bottoms)
-        bytes += static_cast<std::size_t>(blobs[b].shape.count()) * sizeof(float);
-      scratch.push_back(std::make_unique<SyncedMemory>(bytes));
-    }
+    if (backward && probe)
+      scratch.push_back(std::make_unique<SyncedMemory>(probe_scratch_bytes(nl)));
     const detail::TransferTally before = tally;
     run.slice = prepare_slice(index, on, run.begin, run.end, backward, run.partial,
                               backward && probe ? scratch.back().get() : nullptr);
@@ -1277,6 +1270,15 @@ const Split& Net::Impl::upstream_split(int blob) const {
   return layers[producer].split;
 }
 
+std::size_t Net::Impl::probe_scratch_bytes(const NetLayer& nl) const {
+  std::size_t bytes = 0;
+  for (std::size_t i = 0; i < nl.bottoms.size(); ++i) {
+    const Shape& shape = blobs[nl.bottoms[i]].shape;
+    if (nl.propagate_down[i]) bytes += static_cast<std::size_t>(shape.count()) * sizeof(float);
+  }
+  return bytes;
+}
+
 double Net::Impl::probe(int index, Driver& on, index_t rows) {
   const NetLayer& nl = layers[index];
   Layer& layer = *nl.layer;
@@ -1288,12 +1290,7 @@ double Net::Impl::probe(int index, Driver& on, index_t rows) {
   run_on(on, [&] { compute(layer, run, false); });
   seconds += run.busy;
   if (nl.needs_backward) {
-    std::size_t bytes = 0;
-    for (std::size_t i = 0; i < nl.bottoms.size(); ++i) {
-      const Shape& shape = blobs[nl.bottoms[i]].shape;
-      if (nl.propagate_down[i]) bytes += static_cast<std::size_t>(shape.count()) * sizeof(float);
-    }
-    SyncedMemory scratch(bytes);  // the input gradients: see prepare_slice
+    SyncedMemory scratch(probe_scratch_bytes(nl));
     run.slice = prepare_slice(index, on, 0, rows, true, nullptr, &scratch);
     run_on(on, [&] { compute(layer, run, true); });
     seconds += run.busy;
