@@ -117,14 +117,18 @@ Split::Split(std::vector<SplitShare> shares) : shares_(std::move(shares)) {
 }
 
 Split Split::automatic(std::vector<Device> devices) {
-  std::vector<std::string> names;
-  for (const Device& device : devices)
-    names.push_back(device.name());
-  check_distinct(devices, fmt::format("auto:{}", fmt::join(names, ",")));
   Split split;
   split.automatic_ = true;
   split.automatic_devices_ = std::move(devices);
+  check_distinct(split.automatic_devices_, split.to_string());
   return split;
+}
+
+std::vector<Device> Split::devices() const {
+  std::vector<Device> devices = automatic_devices_;
+  for (const SplitShare& share : shares_)
+    devices.push_back(share.device);
+  return devices;
 }
 
 Split Split::parse(std::string_view text) {
@@ -209,10 +213,7 @@ std::vector<std::pair<index_t, index_t>> Split::partition(index_t rows) const {
 }
 
 void Split::check_devices(const Runtime& runtime) const {
-  std::vector<Device> devices = automatic_devices_;
-  for (const SplitShare& share : shares_)
-    devices.push_back(share.device);
-  for (const Device& device : devices) {
+  for (const Device& device : devices()) {
     if (runtime.find(device) != nullptr) continue;
     std::vector<std::string> present;
     for (const Driver* driver : runtime.drivers())

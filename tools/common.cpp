@@ -45,18 +45,6 @@ Split parse_split(const std::string& spec) {
   return Split::automatic(std::move(devices));
 }
 
-namespace {
-
-// The devices a split names: its shares', or those an automatic split measures.
-std::vector<Device> devices_of(const Split& split) {
-  std::vector<Device> devices = split.automatic_devices();
-  for (const SplitShare& share : split.shares())
-    devices.push_back(share.device);
-  return devices;
-}
-
-}  // namespace
-
 std::vector<FlagSpec> device_flags() {
   return {
       {"device", FlagKind::text, "D", "run on device D: cpu (default), reference, cuda:N"},
@@ -124,12 +112,12 @@ Device chosen_device(const Args& args) {
   // The Net's own driver (data, losses, batch statistics): --device, else the split's first
   // device.
   if (!device) {
-    const std::vector<Device> devices = devices_of(chosen_split(args));
+    const std::vector<Device> devices = chosen_split(args).devices();
     if (!devices.empty()) device = devices[0];
   }
   if (!device) {
     const LayerSplits layer_splits = chosen_layer_splits(args);
-    if (!layer_splits.empty()) device = devices_of(layer_splits[0].second).at(0);
+    if (!layer_splits.empty()) device = layer_splits[0].second.devices().at(0);
   }
   return device.value_or(Device{DeviceKind::cpu, 0});
 }
@@ -149,10 +137,10 @@ bool splits_chosen(const Args& args) {
 Driver& add_chosen_driver(Runtime& runtime, const Args& args) {
   // Every device: the Net's own first, then those of the splits.
   std::vector<Device> devices{chosen_device(args)};
-  for (const Device& device : devices_of(chosen_split(args)))
+  for (const Device& device : chosen_split(args).devices())
     devices.push_back(device);
   for (const auto& [layer, split] : chosen_layer_splits(args)) {
-    for (const Device& device : devices_of(split))
+    for (const Device& device : split.devices())
       devices.push_back(device);
   }
   std::vector<Device> distinct;

@@ -46,6 +46,9 @@ class Split {
   // The devices an automatic split measures (empty: every driver of the Runtime).
   const std::vector<Device>& automatic_devices() const { return automatic_devices_; }
   const std::vector<SplitShare>& shares() const { return shares_; }
+  // Every device the split names: its shares' (in order), or those an automatic split
+  // measures.
+  std::vector<Device> devices() const;
 
   // Rows [begin, end) of each share for a batch of `rows`, in share order. Boundary i is the
   // cumulative fraction of shares 0..i times rows, rounded half up (the last is `rows`), so
