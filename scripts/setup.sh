@@ -4,9 +4,15 @@
 # Debian package here: when /usr/local/cuda exists the CUDA driver is built too.
 set -euo pipefail
 
+# ocl-icd-opencl-dev: Debian's oneDNN is built with its OpenCL GPU runtime, so its CMake
+# package (dnnl-config.cmake) calls find_package(OpenCL REQUIRED) and stops the configure
+# without OpenCL's headers and loader, even though hybridnn uses only oneDNN's CPU engine.
+# Installing the package keeps oneDNN's own CMake targets (its include paths, link flags
+# and version checks) instead of a hand-made find of libdnnl; CMakeLists.txt names this
+# package when it is missing.
 packages=(
   build-essential cmake ninja-build pkg-config git python3
-  libopenblas-dev libdnnl-dev libeigen3-dev libtbb-dev libfmt-dev catch2
+  libopenblas-dev libdnnl-dev ocl-icd-opencl-dev libeigen3-dev libtbb-dev libfmt-dev catch2
   libprotobuf-dev protobuf-compiler liblmdb-dev zlib1g-dev
   clang-format
   dataset-fashion-mnist
