@@ -107,7 +107,8 @@ step bootstrap mmdebstrap --variant=apt --mode=root --aptopt="$acquire" bookworm
 mkdir -p "$root/src"
 step clone git clone --quiet --no-checkout "$repo" "$root/src/hybridnn"
 git -C "$root/src/hybridnn" checkout --quiet "$head"
-cp -a "$shared" "$root/src/shared"
+mkdir "$root/src/shared"
+cp -a "$shared/." "$root/src/shared/" # its contents, also when ../shared is a link
 
 for fs in proc sys dev; do
   mount --rbind "/$fs" "$root/$fs"
