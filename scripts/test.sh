@@ -17,6 +17,7 @@ cmake -S examples/embed -B build/embed-test -G Ninja -DCMAKE_PREFIX_PATH="$prefi
 cmake --build build/embed-test >/dev/null
 build/embed-test/embed
 PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --exists hybridnn
+# shellcheck disable=SC2046 # pkg-config's flags are meant to split into words
 c++ examples/embed/main.cpp -o build/embed-test/embed-pkgconfig \
   $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs hybridnn) \
   -Wl,-rpath,"$prefix/lib"
