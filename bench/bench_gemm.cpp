@@ -67,11 +67,11 @@ int run_gemm(const std::vector<std::string>& args) {
   const GemmOptions options = parse_gemm(args);
   const int threads = resolve_threads(options.threads);
   hn::DriverOptions driver_options;
-  driver_options.threads = threads;
-  driver_options.blas = options.blas;
-  const std::unique_ptr<hn::Driver> driver =
-      hn::make_driver(hn::Device{hn::DeviceKind::cpu, 0}, driver_options);
-  const std::string blas = options.blas.empty() ? hn::cpu_blas_backends().front() : options.blas;
+  driver_options.set("threads", threads);
+  if (!options.blas.empty()) driver_options.set("blas", options.blas);
+  const std::unique_ptr<hn::Driver> driver = hn::make_driver(hn::Device{"cpu", 0}, driver_options);
+  const std::string blas =
+      options.blas.empty() ? hn::driver_kind("cpu").choices("blas").front() : options.blas;
   std::fprintf(stderr, "gemm: %s\n", driver->description().c_str());
 
   const Peak peak = measure_peak(threads);

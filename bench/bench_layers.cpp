@@ -321,9 +321,9 @@ int run_layers(const std::vector<std::string>& args) {
   if (options.batch == 0) options.batch = options.net == "lenet" ? 64 : 32;
   const int threads = resolve_threads(options.threads);
   DriverOptions driver_options;
-  driver_options.threads = threads;
-  driver_options.blas = options.blas;
-  const std::unique_ptr<Driver> driver = make_driver(Device{DeviceKind::cpu, 0}, driver_options);
+  driver_options.set("threads", threads);
+  if (!options.blas.empty()) driver_options.set("blas", options.blas);
+  const std::unique_ptr<Driver> driver = make_driver(Device{"cpu", 0}, driver_options);
   const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
   std::fprintf(stderr, "layers: %s, %s at batch %ld, OMP_WAIT_POLICY=%s\n",
                driver->description().c_str(), options.net.c_str(), static_cast<long>(options.batch),

@@ -135,9 +135,9 @@ Measurement measure(const Device& main, const Split& split, const SplitOptions& 
   Runtime runtime;
   for (const Device& d : options.devices) {
     DriverOptions driver_options;
-    if (d.kind == DeviceKind::cpu) driver_options.threads = threads;
+    if (d.kind == "cpu") driver_options.set("threads", threads);
     // The reference driver stands in for a device with its own memory, as a GPU would be.
-    driver_options.separate_memory = d.kind == DeviceKind::reference;
+    if (d.kind == "reference") driver_options.set("separate_memory", true);
     runtime.add(d, driver_options);
   }
   NetOptions net_options;
@@ -238,18 +238,18 @@ int run_split(const std::vector<std::string>& args) {
   // side by side.
   bool two_cpus = false;
   if (options.devices.empty()) {
-    options.devices.push_back(Device{DeviceKind::cpu, 0});
+    options.devices.push_back(Device{"cpu", 0});
     for (const Device& d : available_devices()) {
-      if (d.kind == DeviceKind::cuda) options.devices.push_back(d);
+      if (d.kind == "cuda") options.devices.push_back(d);
     }
     if (options.devices.size() == 1) {
-      options.devices.push_back(Device{DeviceKind::cpu, 1});
+      options.devices.push_back(Device{"cpu", 1});
       two_cpus = true;
     }
   }
   const int cpu_drivers =
       static_cast<int>(std::count_if(options.devices.begin(), options.devices.end(),
-                                     [](const Device& d) { return d.kind == DeviceKind::cpu; }));
+                                     [](const Device& d) { return d.kind == "cpu"; }));
   int threads = options.threads;
   if (two_cpus && threads < 0) threads = 1;
   if (threads <= 0) threads = std::max(1, resolve_threads(0) / std::max(1, cpu_drivers));
@@ -279,7 +279,7 @@ int run_split(const std::vector<std::string>& args) {
   }
 
   for (const Device& d : options.devices) {
-    if (d.kind == DeviceKind::reference) {
+    if (d.kind == "reference") {
       std::fprintf(stderr,
                    "split: warning: %s is the naive reference driver: CaffeNet takes minutes per "
                    "iteration on it\n",

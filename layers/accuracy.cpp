@@ -7,7 +7,7 @@
 
 #include "layers/common.h"
 #include "layers/loss_support.h"
-#include "lib/check.h"
+#include "lib/core/check.h"
 
 namespace hn {
 

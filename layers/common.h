@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "hybridnn/layer.h"
-#include "lib/check.h"
+#include "lib/core/check.h"
 
 namespace hn::detail {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "layers/common.h"
-#include "lib/check.h"
+#include "lib/core/check.h"
 
 namespace hn {
 

@@ -5,7 +5,7 @@
 
 #include "hybridnn/layers/activation.h"
 #include "layers/common.h"
-#include "lib/check.h"
+#include "lib/core/check.h"
 
 namespace hn {
 

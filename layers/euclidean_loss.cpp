@@ -1,7 +1,7 @@
 // EuclideanLoss (Caffe): sum of squared differences over 2N.
 #include "hybridnn/layers/loss.h"
 #include "layers/loss_support.h"
-#include "lib/check.h"
+#include "lib/core/check.h"
 
 namespace hn {
 

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "hybridnn/layer.h"
-#include "lib/check.h"
+#include "lib/core/check.h"
 
 namespace hn::detail {
 

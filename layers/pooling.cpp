@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "layers/common.h"
-#include "lib/check.h"
+#include "lib/core/check.h"
 
 namespace hn {
 

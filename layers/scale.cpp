@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "layers/common.h"
-#include "lib/check.h"
+#include "lib/core/check.h"
 
 namespace hn {
 

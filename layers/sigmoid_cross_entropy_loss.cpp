@@ -4,7 +4,7 @@
 
 #include "hybridnn/layers/loss.h"
 #include "layers/loss_support.h"
-#include "lib/check.h"
+#include "lib/core/check.h"
 
 namespace hn {
 

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "layers/common.h"
-#include "lib/check.h"
+#include "lib/core/check.h"
 
 namespace hn {
 

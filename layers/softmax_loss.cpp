@@ -7,7 +7,7 @@
 #include "hybridnn/layers/loss.h"
 #include "layers/common.h"
 #include "layers/loss_support.h"
-#include "lib/check.h"
+#include "lib/core/check.h"
 
 namespace hn {
 

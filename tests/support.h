@@ -188,7 +188,7 @@ std::string error_of(Call&& call) {
 class MemoryOnlyDriver final : public Driver {
  public:
   explicit MemoryOnlyDriver(Capabilities claimed)
-      : Driver(Device{DeviceKind::cpu, 7}), capabilities_(claimed) {}
+      : Driver(Device{"cpu", 7}), capabilities_(claimed) {}
   Capabilities capabilities() const override { return capabilities_; }
   MemorySpace memory_space() const override { return host_space(); }
   bool owns(const void*, std::size_t) const override { return true; }

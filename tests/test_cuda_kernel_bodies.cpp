@@ -45,7 +45,7 @@ namespace cuda = hn::detail::cuda;
 
 // The oracle, on host memory, so its calls take the test's vectors directly.
 std::unique_ptr<hn::Driver> make_reference() {
-  return hn::make_driver(hn::Device{hn::DeviceKind::reference, 0});
+  return hn::make_driver(hn::Device{"reference", 0});
 }
 
 // Runs body(i) for every i in [0, n) in a shuffled order: a body that reads what another

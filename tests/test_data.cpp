@@ -19,9 +19,9 @@
 #include <tuple>
 #include <vector>
 
-#include "drivers/common/philox.h"
 #include "hybridnn.pb.h"
 #include "hybridnn/error.h"
+#include "lib/core/philox.h"
 #include "lib/data/data.h"
 #include "tests/support.h"
 

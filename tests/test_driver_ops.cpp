@@ -19,12 +19,12 @@
 #include <utility>
 #include <vector>
 
-#include "drivers/common/philox.h"
 #include "hybridnn/driver.h"
 #include "hybridnn/error.h"
 #include "hybridnn/memory.h"
 #include "hybridnn/runtime.h"
 #include "hybridnn/shapes.h"
+#include "lib/core/philox.h"
 #include "tests/support.h"
 
 namespace {
@@ -57,7 +57,7 @@ const std::vector<index_t> kOddSizes = {1, 3, 7, 13, 31, 97};
 // arrays (whose Buffers these drivers free) die first.
 struct Drivers {
   explicit Drivers(const DriverConfig& config)
-      : oracle(hn::make_driver(hn::Device{hn::DeviceKind::reference, 0})),
+      : oracle(hn::make_driver(hn::Device{"reference", 0})),
         driver(hn::make_driver(config.device, config.options)) {}
   std::unique_ptr<hn::Driver> oracle;
   std::unique_ptr<hn::Driver> driver;

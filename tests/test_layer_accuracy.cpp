@@ -137,7 +137,7 @@ TEST_CASE("Accuracy counts a tie with the true class against it (Caffe's >= rule
 }
 
 TEST_CASE("Accuracy with every label ignored is 0", "[layer][accuracy]") {
-  auto driver = hn::make_driver(hn::Device{hn::DeviceKind::reference, 0});
+  auto driver = hn::make_driver(hn::Device{"reference", 0});
   hn::AccuracyParams params;
   params.ignore_label = -1;
   hn::AccuracyLayer layer("acc", params, 2);
@@ -159,7 +159,7 @@ TEST_CASE("Accuracy rejects impossible shapes, bad labels and gradients", "[laye
   CHECK_FALSE(layer.can_propagate_down(0));
   CHECK_FALSE(layer.can_propagate_down(1));
 
-  auto driver = hn::make_driver(hn::Device{hn::DeviceKind::reference, 0});
+  auto driver = hn::make_driver(hn::Device{"reference", 0});
   hn::Tensor x(Shape{2, 3}), labels(Shape{2}), out(Shape{});
   layer.setup({x.shape(), labels.shape()});
   hn::test::set_values(labels, {0, 3});

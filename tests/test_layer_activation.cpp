@@ -6,10 +6,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "drivers/common/philox.h"
 #include "hybridnn/error.h"
 #include "hybridnn/layers/activation.h"
 #include "hybridnn/runtime.h"
+#include "lib/core/philox.h"
 #include "tests/layer_runs.h"
 #include "tests/layer_support.h"
 #include "tests/support.h"
@@ -194,7 +194,7 @@ TEST_CASE("Dropout is the identity in test phase, forward and backward, on every
 
 TEST_CASE("Dropout layers with different names draw different masks from one seed",
           "[layer][dropout]") {
-  const auto driver = hn::make_driver(hn::Device{hn::DeviceKind::reference, 0});
+  const auto driver = hn::make_driver(hn::Device{"reference", 0});
   hn::DropoutLayer first("drop6", {0.5f});
   hn::DropoutLayer second("drop7", {0.5f});
   const std::vector<float> ones(static_cast<std::size_t>(kShape.count()), 1.0f);

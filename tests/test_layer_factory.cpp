@@ -76,7 +76,7 @@ std::map<std::string, Shape> infer_shapes(const pb::NetParameter& net) {
 std::vector<std::vector<float>> forward(hn::Layer& layer, const std::vector<Shape>& input_shapes,
                                         const std::vector<std::vector<float>>& input_values,
                                         hn::Phase phase = hn::Phase::test) {
-  const auto driver = hn::make_driver(hn::Device{hn::DeviceKind::reference, 0});
+  const auto driver = hn::make_driver(hn::Device{"reference", 0});
   const std::vector<Shape> output_shapes = layer.setup(input_shapes);
   std::vector<hn::Tensor> inputs, outputs;
   for (size_t i = 0; i < input_shapes.size(); ++i) {

@@ -118,7 +118,7 @@ TEST_CASE("InnerProduct forward and backward equal naive loops on every driver",
   const auto config = GENERATE(from_range(hn::test::driver_configs()));
   DYNAMIC_SECTION(config.label) {
     const auto driver = hn::make_driver(config.device, config.options);
-    const auto oracle = hn::make_driver(hn::Device{hn::DeviceKind::reference, 0});
+    const auto oracle = hn::make_driver(hn::Device{"reference", 0});
     for (const Case& c : cases()) {
       INFO(c.name << ", input " << c.input.to_string());
       const Data d = data_for(c);

@@ -281,7 +281,7 @@ TEST_CASE("SoftmaxWithLoss rejects impossible shapes and label gradients",
   hn::SoftmaxWithLossLayer three("loss", {}, 3);
   CHECK_THROWS_WITH(three.setup({Shape{2, 4}, Shape{2}}), Contains("num_outputs"));
 
-  auto driver = hn::make_driver(hn::Device{hn::DeviceKind::reference, 0});
+  auto driver = hn::make_driver(hn::Device{"reference", 0});
   hn::SoftmaxWithLossLayer loss("loss");
   hn::Tensor x(Shape{2, 3}), labels(Shape{2}), out(Shape{});
   REQUIRE(loss.setup({x.shape(), labels.shape()}).size() == 1);
@@ -411,7 +411,7 @@ TEST_CASE("SigmoidCrossEntropyLoss rejects mismatched targets and target gradien
   CHECK_THROWS_WITH(layer.setup({Shape{2, 6}, Shape{2, 5}}),
                     Contains("layer 'sce' (SigmoidCrossEntropyLoss)") && Contains("2x6") &&
                         Contains("2x5") && Contains("same count"));
-  auto driver = hn::make_driver(hn::Device{hn::DeviceKind::reference, 0});
+  auto driver = hn::make_driver(hn::Device{"reference", 0});
   hn::Tensor x(Shape{2, 3}), t(Shape{2, 3}), out(Shape{});
   layer.setup({x.shape(), t.shape()});
   hn::run_forward(layer, *driver, {&x, &t}, {&out});

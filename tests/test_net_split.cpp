@@ -20,7 +20,7 @@
 #include "hybridnn/net.h"
 #include "hybridnn/runtime.h"
 #include "hybridnn/solver.h"
-#include "lib/worker.h"
+#include "lib/core/worker.h"
 #include "tests/net_runs.h"
 #include "tests/support.h"
 
@@ -34,7 +34,7 @@ struct TwoDrivers {
   TwoDrivers() {
     host = &runtime.add(Device::parse("reference"));
     DriverOptions separate;
-    separate.separate_memory = true;
+    separate.set("separate_memory", true);
     device = &runtime.add(Device::parse("reference:1"), separate);
   }
 };
@@ -421,7 +421,7 @@ TEST_CASE("an automatic split over a device without a driver is an error naming 
 TEST_CASE("a cpu driver computes on its device thread what it set up on the calling thread") {
   Runtime runtime;
   DriverOptions one_thread;
-  one_thread.threads = 1;
+  one_thread.set("threads", 1);
   Driver& cpu = runtime.add(Device::parse("cpu"), one_thread);
   Driver& cpu1 = runtime.add(Device::parse("cpu:1"), one_thread);
   const std::string model =

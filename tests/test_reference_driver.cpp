@@ -14,10 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "drivers/common/philox.h"
-#include "drivers/reference/reference_driver.h"
 #include "hybridnn/error.h"
 #include "hybridnn/memory.h"
+#include "lib/core/philox.h"
 #include "tests/support.h"
 
 using namespace hn;
@@ -29,7 +28,8 @@ namespace {
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 std::unique_ptr<Driver> make_reference(bool separate_memory) {
-  return detail::make_reference_driver(Device{DeviceKind::reference, 0}, separate_memory);
+  return make_driver(Device{"reference", 0},
+                     DriverOptions{{"separate_memory", separate_memory ? "true" : "false"}});
 }
 
 // int32 pooling masks on a driver (DeviceArray holds floats).

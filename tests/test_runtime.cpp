@@ -15,19 +15,19 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-const Device kReference{DeviceKind::reference, 0};
-const Device kReference1{DeviceKind::reference, 1};
-const Device kCpu{DeviceKind::cpu, 0};
+const Device kReference{"reference", 0};
+const Device kReference1{"reference", 1};
+const Device kCpu{"cpu", 0};
 
 DriverOptions separate() {
   DriverOptions options;
-  options.separate_memory = true;
+  options.set("separate_memory", true);
   return options;
 }
 
 DriverOptions one_thread() {
   DriverOptions options;
-  options.threads = 1;
+  options.set("threads", 1);
   return options;
 }
 
@@ -125,7 +125,7 @@ TEST_CASE("a Pointer used on the wrong device is an error naming the call and si
   Buffer small(device, 4 * sizeof(float));
   CHECK_THROWS_WITH(device.fill(8, 0.0f, small.as<float>()),
                     Contains("fill") && Contains("32 bytes"));
-  const Pointer on_gpu{Device{DeviceKind::cuda, 0}, host.data(), 32};
+  const Pointer on_gpu{Device{"cuda", 0}, host.data(), 32};
   CHECK_THROWS_WITH(runtime.view(on_gpu, device, Access::read),
                     Contains("no driver for device cuda:0") && Contains("reference"));
   const Pointer pointer{kCpu, host.data(), 32};
@@ -244,7 +244,7 @@ TEST_CASE("a runtime holds one driver per device and names the present ones", "[
 }
 
 TEST_CASE("asking for a GPU that is not there is an error naming it", "[runtime]") {
-  if (cuda_device_count() > 0) {
+  if (device_count("cuda") > 0) {
     WARN("a GPU is present; this case checks the error path only without one");
     return;
   }

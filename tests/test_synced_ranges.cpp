@@ -19,9 +19,9 @@ struct TwoDevices {
   Driver* b;
   TwoDevices() {
     DriverOptions separate;
-    separate.separate_memory = true;
-    a = &runtime.add(Device{DeviceKind::reference, 0}, separate);
-    b = &runtime.add(Device{DeviceKind::reference, 1}, separate);
+    separate.set("separate_memory", true);
+    a = &runtime.add(Device{"reference", 0}, separate);
+    b = &runtime.add(Device{"reference", 1}, separate);
   }
   void reset() {
     a->reset_transfer_stats();

@@ -40,7 +40,7 @@ Split parse_split(const std::string& spec) {
   // hand it a sliver of every layer.
   std::vector<Device> devices;
   for (const Device& device : available_devices()) {
-    if (device.kind != DeviceKind::reference) devices.push_back(device);
+    if (device.kind != "reference") devices.push_back(device);
   }
   return Split::automatic(std::move(devices));
 }
@@ -119,7 +119,7 @@ Device chosen_device(const Args& args) {
     const LayerSplits layer_splits = chosen_layer_splits(args);
     if (!layer_splits.empty()) device = layer_splits[0].second.devices().at(0);
   }
-  return device.value_or(Device{DeviceKind::cpu, 0});
+  return device.value_or(Device{"cpu", 0});
 }
 
 Split chosen_split(const Args& args) {
@@ -149,26 +149,26 @@ Driver& add_chosen_driver(Runtime& runtime, const Args& args) {
       distinct.push_back(device);
   }
   DriverOptions options;
-  options.threads = static_cast<int>(args.integer("threads", 0, 0, 4096));
-  options.blas = args.text("blas");
+  if (args.has("threads"))
+    options.set("threads", static_cast<int>(args.integer("threads", 0, 0, 4096)));
+  if (args.has("blas")) options.set("blas", args.text("blas"));
   if (!args.has("threads")) {
     // CPU drivers that compute side by side share the cores: each would otherwise start a
     // thread per core, and the oversubscribed teams wait on each other.
-    const auto cpus = std::count_if(distinct.begin(), distinct.end(), [](const Device& device) {
-      return device.kind == DeviceKind::cpu;
-    });
+    const auto cpus = std::count_if(distinct.begin(), distinct.end(),
+                                    [](const Device& device) { return device.kind == "cpu"; });
     const auto cores = static_cast<long>(std::max(1u, std::thread::hardware_concurrency()));
-    if (cpus > 1) options.threads = static_cast<int>(std::max(1L, cores / cpus));
+    if (cpus > 1) options.set("threads", static_cast<int>(std::max(1L, cores / cpus)));
   }
   const std::string memory = args.text("reference-memory", "host");
   if (memory != "host" && memory != "separate") {
     throw UsageError(fmt::format("--reference-memory expects host or separate, got '{}'", memory));
   }
-  options.separate_memory = memory == "separate";
-  Driver& main = runtime.add(distinct[0], options);
-  for (std::size_t i = 1; i < distinct.size(); ++i)
-    runtime.add(distinct[i], options);
-  return main;
+  options.set("separate_memory", memory == "separate");
+  // One set of flags for every device: each driver takes the options its kind reads.
+  for (const Device& device : distinct)
+    runtime.add(device, options_for(driver_kind(device.kind), options));
+  return runtime.driver(distinct[0]);
 }
 
 void settle_splits(Net& net, const Args& args, bool json) {

@@ -26,20 +26,33 @@ int run_device_query(const Args& args) {
     names += (names.empty() ? "" : ", ") + device.name();
   }
   fmt::print("available devices: {}\n", names);
-  std::string backends;
-  for (const std::string& blas : cpu_blas_backends()) {
-    backends += backends.empty() ? blas + " (default)" : ", " + blas;
-  }
-  fmt::print("cpu BLAS: {}\n", backends);
   fmt::print("cpu cores: {}\n", std::thread::hardware_concurrency());
-  fmt::print("CUDA driver built: {}; GPUs answering: {}\n", cuda_built() ? "yes" : "no",
-             cuda_device_count());
+  // Every registered kind: whether this build has it, its devices now, its options.
+  for (const DriverKind& kind : driver_kinds()) {
+    if (!kind.make) {
+      fmt::print("driver {}: not built ({})\n", kind.name, kind.missing);
+      continue;
+    }
+    const int count = kind.count ? kind.count() : 0;
+    fmt::print(
+        "driver {}: {}; {}\n", kind.name, kind.summary,
+        kind.any_index ? "any number of instances" : fmt::format("{} device(s) answering", count));
+    for (const DriverOption& option : kind.options) {
+      std::string choices;
+      for (const std::string& choice : option.choices)
+        choices += (choices.empty() ? " [" : ", ") + choice;
+      fmt::print("  option {}: {}{}\n", option.name, option.help,
+                 choices.empty() ? "" : choices + "]");
+    }
+  }
   DriverOptions options;
-  options.threads = static_cast<int>(args.integer("threads", 0, 0, 4096));
-  options.blas = args.text("blas");
+  if (args.has("threads"))
+    options.set("threads", static_cast<int>(args.integer("threads", 0, 0, 4096)));
+  if (args.has("blas")) options.set("blas", args.text("blas"));
   for (const Device& device : devices) {
     // make_driver throws for a device this machine lacks; the message says why.
-    fmt::print("{}\n", make_driver(device, options)->description());
+    fmt::print("{}\n",
+               make_driver(device, options_for(driver_kind(device.kind), options))->description());
   }
   return 0;
 }

@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "lib/check.h"
+#include "lib/core/check.h"
 
 #if HYBRIDNN_WITH_ONEDNN
 #include <omp.h>

@@ -16,7 +16,7 @@
 
 #include "drivers/cpu/conv_small.h"
 #include "drivers/cpu/kernels.h"
-#include "lib/check.h"
+#include "lib/core/check.h"
 
 #if HYBRIDNN_WITH_ONEDNN
 #include <omp.h>

@@ -8,7 +8,7 @@
 #include "drivers/cpu/blas.h"
 #include "drivers/cpu/conv.h"
 #include "drivers/cpu/kernels.h"
-#include "lib/check.h"
+#include "lib/core/check.h"
 
 namespace hn::detail {
 
@@ -238,18 +238,23 @@ class CpuDriver final : public Driver {
 
 }  // namespace
 
-std::unique_ptr<Driver> make_cpu_driver(const Device& device, int threads,
-                                        const std::string& blas) {
-  HN_CHECK(device.kind == DeviceKind::cpu, "make_cpu_driver: device {} is not a cpu device",
-           device.name());
-  HN_CHECK(threads >= 0, "cpu driver {}: threads must be >= 0 (0 = every core), got {}",
-           device.name(), threads);
-  if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::make_unique<CpuDriver>(device, threads, cpu::parse_blas(blas));
-}
-
-std::vector<std::string> cpu_blas_backends() {
-  return cpu::blas_names();
+DriverKind cpu_driver_kind() {
+  DriverKind kind;
+  kind.name = "cpu";
+  kind.summary = "GEMM through oneDNN or OpenBLAS, lowering and primitives on OpenMP";
+  kind.any_index = true;
+  kind.host_memory = true;
+  kind.count = [] { return 1; };
+  kind.make = [](const Device& device, const DriverOptions& options) -> std::unique_ptr<Driver> {
+    int threads = options.integer("threads", 0, device);
+    HN_CHECK(threads >= 0, "cpu driver {}: threads must be >= 0 (0 = every core), got {}",
+             device.name(), threads);
+    if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    return std::make_unique<CpuDriver>(device, threads, cpu::parse_blas(options.text("blas")));
+  };
+  kind.options = {{"threads", "worker threads (default 0: one per core)", {}},
+                  {"blas", "the GEMM library (default: the first)", cpu::blas_names()}};
+  return kind;
 }
 
 }  // namespace hn::detail

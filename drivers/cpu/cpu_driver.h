@@ -2,17 +2,13 @@
 // primitives vectorised and parallelised on OpenMP (parallel.h), the runtime oneDNN uses.
 #pragma once
 
-#include <memory>
-#include <string>
-#include <vector>
-
 #include "hybridnn/driver.h"
+#include "hybridnn/driver_registry.h"
 
 namespace hn::detail {
 
-// blas: "onednn", "openblas", or empty for the build's default. threads: 0 = every core.
-std::unique_ptr<Driver> make_cpu_driver(const Device& device, int threads, const std::string& blas);
-// The BLAS libraries this build can use, the default first.
-std::vector<std::string> cpu_blas_backends();
+// Options: threads (0 = every core), blas (one of the BLAS libraries this build has, the
+// default first in the option's choices).
+DriverKind cpu_driver_kind();
 
 }  // namespace hn::detail

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <vector>
 
-#include "drivers/common/philox.h"
+#include "lib/core/philox.h"
 
 namespace hn::detail::cpu {
 

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <vector>
 
-#include "lib/check.h"
+#include "lib/core/check.h"
 
 namespace hn::detail::cpu {
 

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "drivers/cuda/kernels/launchers.h"
-#include "lib/check.h"
+#include "lib/core/check.h"
 
 namespace hn::detail {
 
@@ -1118,7 +1118,7 @@ std::unique_ptr<Driver> make_cuda_driver(const Device& device) {
   return std::make_unique<CudaDriver>(device);
 }
 
-int cuda_device_count_impl() {
+int cuda_device_count() {
   int count = 0;
   query_device_count(&count);
   return count;

@@ -12,6 +12,6 @@ namespace hn::detail {
 // Throws hn::Error when device.index names no GPU.
 std::unique_ptr<Driver> make_cuda_driver(const Device& device);
 // Number of GPUs the CUDA runtime reports; 0 when it reports an error (no driver, no GPU).
-int cuda_device_count_impl();
+int cuda_device_count();
 
 }  // namespace hn::detail

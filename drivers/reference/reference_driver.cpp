@@ -16,8 +16,8 @@
 #include <optional>
 #include <vector>
 
-#include "drivers/common/philox.h"
-#include "lib/check.h"
+#include "lib/core/check.h"
+#include "lib/core/philox.h"
 
 namespace hn::detail {
 
@@ -936,8 +936,21 @@ class ReferenceDriver final : public Driver {
 
 }  // namespace
 
-std::unique_ptr<Driver> make_reference_driver(const Device& device, bool separate_memory) {
-  return std::make_unique<ReferenceDriver>(device, separate_memory);
+DriverKind reference_driver_kind() {
+  DriverKind kind;
+  kind.name = "reference";
+  kind.summary = "naive single-thread loops, the oracle of every test";
+  kind.any_index = true;
+  kind.count = [] { return 1; };
+  kind.make = [](const Device& device, const DriverOptions& options) -> std::unique_ptr<Driver> {
+    return std::make_unique<ReferenceDriver>(device,
+                                             options.flag("separate_memory", false, device));
+  };
+  kind.options = {{"separate_memory",
+                   "true: memory of its own that the host may not address, so copies show "
+                   "without a GPU (default false)",
+                   {"true", "false"}}};
+  return kind;
 }
 
 }  // namespace hn::detail

@@ -4,12 +4,12 @@
 // call checks that its addresses lie in them, so Pointer staging runs in CI without a GPU.
 #pragma once
 
-#include <memory>
-
 #include "hybridnn/driver.h"
+#include "hybridnn/driver_registry.h"
 
 namespace hn::detail {
 
-std::unique_ptr<Driver> make_reference_driver(const Device& device, bool separate_memory);
+// Options: separate_memory (true: a memory space of its own).
+DriverKind reference_driver_kind();
 
 }  // namespace hn::detail

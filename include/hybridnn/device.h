@@ -1,6 +1,6 @@
-// Device names as used everywhere (API, command line, logs): "reference", "cpu", "cpu:N",
-// "cuda:N". A bare "cpu" is "cpu:0" and a bare "cuda" is "cuda:0"; "reference:N" names a
-// further reference driver instance.
+// Device names as used everywhere (API, command line, logs): a kind from the driver
+// registry and an index, "reference", "cpu", "cpu:N", "cuda:N". A bare kind is index 0;
+// kinds whose index names hardware print it always ("cuda:0").
 #pragma once
 
 #include <string>
@@ -8,13 +8,12 @@
 
 namespace hn {
 
-enum class DeviceKind { reference, cpu, cuda };
-
 struct Device {
-  DeviceKind kind = DeviceKind::cpu;
+  std::string kind = "cpu";
   int index = 0;
 
-  // Parses a device name; throws hn::Error quoting the text when it is not one.
+  // Parses a device name; throws hn::Error quoting the text when it is not one, or when
+  // its kind is not registered (the error lists the kinds).
   static Device parse(std::string_view text);
   // Canonical name: "reference", "cpu", "cpu:1", "cuda:0".
   std::string name() const;

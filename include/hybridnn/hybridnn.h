@@ -1,6 +1,7 @@
 // The public API of libhybridnn in one include.
 #pragma once
 
+#include "hybridnn/comm.h"
 #include "hybridnn/device.h"
 #include "hybridnn/driver.h"
 #include "hybridnn/error.h"
@@ -13,10 +14,4 @@
 #include "hybridnn/solver.h"
 #include "hybridnn/split.h"
 #include "hybridnn/tensor.h"
-
-namespace hn {
-
-// The library's version, "MAJOR.MINOR.PATCH".
-const char* version();
-
-}  // namespace hn
+#include "hybridnn/version.h"

@@ -14,11 +14,10 @@
 
 #include "hybridnn/driver.h"
 #include "hybridnn/memory.h"
+#include "hybridnn/phase.h"
 #include "hybridnn/tensor.h"
 
 namespace hn {
-
-enum class Phase { train, test };
 
 // One tensor operand of a layer call. `shape` is the whole tensor's shape (axis 0 is the
 // batch for inputs, outputs and state); `data` and `diff` point at the slice's rows on the

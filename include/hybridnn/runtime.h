@@ -1,5 +1,5 @@
-// Runtime: the explicit table of drivers a program uses (no process-wide registry), the
-// driver factory, and copies between memory spaces.
+// Runtime: the explicit table of drivers a program uses, made from the driver registry or
+// added by the program, and copies between memory spaces.
 #pragma once
 
 #include <memory>
@@ -10,6 +10,7 @@
 
 #include "hybridnn/device.h"
 #include "hybridnn/driver.h"
+#include "hybridnn/driver_registry.h"
 #include "hybridnn/memory.h"
 
 namespace hn {
@@ -18,22 +19,17 @@ namespace detail {
 class DeviceWorker;
 }
 
-struct DriverOptions {
-  int threads = 0;               // cpu: worker threads, 0 = every core
-  std::string blas;              // cpu: "onednn" or "openblas"; empty = the measured default
-  bool separate_memory = false;  // reference: memory the host may not address directly
-};
-
-// Builds the driver for `device`. Throws hn::Error when the device does not exist on this
-// machine or this build (e.g. "cuda:0" without a GPU or without the CUDA driver built).
+// Builds the driver for `device` from its registry entry (driver_registry.h). Throws
+// hn::Error when the device does not exist on this machine or this build (e.g. "cuda:0"
+// without a GPU or without the CUDA driver built), or for an option its kind lacks.
 std::unique_ptr<Driver> make_driver(const Device& device, const DriverOptions& options = {});
 
-// Devices usable now: "reference", "cpu", and "cuda:N" for every GPU found.
+// Devices usable now: one of each kind whose index is free ("reference", "cpu") and every
+// device of the kinds whose index names hardware ("cuda:N" for every GPU found).
 std::vector<Device> available_devices();
-// The BLAS libraries the CPU driver of this build can use, its default first.
-std::vector<std::string> cpu_blas_backends();
-bool cuda_built();
-int cuda_device_count();  // 0 when CUDA is not built or no GPU answers
+// How many devices of a kind are present now: 0 when the kind is unknown, not built, or
+// finds none.
+int device_count(std::string_view kind);
 
 class Runtime {
  public:

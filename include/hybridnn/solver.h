@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "hybridnn/comm.h"
 #include "hybridnn/net.h"
 #include "hybridnn/runtime.h"
 
@@ -37,6 +38,11 @@ struct SolverOptions {
   // test nets built from the same prototxt (net / net_param); test nets from files of their
   // own (test_net, test_net_param) use `split`.
   LayerSplits layer_splits;
+  // The ranks this solver trains with (data parallelism): every parameter gradient is
+  // summed over them and divided by their number between the backward and the update, and
+  // the weights are broadcast from rank 0 before the first iteration. Not owned; null: this
+  // process alone (make_local_communicator()).
+  Communicator* communicator = nullptr;
 };
 
 // What the Solver reports while it runs: one event per display interval (phase train) and

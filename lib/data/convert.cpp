@@ -6,9 +6,9 @@
 #include <system_error>
 #include <vector>
 
-#include "drivers/common/philox.h"
 #include "hybridnn.pb.h"
-#include "lib/check.h"
+#include "lib/core/check.h"
+#include "lib/core/philox.h"
 #include "lib/data/data.h"
 #include "lib/data/lmdb_store.h"
 #include "lib/data/source.h"

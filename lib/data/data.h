@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "hybridnn.pb.h"
-#include "hybridnn/layer.h"
+#include "hybridnn/phase.h"
 #include "hybridnn/tensor.h"
 
 namespace hn::detail {

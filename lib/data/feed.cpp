@@ -10,7 +10,7 @@
 #include <system_error>
 #include <thread>
 
-#include "lib/check.h"
+#include "lib/core/check.h"
 #include "lib/data/data.h"
 #include "lib/data/source.h"
 #include "lib/data/transform.h"

@@ -12,7 +12,7 @@
 #include <mutex>
 
 #include "hybridnn.pb.h"
-#include "lib/check.h"
+#include "lib/core/check.h"
 #include "lib/data/source.h"
 
 namespace hn::detail {

@@ -13,8 +13,8 @@
 #include <limits>
 #include <vector>
 
-#include "drivers/common/philox.h"
-#include "lib/check.h"
+#include "lib/core/check.h"
+#include "lib/core/philox.h"
 
 namespace hn::detail {
 

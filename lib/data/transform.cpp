@@ -2,8 +2,8 @@
 // from philox keyed by (seed, stream position) instead of a stateful generator.
 #include "lib/data/transform.h"
 
-#include "drivers/common/philox.h"
-#include "lib/check.h"
+#include "lib/core/check.h"
+#include "lib/core/philox.h"
 #include "lib/proto/prototxt.h"
 
 namespace hn::detail {

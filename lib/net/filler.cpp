@@ -3,8 +3,8 @@
 
 #include <cmath>
 
-#include "drivers/common/philox.h"
-#include "lib/check.h"
+#include "lib/core/check.h"
+#include "lib/core/philox.h"
 
 namespace hn::detail {
 

@@ -24,7 +24,7 @@
 #include "hybridnn/layers/scale.h"
 #include "hybridnn/layers/shape.h"
 #include "hybridnn/layers/softmax.h"
-#include "lib/check.h"
+#include "lib/core/check.h"
 
 namespace hn::detail {
 namespace {

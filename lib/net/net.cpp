@@ -20,14 +20,14 @@
 #include <numeric>
 #include <set>
 
-#include "drivers/common/philox.h"
-#include "lib/check.h"
+#include "lib/core/check.h"
+#include "lib/core/philox.h"
+#include "lib/core/transfer.h"
+#include "lib/core/worker.h"
 #include "lib/data/data.h"
 #include "lib/net/filler.h"
 #include "lib/net/layer_factory.h"
 #include "lib/proto/prototxt.h"
-#include "lib/transfer.h"
-#include "lib/worker.h"
 
 namespace hn {
 

@@ -13,7 +13,7 @@
 #include <optional>
 #include <sstream>
 
-#include "lib/check.h"
+#include "lib/core/check.h"
 
 namespace hn::detail {
 

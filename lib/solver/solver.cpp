@@ -19,8 +19,8 @@
 #include <filesystem>
 #include <limits>
 
-#include "drivers/common/philox.h"
-#include "lib/check.h"
+#include "lib/core/check.h"
+#include "lib/core/philox.h"
 #include "lib/proto/prototxt.h"
 
 namespace hn {
@@ -145,7 +145,10 @@ struct Solver::Impl {
   Runtime* runtime = nullptr;
   Driver* driver = nullptr;
   SolverOptions options;
-  std::string origin;  // the solver file
+  std::unique_ptr<Communicator> local_comm;  // when options.communicator is null
+  Communicator* comm = nullptr;
+  bool weights_broadcast = false;  // rank 0's weights reached every rank
+  std::string origin;              // the solver file
   pb::SolverParameter param;
   UpdateType type = UpdateType::sgd;
   bool l1 = false;
@@ -181,6 +184,9 @@ struct Solver::Impl {
   // advances the multistep step by at most one per call).
   float rate(int* step) const;
   void train_iteration();
+  // The collectives of data parallelism (no-ops for a single rank).
+  void broadcast_weights();
+  void reduce_gradients();
   void apply_update(float rate);
   void update_smoothed_loss(float loss);
   void display(float rate);
@@ -375,6 +381,26 @@ void Solver::Impl::train_iteration() {
         origin, std::isnan(loss) ? "NaN" : "infinite", iter);
   }
   last_loss = loss;
+  reduce_gradients();
+}
+
+void Solver::Impl::broadcast_weights() {
+  if (weights_broadcast || comm->size() == 1) return;
+  for (const NetParam& np : net->learnable_params())
+    comm->broadcast(*driver, np.tensor->data_write(*driver), np.tensor->count(), 0);
+  weights_broadcast = true;
+}
+
+// The mean gradient over the ranks, as Caffe's P2PSync and Horovod use: each rank's
+// gradient is its own batch's, so the update sees the gradient of size() batches.
+void Solver::Impl::reduce_gradients() {
+  const int ranks = comm->size();
+  if (ranks == 1) return;
+  for (const NetParam& np : net->learnable_params()) {
+    float* diff = np.tensor->diff_write(*driver);
+    comm->allreduce_sum(*driver, diff, np.tensor->count());
+    driver->scale(np.tensor->count(), 1.0f / static_cast<float>(ranks), diff);
+  }
 }
 
 void Solver::Impl::apply_update(float rate) {
@@ -581,6 +607,7 @@ int Solver::Impl::run(int iterations) {
   train_seconds = 0.0;
   iterations_since_display = 0;
   first_display = true;
+  broadcast_weights();
   while (iter < stop_iter) {
     if (param.test_interval() > 0 && iter % param.test_interval() == 0 &&
         (iter > 0 || param.test_initialization())) {
@@ -613,6 +640,8 @@ Solver::Solver(const std::string& solver_prototxt_path, Runtime& runtime, Driver
   s.runtime = &runtime;
   s.driver = &driver;
   s.options = options;
+  if (options.communicator == nullptr) s.local_comm = make_local_communicator();
+  s.comm = options.communicator ? options.communicator : s.local_comm.get();
   s.origin = solver_prototxt_path;
   s.param = detail::read_solver_prototxt(solver_prototxt_path);
   pb::SolverParameter& p = s.param;

@@ -24,9 +24,9 @@ bool asks_to_list(int argc, char** argv) {
 
 // Why cuda:0 cannot be used, in the words of the driver factory.
 std::string no_device_reason() {
-  if (!hn::cuda_built()) return "this build has no CUDA driver";
+  if (!hn::driver_kind("cuda").make) return "this build has no CUDA driver";
   try {
-    hn::make_driver(hn::Device{hn::DeviceKind::cuda, 0});
+    hn::make_driver(hn::Device{"cuda", 0});
   } catch (const hn::Error& error) {
     return error.what();
   }
@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   Catch::Session session;
   const int status = session.applyCommandLine(argc, argv);
   if (status != 0) return status;
-  if (!asks_to_list(argc, argv) && hn::cuda_device_count() == 0) {
+  if (!asks_to_list(argc, argv) && hn::device_count("cuda") == 0) {
     const Catch::Config& config = session.config();
     const auto selected =
         Catch::filterTests(Catch::getAllTestCasesSorted(config), config.testSpec(), config);

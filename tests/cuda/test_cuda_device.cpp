@@ -35,10 +35,10 @@ using hn::test::random_floats;
 using Values = std::vector<float>;
 
 std::unique_ptr<Driver> make_gpu() {
-  return hn::make_driver(hn::Device{hn::DeviceKind::cuda, 0});
+  return hn::make_driver(hn::Device{"cuda", 0});
 }
 std::unique_ptr<Driver> make_reference() {
-  return hn::make_driver(hn::Device{hn::DeviceKind::reference, 0});
+  return hn::make_driver(hn::Device{"reference", 0});
 }
 
 std::size_t size_of(index_t n) {

@@ -304,7 +304,9 @@ def flag_spellings(ctx):
 @case
 def device_query(ctx):
     run = ctx.run("device_query")
-    for needle in ["available devices:", "reference", "cpu", "cpu BLAS:", "CUDA driver built:"]:
+    # Every registered driver kind, its options and the CPU's BLAS choices.
+    for needle in ["available devices:", "driver reference:", "driver cpu:", "driver cuda:",
+                   "option threads:", "option blas:", "onednn", "option separate_memory:"]:
         check(needle in run.stdout, f"device_query lacks '{needle}':\n{run.stdout}")
     run = ctx.run("device_query", "--device", "reference")
     check(re.search(r"^reference", run.stdout, re.MULTILINE), run.stdout)

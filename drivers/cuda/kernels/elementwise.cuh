@@ -7,8 +7,8 @@
 
 #include <cstdint>
 
-#include "drivers/common/philox.h"
 #include "hybridnn/shapes.h"
+#include "lib/core/philox.h"
 
 namespace hn::detail::cuda {
 

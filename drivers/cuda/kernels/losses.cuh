@@ -15,8 +15,8 @@
 #include <cfloat>
 #include <cstdint>
 
-#include "drivers/common/philox.h"
 #include "hybridnn/shapes.h"
+#include "lib/core/philox.h"
 
 namespace hn::detail::cuda {
 

@@ -3,8 +3,8 @@
 // them on the host.
 #pragma once
 
-#include "drivers/common/philox.h"
 #include "hybridnn/shapes.h"
+#include "lib/core/philox.h"
 
 namespace hn::detail::cuda {
 

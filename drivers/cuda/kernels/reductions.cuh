@@ -4,8 +4,8 @@
 // (tree_step), so two runs, on any GPU, add the same numbers in the same order.
 #pragma once
 
-#include "drivers/common/philox.h"
 #include "hybridnn/shapes.h"
+#include "lib/core/philox.h"
 
 namespace hn::detail::cuda {
 

@@ -5,8 +5,8 @@
 #include <math.h>
 #include <cfloat>
 
-#include "drivers/common/philox.h"
 #include "hybridnn/shapes.h"
+#include "lib/core/philox.h"
 
 namespace hn::detail::cuda {
 

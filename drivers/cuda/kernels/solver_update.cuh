@@ -5,8 +5,8 @@
 
 #include <math.h>
 
-#include "drivers/common/philox.h"  // HN_HOST_DEVICE
 #include "hybridnn/shapes.h"
+#include "lib/core/philox.h"  // HN_HOST_DEVICE
 
 namespace hn::detail::cuda {
 

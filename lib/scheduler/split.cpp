@@ -15,7 +15,7 @@
 #include <optional>
 
 #include "hybridnn/runtime.h"
-#include "lib/check.h"
+#include "lib/core/check.h"
 
 namespace hn {
 

@@ -1,5 +1,5 @@
 // The library version, set by CMake from project(VERSION).
-#include "hybridnn/hybridnn.h"
+#include "hybridnn/version.h"
 
 namespace hn {
 

@@ -6,8 +6,8 @@
 #include <cstring>
 #include <utility>
 
-#include "lib/check.h"
-#include "lib/transfer.h"
+#include "lib/core/check.h"
+#include "lib/core/transfer.h"
 
 namespace hn {
 

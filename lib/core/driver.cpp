@@ -5,7 +5,7 @@
 #include <cmath>
 #include <utility>
 
-#include "lib/check.h"
+#include "lib/core/check.h"
 
 namespace hn {
 

@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "hybridnn/runtime.h"
-#include "lib/check.h"
-#include "lib/transfer.h"
+#include "lib/core/check.h"
+#include "lib/core/transfer.h"
 
 namespace hn {
 
@@ -62,7 +62,7 @@ void Buffer::release() noexcept {
 }
 
 Pointer Buffer::pointer() const {
-  return Pointer{driver_ ? driver_->device() : Device{DeviceKind::cpu, 0}, address_, bytes_};
+  return Pointer{driver_ ? driver_->device() : Device{"cpu", 0}, address_, bytes_};
 }
 
 void View::commit() {

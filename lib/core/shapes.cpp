@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "lib/check.h"
+#include "lib/core/check.h"
 
 namespace hn {
 

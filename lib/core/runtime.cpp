@@ -1,64 +1,57 @@
-// Runtime: the driver table, the driver factory and copies between memory spaces.
+// Runtime: the driver table, making drivers from the registry, and copies between memory
+// spaces.
 #include "hybridnn/runtime.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
-#include "drivers/cpu/cpu_driver.h"
-#include "drivers/reference/reference_driver.h"
-#include "lib/check.h"
-#include "lib/transfer.h"
-#include "lib/worker.h"
-#if HYBRIDNN_WITH_CUDA
-#include "drivers/cuda/cuda_driver.h"
-#endif
+#include "lib/core/check.h"
+#include "lib/core/transfer.h"
+#include "lib/core/worker.h"
 
 namespace hn {
 
 std::unique_ptr<Driver> make_driver(const Device& device, const DriverOptions& options) {
-  switch (device.kind) {
-    case DeviceKind::reference:
-      return detail::make_reference_driver(device, options.separate_memory);
-    case DeviceKind::cpu:
-      return detail::make_cpu_driver(device, options.threads, options.blas);
-    case DeviceKind::cuda:
-#if HYBRIDNN_WITH_CUDA
-      return detail::make_cuda_driver(device);
-#else
-      detail::fail(
-          "{}: this build of hybridnn has no CUDA driver (configure with the CUDA "
-          "toolkit present, or -DHYBRIDNN_CUDA=ON)",
-          device.name());
-#endif
+  const DriverKind kind = driver_kind(device.kind);
+  HN_CHECK(kind.make != nullptr, "{}: {}", device.name(), kind.missing);
+  for (const auto& [name, value] : options.values()) {
+    const auto declared =
+        std::find_if(kind.options.begin(), kind.options.end(),
+                     [&](const DriverOption& option) { return option.name == name; });
+    std::string known;
+    for (const DriverOption& option : kind.options)
+      known += (known.empty() ? "" : ", ") + option.name;
+    HN_CHECK(declared != kind.options.end(), "driver {}: unknown option '{}' (its options: {})",
+             device.name(), name, known.empty() ? "none" : known);
+    if (!declared->choices.empty()) {
+      std::string choices;
+      for (const std::string& choice : declared->choices)
+        choices += (choices.empty() ? "" : ", ") + choice;
+      HN_CHECK(std::find(declared->choices.begin(), declared->choices.end(), value) !=
+                   declared->choices.end(),
+               "driver {}: option {}='{}' is not one of {}", device.name(), name, value, choices);
+    }
   }
-  detail::fail("make_driver: unknown device kind for '{}'", device.name());
+  std::unique_ptr<Driver> driver = kind.make(device, options);
+  HN_CHECK(driver != nullptr && driver->device() == device,
+           "driver kind '{}' made no driver for {}", kind.name, device.name());
+  return driver;
 }
 
-std::vector<std::string> cpu_blas_backends() {
-  return detail::cpu_blas_backends();
-}
-
-bool cuda_built() {
-#if HYBRIDNN_WITH_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
-
-int cuda_device_count() {
-#if HYBRIDNN_WITH_CUDA
-  return detail::cuda_device_count_impl();
-#else
-  return 0;
-#endif
+int device_count(std::string_view kind_name) {
+  const std::optional<DriverKind> kind = find_driver_kind(kind_name);
+  if (!kind || !kind->make || !kind->count) return 0;
+  return kind->count();
 }
 
 std::vector<Device> available_devices() {
-  std::vector<Device> devices{Device{DeviceKind::reference, 0}, Device{DeviceKind::cpu, 0}};
-  const int gpus = cuda_device_count();
-  for (int i = 0; i < gpus; ++i)
-    devices.push_back(Device{DeviceKind::cuda, i});
+  std::vector<Device> devices;
+  for (const DriverKind& kind : driver_kinds()) {
+    const int count = kind.make && kind.count ? kind.count() : 0;
+    for (int i = 0; i < (kind.any_index ? std::min(count, 1) : count); ++i)
+      devices.push_back(Device{kind.name, i});
+  }
   return devices;
 }
 
@@ -159,7 +152,8 @@ void transfer(Driver* dst_driver, void* dst, Driver* src_driver, const void* src
 }  // namespace detail
 
 Driver* Runtime::owner(const Device& device) const {
-  if (device.kind == DeviceKind::cpu) return nullptr;
+  const std::optional<DriverKind> kind = find_driver_kind(device.kind);
+  if (kind && kind->host_memory) return nullptr;
   Driver& found = driver(device);
   return found.memory_space() == host_space() ? nullptr : &found;
 }

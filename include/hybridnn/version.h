@@ -1,0 +1,9 @@
+// The library's version.
+#pragma once
+
+namespace hn {
+
+// "MAJOR.MINOR.PATCH".
+const char* version();
+
+}  // namespace hn

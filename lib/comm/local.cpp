@@ -1,0 +1,29 @@
+// The single-process Communicator: rank 0 of a world of one, whose collectives leave the
+// data as it is (the sum over one rank is its own data).
+#include "hybridnn/comm.h"
+
+#include "lib/core/check.h"
+
+namespace hn {
+namespace {
+
+class LocalCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string name() const override { return "local"; }
+
+  void allreduce_sum(Driver&, float*, std::size_t) override {}
+  void broadcast(Driver&, float*, std::size_t, int root) override {
+    HN_CHECK(root == 0, "local communicator: broadcast from rank {}, but the only rank is 0", root);
+  }
+  void barrier() override {}
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_local_communicator() {
+  return std::make_unique<LocalCommunicator>();
+}
+
+}  // namespace hn

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Checks that no #include runs against the architecture's order (docs/architecture.md).
+
+Every source and header of the library belongs to one component; a component may include
+only itself and the components listed for it below. Public headers (include/hybridnn/)
+belong to the component they declare. Exits 1 listing each include out of order, with the
+file and line; run by CI and by ctest (test 'layering').
+"""
+import pathlib
+import re
+import sys
+
+# Bottom to top. A component sees itself and what is listed here.
+ALLOWED = {
+    "core": [],
+    "drivers": ["core"],
+    "layers": ["core"],
+    "proto": ["core"],
+    "comm": ["core"],
+    "data": ["core", "proto"],
+    "scheduler": ["core", "layers"],
+    "net": ["core", "layers", "scheduler", "proto", "data"],
+    "solver": ["core", "layers", "scheduler", "net", "proto", "data", "comm"],
+    "api": ["core", "layers", "scheduler", "net", "solver", "comm"],
+}
+
+# Where each component lives: path prefixes, longest match wins.
+PLACES = {
+    "lib/core/": "core",
+    "include/hybridnn/device.h": "core",
+    "include/hybridnn/driver.h": "core",
+    "include/hybridnn/driver_registry.h": "core",
+    "include/hybridnn/error.h": "core",
+    "include/hybridnn/memory.h": "core",
+    "include/hybridnn/phase.h": "core",
+    "include/hybridnn/version.h": "core",
+    "include/hybridnn/runtime.h": "core",
+    "include/hybridnn/shapes.h": "core",
+    "include/hybridnn/tensor.h": "core",
+    "drivers/": "drivers",
+    "layers/": "layers",
+    "include/hybridnn/layer.h": "layers",
+    "include/hybridnn/layers.h": "layers",
+    "include/hybridnn/layers/": "layers",
+    "lib/proto/": "proto",
+    "hybridnn.pb.h": "proto",  # generated from lib/proto/hybridnn.proto
+    "lib/comm/": "comm",
+    "include/hybridnn/comm.h": "comm",
+    "lib/data/": "data",
+    "lib/scheduler/": "scheduler",
+    "include/hybridnn/split.h": "scheduler",
+    "lib/net/": "net",
+    "include/hybridnn/net.h": "net",
+    "lib/solver/": "solver",
+    "include/hybridnn/solver.h": "solver",
+    "include/hybridnn/hybridnn.h": "api",
+}
+
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+SOURCES = ("lib", "drivers", "layers", "include")
+SUFFIXES = {".h", ".cpp", ".cu", ".cuh"}
+
+
+def component(path):
+    """The component of a repository path or include name, or None (outside the library)."""
+    if path.startswith("hybridnn/"):
+        path = "include/" + path
+    best = None
+    for prefix, name in PLACES.items():
+        if (path == prefix or (prefix.endswith("/") and path.startswith(prefix))) and (
+                best is None or len(prefix) > len(best[0])):
+            best = (prefix, name)
+    return best[1] if best else None
+
+
+def check(root):
+    """Every include out of order under `root`, as messages, and the number of files read."""
+    errors, files = [], 0
+    for top in SOURCES:
+        for file in sorted((root / top).rglob("*")):
+            if file.suffix not in SUFFIXES:
+                continue
+            path = file.relative_to(root).as_posix()
+            owner = component(path)
+            if owner is None:
+                errors.append(f"{path}: belongs to no component (add it to PLACES)")
+                continue
+            files += 1
+            for number, line in enumerate(file.read_text().splitlines(), 1):
+                match = INCLUDE.match(line)
+                if not match:
+                    continue
+                target = component(match.group(1))
+                if target is None or target == owner or target in ALLOWED[owner]:
+                    continue
+                errors.append(f"{path}:{number}: {owner} includes {match.group(1)} ({target}); "
+                              f"{owner} may use only {', '.join(ALLOWED[owner]) or 'itself'}")
+    return errors, files
+
+
+def self_test():
+    """The checker itself: an upward include and an unplaced file are caught, others pass."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as temp:
+        root = pathlib.Path(temp)
+        files = {
+            "lib/core/tensor.cpp": '#include "hybridnn/tensor.h"\n#include "lib/core/check.h"\n',
+            "layers/relu.cpp": '#include "hybridnn/layer.h"\n#include "lib/core/check.h"\n',
+            "drivers/cpu/gemm.cpp": '#include "lib/net/graph.h"\n',
+            "lib/misc/thing.cpp": "\n",
+        }
+        for path, text in files.items():
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_text(text)
+        errors, _ = check(root)
+    expected = ["drivers/cpu/gemm.cpp:1: drivers includes lib/net/graph.h (net)",
+                "lib/misc/thing.cpp: belongs to no component"]
+    ok = len(errors) == 2 and all(any(e.startswith(x) for e in errors) for x in expected)
+    print(f"layering self-test: {'passed' if ok else 'FAILED'}: {errors}")
+    return ok
+
+
+def main():
+    if sys.argv[1:] == ["--self-test"]:
+        return 0 if self_test() else 1
+    errors, files = check(pathlib.Path(__file__).resolve().parent.parent)
+    for error in errors:
+        print(error)
+    print(f"layering: {files} files, {len(errors)} include(s) out of order")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
