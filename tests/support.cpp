@@ -3,6 +3,8 @@
 
 #include <cstdio>
 
+#include "tests/core_driver.h"
+
 namespace hn::test {
 
 std::vector<DriverConfig> driver_configs() {
@@ -11,6 +13,10 @@ std::vector<DriverConfig> driver_configs() {
   DriverOptions separate;
   separate.set("separate_memory", true);
   configs.push_back({"reference (separate memory)", Device{"reference", 0}, separate});
+  // Every optional call generic: on host memory directly, and staged through copies.
+  register_core_driver();
+  configs.push_back({"core only", Device{"core", 0}, {}});
+  configs.push_back({"core only (separate memory)", Device{"core", 0}, separate});
   for (const std::string& blas : driver_kind("cpu").choices("blas")) {
     for (int threads : {1, 0}) {
       DriverOptions cpu;

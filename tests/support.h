@@ -183,38 +183,4 @@ std::string error_of(Call&& call) {
   return "(no hn::Error thrown)";
 }
 
-// A host-memory driver with no arithmetic, claiming the capabilities it is given: the
-// Driver base must refuse every call it does not implement.
-class MemoryOnlyDriver final : public Driver {
- public:
-  explicit MemoryOnlyDriver(Capabilities claimed)
-      : Driver(Device{"cpu", 7}), capabilities_(claimed) {}
-  Capabilities capabilities() const override { return capabilities_; }
-  MemorySpace memory_space() const override { return host_space(); }
-  bool owns(const void*, std::size_t) const override { return true; }
-
- protected:
-  void* do_allocate(std::size_t bytes) override {
-    auto block = std::make_unique<std::byte[]>(bytes);
-    void* address = block.get();
-    blocks_.emplace(address, std::move(block));
-    return address;
-  }
-  void do_deallocate(void* address) noexcept override { blocks_.erase(address); }
-  void do_copy_from_host(void* dst, const void* src, std::size_t bytes) override {
-    std::memcpy(dst, src, bytes);
-  }
-  void do_copy_to_host(void* dst, const void* src, std::size_t bytes) override {
-    std::memcpy(dst, src, bytes);
-  }
-  void do_copy(void* dst, const void* src, std::size_t bytes) override {
-    std::memmove(dst, src, bytes);
-  }
-  void do_synchronize() override {}
-
- private:
-  Capabilities capabilities_;
-  std::map<void*, std::unique_ptr<std::byte[]>> blocks_;
-};
-
 }  // namespace hn::test

@@ -21,6 +21,7 @@
 #include "hybridnn/runtime.h"
 #include "hybridnn/solver.h"
 #include "lib/core/worker.h"
+#include "tests/core_driver.h"
 #include "tests/net_runs.h"
 #include "tests/support.h"
 
@@ -390,17 +391,30 @@ TEST_CASE("an automatic split is measured by the first forward when not asked be
   CHECK(net.layer_splits().size() == 7);
 }
 
+namespace {
+// A core-only driver whose GEMM fails, as a device might mid-run.
+class FailingDriver final : public test::CoreDriver {
+ public:
+  FailingDriver() : CoreDriver(Device{"cpu", 7}, false) {}
+
+ protected:
+  void do_gemm(Transpose, Transpose, index_t, index_t, index_t, float, const float*, index_t,
+               const float*, index_t, float, float*, index_t) override {
+    throw Error("injected gemm failure");
+  }
+};
+}  // namespace
+
 TEST_CASE("an error in a slice on a device thread reaches the caller, naming the device") {
   TwoDrivers d;
-  Capabilities none;
-  none.host_addressable = true;
-  d.runtime.add(std::make_unique<test::MemoryOnlyDriver>(none));  // cpu:7: no arithmetic
+  d.runtime.add(std::make_unique<FailingDriver>());  // cpu:7: its GEMM fails
   NetOptions options;
   options.split = Split::parse("reference:0.5,cpu:7:0.5");
   Net net = lenet(d, options);
   const std::string error = test::error_of([&] { net.forward(); });
   CHECK_THAT(error, Catch::Contains("mnist_lenet_train_test.prototxt: layer 'conv1'") &&
-                        Catch::Contains("forward on cpu:7") && Catch::Contains("does not support"));
+                        Catch::Contains("forward on cpu:7") &&
+                        Catch::Contains("injected gemm failure"));
   // The net stays usable: the device threads were all waited for.
   NetOptions plain;
   Net other = lenet(d, plain);

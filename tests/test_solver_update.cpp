@@ -19,6 +19,7 @@
 #include "hybridnn/memory.h"
 #include "hybridnn/runtime.h"
 #include "hybridnn/shapes.h"
+#include "tests/core_driver.h"
 #include "tests/support.h"
 
 namespace {
@@ -460,19 +461,24 @@ TEST_CASE("solver_update misuse errors name the call, the rule and the fault on 
   }
 }
 
-namespace {}  // namespace
-
-TEST_CASE("a driver without solver_update throws an error naming the driver and the call",
-          "[solver_update][errors]") {
-  const bool claims = GENERATE(false, true);
-  hn::Capabilities caps;
-  caps.host_addressable = true;
-  caps.solver_update = claims;
-  hn::test::MemoryOnlyDriver d(caps);
-  std::vector<float> w(4), g(4), h(4);
-  CHECK_THAT(error_of([&] {
-               d.solver_update(settings_for(UpdateType::sgd), 4, w.data(), g.data(), h.data(),
-                               nullptr);
-             }),
-             Contains("driver cpu:7 does not support solver_update"));
+TEST_CASE("a driver without solver_update runs the reference update on host copies",
+          "[solver_update][generic]") {
+  hn::test::register_core_driver();
+  hn::DriverOptions separate;
+  separate.set("separate_memory", true);
+  const std::unique_ptr<hn::Driver> core = hn::make_driver(hn::Device{"core", 0}, separate);
+  const std::unique_ptr<hn::Driver> reference = hn::make_driver(hn::Device{"reference", 0});
+  const SolverUpdate adam = settings_for(UpdateType::adam);
+  const std::vector<float> w = random_floats(8, 1), g = random_floats(8, 2);
+  const std::vector<float> h = random_floats(8, 3), h2 = random_floats(8, 4, 0.0f, 1.0f);
+  DeviceArray cw(*core, w), cg(*core, g), ch(*core, h), ch2(*core, h2);
+  DeviceArray rw(*reference, w), rg(*reference, g), rh(*reference, h), rh2(*reference, h2);
+  core->reset_transfer_stats();
+  core->solver_update(adam, 8, cw.data(), cg.data(), ch.data(), ch2.data());
+  reference->solver_update(adam, 8, rw.data(), rg.data(), rh.data(), rh2.data());
+  CHECK(core->transfer_stats().to_host == 4);    // every operand
+  CHECK(core->transfer_stats().to_device == 3);  // the three it writes
+  CHECK(cw.host() == rw.host());
+  CHECK(ch.host() == rh.host());
+  CHECK(ch2.host() == rh2.host());
 }

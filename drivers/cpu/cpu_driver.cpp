@@ -25,9 +25,6 @@ class CpuDriver final : public Driver {
   Capabilities capabilities() const override {
     Capabilities caps;
     caps.host_addressable = true;
-    caps.gemm = caps.lowering = caps.elementwise = caps.reductions = true;
-    caps.activations = caps.pooling = caps.lrn = caps.softmax = caps.dropout = true;
-    caps.losses = caps.solver_update = true;
     caps.convolution = cpu::DirectConvolution::available();
     return caps;
   }
@@ -84,14 +81,20 @@ class CpuDriver final : public Driver {
 
   void do_conv_forward(const LoweringShape& shape, index_t out_channels, const float* x,
                        const float* weights, const float* bias, float* y) override {
+    if (!cpu::DirectConvolution::available())
+      return Driver::do_conv_forward(shape, out_channels, x, weights, bias, y);
     conv_.forward(parallel_, shape, out_channels, x, weights, bias, y);
   }
   void do_conv_backward_data(const LoweringShape& shape, index_t out_channels, const float* weights,
                              const float* dy, float* dx) override {
+    if (!cpu::DirectConvolution::available())
+      return Driver::do_conv_backward_data(shape, out_channels, weights, dy, dx);
     conv_.backward_data(parallel_, blas_, shape, out_channels, weights, dy, dx);
   }
   void do_conv_backward_weights(const LoweringShape& shape, index_t out_channels, const float* x,
                                 const float* dy, float* dweights, float* dbias) override {
+    if (!cpu::DirectConvolution::available())
+      return Driver::do_conv_backward_weights(shape, out_channels, x, dy, dweights, dbias);
     conv_.backward_weights(parallel_, shape, out_channels, x, dy, dweights, dbias);
   }
 

@@ -221,9 +221,6 @@ class CudaDriver final : public Driver {
   Capabilities capabilities() const override {
     Capabilities caps;
     caps.host_addressable = false;
-    caps.gemm = caps.lowering = caps.elementwise = caps.reductions = true;
-    caps.activations = caps.pooling = caps.lrn = caps.softmax = caps.dropout = true;
-    caps.losses = caps.solver_update = true;
 #if HYBRIDNN_WITH_CUDNN
     caps.convolution = cudnn_ != nullptr;
 #endif
@@ -599,6 +596,9 @@ class CudaDriver final : public Driver {
 #if HYBRIDNN_WITH_CUDNN
   void do_conv_forward(const LoweringShape& shape, index_t out_channels, const float* x,
                        const float* weights, const float* bias, float* y) override {
+    if (!cudnn_)
+      return Driver::do_conv_forward(shape, out_channels, x, weights, bias,
+                                     y);  // no cuDNN: the generic one
     activate();
     const ConvPlan& plan = conv_plan("conv_forward", shape, out_channels);
     const float one = 1.0f, zero = 0.0f;
@@ -616,6 +616,9 @@ class CudaDriver final : public Driver {
 
   void do_conv_backward_data(const LoweringShape& shape, index_t out_channels, const float* weights,
                              const float* dy, float* dx) override {
+    if (!cudnn_)
+      return Driver::do_conv_backward_data(shape, out_channels, weights, dy,
+                                           dx);  // no cuDNN: the generic one
     activate();
     const ConvPlan& plan = conv_plan("conv_backward_data", shape, out_channels);
     const float one = 1.0f, zero = 0.0f;
@@ -630,6 +633,9 @@ class CudaDriver final : public Driver {
   // beta = 1: cuDNN adds to the gradients, as Caffe accumulates them.
   void do_conv_backward_weights(const LoweringShape& shape, index_t out_channels, const float* x,
                                 const float* dy, float* dweights, float* dbias) override {
+    if (!cudnn_)
+      return Driver::do_conv_backward_weights(shape, out_channels, x, dy, dweights,
+                                              dbias);  // no cuDNN: the generic one
     activate();
     const ConvPlan& plan = conv_plan("conv_backward_weights", shape, out_channels);
     const float one = 1.0f;

@@ -121,7 +121,7 @@ void zero_fill(Driver* driver, void* address, std::size_t bytes) {
   if (bytes == 0) return;
   if (driver == nullptr) {
     std::memset(address, 0, bytes);
-  } else if (driver->capabilities().elementwise && bytes % sizeof(float) == 0 &&
+  } else if (bytes % sizeof(float) == 0 &&
              reinterpret_cast<std::uintptr_t>(address) % alignof(float) == 0) {
     driver->fill(static_cast<index_t>(bytes / sizeof(float)), 0.0f, static_cast<float*>(address));
   } else {

@@ -1,0 +1,368 @@
+// The reference kernels, part 1: GEMM, lowering, convolution, element-wise calls,
+// reductions and activations as naive single-thread loops in the style of Caffe's CPU
+// code, written to be obviously correct rather than fast (oneDNN's ref_ primitives play
+// the same part). Sums run in double and each loop follows the formula documented in
+// driver_calls.def / shapes.h. They are the reference driver's arithmetic, the oracle of
+// every driver test, and the generic implementation of the optional calls.
+#include "lib/core/ref_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace hn::ref {
+
+// ---- GEMM ---------------------------------------------------------------------------
+
+void gemm(Transpose trans_a, Transpose trans_b, index_t m, index_t n, index_t k, float alpha,
+          const float* a, index_t lda, const float* b, index_t ldb, float beta, float* c,
+          index_t ldc) {
+  // op(A)[i][p] and op(B)[p][j] read from the matrices as stored.
+  const auto op_a = [&](index_t i, index_t p) {
+    return trans_a == Transpose::yes ? a[p * lda + i] : a[i * lda + p];
+  };
+  const auto op_b = [&](index_t p, index_t j) {
+    return trans_b == Transpose::yes ? b[j * ldb + p] : b[p * ldb + j];
+  };
+  for (index_t i = 0; i < m; ++i) {
+    for (index_t j = 0; j < n; ++j) {
+      double product = 0.0;
+      for (index_t p = 0; p < k; ++p) {
+        product += static_cast<double>(op_a(i, p)) * op_b(p, j);
+      }
+      float& out = c[i * ldc + j];
+      // beta == 0 must not read C: it may hold NaN or garbage.
+      const double prior = beta == 0.0f ? 0.0 : static_cast<double>(beta) * out;
+      out = static_cast<float>(alpha * product + prior);
+    }
+  }
+}
+
+// ---- lowering -----------------------------------------------------------------------
+
+// Calls visit(image index or -1 when in the padding, column-matrix index) for every
+// element of the lowered matrix, so im2col and col2im share one statement of the layout.
+template <class Visit>
+static void for_each_lowered(const LoweringShape& s, Visit visit) {
+  const index_t out_h = s.out_h(), out_w = s.out_w(), cols = s.cols();
+  for (index_t c = 0; c < s.channels; ++c) {
+    for (index_t kh = 0; kh < s.kernel_h; ++kh) {
+      for (index_t kw = 0; kw < s.kernel_w; ++kw) {
+        const index_t row = (c * s.kernel_h + kh) * s.kernel_w + kw;
+        for (index_t n = 0; n < s.batch; ++n) {
+          for (index_t oh = 0; oh < out_h; ++oh) {
+            for (index_t ow = 0; ow < out_w; ++ow) {
+              const index_t col = (n * out_h + oh) * out_w + ow;
+              const index_t h = oh * s.stride_h - s.pad_h + kh * s.dilation_h;
+              const index_t w = ow * s.stride_w - s.pad_w + kw * s.dilation_w;
+              const bool inside = h >= 0 && h < s.height && w >= 0 && w < s.width;
+              const index_t pixel =
+                  inside ? ((n * s.channels + c) * s.height + h) * s.width + w : -1;
+              visit(pixel, row * cols + col);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+void im2col(const LoweringShape& shape, const float* images, float* columns) {
+  for_each_lowered(shape, [&](index_t pixel, index_t entry) {
+    columns[entry] = pixel >= 0 ? images[pixel] : 0.0f;
+  });
+}
+
+void col2im(const LoweringShape& shape, const float* columns, float* images) {
+  std::fill(images, images + shape.image_count(), 0.0f);
+  for_each_lowered(shape, [&](index_t pixel, index_t entry) {
+    if (pixel >= 0) images[pixel] += columns[entry];
+  });
+}
+
+void swap_axes(index_t d0, index_t d1, index_t inner, const float* src, float* dst) {
+  for (index_t i = 0; i < d0; ++i) {
+    for (index_t j = 0; j < d1; ++j) {
+      for (index_t r = 0; r < inner; ++r) {
+        dst[(j * d0 + i) * inner + r] = src[(i * d1 + j) * inner + r];
+      }
+    }
+  }
+}
+
+// Calls visit(products index, output index) for every product term that lands in the
+// output (CcT lowering type 3, documented in driver.h), so lift and lift_backward share
+// one statement of the layout.
+template <class Visit>
+static void for_each_lifted(const LoweringShape& s, index_t out_channels, Visit visit) {
+  const index_t out_h = s.out_h(), out_w = s.out_w();
+  const index_t product_cols = out_channels * s.kernel_h * s.kernel_w;
+  for (index_t n = 0; n < s.batch; ++n) {
+    for (index_t co = 0; co < out_channels; ++co) {
+      for (index_t oh = 0; oh < out_h; ++oh) {
+        for (index_t ow = 0; ow < out_w; ++ow) {
+          const index_t out = ((n * out_channels + co) * out_h + oh) * out_w + ow;
+          for (index_t kh = 0; kh < s.kernel_h; ++kh) {
+            for (index_t kw = 0; kw < s.kernel_w; ++kw) {
+              const index_t h = oh * s.stride_h - s.pad_h + kh * s.dilation_h;
+              const index_t w = ow * s.stride_w - s.pad_w + kw * s.dilation_w;
+              if (h < 0 || h >= s.height || w < 0 || w >= s.width) continue;
+              const index_t row = (n * s.height + h) * s.width + w;
+              const index_t col = (co * s.kernel_h + kh) * s.kernel_w + kw;
+              visit(row * product_cols + col, out);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+void lift(const LoweringShape& shape, index_t out_channels, const float* products, float* y) {
+  const index_t count = shape.batch * out_channels * shape.out_h() * shape.out_w();
+  std::vector<double> total(static_cast<std::size_t>(count), 0.0);
+  for_each_lifted(shape, out_channels,
+                  [&](index_t product, index_t out) { total[out] += products[product]; });
+  for (index_t i = 0; i < count; ++i)
+    y[i] = static_cast<float>(total[i]);
+}
+
+void lift_backward(const LoweringShape& shape, index_t out_channels, const float* dy,
+                   float* products_diff) {
+  const index_t count =
+      shape.batch * shape.height * shape.width * out_channels * shape.kernel_h * shape.kernel_w;
+  std::fill(products_diff, products_diff + count, 0.0f);
+  for_each_lifted(shape, out_channels,
+                  [&](index_t product, index_t out) { products_diff[product] = dy[out]; });
+}
+
+// ---- direct convolution -------------------------------------------------------------
+
+// Calls visit(x index, weights index, y index) for every product x * w that lands in an
+// output, so the three convolution calls share one statement of the layout.
+template <class Visit>
+static void for_each_conv_term(const LoweringShape& s, index_t out_channels, Visit visit) {
+  const index_t out_h = s.out_h(), out_w = s.out_w();
+  const index_t in_per_group = s.channels / s.groups, out_per_group = out_channels / s.groups;
+  for (index_t n = 0; n < s.batch; ++n) {
+    for (index_t co = 0; co < out_channels; ++co) {
+      const index_t g = co / out_per_group;
+      for (index_t oh = 0; oh < out_h; ++oh) {
+        for (index_t ow = 0; ow < out_w; ++ow) {
+          const index_t out = ((n * out_channels + co) * out_h + oh) * out_w + ow;
+          for (index_t ci = 0; ci < in_per_group; ++ci) {
+            const index_t c = g * in_per_group + ci;
+            for (index_t kh = 0; kh < s.kernel_h; ++kh) {
+              const index_t h = oh * s.stride_h - s.pad_h + kh * s.dilation_h;
+              if (h < 0 || h >= s.height) continue;
+              for (index_t kw = 0; kw < s.kernel_w; ++kw) {
+                const index_t w = ow * s.stride_w - s.pad_w + kw * s.dilation_w;
+                if (w < 0 || w >= s.width) continue;
+                visit(((n * s.channels + c) * s.height + h) * s.width + w,
+                      ((co * in_per_group + ci) * s.kernel_h + kh) * s.kernel_w + kw, out);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+static index_t conv_out_count(const LoweringShape& s, index_t out_channels) {
+  return s.batch * out_channels * s.out_h() * s.out_w();
+}
+static index_t conv_weight_count(const LoweringShape& s, index_t out_channels) {
+  return out_channels * (s.channels / s.groups) * s.kernel_h * s.kernel_w;
+}
+
+void conv_forward(const LoweringShape& shape, index_t out_channels, const float* x,
+                  const float* weights, const float* bias, float* y) {
+  const index_t count = conv_out_count(shape, out_channels);
+  const index_t plane = shape.out_h() * shape.out_w();
+  std::vector<double> total(static_cast<std::size_t>(count), 0.0);
+  if (bias != nullptr) {
+    for (index_t i = 0; i < count; ++i)
+      total[i] = bias[(i / plane) % out_channels];
+  }
+  for_each_conv_term(shape, out_channels, [&](index_t xi, index_t wi, index_t yi) {
+    total[yi] += static_cast<double>(x[xi]) * weights[wi];
+  });
+  for (index_t i = 0; i < count; ++i)
+    y[i] = static_cast<float>(total[i]);
+}
+
+void conv_backward_data(const LoweringShape& shape, index_t out_channels, const float* weights,
+                        const float* dy, float* dx) {
+  const index_t count = shape.image_count();
+  std::vector<double> total(static_cast<std::size_t>(count), 0.0);
+  for_each_conv_term(shape, out_channels, [&](index_t xi, index_t wi, index_t yi) {
+    total[xi] += static_cast<double>(dy[yi]) * weights[wi];
+  });
+  for (index_t i = 0; i < count; ++i)
+    dx[i] = static_cast<float>(total[i]);
+}
+
+void conv_backward_weights(const LoweringShape& shape, index_t out_channels, const float* x,
+                           const float* dy, float* dweights, float* dbias) {
+  const index_t count = conv_weight_count(shape, out_channels);
+  std::vector<double> total(static_cast<std::size_t>(count), 0.0);
+  for_each_conv_term(shape, out_channels, [&](index_t xi, index_t wi, index_t yi) {
+    total[wi] += static_cast<double>(x[xi]) * dy[yi];
+  });
+  for (index_t i = 0; i < count; ++i)
+    dweights[i] = static_cast<float>(dweights[i] + total[i]);
+  if (dbias == nullptr) return;
+  const index_t plane = shape.out_h() * shape.out_w();
+  std::vector<double> bias_total(static_cast<std::size_t>(out_channels), 0.0);
+  const index_t out_count = conv_out_count(shape, out_channels);
+  for (index_t i = 0; i < out_count; ++i)
+    bias_total[(i / plane) % out_channels] += dy[i];
+  for (index_t c = 0; c < out_channels; ++c)
+    dbias[c] = static_cast<float>(dbias[c] + bias_total[c]);
+}
+
+// ---- element-wise -------------------------------------------------------------------
+
+void fill(index_t n, float value, float* x) {
+  for (index_t i = 0; i < n; ++i)
+    x[i] = value;
+}
+void scale(index_t n, float alpha, float* x) {
+  for (index_t i = 0; i < n; ++i)
+    x[i] *= alpha;
+}
+void axpy(index_t n, float alpha, const float* x, float* y) {
+  for (index_t i = 0; i < n; ++i)
+    y[i] += alpha * x[i];
+}
+void axpby(index_t n, float alpha, const float* x, float beta, float* y) {
+  for (index_t i = 0; i < n; ++i) {
+    // beta == 0 must not read y.
+    y[i] = beta == 0.0f ? alpha * x[i] : alpha * x[i] + beta * y[i];
+  }
+}
+void mul(index_t n, const float* a, const float* b, float* y) {
+  for (index_t i = 0; i < n; ++i)
+    y[i] = a[i] * b[i];
+}
+
+void add_scalar(index_t n, float alpha, float* x) {
+  for (index_t i = 0; i < n; ++i)
+    x[i] += alpha;
+}
+void powx(index_t n, const float* x, float exponent, float* y) {
+  for (index_t i = 0; i < n; ++i) {
+    y[i] = static_cast<float>(std::pow(static_cast<double>(x[i]), static_cast<double>(exponent)));
+  }
+}
+void copy_strided(index_t rows, index_t cols, const float* src, index_t src_ld, float* dst,
+                  index_t dst_ld) {
+  for (index_t r = 0; r < rows; ++r) {
+    for (index_t c = 0; c < cols; ++c)
+      dst[r * dst_ld + c] = src[r * src_ld + c];
+  }
+}
+void scale_channels(const AxisShape& shape, const float* scale, const float* x, float* y) {
+  for (index_t o = 0; o < shape.outer; ++o) {
+    for (index_t c = 0; c < shape.channels; ++c) {
+      for (index_t i = 0; i < shape.inner; ++i) {
+        const index_t at = (o * shape.channels + c) * shape.inner + i;
+        y[at] = x[at] * scale[c];
+      }
+    }
+  }
+}
+void max_accumulate(index_t n, const float* x, std::int32_t index, float* y, std::int32_t* mask) {
+  for (index_t i = 0; i < n; ++i) {
+    if (index == 0 || x[i] > y[i]) {  // strict: the first maximum wins
+      y[i] = x[i];
+      mask[i] = index;
+    }
+  }
+}
+void max_select(index_t n, const std::int32_t* mask, std::int32_t index, const float* dy,
+                float* dx) {
+  for (index_t i = 0; i < n; ++i)
+    dx[i] = mask[i] == index ? dy[i] : 0.0f;
+}
+
+// ---- reductions ---------------------------------------------------------------------
+
+float dot(index_t n, const float* x, const float* y) {
+  double total = 0.0;
+  for (index_t i = 0; i < n; ++i)
+    total += static_cast<double>(x[i]) * y[i];
+  return static_cast<float>(total);
+}
+float asum(index_t n, const float* x) {
+  double total = 0.0;
+  for (index_t i = 0; i < n; ++i)
+    total += std::abs(static_cast<double>(x[i]));
+  return static_cast<float>(total);
+}
+float sum(index_t n, const float* x) {
+  double total = 0.0;
+  for (index_t i = 0; i < n; ++i)
+    total += x[i];
+  return static_cast<float>(total);
+}
+
+void bias_backward(const AxisShape& shape, const float* dy, float beta, float* dbias) {
+  for (index_t c = 0; c < shape.channels; ++c) {
+    double total = 0.0;
+    for (index_t o = 0; o < shape.outer; ++o) {
+      for (index_t i = 0; i < shape.inner; ++i) {
+        total += dy[(o * shape.channels + c) * shape.inner + i];
+      }
+    }
+    // beta == 0 must not read dbias.
+    const double prior = beta == 0.0f ? 0.0 : static_cast<double>(beta) * dbias[c];
+    dbias[c] = static_cast<float>(prior + total);
+  }
+}
+
+// ---- activations --------------------------------------------------------------------
+
+void bias_forward(const AxisShape& shape, const float* bias, float* y) {
+  for (index_t o = 0; o < shape.outer; ++o) {
+    for (index_t c = 0; c < shape.channels; ++c) {
+      for (index_t i = 0; i < shape.inner; ++i) {
+        y[(o * shape.channels + c) * shape.inner + i] += bias[c];
+      }
+    }
+  }
+}
+
+void relu_forward(index_t n, float negative_slope, const float* x, float* y) {
+  for (index_t i = 0; i < n; ++i)
+    y[i] = x[i] > 0.0f ? x[i] : negative_slope * x[i];
+}
+void relu_backward(index_t n, float negative_slope, const float* x, const float* dy, float* dx) {
+  for (index_t i = 0; i < n; ++i)
+    dx[i] = dy[i] * (x[i] > 0.0f ? 1.0f : negative_slope);
+}
+
+void sigmoid_forward(index_t n, const float* x, float* y) {
+  for (index_t i = 0; i < n; ++i) {
+    y[i] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(x[i]))));
+  }
+}
+void sigmoid_backward(index_t n, const float* y, const float* dy, float* dx) {
+  for (index_t i = 0; i < n; ++i) {
+    dx[i] = static_cast<float>(static_cast<double>(dy[i]) * y[i] * (1.0 - y[i]));
+  }
+}
+void tanh_forward(index_t n, const float* x, float* y) {
+  for (index_t i = 0; i < n; ++i)
+    y[i] = static_cast<float>(std::tanh(static_cast<double>(x[i])));
+}
+void tanh_backward(index_t n, const float* y, const float* dy, float* dx) {
+  for (index_t i = 0; i < n; ++i) {
+    dx[i] =
+        static_cast<float>(static_cast<double>(dy[i]) * (1.0 - static_cast<double>(y[i]) * y[i]));
+  }
+}
+
+}  // namespace hn::ref

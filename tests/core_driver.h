@@ -1,0 +1,48 @@
+// A driver that implements only the core of the Driver contract (memory, copies,
+// synchronize and the HN_CORE calls of driver_calls.def) with loops of its own, so every
+// optional call runs its generic implementation. Registered as the device kind "core"
+// (option separate_memory: memory of its own, so the generic calls stage through copies);
+// driver_configs() runs the op and layer suites on it in both memory modes.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "hybridnn/driver.h"
+
+namespace hn::test {
+
+class CoreDriver : public Driver {
+ public:
+  CoreDriver(const Device& device, bool separate_memory);
+  ~CoreDriver() override;
+
+  Capabilities capabilities() const override;
+  MemorySpace memory_space() const override;
+  std::string description() const override;
+  bool owns(const void* address, std::size_t bytes) const override;
+
+ protected:
+  void* do_allocate(std::size_t bytes) override;
+  void do_deallocate(void* address) noexcept override;
+  void do_copy_from_host(void* dst, const void* host_src, std::size_t bytes) override;
+  void do_copy_to_host(void* host_dst, const void* src, std::size_t bytes) override;
+  void do_copy(void* dst, const void* src, std::size_t bytes) override;
+  void do_synchronize() override {}
+
+#define HN_CORE(RET, NAME, PARAMS, ARGS) RET do_##NAME PARAMS override;
+#define HN_OPTIONAL(RET, NAME, PARAMS, ARGS)
+#include "hybridnn/driver_calls.def"
+
+ private:
+  const bool separate_memory_;
+  mutable std::mutex mutex_;
+  std::map<std::uintptr_t, std::size_t> allocations_;
+};
+
+// Registers the "core" kind once (driver_configs() does it too).
+void register_core_driver();
+
+}  // namespace hn::test
