@@ -81,4 +81,25 @@ using LayerSplits = std::vector<std::pair<std::string, Split>>;
 void write_layer_splits(const std::string& path, const LayerSplits& splits);
 LayerSplits read_layer_splits(const std::string& path);
 
+// What the split scheduler measured for one device's slices of one layer, summed over the
+// calls since the last reset_profile(). Copies are the bytes moved between memory spaces
+// to give this device its operands (and to bring its parameter-gradient partial back).
+struct SliceProfile {
+  Device device;
+  index_t rows = 0;           // rows of the latest call
+  double forward_busy = 0.0;  // seconds computing, synchronised at the end
+  double backward_busy = 0.0;
+  double waiting = 0.0;  // seconds of the layer's wall time this device sat idle
+  double copy_seconds = 0.0;
+  std::size_t copy_bytes = 0;
+};
+
+struct LayerProfile {
+  std::string name;
+  std::string type;
+  int forward_calls = 0, backward_calls = 0;
+  double forward_seconds = 0.0, backward_seconds = 0.0;  // wall time of the whole layer
+  std::vector<SliceProfile> devices;  // in split order; the Net's driver for unsplit layers
+};
+
 }  // namespace hn

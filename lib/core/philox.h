@@ -49,4 +49,12 @@ HN_HOST_DEVICE inline float philox_uniform(std::uint64_t seed, std::uint64_t cou
   return static_cast<float>(philox_bits(seed, counter) >> 8) * (1.0f / 16777216.0f);
 }
 
+// A 64-bit seed derived from two (a run's seed and an iteration, a layer, a blob...): two
+// Philox draws keyed by `a` at counter `b`, for every stream the library derives.
+inline std::uint64_t mix_seeds(std::uint64_t a, std::uint64_t b) {
+  const std::uint64_t low = philox_bits(a, b);
+  const std::uint64_t high = philox_bits(a ^ 0x9E3779B97F4A7C15ull, b);
+  return (high << 32) | low;
+}
+
 }  // namespace hn::detail

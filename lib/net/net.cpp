@@ -28,6 +28,7 @@
 #include "lib/net/filler.h"
 #include "lib/net/layer_factory.h"
 #include "lib/proto/prototxt.h"
+#include "lib/scheduler/scheduler.h"
 
 namespace hn {
 
@@ -64,16 +65,6 @@ struct NetLayer {
   // An automatic split: measured among auto_devices at the first forward (calibrated).
   bool automatic = false, calibrated = false;
   std::vector<Device> auto_devices;
-};
-
-// One device's part of a layer call.
-struct SliceRun {
-  Driver* on = nullptr;
-  index_t begin = 0, end = 0;
-  LayerSlice slice;
-  SyncedMemory* partial = nullptr;  // its parameter-gradient partial sums, if any
-  double busy = 0.0, copy_seconds = 0.0;
-  std::size_t copy_bytes = 0;
 };
 
 struct Group {
@@ -113,27 +104,6 @@ bool layer_included(const NetState& state, const pb::LayerParameter& layer,
   for (const auto& rule : layer.exclude())
     if (state_meets_rule(state, rule)) return false;
   return true;
-}
-
-Shape shape_of(const pb::BlobShape& shape) {
-  std::vector<index_t> dims(shape.dim().begin(), shape.dim().end());
-  return Shape(std::move(dims));
-}
-
-// A BlobProto's shape: `shape` when present, else the legacy num/channels/height/width.
-Shape proto_shape(const pb::BlobProto& blob) {
-  if (blob.has_shape()) return shape_of(blob.shape());
-  return Shape({blob.num(), blob.channels(), blob.height(), blob.width()});
-}
-
-// Caffe's Blob::ShapeEquals: legacy 4-d shapes match ours padded with ones on the left.
-bool proto_shape_matches(const pb::BlobProto& blob, const Shape& shape) {
-  if (blob.has_shape()) return shape_of(blob.shape()) == shape;
-  if (shape.axes() > 4) return false;
-  std::vector<index_t> legacy(4, 1);
-  for (int i = 0; i < shape.axes(); ++i)
-    legacy[4 - shape.axes() + i] = shape[i];
-  return legacy == std::vector<index_t>{blob.num(), blob.channels(), blob.height(), blob.width()};
 }
 
 // Caffe's net upgrade of legacy `input` fields into an Input layer.
@@ -234,12 +204,6 @@ Split split_of(const google::protobuf::RepeatedPtrField<pb::SplitEntry>& entries
   return shares.empty() ? Split() : Split(std::move(shares));
 }
 
-std::uint64_t mix(std::uint64_t a, std::uint64_t b) {
-  const std::uint64_t low = detail::philox_bits(a, b);
-  const std::uint64_t high = detail::philox_bits(a ^ 0x9E3779B97F4A7C15ull, b);
-  return (high << 32) | low;
-}
-
 }  // namespace
 
 struct Net::Impl {
@@ -254,7 +218,6 @@ struct Net::Impl {
   std::vector<Group> groups;
   std::vector<std::unique_ptr<SyncedMemory>> slots;
   std::vector<NetParam> learnable;
-  Buffer workspace;
   index_t batch = 0;
   std::uint64_t iteration_seed = 0;
   std::uint64_t data_batch = 0;
@@ -282,37 +245,16 @@ struct Net::Impl {
   SyncedMemory& data_of(int blob) { return *slots[groups[blobs[blob].data_group].slot]; }
   SyncedMemory& diff_of(int blob) { return *slots[groups[blobs[blob].diff_group].slot]; }
 
-  // The slice of layer `index` for rows [begin, end) on `on`, without operands.
-  LayerSlice start_slice(int index, Driver& on, index_t begin, index_t end);
-  // The slice with its operands resolved on `on` (copying what is stale there). Parameter
-  // gradients go to `partial` (zeroed by the caller) when given, else to the parameters'
-  // own diffs; input gradients go to `scratch` when given (calibration probes).
-  LayerSlice prepare_slice(int index, Driver& on, index_t begin, index_t end, bool backward,
-                           SyncedMemory* partial, SyncedMemory* scratch);
+  // Layer `index`'s call forward or backward, for the scheduler.
+  detail::LayerCall call_of(int index, bool backward);
   // Runs compute layer `index` forward or backward, cut per its split.
   void run_compute(int index, bool backward);
-  // The slices of layer `index` per `split` (empty: the whole batch on the Net's driver),
-  // run at the same time; returns what each did. A probe (calibration) sends input
-  // gradients to scratch memory and leaves the parameter-gradient partials unreduced.
-  std::vector<SliceRun> run_slices(int index, bool backward, const Split& split, bool probe);
-  // Adds the parameter-gradient partials of `runs` into the parameters' gradients.
-  void reduce_partials(int index, std::vector<SliceRun>& runs);
-  // Whether layer `index` may be cut into row slices run at the same time.
-  bool splittable(int index) const;
-  index_t rows_of(const NetLayer& nl) const;
-  // Runs `task` on `on`'s thread (the calling thread for the Net's driver) and waits.
-  void run_on(Driver& on, const std::function<void()>& task);
   // Measures layer `index`'s automatic split on its current inputs.
   void calibrate_layer(int index);
-  double probe(int index, Driver& on, index_t rows);
-  // Room for a probe's input gradients (prepare_slice's `scratch`): every gradient wanted.
-  std::size_t probe_scratch_bytes(const NetLayer& nl) const;
   const Split& upstream_split(int blob) const;
   std::function<void(const std::string&, const Split&)> on_calibrated;
 
-  std::map<Driver*, Buffer> workspaces;  // drivers other than the Net's, grown on demand
-  // Per device: the parameter-gradient partial sums of its slices (all but a layer's first).
-  std::map<Driver*, SyncedMemory> grad_partials;
+  std::unique_ptr<detail::Scheduler> scheduler;
   std::vector<LayerProfile> profiles;  // per layer
   void forward_layer(int index);
   void backward_layer(int index);
@@ -322,6 +264,7 @@ struct Net::Impl {
 // ---- construction ----------------------------------------------------------------------
 
 void Net::Impl::build(pb::NetParameter net) {
+  scheduler = std::make_unique<detail::Scheduler>(runtime, *driver);
   name = net.name();
   upgrade_legacy_inputs(net, origin);
   HN_CHECK(net.layers_size() == 0,
@@ -481,7 +424,7 @@ void Net::Impl::add_layer(const pb::LayerParameter& source) {
     feed.source = options.data_source;
     feed.mean_file = options.mean_file;
     feed.batch_size = options.batch_size;
-    feed.seed = mix(options.seed, static_cast<std::uint64_t>(index) + 0x1000);
+    feed.seed = detail::mix_seeds(options.seed, static_cast<std::uint64_t>(index) + 0x1000);
     try {
       nl.feed = detail::open_data_feed(param, feed);
     } catch (const Error& error) {
@@ -495,7 +438,8 @@ void Net::Impl::add_layer(const pb::LayerParameter& source) {
              "{}: {} tops need one input_param shape or one per top, got {}", where(index),
              param.top_size(), shapes.size());
     for (int i = 0; i < param.top_size(); ++i) {
-      top_shapes.push_back(with_batch(shape_of(shapes.size() == 1 ? shapes[0] : shapes[i])));
+      top_shapes.push_back(
+          with_batch(detail::shape_of(shapes.size() == 1 ? shapes[0] : shapes[i])));
     }
   } else if (type == "DummyData") {
     nl.kind = Kind::dummy;
@@ -515,7 +459,7 @@ void Net::Impl::add_layer(const pb::LayerParameter& source) {
       const int s = shapes == 1 ? 0 : i;
       Shape shape;
       if (dummy.shape_size() > 0) {
-        shape = shape_of(dummy.shape(s));
+        shape = detail::shape_of(dummy.shape(s));
       } else {
         HN_CHECK(dummy.channels_size() == legacy && dummy.height_size() == legacy &&
                      dummy.width_size() == legacy,
@@ -706,7 +650,7 @@ void Net::Impl::set_up_params() {
       }
       if (filler != nullptr) {
         detail::fill(*filler, tensor->shape(), tensor->host_data_mut(),
-                     mix(options.seed, (static_cast<std::uint64_t>(l) << 8) | p),
+                     detail::mix_seeds(options.seed, (static_cast<std::uint64_t>(l) << 8) | p),
                      fmt::format("{} parameter {}", where(static_cast<int>(l)), p));
       }
       NetParam np;
@@ -830,7 +774,7 @@ void Net::Impl::plan_memory() {
     }
     workspace_bytes = std::max(workspace_bytes, nl.layer->workspace_bytes(*driver, rows));
   }
-  if (workspace_bytes > 0) workspace = Buffer(*driver, workspace_bytes);
+  scheduler->reserve_workspace(workspace_bytes);
 }
 
 // ---- running ---------------------------------------------------------------------------
@@ -840,67 +784,12 @@ void Net::Impl::fill_dummy(NetLayer& nl) {
     const BlobVersion& blob = blobs[nl.tops[t]];
     float* host = static_cast<float*>(data_of(nl.tops[t]).host_overwrite());
     detail::fill(nl.dummy_fillers[t], blob.shape, host,
-                 mix(options.seed ^ iteration_seed, (static_cast<std::uint64_t>(t) << 32) |
-                                                        static_cast<std::uint64_t>(nl.tops[t])),
+                 detail::mix_seeds(options.seed ^ iteration_seed,
+                                   (static_cast<std::uint64_t>(t) << 32) |
+                                       static_cast<std::uint64_t>(nl.tops[t])),
                  nl.param.name());
   }
 }
-
-index_t Net::Impl::rows_of(const NetLayer& nl) const {
-  // The batch is axis 0 of the first input (of the first output for layers without inputs).
-  const Shape* first = !nl.bottoms.empty()
-                           ? &blobs[nl.bottoms[0]].shape
-                           : (!nl.tops.empty() ? &blobs[nl.tops[0]].shape : nullptr);
-  return first != nullptr && first->axes() > 0 ? (*first)[0] : 1;
-}
-
-LayerSlice Net::Impl::start_slice(int index, Driver& on, index_t begin, index_t end) {
-  LayerSlice slice;
-  slice.driver = &on;
-  slice.phase = options.state.phase;
-  slice.seed = mix(iteration_seed, static_cast<std::uint64_t>(index));
-  slice.begin = begin;
-  slice.end = end;
-  if (&on == driver) {
-    slice.workspace = workspace.pointer();
-  } else {
-    const std::size_t bytes = layers[index].layer->workspace_bytes(on, end - begin);
-    Buffer& buffer = workspaces[&on];
-    if (buffer.bytes() < bytes) buffer = Buffer(on, bytes);
-    slice.workspace = buffer.pointer();
-  }
-  return slice;
-}
-
-namespace {
-
-enum class Want { read, write, overwrite };
-
-// Rows [begin, end) of a batch-major array of `shape` (axis 0 == batch) in `memory` on
-// `on`; the whole array when it is not batch-major.
-Pointer rows(SyncedMemory& memory, const Shape& shape, index_t batch, index_t begin, index_t end,
-             Driver& on, Want want) {
-  const bool by_rows = shape.axes() > 0 && shape[0] == batch && batch > 0;
-  const std::size_t row = by_rows ? static_cast<std::size_t>(shape.count() / batch) : 0;
-  const std::size_t offset = by_rows ? static_cast<std::size_t>(begin) * row * sizeof(float) : 0;
-  const std::size_t bytes = by_rows ? static_cast<std::size_t>(end - begin) * row * sizeof(float)
-                                    : static_cast<std::size_t>(shape.count()) * sizeof(float);
-  void* address = nullptr;
-  switch (want) {
-    case Want::read:
-      address = const_cast<void*>(memory.read_range(on, offset, bytes));
-      break;
-    case Want::write:
-      address = memory.write_range(on, offset, bytes);
-      break;
-    case Want::overwrite:
-      address = memory.overwrite_range(on, offset, bytes);
-      break;
-  }
-  return Pointer{on.device(), address, bytes};
-}
-
-}  // namespace
 
 void Net::Impl::forward_layer(int index) {
   NetLayer& nl = layers[index];
@@ -934,331 +823,33 @@ void Net::Impl::forward_layer(int index) {
   run_compute(index, false);
 }
 
-LayerSlice Net::Impl::prepare_slice(int index, Driver& on, index_t begin, index_t end,
-                                    bool backward, SyncedMemory* partial, SyncedMemory* scratch) {
-  const NetLayer& nl = layers[index];
-  Layer& layer = *nl.layer;
-  const index_t layer_rows = rows_of(nl);
-  LayerSlice slice = start_slice(index, on, begin, end);
-  auto same_data = [&](int t) {
-    for (int b : nl.bottoms)
-      if (blobs[b].data_group == blobs[t].data_group) return true;
-    return false;
-  };
-  if (!backward) {
-    for (int b : nl.bottoms) {
-      const Shape& shape = blobs[b].shape;
-      slice.inputs.push_back(Operand{
-          shape, rows(data_of(b), shape, layer_rows, begin, end, on, Want::read), Pointer{}});
-    }
-    for (int t : nl.tops) {
-      const Shape& shape = blobs[t].shape;
-      const Want want = same_data(t) ? Want::write : Want::overwrite;
-      slice.outputs.push_back(
-          Operand{shape, rows(data_of(t), shape, layer_rows, begin, end, on, want), Pointer{}});
-    }
-    const Want param_want = layer.updates_params_in_forward() ? Want::write : Want::read;
-    for (Tensor* param : nl.params) {
-      slice.params.push_back(Operand{
-          param->shape(), rows(param->data(), param->shape(), 0, 0, 0, on, param_want), {}});
-    }
-    for (Tensor& state : layer.state()) {
-      slice.state.push_back(
-          Operand{state.shape(),
-                  rows(state.data(), state.shape(), layer_rows, begin, end, on, Want::write),
-                  {}});
-    }
-    return slice;
-  }
-  slice.propagate_down = nl.propagate_down;
-  std::size_t scratch_offset = 0;
+detail::LayerCall Net::Impl::call_of(int index, bool backward) {
+  NetLayer& nl = layers[index];
+  detail::LayerCall call;
+  call.layer = nl.layer.get();
+  call.where = where(index);
   for (std::size_t i = 0; i < nl.bottoms.size(); ++i) {
     const int b = nl.bottoms[i];
-    const Shape& shape = blobs[b].shape;
-    Pointer dx{};
-    if (nl.propagate_down[i] && scratch != nullptr) {
-      // A probe: the gradient lands in scratch, not in memory another blob may be using.
-      const std::size_t bytes =
-          rows(data_of(b), shape, layer_rows, begin, end, on, Want::read).bytes;
-      dx = Pointer{on.device(), scratch->overwrite_range(on, scratch_offset, bytes), bytes};
-      scratch_offset += bytes;
-    } else if (nl.propagate_down[i]) {
-      bool in_place = false;
-      for (int t : nl.tops)
-        in_place = in_place || blobs[t].diff_group == blobs[b].diff_group;
-      dx = rows(diff_of(b), shape, layer_rows, begin, end, on,
-                in_place ? Want::write : Want::overwrite);
-    }
-    slice.inputs.push_back(
-        Operand{shape, rows(data_of(b), shape, layer_rows, begin, end, on, Want::read), dx});
+    const bool gradient = backward && nl.propagate_down[i];
+    call.inputs.push_back(
+        detail::CallTensor{blobs[b].shape, &data_of(b), gradient ? &diff_of(b) : nullptr});
   }
-  for (int t : nl.tops) {
-    const Shape& shape = blobs[t].shape;
-    slice.outputs.push_back(
-        Operand{shape, rows(data_of(t), shape, layer_rows, begin, end, on, Want::read),
-                rows(diff_of(t), shape, layer_rows, begin, end, on, Want::read)});
-  }
-  std::size_t partial_offset = 0;
-  for (Tensor* param : nl.params) {
-    const Shape& shape = param->shape();
-    Pointer diff;
-    if (partial != nullptr) {
-      const std::size_t bytes = static_cast<std::size_t>(shape.count()) * sizeof(float);
-      diff = Pointer{on.device(), partial->overwrite_range(on, partial_offset, bytes), bytes};
-      partial_offset += bytes;
-    } else {
-      diff = rows(param->diff(), shape, 0, 0, 0, on, Want::write);
-    }
-    slice.params.push_back(
-        Operand{shape, rows(param->data(), shape, 0, 0, 0, on, Want::read), diff});
-  }
-  for (Tensor& state : layer.state()) {
-    slice.state.push_back(
-        Operand{state.shape(),
-                rows(state.data(), state.shape(), layer_rows, begin, end, on, Want::read),
-                {}});
-  }
-  return slice;
-}
-
-bool Net::Impl::splittable(int index) const {
-  const NetLayer& nl = layers[index];
-  if (!nl.layer->splits_by_rows() || nl.layer->updates_params_in_forward()) return false;
-  // Outputs and state written by several slices at once must be cut by rows too.
-  const index_t layer_rows = rows_of(nl);
-  auto by_rows = [&](const Shape& shape) { return shape.axes() > 0 && shape[0] == layer_rows; };
   for (int t : nl.tops)
-    if (!by_rows(blobs[t].shape)) return false;
-  for (const Tensor& state : nl.layer->state())
-    if (!by_rows(state.shape())) return false;
-  return layer_rows > 0;
-}
-
-void Net::Impl::run_on(Driver& on, const std::function<void()>& task) {
-  if (&on == driver) {
-    task();
-    return;
-  }
-  detail::DeviceWorker& thread = runtime->device_thread(on);
-  thread.submit(task);
-  if (std::exception_ptr error = thread.wait()) std::rethrow_exception(error);
-}
-
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// Runs `run` (clearing its gradient partials first) and waits for its driver.
-void compute(Layer& layer, SliceRun& run, bool backward) {
-  const auto start = Clock::now();
-  if (run.partial != nullptr) {
-    for (const Operand& param : run.slice.params)
-      run.on->fill(param.shape.count(), 0.0f, param.mutable_dx());
-  }
-  if (backward) {
-    layer.backward(run.slice);
-  } else {
-    layer.forward(run.slice);
-  }
-  run.on->synchronize();
-  run.busy = seconds_since(start);
-}
-
-SliceProfile& profile_of(LayerProfile& profile, const Device& device) {
-  for (SliceProfile& slice : profile.devices)
-    if (slice.device == device) return slice;
-  profile.devices.push_back(SliceProfile{device});
-  return profile.devices.back();
-}
-
-}  // namespace
-
-std::vector<SliceRun> Net::Impl::run_slices(int index, bool backward, const Split& split,
-                                            bool probe) {
-  NetLayer& nl = layers[index];
-  Layer& layer = *nl.layer;
-  const index_t layer_rows = rows_of(nl);
-  const bool cut = !split.empty();
-  std::vector<SliceRun> runs;
-  // 1. Operands, resolved on this thread while every driver is idle: a copy may need the
-  // driver of any device that holds current data.
-  std::vector<std::pair<index_t, index_t>> bounds{{0, layer_rows}};
-  if (cut) bounds = split.partition(layer_rows);
-  std::vector<std::unique_ptr<SyncedMemory>> scratch;  // probes' input gradients
-  detail::TransferTally& tally = detail::transfer_tally();
-  for (std::size_t i = 0; i < bounds.size(); ++i) {
-    Driver& on = cut ? runtime->driver(split.shares()[i].device) : *driver;
-    if (cut && bounds[i].first == bounds[i].second) continue;
-    SliceRun run;
-    run.on = &on;
-    run.begin = bounds[i].first;
-    run.end = bounds[i].second;
-    if (backward && !runs.empty() && !nl.params.empty()) {
-      // Every slice but the first adds its parameter gradients into a partial of its own,
-      // summed into the parameters' gradients in device order once all are done.
-      std::size_t bytes = 0;
-      for (const Tensor* param : nl.params)
-        bytes += static_cast<std::size_t>(param->count()) * sizeof(float);
-      SyncedMemory& partial = grad_partials[&on];
-      if (partial.bytes() < bytes) partial.resize(bytes);
-      run.partial = &partial;
-    }
-    if (backward && probe)
-      scratch.push_back(std::make_unique<SyncedMemory>(probe_scratch_bytes(nl)));
-    const detail::TransferTally before = tally;
-    run.slice = prepare_slice(index, on, run.begin, run.end, backward, run.partial,
-                              backward && probe ? scratch.back().get() : nullptr);
-    run.copy_bytes = tally.bytes - before.bytes;
-    run.copy_seconds = tally.seconds - before.seconds;
-    runs.push_back(std::move(run));
-  }
-  // 2. The slices, each on its driver's thread at the same time.
-  if (runs.size() == 1 && runs[0].on == driver && !probe) {
-    // The unsplit path: no hand-off, and no synchronisation the caller did not ask for.
-    const auto start = Clock::now();
-    if (backward) {
-      layer.backward(runs[0].slice);
-    } else {
-      layer.forward(runs[0].slice);
-    }
-    runs[0].busy = seconds_since(start);
-    return runs;
-  }
-  for (SliceRun& run : runs) {
-    if (run.on != driver)
-      runtime->device_thread(*run.on).submit(
-          [&layer, &run, backward] { compute(layer, run, backward); });
-  }
-  std::exception_ptr error;
-  const Driver* failed_on = nullptr;
-  for (SliceRun& run : runs) {
-    if (run.on != driver) continue;
-    try {
-      compute(layer, run, backward);
-    } catch (...) {
-      error = std::current_exception();
-      failed_on = run.on;
-    }
-  }
-  // Every thread is waited for before anything is rethrown: they use `runs`.
-  for (SliceRun& run : runs) {
-    if (run.on == driver) continue;
-    std::exception_ptr failed = runtime->device_thread(*run.on).wait();
-    if (failed && !error) {
-      error = failed;
-      failed_on = run.on;
-    }
-  }
-  if (error) {
-    try {
-      std::rethrow_exception(error);
-    } catch (const Error& failure) {
-      detail::fail("{}: {} on {}: {}", where(index), backward ? "backward" : "forward",
-                   failed_on->name(), failure.what());
-    }
-  }
-  return runs;
+    call.outputs.push_back(
+        detail::CallTensor{blobs[t].shape, &data_of(t), backward ? &diff_of(t) : nullptr});
+  for (Tensor* param : nl.params)
+    call.params.push_back(detail::CallTensor{param->shape(), &param->data(), &param->diff()});
+  if (backward) call.propagate_down = nl.propagate_down;
+  call.phase = options.state.phase;
+  call.seed = detail::mix_seeds(iteration_seed, static_cast<std::uint64_t>(index));
+  call.split = nl.split;
+  return call;
 }
 
 void Net::Impl::run_compute(int index, bool backward) {
   NetLayer& nl = layers[index];
   if (nl.automatic && !nl.calibrated && !backward) calibrate_layer(index);
-  const auto layer_start = Clock::now();
-  const bool cut = !nl.split.empty() && splittable(index);
-  std::vector<SliceRun> runs = run_slices(index, backward, cut ? nl.split : Split(), false);
-  // 3. Parameter gradients: the partials added in device order.
-  reduce_partials(index, runs);
-  // 4. What each device did.
-  const double wall = seconds_since(layer_start);
-  LayerProfile& profile = profiles[index];
-  (backward ? profile.backward_calls : profile.forward_calls) += 1;
-  (backward ? profile.backward_seconds : profile.forward_seconds) += wall;
-  if (cut) {
-    for (const SplitShare& share : nl.split.shares())
-      profile_of(profile, share.device).rows = 0;
-  }
-  for (const SliceRun& run : runs) {
-    SliceProfile& slice = profile_of(profile, run.on->device());
-    slice.rows = run.end - run.begin;
-    (backward ? slice.backward_busy : slice.forward_busy) += run.busy;
-    slice.copy_seconds += run.copy_seconds;
-    slice.copy_bytes += run.copy_bytes;
-    slice.waiting += std::max(0.0, wall - run.busy - run.copy_seconds);
-  }
-  if (cut) {
-    for (const SplitShare& share : nl.split.shares()) {
-      SliceProfile& slice = profile_of(profile, share.device);
-      if (slice.rows == 0) slice.waiting += wall;
-    }
-  }
-}
-
-void Net::Impl::reduce_partials(int index, std::vector<SliceRun>& runs) {
-  const NetLayer& nl = layers[index];
-  std::vector<SliceRun*> partials;
-  for (SliceRun& run : runs)
-    if (run.partial != nullptr) partials.push_back(&run);
-  if (partials.empty()) return;
-  // Every operand on the Net's driver, resolved here (copies charged to the partial's
-  // device): diffs[p] += part[k][p] for k in device order.
-  detail::TransferTally& tally = detail::transfer_tally();
-  std::vector<float*> diffs;
-  for (Tensor* param : nl.params)
-    diffs.push_back(param->diff_write(*driver));
-  std::vector<std::vector<const float*>> parts;
-  for (SliceRun* run : partials) {
-    const detail::TransferTally before = tally;
-    std::size_t offset = 0;
-    parts.emplace_back();
-    for (Tensor* param : nl.params) {
-      const std::size_t bytes = static_cast<std::size_t>(param->count()) * sizeof(float);
-      parts.back().push_back(
-          static_cast<const float*>(run->partial->read_range(*driver, offset, bytes)));
-      offset += bytes;
-    }
-    run->copy_bytes += tally.bytes - before.bytes;
-    run->copy_seconds += tally.seconds - before.seconds;
-  }
-  // In host memory, the devices that can address it share the work by element ranges
-  // (each element still sums its partials in device order, so the result does not depend
-  // on the sharing): fc6's 151 MB partial took 20 ms on one thread.
-  std::vector<Driver*> helpers{driver};
-  if (driver->memory_space() == host_space()) {
-    for (const SliceRun& run : runs) {
-      if (run.on != driver && run.on->memory_space() == host_space()) helpers.push_back(run.on);
-    }
-  }
-  const auto share = [&](std::size_t helper) {
-    Driver& on = *helpers[helper];
-    for (std::size_t p = 0; p < nl.params.size(); ++p) {
-      const index_t count = nl.params[p]->count();
-      const index_t per =
-          (count + static_cast<index_t>(helpers.size()) - 1) / static_cast<index_t>(helpers.size());
-      const index_t begin = std::min(count, per * static_cast<index_t>(helper));
-      const index_t end = std::min(count, begin + per);
-      if (begin == end) continue;
-      for (const std::vector<const float*>& part : parts)
-        on.axpy(end - begin, 1.0f, part[p] + begin, diffs[p] + begin);
-    }
-    on.synchronize();
-  };
-  for (std::size_t h = 1; h < helpers.size(); ++h)
-    runtime->device_thread(*helpers[h]).submit([&share, h] { share(h); });
-  std::exception_ptr error;
-  try {
-    share(0);
-  } catch (...) {
-    error = std::current_exception();
-  }
-  for (std::size_t h = 1; h < helpers.size(); ++h) {
-    std::exception_ptr failed = runtime->device_thread(*helpers[h]).wait();
-    if (failed && !error) error = failed;
-  }
-  if (error) std::rethrow_exception(error);
+  scheduler->run(call_of(index, backward), backward, &profiles[index]);
 }
 
 const Split& Net::Impl::upstream_split(int blob) const {
@@ -1270,38 +861,12 @@ const Split& Net::Impl::upstream_split(int blob) const {
   return layers[producer].split;
 }
 
-std::size_t Net::Impl::probe_scratch_bytes(const NetLayer& nl) const {
-  std::size_t bytes = 0;
-  for (std::size_t i = 0; i < nl.bottoms.size(); ++i) {
-    const Shape& shape = blobs[nl.bottoms[i]].shape;
-    if (nl.propagate_down[i]) bytes += static_cast<std::size_t>(shape.count()) * sizeof(float);
-  }
-  return bytes;
-}
-
-double Net::Impl::probe(int index, Driver& on, index_t rows) {
-  const NetLayer& nl = layers[index];
-  Layer& layer = *nl.layer;
-  double seconds = 0.0;
-  SliceRun run;
-  run.on = &on;
-  run.end = rows;
-  run.slice = prepare_slice(index, on, 0, rows, false, nullptr, nullptr);
-  run_on(on, [&] { compute(layer, run, false); });
-  seconds += run.busy;
-  if (nl.needs_backward) {
-    SyncedMemory scratch(probe_scratch_bytes(nl));
-    run.slice = prepare_slice(index, on, 0, rows, true, nullptr, &scratch);
-    run_on(on, [&] { compute(layer, run, true); });
-    seconds += run.busy;
-  }
-  return seconds;
-}
-
 void Net::Impl::calibrate_layer(int index) {
   NetLayer& nl = layers[index];
   nl.calibrated = true;
-  if (!splittable(index)) {
+  // Calibration runs backward too, so the call carries the gradients it would.
+  detail::LayerCall call = call_of(index, nl.needs_backward);
+  if (!call.splittable()) {
     nl.split = Split();  // needs the whole batch: the Net's driver
     return;
   }
@@ -1315,78 +880,11 @@ void Net::Impl::calibrate_layer(int index) {
     // left where its input is.
     nl.split = upstream;
   } else {
-    // Probes add into the parameters' gradients: keep them.
-    std::vector<std::vector<float>> kept;
-    for (Tensor* param : nl.params) {
-      const float* diff = param->host_diff();
-      kept.emplace_back(diff, diff + param->count());
-    }
-    const index_t layer_rows = rows_of(nl);
-    // Rows per second of each device, first alone: slices double until one takes a few
-    // milliseconds (or is the whole batch), since small slices underuse a GPU and the
-    // CPU's batched lowering. The first probe also warms the driver up (workspace,
-    // copies) and is not counted unless it took long enough for that not to matter.
-    std::vector<double> speed;
-    for (const Device& device : nl.auto_devices) {
-      if (nl.auto_devices.size() == 1) {
-        speed.push_back(1.0);  // one device alone needs no measuring
-        break;
-      }
-      Driver& on = runtime->driver(device);
-      index_t rows = 1;
-      double seconds = probe(index, on, rows);
-      if (seconds < 0.05) seconds = probe(index, on, rows);
-      while (seconds < 0.005 && rows < layer_rows) {
-        rows = std::min(layer_rows, rows * 2);
-        seconds = probe(index, on, rows);
-      }
-      speed.push_back(static_cast<double>(rows) / std::max(seconds, 1e-9));
-    }
-    auto split_for = [&] {
-      const double total = std::accumulate(speed.begin(), speed.end(), 0.0);
-      std::vector<SplitShare> shares;
-      double given = 0.0;
-      for (std::size_t d = 0; d < speed.size(); ++d) {
-        // The last takes what the others leave, so the fractions sum to 1 within rounding.
-        const double fraction =
-            d + 1 < speed.size() ? speed[d] / total : std::max(0.0, 1.0 - given);
-        given += fraction;
-        shares.push_back(SplitShare{nl.auto_devices[d], fraction});
-      }
-      return Split(std::move(shares));
-    };
-    Split measured = split_for();
-    // Then side by side, as they will run: devices sharing cores or memory bandwidth, or a
-    // thread waiting for a GPU, slow each other down. Each device's speed is re-measured
-    // with its slice of the split until the rows stop changing (at most a few rounds).
-    for (int round = 0; round < 3 && speed.size() > 1; ++round) {
-      std::vector<double> busy(speed.size(), 0.0);
-      std::vector<index_t> rows(speed.size(), 0);
-      for (const bool backward : {false, true}) {
-        if (backward && !nl.needs_backward) break;
-        for (const SliceRun& run : run_slices(index, backward, measured, true)) {
-          for (std::size_t d = 0; d < speed.size(); ++d) {
-            if (nl.auto_devices[d] != run.on->device()) continue;
-            busy[d] += run.busy;
-            rows[d] = run.end - run.begin;
-          }
-        }
-      }
-      for (std::size_t d = 0; d < speed.size(); ++d) {
-        if (rows[d] > 0) speed[d] = static_cast<double>(rows[d]) / std::max(busy[d], 1e-9);
-      }
-      const Split next = split_for();
-      if (next.partition(layer_rows) == measured.partition(layer_rows)) break;
-      measured = next;
-    }
+    const Split measured = scheduler->calibrate(call, nl.needs_backward, nl.auto_devices);
     // Where the rows come out as the layer before's, keep its split: the data stays put.
-    nl.split = !upstream.empty() && upstream.partition(layer_rows) == measured.partition(layer_rows)
-                   ? upstream
-                   : measured;
-    for (std::size_t p = 0; p < nl.params.size(); ++p) {
-      float* diff = static_cast<float*>(nl.params[p]->diff().host_overwrite());
-      std::copy(kept[p].begin(), kept[p].end(), diff);
-    }
+    const index_t rows = call.rows();
+    nl.split = !upstream.empty() && upstream.partition(rows) == measured.partition(rows) ? upstream
+                                                                                         : measured;
   }
   if (on_calibrated) on_calibrated(nl.param.name(), nl.split);
 }
@@ -1619,9 +1117,9 @@ void Net::copy_trained_layers_from(const std::string& caffemodel_path) {
       for (int p = 0; p < blobs.size(); ++p) {
         const pb::BlobProto& blob = blobs[p];
         Tensor& tensor = *nl.params[p];
-        HN_CHECK(proto_shape_matches(blob, tensor.shape()),
+        HN_CHECK(detail::blob_shape_matches(blob, tensor.shape()),
                  "{}: layer '{}' parameter {} is {} in the file but {} in the net", caffemodel_path,
-                 layer_name, p, proto_shape(blob).to_string(), tensor.shape().to_string());
+                 layer_name, p, detail::blob_shape(blob).to_string(), tensor.shape().to_string());
         const index_t count = tensor.count();
         float* data = tensor.host_data_mut();
         if (blob.double_data_size() > 0) {

@@ -121,4 +121,22 @@ void write_binary_proto(const std::string& path, const google::protobuf::Message
   }
 }
 
+Shape shape_of(const hybridnn::proto::BlobShape& shape) {
+  return Shape(std::vector<index_t>(shape.dim().begin(), shape.dim().end()));
+}
+
+Shape blob_shape(const hybridnn::proto::BlobProto& blob) {
+  if (blob.has_shape()) return shape_of(blob.shape());
+  return Shape({blob.num(), blob.channels(), blob.height(), blob.width()});
+}
+
+bool blob_shape_matches(const hybridnn::proto::BlobProto& blob, const Shape& shape) {
+  if (blob.has_shape()) return shape_of(blob.shape()) == shape;
+  if (shape.axes() > 4) return false;
+  std::vector<index_t> legacy(4, 1);
+  for (int i = 0; i < shape.axes(); ++i)
+    legacy[4 - shape.axes() + i] = shape[i];
+  return legacy == std::vector<index_t>{blob.num(), blob.channels(), blob.height(), blob.width()};
+}
+
 }  // namespace hn::detail

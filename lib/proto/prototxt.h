@@ -5,6 +5,7 @@
 #include <string>
 
 #include "hybridnn.pb.h"
+#include "hybridnn/tensor.h"
 
 namespace hn::detail {
 
@@ -28,6 +29,13 @@ void parse_text_proto(const std::string& text, const std::string& origin,
 // Parses a binary message into `message`, replacing its contents; a truncated or foreign
 // file is an error that names the path and the expected message type.
 void read_binary_proto(const std::string& path, google::protobuf::Message& message);
+
+// A BlobShape as a Shape.
+Shape shape_of(const hybridnn::proto::BlobShape& shape);
+// A BlobProto's shape: `shape` when present, else the legacy num/channels/height/width.
+Shape blob_shape(const hybridnn::proto::BlobProto& blob);
+// Caffe's Blob::ShapeEquals: a legacy 4-d shape matches ours padded with ones on the left.
+bool blob_shape_matches(const hybridnn::proto::BlobProto& blob, const Shape& shape);
 
 // Serialises `message` in binary to `path`, replacing the file.
 void write_binary_proto(const std::string& path, const google::protobuf::Message& message);

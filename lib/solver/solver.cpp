@@ -35,20 +35,15 @@ static_assert(std::atomic<bool>::is_always_lock_free,
 
 constexpr std::uint64_t kDefaultSeed = 1701;
 
-std::uint64_t mix(std::uint64_t a, std::uint64_t b) {
-  const std::uint64_t low = detail::philox_bits(a, b);
-  const std::uint64_t high = detail::philox_bits(a ^ 0x9E3779B97F4A7C15ull, b);
-  return (high << 32) | low;
-}
-
 // The random stream of forward/backward k of iteration `iter` (dropout masks, DummyData).
 std::uint64_t iteration_seed(std::uint64_t seed, int iter, int k) {
-  return mix(mix(seed, static_cast<std::uint64_t>(iter)), static_cast<std::uint64_t>(k));
+  return detail::mix_seeds(detail::mix_seeds(seed, static_cast<std::uint64_t>(iter)),
+                           static_cast<std::uint64_t>(k));
 }
 
 // The stream of the test passes: the same for every pass, apart from the training streams.
 std::uint64_t test_seed(std::uint64_t seed, int test_net) {
-  return mix(seed ^ 0x7E57u, static_cast<std::uint64_t>(test_net));
+  return detail::mix_seeds(seed ^ 0x7E57u, static_cast<std::uint64_t>(test_net));
 }
 
 struct TypeName {
@@ -108,23 +103,6 @@ std::string text_of(const pb::NetParameter& net) {
   std::string text;
   google::protobuf::TextFormat::PrintToString(net, &text);
   return text;
-}
-
-// A BlobProto's shape: `shape` when present, else the legacy num/channels/height/width.
-Shape blob_shape(const pb::BlobProto& blob) {
-  if (blob.has_shape())
-    return Shape(std::vector<index_t>(blob.shape().dim().begin(), blob.shape().dim().end()));
-  return Shape({blob.num(), blob.channels(), blob.height(), blob.width()});
-}
-
-// Caffe's Blob::ShapeEquals: a legacy 4-d shape matches ours padded with ones on the left.
-bool blob_shape_matches(const pb::BlobProto& blob, const Shape& shape) {
-  if (blob.has_shape()) return blob_shape(blob) == shape;
-  if (shape.axes() > 4) return false;
-  std::vector<index_t> legacy(4, 1);
-  for (int i = 0; i < shape.axes(); ++i)
-    legacy[4 - shape.axes() + i] = shape[i];
-  return legacy == std::vector<index_t>{blob.num(), blob.channels(), blob.height(), blob.width()};
 }
 
 std::vector<std::string> split_commas(const std::string& text) {
@@ -702,9 +680,9 @@ void Solver::restore(const std::string& solverstate_path) {
     const pb::BlobProto& blob = state.history(i);
     const NetParam& np = params[static_cast<std::size_t>(i) % params.size()];
     const Shape& shape = np.tensor->shape();
-    HN_CHECK(blob_shape_matches(blob, shape),
+    HN_CHECK(detail::blob_shape_matches(blob, shape),
              "{}: history blob {} has shape {}, but parameter '{}' of layer '{}' is {}",
-             solverstate_path, i, blob_shape(blob).to_string(), np.name, np.layer,
+             solverstate_path, i, detail::blob_shape(blob).to_string(), np.name, np.layer,
              shape.to_string());
     const index_t values = blob.double_data_size() > 0 ? blob.double_data_size() : blob.data_size();
     HN_CHECK(values == shape.count(),

@@ -1,0 +1,504 @@
+// The scheduler (scheduler.h): slices, operand preparation, partial reduction, calibration
+// and profiling of one layer call.
+#include "lib/scheduler/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <numeric>
+
+#include "lib/core/check.h"
+#include "lib/core/transfer.h"
+#include "lib/core/worker.h"
+
+namespace hn::detail {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+enum class Want { read, write, overwrite };
+
+// Rows [begin, end) of a batch-major array of `shape` (axis 0 == batch) in `memory` on
+// `on`; the whole array when it is not batch-major.
+Pointer rows(SyncedMemory& memory, const Shape& shape, index_t batch, index_t begin, index_t end,
+             Driver& on, Want want) {
+  const bool by_rows = shape.axes() > 0 && shape[0] == batch && batch > 0;
+  const std::size_t row = by_rows ? static_cast<std::size_t>(shape.count() / batch) : 0;
+  const std::size_t offset = by_rows ? static_cast<std::size_t>(begin) * row * sizeof(float) : 0;
+  const std::size_t bytes = by_rows ? static_cast<std::size_t>(end - begin) * row * sizeof(float)
+                                    : static_cast<std::size_t>(shape.count()) * sizeof(float);
+  void* address = nullptr;
+  switch (want) {
+    case Want::read:
+      address = const_cast<void*>(memory.read_range(on, offset, bytes));
+      break;
+    case Want::write:
+      address = memory.write_range(on, offset, bytes);
+      break;
+    case Want::overwrite:
+      address = memory.overwrite_range(on, offset, bytes);
+      break;
+  }
+  return Pointer{on.device(), address, bytes};
+}
+
+// Runs `run` (clearing its gradient partials first) and waits for its driver.
+void compute(Layer& layer, SliceRun& run, bool backward) {
+  const auto start = Clock::now();
+  if (run.partial != nullptr) {
+    for (const Operand& param : run.slice.params)
+      run.on->fill(param.shape.count(), 0.0f, param.mutable_dx());
+  }
+  if (backward) {
+    layer.backward(run.slice);
+  } else {
+    layer.forward(run.slice);
+  }
+  run.on->synchronize();
+  run.busy = seconds_since(start);
+}
+
+SliceProfile& profile_of(LayerProfile& profile, const Device& device) {
+  for (SliceProfile& slice : profile.devices)
+    if (slice.device == device) return slice;
+  profile.devices.push_back(SliceProfile{device});
+  return profile.devices.back();
+}
+
+// Room for a probe's input gradients: every gradient wanted.
+std::size_t probe_scratch_bytes(const LayerCall& call) {
+  std::size_t bytes = 0;
+  for (std::size_t i = 0; i < call.inputs.size(); ++i) {
+    if (call.propagate_down[i])
+      bytes += static_cast<std::size_t>(call.inputs[i].shape.count()) * sizeof(float);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+// ---- the call ----------------------------------------------------------------------------
+
+index_t LayerCall::rows() const {
+  const Shape* first =
+      !inputs.empty() ? &inputs[0].shape : (!outputs.empty() ? &outputs[0].shape : nullptr);
+  return first != nullptr && first->axes() > 0 ? (*first)[0] : 1;
+}
+
+bool LayerCall::splittable() const {
+  if (!layer->splits_by_rows() || layer->updates_params_in_forward()) return false;
+  // Outputs and state written by several slices at once must be cut by rows too.
+  const index_t batch = rows();
+  auto by_rows = [&](const Shape& shape) { return shape.axes() > 0 && shape[0] == batch; };
+  for (const CallTensor& output : outputs)
+    if (!by_rows(output.shape)) return false;
+  for (const Tensor& state : layer->state())
+    if (!by_rows(state.shape())) return false;
+  return batch > 0;
+}
+
+// ---- operands ----------------------------------------------------------------------------
+
+void Scheduler::reserve_workspace(std::size_t bytes) {
+  static_cast<void>(workspace(home_, bytes));
+}
+
+Pointer Scheduler::workspace(Driver& on, std::size_t bytes) {
+  Buffer& buffer = workspaces_[&on];
+  if (buffer.bytes() < bytes) buffer = Buffer(on, bytes);
+  return buffer.pointer();
+}
+
+Driver& Scheduler::driver(const Device& device) const {
+  if (device == home_.device()) return home_;
+  HN_CHECK(runtime_ != nullptr, "no runtime gives a driver for {} (this call runs on {} alone)",
+           device.name(), home_.name());
+  return runtime_->driver(device);
+}
+
+LayerSlice Scheduler::prepare(const LayerCall& call, Driver& on, index_t begin, index_t end,
+                              bool backward, SyncedMemory* partial, SyncedMemory* scratch) {
+  Layer& layer = *call.layer;
+  const index_t batch = call.rows();
+  LayerSlice slice;
+  slice.driver = &on;
+  slice.phase = call.phase;
+  slice.seed = call.seed;
+  slice.begin = begin;
+  slice.end = end;
+  slice.workspace = workspace(on, layer.workspace_bytes(on, end - begin));
+  // In place: an output that shares an input's memory is read and written, not overwritten.
+  auto shares_input_data = [&](const CallTensor& output) {
+    for (const CallTensor& input : call.inputs)
+      if (input.data == output.data) return true;
+    return false;
+  };
+  auto shares_output_diff = [&](const CallTensor& input) {
+    for (const CallTensor& output : call.outputs)
+      if (output.diff == input.diff) return true;
+    return false;
+  };
+  if (!backward) {
+    for (const CallTensor& input : call.inputs) {
+      slice.inputs.push_back(Operand{
+          input.shape, rows(*input.data, input.shape, batch, begin, end, on, Want::read), {}});
+    }
+    for (const CallTensor& output : call.outputs) {
+      const Want want = shares_input_data(output) ? Want::write : Want::overwrite;
+      slice.outputs.push_back(
+          Operand{output.shape, rows(*output.data, output.shape, batch, begin, end, on, want), {}});
+    }
+    const Want param_want = layer.updates_params_in_forward() ? Want::write : Want::read;
+    for (const CallTensor& param : call.params) {
+      slice.params.push_back(
+          Operand{param.shape, rows(*param.data, param.shape, 0, 0, 0, on, param_want), {}});
+    }
+    for (Tensor& state : layer.state()) {
+      slice.state.push_back(
+          Operand{state.shape(),
+                  rows(state.data(), state.shape(), batch, begin, end, on, Want::write),
+                  {}});
+    }
+    return slice;
+  }
+  slice.propagate_down = call.propagate_down;
+  std::size_t scratch_offset = 0;
+  for (std::size_t i = 0; i < call.inputs.size(); ++i) {
+    const CallTensor& input = call.inputs[i];
+    const Pointer x = rows(*input.data, input.shape, batch, begin, end, on, Want::read);
+    Pointer dx{};
+    if (call.propagate_down[i] && scratch != nullptr) {
+      // A probe: the gradient lands in scratch, not in memory another tensor may be using.
+      dx = Pointer{on.device(), scratch->overwrite_range(on, scratch_offset, x.bytes), x.bytes};
+      scratch_offset += x.bytes;
+    } else if (call.propagate_down[i]) {
+      dx = rows(*input.diff, input.shape, batch, begin, end, on,
+                shares_output_diff(input) ? Want::write : Want::overwrite);
+    }
+    slice.inputs.push_back(Operand{input.shape, x, dx});
+  }
+  for (const CallTensor& output : call.outputs) {
+    slice.outputs.push_back(
+        Operand{output.shape, rows(*output.data, output.shape, batch, begin, end, on, Want::read),
+                rows(*output.diff, output.shape, batch, begin, end, on, Want::read)});
+  }
+  std::size_t partial_offset = 0;
+  for (const CallTensor& param : call.params) {
+    Pointer diff;
+    if (partial != nullptr) {
+      const std::size_t bytes = static_cast<std::size_t>(param.shape.count()) * sizeof(float);
+      diff = Pointer{on.device(), partial->overwrite_range(on, partial_offset, bytes), bytes};
+      partial_offset += bytes;
+    } else {
+      diff = rows(*param.diff, param.shape, 0, 0, 0, on, Want::write);
+    }
+    slice.params.push_back(
+        Operand{param.shape, rows(*param.data, param.shape, 0, 0, 0, on, Want::read), diff});
+  }
+  for (Tensor& state : layer.state()) {
+    slice.state.push_back(Operand{
+        state.shape(), rows(state.data(), state.shape(), batch, begin, end, on, Want::read), {}});
+  }
+  return slice;
+}
+
+// ---- running -----------------------------------------------------------------------------
+
+void Scheduler::run_on(Driver& on, const std::function<void()>& task) {
+  if (&on == &home_) {
+    task();
+    return;
+  }
+  HN_CHECK(runtime_ != nullptr, "no runtime gives {} a device thread", on.name());
+  DeviceWorker& thread = runtime_->device_thread(on);
+  thread.submit(task);
+  if (std::exception_ptr error = thread.wait()) std::rethrow_exception(error);
+}
+
+std::vector<SliceRun> Scheduler::run_slices(const LayerCall& call, bool backward,
+                                            const Split& split, bool probe) {
+  Layer& layer = *call.layer;
+  const index_t batch = call.rows();
+  const bool cut = !split.empty();
+  std::vector<SliceRun> runs;
+  // 1. Operands, resolved on this thread while every driver is idle: a copy may need the
+  // driver of any device that holds current data.
+  std::vector<std::pair<index_t, index_t>> bounds;
+  if (cut) {
+    bounds = split.partition(batch);
+  } else {
+    const index_t end = call.end < 0 ? batch : call.end;
+    HN_CHECK(0 <= call.begin && call.begin <= end && end <= batch,
+             "{}: rows [{}, {}) outside the batch of {}", call.where, call.begin, end, batch);
+    HN_CHECK(layer.splits_by_rows() || (call.begin == 0 && end == batch),
+             "{}: it needs the whole batch, not rows [{}, {})", call.where, call.begin, end);
+    bounds.emplace_back(call.begin, end);
+  }
+  std::vector<std::unique_ptr<SyncedMemory>> scratch;  // probes' input gradients
+  TransferTally& tally = transfer_tally();
+  for (std::size_t i = 0; i < bounds.size(); ++i) {
+    Driver& on = cut ? driver(split.shares()[i].device) : home_;
+    if (cut && bounds[i].first == bounds[i].second) continue;
+    SliceRun run;
+    run.on = &on;
+    run.begin = bounds[i].first;
+    run.end = bounds[i].second;
+    if (backward && !runs.empty() && !call.params.empty()) {
+      // Every slice but the first adds its parameter gradients into a partial of its own,
+      // summed into the parameters' gradients in device order once all are done.
+      std::size_t bytes = 0;
+      for (const CallTensor& param : call.params)
+        bytes += static_cast<std::size_t>(param.shape.count()) * sizeof(float);
+      SyncedMemory& partial = grad_partials_[&on];
+      if (partial.bytes() < bytes) partial.resize(bytes);
+      run.partial = &partial;
+    }
+    if (backward && probe)
+      scratch.push_back(std::make_unique<SyncedMemory>(probe_scratch_bytes(call)));
+    const TransferTally before = tally;
+    run.slice = prepare(call, on, run.begin, run.end, backward, run.partial,
+                        backward && probe ? scratch.back().get() : nullptr);
+    run.copy_bytes = tally.bytes - before.bytes;
+    run.copy_seconds = tally.seconds - before.seconds;
+    runs.push_back(std::move(run));
+  }
+  // 2. The slices, each on its driver's thread at the same time.
+  if (runs.size() == 1 && runs[0].on == &home_ && !probe) {
+    // The unsplit path: no hand-off, and no synchronisation the caller did not ask for.
+    const auto start = Clock::now();
+    if (backward) {
+      layer.backward(runs[0].slice);
+    } else {
+      layer.forward(runs[0].slice);
+    }
+    runs[0].busy = seconds_since(start);
+    return runs;
+  }
+  for (SliceRun& run : runs) {
+    if (run.on != &home_)
+      runtime_->device_thread(*run.on).submit(
+          [&layer, &run, backward] { compute(layer, run, backward); });
+  }
+  std::exception_ptr error;
+  const Driver* failed_on = nullptr;
+  for (SliceRun& run : runs) {
+    if (run.on != &home_) continue;
+    try {
+      compute(layer, run, backward);
+    } catch (...) {
+      error = std::current_exception();
+      failed_on = run.on;
+    }
+  }
+  // Every thread is waited for before anything is rethrown: they use `runs`.
+  for (SliceRun& run : runs) {
+    if (run.on == &home_) continue;
+    std::exception_ptr failed = runtime_->device_thread(*run.on).wait();
+    if (failed && !error) {
+      error = failed;
+      failed_on = run.on;
+    }
+  }
+  if (error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const Error& failure) {
+      fail("{}: {} on {}: {}", call.where, backward ? "backward" : "forward", failed_on->name(),
+           failure.what());
+    }
+  }
+  return runs;
+}
+
+void Scheduler::run(const LayerCall& call, bool backward, LayerProfile* profile) {
+  const auto layer_start = Clock::now();
+  const bool cut = !call.split.empty() && call.splittable();
+  std::vector<SliceRun> runs = run_slices(call, backward, cut ? call.split : Split(), false);
+  // 3. Parameter gradients: the partials added in device order.
+  reduce_partials(call, runs);
+  if (profile == nullptr) return;
+  // 4. What each device did.
+  const double wall = seconds_since(layer_start);
+  (backward ? profile->backward_calls : profile->forward_calls) += 1;
+  (backward ? profile->backward_seconds : profile->forward_seconds) += wall;
+  if (cut) {
+    for (const SplitShare& share : call.split.shares())
+      profile_of(*profile, share.device).rows = 0;
+  }
+  for (const SliceRun& run : runs) {
+    SliceProfile& slice = profile_of(*profile, run.on->device());
+    slice.rows = run.end - run.begin;
+    (backward ? slice.backward_busy : slice.forward_busy) += run.busy;
+    slice.copy_seconds += run.copy_seconds;
+    slice.copy_bytes += run.copy_bytes;
+    slice.waiting += std::max(0.0, wall - run.busy - run.copy_seconds);
+  }
+  if (cut) {
+    for (const SplitShare& share : call.split.shares()) {
+      SliceProfile& slice = profile_of(*profile, share.device);
+      if (slice.rows == 0) slice.waiting += wall;
+    }
+  }
+}
+
+void Scheduler::reduce_partials(const LayerCall& call, std::vector<SliceRun>& runs) {
+  std::vector<SliceRun*> partials;
+  for (SliceRun& run : runs)
+    if (run.partial != nullptr) partials.push_back(&run);
+  if (partials.empty()) return;
+  // Every operand on the home driver, resolved here (copies charged to the partial's
+  // device): diffs[p] += part[k][p] for k in device order.
+  TransferTally& tally = transfer_tally();
+  std::vector<float*> diffs;
+  for (const CallTensor& param : call.params)
+    diffs.push_back(static_cast<float*>(param.diff->write(home_)));
+  std::vector<std::vector<const float*>> parts;
+  for (SliceRun* run : partials) {
+    const TransferTally before = tally;
+    std::size_t offset = 0;
+    parts.emplace_back();
+    for (const CallTensor& param : call.params) {
+      const std::size_t bytes = static_cast<std::size_t>(param.shape.count()) * sizeof(float);
+      parts.back().push_back(
+          static_cast<const float*>(run->partial->read_range(home_, offset, bytes)));
+      offset += bytes;
+    }
+    run->copy_bytes += tally.bytes - before.bytes;
+    run->copy_seconds += tally.seconds - before.seconds;
+  }
+  // In host memory, the devices that can address it share the work by element ranges
+  // (each element still sums its partials in device order, so the result does not depend
+  // on the sharing): fc6's 151 MB partial took 20 ms on one thread.
+  std::vector<Driver*> helpers{&home_};
+  if (home_.memory_space() == host_space()) {
+    for (const SliceRun& run : runs) {
+      if (run.on != &home_ && run.on->memory_space() == host_space()) helpers.push_back(run.on);
+    }
+  }
+  const auto share = [&](std::size_t helper) {
+    Driver& on = *helpers[helper];
+    for (std::size_t p = 0; p < call.params.size(); ++p) {
+      const index_t count = call.params[p].shape.count();
+      const index_t per =
+          (count + static_cast<index_t>(helpers.size()) - 1) / static_cast<index_t>(helpers.size());
+      const index_t begin = std::min(count, per * static_cast<index_t>(helper));
+      const index_t end = std::min(count, begin + per);
+      if (begin == end) continue;
+      for (const std::vector<const float*>& part : parts)
+        on.axpy(end - begin, 1.0f, part[p] + begin, diffs[p] + begin);
+    }
+    on.synchronize();
+  };
+  for (std::size_t h = 1; h < helpers.size(); ++h)
+    runtime_->device_thread(*helpers[h]).submit([&share, h] { share(h); });
+  std::exception_ptr error;
+  try {
+    share(0);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  for (std::size_t h = 1; h < helpers.size(); ++h) {
+    std::exception_ptr failed = runtime_->device_thread(*helpers[h]).wait();
+    if (failed && !error) error = failed;
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+// ---- calibration -------------------------------------------------------------------------
+
+double Scheduler::probe(const LayerCall& call, bool with_backward, Driver& on, index_t rows) {
+  Layer& layer = *call.layer;
+  double seconds = 0.0;
+  SliceRun run;
+  run.on = &on;
+  run.end = rows;
+  run.slice = prepare(call, on, 0, rows, false, nullptr, nullptr);
+  run_on(on, [&] { compute(layer, run, false); });
+  seconds += run.busy;
+  if (with_backward) {
+    SyncedMemory scratch(probe_scratch_bytes(call));
+    run.slice = prepare(call, on, 0, rows, true, nullptr, &scratch);
+    run_on(on, [&] { compute(layer, run, true); });
+    seconds += run.busy;
+  }
+  return seconds;
+}
+
+Split Scheduler::calibrate(const LayerCall& call, bool with_backward,
+                           const std::vector<Device>& devices) {
+  // Probes add into the parameters' gradients: keep them.
+  std::vector<std::vector<float>> kept;
+  for (const CallTensor& param : call.params) {
+    const float* diff = static_cast<const float*>(param.diff->host_read());
+    kept.emplace_back(diff, diff + param.shape.count());
+  }
+  const index_t batch = call.rows();
+  // Rows per second of each device, first alone: slices double until one takes a few
+  // milliseconds (or is the whole batch), since small slices underuse a GPU and the
+  // CPU's batched lowering. The first probe also warms the driver up (workspace,
+  // copies) and is not counted unless it took long enough for that not to matter.
+  std::vector<double> speed;
+  for (const Device& device : devices) {
+    if (devices.size() == 1) {
+      speed.push_back(1.0);  // one device alone needs no measuring
+      break;
+    }
+    Driver& on = driver(device);
+    index_t rows = 1;
+    double seconds = probe(call, with_backward, on, rows);
+    if (seconds < 0.05) seconds = probe(call, with_backward, on, rows);
+    while (seconds < 0.005 && rows < batch) {
+      rows = std::min(batch, rows * 2);
+      seconds = probe(call, with_backward, on, rows);
+    }
+    speed.push_back(static_cast<double>(rows) / std::max(seconds, 1e-9));
+  }
+  auto split_for = [&] {
+    const double total = std::accumulate(speed.begin(), speed.end(), 0.0);
+    std::vector<SplitShare> shares;
+    double given = 0.0;
+    for (std::size_t d = 0; d < speed.size(); ++d) {
+      // The last takes what the others leave, so the fractions sum to 1 within rounding.
+      const double fraction = d + 1 < speed.size() ? speed[d] / total : std::max(0.0, 1.0 - given);
+      given += fraction;
+      shares.push_back(SplitShare{devices[d], fraction});
+    }
+    return Split(std::move(shares));
+  };
+  Split measured = split_for();
+  // Then side by side, as they will run: devices sharing cores or memory bandwidth, or a
+  // thread waiting for a GPU, slow each other down. Each device's speed is re-measured
+  // with its slice of the split until the rows stop changing (at most a few rounds).
+  for (int round = 0; round < 3 && speed.size() > 1; ++round) {
+    std::vector<double> busy(speed.size(), 0.0);
+    std::vector<index_t> rows(speed.size(), 0);
+    for (const bool backward : {false, true}) {
+      if (backward && !with_backward) break;
+      for (const SliceRun& run : run_slices(call, backward, measured, true)) {
+        for (std::size_t d = 0; d < speed.size(); ++d) {
+          if (devices[d] != run.on->device()) continue;
+          busy[d] += run.busy;
+          rows[d] = run.end - run.begin;
+        }
+      }
+    }
+    for (std::size_t d = 0; d < speed.size(); ++d) {
+      if (rows[d] > 0) speed[d] = static_cast<double>(rows[d]) / std::max(busy[d], 1e-9);
+    }
+    const Split next = split_for();
+    if (next.partition(batch) == measured.partition(batch)) break;
+    measured = next;
+  }
+  for (std::size_t p = 0; p < call.params.size(); ++p) {
+    float* diff = static_cast<float*>(call.params[p].diff->host_overwrite());
+    std::copy(kept[p].begin(), kept[p].end(), diff);
+  }
+  return measured;
+}
+
+}  // namespace hn::detail

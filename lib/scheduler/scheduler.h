@@ -1,0 +1,106 @@
+// The scheduler: runs one layer call, whole on one driver or cut by rows among several
+// drivers at once, and measures how to cut it.
+//
+// A LayerCall says everything the scheduler needs: the layer, the memory of its input,
+// output and parameter tensors, which input gradients to propagate and the split. The Net
+// builds one per compute layer and pass; run_forward/run_backward build one for a layer on
+// the caller's tensors (the one-device case). The scheduler resolves the operands on each
+// device (copying what is stale there), runs the slices concurrently (the home driver's on
+// the calling thread, every other driver's on its device thread), sums the slices'
+// parameter-gradient partials in device order, and records what each device did.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hybridnn/layer.h"
+#include "hybridnn/runtime.h"
+#include "hybridnn/split.h"
+
+namespace hn::detail {
+
+// A tensor of a layer call: its shape and its value and gradient memory (diff may be null
+// when no gradient is read or written).
+struct CallTensor {
+  Shape shape;
+  SyncedMemory* data = nullptr;
+  SyncedMemory* diff = nullptr;
+};
+
+struct LayerCall {
+  Layer* layer = nullptr;
+  std::string where;                                // what errors name: "FILE: layer 'NAME' (TYPE)"
+  std::vector<CallTensor> inputs, outputs, params;  // state: the layer's own
+  std::vector<bool> propagate_down;                 // backward: per input
+  Phase phase = Phase::train;
+  std::uint64_t seed = 0;
+  // The devices that share the rows; empty: the home driver alone, on rows [begin, end)
+  // (end < 0: to the end of the batch).
+  Split split;
+  index_t begin = 0, end = -1;
+
+  // The batch: axis 0 of the first input (of the first output for layers without inputs).
+  index_t rows() const;
+  // Whether the layer may be cut into row slices run at the same time.
+  bool splittable() const;
+};
+
+// One device's part of a layer call.
+struct SliceRun {
+  Driver* on = nullptr;
+  index_t begin = 0, end = 0;
+  LayerSlice slice;
+  SyncedMemory* partial = nullptr;  // parameter gradients of this slice, when not the first
+  double busy = 0.0, copy_seconds = 0.0;
+  std::size_t copy_bytes = 0;
+};
+
+class Scheduler {
+ public:
+  // `runtime` gives the drivers a split names and their device threads; it may be null
+  // when every call runs on `home` alone.
+  Scheduler(Runtime* runtime, Driver& home) : runtime_(runtime), home_(home) {}
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  Driver& home() const { return home_; }
+  // Allocates the home driver's workspace now (the Net plans the largest any layer needs).
+  void reserve_workspace(std::size_t bytes);
+
+  // Runs `call` forward or backward and reduces its parameter-gradient partials. Errors
+  // in a slice are rethrown once every slice has finished, naming call.where, the pass and
+  // the device. With `profile`, adds what each device did.
+  void run(const LayerCall& call, bool backward, LayerProfile* profile = nullptr);
+
+  // Measures `call` on `devices`, first each alone on growing slices, then side by side
+  // until the rows settle, and returns the split; parameter gradients are as before.
+  Split calibrate(const LayerCall& call, bool with_backward, const std::vector<Device>& devices);
+
+ private:
+  // The slice for rows [begin, end) on `on`, its operands resolved there. Parameter
+  // gradients go to `partial` when given; input gradients to `scratch` when given (probes).
+  LayerSlice prepare(const LayerCall& call, Driver& on, index_t begin, index_t end, bool backward,
+                     SyncedMemory* partial, SyncedMemory* scratch);
+  // The slices per the call's split, run at the same time. A probe sends input gradients
+  // to scratch memory and leaves the partials unreduced.
+  std::vector<SliceRun> run_slices(const LayerCall& call, bool backward, const Split& split,
+                                   bool probe);
+  void reduce_partials(const LayerCall& call, std::vector<SliceRun>& runs);
+  // Runs `task` on `on`'s thread (the calling thread for home) and waits.
+  void run_on(Driver& on, const std::function<void()>& task);
+  double probe(const LayerCall& call, bool with_backward, Driver& on, index_t rows);
+  Pointer workspace(Driver& on, std::size_t bytes);
+  Driver& driver(const Device& device) const;
+
+  Runtime* runtime_;
+  Driver& home_;
+  std::map<Driver*, Buffer> workspaces_;  // per driver, grown on demand
+  // Per device: the parameter-gradient partial sums of its slices (all but a call's first).
+  std::map<Driver*, SyncedMemory> grad_partials_;
+};
+
+}  // namespace hn::detail
