@@ -1,0 +1,545 @@
+// Building the Net's graph: phase rules, legacy inputs, Split insertion, layers and their
+// blobs (versions), which layers need backward, and parameters shared by name.
+#include "lib/net/net_impl.h"
+
+namespace hn {
+
+namespace {
+
+bool state_meets_rule(const NetState& state, const pb::NetStateRule& rule) {
+  if (rule.has_phase()) {
+    const Phase phase = rule.phase() == pb::TRAIN ? Phase::train : Phase::test;
+    if (phase != state.phase) return false;
+  }
+  if (rule.has_min_level() && state.level < rule.min_level()) return false;
+  if (rule.has_max_level() && state.level > rule.max_level()) return false;
+  auto has = [&](const std::string& stage) {
+    return std::find(state.stages.begin(), state.stages.end(), stage) != state.stages.end();
+  };
+  for (const std::string& stage : rule.stage())
+    if (!has(stage)) return false;
+  for (const std::string& stage : rule.not_stage())
+    if (has(stage)) return false;
+  return true;
+}
+
+bool layer_included(const NetState& state, const pb::LayerParameter& layer,
+                    const std::string& origin) {
+  HN_CHECK(layer.include_size() == 0 || layer.exclude_size() == 0,
+           "{}: layer '{}' has both include and exclude rules; Caffe allows only one kind", origin,
+           layer.name());
+  if (layer.include_size() > 0) {
+    for (const auto& rule : layer.include())
+      if (state_meets_rule(state, rule)) return true;
+    return false;
+  }
+  for (const auto& rule : layer.exclude())
+    if (state_meets_rule(state, rule)) return false;
+  return true;
+}
+
+// Caffe's net upgrade of legacy `input` fields into an Input layer.
+void upgrade_legacy_inputs(pb::NetParameter& net, const std::string& origin) {
+  if (net.input_size() == 0) return;
+  pb::LayerParameter input;
+  input.set_name("input");
+  input.set_type("Input");
+  const bool dims = net.input_dim_size() > 0;
+  HN_CHECK(dims ? net.input_dim_size() == 4 * net.input_size()
+                : net.input_shape_size() == net.input_size(),
+           "{}: {} legacy net inputs need {} input_shape entries or 4 input_dim each", origin,
+           net.input_size(), net.input_size());
+  for (int i = 0; i < net.input_size(); ++i) {
+    input.add_top(net.input(i));
+    pb::BlobShape* shape = input.mutable_input_param()->add_shape();
+    if (dims) {
+      for (int d = 0; d < 4; ++d)
+        shape->add_dim(net.input_dim(4 * i + d));
+    } else {
+      *shape = net.input_shape(i);
+    }
+  }
+  pb::NetParameter upgraded = net;
+  upgraded.clear_input();
+  upgraded.clear_input_dim();
+  upgraded.clear_input_shape();
+  upgraded.clear_layer();
+  *upgraded.add_layer() = input;
+  for (const auto& layer : net.layer())
+    *upgraded.add_layer() = layer;
+  net = std::move(upgraded);
+}
+
+// Caffe's InsertSplits: every top consumed by more than one layer feeds a Split whose tops
+// ("BLOB_LAYER_TOP_split_K") replace it in the consumers. A consumer that worked in place
+// on the shared blob then writes a new blob of the old name instead (Caffe refuses this).
+pb::NetParameter insert_splits(const pb::NetParameter& net) {
+  using TopId = std::pair<int, int>;  // (layer, top index)
+  std::map<std::string, TopId> last_top;
+  std::map<TopId, int> consumers;
+  for (int i = 0; i < net.layer_size(); ++i) {
+    const pb::LayerParameter& layer = net.layer(i);
+    for (const std::string& bottom : layer.bottom()) {
+      auto it = last_top.find(bottom);
+      if (it != last_top.end()) ++consumers[it->second];  // unknown bottoms fail later
+    }
+    for (int j = 0; j < layer.top_size(); ++j) {
+      last_top[layer.top(j)] = TopId{i, j};
+      // A loss weight counts as one more consumer: the split carries it (as in Caffe).
+      if (j < layer.loss_weight_size() && layer.loss_weight(j) != 0.0f) ++consumers[TopId{i, j}];
+    }
+  }
+  auto split_name = [&](const TopId& id, int k) {
+    return fmt::format("{}_{}_{}_split_{}", net.layer(id.first).top(id.second),
+                       net.layer(id.first).name(), id.second, k);
+  };
+  pb::NetParameter result = net;
+  result.clear_layer();
+  last_top.clear();
+  std::map<TopId, int> next_split;
+  for (int i = 0; i < net.layer_size(); ++i) {
+    pb::LayerParameter* layer = result.add_layer();
+    *layer = net.layer(i);
+    for (int j = 0; j < layer->bottom_size(); ++j) {
+      auto it = last_top.find(layer->bottom(j));
+      if (it == last_top.end() || consumers[it->second] < 2) continue;
+      layer->set_bottom(j, split_name(it->second, next_split[it->second]++));
+    }
+    for (int j = 0; j < layer->top_size(); ++j) {
+      const TopId id{i, j};
+      last_top[layer->top(j)] = id;
+      const int count = consumers[id];
+      if (count < 2) continue;
+      pb::LayerParameter split;
+      split.set_name(fmt::format("{}_{}_{}_split", layer->top(j), layer->name(), j));
+      split.set_type("Split");
+      split.add_bottom(layer->top(j));
+      for (int k = 0; k < count; ++k)
+        split.add_top(split_name(id, k));
+      if (j < layer->loss_weight_size() && layer->loss_weight(j) != 0.0f) {
+        for (int k = 0; k + 1 < count; ++k)
+          split.add_loss_weight(0.0f);
+        split.add_loss_weight(layer->loss_weight(j));
+        layer->set_loss_weight(j, 0.0f);
+      }
+      *result.add_layer() = split;
+    }
+  }
+  return result;
+}
+
+// A prototxt's `split { device: "cuda:0" fraction: 0.6 }` entries as a Split.
+Split split_of(const google::protobuf::RepeatedPtrField<pb::SplitEntry>& entries) {
+  std::vector<SplitShare> shares;
+  for (const pb::SplitEntry& entry : entries)
+    shares.push_back(SplitShare{Device::parse(entry.device()), entry.fraction()});
+  return shares.empty() ? Split() : Split(std::move(shares));
+}
+
+}  // namespace
+
+// ---- construction ----------------------------------------------------------------------
+
+void Net::Impl::build(pb::NetParameter net) {
+  scheduler = std::make_unique<detail::Scheduler>(runtime, *driver);
+  name = net.name();
+  upgrade_legacy_inputs(net, origin);
+  HN_CHECK(net.layers_size() == 0,
+           "{}: uses the legacy V1 'layers' format; upgrade it with Caffe's upgrade_net_proto_text "
+           "(or rename 'layers' to 'layer' with string types)",
+           origin);
+  if (net.force_backward()) options.force_backward = true;
+  // The file's own state supplies level and stages the caller left unset (as in Caffe, the
+  // phase is always the caller's).
+  if (net.has_state()) {
+    if (options.state.level == 0) options.state.level = net.state().level();
+    if (options.state.stages.empty()) {
+      options.state.stages.assign(net.state().stage().begin(), net.state().stage().end());
+    }
+  }
+  pb::NetParameter filtered = net;
+  filtered.clear_layer();
+  for (const pb::LayerParameter& param : net.layer()) {
+    if (layer_included(options.state, param, origin)) *filtered.add_layer() = param;
+  }
+  const pb::NetParameter with_splits = insert_splits(filtered);
+  for (const pb::LayerParameter& param : with_splits.layer())
+    add_layer(param);
+  // Splits: the caller's per-layer ones, else the layer's own entries, else the caller's
+  // net-wide one, else the file's.
+  std::map<std::string, Split> named;
+  for (const auto& [layer_name, layer_split] : options.layer_splits) {
+    const bool known =
+        std::any_of(net.layer().begin(), net.layer().end(),
+                    [&](const pb::LayerParameter& param) { return param.name() == layer_name; });
+    HN_CHECK(known, "{}: a split is given for layer '{}', which the net does not have", origin,
+             layer_name);
+    named[layer_name] = layer_split;
+  }
+  Split net_split = options.split;
+  if (net_split.empty()) {
+    try {
+      net_split = split_of(net.split());
+    } catch (const Error& error) {
+      detail::fail("{}: the net's split: {}", origin, error.what());
+    }
+  }
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    NetLayer& nl = layers[l];
+    if (nl.kind != Kind::compute) continue;
+    try {
+      if (const auto found = named.find(nl.param.name()); found != named.end()) {
+        nl.split = found->second;
+      } else {
+        nl.split = nl.param.split_size() > 0 ? split_of(nl.param.split()) : net_split;
+      }
+      nl.split.check_devices(*runtime);  // an automatic split's devices too
+      if (nl.split.is_automatic()) {
+        nl.automatic = true;
+        nl.auto_devices = nl.split.automatic_devices();
+        if (nl.auto_devices.empty()) {
+          for (const Driver* present : runtime->drivers())
+            nl.auto_devices.push_back(present->device());
+        }
+        nl.split = Split();  // the fractions are measured at the first forward
+        continue;
+      }
+    } catch (const Error& error) {
+      detail::fail("{}: split: {}", where(static_cast<int>(l)), error.what());
+    }
+    // The whole batch on the Net's own driver is the unsplit path.
+    const auto& shares = nl.split.shares();
+    if (shares.size() == 1 && shares[0].device == driver->device()) nl.split = Split();
+  }
+  HN_CHECK(!layers.empty(), "{}: no layer is included in phase {}", origin,
+           options.state.phase == Phase::train ? "TRAIN" : "TEST");
+  for (const auto& [blob_name, version] : latest) {
+    static_cast<void>(blob_name);
+    if (blobs[version].consumers.empty()) blobs[version].keep = true;
+  }
+  for (const std::string& kept : options.keep_blobs) {
+    auto it = latest.find(kept);
+    HN_CHECK(it != latest.end(), "{}: keep_blobs names '{}', which the net does not have", origin,
+             kept);
+    blobs[it->second].keep = true;
+  }
+  decide_backward();
+  set_up_params();
+  plan_memory();
+  profiles.resize(layers.size());
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    profiles[l].name = layers[l].param.name();
+    profiles[l].type = layers[l].param.type();
+  }
+}
+
+int Net::Impl::add_top(int layer_index, const std::string& top, const Shape& shape,
+                       int in_place_bottom) {
+  BlobVersion version;
+  version.name = top;
+  version.shape = shape;
+  version.producer = layer_index;
+  const int index = static_cast<int>(blobs.size());
+  if (in_place_bottom >= 0) {
+    version.data_group = blobs[in_place_bottom].data_group;
+    version.diff_group = blobs[in_place_bottom].diff_group;
+  } else {
+    const std::size_t bytes = static_cast<std::size_t>(shape.count()) * sizeof(float);
+    version.data_group = static_cast<int>(groups.size());
+    groups.push_back(Group{bytes});
+    version.diff_group = static_cast<int>(groups.size());
+    groups.push_back(Group{bytes});
+  }
+  blobs.push_back(std::move(version));
+  latest[top] = index;
+  return index;
+}
+
+void Net::Impl::add_layer(const pb::LayerParameter& source) {
+  const int index = static_cast<int>(layers.size());
+  layers.emplace_back();
+  NetLayer& nl = layers.back();
+  nl.param = source;
+  nl.param.set_phase(options.state.phase == Phase::train ? pb::TRAIN : pb::TEST);
+  const pb::LayerParameter& param = nl.param;
+  const std::string& type = param.type();
+  HN_CHECK(!param.name().empty(), "{}: layer {} (type '{}') has no name", origin, index + 1, type);
+  for (int i = 0; i < index; ++i) {
+    HN_CHECK(layers[i].param.name() != param.name(), "{}: two layers are named '{}'", origin,
+             param.name());
+  }
+
+  // Bottoms: the latest version of each name.
+  std::vector<Shape> bottom_shapes;
+  for (const std::string& bottom : param.bottom()) {
+    auto it = latest.find(bottom);
+    if (it == latest.end()) {
+      std::vector<std::string> known;
+      for (const auto& entry : latest)
+        known.push_back(entry.first);
+      detail::fail("{}: bottom '{}' is not produced by any earlier layer (blobs so far: {})",
+                   where(index), bottom,
+                   known.empty() ? "none" : fmt::format("{}", fmt::join(known, ", ")));
+    }
+    nl.bottoms.push_back(it->second);
+    blobs[it->second].consumers.push_back(index);
+    bottom_shapes.push_back(blobs[it->second].shape);
+  }
+
+  std::vector<Shape> top_shapes;
+  if (type == "Split") {
+    nl.kind = Kind::split;
+    HN_CHECK(param.bottom_size() == 1 && param.top_size() >= 1,
+             "{}: a Split takes one bottom and at least one top", where(index));
+    top_shapes.assign(param.top_size(), bottom_shapes[0]);
+  } else if (type == "Data") {
+    nl.kind = Kind::feed;
+    HN_CHECK(param.bottom_size() == 0 && (param.top_size() == 1 || param.top_size() == 2),
+             "{}: a Data layer takes no bottoms and has 1 or 2 tops", where(index));
+    detail::FeedOptions feed;
+    feed.phase = options.state.phase;
+    feed.source = options.data_source;
+    feed.mean_file = options.mean_file;
+    feed.batch_size = options.batch_size;
+    feed.seed = detail::mix_seeds(options.seed, static_cast<std::uint64_t>(index) + 0x1000);
+    try {
+      nl.feed = detail::open_data_feed(param, feed);
+    } catch (const Error& error) {
+      detail::fail("{}: {}", origin, error.what());
+    }
+    top_shapes = nl.feed->top_shapes();
+  } else if (type == "Input") {
+    nl.kind = Kind::input;
+    const auto& shapes = param.input_param().shape();
+    HN_CHECK(shapes.size() == 1 || shapes.size() == param.top_size(),
+             "{}: {} tops need one input_param shape or one per top, got {}", where(index),
+             param.top_size(), shapes.size());
+    for (int i = 0; i < param.top_size(); ++i) {
+      top_shapes.push_back(
+          with_batch(detail::shape_of(shapes.size() == 1 ? shapes[0] : shapes[i])));
+    }
+  } else if (type == "DummyData") {
+    nl.kind = Kind::dummy;
+    const pb::DummyDataParameter& dummy = param.dummy_data_param();
+    const int tops = param.top_size();
+    const int legacy = dummy.num_size();
+    HN_CHECK(dummy.shape_size() == 0 || legacy == 0,
+             "{}: give DummyData shapes either as shape or as num/channels/height/width",
+             where(index));
+    const int shapes = dummy.shape_size() > 0 ? dummy.shape_size() : legacy;
+    HN_CHECK(shapes == 1 || shapes == tops, "{}: {} tops need 1 or {} shapes, got {}", where(index),
+             tops, tops, shapes);
+    HN_CHECK(dummy.data_filler_size() <= 1 || dummy.data_filler_size() == tops,
+             "{}: {} tops need 0, 1 or {} data_fillers, got {}", where(index), tops, tops,
+             dummy.data_filler_size());
+    for (int i = 0; i < tops; ++i) {
+      const int s = shapes == 1 ? 0 : i;
+      Shape shape;
+      if (dummy.shape_size() > 0) {
+        shape = detail::shape_of(dummy.shape(s));
+      } else {
+        HN_CHECK(dummy.channels_size() == legacy && dummy.height_size() == legacy &&
+                     dummy.width_size() == legacy,
+                 "{}: num, channels, height and width need the same count", where(index));
+        shape = Shape({dummy.num(s), dummy.channels(s), dummy.height(s), dummy.width(s)});
+      }
+      top_shapes.push_back(with_batch(shape));
+      pb::FillerParameter filler;  // Caffe's default: constant 0
+      if (dummy.data_filler_size() == 1) filler = dummy.data_filler(0);
+      if (dummy.data_filler_size() > 1) filler = dummy.data_filler(i);
+      nl.dummy_fillers.push_back(filler);
+    }
+  } else if (detail::is_data_layer_type(type)) {
+    detail::fail(
+        "{}: data layer type '{}' is not supported (it needs an image decoder or HDF5); convert "
+        "the data to LMDB, IDX or CIFAR-10 binary and use a Data layer",
+        where(index), type);
+  } else {
+    nl.kind = Kind::compute;
+    const std::vector<std::string> known = known_layer_types();
+    HN_CHECK(std::find(known.begin(), known.end(), type) != known.end(),
+             "{}: layer '{}': unknown layer type '{}'; known types: {}", origin, param.name(), type,
+             fmt::join(known, ", "));
+    try {
+      nl.layer = detail::make_layer(param);
+    } catch (const Error& error) {
+      detail::fail("{}: {}", origin, error.what());
+    }
+    std::vector<bool> in_place;
+    for (int i = 0; i < param.top_size(); ++i)
+      in_place.push_back(i < param.bottom_size() && param.top(i) == param.bottom(i));
+    nl.layer->set_in_place(std::move(in_place));
+    try {
+      top_shapes = nl.layer->setup(bottom_shapes);
+    } catch (const Error& error) {
+      detail::fail("{}: {}", origin, error.what());
+    }
+    HN_CHECK(static_cast<int>(top_shapes.size()) == param.top_size(),
+             "{}: produces {} outputs but the prototxt names {} tops", where(index),
+             top_shapes.size(), param.top_size());
+  }
+
+  // Tops: in place when the name equals the bottom at the same position.
+  for (int i = 0; i < param.top_size(); ++i) {
+    const std::string& top = param.top(i);
+    int in_place = -1;
+    for (int b = 0; b < param.bottom_size(); ++b) {
+      if (param.bottom(b) == top) {
+        HN_CHECK(b == i && nl.layer && nl.layer->allows_in_place(),
+                 "{}: top '{}' is computed in place over bottom {}, which this layer does not "
+                 "allow",
+                 where(index), top, b);
+        in_place = nl.bottoms[b];
+      }
+    }
+    auto it = latest.find(top);
+    if (in_place < 0 && it != latest.end()) {
+      // Allowed only for a layer that was in place over a blob now reached through a Split.
+      const bool was_in_place = i < param.bottom_size() &&
+                                param.bottom(i).rfind(top + "_", 0) == 0 &&
+                                layers[blobs[nl.bottoms[i]].producer].kind == Kind::split;
+      HN_CHECK(was_in_place, "{}: top '{}' is already produced by layer '{}'", where(index), top,
+               layers[blobs[it->second].producer].param.name());
+    }
+    const int version = add_top(index, top, top_shapes[i], in_place);
+    if (nl.kind == Kind::split) blobs[version].data_group = blobs[nl.bottoms[0]].data_group;
+    nl.tops.push_back(version);
+  }
+
+  // Loss weights: explicit, or 1 on a loss layer's first top.
+  const bool loss_layer = nl.layer && nl.layer->is_loss();
+  HN_CHECK(param.loss_weight_size() == 0 || param.loss_weight_size() == param.top_size(),
+           "{}: {} loss_weight values for {} tops", where(index), param.loss_weight_size(),
+           param.top_size());
+  for (int i = 0; i < param.top_size(); ++i) {
+    float weight = loss_layer && i == 0 ? 1.0f : 0.0f;
+    if (param.loss_weight_size() > 0) weight = param.loss_weight(i);
+    nl.loss_weights.push_back(weight);
+  }
+  if (batch == 0 && (nl.kind == Kind::feed || nl.kind == Kind::input || nl.kind == Kind::dummy) &&
+      !top_shapes.empty() && top_shapes[0].axes() > 0) {
+    batch = top_shapes[0][0];
+  }
+}
+
+void Net::Impl::decide_backward() {
+  // Forward: a layer needs backward when a bottom needs it or it has a learnable parameter
+  // (lr_mult != 0); its tops then need it too.
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    NetLayer& nl = layers[l];
+    bool needs = false;
+    for (int b : nl.bottoms)
+      needs = needs || blobs[b].needs_backward;
+    if (nl.layer) {
+      for (std::size_t p = 0; p < nl.layer->params().size(); ++p) {
+        float lr_mult = 1.0f;
+        if (static_cast<int>(p) < nl.param.param_size()) lr_mult = nl.param.param(p).lr_mult();
+        if (std::string(nl.layer->type()) == "BatchNorm") lr_mult = 0.0f;
+        needs = needs || lr_mult != 0.0f;
+      }
+    }
+    nl.needs_backward = needs;
+    for (int t : nl.tops)
+      blobs[t].needs_backward = needs;
+  }
+  // Backward: only layers whose outputs reach a loss do backward (Caffe's pruning).
+  for (int l = static_cast<int>(layers.size()) - 1; l >= 0; --l) {
+    NetLayer& nl = layers[l];
+    bool contributes = false;
+    for (std::size_t t = 0; t < nl.tops.size(); ++t) {
+      if (nl.loss_weights[t] != 0.0f || blobs[nl.tops[t]].under_loss) contributes = true;
+    }
+    if (!contributes) nl.needs_backward = false;
+    if (contributes)
+      for (int b : nl.bottoms)
+        blobs[b].under_loss = true;
+  }
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    NetLayer& nl = layers[l];
+    if (options.force_backward && (nl.kind == Kind::compute || nl.kind == Kind::split)) {
+      nl.needs_backward = true;
+    }
+    nl.propagate_down.assign(nl.bottoms.size(), false);
+    for (std::size_t b = 0; b < nl.bottoms.size(); ++b) {
+      const BlobVersion& blob = blobs[nl.bottoms[b]];
+      bool down = nl.needs_backward && (blob.needs_backward || options.force_backward);
+      if (nl.layer && !nl.layer->can_propagate_down(static_cast<int>(b))) down = false;
+      if (b < static_cast<std::size_t>(nl.param.propagate_down_size()) &&
+          !nl.param.propagate_down(static_cast<int>(b))) {
+        down = false;
+      }
+      nl.propagate_down[b] = down;
+    }
+  }
+}
+
+void Net::Impl::set_up_params() {
+  struct Owner {
+    int layer;
+    int index;
+  };
+  std::map<std::string, Owner> shared;
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    NetLayer& nl = layers[l];
+    if (!nl.layer) continue;
+    std::vector<Tensor>& own = nl.layer->params();
+    const bool batch_norm = std::string(nl.layer->type()) == "BatchNorm";
+    HN_CHECK(nl.param.param_size() <= static_cast<int>(own.size()),
+             "{}: {} param specs for {} parameters", where(static_cast<int>(l)),
+             nl.param.param_size(), own.size());
+    for (std::size_t p = 0; p < own.size(); ++p) {
+      pb::ParamSpec spec;
+      if (static_cast<int>(p) < nl.param.param_size()) spec = nl.param.param(p);
+      if (batch_norm) {  // Caffe keeps BatchNorm's statistics out of the solver.
+        spec.set_lr_mult(0.0f);
+        spec.set_decay_mult(0.0f);
+      }
+      Tensor* tensor = &own[p];
+      bool owner = true;
+      if (!spec.name().empty()) {
+        auto it = shared.find(spec.name());
+        if (it != shared.end()) {
+          Tensor* source = layers[it->second.layer].params[it->second.index];
+          const bool permissive = spec.share_mode() == pb::ParamSpec::PERMISSIVE;
+          HN_CHECK(
+              permissive ? source->count() == tensor->count() : source->shape() == tensor->shape(),
+              "{}: shared parameter '{}' has shape {} here but {} in layer '{}'",
+              where(static_cast<int>(l)), spec.name(), tensor->shape().to_string(),
+              source->shape().to_string(), layers[it->second.layer].param.name());
+          tensor = source;
+          owner = false;
+        } else {
+          shared[spec.name()] = Owner{static_cast<int>(l), static_cast<int>(p)};
+        }
+      }
+      nl.params.push_back(tensor);
+      nl.owns_param.push_back(owner);
+      if (!owner) continue;
+      // Fillers, per Caffe's layers: weights then bias.
+      const std::string& type = nl.param.type();
+      const pb::FillerParameter* filler = nullptr;
+      if (type == "Convolution") {
+        filler = p == 0 ? &nl.param.convolution_param().weight_filler()
+                        : &nl.param.convolution_param().bias_filler();
+      } else if (type == "InnerProduct") {
+        filler = p == 0 ? &nl.param.inner_product_param().weight_filler()
+                        : &nl.param.inner_product_param().bias_filler();
+      }
+      if (filler != nullptr) {
+        detail::fill(*filler, tensor->shape(), tensor->host_data_mut(),
+                     detail::mix_seeds(options.seed, (static_cast<std::uint64_t>(l) << 8) | p),
+                     fmt::format("{} parameter {}", where(static_cast<int>(l)), p));
+      }
+      NetParam np;
+      np.name = spec.name().empty() ? fmt::format("{}.{}", nl.param.name(), p) : spec.name();
+      np.layer = nl.param.name();
+      np.index = static_cast<int>(p);
+      np.tensor = tensor;
+      np.lr_mult = spec.lr_mult();
+      np.decay_mult = spec.decay_mult();
+      learnable.push_back(np);
+    }
+  }
+}
+
+}  // namespace hn

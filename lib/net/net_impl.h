@@ -1,0 +1,143 @@
+// The Net's insides, shared by its files: net_build.cpp builds the graph from a Caffe
+// NetParameter for one phase, net_memory.cpp plans the blobs' memory, net_weights.cpp
+// reads and writes .caffemodel weights, net.cpp runs it through the scheduler.
+//
+// Blobs are versions: an in-place layer produces a new version of its bottom's name that
+// shares the bottom's memory, so the graph stays acyclic and `blob(name)` is the latest
+// version. A blob consumed by several layers gets a Split, as in Caffe; the split's tops
+// alias the bottom's values and own their gradients, which the split sums in backward.
+// Memory: every blob version belongs to a data group and a gradient group (in-place chains
+// and split aliases share groups); each group is live over an interval of the
+// forward-then-backward schedule, and groups whose intervals do not overlap share memory.
+#pragma once
+
+#include "hybridnn/net.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "lib/core/check.h"
+#include "lib/core/philox.h"
+#include "lib/core/transfer.h"
+#include "lib/core/worker.h"
+#include "lib/data/data.h"
+#include "lib/net/filler.h"
+#include "lib/net/layer_factory.h"
+#include "lib/proto/prototxt.h"
+#include "lib/scheduler/scheduler.h"
+
+namespace hn {
+
+namespace pb = hybridnn::proto;
+
+namespace detail {
+
+enum class Kind { compute, feed, input, dummy, split };
+
+struct BlobVersion {
+  std::string name;
+  Shape shape;
+  int producer = -1;
+  std::vector<int> consumers;
+  int data_group = -1, diff_group = -1;
+  bool needs_backward = false;
+  bool under_loss = false;
+  bool keep = false;  // net output or asked for: its memory is never reused
+};
+
+struct NetLayer {
+  pb::LayerParameter param;
+  Kind kind = Kind::compute;
+  std::unique_ptr<Layer> layer;  // compute layers
+  std::unique_ptr<detail::DataFeed> feed;
+  std::vector<int> bottoms, tops;   // blob versions
+  std::vector<float> loss_weights;  // per top
+  std::vector<Tensor*> params;      // resolved: own or shared
+  std::vector<bool> owns_param;     // false when shared from another layer
+  std::vector<pb::FillerParameter> dummy_fillers;
+  std::vector<bool> propagate_down;
+  bool needs_backward = false;
+  Split split;  // resolved: empty = the whole batch on the Net's driver
+  // An automatic split: measured among auto_devices at the first forward (calibrated).
+  bool automatic = false, calibrated = false;
+  std::vector<Device> auto_devices;
+};
+
+struct Group {
+  std::size_t bytes = 0;
+  int first = std::numeric_limits<int>::max(), last = -1;  // schedule steps
+  bool pinned = false;  // never shared (outputs, gradients that must start at zero)
+  int slot = -1;
+};
+
+}  // namespace detail
+
+using detail::BlobVersion;
+using detail::Group;
+using detail::Kind;
+using detail::NetLayer;
+
+struct Net::Impl {
+  Runtime* runtime = nullptr;
+  Driver* driver = nullptr;
+  NetOptions options;
+  std::string origin;  // the prototxt path or the caller's name for the text
+  std::string name;
+  std::vector<NetLayer> layers;
+  std::vector<BlobVersion> blobs;
+  std::map<std::string, int> latest;  // blob name -> latest version
+  std::vector<Group> groups;
+  std::vector<std::unique_ptr<SyncedMemory>> slots;
+  std::vector<NetParam> learnable;
+  index_t batch = 0;
+  std::uint64_t iteration_seed = 0;
+  std::uint64_t data_batch = 0;
+  float last_loss = 0.0f;
+  std::size_t bytes_with_reuse = 0, bytes_without_reuse = 0;
+
+  void build(pb::NetParameter net);
+  void add_layer(const pb::LayerParameter& param);
+  int add_top(int layer_index, const std::string& top, const Shape& shape, int in_place_bottom);
+  void decide_backward();
+  void set_up_params();
+  void plan_memory();
+  // `shape` with axis 0 replaced by options.batch_size when that is set.
+  Shape with_batch(const Shape& shape) const {
+    if (options.batch_size <= 0 || shape.axes() == 0) return shape;
+    std::vector<index_t> dims = shape.dims();
+    dims[0] = options.batch_size;
+    return Shape(std::move(dims));
+  }
+  std::string where(int layer) const {
+    return fmt::format("{}: layer '{}' ({})", origin, layers[layer].param.name(),
+                       layers[layer].param.type());
+  }
+
+  SyncedMemory& data_of(int blob) { return *slots[groups[blobs[blob].data_group].slot]; }
+  SyncedMemory& diff_of(int blob) { return *slots[groups[blobs[blob].diff_group].slot]; }
+
+  // Layer `index`'s call forward or backward, for the scheduler.
+  detail::LayerCall call_of(int index, bool backward);
+  // Runs compute layer `index` forward or backward, cut per its split.
+  void run_compute(int index, bool backward);
+  // Measures layer `index`'s automatic split on its current inputs.
+  void calibrate_layer(int index);
+  const Split& upstream_split(int blob) const;
+  std::function<void(const std::string&, const Split&)> on_calibrated;
+
+  std::unique_ptr<detail::Scheduler> scheduler;
+  std::vector<LayerProfile> profiles;  // per layer
+  void forward_layer(int index);
+  void backward_layer(int index);
+  void fill_dummy(NetLayer& layer);
+};
+
+}  // namespace hn

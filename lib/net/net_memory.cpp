@@ -1,0 +1,120 @@
+// The Net's memory plan: blob versions grouped by shared memory, each group live over an
+// interval of the forward-then-backward schedule; groups whose intervals do not overlap
+// share a slot.
+#include "lib/net/net_impl.h"
+
+namespace hn {
+
+void Net::Impl::plan_memory() {
+  const int n = static_cast<int>(layers.size());
+  bool any_backward = false;
+  for (const NetLayer& nl : layers)
+    any_backward = any_backward || nl.needs_backward;
+  // Steps: forward of layer l = 2l; loss gradients are set at 2n; backward of layer l =
+  // 2n + 1 + 2(n - 1 - l).
+  auto fwd = [](int l) { return 2 * l; };
+  auto bwd = [n](int l) { return 2 * n + 1 + 2 * (n - 1 - l); };
+  auto touch = [&](int group, int step) {
+    Group& g = groups[group];
+    g.first = std::min(g.first, step);
+    g.last = std::max(g.last, step);
+  };
+  for (std::size_t b = 0; b < blobs.size(); ++b) {
+    const BlobVersion& blob = blobs[b];
+    touch(blob.data_group, fwd(blob.producer));
+    for (int c : blob.consumers) {
+      touch(blob.data_group, fwd(c));
+      if (layers[c].needs_backward) touch(blob.data_group, bwd(c));
+    }
+    if (layers[blob.producer].needs_backward) touch(blob.data_group, bwd(blob.producer));
+    // Input and DummyData values are written once (by the caller, or by a constant filler)
+    // and read every iteration; the caller reads Input gradients.
+    const Kind source = layers[blob.producer].kind;
+    const bool input = source == Kind::input || source == Kind::dummy;
+    if (blob.keep || input || !options.reuse_memory) groups[blob.data_group].pinned = true;
+    // Gradients: written by the consumer's backward (or set as a loss weight), read by the
+    // producer's backward. A top whose gradient nothing writes must read as zeros: pinned.
+    Group& diff = groups[blob.diff_group];
+    const NetLayer& producer = layers[blob.producer];
+    if (!any_backward) continue;
+    bool written = false;
+    for (int c : blob.consumers) {
+      for (std::size_t i = 0; i < layers[c].bottoms.size(); ++i) {
+        if (layers[c].bottoms[i] == static_cast<int>(b) && layers[c].propagate_down[i]) {
+          touch(blob.diff_group, bwd(c));
+          written = true;
+        }
+      }
+    }
+    for (std::size_t t = 0; t < producer.tops.size(); ++t) {
+      if (producer.tops[t] == static_cast<int>(b) && producer.loss_weights[t] != 0.0f) {
+        touch(blob.diff_group, 2 * n);
+        written = true;
+      }
+    }
+    if (producer.needs_backward) touch(blob.diff_group, bwd(blob.producer));
+    if (!written || blob.keep || input || !options.reuse_memory) diff.pinned = true;
+  }
+  // Groups never touched (no backward) need no memory; the rest are placed first-fit.
+  std::vector<int> order;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    bytes_without_reuse += groups[g].last >= 0 ? groups[g].bytes : 0;
+    if (groups[g].last >= 0) order.push_back(static_cast<int>(g));
+  }
+  std::sort(order.begin(), order.end(), [&](int a, int b) {
+    return groups[a].first != groups[b].first ? groups[a].first < groups[b].first : a < b;
+  });
+  struct Slot {
+    std::size_t bytes = 0;
+    int free_after = -1;
+    bool pinned = false;
+  };
+  std::vector<Slot> plan;
+  for (int g : order) {
+    Group& group = groups[g];
+    int chosen = -1;
+    if (!group.pinned) {
+      for (std::size_t s = 0; s < plan.size(); ++s) {
+        if (plan[s].pinned || plan[s].free_after >= group.first) continue;
+        // Prefer the slot that needs the least growth.
+        if (chosen < 0 || (plan[s].bytes >= group.bytes) > (plan[chosen].bytes >= group.bytes) ||
+            ((plan[s].bytes >= group.bytes) == (plan[chosen].bytes >= group.bytes) &&
+             plan[s].bytes < plan[chosen].bytes)) {
+          chosen = static_cast<int>(s);
+        }
+      }
+    }
+    if (chosen < 0) {
+      chosen = static_cast<int>(plan.size());
+      plan.push_back(Slot{});
+      plan.back().pinned = group.pinned;
+    }
+    plan[chosen].bytes = std::max(plan[chosen].bytes, group.bytes);
+    plan[chosen].free_after = group.pinned ? std::numeric_limits<int>::max() : group.last;
+    group.slot = chosen;
+  }
+  // Groups nothing touches (gradients in a net without backward) share an empty memory.
+  const int unused = static_cast<int>(plan.size());
+  plan.push_back(Slot{0, std::numeric_limits<int>::max(), true});
+  for (Group& group : groups) {
+    if (group.slot < 0) group.slot = unused;
+  }
+  for (const Slot& slot : plan) {
+    slots.push_back(std::make_unique<SyncedMemory>(slot.bytes));
+    bytes_with_reuse += slot.bytes;
+  }
+  // One workspace for every layer: the largest need.
+  std::size_t workspace_bytes = 0;
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    const NetLayer& nl = layers[l];
+    if (!nl.layer) continue;
+    index_t rows = batch;
+    if (!nl.bottoms.empty() && blobs[nl.bottoms[0]].shape.axes() > 0) {
+      rows = blobs[nl.bottoms[0]].shape[0];
+    }
+    workspace_bytes = std::max(workspace_bytes, nl.layer->workspace_bytes(*driver, rows));
+  }
+  scheduler->reserve_workspace(workspace_bytes);
+}
+
+}  // namespace hn

@@ -1,0 +1,92 @@
+// The Net's weights in and out: sharing trained layers with another net, reading a
+// .caffemodel (new and V1 layer formats) and writing one.
+#include "lib/net/net_impl.h"
+
+namespace hn {
+
+void Net::share_trained_layers_with(const Net& other) {
+  for (NetLayer& nl : impl_->layers) {
+    if (!nl.layer) continue;
+    for (const NetLayer& source : other.impl_->layers) {
+      if (source.param.name() != nl.param.name() || !source.layer) continue;
+      HN_CHECK(source.params.size() == nl.params.size(),
+               "sharing weights of layer '{}': {} parameters here, {} in net '{}'", nl.param.name(),
+               nl.params.size(), source.params.size(), other.name());
+      for (std::size_t p = 0; p < nl.params.size(); ++p) {
+        HN_CHECK(source.params[p]->shape() == nl.params[p]->shape(),
+                 "sharing weights of layer '{}': parameter {} is {} here but {} in net '{}'",
+                 nl.param.name(), p, nl.params[p]->shape().to_string(),
+                 source.params[p]->shape().to_string(), other.name());
+        Tensor* old = nl.params[p];
+        nl.params[p] = source.params[p];
+        for (NetParam& np : impl_->learnable)
+          if (np.tensor == old) np.tensor = source.params[p];
+      }
+    }
+  }
+}
+
+void Net::copy_trained_layers_from(const std::string& caffemodel_path) {
+  pb::NetParameter model;
+  detail::read_binary_proto(caffemodel_path, model);
+  auto copy_layer = [&](const std::string& layer_name,
+                        const google::protobuf::RepeatedPtrField<pb::BlobProto>& blobs) {
+    for (NetLayer& nl : impl_->layers) {
+      if (nl.param.name() != layer_name || !nl.layer) continue;
+      if (blobs.empty()) continue;
+      HN_CHECK(blobs.size() == static_cast<int>(nl.params.size()),
+               "{}: layer '{}' has {} parameter blobs in the file but {} in the net",
+               caffemodel_path, layer_name, blobs.size(), nl.params.size());
+      for (int p = 0; p < blobs.size(); ++p) {
+        const pb::BlobProto& blob = blobs[p];
+        Tensor& tensor = *nl.params[p];
+        HN_CHECK(detail::blob_shape_matches(blob, tensor.shape()),
+                 "{}: layer '{}' parameter {} is {} in the file but {} in the net", caffemodel_path,
+                 layer_name, p, detail::blob_shape(blob).to_string(), tensor.shape().to_string());
+        const index_t count = tensor.count();
+        float* data = tensor.host_data_mut();
+        if (blob.double_data_size() > 0) {
+          HN_CHECK(blob.double_data_size() == count,
+                   "{}: layer '{}' parameter {} holds {} values, its shape needs {}",
+                   caffemodel_path, layer_name, p, blob.double_data_size(), count);
+          for (index_t i = 0; i < count; ++i)
+            data[i] = static_cast<float>(blob.double_data(static_cast<int>(i)));
+        } else {
+          HN_CHECK(blob.data_size() == count,
+                   "{}: layer '{}' parameter {} holds {} values, its shape needs {}",
+                   caffemodel_path, layer_name, p, blob.data_size(), count);
+          std::copy(blob.data().begin(), blob.data().end(), data);
+        }
+      }
+    }
+  };
+  for (const pb::LayerParameter& layer : model.layer())
+    copy_layer(layer.name(), layer.blobs());
+  for (const pb::V1LayerParameter& layer : model.layers())
+    copy_layer(layer.name(), layer.blobs());
+}
+
+void Net::save(const std::string& caffemodel_path, bool write_diff) const {
+  pb::NetParameter model;
+  model.set_name(impl_->name);
+  for (const NetLayer& nl : impl_->layers) {
+    if (nl.kind == Kind::split) continue;
+    pb::LayerParameter* layer = model.add_layer();
+    *layer = nl.param;
+    layer->clear_blobs();
+    for (Tensor* param : nl.params) {
+      pb::BlobProto* blob = layer->add_blobs();
+      for (index_t d : param->shape().dims())
+        blob->mutable_shape()->add_dim(d);
+      const float* data = param->host_data();
+      blob->mutable_data()->Add(data, data + param->count());
+      if (write_diff) {
+        const float* diff = param->host_diff();
+        blob->mutable_diff()->Add(diff, diff + param->count());
+      }
+    }
+  }
+  detail::write_binary_proto(caffemodel_path, model);
+}
+
+}  // namespace hn
