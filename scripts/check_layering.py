@@ -36,6 +36,8 @@ PLACES = {
     "include/hybridnn/version.h": "core",
     "include/hybridnn/runtime.h": "core",
     "include/hybridnn/shapes.h": "core",
+    "include/hybridnn/solver_update.h": "core",
+    "include/hybridnn/driver_calls.def": "core",
     "include/hybridnn/tensor.h": "core",
     "drivers/": "drivers",
     "layers/": "layers",

@@ -197,9 +197,9 @@ TEST_CASE("a device worker runs every task on one thread of its own") {
 
 TEST_CASE("a runtime keeps one device thread per driver") {
   TwoDrivers d;
-  detail::DeviceWorker& device = d.runtime.device_thread(*d.device);
-  CHECK(&d.runtime.device_thread(*d.device) == &device);
-  CHECK(&d.runtime.device_thread(*d.host) != &device);
+  detail::DeviceWorker& device = detail::RuntimeThreads::of(d.runtime, *d.device);
+  CHECK(&detail::RuntimeThreads::of(d.runtime, *d.device) == &device);
+  CHECK(&detail::RuntimeThreads::of(d.runtime, *d.host) != &device);
   // Two nets splitting onto the same device use its one thread.
   NetOptions options;
   options.split = Split::parse("reference:0.5,reference:1:0.5");

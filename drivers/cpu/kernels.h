@@ -9,6 +9,7 @@
 
 #include "drivers/cpu/parallel.h"
 #include "hybridnn/shapes.h"
+#include "hybridnn/solver_update.h"
 
 namespace hn::detail::cpu {
 

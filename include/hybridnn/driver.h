@@ -24,6 +24,7 @@
 
 #include "hybridnn/device.h"
 #include "hybridnn/shapes.h"
+#include "hybridnn/solver_update.h"
 
 namespace hn {
 

@@ -182,9 +182,8 @@ class Net {
   std::size_t activation_bytes() const;
   std::size_t activation_bytes_without_reuse() const;
 
-  struct Impl;
-
  private:
+  struct Impl;  // lib/net/net_impl.h
   Net(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -17,7 +17,8 @@ namespace hn {
 
 namespace detail {
 class DeviceWorker;
-}
+struct RuntimeThreads;
+}  // namespace detail
 
 // Builds the driver for `device` from its registry entry (driver_registry.h). Throws
 // hn::Error when the device does not exist on this machine or this build (e.g. "cuda:0"
@@ -58,11 +59,11 @@ class Runtime {
   // Dereferences `pointer` for `driver` (see View).
   View view(const Pointer& pointer, Driver& driver, Access access);
 
-  // The long-lived host thread that issues `driver`'s slices of split layers, started at
-  // the first call and joined with the Runtime (internal: the Net's scheduler uses it).
+ private:
+  // The scheduler's device threads (lib/core/worker.h).
+  friend struct detail::RuntimeThreads;
   detail::DeviceWorker& device_thread(Driver& driver);
 
- private:
   // The driver whose own memory holds `device`'s data; nullptr for host memory.
   Driver* owner(const Device& device) const;
 

@@ -105,9 +105,8 @@ class Solver {
   int num_test_nets() const;
   Net& test_net(int index);
 
-  struct Impl;
-
  private:
+  struct Impl;  // lib/solver/solver.cpp
   std::unique_ptr<Impl> impl_;
 };
 

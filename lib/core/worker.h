@@ -1,5 +1,5 @@
 // DeviceWorker: the long-lived host thread that issues one driver's slices of split layers
-// (Runtime::device_thread). A driver serves one thread at a time (driver.h); giving each
+// (RuntimeThreads::of). A driver serves one thread at a time (driver.h); giving each
 // driver its own thread for the life of the Runtime lets the slices of a layer run at the
 // same time without a thread per call, and keeps per-thread runtime state (OpenMP teams,
 // CUDA contexts) warm.
@@ -11,6 +11,8 @@
 #include <mutex>
 #include <thread>
 #include <utility>
+
+#include "hybridnn/runtime.h"
 
 namespace hn::detail {
 
@@ -74,6 +76,14 @@ class DeviceWorker {
   bool busy_ = false, stop_ = false;
   std::exception_ptr error_;
   std::thread thread_;  // last: starts once the members above exist
+};
+
+// The long-lived host thread that issues `driver`'s slices of split layers, one per driver
+// of a Runtime, started at the first call and joined with the Runtime.
+struct RuntimeThreads {
+  static DeviceWorker& of(Runtime& runtime, Driver& driver) {
+    return runtime.device_thread(driver);
+  }
 };
 
 }  // namespace hn::detail

@@ -215,7 +215,7 @@ void Scheduler::run_on(Driver& on, const std::function<void()>& task) {
     return;
   }
   HN_CHECK(runtime_ != nullptr, "no runtime gives {} a device thread", on.name());
-  DeviceWorker& thread = runtime_->device_thread(on);
+  DeviceWorker& thread = RuntimeThreads::of(*runtime_, on);
   thread.submit(task);
   if (std::exception_ptr error = thread.wait()) std::rethrow_exception(error);
 }
@@ -281,8 +281,9 @@ std::vector<SliceRun> Scheduler::run_slices(const LayerCall& call, bool backward
   }
   for (SliceRun& run : runs) {
     if (run.on != &home_)
-      runtime_->device_thread(*run.on).submit(
-          [&layer, &run, backward] { compute(layer, run, backward); });
+      RuntimeThreads::of(*runtime_, *run.on).submit([&layer, &run, backward] {
+        compute(layer, run, backward);
+      });
   }
   std::exception_ptr error;
   const Driver* failed_on = nullptr;
@@ -298,7 +299,7 @@ std::vector<SliceRun> Scheduler::run_slices(const LayerCall& call, bool backward
   // Every thread is waited for before anything is rethrown: they use `runs`.
   for (SliceRun& run : runs) {
     if (run.on == &home_) continue;
-    std::exception_ptr failed = runtime_->device_thread(*run.on).wait();
+    std::exception_ptr failed = RuntimeThreads::of(*runtime_, *run.on).wait();
     if (failed && !error) {
       error = failed;
       failed_on = run.on;
@@ -395,7 +396,7 @@ void Scheduler::reduce_partials(const LayerCall& call, std::vector<SliceRun>& ru
     on.synchronize();
   };
   for (std::size_t h = 1; h < helpers.size(); ++h)
-    runtime_->device_thread(*helpers[h]).submit([&share, h] { share(h); });
+    RuntimeThreads::of(*runtime_, *helpers[h]).submit([&share, h] { share(h); });
   std::exception_ptr error;
   try {
     share(0);
@@ -403,7 +404,7 @@ void Scheduler::reduce_partials(const LayerCall& call, std::vector<SliceRun>& ru
     error = std::current_exception();
   }
   for (std::size_t h = 1; h < helpers.size(); ++h) {
-    std::exception_ptr failed = runtime_->device_thread(*helpers[h]).wait();
+    std::exception_ptr failed = RuntimeThreads::of(*runtime_, *helpers[h]).wait();
     if (failed && !error) error = failed;
   }
   if (error) std::rethrow_exception(error);

@@ -12,6 +12,7 @@
 #include "drivers/cuda/kernels/pooling.cuh"
 #include "drivers/cuda/kernels/reductions.cuh"
 #include "hybridnn/shapes.h"
+#include "hybridnn/solver_update.h"
 
 namespace hn::detail::cuda {
 

@@ -6,6 +6,7 @@
 #include <math.h>
 
 #include "hybridnn/shapes.h"
+#include "hybridnn/solver_update.h"
 #include "lib/core/philox.h"  // HN_HOST_DEVICE
 
 namespace hn::detail::cuda {
