@@ -87,16 +87,10 @@ void CoreDriver::do_gemm(Transpose trans_a, Transpose trans_b, index_t m, index_
   }
 }
 
-// Column (n, oh, ow) of row (c, kh, kw): the input pixel it reads, or -1 in the padding.
-static index_t lowered_pixel(const LoweringShape& s, index_t c, index_t kh, index_t kw, index_t n,
-                             index_t oh, index_t ow) {
-  const index_t h = oh * s.stride_h - s.pad_h + kh * s.dilation_h;
-  const index_t w = ow * s.stride_w - s.pad_w + kw * s.dilation_w;
-  if (h < 0 || h >= s.height || w < 0 || w >= s.width) return -1;
-  return ((n * s.channels + c) * s.height + h) * s.width + w;
-}
-
-void CoreDriver::do_im2col(const LoweringShape& s, const float* images, float* columns) {
+// Calls visit(pixel, entry) for every entry of the lowered matrix in order: rows (c, kh,
+// kw), columns (n, oh, ow); pixel is the input it reads, or -1 in the padding.
+template <class Visit>
+static void lowered(const LoweringShape& s, Visit visit) {
   index_t entry = 0;
   for (index_t c = 0; c < s.channels; ++c)
     for (index_t kh = 0; kh < s.kernel_h; ++kh)
@@ -104,23 +98,23 @@ void CoreDriver::do_im2col(const LoweringShape& s, const float* images, float* c
         for (index_t n = 0; n < s.batch; ++n)
           for (index_t oh = 0; oh < s.out_h(); ++oh)
             for (index_t ow = 0; ow < s.out_w(); ++ow, ++entry) {
-              const index_t pixel = lowered_pixel(s, c, kh, kw, n, oh, ow);
-              columns[entry] = pixel < 0 ? 0.0f : images[pixel];
+              const index_t h = oh * s.stride_h - s.pad_h + kh * s.dilation_h;
+              const index_t w = ow * s.stride_w - s.pad_w + kw * s.dilation_w;
+              const bool inside = h >= 0 && h < s.height && w >= 0 && w < s.width;
+              visit(inside ? ((n * s.channels + c) * s.height + h) * s.width + w : -1, entry);
             }
+}
+
+void CoreDriver::do_im2col(const LoweringShape& s, const float* images, float* columns) {
+  lowered(s,
+          [&](index_t pixel, index_t entry) { columns[entry] = pixel < 0 ? 0.0f : images[pixel]; });
 }
 
 void CoreDriver::do_col2im(const LoweringShape& s, const float* columns, float* images) {
   std::memset(images, 0, static_cast<std::size_t>(s.image_count()) * sizeof(float));
-  index_t entry = 0;
-  for (index_t c = 0; c < s.channels; ++c)
-    for (index_t kh = 0; kh < s.kernel_h; ++kh)
-      for (index_t kw = 0; kw < s.kernel_w; ++kw)
-        for (index_t n = 0; n < s.batch; ++n)
-          for (index_t oh = 0; oh < s.out_h(); ++oh)
-            for (index_t ow = 0; ow < s.out_w(); ++ow, ++entry) {
-              const index_t pixel = lowered_pixel(s, c, kh, kw, n, oh, ow);
-              if (pixel >= 0) images[pixel] += columns[entry];
-            }
+  lowered(s, [&](index_t pixel, index_t entry) {
+    if (pixel >= 0) images[pixel] += columns[entry];
+  });
 }
 
 void CoreDriver::do_fill(index_t n, float value, float* x) {

@@ -4,6 +4,7 @@
 #include "hybridnn/driver.h"
 
 #include <cmath>
+#include <initializer_list>
 #include <utility>
 
 #include "lib/core/check.h"
@@ -26,6 +27,20 @@ std::size_t matrix_bytes(index_t rows, index_t cols, index_t ld) {
 
 std::size_t floats(index_t n) {
   return static_cast<std::size_t>(n) * kFloat;
+}
+
+// The operands of an element-wise call on n floats per array: `reads`, then `updates`.
+DriverOperands per_element(const char* call, index_t n,
+                           std::initializer_list<std::pair<const char*, const void*>> reads,
+                           std::initializer_list<std::pair<const char*, const void*>> updates) {
+  check_count(call, "n", n);
+  DriverOperands ops;
+  for (const auto& [name, address] : reads)
+    ops.read(name, address, floats(n));
+  for (const auto& [name, address] : updates)
+    ops.update(name, address, floats(n));
+  ops.work = n > 0;
+  return ops;
 }
 
 }  // namespace
@@ -245,64 +260,31 @@ DriverOperands Driver::conv_backward_weights_operands(const LoweringShape& shape
 // ---- element-wise and reductions ---------------------------------------------------
 
 DriverOperands Driver::fill_operands(index_t n, float, float* x) const {
-  DriverOperands ops;
-  check_count("fill", "n", n);
-  ops.update("x", x, floats(n));
-  ops.work = n > 0;
-  return ops;
+  return per_element("fill", n, {}, {{"x", x}});
 }
 
 DriverOperands Driver::scale_operands(index_t n, float, float* x) const {
-  DriverOperands ops;
-  check_count("scale", "n", n);
-  ops.update("x", x, floats(n));
-  ops.work = n > 0;
-  return ops;
+  return per_element("scale", n, {}, {{"x", x}});
 }
 
 DriverOperands Driver::axpy_operands(index_t n, float, const float* x, float* y) const {
-  DriverOperands ops;
-  check_count("axpy", "n", n);
-  ops.read("x", x, floats(n));
-  ops.update("y", y, floats(n));
-  ops.work = n > 0;
-  return ops;
+  return per_element("axpy", n, {{"x", x}}, {{"y", y}});
 }
 
 DriverOperands Driver::axpby_operands(index_t n, float, const float* x, float, float* y) const {
-  DriverOperands ops;
-  check_count("axpby", "n", n);
-  ops.read("x", x, floats(n));
-  ops.update("y", y, floats(n));
-  ops.work = n > 0;
-  return ops;
+  return per_element("axpby", n, {{"x", x}}, {{"y", y}});
 }
 
 DriverOperands Driver::mul_operands(index_t n, const float* a, const float* b, float* y) const {
-  DriverOperands ops;
-  check_count("mul", "n", n);
-  ops.read("a", a, floats(n));
-  ops.read("b", b, floats(n));
-  ops.update("y", y, floats(n));
-  ops.work = n > 0;
-  return ops;
+  return per_element("mul", n, {{"a", a}, {"b", b}}, {{"y", y}});
 }
 
 DriverOperands Driver::add_scalar_operands(index_t n, float, float* x) const {
-  DriverOperands ops;
-  check_count("add_scalar", "n", n);
-  ops.update("x", x, floats(n));
-  ops.work = n > 0;
-  return ops;
+  return per_element("add_scalar", n, {}, {{"x", x}});
 }
 
 DriverOperands Driver::powx_operands(index_t n, const float* x, float, float* y) const {
-  DriverOperands ops;
-  check_count("powx", "n", n);
-  ops.read("x", x, floats(n));
-  ops.update("y", y, floats(n));
-  ops.work = n > 0;
-  return ops;
+  return per_element("powx", n, {{"x", x}}, {{"y", y}});
 }
 
 DriverOperands Driver::copy_strided_operands(index_t rows, index_t cols, const float* src,
@@ -354,28 +336,15 @@ DriverOperands Driver::max_select_operands(index_t n, const std::int32_t* mask, 
 }
 
 DriverOperands Driver::dot_operands(index_t n, const float* x, const float* y) const {
-  DriverOperands ops;
-  check_count("dot", "n", n);
-  ops.read("x", x, floats(n));
-  ops.read("y", y, floats(n));
-  ops.work = n > 0;
-  return ops;
+  return per_element("dot", n, {{"x", x}, {"y", y}}, {});
 }
 
 DriverOperands Driver::asum_operands(index_t n, const float* x) const {
-  DriverOperands ops;
-  check_count("asum", "n", n);
-  ops.read("x", x, floats(n));
-  ops.work = n > 0;
-  return ops;
+  return per_element("asum", n, {{"x", x}}, {});
 }
 
 DriverOperands Driver::sum_operands(index_t n, const float* x) const {
-  DriverOperands ops;
-  check_count("sum", "n", n);
-  ops.read("x", x, floats(n));
-  ops.work = n > 0;
-  return ops;
+  return per_element("sum", n, {{"x", x}}, {});
 }
 
 DriverOperands Driver::bias_backward_operands(const AxisShape& shape, const float* dy, float,
@@ -400,63 +369,30 @@ DriverOperands Driver::bias_forward_operands(const AxisShape& shape, const float
 }
 
 DriverOperands Driver::relu_forward_operands(index_t n, float, const float* x, float* y) const {
-  DriverOperands ops;
-  check_count("relu_forward", "n", n);
-  ops.read("x", x, floats(n));
-  ops.update("y", y, floats(n));
-  ops.work = n > 0;
-  return ops;
+  return per_element("relu_forward", n, {{"x", x}}, {{"y", y}});
 }
 
 DriverOperands Driver::relu_backward_operands(index_t n, float, const float* x, const float* dy,
                                               float* dx) const {
-  DriverOperands ops;
-  check_count("relu_backward", "n", n);
-  ops.read("x", x, floats(n));
-  ops.read("dy", dy, floats(n));
-  ops.update("dx", dx, floats(n));
-  ops.work = n > 0;
-  return ops;
+  return per_element("relu_backward", n, {{"x", x}, {"dy", dy}}, {{"dx", dx}});
 }
 
 DriverOperands Driver::sigmoid_forward_operands(index_t n, const float* x, float* y) const {
-  DriverOperands ops;
-  check_count("sigmoid_forward", "n", n);
-  ops.read("x", x, floats(n));
-  ops.update("y", y, floats(n));
-  ops.work = n > 0;
-  return ops;
+  return per_element("sigmoid_forward", n, {{"x", x}}, {{"y", y}});
 }
 
 DriverOperands Driver::sigmoid_backward_operands(index_t n, const float* y, const float* dy,
                                                  float* dx) const {
-  DriverOperands ops;
-  check_count("sigmoid_backward", "n", n);
-  ops.read("y", y, floats(n));
-  ops.read("dy", dy, floats(n));
-  ops.update("dx", dx, floats(n));
-  ops.work = n > 0;
-  return ops;
+  return per_element("sigmoid_backward", n, {{"y", y}, {"dy", dy}}, {{"dx", dx}});
 }
 
 DriverOperands Driver::tanh_forward_operands(index_t n, const float* x, float* y) const {
-  DriverOperands ops;
-  check_count("tanh_forward", "n", n);
-  ops.read("x", x, floats(n));
-  ops.update("y", y, floats(n));
-  ops.work = n > 0;
-  return ops;
+  return per_element("tanh_forward", n, {{"x", x}}, {{"y", y}});
 }
 
 DriverOperands Driver::tanh_backward_operands(index_t n, const float* y, const float* dy,
                                               float* dx) const {
-  DriverOperands ops;
-  check_count("tanh_backward", "n", n);
-  ops.read("y", y, floats(n));
-  ops.read("dy", dy, floats(n));
-  ops.update("dx", dx, floats(n));
-  ops.work = n > 0;
-  return ops;
+  return per_element("tanh_backward", n, {{"y", y}, {"dy", dy}}, {{"dx", dx}});
 }
 
 // ---- pooling -----------------------------------------------------------------------
@@ -610,26 +546,15 @@ DriverOperands Driver::softmax_loss_backward_operands(const AxisShape& shape, co
 DriverOperands Driver::sigmoid_cross_entropy_forward_operands(index_t n, const float* x,
                                                               const float* target, bool, int,
                                                               float* loss, float* valid) const {
-  DriverOperands ops;
-  check_count("sigmoid_cross_entropy_forward", "n", n);
-  ops.read("x", x, floats(n));
-  ops.read("target", target, floats(n));
-  ops.update("loss", loss, floats(n));
-  ops.update("valid", valid, floats(n));
-  ops.work = n > 0;
-  return ops;
+  return per_element("sigmoid_cross_entropy_forward", n, {{"x", x}, {"target", target}},
+                     {{"loss", loss}, {"valid", valid}});
 }
 
 DriverOperands Driver::sigmoid_cross_entropy_backward_operands(index_t n, const float* x,
                                                                const float* target, bool, int,
                                                                float, float* dx) const {
-  DriverOperands ops;
-  check_count("sigmoid_cross_entropy_backward", "n", n);
-  ops.read("x", x, floats(n));
-  ops.read("target", target, floats(n));
-  ops.update("dx", dx, floats(n));
-  ops.work = n > 0;
-  return ops;
+  return per_element("sigmoid_cross_entropy_backward", n, {{"x", x}, {"target", target}},
+                     {{"dx", dx}});
 }
 
 // ---- solver ------------------------------------------------------------------------
