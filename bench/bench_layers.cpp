@@ -13,21 +13,21 @@
 
 #include "bench/bench_common.h"
 #include "hybridnn/layer.h"
-#include "hybridnn/layers/convolution.h"
-#include "hybridnn/layers/inner_product.h"
+#include "layers/convolution.h"
+#include "layers/inner_product.h"
 #include "hybridnn/memory.h"
 #include "hybridnn/runtime.h"
 
 #if __has_include("hybridnn/layers/pooling.h")
-#include "hybridnn/layers/pooling.h"
+#include "layers/pooling.h"
 #define HYBRIDNN_BENCH_POOLING 1
 #endif
 #if __has_include("hybridnn/layers/lrn.h")
-#include "hybridnn/layers/lrn.h"
+#include "layers/lrn.h"
 #define HYBRIDNN_BENCH_LRN 1
 #endif
 #if __has_include("hybridnn/layers/activation.h")
-#include "hybridnn/layers/activation.h"
+#include "layers/activation.h"
 #define HYBRIDNN_BENCH_RELU 1
 #endif
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <vector>
 
 namespace {
@@ -41,9 +42,9 @@ int main() {
     params.pad = {pad};
     params.group = groups;
     const std::unique_ptr<hn::Driver> cpu = hn::make_driver(hn::Device::parse("cpu"));
-    hn::ConvolutionLayer conv("conv", params);
+    const std::unique_ptr<hn::Layer> conv = hn::make_convolution_layer("conv", params);
     const hn::Shape in_shape{n, c, h, w};
-    const hn::Shape out_shape = conv.setup({in_shape}).at(0);  // 4 x 6 x 9 x 8
+    const hn::Shape out_shape = conv->setup({in_shape}).at(0);  // 4 x 6 x 9 x 8
     const int oh = static_cast<int>(out_shape[2]), ow = static_cast<int>(out_shape[3]);
     const int cg = c / groups, mg = m / groups;
 
@@ -59,7 +60,7 @@ int main() {
     for (std::size_t i = 0; i < dy.size(); ++i)
       dy[i] = value_at(static_cast<int>(i), 3, 0.5f);
     // The layer's scratch; a slice of `rows` images needs workspace_bytes(driver, rows).
-    std::vector<float> workspace(conv.workspace_bytes(*cpu, n) / sizeof(float) + 1);
+    std::vector<float> workspace(conv->workspace_bytes(*cpu, n) / sizeof(float) + 1);
 
     // One call over the whole batch: rows [0, n). Operands point at the first row of the
     // slice; parameter gradients are accumulated into, input gradients overwritten.
@@ -70,12 +71,12 @@ int main() {
     slice.inputs = {{in_shape, host_pointer(*cpu, x), host_pointer(*cpu, dx)}};
     slice.outputs = {{out_shape, host_pointer(*cpu, y), host_pointer(*cpu, dy)}};
     slice.params = {
-        {conv.params()[0].shape(), host_pointer(*cpu, weights), host_pointer(*cpu, dweights)},
-        {conv.params()[1].shape(), host_pointer(*cpu, bias), host_pointer(*cpu, dbias)}};
+        {conv->params()[0].shape(), host_pointer(*cpu, weights), host_pointer(*cpu, dweights)},
+        {conv->params()[1].shape(), host_pointer(*cpu, bias), host_pointer(*cpu, dbias)}};
     slice.propagate_down = {true};
     slice.workspace = host_pointer(*cpu, workspace);
-    conv.forward(slice);
-    conv.backward(slice);
+    conv->forward(slice);
+    conv->backward(slice);
 
     // The definition, in double.
     std::vector<double> y_ref(y.size()), dx_ref(x.size()), dw_ref(weights.size()), db_ref(m);
@@ -103,9 +104,9 @@ int main() {
     // The same forward through run_forward on Tensors (what a Net does for each layer).
     hn::Tensor input(in_shape), output(out_shape);
     std::copy(x.begin(), x.end(), input.host_data_mut());
-    std::copy(weights.begin(), weights.end(), conv.params()[0].host_data_mut());
-    std::copy(bias.begin(), bias.end(), conv.params()[1].host_data_mut());
-    hn::run_forward(conv, *cpu, {&input}, {&output});
+    std::copy(weights.begin(), weights.end(), conv->params()[0].host_data_mut());
+    std::copy(bias.begin(), bias.end(), conv->params()[1].host_data_mut());
+    hn::run_forward(*conv, *cpu, {&input}, {&output});
     const float* y_tensor = output.host_data();
 
     const double forward_error = max_error(y, y_ref);
@@ -117,8 +118,8 @@ int main() {
         "layer_as_kernel: conv %s -> %s (lowering %s) on %s: forward error %.1e, via Tensors "
         "%.1e, backward error %.1e: %s\n",
         in_shape.to_string().c_str(), out_shape.to_string().c_str(),
-        hn::lowering_name(conv.lowering_for(*cpu)), cpu->description().c_str(), forward_error,
-        tensor_error, backward_error, ok ? "OK" : "MISMATCH");
+        hn::lowering_name(hn::convolution_lowering(*conv, *cpu)), cpu->description().c_str(),
+        forward_error, tensor_error, backward_error, ok ? "OK" : "MISMATCH");
     return ok ? 0 : 1;
   } catch (const hn::Error& e) {
     std::fprintf(stderr, "layer_as_kernel: %s\n", e.what());

@@ -1,6 +1,6 @@
 // Accuracy (Caffe): top-k classification accuracy, computed on the host (it reads every
 // score once and writes a few floats, so moving the scores is the whole cost anyway).
-#include "hybridnn/layers/accuracy.h"
+#include "layers/accuracy.h"
 
 #include <cmath>
 #include <vector>

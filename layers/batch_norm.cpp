@@ -1,7 +1,7 @@
 // BatchNorm (Caffe): per-channel normalisation composed of driver calls on the input viewed
 // as [N][C][spatial]; per-channel sums are bias_backward, broadcasts are bias_forward and
 // scale_channels. Training forward also updates Caffe's three statistics blobs.
-#include "hybridnn/layers/batch_norm.h"
+#include "layers/batch_norm.h"
 
 #include "layers/common.h"
 #include "layers/loss_support.h"

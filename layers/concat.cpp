@@ -3,7 +3,7 @@
 #include <limits>
 #include <utility>
 
-#include "hybridnn/layers/shape.h"
+#include "layers/shape.h"
 #include "layers/common.h"
 
 namespace hn {

@@ -1,7 +1,7 @@
 // Convolution layer: Caffe's parameter rules, the lowering cost model, and the three ways to
 // turn a convolution into GEMMs (CcT lowering types 1 and 3, and the 1x1 direct case), all
 // through driver calls only.
-#include "hybridnn/layers/convolution.h"
+#include "layers/convolution.h"
 
 #include <algorithm>
 #include <optional>

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <utility>
 
-#include "hybridnn/layers/activation.h"
+#include "layers/activation.h"
 #include "layers/common.h"
 #include "lib/core/check.h"
 

@@ -1,6 +1,6 @@
 // Eltwise layer: SUM (axpby/axpy with the coefficients), PROD (mul) and MAX (a running
 // maximum with the winner's index kept for backward).
-#include "hybridnn/layers/eltwise.h"
+#include "layers/eltwise.h"
 
 #include <cstdint>
 #include <limits>

@@ -1,5 +1,5 @@
 // EuclideanLoss (Caffe): sum of squared differences over 2N.
-#include "hybridnn/layers/loss.h"
+#include "layers/loss.h"
 #include "layers/loss_support.h"
 #include "lib/core/check.h"
 

@@ -1,7 +1,7 @@
 // Flatten layer: merges axes [axis, end_axis] into one; the values are copied unchanged.
 #include <utility>
 
-#include "hybridnn/layers/shape.h"
+#include "layers/shape.h"
 #include "layers/common.h"
 
 namespace hn {

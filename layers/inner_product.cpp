@@ -1,6 +1,6 @@
 // InnerProduct layer: one GEMM each way (two in backward), bias through the driver's
 // per-channel calls. The GEMM orientation follows Caffe's weight layout (transpose).
-#include "hybridnn/layers/inner_product.h"
+#include "layers/inner_product.h"
 
 #include <utility>
 

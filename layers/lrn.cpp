@@ -1,5 +1,5 @@
 // LRN layer: checks Caffe's constraints in setup, then one driver call per direction.
-#include "hybridnn/layers/lrn.h"
+#include "layers/lrn.h"
 
 #include <utility>
 

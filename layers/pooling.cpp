@@ -1,6 +1,6 @@
 // Pooling layer: resolves Caffe's kernel/stride/pad fields and output size in setup, then
 // one driver call per direction on the slice's images.
-#include "hybridnn/layers/pooling.h"
+#include "layers/pooling.h"
 
 #include <cstdint>
 #include <utility>

@@ -1,7 +1,7 @@
 // ReLU layer (Caffe's negative_slope): one driver call each way.
 #include <utility>
 
-#include "hybridnn/layers/activation.h"
+#include "layers/activation.h"
 #include "layers/common.h"
 
 namespace hn {

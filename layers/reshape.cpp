@@ -2,7 +2,7 @@
 // axis/num_axes select the replaced range); the values are copied unchanged.
 #include <utility>
 
-#include "hybridnn/layers/shape.h"
+#include "layers/shape.h"
 #include "layers/common.h"
 
 namespace hn {

@@ -1,6 +1,6 @@
 // Scale (Caffe): per-channel (or any broadcast) multiply and optional bias, as one
 // scale_channels / bias_forward over the input viewed as [outer][scale][inner].
-#include "hybridnn/layers/scale.h"
+#include "layers/scale.h"
 
 #include <algorithm>
 

@@ -1,7 +1,7 @@
 // Sigmoid layer: one driver call each way; backward reads the output only.
 #include <utility>
 
-#include "hybridnn/layers/activation.h"
+#include "layers/activation.h"
 #include "layers/common.h"
 
 namespace hn {

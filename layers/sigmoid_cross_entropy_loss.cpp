@@ -2,7 +2,7 @@
 // with ignore_label and Caffe's normalization modes (default BATCH_SIZE).
 #include <cmath>
 
-#include "hybridnn/layers/loss.h"
+#include "layers/loss.h"
 #include "layers/loss_support.h"
 #include "lib/core/check.h"
 

@@ -2,7 +2,7 @@
 // [count(0, axis)][count(axis)], moved with one strided copy per output (layers/common.h).
 #include <utility>
 
-#include "hybridnn/layers/shape.h"
+#include "layers/shape.h"
 #include "layers/common.h"
 
 namespace hn {

@@ -1,5 +1,5 @@
 // Softmax layer: the input viewed as [outer][channels][inner] around Caffe's axis.
-#include "hybridnn/layers/softmax.h"
+#include "layers/softmax.h"
 
 #include <utility>
 

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "hybridnn/layers/loss.h"
+#include "layers/loss.h"
 #include "layers/common.h"
 #include "layers/loss_support.h"
 #include "lib/core/check.h"

@@ -2,7 +2,7 @@
 // (in output order, as Caffe does).
 #include <utility>
 
-#include "hybridnn/layers/shape.h"
+#include "layers/shape.h"
 #include "layers/common.h"
 
 namespace hn {

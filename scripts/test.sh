@@ -22,4 +22,10 @@ c++ examples/embed/main.cpp -o build/embed-test/embed-pkgconfig \
   $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs hybridnn) \
   -Wl,-rpath,"$prefix/lib"
 build/embed-test/embed-pkgconfig
+# The layer-as-kernel example, against the installed headers and library only.
+# shellcheck disable=SC2046
+c++ -std=c++17 examples/layer_as_kernel.cpp -o build/embed-test/layer_as_kernel \
+  $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs hybridnn) \
+  -Wl,-rpath,"$prefix/lib"
+build/embed-test/layer_as_kernel
 echo "test.sh: all checks passed"

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/layers/accuracy.h"
+#include "layers/accuracy.h"
 #include "hybridnn/runtime.h"
 #include "tests/layer_runs.h"
 #include "tests/support.h"

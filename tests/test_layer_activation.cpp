@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/layers/activation.h"
+#include "layers/activation.h"
 #include "hybridnn/runtime.h"
 #include "lib/core/philox.h"
 #include "tests/layer_runs.h"

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/layers/batch_norm.h"
+#include "layers/batch_norm.h"
 #include "hybridnn/runtime.h"
 #include "tests/layer_runs.h"
 #include "tests/support.h"

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/layers/eltwise.h"
+#include "layers/eltwise.h"
 #include "hybridnn/runtime.h"
 #include "tests/layer_runs.h"
 #include "tests/layer_support.h"

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/layers/inner_product.h"
+#include "layers/inner_product.h"
 #include "hybridnn/runtime.h"
 #include "tests/layer_runs.h"
 #include "tests/layer_support.h"

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/layers/loss.h"
+#include "layers/loss.h"
 #include "hybridnn/runtime.h"
 #include "tests/layer_runs.h"
 #include "tests/support.h"

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/layers/pooling.h"
+#include "layers/pooling.h"
 #include "hybridnn/runtime.h"
 #include "tests/layer_runs.h"
 #include "tests/layer_support.h"

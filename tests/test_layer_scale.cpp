@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/layers/scale.h"
+#include "layers/scale.h"
 #include "hybridnn/runtime.h"
 #include "tests/layer_runs.h"
 #include "tests/support.h"

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/layers/shape.h"
+#include "layers/shape.h"
 #include "hybridnn/runtime.h"
 #include "tests/layer_runs.h"
 #include "tests/layer_support.h"

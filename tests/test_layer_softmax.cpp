@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/layers/softmax.h"
+#include "layers/softmax.h"
 #include "hybridnn/runtime.h"
 #include "tests/layer_runs.h"
 #include "tests/layer_support.h"

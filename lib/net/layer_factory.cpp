@@ -12,18 +12,18 @@
 #include <string_view>
 #include <utility>
 
-#include "hybridnn/layers/accuracy.h"
-#include "hybridnn/layers/activation.h"
-#include "hybridnn/layers/batch_norm.h"
-#include "hybridnn/layers/convolution.h"
-#include "hybridnn/layers/eltwise.h"
-#include "hybridnn/layers/inner_product.h"
-#include "hybridnn/layers/loss.h"
-#include "hybridnn/layers/lrn.h"
-#include "hybridnn/layers/pooling.h"
-#include "hybridnn/layers/scale.h"
-#include "hybridnn/layers/shape.h"
-#include "hybridnn/layers/softmax.h"
+#include "layers/accuracy.h"
+#include "layers/activation.h"
+#include "layers/batch_norm.h"
+#include "layers/convolution.h"
+#include "layers/eltwise.h"
+#include "layers/inner_product.h"
+#include "layers/loss.h"
+#include "layers/lrn.h"
+#include "layers/pooling.h"
+#include "layers/scale.h"
+#include "layers/shape.h"
+#include "layers/softmax.h"
 #include "lib/core/check.h"
 
 namespace hn::detail {

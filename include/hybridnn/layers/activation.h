@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,40 +17,13 @@ struct ReluParams {
 };
 
 // y = x > 0 ? x : negative_slope * x.
-class ReluLayer final : public Layer {
- public:
-  explicit ReluLayer(std::string name, ReluParams params = {});
-  const char* type() const override { return "ReLU"; }
-  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
-  void forward(const LayerSlice& slice) override;
-  void backward(const LayerSlice& slice) override;
-  bool allows_in_place() const override { return true; }
-
- private:
-  ReluParams param_;
-};
+std::unique_ptr<Layer> make_relu_layer(std::string name, ReluParams params = {});
 
 // y = 1 / (1 + exp(-x)); backward reads y only, so in place is allowed.
-class SigmoidLayer final : public Layer {
- public:
-  explicit SigmoidLayer(std::string name);
-  const char* type() const override { return "Sigmoid"; }
-  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
-  void forward(const LayerSlice& slice) override;
-  void backward(const LayerSlice& slice) override;
-  bool allows_in_place() const override { return true; }
-};
+std::unique_ptr<Layer> make_sigmoid_layer(std::string name);
 
 // y = tanh(x); backward reads y only, so in place is allowed.
-class TanhLayer final : public Layer {
- public:
-  explicit TanhLayer(std::string name);
-  const char* type() const override { return "TanH"; }
-  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
-  void forward(const LayerSlice& slice) override;
-  void backward(const LayerSlice& slice) override;
-  bool allows_in_place() const override { return true; }
-};
+std::unique_ptr<Layer> make_tanh_layer(std::string name);
 
 struct DropoutParams {
   float dropout_ratio = 0.5f;  // in [0, 1)
@@ -60,20 +34,6 @@ struct DropoutParams {
 // like the input) comes from the driver's counter-based generator, keyed by the slice's
 // seed mixed with a hash of the layer name (so two dropout layers draw differently) and
 // counted from the slice's first element (so any batch split draws the whole-batch mask).
-class DropoutLayer final : public Layer {
- public:
-  explicit DropoutLayer(std::string name, DropoutParams params = {});
-  const char* type() const override { return "Dropout"; }
-  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
-  void forward(const LayerSlice& slice) override;
-  void backward(const LayerSlice& slice) override;
-  bool allows_in_place() const override { return true; }
-  // The generator key of this layer for a slice seed (exposed for tests and tools).
-  std::uint64_t mask_seed(std::uint64_t slice_seed) const;
-
- private:
-  DropoutParams param_;
-  std::uint64_t name_hash_;
-};
+std::unique_ptr<Layer> make_dropout_layer(std::string name, DropoutParams params = {});
 
 }  // namespace hn

@@ -3,6 +3,7 @@
 // has no scale or shift of its own (a Scale layer with bias_term follows it).
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,32 +27,6 @@ struct BatchNormParams {
 // variance = variance * f + m / (m - 1) * batch variance (m = count / C; 1 when m == 1).
 // With global statistics the mean and variance are the blobs times 1 / factor (0 when the
 // factor is 0). y = (x - mean) / sqrt(variance + eps). In place allowed.
-class BatchNormLayer final : public Layer {
- public:
-  explicit BatchNormLayer(std::string name, BatchNormParams params = {});
-  const char* type() const override { return "BatchNorm"; }
-  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
-  void forward(const LayerSlice& slice) override;
-  void backward(const LayerSlice& slice) override;
-  std::size_t workspace_bytes(const Driver& driver, index_t rows) const override;
-  // Only explicit global statistics split: otherwise the call may need batch statistics.
-  bool splits_by_rows() const override { return param_.use_global_stats.value_or(false); }
-  bool allows_in_place() const override { return true; }
-  // Forward with batch statistics updates the statistics blobs.
-  bool updates_params_in_forward() const override {
-    return !param_.use_global_stats.value_or(false);
-  }
-
- private:
-  bool global_stats(Phase phase) const;
-  AxisShape slice_shape(index_t rows) const;
-  // Writes the global-statistics mean and (variance + eps)^-1/2 from the parameters.
-  void global_statistics(Driver& driver, const LayerSlice& slice, float* mean,
-                         float* inv_std) const;
-
-  BatchNormParams param_;
-  Shape input_shape_;
-  index_t channels_ = 0;
-};
+std::unique_ptr<Layer> make_batch_norm_layer(std::string name, BatchNormParams params = {});
 
 }  // namespace hn

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,49 +47,11 @@ struct ConvolutionParams {
 // Input N x C x H x W; output N x num_output x H_out x W_out (Caffe's size rule). Params:
 // weights [num_output][C / group][kernel_h][kernel_w], then bias [num_output] when
 // bias_term. Output channel block g of num_output / group sees input channel block g.
-class ConvolutionLayer final : public Layer {
- public:
-  ConvolutionLayer(std::string name, ConvolutionParams params);
-  const char* type() const override { return "Convolution"; }
-  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
-  void forward(const LayerSlice& slice) override;
-  void backward(const LayerSlice& slice) override;
-  std::size_t workspace_bytes(const Driver& driver, index_t rows) const override;
+std::unique_ptr<Layer> make_convolution_layer(std::string name, ConvolutionParams params);
 
-  // The GEMM lowering setup() chose (or was told to use).
-  Lowering lowering() const { return lowering_; }
-  const char* lowering_name() const { return hn::lowering_name(lowering_); }
-  // What runs on `driver`: with Lowering::automatic, the driver's direct convolution when it
-  // has one (capability `convolution`: it moves no lowered bytes, so the cost model always
-  // prefers it), else lowering().
-  Lowering lowering_for(const Driver& driver) const;
-  // Images lowered together by forward / backward on a slice of `rows` images (1 for
-  // direct_1x1).
-  index_t forward_chunk(index_t rows) const;
-  index_t backward_chunk(index_t rows) const;
-
- private:
-  LoweringShape lowering_shape(index_t images) const;
-  std::size_t lowered_bytes_per_image() const;
-  index_t chunk_for(index_t rows, std::size_t target) const;
-  void add_bias(const LayerSlice& slice, index_t first, index_t images) const;
-  void add_bias_gradient(const LayerSlice& slice) const;
-  void forward_type1(const LayerSlice& slice) const;
-  void forward_type3(const LayerSlice& slice) const;
-  void forward_direct(const LayerSlice& slice) const;
-  void backward_type1(const LayerSlice& slice) const;
-  void backward_type3(const LayerSlice& slice) const;
-  void backward_direct(const LayerSlice& slice) const;
-  void forward_driver_conv(const LayerSlice& slice) const;
-  void backward_driver_conv(const LayerSlice& slice) const;
-
-  ConvolutionParams config_;
-  Lowering lowering_ = Lowering::automatic;
-  // Resolved geometry (set by setup()).
-  index_t channels_ = 0, height_ = 0, width_ = 0;
-  index_t kernel_h_ = 0, kernel_w_ = 0, stride_h_ = 1, stride_w_ = 1;
-  index_t pad_h_ = 0, pad_w_ = 0, dilation_h_ = 1, dilation_w_ = 1;
-  index_t out_h_ = 0, out_w_ = 0;
-};
+// How convolution layer `layer` (made by make_convolution_layer) computes on `driver`: the
+// GEMM lowering its setup chose, or direct where the driver has its own convolution.
+// Throws hn::Error when `layer` is not a convolution layer.
+Lowering convolution_lowering(const Layer& layer, const Driver& driver);
 
 }  // namespace hn

@@ -2,6 +2,7 @@
 // and MAX of two or more inputs of one shape.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,18 +22,6 @@ struct EltwiseParams {
 
 // MAX keeps, per element, the index of the input that won (first wins on ties) in a state
 // tensor shaped like the output, for backward.
-class EltwiseLayer final : public Layer {
- public:
-  explicit EltwiseLayer(std::string name, EltwiseParams params = {});
-  const char* type() const override { return "Eltwise"; }
-  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
-  void forward(const LayerSlice& slice) override;
-  void backward(const LayerSlice& slice) override;
-
- private:
-  float coeff(std::size_t input) const;
-
-  EltwiseParams param_;
-};
+std::unique_ptr<Layer> make_eltwise_layer(std::string name, EltwiseParams params = {});
 
 }  // namespace hn

@@ -2,6 +2,7 @@
 // axis and transpose.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,20 +24,6 @@ struct InnerProductParams {
 // Output shape: the input's axes [0, axis) followed by num_output. Params: weights
 // ([num_output][K], or [K][num_output] with transpose), then bias [num_output] when
 // bias_term. y = x W^T + b (y = x W + b with transpose).
-class InnerProductLayer final : public Layer {
- public:
-  InnerProductLayer(std::string name, InnerProductParams params);
-  const char* type() const override { return "InnerProduct"; }
-  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
-  void forward(const LayerSlice& slice) override;
-  void backward(const LayerSlice& slice) override;
-  // With axis 0 the whole tensor is one row, so the batch cannot be cut.
-  bool splits_by_rows() const override { return axis_ != 0; }
-
- private:
-  InnerProductParams config_;
-  int axis_ = 1;                // canonical (set by setup())
-  index_t inputs_per_row_ = 0;  // K
-};
+std::unique_ptr<Layer> make_inner_product_layer(std::string name, InnerProductParams params);
 
 }  // namespace hn

@@ -2,6 +2,7 @@
 // WITHIN_CHANNEL (the formulas are in hybridnn/shapes.h, LrnShape).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,19 +20,6 @@ struct LrnParams {
 
 // Input and output N x C x H x W. The per-element scale computed by forward is a state
 // tensor shaped like the input, read again by backward.
-class LrnLayer final : public Layer {
- public:
-  explicit LrnLayer(std::string name, LrnParams params = {});
-  const char* type() const override { return "LRN"; }
-  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
-  void forward(const LayerSlice& slice) override;
-  void backward(const LayerSlice& slice) override;
-
- private:
-  LrnShape slice_shape(const LayerSlice& slice) const;
-
-  LrnParams param_;
-  LrnShape shape_;  // of the whole batch, set by setup
-};
+std::unique_ptr<Layer> make_lrn_layer(std::string name, LrnParams params = {});
 
 }  // namespace hn

@@ -3,6 +3,7 @@
 // up, then drop a last window that would start in the padding).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -28,19 +29,6 @@ struct PoolingParams {
 // Input N x C x H x W -> output N x C x out_h x out_w. MAX keeps, per output, the index
 // h * W + w of the chosen input within its channel plane (first maximum wins) in a state
 // tensor shaped like the output, for backward.
-class PoolingLayer final : public Layer {
- public:
-  PoolingLayer(std::string name, PoolingParams params);
-  const char* type() const override { return "Pooling"; }
-  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
-  void forward(const LayerSlice& slice) override;
-  void backward(const LayerSlice& slice) override;
-
- private:
-  PoolShape slice_shape(const LayerSlice& slice) const;
-
-  PoolingParams param_;
-  PoolShape shape_;  // of the whole batch, set by setup
-};
+std::unique_ptr<Layer> make_pooling_layer(std::string name, PoolingParams params);
 
 }  // namespace hn

@@ -2,6 +2,7 @@
 // optional learned bias: y[o][d][i] = x[o][d][i] * scale[d] (+ bias[d]).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,27 +25,6 @@ struct ScaleParams {
 // the bias is the last parameter, shaped like the scale. In place (set_in_place before
 // setup), it keeps a copy of the input as its state, which backward needs for the scale's
 // gradient (as Caffe's temp_).
-class ScaleLayer final : public Layer {
- public:
-  explicit ScaleLayer(std::string name, const ScaleParams& params = {});
-  const char* type() const override { return "Scale"; }
-  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
-  void forward(const LayerSlice& slice) override;
-  void backward(const LayerSlice& slice) override;
-  std::size_t workspace_bytes(const Driver& driver, index_t rows) const override;
-  // Rows are independent unless the scale (or bias) spans the batch axis or is an input
-  // whose gradient sums over the batch.
-  bool splits_by_rows() const override { return splits_by_rows_; }
-  bool allows_in_place() const override { return true; }
-
- private:
-  AxisShape slice_shape(index_t rows) const;
-
-  ScaleParams param_;
-  Shape input_shape_, scale_shape_;
-  int axis_ = 1;
-  bool scale_is_input_ = false;
-  bool splits_by_rows_ = false;
-};
+std::unique_ptr<Layer> make_scale_layer(std::string name, const ScaleParams& params = {});
 
 }  // namespace hn

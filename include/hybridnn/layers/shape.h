@@ -2,6 +2,7 @@
 // Flatten and Reshape.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,19 +18,7 @@ struct ConcatParams {
 // Joins its inputs along `axis`; every other dimension must match. Along axis 0 (the batch
 // axis) the inputs' batches differ, so the layer then runs on the whole batch only
 // (splits_by_rows() false).
-class ConcatLayer final : public Layer {
- public:
-  explicit ConcatLayer(std::string name, ConcatParams params = {});
-  const char* type() const override { return "Concat"; }
-  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
-  void forward(const LayerSlice& slice) override;
-  void backward(const LayerSlice& slice) override;
-  bool splits_by_rows() const override { return axis_ != 0; }
-
- private:
-  ConcatParams param_;
-  int axis_ = 1;  // canonical, set by setup
-};
+std::unique_ptr<Layer> make_concat_layer(std::string name, ConcatParams params = {});
 
 struct SliceParams {
   int axis = 1;        // negative counts from the end
@@ -42,35 +31,13 @@ struct SliceParams {
 // Cuts its input along `axis` into `num_outputs` outputs (Caffe takes that number from the
 // tops in the prototxt; 0 here means slice_point.size() + 1). Along axis 0 it runs on the
 // whole batch only (splits_by_rows() false).
-class SliceLayer final : public Layer {
- public:
-  explicit SliceLayer(std::string name, SliceParams params = {}, int num_outputs = 0);
-  const char* type() const override { return "Slice"; }
-  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
-  void forward(const LayerSlice& slice) override;
-  void backward(const LayerSlice& slice) override;
-  bool splits_by_rows() const override { return axis_ != 0; }
-
- private:
-  SliceParams param_;
-  int num_outputs_;
-  int axis_ = 1;  // canonical, set by setup
-};
+std::unique_ptr<Layer> make_slice_layer(std::string name, SliceParams params = {},
+                                        int num_outputs = 0);
 
 // One input to `num_outputs` identical outputs (what a Net inserts where one blob feeds
 // several layers); backward sums the outputs' gradients. Caffe shares the data; this layer
 // copies it (sharing is a Net-level optimisation for later).
-class SplitLayer final : public Layer {
- public:
-  explicit SplitLayer(std::string name, int num_outputs = 2);
-  const char* type() const override { return "Split"; }
-  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
-  void forward(const LayerSlice& slice) override;
-  void backward(const LayerSlice& slice) override;
-
- private:
-  int num_outputs_;
-};
+std::unique_ptr<Layer> make_split_layer(std::string name, int num_outputs = 2);
 
 struct FlattenParams {
   int axis = 1;       // first axis flattened; negative counts from the end
@@ -80,19 +47,7 @@ struct FlattenParams {
 // Merges axes [axis, end_axis] into one. The output holds the same values in the same
 // order; forward and backward copy them (sharing the memory is a Net-level optimisation
 // for later). Flattening the batch axis runs on the whole batch only.
-class FlattenLayer final : public Layer {
- public:
-  explicit FlattenLayer(std::string name, FlattenParams params = {});
-  const char* type() const override { return "Flatten"; }
-  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
-  void forward(const LayerSlice& slice) override;
-  void backward(const LayerSlice& slice) override;
-  bool splits_by_rows() const override { return by_rows_; }
-
- private:
-  FlattenParams param_;
-  bool by_rows_ = true;  // set by setup
-};
+std::unique_ptr<Layer> make_flatten_layer(std::string name, FlattenParams params = {});
 
 // Caffe's ReshapeParameter: the input axes [axis, axis + num_axes) are replaced by `shape`,
 // where 0 copies the input dimension at that position and one -1 is inferred from the
@@ -106,18 +61,6 @@ struct ReshapeParams {
 // The output holds the input's values in the same order, copied (sharing the memory is a
 // Net-level optimisation for later). When the output's first dimension is not the input's
 // batch, the layer runs on the whole batch only.
-class ReshapeLayer final : public Layer {
- public:
-  explicit ReshapeLayer(std::string name, ReshapeParams params);
-  const char* type() const override { return "Reshape"; }
-  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
-  void forward(const LayerSlice& slice) override;
-  void backward(const LayerSlice& slice) override;
-  bool splits_by_rows() const override { return by_rows_; }
-
- private:
-  ReshapeParams param_;
-  bool by_rows_ = true;  // set by setup
-};
+std::unique_ptr<Layer> make_reshape_layer(std::string name, ReshapeParams params);
 
 }  // namespace hn

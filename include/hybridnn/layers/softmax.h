@@ -1,6 +1,7 @@
 // Softmax layer (Caffe's SoftmaxParameter: axis): normalises exp(x) over one axis.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,20 +15,6 @@ struct SoftmaxParams {
 
 // The input is viewed as [count(0, axis)][shape[axis]][count(axis + 1)]; the output has the
 // input's shape. Splits by rows unless the axis is the batch axis.
-class SoftmaxLayer final : public Layer {
- public:
-  explicit SoftmaxLayer(std::string name, SoftmaxParams params = {});
-  const char* type() const override { return "Softmax"; }
-  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
-  void forward(const LayerSlice& slice) override;
-  void backward(const LayerSlice& slice) override;
-  bool splits_by_rows() const override { return axis_ != 0; }
-
- private:
-  AxisShape slice_shape(const LayerSlice& slice) const;
-
-  SoftmaxParams param_;
-  int axis_ = 1;  // canonical, set by setup
-};
+std::unique_ptr<Layer> make_softmax_layer(std::string name, SoftmaxParams params = {});
 
 }  // namespace hn
