@@ -13,10 +13,10 @@
 
 #include "bench/bench_common.h"
 #include "hybridnn/layer.h"
-#include "layers/convolution.h"
-#include "layers/inner_product.h"
 #include "hybridnn/memory.h"
 #include "hybridnn/runtime.h"
+#include "layers/convolution.h"
+#include "layers/inner_product.h"
 
 #if __has_include("hybridnn/layers/pooling.h")
 #include "layers/pooling.h"

@@ -3,8 +3,8 @@
 #include <limits>
 #include <utility>
 
-#include "layers/shape.h"
 #include "layers/common.h"
+#include "layers/shape.h"
 
 namespace hn {
 

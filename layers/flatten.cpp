@@ -1,8 +1,8 @@
 // Flatten layer: merges axes [axis, end_axis] into one; the values are copied unchanged.
 #include <utility>
 
-#include "layers/shape.h"
 #include "layers/common.h"
+#include "layers/shape.h"
 
 namespace hn {
 

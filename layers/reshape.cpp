@@ -2,8 +2,8 @@
 // axis/num_axes select the replaced range); the values are copied unchanged.
 #include <utility>
 
-#include "layers/shape.h"
 #include "layers/common.h"
+#include "layers/shape.h"
 
 namespace hn {
 

@@ -2,8 +2,8 @@
 // [count(0, axis)][count(axis)], moved with one strided copy per output (layers/common.h).
 #include <utility>
 
-#include "layers/shape.h"
 #include "layers/common.h"
+#include "layers/shape.h"
 
 namespace hn {
 

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "layers/loss.h"
 #include "layers/common.h"
+#include "layers/loss.h"
 #include "layers/loss_support.h"
 #include "lib/core/check.h"
 

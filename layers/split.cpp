@@ -2,8 +2,8 @@
 // (in output order, as Caffe does).
 #include <utility>
 
-#include "layers/shape.h"
 #include "layers/common.h"
+#include "layers/shape.h"
 
 namespace hn {
 

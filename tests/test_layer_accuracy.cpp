@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "layers/accuracy.h"
 #include "hybridnn/runtime.h"
+#include "layers/accuracy.h"
 #include "tests/layer_runs.h"
 #include "tests/support.h"
 

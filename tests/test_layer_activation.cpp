@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "layers/activation.h"
 #include "hybridnn/runtime.h"
+#include "layers/activation.h"
 #include "lib/core/philox.h"
 #include "tests/layer_runs.h"
 #include "tests/layer_support.h"

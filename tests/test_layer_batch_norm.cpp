@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "layers/batch_norm.h"
 #include "hybridnn/runtime.h"
+#include "layers/batch_norm.h"
 #include "tests/layer_runs.h"
 #include "tests/support.h"
 

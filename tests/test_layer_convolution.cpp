@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "layers/convolution.h"
 #include "hybridnn/runtime.h"
+#include "layers/convolution.h"
 #include "tests/layer_runs.h"
 #include "tests/layer_support.h"
 #include "tests/support.h"

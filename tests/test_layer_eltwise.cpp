@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "layers/eltwise.h"
 #include "hybridnn/runtime.h"
+#include "layers/eltwise.h"
 #include "tests/layer_runs.h"
 #include "tests/layer_support.h"
 #include "tests/support.h"

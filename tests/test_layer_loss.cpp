@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "layers/loss.h"
 #include "hybridnn/runtime.h"
+#include "layers/loss.h"
 #include "tests/layer_runs.h"
 #include "tests/support.h"
 

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "layers/scale.h"
 #include "hybridnn/runtime.h"
+#include "layers/scale.h"
 #include "tests/layer_runs.h"
 #include "tests/support.h"
 
