@@ -38,5 +38,6 @@ Peak measure_peak(int threads);
 int run_gemm(const std::vector<std::string>& args);
 int run_layers(const std::vector<std::string>& args);
 int run_split(const std::vector<std::string>& args);
+int run_allreduce(const std::vector<std::string>& args);
 
 }  // namespace hn::bench

@@ -4,6 +4,7 @@
 //   hybridnn-bench gemm [--threads N] [--blas NAME]      (bench_gemm.cpp)
 //   hybridnn-bench layers [--net caffenet|lenet] [--threads N] [--batch B]  (bench_layers.cpp)
 //   hybridnn-bench split [--devices LIST] [--split SPEC] [--batch B]  (bench_split.cpp)
+//   mpirun -np N hybridnn-bench allreduce [--min BYTES] [--max BYTES]  (bench_allreduce.cpp)
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -43,7 +44,11 @@ const char* const kUsage =
     "      close the scheduler gets to running two drivers side by side. reference may be\n"
     "      listed (with its own memory) but is the naive oracle: minutes per iteration.\n"
     "      --batch: default 32; --iterations: timed after 1 warm-up, default 3; --threads: per\n"
-    "      cpu driver, default every core shared out among the cpu drivers listed\n";
+    "      cpu driver, default every core shared out among the cpu drivers listed\n"
+    "  allreduce [--min BYTES] [--max BYTES] [--iterations N]   (under mpirun -np N)\n"
+    "      the ring allreduce and MPI_Allreduce in the same run, sizes from --min (64K) to\n"
+    "      --max (256M) by x4: time, algbw, busbw = algbw * 2(n-1)/n and #wrong per backend,\n"
+    "      then ring's busbw / mpi's\n";
 
 }  // namespace
 
@@ -54,6 +59,7 @@ int main(int argc, char** argv) {
     if (command == "gemm") return hn::bench::run_gemm(args);
     if (command == "layers") return hn::bench::run_layers(args);
     if (command == "split") return hn::bench::run_split(args);
+    if (command == "allreduce") return hn::bench::run_allreduce(args);
     if (command == "-h" || command == "--help") {
       std::fputs(kUsage, stdout);
       return 0;

@@ -10,12 +10,16 @@ set -euo pipefail
 # Installing the package keeps oneDNN's own CMake targets (its include paths, link flags
 # and version checks) instead of a hand-made find of libdnnl; CMakeLists.txt names this
 # package when it is missing.
+# openmpi-bin, libopenmpi-dev: the multi-process collectives (ring and MPI_Allreduce) and
+# mpirun, which launches the ranks; without them only the single-process communicator is
+# built.
 packages=(
   build-essential cmake ninja-build pkg-config git python3
   libopenblas-dev libdnnl-dev ocl-icd-opencl-dev libeigen3-dev libtbb-dev libfmt-dev catch2
   libprotobuf-dev protobuf-compiler liblmdb-dev zlib1g-dev
   clang-format
   dataset-fashion-mnist
+  openmpi-bin libopenmpi-dev
 )
 
 missing=()

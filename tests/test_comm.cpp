@@ -25,10 +25,19 @@ TEST_CASE("the local communicator is rank 0 of 1 and its collectives keep the da
   CHECK(local->size() == 1);
   CHECK(local->name() == "local");
   std::vector<float> data{1.5f, -2.0f, 3.25f};
-  local->allreduce_sum(driver, data.data(), data.size());
+  local->allreduce(driver, data.data(), data.size());
+  local->allreduce(driver, data.data(), data.size(), ReduceOp::average);
   local->broadcast(driver, data.data(), data.size(), 0);
+  std::vector<float> gathered(3);
+  local->allgather(driver, data.data(), data.size(), gathered.data());
   local->barrier();
   CHECK(data == std::vector<float>{1.5f, -2.0f, 3.25f});
+  CHECK(gathered == data);
+  CHECK(communicator_backends().front() == "local");
+  CHECK(make_communicator("local")->name() == "local");
+  CHECK_THROWS_WITH(
+      make_communicator("carrier-pigeon"),
+      Catch::Contains("unknown communicator 'carrier-pigeon'") && Catch::Contains("local"));
   CHECK_THROWS_WITH(local->broadcast(driver, data.data(), data.size(), 1),
                     Catch::Contains("broadcast from rank 1"));
 }
@@ -44,13 +53,15 @@ class TwoRanks final : public Communicator {
   int rank() const override { return root_weights.empty() ? 0 : 1; }
   int size() const override { return 2; }
   std::string name() const override { return "two-ranks (test)"; }
-  void allreduce_sum(Driver& driver, float* data, std::size_t count) override {
+  void allreduce(Driver& driver, float* data, std::size_t count, ReduceOp op) override {
     const std::vector<float>& peer = peer_gradient.at(allreduces++ % peer_gradient.size());
     REQUIRE(peer.size() == count);
     std::vector<float> host(count);
     driver.copy_to_host(host.data(), data, count * sizeof(float));
-    for (std::size_t i = 0; i < count; ++i)
+    for (std::size_t i = 0; i < count; ++i) {
       host[i] += peer[i];
+      if (op == ReduceOp::average) host[i] *= 0.5f;
+    }
     driver.copy_from_host(data, host.data(), count * sizeof(float));
   }
   void broadcast(Driver& driver, float* data, std::size_t count, int root) override {
@@ -61,6 +72,9 @@ class TwoRanks final : public Communicator {
       driver.copy_from_host(data, weights.data(), count * sizeof(float));
     }
     ++broadcasts;
+  }
+  void allgather(Driver&, const float*, std::size_t, float*) override {
+    FAIL("the solver does not gather");
   }
   void barrier() override {}
 };

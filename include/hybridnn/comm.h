@@ -1,17 +1,29 @@
 // Collectives between the processes (ranks) of a data-parallel run. The Solver sums every
 // parameter gradient across ranks between the backward and the update, and broadcasts the
-// weights from rank 0 before the first iteration, through this interface; what carries the
-// bytes (MPI, NCCL) is a Communicator of its own in lib/comm/. A single process uses the
-// local one, whose collectives are identities.
+// weights from rank 0 before the first iteration, through this interface. The backends live
+// in lib/comm/, one file each, listed by communicator_backends():
+//   local  one process: rank 0 of 1, every collective an identity;
+//   ring   our ring allreduce (reduce-scatter, then allgather) over non-blocking MPI
+//          point-to-point, chunked and pipelined; MPI's own collectives for the rest;
+//   mpi    MPI_Allreduce and MPI's other collectives: the reference and the fallback.
+// The MPI backends exist when the library was built with MPI (HYBRIDNN_MPI); they join
+// the ranks mpirun started (MPI_COMM_WORLD), initialising MPI on first use.
+//
+// Every collective of an MPI backend carries a sequence number and waits at most the
+// communicator's timeout for the other ranks; past it, it throws hn::Error naming the
+// backend, the collective, its sequence number and the rank, instead of hanging.
 #pragma once
 
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace hn {
 
 class Driver;
+
+enum class ReduceOp { sum, average };
 
 class Communicator {
  public:
@@ -22,19 +34,37 @@ class Communicator {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // "local", "mpi", ...: for logs and errors.
+  // "local", "ring", "mpi": for logs and errors.
   virtual std::string name() const = 0;
 
-  // In place, on memory of `driver`'s space: every rank ends with the sum over all ranks of
-  // `data`. The order of the additions depends only on the size, so every rank holds the
-  // same bits and a rerun reproduces them.
-  virtual void allreduce_sum(Driver& driver, float* data, std::size_t count) = 0;
+  // In place, on `count` floats of `driver`'s memory: every rank ends with the sum (or the
+  // mean) over all ranks of `data`. The order of the additions depends only on (count,
+  // size), so every rank holds the same bits and a rerun reproduces them.
+  virtual void allreduce(Driver& driver, float* data, std::size_t count,
+                         ReduceOp op = ReduceOp::sum) = 0;
   // In place: every rank ends with `root`'s `data`.
   virtual void broadcast(Driver& driver, float* data, std::size_t count, int root) = 0;
+  // `received` (size() * count floats) gets every rank's `sent` (count floats), rank r's
+  // at r * count.
+  virtual void allgather(Driver& driver, const float* sent, std::size_t count, float* received) = 0;
   // Returns once every rank has called it.
   virtual void barrier() = 0;
 };
 
+struct CommOptions {
+  // How long a collective waits for the other ranks before it fails.
+  double timeout_seconds = 300.0;
+  // The ring's pipeline: bytes per chunk (0: chosen from the length) and chunks in flight.
+  std::size_t chunk_bytes = 0;
+  int chunks_in_flight = 4;
+};
+
+// The backends this build has, "local" first.
+std::vector<std::string> communicator_backends();
+// Makes backend `name`; throws hn::Error naming the backends built when there is none of
+// that name.
+std::unique_ptr<Communicator> make_communicator(const std::string& name,
+                                                const CommOptions& options = {});
 // One process: rank 0 of 1.
 std::unique_ptr<Communicator> make_local_communicator();
 

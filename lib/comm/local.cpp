@@ -1,7 +1,7 @@
 // The single-process Communicator: rank 0 of a world of one, whose collectives leave the
-// data as it is (the sum over one rank is its own data).
+// data as it is (the sum over one rank is its own data, and so is the mean).
 #include "hybridnn/comm.h"
-
+#include "hybridnn/driver.h"
 #include "lib/core/check.h"
 
 namespace hn {
@@ -13,9 +13,12 @@ class LocalCommunicator final : public Communicator {
   int size() const override { return 1; }
   std::string name() const override { return "local"; }
 
-  void allreduce_sum(Driver&, float*, std::size_t) override {}
+  void allreduce(Driver&, float*, std::size_t, ReduceOp) override {}
   void broadcast(Driver&, float*, std::size_t, int root) override {
     HN_CHECK(root == 0, "local communicator: broadcast from rank {}, but the only rank is 0", root);
+  }
+  void allgather(Driver& driver, const float* sent, std::size_t count, float* received) override {
+    if (sent != received) driver.copy(received, sent, count * sizeof(float));
   }
   void barrier() override {}
 };

@@ -375,9 +375,7 @@ void Solver::Impl::reduce_gradients() {
   const int ranks = comm->size();
   if (ranks == 1) return;
   for (const NetParam& np : net->learnable_params()) {
-    float* diff = np.tensor->diff_write(*driver);
-    comm->allreduce_sum(*driver, diff, np.tensor->count());
-    driver->scale(np.tensor->count(), 1.0f / static_cast<float>(ranks), diff);
+    comm->allreduce(*driver, np.tensor->diff_write(*driver), np.tensor->count(), ReduceOp::average);
   }
 }
 

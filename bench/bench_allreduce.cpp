@@ -1,0 +1,126 @@
+// hybridnn-bench allreduce: the ring allreduce against MPI's, in the same run, under mpirun.
+// For each size from --min to --max bytes (x4): the `ring` and `mpi` communicators (the
+// latter MPI_Iallreduce, waited for against its deadline) and MPI_Allreduce called directly
+// (blocking, as an MPI program would): each one's mean time over the iterations, algbw =
+// bytes / time and busbw = algbw * 2 (n - 1) / n (nccl-tests' columns), and #wrong:
+// elements differing from the exact sum of integer-valued inputs, over all ranks. Rank 0
+// prints one JSON line per size and way, then ring's busbw over the best of MPI's two.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#if HYBRIDNN_WITH_MPI
+#include <mpi.h>
+#endif
+
+#include "bench/bench_common.h"
+#include "hybridnn/comm.h"
+#include "hybridnn/runtime.h"
+
+namespace hn::bench {
+
+namespace {
+
+std::size_t parse_bytes(const std::string& text) {
+  std::size_t end = 0;
+  const double number = std::stod(text, &end);
+  const std::string unit = text.substr(end);
+  const double scale = unit == "K" || unit == "KiB"   ? 1024.0
+                       : unit == "M" || unit == "MiB" ? 1024.0 * 1024
+                       : unit == "G" || unit == "GiB" ? 1024.0 * 1024 * 1024
+                                                      : 1.0;
+  if (!unit.empty() && scale == 1.0) throw UsageError{"allreduce: bad size '" + text + "'"};
+  return static_cast<std::size_t>(number * scale);
+}
+
+}  // namespace
+
+int run_allreduce(const std::vector<std::string>& args) {
+  std::size_t min_bytes = 64 << 10, max_bytes = std::size_t{256} << 20;
+  int iterations = 0;  // 0: by size
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& flag = args[i];
+    if (i + 1 >= args.size()) throw UsageError{"allreduce: " + flag + " needs a value"};
+    const std::string& value = args[++i];
+    if (flag == "--min") {
+      min_bytes = parse_bytes(value);
+    } else if (flag == "--max") {
+      max_bytes = parse_bytes(value);
+    } else if (flag == "--iterations") {
+      iterations = std::stoi(value);
+    } else {
+      throw UsageError{"allreduce: unknown option '" + flag + "'"};
+    }
+  }
+  const std::unique_ptr<Driver> host = make_driver(Device::parse("reference"));
+  const std::unique_ptr<Communicator> ring = make_communicator("ring");
+  const std::unique_ptr<Communicator> mpi = make_communicator("mpi");
+  const int n = ring->size(), rank = ring->rank();
+  for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
+    const std::size_t count = bytes / sizeof(float);
+    const int runs = iterations > 0
+                         ? iterations
+                         : static_cast<int>(std::clamp<std::size_t>((64u << 20) / bytes, 5, 50));
+    std::vector<float> data(count);
+    double busbw[3] = {0.0, 0.0, 0.0};
+    const int ways = HYBRIDNN_WITH_MPI ? 3 : 2;
+    for (int b = 0; b < ways; ++b) {
+      Communicator& comm = b == 0 ? *ring : *mpi;
+      const std::string way = b == 2 ? "MPI_Allreduce" : comm.name();
+      double total = 0.0;
+      std::size_t wrong = 0;
+      for (int run = -1; run < runs; ++run) {  // run -1 warms up
+        for (std::size_t i = 0; i < count; ++i)
+          data[i] = static_cast<float>((rank + 1) * static_cast<int>(i % 31 + 1));
+        mpi->barrier();
+        const auto start = std::chrono::steady_clock::now();
+        if (b < 2) {
+          comm.allreduce(*host, data.data(), count);
+        } else {
+#if HYBRIDNN_WITH_MPI
+          MPI_Allreduce(MPI_IN_PLACE, data.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                        MPI_COMM_WORLD);
+#endif
+        }
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (run >= 0) total += seconds;
+        for (std::size_t i = 0; i < count; ++i)
+          wrong += data[i] != static_cast<float>(n * (n + 1) / 2 * static_cast<int>(i % 31 + 1));
+      }
+      // The slowest rank's time is the collective's.
+      float mine[2] = {static_cast<float>(total / runs), static_cast<float>(wrong)};
+      std::vector<float> all(2 * static_cast<std::size_t>(n));
+      mpi->allgather(*host, mine, 2, all.data());
+      double time = 0.0, wrong_total = 0.0;
+      for (int r = 0; r < n; ++r) {
+        time = std::max(time, static_cast<double>(all[2 * static_cast<std::size_t>(r)]));
+        wrong_total += all[2 * static_cast<std::size_t>(r) + 1];
+      }
+      const double algbw = static_cast<double>(bytes) / time / 1e9;
+      busbw[b] = algbw * 2.0 * (n - 1) / n;
+      if (rank == 0) {
+        std::printf("%s\n", fmt::format("{{\"bench\":\"allreduce\",\"way\":\"{}\",\"ranks\":{},"
+                                        "\"bytes\":{},\"iterations\":{},\"time_us\":{:.1f},"
+                                        "\"algbw_gbs\":{:.3f},\"busbw_gbs\":{:.3f},\"wrong\":{}}}",
+                                        way, n, bytes, runs, time * 1e6, algbw, busbw[b],
+                                        static_cast<long>(wrong_total))
+                                .c_str());
+      }
+    }
+    if (rank == 0) {
+      std::printf("%s\n", fmt::format("{{\"bench\":\"allreduce\",\"ranks\":{},\"bytes\":{},"
+                                      "\"ratio_ring_to_mpi_busbw\":{:.3f}}}",
+                                      n, bytes, busbw[0] / std::max(busbw[1], busbw[2]))
+                              .c_str());
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+}  // namespace hn::bench

@@ -1,0 +1,176 @@
+// The `mpi` backend: MPI's own collectives, started non-blocking and waited for against the
+// deadline. MPI is initialised (MPI_THREAD_MULTIPLE when the library has it) by the first
+// MPI communicator and finalised at exit, unless the program did either itself.
+#include "lib/comm/mpi.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "lib/comm/mpi_communicator.h"
+#include "lib/core/check.h"
+
+namespace hn::detail {
+
+void check_mpi(int code, const char* call) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  fail("MPI: {} failed: {}", call, std::string(text, static_cast<std::size_t>(length)));
+}
+
+namespace {
+
+// Initialises MPI once; finalises it at exit when this library initialised it.
+void ensure_mpi() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (initialized) return;
+    int provided = 0;
+    check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+    std::atexit([] {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (!finalized) MPI_Finalize();
+    });
+  });
+}
+
+int as_count(std::size_t count, const char* what) {
+  HN_CHECK(count <= kMpiMaxCount, "{}: {} floats is more than one MPI call carries ({})", what,
+           count, kMpiMaxCount);
+  return static_cast<int>(count);
+}
+
+}  // namespace
+
+HostFloats::HostFloats(Driver& driver, float* data, std::size_t count)
+    : driver_(driver), data_(data), count_(count), host_(data) {
+  driver.synchronize();
+  if (driver.capabilities().host_addressable || count == 0) return;
+  copy_.resize(count);
+  driver.copy_to_host(copy_.data(), data, count * sizeof(float));
+  host_ = copy_.data();
+}
+
+void HostFloats::write_back() {
+  if (host_ != data_) driver_.copy_from_host(data_, host_, count_ * sizeof(float));
+}
+
+MpiCommunicator::MpiCommunicator(const CommOptions& options) : options_(options) {
+  ensure_mpi();
+  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+}
+
+std::uint64_t MpiCommunicator::begin(const char*) {
+  return ++sequence_;
+}
+
+void MpiCommunicator::timed_out(const char* what, std::uint64_t seq) const {
+  fail(
+      "communicator {}: {} #{} on rank {} of {} timed out after {} s waiting for the other "
+      "ranks (a rank died, stopped or is not running the same collectives)",
+      name(), what, seq, rank_, size_, options_.timeout_seconds);
+}
+
+void MpiCommunicator::wait_all(std::vector<MPI_Request>& requests, const char* what,
+                               std::uint64_t seq) const {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.timeout_seconds);
+  for (;;) {
+    int done = 0;
+    check_mpi(
+        MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE),
+        what);
+    if (done) return;
+    if (std::chrono::steady_clock::now() > deadline) timed_out(what, seq);
+    std::this_thread::yield();
+  }
+}
+
+int MpiCommunicator::wait_any(std::vector<MPI_Request>& requests, const char* what,
+                              std::uint64_t seq) const {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.timeout_seconds);
+  for (;;) {
+    int index = MPI_UNDEFINED, done = 0;
+    check_mpi(MPI_Testany(static_cast<int>(requests.size()), requests.data(), &index, &done,
+                          MPI_STATUS_IGNORE),
+              what);
+    if (done && index != MPI_UNDEFINED) return index;
+    HN_CHECK(!done, "communicator {}: {} #{} waits on no request", name(), what, seq);
+    if (std::chrono::steady_clock::now() > deadline) timed_out(what, seq);
+    std::this_thread::yield();
+  }
+}
+
+void MpiCommunicator::allreduce(Driver& driver, float* data, std::size_t count, ReduceOp op) {
+  const std::uint64_t seq = begin("allreduce");
+  HostFloats host(driver, data, count);
+  float* values = host.get();
+  for (std::size_t done = 0; done < count; done += kMpiMaxCount) {
+    std::vector<MPI_Request> request(1);
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, values + done,
+                             as_count(std::min(kMpiMaxCount, count - done), "allreduce"), MPI_FLOAT,
+                             MPI_SUM, comm_, request.data()),
+              "MPI_Iallreduce");
+    wait_all(request, "allreduce", seq);
+  }
+  if (op == ReduceOp::average) {
+    const float scale = 1.0f / static_cast<float>(size_);
+    for (std::size_t i = 0; i < count; ++i)
+      values[i] *= scale;
+  }
+  host.write_back();
+}
+
+void MpiCommunicator::broadcast(Driver& driver, float* data, std::size_t count, int root) {
+  const std::uint64_t seq = begin("broadcast");
+  HN_CHECK(root >= 0 && root < size_, "communicator {}: broadcast from rank {} of {}", name(), root,
+           size_);
+  HostFloats host(driver, data, count);
+  std::vector<MPI_Request> request(1);
+  check_mpi(
+      MPI_Ibcast(host.get(), as_count(count, "broadcast"), MPI_FLOAT, root, comm_, request.data()),
+      "MPI_Ibcast");
+  wait_all(request, "broadcast", seq);
+  host.write_back();
+}
+
+void MpiCommunicator::allgather(Driver& driver, const float* sent, std::size_t count,
+                                float* received) {
+  const std::uint64_t seq = begin("allgather");
+  HostFloats out(driver, received, count * static_cast<std::size_t>(size_));
+  HostFloats in(driver, const_cast<float*>(sent), count);
+  std::vector<MPI_Request> request(1);
+  const int n = as_count(count, "allgather");
+  check_mpi(MPI_Iallgather(in.get(), n, MPI_FLOAT, out.get(), n, MPI_FLOAT, comm_, request.data()),
+            "MPI_Iallgather");
+  wait_all(request, "allgather", seq);
+  out.write_back();
+}
+
+void MpiCommunicator::barrier() {
+  const std::uint64_t seq = begin("barrier");
+  std::vector<MPI_Request> request(1);
+  check_mpi(MPI_Ibarrier(comm_, request.data()), "MPI_Ibarrier");
+  wait_all(request, "barrier", seq);
+}
+
+std::unique_ptr<Communicator> make_mpi_communicator(const CommOptions& options) {
+  return std::make_unique<MpiCommunicator>(options);
+}
+
+}  // namespace hn::detail

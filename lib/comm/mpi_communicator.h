@@ -1,0 +1,68 @@
+// MpiCommunicator: the base of the MPI backends (mpi.cpp). Internal to lib/comm.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hybridnn/comm.h"
+#include "hybridnn/driver.h"
+
+namespace hn::detail {
+
+// `count` floats of a driver's memory as host memory: the memory itself when the driver
+// computes on host memory (after synchronize), else a host copy, written back by
+// write_back().
+class HostFloats {
+ public:
+  HostFloats(Driver& driver, float* data, std::size_t count);
+  float* get() { return host_; }
+  void write_back();
+
+ private:
+  Driver& driver_;
+  float* data_;
+  std::size_t count_;
+  std::vector<float> copy_;
+  float* host_;
+};
+
+class MpiCommunicator : public Communicator {
+ public:
+  explicit MpiCommunicator(const CommOptions& options);
+  ~MpiCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "mpi"; }
+
+  void allreduce(Driver& driver, float* data, std::size_t count, ReduceOp op) override;
+  void broadcast(Driver& driver, float* data, std::size_t count, int root) override;
+  void allgather(Driver& driver, const float* sent, std::size_t count, float* received) override;
+  void barrier() override;
+
+ protected:
+  // Starts collective `what`: its sequence number, for errors.
+  std::uint64_t begin(const char* what);
+  // Waits for every request, until the deadline of collective `what` (#seq); past it,
+  // throws hn::Error naming them. Completed requests become MPI_REQUEST_NULL.
+  void wait_all(std::vector<MPI_Request>& requests, const char* what, std::uint64_t seq) const;
+  // Index of one completed request among `requests` (MPI_Testany), waiting as wait_all.
+  int wait_any(std::vector<MPI_Request>& requests, const char* what, std::uint64_t seq) const;
+  [[noreturn]] void timed_out(const char* what, std::uint64_t seq) const;
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  CommOptions options_;
+  std::uint64_t sequence_ = 0;
+};
+
+// Throws hn::Error naming `call` and MPI's message when `code` is not MPI_SUCCESS.
+void check_mpi(int code, const char* call);
+
+// The largest count one MPI call carries (an int).
+constexpr std::size_t kMpiMaxCount = 1u << 30;
+
+}  // namespace hn::detail

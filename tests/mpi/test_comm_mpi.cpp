@@ -1,0 +1,162 @@
+// The MPI communicators under mpirun (ctest runs this binary with 2, 3 and 4 ranks): exact
+// sums against the known answer, ring against MPI_Allreduce, bitwise reproducibility, the
+// other collectives. Every rank runs every case; a failure on any rank fails the run.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "hybridnn/comm.h"
+#include "hybridnn/runtime.h"
+
+using Catch::Matchers::Contains;
+using namespace hn;
+
+namespace {
+
+std::unique_ptr<Communicator> make(const std::string& backend, double timeout = 60.0) {
+  CommOptions options;
+  options.timeout_seconds = timeout;
+  return make_communicator(backend, options);
+}
+
+std::unique_ptr<Driver> host_driver() {
+  return make_driver(Device::parse("reference"));
+}
+
+// Rank r's value at i: an integer small enough that every partial sum is exact in float.
+float value(int rank, std::size_t i) {
+  return static_cast<float>((rank + 1) * static_cast<int>(i % 97 + 1));
+}
+
+}  // namespace
+
+TEST_CASE("allreduce of integer-valued floats gives the exact sum for every length", "[mpi]") {
+  const std::unique_ptr<Driver> driver = host_driver();
+  for (const std::string backend : {"ring", "mpi"}) {
+    const std::unique_ptr<Communicator> comm = make(backend);
+    const int n = comm->size(), r = comm->rank();
+    REQUIRE(n >= 2);
+    for (const std::size_t count :
+         {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1024},
+          (std::size_t{1} << 20) + 3, std::size_t{16} << 20}) {
+      INFO(backend << " count " << count << " on rank " << r << " of " << n);
+      std::vector<float> data(count);
+      for (std::size_t i = 0; i < count; ++i)
+        data[i] = value(r, i);
+      comm->allreduce(*driver, data.data(), count);
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < count; ++i)
+        wrong += data[i] != static_cast<float>(n * (n + 1) / 2 * static_cast<int>(i % 97 + 1));
+      CHECK(wrong == 0);
+      // The mean: the sum scaled by 1 / n.
+      for (std::size_t i = 0; i < count; ++i)
+        data[i] = value(r, i);
+      comm->allreduce(*driver, data.data(), count, ReduceOp::average);
+      for (std::size_t i = 0; i < std::min<std::size_t>(count, 1000); ++i)
+        CHECK(data[i] == Approx((n + 1) / 2.0 * static_cast<double>(i % 97 + 1)).epsilon(1e-6));
+    }
+  }
+}
+
+TEST_CASE("the ring allreduce is bitwise reproducible and agrees with MPI_Allreduce", "[mpi]") {
+  const std::unique_ptr<Driver> driver = host_driver();
+  const std::unique_ptr<Communicator> ring = make("ring"), mpi = make("mpi");
+  const int r = ring->rank(), n = ring->size();
+  for (const std::size_t count : {std::size_t{13}, std::size_t{100003}, std::size_t{3} << 20}) {
+    INFO("count " << count << " on rank " << r);
+    std::mt19937 random(static_cast<std::uint32_t>(1000 + r));
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    std::vector<float> input(count);
+    for (float& x : input)
+      x = uniform(random);
+    std::vector<float> first = input, second = input, reference = input;
+    ring->allreduce(*driver, first.data(), count);
+    ring->allreduce(*driver, second.data(), count);
+    CHECK(std::memcmp(first.data(), second.data(), count * sizeof(float)) == 0);
+    mpi->allreduce(*driver, reference.data(), count);
+    double worst = 0.0;
+    for (std::size_t i = 0; i < count; ++i)
+      worst = std::max(worst, static_cast<double>(std::abs(first[i] - reference[i])));
+    CHECK(worst <= 1e-5 * n);
+    // Every rank holds the same bits: gather a few elements from everyone.
+    const std::size_t probe = std::min<std::size_t>(count, 13);
+    std::vector<float> gathered(probe * static_cast<std::size_t>(n));
+    ring->allgather(*driver, first.data(), probe, gathered.data());
+    for (int other = 0; other < n; ++other) {
+      CHECK(std::memcmp(gathered.data() + static_cast<std::size_t>(other) * probe, first.data(),
+                        probe * sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("the ring pipeline gives the same sums with any chunking", "[mpi]") {
+  const std::unique_ptr<Driver> driver = host_driver();
+  const std::size_t count = 10007;
+  std::vector<float> expected;
+  for (const std::size_t chunk_bytes : {std::size_t{0}, std::size_t{256}, std::size_t{4096}}) {
+    for (const int in_flight : {1, 3, 16}) {
+      CommOptions options;
+      options.chunk_bytes = chunk_bytes;
+      options.chunks_in_flight = in_flight;
+      options.timeout_seconds = 60.0;
+      const std::unique_ptr<Communicator> ring = make_communicator("ring", options);
+      INFO("chunk_bytes " << chunk_bytes << " in flight " << in_flight);
+      std::vector<float> data(count);
+      for (std::size_t i = 0; i < count; ++i)
+        data[i] = value(ring->rank(), i) * 0.37f;  // not integers: the order shows
+      ring->allreduce(*driver, data.data(), count);
+      if (expected.empty()) expected = data;
+      // The order of the additions depends on (count, size) only, not on the chunking.
+      CHECK(std::memcmp(data.data(), expected.data(), count * sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("broadcast, allgather and barrier on both MPI backends, device memory too", "[mpi]") {
+  Runtime runtime;
+  DriverOptions separate;
+  separate.set("separate_memory", true);
+  Driver& host = runtime.add(Device::parse("reference"));
+  Driver& device = runtime.add(Device::parse("reference:1"), separate);
+  for (const std::string backend : {"ring", "mpi"}) {
+    const std::unique_ptr<Communicator> comm = make(backend);
+    const int n = comm->size(), r = comm->rank();
+    INFO(backend << " rank " << r);
+    for (Driver* driver : {&host, &device}) {
+      const std::size_t count = 1001;
+      std::vector<float> mine(count);
+      for (std::size_t i = 0; i < count; ++i)
+        mine[i] = static_cast<float>(r * 10000 + static_cast<int>(i));
+      Buffer data(*driver, count * sizeof(float));
+      Buffer gathered(*driver, count * sizeof(float) * static_cast<std::size_t>(n));
+      driver->copy_from_host(data.address(), mine.data(), count * sizeof(float));
+      comm->allgather(*driver, data.as<float>(), count, gathered.as<float>());
+      std::vector<float> all(count * static_cast<std::size_t>(n));
+      driver->copy_to_host(all.data(), gathered.address(), all.size() * sizeof(float));
+      for (int other = 0; other < n; ++other)
+        CHECK(all[static_cast<std::size_t>(other) * count + 5] ==
+              static_cast<float>(other * 10000 + 5));
+      const int root = n - 1;
+      comm->broadcast(*driver, data.as<float>(), count, root);
+      std::vector<float> back(count);
+      driver->copy_to_host(back.data(), data.address(), count * sizeof(float));
+      CHECK(back[7] == static_cast<float>(root * 10000 + 7));
+      comm->allreduce(*driver, data.as<float>(), count);  // every rank holds root's values
+      driver->copy_to_host(back.data(), data.address(), count * sizeof(float));
+      CHECK(back[7] == static_cast<float>(n * (root * 10000 + 7)));
+      comm->barrier();
+    }
+    CHECK_THROWS_WITH(comm->broadcast(host, nullptr, 0, n), Contains("broadcast from rank"));
+  }
+}
+
+TEST_CASE("every built backend is listed and an unknown one is an error naming them", "[mpi]") {
+  const std::vector<std::string> backends = communicator_backends();
+  CHECK(backends == std::vector<std::string>{"local", "ring", "mpi"});
+  CHECK_THROWS_WITH(make_communicator("gloo"),
+                    Contains("unknown communicator 'gloo'") && Contains("local, ring, mpi"));
+}
