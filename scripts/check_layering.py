@@ -46,7 +46,7 @@ PLACES = {
     "include/hybridnn/layers/": "layers",
     "lib/proto/": "proto",
     "hybridnn.pb.h": "proto",  # generated from lib/proto/hybridnn.proto
-    "lib/comm/": "comm",
+    "comm/": "comm",
     "include/hybridnn/comm.h": "comm",
     "lib/data/": "data",
     "lib/scheduler/": "scheduler",
@@ -59,7 +59,7 @@ PLACES = {
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
-SOURCES = ("lib", "drivers", "layers", "include")
+SOURCES = ("lib", "drivers", "comm", "layers", "include")
 SUFFIXES = {".h", ".cpp", ".cu", ".cuh"}
 
 

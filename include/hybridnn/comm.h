@@ -1,7 +1,7 @@
 // Collectives between the processes (ranks) of a data-parallel run. The Solver sums every
 // parameter gradient across ranks between the backward and the update, and broadcasts the
 // weights from rank 0 before the first iteration, through this interface. The backends live
-// in lib/comm/, one file each, listed by communicator_backends():
+// in comm/, one file each, listed by communicator_backends():
 //   local  one process: rank 0 of 1, every collective an identity;
 //   ring   our ring allreduce (reduce-scatter, then allgather) over non-blocking MPI
 //          point-to-point, chunked and pipelined; MPI's own collectives for the rest;

@@ -2,8 +2,8 @@
 #include <functional>
 #include <utility>
 
+#include "comm/mpi.h"
 #include "hybridnn/comm.h"
-#include "lib/comm/mpi.h"
 #include "lib/core/check.h"
 
 namespace hn {

@@ -19,8 +19,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "lib/comm/mpi.h"
-#include "lib/comm/mpi_communicator.h"
+#include "comm/mpi.h"
+#include "comm/mpi_communicator.h"
 #include "lib/core/check.h"
 
 namespace hn::detail {

@@ -1,4 +1,4 @@
-// MpiCommunicator: the base of the MPI backends (mpi.cpp). Internal to lib/comm.
+// MpiCommunicator: the base of the MPI backends (mpi.cpp). Internal to comm.
 #pragma once
 
 #include <mpi.h>

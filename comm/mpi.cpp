@@ -1,14 +1,14 @@
 // The `mpi` backend: MPI's own collectives, started non-blocking and waited for against the
 // deadline. MPI is initialised (MPI_THREAD_MULTIPLE when the library has it) by the first
 // MPI communicator and finalised at exit, unless the program did either itself.
-#include "lib/comm/mpi.h"
+#include "comm/mpi.h"
 
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
 
-#include "lib/comm/mpi_communicator.h"
+#include "comm/mpi_communicator.h"
 #include "lib/core/check.h"
 
 namespace hn::detail {
