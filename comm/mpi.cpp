@@ -48,12 +48,12 @@ int as_count(std::size_t count, const char* what) {
 
 }  // namespace
 
-HostFloats::HostFloats(Driver& driver, float* data, std::size_t count)
+HostFloats::HostFloats(Driver& driver, float* data, std::size_t count, bool overwritten)
     : driver_(driver), data_(data), count_(count), host_(data) {
   driver.synchronize();
   if (driver.capabilities().host_addressable || count == 0) return;
   copy_.resize(count);
-  driver.copy_to_host(copy_.data(), data, count * sizeof(float));
+  if (!overwritten) driver.copy_to_host(copy_.data(), data, count * sizeof(float));
   host_ = copy_.data();
 }
 
@@ -74,7 +74,7 @@ MpiCommunicator::~MpiCommunicator() {
   if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
 }
 
-std::uint64_t MpiCommunicator::begin(const char*) {
+std::uint64_t MpiCommunicator::next_sequence() {
   return ++sequence_;
 }
 
@@ -117,7 +117,7 @@ int MpiCommunicator::wait_any(std::vector<MPI_Request>& requests, const char* wh
 }
 
 void MpiCommunicator::allreduce(Driver& driver, float* data, std::size_t count, ReduceOp op) {
-  const std::uint64_t seq = begin("allreduce");
+  const std::uint64_t seq = next_sequence();
   HostFloats host(driver, data, count);
   float* values = host.get();
   for (std::size_t done = 0; done < count; done += kMpiMaxCount) {
@@ -137,7 +137,7 @@ void MpiCommunicator::allreduce(Driver& driver, float* data, std::size_t count, 
 }
 
 void MpiCommunicator::broadcast(Driver& driver, float* data, std::size_t count, int root) {
-  const std::uint64_t seq = begin("broadcast");
+  const std::uint64_t seq = next_sequence();
   HN_CHECK(root >= 0 && root < size_, "communicator {}: broadcast from rank {} of {}", name(), root,
            size_);
   HostFloats host(driver, data, count);
@@ -151,8 +151,8 @@ void MpiCommunicator::broadcast(Driver& driver, float* data, std::size_t count, 
 
 void MpiCommunicator::allgather(Driver& driver, const float* sent, std::size_t count,
                                 float* received) {
-  const std::uint64_t seq = begin("allgather");
-  HostFloats out(driver, received, count * static_cast<std::size_t>(size_));
+  const std::uint64_t seq = next_sequence();
+  HostFloats out(driver, received, count * static_cast<std::size_t>(size_), true);
   HostFloats in(driver, const_cast<float*>(sent), count);
   std::vector<MPI_Request> request(1);
   const int n = as_count(count, "allgather");
@@ -163,7 +163,7 @@ void MpiCommunicator::allgather(Driver& driver, const float* sent, std::size_t c
 }
 
 void MpiCommunicator::barrier() {
-  const std::uint64_t seq = begin("barrier");
+  const std::uint64_t seq = next_sequence();
   std::vector<MPI_Request> request(1);
   check_mpi(MPI_Ibarrier(comm_, request.data()), "MPI_Ibarrier");
   wait_all(request, "barrier", seq);

@@ -13,11 +13,11 @@
 namespace hn::detail {
 
 // `count` floats of a driver's memory as host memory: the memory itself when the driver
-// computes on host memory (after synchronize), else a host copy, written back by
-// write_back().
+// computes on host memory (after synchronize), else a host copy (of the values, unless
+// `overwritten`), written back by write_back().
 class HostFloats {
  public:
-  HostFloats(Driver& driver, float* data, std::size_t count);
+  HostFloats(Driver& driver, float* data, std::size_t count, bool overwritten = false);
   float* get() { return host_; }
   void write_back();
 
@@ -44,8 +44,8 @@ class MpiCommunicator : public Communicator {
   void barrier() override;
 
  protected:
-  // Starts collective `what`: its sequence number, for errors.
-  std::uint64_t begin(const char* what);
+  // The sequence number of the collective starting now, for errors.
+  std::uint64_t next_sequence();
   // Waits for every request, until the deadline of collective `what` (#seq); past it,
   // throws hn::Error naming them. Completed requests become MPI_REQUEST_NULL.
   void wait_all(std::vector<MPI_Request>& requests, const char* what, std::uint64_t seq) const;

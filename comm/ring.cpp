@@ -44,7 +44,7 @@ class RingCommunicator final : public MpiCommunicator {
   std::string name() const override { return "ring"; }
 
   void allreduce(Driver& driver, float* data, std::size_t count, ReduceOp op) override {
-    const std::uint64_t seq = begin("allreduce");
+    const std::uint64_t seq = next_sequence();
     HostFloats host(driver, data, count);
     if (size_ > 1 && count > 0) ring(host.get(), count, seq);
     if (op == ReduceOp::average && size_ > 1) {
@@ -96,7 +96,6 @@ void RingCommunicator::ring(float* buffer, std::size_t count, std::uint64_t seq)
   struct Slot {
     std::size_t chunk = 0;
     int step = 0;
-    bool active = false;
     std::vector<MPI_Request> sends;
   };
   std::vector<Slot> slot(static_cast<std::size_t>(slots));
@@ -128,7 +127,7 @@ void RingCommunicator::ring(float* buffer, std::size_t count, std::uint64_t seq)
   std::size_t next_chunk = 0;
   int active = 0;
   for (int i = 0; i < slots; ++i) {
-    slot[static_cast<std::size_t>(i)] = Slot{next_chunk++, 0, true, {}};
+    slot[static_cast<std::size_t>(i)] = Slot{next_chunk++, 0, {}};
     post(i);
     ++active;
   }
@@ -152,7 +151,6 @@ void RingCommunicator::ring(float* buffer, std::size_t count, std::uint64_t seq)
       s.step = 0;
       post(i);
     } else {
-      s.active = false;
       --active;
     }
   }

@@ -61,7 +61,7 @@ detail::LayerCall Net::Impl::call_of(int index, bool backward) {
   NetLayer& nl = layers[index];
   detail::LayerCall call;
   call.layer = nl.layer.get();
-  call.where = where(index);
+  call.where = nl.where;
   for (std::size_t i = 0; i < nl.bottoms.size(); ++i) {
     const int b = nl.bottoms[i];
     const bool gradient = backward && nl.propagate_down[i];

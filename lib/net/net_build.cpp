@@ -228,6 +228,7 @@ void Net::Impl::build(pb::NetParameter net) {
   plan_memory();
   profiles.resize(layers.size());
   for (std::size_t l = 0; l < layers.size(); ++l) {
+    layers[l].where = where(static_cast<int>(l));
     profiles[l].name = layers[l].param.name();
     profiles[l].type = layers[l].param.type();
   }

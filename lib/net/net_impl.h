@@ -69,6 +69,7 @@ struct NetLayer {
   // An automatic split: measured among auto_devices at the first forward (calibrated).
   bool automatic = false, calibrated = false;
   std::vector<Device> auto_devices;
+  std::string where;  // "FILE: layer 'NAME' (TYPE)", for the scheduler's errors
 };
 
 struct Group {

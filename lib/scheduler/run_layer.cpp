@@ -2,6 +2,8 @@
 // case.
 #include <fmt/format.h>
 
+#include <string>
+
 #include "hybridnn/layer.h"
 #include "lib/core/check.h"
 #include "lib/scheduler/scheduler.h"
@@ -10,11 +12,16 @@ namespace hn {
 
 namespace {
 
-detail::LayerCall call_of(Layer& layer, const std::vector<Tensor*>& inputs,
-                          const std::vector<Tensor*>& outputs, const RunOptions& options) {
+std::string where(const Layer& layer) {
+  return fmt::format("running layer '{}' ({})", layer.name(), layer.type());
+}
+
+detail::LayerCall call_of(Layer& layer, const std::string& where,
+                          const std::vector<Tensor*>& inputs, const std::vector<Tensor*>& outputs,
+                          const RunOptions& options) {
   detail::LayerCall call;
   call.layer = &layer;
-  call.where = fmt::format("running layer '{}' ({})", layer.name(), layer.type());
+  call.where = where;
   for (Tensor* input : inputs)
     call.inputs.push_back(detail::CallTensor{input->shape(), &input->data(), &input->diff()});
   for (Tensor* output : outputs)
@@ -33,7 +40,8 @@ detail::LayerCall call_of(Layer& layer, const std::vector<Tensor*>& inputs,
 void run_forward(Layer& layer, Driver& driver, const std::vector<Tensor*>& inputs,
                  const std::vector<Tensor*>& outputs, const RunOptions& options) {
   detail::Scheduler scheduler(nullptr, driver);
-  scheduler.run(call_of(layer, inputs, outputs, options), false);
+  const std::string context = where(layer);
+  scheduler.run(call_of(layer, context, inputs, outputs, options), false);
 }
 
 void run_backward(Layer& layer, Driver& driver, const std::vector<Tensor*>& inputs,
@@ -46,7 +54,8 @@ void run_backward(Layer& layer, Driver& driver, const std::vector<Tensor*>& inpu
   HN_CHECK(propagate_down.size() == inputs.size(),
            "running layer '{}' ({}) backward: {} propagate_down flags for {} inputs", layer.name(),
            layer.type(), propagate_down.size(), inputs.size());
-  detail::LayerCall call = call_of(layer, inputs, outputs, options);
+  const std::string context = where(layer);
+  detail::LayerCall call = call_of(layer, context, inputs, outputs, options);
   call.propagate_down = std::move(propagate_down);
   detail::Scheduler scheduler(nullptr, driver);
   scheduler.run(call, true);

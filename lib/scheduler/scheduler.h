@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "hybridnn/layer.h"
@@ -33,7 +34,7 @@ struct CallTensor {
 
 struct LayerCall {
   Layer* layer = nullptr;
-  std::string where;                                // what errors name: "FILE: layer 'NAME' (TYPE)"
+  std::string_view where;  // what errors name: "FILE: layer 'NAME' (TYPE)"; outlives the call
   std::vector<CallTensor> inputs, outputs, params;  // state: the layer's own
   std::vector<bool> propagate_down;                 // backward: per input
   Phase phase = Phase::train;
