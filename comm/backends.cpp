@@ -1,4 +1,5 @@
 // The communicator backends this build has: one line each.
+#include <cstdlib>
 #include <functional>
 #include <utility>
 
@@ -33,6 +34,32 @@ std::vector<std::string> communicator_backends() {
   for (const Backend& backend : backends())
     names.emplace_back(backend.name);
   return names;
+}
+
+int launched_ranks() {
+  // Open MPI, then the PMI / PMIx variables of MPICH's Hydra, Slurm and others.
+  for (const char* variable : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}) {
+    const char* value = std::getenv(variable);
+    if (value == nullptr) continue;
+    char* end = nullptr;
+    const long ranks = std::strtol(value, &end, 10);
+    if (end != value && *end == '\0' && ranks >= 1 && ranks <= (1 << 24))
+      return static_cast<int>(ranks);
+  }
+  return 1;
+}
+
+std::string default_communicator() {
+  const int ranks = launched_ranks();
+  if (ranks == 1) return "local";
+#if HYBRIDNN_WITH_MPI
+  return "ring";
+#else
+  detail::fail(
+      "started as one of {} processes by an MPI launcher, but this build of hybridnn has no MPI "
+      "(install libopenmpi-dev and rebuild, or run a single process)",
+      ranks);
+#endif
 }
 
 std::unique_ptr<Communicator> make_communicator(const std::string& name,

@@ -3,6 +3,8 @@
 // MPI communicator and finalised at exit, unless the program did either itself.
 #include "comm/mpi.h"
 
+#include <fmt/format.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
@@ -78,15 +80,27 @@ std::uint64_t MpiCommunicator::next_sequence() {
   return ++sequence_;
 }
 
-void MpiCommunicator::timed_out(const char* what, std::uint64_t seq) const {
-  fail(
-      "communicator {}: {} #{} on rank {} of {} timed out after {} s waiting for the other "
-      "ranks (a rank died, stopped or is not running the same collectives)",
-      name(), what, seq, rank_, size_, options_.timeout_seconds);
+void MpiCommunicator::timed_out(const char* what, std::uint64_t seq, int peer) const {
+  const std::string waited =
+      peer >= 0 ? fmt::format(
+                      "rank {} did not arrive (it, or a rank it waits for, died, stopped "
+                      "or is not running the same collectives)",
+                      peer)
+                : fmt::format(
+                      "one of the other {} ranks did not arrive (it died, stopped or is "
+                      "not running the same collectives)",
+                      size_ - 1);
+  fail("communicator {}: {} #{} on rank {} of {} timed out after {} s: {}", name(), what, seq,
+       rank_, size_, options_.timeout_seconds, waited);
+}
+
+void MpiCommunicator::abort(int exit_code) noexcept {
+  MPI_Abort(comm_ != MPI_COMM_NULL ? comm_ : MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);
 }
 
 void MpiCommunicator::wait_all(std::vector<MPI_Request>& requests, const char* what,
-                               std::uint64_t seq) const {
+                               std::uint64_t seq, int peer) const {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.timeout_seconds);
   for (;;) {
@@ -95,13 +109,13 @@ void MpiCommunicator::wait_all(std::vector<MPI_Request>& requests, const char* w
         MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE),
         what);
     if (done) return;
-    if (std::chrono::steady_clock::now() > deadline) timed_out(what, seq);
+    if (std::chrono::steady_clock::now() > deadline) timed_out(what, seq, peer);
     std::this_thread::yield();
   }
 }
 
 int MpiCommunicator::wait_any(std::vector<MPI_Request>& requests, const char* what,
-                              std::uint64_t seq) const {
+                              std::uint64_t seq, int peer) const {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.timeout_seconds);
   for (;;) {
@@ -111,7 +125,7 @@ int MpiCommunicator::wait_any(std::vector<MPI_Request>& requests, const char* wh
               what);
     if (done && index != MPI_UNDEFINED) return index;
     HN_CHECK(!done, "communicator {}: {} #{} waits on no request", name(), what, seq);
-    if (std::chrono::steady_clock::now() > deadline) timed_out(what, seq);
+    if (std::chrono::steady_clock::now() > deadline) timed_out(what, seq, peer);
     std::this_thread::yield();
   }
 }

@@ -42,16 +42,20 @@ class MpiCommunicator : public Communicator {
   void broadcast(Driver& driver, float* data, std::size_t count, int root) override;
   void allgather(Driver& driver, const float* sent, std::size_t count, float* received) override;
   void barrier() override;
+  [[noreturn]] void abort(int exit_code) noexcept override;
 
  protected:
   // The sequence number of the collective starting now, for errors.
   std::uint64_t next_sequence();
   // Waits for every request, until the deadline of collective `what` (#seq); past it,
-  // throws hn::Error naming them. Completed requests become MPI_REQUEST_NULL.
-  void wait_all(std::vector<MPI_Request>& requests, const char* what, std::uint64_t seq) const;
+  // throws hn::Error naming them and `peer`, the rank waited for (-1: any other rank).
+  // Completed requests become MPI_REQUEST_NULL.
+  void wait_all(std::vector<MPI_Request>& requests, const char* what, std::uint64_t seq,
+                int peer = -1) const;
   // Index of one completed request among `requests` (MPI_Testany), waiting as wait_all.
-  int wait_any(std::vector<MPI_Request>& requests, const char* what, std::uint64_t seq) const;
-  [[noreturn]] void timed_out(const char* what, std::uint64_t seq) const;
+  int wait_any(std::vector<MPI_Request>& requests, const char* what, std::uint64_t seq,
+               int peer = -1) const;
+  [[noreturn]] void timed_out(const char* what, std::uint64_t seq, int peer) const;
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;

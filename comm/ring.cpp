@@ -111,7 +111,7 @@ void RingCommunicator::ring(float* buffer, std::size_t count, std::uint64_t seq)
       destination = incoming.data() + static_cast<std::size_t>(i) * max_chunk;
     } else {
       // The allgather writes the final sums over memory an earlier send may still read.
-      wait_all(s.sends, "allreduce", seq);
+      wait_all(s.sends, "allreduce", seq, right);
       s.sends.clear();
     }
     check_mpi(MPI_Irecv(destination, static_cast<int>(to.size()), MPI_FLOAT, left,
@@ -132,7 +132,7 @@ void RingCommunicator::ring(float* buffer, std::size_t count, std::uint64_t seq)
     ++active;
   }
   while (active > 0) {
-    const int i = wait_any(receives, "allreduce", seq);
+    const int i = wait_any(receives, "allreduce", seq, left);
     Slot& s = slot[static_cast<std::size_t>(i)];
     if (s.step < n - 1) {
       // Reduce-scatter: add the left neighbour's partial sum into ours.
@@ -145,7 +145,7 @@ void RingCommunicator::ring(float* buffer, std::size_t count, std::uint64_t seq)
     if (++s.step < steps) {
       post(i);
     } else if (next_chunk < chunks) {
-      wait_all(s.sends, "allreduce", seq);
+      wait_all(s.sends, "allreduce", seq, right);
       s.sends.clear();
       s.chunk = next_chunk++;
       s.step = 0;
@@ -155,7 +155,7 @@ void RingCommunicator::ring(float* buffer, std::size_t count, std::uint64_t seq)
     }
   }
   for (Slot& s : slot)
-    wait_all(s.sends, "allreduce", seq);
+    wait_all(s.sends, "allreduce", seq, right);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -43,17 +44,22 @@ TEST_CASE("the local communicator is rank 0 of 1 and its collectives keep the da
 }
 
 // Rank 0 of two, the other rank played by fixed values: its gradients (`peer_gradient`,
-// one vector per parameter, in the order the solver reduces them) and its weights at the
-// broadcast (`root_weights`: this process stands for rank 1 when they are given).
+// one vector per gradient bucket, in the order the solver reduces them), its weights at the
+// broadcast (`root_weights`: this process stands for rank 1 when they are given), and the
+// same loss, stop flag and start-check fingerprints as this process.
 class TwoRanks final : public Communicator {
  public:
   std::vector<std::vector<float>> peer_gradient, root_weights;
-  int allreduces = 0, broadcasts = 0;
+  int allreduces = 0, broadcasts = 0, loss_reductions = 0, allgathers = 0;
 
   int rank() const override { return root_weights.empty() ? 0 : 1; }
   int size() const override { return 2; }
   std::string name() const override { return "two-ranks (test)"; }
   void allreduce(Driver& driver, float* data, std::size_t count, ReduceOp op) override {
+    if (count == 2) {  // the loss and the stop flag: the peer's are ours, the mean too
+      ++loss_reductions;
+      return;
+    }
     const std::vector<float>& peer = peer_gradient.at(allreduces++ % peer_gradient.size());
     REQUIRE(peer.size() == count);
     std::vector<float> host(count);
@@ -73,10 +79,13 @@ class TwoRanks final : public Communicator {
     }
     ++broadcasts;
   }
-  void allgather(Driver&, const float*, std::size_t, float*) override {
-    FAIL("the solver does not gather");
+  void allgather(Driver& driver, const float* sent, std::size_t count, float* received) override {
+    ++allgathers;
+    for (std::size_t r = 0; r < 2; ++r)
+      driver.copy(received + r * count, sent, count * sizeof(float));
   }
   void barrier() override {}
+  [[noreturn]] void abort(int) noexcept override { std::abort(); }
 };
 
 const char* kTinyNet = R"(
@@ -106,7 +115,8 @@ struct TinySolver {
   Runtime runtime;
   std::unique_ptr<Solver> solver;
 
-  explicit TinySolver(Communicator* communicator) {
+  explicit TinySolver(Communicator* communicator,
+                      std::size_t bucket_bytes = std::size_t{25} << 20) {
     const std::string net_file = dir.write("tiny.prototxt", kTinyNet);
     const std::string solver_file =
         dir.write("solver.prototxt", fmt::format("net: \"{}\"\nbase_lr: 0.1\nlr_policy: \"fixed\"\n"
@@ -114,6 +124,7 @@ struct TinySolver {
                                                  net_file));
     SolverOptions options;
     options.communicator = communicator;
+    options.bucket_bytes = bucket_bytes;
     solver = std::make_unique<Solver>(solver_file, runtime, runtime.add(Device::parse("reference")),
                                       options);
     Net& net = solver->net();
@@ -136,30 +147,49 @@ struct TinySolver {
 };
 
 TEST_CASE("the solver updates with the mean gradient over the ranks", "[comm][solver]") {
+  // One bucket holds both gradients, in the order backward finishes them: bias, weights.
   TwoRanks ranks;
-  ranks.peer_gradient = {{0.4f, -0.2f, 1.0f}, {-0.6f}};  // weights, then bias
+  ranks.peer_gradient = {{-0.6f, 0.4f, -0.2f, 1.0f}};
   TinySolver tiny(&ranks);
+  CHECK(ranks.allgathers == 1);  // the ranks compared their nets at construction
   tiny.solver->step(1);
-  CHECK(ranks.allreduces == 2);  // one per parameter
+  CHECK(ranks.allreduces == 1);  // one bucket
+  CHECK(ranks.loss_reductions == 1);
   CHECK(ranks.broadcasts == 2);  // before the first iteration, one per parameter
 
   const double w[3] = {0.2, -0.1, 0.3}, b = 0.05;
   double gw[3], gb;
   tiny_gradient(w, b, gw, &gb);
   const std::vector<float> got = tiny.weights();
-  for (int i = 0; i < 3; ++i)
-    CHECK(got[i] == Approx(w[i] - 0.1 * (gw[i] + ranks.peer_gradient[0][i]) / 2.0).epsilon(1e-6));
-  CHECK(got[3] == Approx(b - 0.1 * (gb + ranks.peer_gradient[1][0]) / 2.0).epsilon(1e-6));
-
+  for (int i = 0; i < 3; ++i) {
+    CHECK(got[i] ==
+          Approx(w[i] - 0.1 * (gw[i] + ranks.peer_gradient[0][1 + i]) / 2.0).epsilon(1e-6));
+  }
+  CHECK(got[3] == Approx(b - 0.1 * (gb + ranks.peer_gradient[0][0]) / 2.0).epsilon(1e-6));
   tiny.solver->step(1);  // the broadcast happens once per solver, not per step
   CHECK(ranks.broadcasts == 2);
-  CHECK(ranks.allreduces == 4);
+  CHECK(ranks.allreduces == 2);
+}
+
+TEST_CASE("gradient buckets smaller than a parameter reduce each in place", "[comm][solver]") {
+  TwoRanks ranks;
+  ranks.peer_gradient = {{-0.6f}, {0.4f, -0.2f, 1.0f}};  // bias, then weights
+  TinySolver tiny(&ranks, 4);
+  tiny.solver->step(1);
+  CHECK(ranks.allreduces == 2);
+  const double w[3] = {0.2, -0.1, 0.3}, b = 0.05;
+  double gw[3], gb;
+  tiny_gradient(w, b, gw, &gb);
+  const std::vector<float> got = tiny.weights();
+  for (int i = 0; i < 3; ++i)
+    CHECK(got[i] == Approx(w[i] - 0.1 * (gw[i] + ranks.peer_gradient[1][i]) / 2.0).epsilon(1e-6));
+  CHECK(got[3] == Approx(b - 0.1 * (gb + ranks.peer_gradient[0][0]) / 2.0).epsilon(1e-6));
 }
 
 TEST_CASE("a rank other than 0 starts from rank 0's broadcast weights", "[comm][solver]") {
   TwoRanks ranks;
   ranks.root_weights = {{0.5f, 0.25f, -0.75f}, {0.125f}};
-  ranks.peer_gradient = {{0.0f, 0.0f, 0.0f}, {0.0f}};
+  ranks.peer_gradient = {{0.0f, 0.0f, 0.0f, 0.0f}};
   TinySolver tiny(&ranks);
   tiny.solver->step(1);
   const double w[3] = {0.5, 0.25, -0.75}, b = 0.125;

@@ -154,11 +154,13 @@ Driver& add_chosen_driver(Runtime& runtime, const Args& args) {
   if (args.has("blas")) options.set("blas", args.text("blas"));
   if (!args.has("threads")) {
     // CPU drivers that compute side by side share the cores: each would otherwise start a
-    // thread per core, and the oversubscribed teams wait on each other.
+    // thread per core, and the oversubscribed teams wait on each other. So do the ranks
+    // that an MPI launcher started on this node.
     const auto cpus = std::count_if(distinct.begin(), distinct.end(),
                                     [](const Device& device) { return device.kind == "cpu"; });
     const auto cores = static_cast<long>(std::max(1u, std::thread::hardware_concurrency()));
-    if (cpus > 1) options.set("threads", static_cast<int>(std::max(1L, cores / cpus)));
+    const long sharing = static_cast<long>(cpus) * local_ranks();
+    if (sharing > 1) options.set("threads", static_cast<int>(std::max(1L, cores / sharing)));
   }
   const std::string memory = args.text("reference-memory", "host");
   if (memory != "host" && memory != "separate") {
@@ -169,6 +171,61 @@ Driver& add_chosen_driver(Runtime& runtime, const Args& args) {
   for (const Device& device : distinct)
     runtime.add(device, options_for(driver_kind(device.kind), options));
   return runtime.driver(distinct[0]);
+}
+
+int local_ranks() {
+  for (const char* variable : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"}) {
+    const char* value = std::getenv(variable);
+    if (value == nullptr) continue;
+    char* end = nullptr;
+    const long ranks = std::strtol(value, &end, 10);
+    if (end != value && *end == '\0' && ranks >= 1 && ranks <= 4096) return static_cast<int>(ranks);
+  }
+  return 1;
+}
+
+std::vector<FlagSpec> comm_flags() {
+  return {
+      {"comm", FlagKind::text, "NAME",
+       "collectives between ranks: ring, mpi or local (default: ring when mpirun started "
+       "several ranks, else local)"},
+      {"comm-timeout", FlagKind::text, "SECONDS",
+       "how long a collective waits for the other ranks before every rank fails (default 300)"},
+      {"bucket-mb", FlagKind::text, "MB", "gradient bucket size for the allreduce (default 25)"},
+  };
+}
+
+namespace {
+// Lives until exit, so that main() can still reach it after the command's scope unwound.
+std::unique_ptr<Communicator> active;
+
+double positive_number(const Args& args, const std::string& flag, double fallback) {
+  if (!args.has(flag)) return fallback;
+  const std::string text = args.text(flag);
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0' || !std::isfinite(value) || value <= 0.0) {
+    throw UsageError(fmt::format("--{} expects a positive number, got '{}'", flag, text));
+  }
+  return value;
+}
+}  // namespace
+
+Communicator& chosen_communicator(const Args& args) {
+  CommOptions options;
+  options.timeout_seconds = positive_number(args, "comm-timeout", options.timeout_seconds);
+  const std::string name = args.has("comm") ? args.text("comm") : default_communicator();
+  active = make_communicator(name, options);
+  return *active;
+}
+
+std::size_t chosen_bucket_bytes(const Args& args) {
+  const double megabytes = positive_number(args, "bucket-mb", 25.0);
+  return static_cast<std::size_t>(std::max(4.0, megabytes * 1024.0 * 1024.0));
+}
+
+Communicator* active_communicator() {
+  return active.get();
 }
 
 void settle_splits(Net& net, const Args& args, bool json) {

@@ -100,6 +100,15 @@ int main(int argc, char** argv) {
     return run(argc, argv, label);
   } catch (const std::exception& error) {  // hn::Error and the standard library's
     std::fflush(stdout);
+    hn::Communicator* comm = hn::tool::active_communicator();
+    if (comm != nullptr && comm->size() > 1) {
+      // The other ranks may be waiting in a collective or computing: end them all now,
+      // rather than leave them to their deadlines.
+      fmt::print(stderr, "{}: error on rank {} of {}: {}\n", label, comm->rank(), comm->size(),
+                 error.what());
+      std::fflush(stderr);
+      comm->abort(1);
+    }
     fmt::print(stderr, "{}: error: {}\n", label, error.what());
   }
   return 1;

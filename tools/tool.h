@@ -6,6 +6,10 @@
 #include <string>
 #include <vector>
 
+#include <cstddef>
+#include <memory>
+
+#include "hybridnn/comm.h"
 #include "hybridnn/device.h"
 #include "hybridnn/net.h"
 #include "hybridnn/runtime.h"
@@ -46,6 +50,19 @@ Device chosen_device(const Args& args);
 // --split-file, with --threads and --blas, to `runtime`; returns the first. Without
 // --threads, several CPU drivers share the cores out among them.
 Driver& add_chosen_driver(Runtime& runtime, const Args& args);
+
+// CPU threads per rank default to the cores shared out among the ranks an MPI launcher
+// started on this node (OMPI_COMM_WORLD_LOCAL_SIZE, ...; 1 without one).
+int local_ranks();
+
+// --comm, --comm-timeout, --bucket-mb: data parallelism under mpirun.
+std::vector<FlagSpec> comm_flags();
+// The communicator of --comm (default: hn::default_communicator()) with --comm-timeout.
+// It becomes the active communicator, kept until exit, which main() uses to end every rank
+// when this one fails.
+Communicator& chosen_communicator(const Args& args);
+std::size_t chosen_bucket_bytes(const Args& args);
+Communicator* active_communicator();
 
 // Measures the net's automatic splits (--split auto) before the command's work starts,
 // printing each layer's choice as it is made ("Measuring the split of conv1...

@@ -128,8 +128,14 @@ class Reporter {
               ? fmt::format(", {:.0f} images/s, {} remaining", event.images_per_s,
                             format_duration(event.seconds_remaining))
               : std::string();
-      fmt::print("Iteration {}, loss = {}, lr = {}{}\n", event.iter, format_float(event.loss),
-                 format_float(event.lr), speed);
+      // With several ranks: the share of training time spent waiting for the allreduce.
+      const std::string comm =
+          event.train_seconds > 0 && solver_.communicator().size() > 1
+              ? fmt::format(", comm exposed {:.0f}%",
+                            100.0 * event.exposed_comm_seconds / event.train_seconds)
+              : std::string();
+      fmt::print("Iteration {}, loss = {}, lr = {}{}{}\n", event.iter, format_float(event.loss),
+                 format_float(event.lr), speed, comm);
     } else {
       fmt::print("Iteration {}, Testing net (#{})\n", event.iter, event.test_net);
     }
@@ -149,6 +155,13 @@ class Reporter {
         R"("loss":{},"accuracy":{},"lr":{},"images_per_s":{}}})", json_number(event.loss),
         event.accuracy ? json_number(*event.accuracy) : "null", json_number(event.lr),
         event.images_per_s > 0 ? fmt::format("{:.1f}", event.images_per_s) : "null");
+    if (train && solver_.communicator().size() > 1 && event.train_seconds > 0) {
+      line.pop_back();
+      line +=
+          fmt::format(R"(,"ranks":{},"allreduce_s":{},"exposed_comm_s":{},"train_s":{}}})",
+                      solver_.communicator().size(), json_number(event.allreduce_seconds),
+                      json_number(event.exposed_comm_seconds), json_number(event.train_seconds));
+    }
     metrics_.write(line);
   }
 
@@ -187,21 +200,37 @@ int run_train(const Args& args) {
   options.split = chosen_split(args);
   options.layer_splits = chosen_layer_splits(args);
 
+  // Under mpirun: one rank of a data-parallel run. Rank 0 alone prints, writes metrics and
+  // snapshots; errors still reach every rank's stderr.
+  Communicator* const comm = &chosen_communicator(args);
+  const bool root = comm->rank() == 0;
+  if (!root && std::freopen("/dev/null", "w", stdout) == nullptr) {
+    throw Error(fmt::format("rank {}: cannot quiet stdout", comm->rank()));
+  }
+  options.communicator = comm;
+  options.bucket_bytes = chosen_bucket_bytes(args);
+
   Runtime runtime;
   Driver& driver = add_chosen_driver(runtime, args);
-  MetricsFile metrics(args.text("metrics"));
+  MetricsFile metrics(root ? args.text("metrics") : std::string());
   StopSignals signals;
 
   Solver solver(solver_path, runtime, driver, options);
   signals.attach(solver);
   // Caffe fails at the first snapshot when the prefix's directory is missing; create it.
-  create_parent_directory(options.snapshot_prefix.empty()
-                              ? detail::read_solver_prototxt(solver_path).snapshot_prefix()
-                              : options.snapshot_prefix);
+  if (root) {
+    create_parent_directory(options.snapshot_prefix.empty()
+                                ? detail::read_solver_prototxt(solver_path).snapshot_prefix()
+                                : options.snapshot_prefix);
+  }
 
-  fmt::print("Solving {} on {} ({} learnable parameter blobs, batch {})\n", solver.net().name(),
-             driver.description(), solver.net().learnable_params().size(),
-             solver.net().batch_size());
+  const index_t batch = solver.net().batch_size();
+  const std::string ranks = comm->size() > 1
+                                ? fmt::format(" x {} ranks ({}) = global batch {}", comm->size(),
+                                              comm->name(), batch * comm->size())
+                                : std::string();
+  fmt::print("Solving {} on {} ({} learnable parameter blobs, batch {}{})\n", solver.net().name(),
+             driver.description(), solver.net().learnable_params().size(), batch, ranks);
   if (args.has("weights")) {
     fmt::print("Fine-tuning from {}\n", args.text("weights"));
     solver.copy_weights(args.text("weights"));
@@ -257,7 +286,15 @@ Command train_command() {
       "slices run at the same time). --split auto first measures each layer of the training\n"
       "net and prints the chosen fractions (the test nets measure theirs at their first\n"
       "test); --split-save FILE keeps the training net's, and --split-file FILE trains with\n"
-      "them again (test nets built from the same prototxt use them too).";
+      "them again (test nets built from the same prototxt use them too).\n"
+      "\n"
+      "Under mpirun (mpirun -np N hybridnn train --solver S) the N ranks train one model\n"
+      "synchronously: rank r reads records r, r+N, ... (global batch N x the prototxt's),\n"
+      "gradients are averaged with a ring allreduce overlapping backward, tests cover the\n"
+      "whole test set across the ranks, and rank 0 prints, writes --metrics and snapshots.\n"
+      "A rank that fails, or a collective that waits past --comm-timeout, ends every rank.\n"
+      "Give --threads (cores per rank) when ranks share a node; the default shares the\n"
+      "node's cores among its ranks.";
   command.flags = {
       {"solver", FlagKind::text, "FILE", "the solver prototxt (required)"},
       {"weights", FlagKind::text, "W[,W2]", "fine-tune from these .caffemodel files"},
@@ -273,6 +310,8 @@ Command train_command() {
       {"seed", FlagKind::integer, "N", "random seed (default: the solver's random_seed)"},
   };
   for (FlagSpec& flag : device_flags())
+    command.flags.push_back(std::move(flag));
+  for (FlagSpec& flag : comm_flags())
     command.flags.push_back(std::move(flag));
   command.run = run_train;
   return command;

@@ -49,6 +49,9 @@ class Communicator {
   virtual void allgather(Driver& driver, const float* sent, std::size_t count, float* received) = 0;
   // Returns once every rank has called it.
   virtual void barrier() = 0;
+  // Ends the whole run at once: this process and every other rank's exit with `exit_code`
+  // (MPI_Abort). For a rank that failed while the others wait in a collective or compute.
+  [[noreturn]] virtual void abort(int exit_code) noexcept = 0;
 };
 
 struct CommOptions {
@@ -67,5 +70,11 @@ std::unique_ptr<Communicator> make_communicator(const std::string& name,
                                                 const CommOptions& options = {});
 // One process: rank 0 of 1.
 std::unique_ptr<Communicator> make_local_communicator();
+// The backend to use when none is named: "ring" when an MPI launcher (mpirun, srun with
+// PMI) started this process as one of several, else "local". Throws hn::Error when a
+// launcher started several processes but this build has no MPI.
+std::string default_communicator();
+// The number of processes the launcher started (1 without one), from its environment.
+int launched_ranks();
 
 }  // namespace hn

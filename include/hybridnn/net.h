@@ -42,6 +42,12 @@ struct NetOptions {
   // blobs named in keep_blobs are never reused).
   bool reuse_memory = true;
   std::vector<std::string> keep_blobs;
+  // Data parallelism: the Data layers read shard `data_shard` of `data_shards` of their
+  // stream, records data_shard, data_shard + data_shards, ... (the Solver sets it to the
+  // rank and the number of ranks), so that the shards' batches together are the batch of
+  // data_shards times the size that one net reading everything would get.
+  int data_shard = 0;
+  int data_shards = 1;
   // Seed of the net's random streams (dropout, random crops and mirrors, fillers).
   std::uint64_t seed = 1701;
   // How every layer's batch is cut among devices (empty: the prototxt's NetParameter

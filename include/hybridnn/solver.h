@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -38,11 +39,24 @@ struct SolverOptions {
   // test nets built from the same prototxt (net / net_param); test nets from files of their
   // own (test_net, test_net_param) use `split`.
   LayerSplits layer_splits;
-  // The ranks this solver trains with (data parallelism): every parameter gradient is
-  // summed over them and divided by their number between the backward and the update, and
-  // the weights are broadcast from rank 0 before the first iteration. Not owned; null: this
-  // process alone (make_local_communicator()).
+  // The ranks this solver trains with (synchronous data parallelism). Not owned; null: this
+  // process alone (make_local_communicator()). With more than one rank:
+  //  - at construction the ranks compare their nets (every parameter's shape, the
+  //    prototxt), solvers and library versions, and all fail naming the ranks that differ;
+  //  - rank r's Data layers read records r, r + N, r + 2N, ... (NetOptions::data_shard), so
+  //    the global batch is N times the prototxt's;
+  //  - the weights are broadcast from rank 0 before the first iteration;
+  //  - backward hands the parameter gradients, in buckets of `bucket_bytes`, to a
+  //    communication thread that averages them over the ranks while the layers below are
+  //    still computing; the update waits for the buckets still in flight;
+  //  - the loss and the display outputs are means over the ranks, and a test pass spreads
+  //    its test_iter batches over the ranks and reports the means over all of them;
+  //  - every `checksum_interval` iterations and at every snapshot the ranks compare a
+  //    checksum of their weights and fail naming the first rank that differs;
+  //  - only rank 0 writes snapshots.
   Communicator* communicator = nullptr;
+  std::size_t bucket_bytes = std::size_t{25} << 20;
+  int checksum_interval = 1000;  // 0: only at snapshots
 };
 
 // What the Solver reports while it runs: one event per display interval (phase train) and
@@ -58,6 +72,11 @@ struct SolverEvent {
   double images_per_s = 0.0;       // train: since the previous display
   double seconds_remaining = 0.0;  // train: estimated to max_iter
   std::string snapshot;            // set on snapshot events (the .caffemodel path)
+  // Data parallelism, train: since the previous display, the time the gradient allreduces
+  // took (on the communication thread) and the part of it training waited for.
+  double allreduce_seconds = 0.0;
+  double exposed_comm_seconds = 0.0;
+  double train_seconds = 0.0;  // forward, backward and update, for the shares
 };
 
 class Solver {
@@ -94,8 +113,12 @@ class Solver {
   // Runs test_iter forward passes of test net `index` from the start of its data and
   // returns the mean of each output blob.
   std::vector<std::pair<std::string, float>> test(int index);
-  // Writes <prefix>_iter_N.caffemodel and .solverstate; returns the .caffemodel path.
+  // Writes <prefix>_iter_N.caffemodel and .solverstate (rank 0 only; with several ranks a
+  // collective: every rank calls it, and they compare weight checksums first); returns the
+  // .caffemodel path.
   std::string snapshot();
+  // The ranks this solver trains with.
+  Communicator& communicator();
 
   int iter() const;
   int max_iter() const;

@@ -1,7 +1,8 @@
 // Data feeds: what a Net's Data layer reads. A feed opens a source (an LMDB of Caffe Datum
 // records, IDX files as MNIST / Fashion-MNIST ship them, CIFAR-10 binary files, or
 // generated images), applies Caffe's transform_param and prepares batches on a background
-// thread. Batch b always holds records [b*batch, (b+1)*batch) modulo the source's size, and
+// thread. Batch b always holds records [b*batch, (b+1)*batch) modulo the source's size (one
+// shard of them under data parallelism: FeedOptions::shard), and
 // its random crops and mirrors depend only on the seed and the record's position, so a run
 // resumed at batch b sees exactly what an uninterrupted run saw.
 #pragma once
@@ -25,6 +26,11 @@ struct FeedOptions {
   int batch_size = 0;          // > 0: replaces data_param.batch_size
   std::uint64_t seed = 0;
   int prefetch = 3;  // batches prepared ahead (0: synchronous, no thread)
+  // Data parallelism: this feed is shard `shard` of `shards`, and its batch b holds the
+  // records at stream positions (b * batch + i) * shards + shard: rank r of N reads r, r + N,
+  // r + 2N, ..., so the N feeds together read what one feed of N * batch reads.
+  int shard = 0;
+  int shards = 1;
 };
 
 class DataFeed {

@@ -22,14 +22,16 @@ namespace {
 class Feed final : public DataFeed {
  public:
   Feed(std::string context, std::unique_ptr<RecordSource> source, Transformer transform, int batch,
-       bool labels, int prefetch)
+       bool labels, const FeedOptions& options)
       : context_(std::move(context)),
         source_(std::move(source)),
         transform_(std::move(transform)),
         batch_(batch),
+        shard_(static_cast<std::uint64_t>(options.shard)),
+        shards_(static_cast<std::uint64_t>(options.shards)),
         labels_(labels),
         image_count_(transform_.output_shape().count()) {
-    slots_.resize(static_cast<std::size_t>(std::max(prefetch, 0)));
+    slots_.resize(static_cast<std::size_t>(std::max(options.prefetch, 0)));
     for (Slot& slot : slots_) {
       slot.data.resize(static_cast<std::size_t>(batch_) * image_count_);
       if (labels_) slot.labels.resize(static_cast<std::size_t>(batch_));
@@ -77,8 +79,10 @@ class Feed final : public DataFeed {
   }
 
   std::string describe() const override {
-    return fmt::format("{} reading {} '{}' ({} records)", context_, source_->kind(),
-                       source_->path(), source_->size());
+    std::string text = fmt::format("{} reading {} '{}' ({} records)", context_, source_->kind(),
+                                   source_->path(), source_->size());
+    if (shards_ > 1) text += fmt::format(", shard {} of {}", shard_, shards_);
+    return text;
   }
 
  private:
@@ -86,13 +90,15 @@ class Feed final : public DataFeed {
     std::vector<float> data, labels;
   };
 
-  // Batch `batch` holds stream positions [batch * batch_, (batch + 1) * batch_), each
-  // taken modulo the number of records. Returns false when stopped part-way.
+  // Batch `batch` holds stream positions [batch * batch_, (batch + 1) * batch_) of this
+  // shard, position p being p * shards + shard of the whole stream, each taken modulo the
+  // number of records. Returns false when stopped part-way.
   bool fill(std::uint64_t batch, float* data, float* labels) {
     const std::uint64_t records = source_->size();
     for (int i = 0; i < batch_; ++i) {
       if (stopping_.load(std::memory_order_relaxed)) return false;
-      const std::uint64_t position = batch * static_cast<std::uint64_t>(batch_) + i;
+      const std::uint64_t position =
+          (batch * static_cast<std::uint64_t>(batch_) + i) * shards_ + shard_;
       const RecordView record = source_->read(position % records);
       transform_.apply(record, position, data + static_cast<std::size_t>(i) * image_count_);
       if (labels != nullptr) labels[i] = record.label;
@@ -162,6 +168,7 @@ class Feed final : public DataFeed {
   std::unique_ptr<RecordSource> source_;  // read only by the thread while it runs
   Transformer transform_;
   int batch_;
+  std::uint64_t shard_, shards_;
   bool labels_;
   std::size_t image_count_;
   std::uint64_t next_batch_ = 0;  // what next() returns
@@ -188,6 +195,8 @@ std::unique_ptr<DataFeed> open_data_feed(const hybridnn::proto::LayerParameter& 
   const int batch =
       options.batch_size > 0 ? options.batch_size : static_cast<int>(param.batch_size());
   HN_CHECK(batch > 0, "{}: data_param.batch_size must be positive, is {}", context, batch);
+  HN_CHECK(options.shards >= 1 && options.shard >= 0 && options.shard < options.shards,
+           "{}: data shard {} of {} does not exist", context, options.shard, options.shards);
   SourceOptions source_options;
   source_options.context = context;
   // The backend describes the layer's own source, not one given in its place.
@@ -197,7 +206,7 @@ std::unique_ptr<DataFeed> open_data_feed(const hybridnn::proto::LayerParameter& 
       open_record_source(options.source.empty() ? param.source() : options.source, source_options);
   Transformer transform(layer, options, source->shape(), context);
   return std::make_unique<Feed>(context, std::move(source), std::move(transform), batch,
-                                layer.top_size() == 2, options.prefetch);
+                                layer.top_size() == 2, options);
 }
 
 }  // namespace hn::detail

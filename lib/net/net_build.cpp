@@ -302,6 +302,8 @@ void Net::Impl::add_layer(const pb::LayerParameter& source) {
     feed.source = options.data_source;
     feed.mean_file = options.mean_file;
     feed.batch_size = options.batch_size;
+    feed.shard = options.data_shard;
+    feed.shards = options.data_shards;
     feed.seed = detail::mix_seeds(options.seed, static_cast<std::uint64_t>(index) + 0x1000);
     try {
       nl.feed = detail::open_data_feed(param, feed);

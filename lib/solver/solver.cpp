@@ -9,6 +9,8 @@
 // restored at iteration i computes what the uninterrupted run computed.
 #include "hybridnn/solver.h"
 
+#include "hybridnn/version.h"
+
 #include <fmt/format.h>
 #include <google/protobuf/text_format.h>
 
@@ -22,6 +24,7 @@
 #include "lib/core/check.h"
 #include "lib/core/philox.h"
 #include "lib/proto/prototxt.h"
+#include "lib/solver/gradient_sync.h"
 
 namespace hn {
 
@@ -99,7 +102,7 @@ NetState merge_state(Phase phase, const pb::NetState* extra) {
   return state;
 }
 
-std::string text_of(const pb::NetParameter& net) {
+std::string text_of(const google::protobuf::Message& net) {
   std::string text;
   google::protobuf::TextFormat::PrintToString(net, &text);
   return text;
@@ -125,8 +128,10 @@ struct Solver::Impl {
   SolverOptions options;
   std::unique_ptr<Communicator> local_comm;  // when options.communicator is null
   Communicator* comm = nullptr;
-  bool weights_broadcast = false;  // rank 0's weights reached every rank
-  std::string origin;              // the solver file
+  bool weights_broadcast = false;              // rank 0's weights reached every rank
+  std::unique_ptr<detail::GradientSync> sync;  // more than one rank
+  std::string net_text;                        // the training net's prototxt, for the start check
+  std::string origin;                          // the solver file
   pb::SolverParameter param;
   UpdateType type = UpdateType::sgd;
   bool l1 = false;
@@ -153,6 +158,7 @@ struct Solver::Impl {
   // Training time since the last display: forward, backward and update only (tests and
   // snapshots excluded), so images/s and the time remaining measure training.
   double train_seconds = 0.0;
+  double allreduce_seconds = 0.0, exposed_comm_seconds = 0.0;
   int iterations_since_display = 0;
   bool first_display = true;  // the first iteration of a run pays one-off setup: not timed
 
@@ -164,15 +170,28 @@ struct Solver::Impl {
   void train_iteration();
   // The collectives of data parallelism (no-ops for a single rank).
   void broadcast_weights();
-  void reduce_gradients();
+  // At construction: every rank runs the same net, solver and library, or all fail.
+  void check_ranks_agree();
+  // Every rank holds the same weights, or all fail naming the first that differs.
+  void check_weights_agree(const char* when);
   void apply_update(float rate);
   void update_smoothed_loss(float loss);
   void display(float rate);
   void test_all();
   std::optional<std::vector<std::pair<std::string, float>>> run_test(int index, float* loss,
                                                                      bool interruptible);
-  // Takes a pending stop request: true when there was one.
+  // Takes a pending stop request: true when there was one. With several ranks, a request
+  // counts once every rank knows of it (the last iteration's reduction), so that all stop
+  // after the same iteration.
+  bool agreed_stop = false;
   bool take_stop() {
+    if (sync) {
+      if (!agreed_stop) return false;
+      agreed_stop = false;
+      stop.store(false);
+      stopped = true;
+      return true;
+    }
     if (!stop.exchange(false)) return false;
     stopped = true;
     return true;
@@ -211,10 +230,14 @@ void Solver::Impl::build_nets() {
   train_options.seed = seed;
   train_options.split = options.split;
   train_options.layer_splits = options.layer_splits;
+  train_options.data_shard = comm->rank();
+  train_options.data_shards = comm->size();
   if (p.has_net() || p.has_train_net()) {
     const std::string path = resolve_beside(p.has_net() ? p.net() : p.train_net(), origin);
     net = std::make_unique<Net>(path, *runtime, *driver, train_options);
+    if (comm->size() > 1) net_text = text_of(detail::read_net_prototxt(path));
   } else {
+    net_text = text_of(p.has_net_param() ? p.net_param() : p.train_net_param());
     const pb::NetParameter& inline_net = p.has_net_param() ? p.net_param() : p.train_net_param();
     net = Net::from_text(
         text_of(inline_net),
@@ -348,8 +371,28 @@ void Solver::Impl::train_iteration() {
   for (int k = 0; k < iter_size; ++k) {
     const std::uint64_t batch = static_cast<std::uint64_t>(iter) * iter_size + k;
     if (net->data_position() != batch) net->seek_data(batch);
-    net->set_iteration_seed(iteration_seed(seed, iter, k));
-    loss += net->forward_backward();
+    std::uint64_t stream = iteration_seed(seed, iter, k);
+    // Each rank's dropout masks its own rows.
+    if (sync) stream = detail::mix_seeds(stream, static_cast<std::uint64_t>(comm->rank()) + 1);
+    net->set_iteration_seed(stream);
+    if (!sync || k + 1 < iter_size) {
+      loss += net->forward_backward();
+      continue;
+    }
+    loss += net->forward();
+    // The last backward of the iteration overlaps the gradients' allreduce.
+    sync->backward(loss / static_cast<float>(iter_size), stop.load());
+    try {
+      const detail::GradientSync::Result result = sync->wait();
+      loss = result.loss * static_cast<float>(iter_size);
+      agreed_stop = result.stop;
+    } catch (const Error& error) {
+      detail::fail("{}: rank {} of {}, iteration {}: {}", origin, comm->rank(), comm->size(), iter,
+                   error.what());
+    }
+    const detail::GradientSync::Stats stats = sync->take_stats();
+    allreduce_seconds += stats.allreduce_seconds;
+    exposed_comm_seconds += stats.exposed_seconds;
   }
   loss /= static_cast<float>(iter_size);
   if (!std::isfinite(loss)) {
@@ -359,7 +402,6 @@ void Solver::Impl::train_iteration() {
         origin, std::isnan(loss) ? "NaN" : "infinite", iter);
   }
   last_loss = loss;
-  reduce_gradients();
 }
 
 void Solver::Impl::broadcast_weights() {
@@ -369,13 +411,79 @@ void Solver::Impl::broadcast_weights() {
   weights_broadcast = true;
 }
 
-// The mean gradient over the ranks, as Caffe's P2PSync and Horovod use: each rank's
-// gradient is its own batch's, so the update sees the gradient of size() batches.
-void Solver::Impl::reduce_gradients() {
+// Four 16-bit pieces of a 64-bit value, each exact as a float, so that a collective on
+// floats carries it unchanged.
+void push_u64(std::vector<float>& out, std::uint64_t value) {
+  for (int i = 0; i < 4; ++i)
+    out.push_back(static_cast<float>((value >> (16 * i)) & 0xFFFFu));
+}
+
+std::uint64_t fnv1a(const void* data, std::size_t bytes,
+                    std::uint64_t hash = 1469598103934665603u) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < bytes; ++i)
+    hash = (hash ^ p[i]) * 1099511628211u;
+  return hash;
+}
+
+std::uint64_t fnv1a(const std::string& text, std::uint64_t hash = 1469598103934665603u) {
+  return fnv1a(text.data(), text.size(), hash);
+}
+
+void Solver::Impl::check_ranks_agree() {
   const int ranks = comm->size();
   if (ranks == 1) return;
+  // What each rank compares, and its fingerprint.
+  std::vector<std::pair<std::string, std::uint64_t>> items;
+  items.emplace_back(fmt::format("library version ({})", version()), fnv1a(version()));
+  items.emplace_back("solver parameters", fnv1a(text_of(param)));
+  items.emplace_back("training net prototxt", fnv1a(net_text));
+  const std::vector<NetParam>& params = net->learnable_params();
+  items.emplace_back(fmt::format("number of learnable parameters ({})", params.size()),
+                     params.size());
+  std::uint64_t shapes = fnv1a("shapes");
+  for (const NetParam& np : params) {
+    shapes = fnv1a(np.layer + "/" + np.name + ":" + np.tensor->shape().to_string(), shapes);
+  }
+  items.emplace_back("parameter shapes", shapes);
+  std::vector<float> mine;
+  for (const auto& item : items)
+    push_u64(mine, item.second);
+  std::vector<float> all(mine.size() * static_cast<std::size_t>(ranks));
+  comm->allgather(*driver, mine.data(), mine.size(), all.data());
+  std::string differences;
+  for (int r = 1; r < ranks; ++r) {
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      const float* theirs = all.data() + static_cast<std::size_t>(r) * mine.size() + 4 * i;
+      if (!std::equal(theirs, theirs + 4, all.data() + 4 * i)) {
+        differences += fmt::format("\n  rank {}: {} differs from rank 0's", r, items[i].first);
+      }
+    }
+  }
+  HN_CHECK(differences.empty(),
+           "{}: the {} ranks do not all train the same net with the same solver (this is rank "
+           "{}; net '{}', {} learnable parameters):{}",
+           origin, ranks, comm->rank(), net->name(), params.size(), differences);
+}
+
+void Solver::Impl::check_weights_agree(const char* when) {
+  const int ranks = comm->size();
+  if (ranks == 1) return;
+  std::uint64_t hash = fnv1a("weights");
   for (const NetParam& np : net->learnable_params()) {
-    comm->allreduce(*driver, np.tensor->diff_write(*driver), np.tensor->count(), ReduceOp::average);
+    hash = fnv1a(np.tensor->host_data(),
+                 static_cast<std::size_t>(np.tensor->count()) * sizeof(float), hash);
+  }
+  std::vector<float> mine;
+  push_u64(mine, hash);
+  std::vector<float> all(4 * static_cast<std::size_t>(ranks));
+  comm->allgather(*driver, mine.data(), 4, all.data());
+  for (int r = 1; r < ranks; ++r) {
+    HN_CHECK(std::equal(all.begin(), all.begin() + 4, all.begin() + 4 * r),
+             "{}: {} at iteration {}: the weights of rank {} differ from rank 0's (checksums "
+             "compared on all {} ranks; this is rank {}); the ranks no longer train the same "
+             "model",
+             origin, when, iter, r, ranks, comm->rank());
   }
 }
 
@@ -443,15 +551,32 @@ void Solver::Impl::display(float rate) {
   e.lr = rate;
   if (seconds > 0.0 && iterations_since_display > 0 && !first_display) {
     const double per_iteration = seconds / iterations_since_display;
-    e.images_per_s = static_cast<double>(net->batch_size()) * param.iter_size() / per_iteration;
+    // The global batch: every rank's.
+    e.images_per_s =
+        static_cast<double>(net->batch_size()) * param.iter_size() * comm->size() / per_iteration;
     e.seconds_remaining = std::max(0, param.max_iter() - iter) * per_iteration;
   }
+  std::vector<float> values;
   for (const auto& [name, weight] : net->outputs()) {
     static_cast<void>(weight);
     const BlobRef blob = net->blob(name);
-    const float* values = blob.host_data();
-    for (index_t k = 0; k < blob.count(); ++k) {
-      e.outputs.emplace_back(blob.count() == 1 ? name : fmt::format("{}[{}]", name, k), values[k]);
+    values.insert(values.end(), blob.host_data(), blob.host_data() + blob.count());
+  }
+  // With several ranks: the means over the ranks, as the loss.
+  if (comm->size() > 1 && !values.empty()) {
+    Tensor reduced(Shape{static_cast<index_t>(values.size())});
+    float* data = reduced.host_data_mut();
+    std::copy(values.begin(), values.end(), data);
+    comm->allreduce(*driver, reduced.data_write(*driver), values.size(), ReduceOp::average);
+    const float* mean = reduced.host_data();
+    values.assign(mean, mean + values.size());
+  }
+  std::size_t at = 0;
+  for (const auto& [name, weight] : net->outputs()) {
+    static_cast<void>(weight);
+    const index_t count = net->blob(name).count();
+    for (index_t k = 0; k < count; ++k) {
+      e.outputs.emplace_back(count == 1 ? name : fmt::format("{}[{}]", name, k), values[at++]);
     }
   }
   for (const auto& [name, value] : e.outputs) {
@@ -460,7 +585,10 @@ void Solver::Impl::display(float rate) {
       break;
     }
   }
-  train_seconds = 0.0;
+  e.train_seconds = train_seconds;
+  e.allreduce_seconds = allreduce_seconds;
+  e.exposed_comm_seconds = exposed_comm_seconds;
+  train_seconds = allreduce_seconds = exposed_comm_seconds = 0.0;
   iterations_since_display = 0;
   first_display = false;
   emit(e);
@@ -470,27 +598,53 @@ void Solver::Impl::display(float rate) {
 
 // Caffe's Solver::Test: the mean of every output element over test_iter forwards. Returns
 // nothing when a stop request interrupts it (interruptible only; the request stays pending).
+// With several ranks, rank r runs passes r, r + N, ... (each reading the batch one process
+// would read in that pass) and the sums are added over the ranks: the means cover the whole
+// test set, as one process's do.
 std::optional<std::vector<std::pair<std::string, float>>> Solver::Impl::run_test(
     int index, float* loss, bool interruptible) {
   Net& test_net = *test_nets[index];
-  test_net.seek_data(0);
-  test_net.set_iteration_seed(test_seed(seed, index));
   const std::vector<std::pair<std::string, float>> outputs = test_net.outputs();
-  std::vector<double> sums;
+  std::size_t values = 0;
+  for (const auto& [name, weight] : outputs) {
+    static_cast<void>(weight);
+    values += static_cast<std::size_t>(test_net.blob(name).count());
+  }
+  std::vector<double> sums(values, 0.0);
   double loss_sum = 0.0;
   const int passes = test_iters[index];
-  for (int i = 0; i < passes; ++i) {
+  const int ranks = comm->size(), rank = comm->rank();
+  // Stop requests arrive on each rank separately; the ranks must still run the same
+  // collectives, so only a single process interrupts a test.
+  interruptible = interruptible && ranks == 1;
+  test_net.set_iteration_seed(test_seed(seed, index));
+  for (int i = rank; i < passes; i += ranks) {
     if (interruptible && stop.load()) return std::nullopt;
+    if (test_net.data_position() != static_cast<std::uint64_t>(i)) {
+      test_net.seek_data(static_cast<std::uint64_t>(i));
+    }
     loss_sum += test_net.forward();
     std::size_t at = 0;
     for (const auto& [name, weight] : outputs) {
       static_cast<void>(weight);
       const BlobRef blob = test_net.blob(name);
-      const float* values = blob.host_data();
-      if (i == 0) sums.resize(sums.size() + static_cast<std::size_t>(blob.count()), 0.0);
+      const float* v = blob.host_data();
       for (index_t k = 0; k < blob.count(); ++k)
-        sums[at++] += values[k];
+        sums[at++] += v[k];
     }
+  }
+  if (ranks > 1) {
+    // Per-rank sums in float, added over the ranks.
+    Tensor reduced(Shape{static_cast<index_t>(values + 1)});
+    float* data = reduced.host_data_mut();
+    for (std::size_t k = 0; k < values; ++k)
+      data[k] = static_cast<float>(sums[k]);
+    data[values] = static_cast<float>(loss_sum);
+    comm->allreduce(*driver, reduced.data_write(*driver), values + 1, ReduceOp::sum);
+    const float* total = reduced.host_data();
+    for (std::size_t k = 0; k < values; ++k)
+      sums[k] = total[k];
+    loss_sum = total[values];
   }
   std::vector<std::pair<std::string, float>> means;
   std::size_t at = 0;
@@ -549,6 +703,8 @@ std::string Solver::Impl::snapshot() {
            "{}: snapshot_format HDF5 is not supported; use BINARYPROTO", origin);
   const std::string base = fmt::format("{}_iter_{}", prefix(), iter);
   const std::string model = base + ".caffemodel";
+  check_weights_agree("snapshot");
+  if (comm->rank() != 0) return model;  // rank 0 writes it
   net->save(model, param.snapshot_diff());
   pb::SolverState state;
   state.set_iter(iter);
@@ -601,6 +757,9 @@ int Solver::Impl::run(int iterations) {
     apply_update(lr);
     train_seconds += std::chrono::duration<double>(Clock::now() - start).count();
     ++iter;
+    if (options.checksum_interval > 0 && iter % options.checksum_interval == 0) {
+      check_weights_agree("weight check");
+    }
     if (param.snapshot() > 0 && iter % param.snapshot() == 0) snapshot();
     if (take_stop()) break;
   }
@@ -642,7 +801,13 @@ Solver::Solver(const std::string& solver_prototxt_path, Runtime& runtime, Driver
   } else if (p.random_seed() >= 0) {
     s.seed = static_cast<std::uint64_t>(p.random_seed());
   }
+  HN_CHECK(options.checksum_interval >= 0, "{}: checksum_interval must be >= 0, got {}", s.origin,
+           options.checksum_interval);
   s.build_nets();
+  if (s.comm->size() > 1) {
+    s.check_ranks_agree();
+    s.sync = std::make_unique<detail::GradientSync>(*s.net, *s.comm, options.bucket_bytes);
+  }
 }
 
 Solver::~Solver() = default;
@@ -781,6 +946,9 @@ float Solver::learning_rate() const {
 }
 float Solver::last_loss() const {
   return impl_->last_loss;
+}
+Communicator& Solver::communicator() {
+  return *impl_->comm;
 }
 Net& Solver::net() {
   return *impl_->net;
