@@ -436,7 +436,16 @@ void Solver::Impl::check_ranks_agree() {
   // What each rank compares, and its fingerprint.
   std::vector<std::pair<std::string, std::uint64_t>> items;
   items.emplace_back(fmt::format("library version ({})", version()), fnv1a(version()));
-  items.emplace_back("solver parameters", fnv1a(text_of(param)));
+  // The solver's settings, not where its files lie on each rank (the nets' contents are
+  // compared below).
+  pb::SolverParameter settings = param;
+  settings.clear_net();
+  settings.clear_train_net();
+  settings.clear_net_param();
+  settings.clear_train_net_param();
+  settings.clear_test_net();
+  settings.clear_snapshot_prefix();
+  items.emplace_back("solver parameters", fnv1a(text_of(settings)));
   items.emplace_back("training net prototxt", fnv1a(net_text));
   const std::vector<NetParam>& params = net->learnable_params();
   items.emplace_back(fmt::format("number of learnable parameters ({})", params.size()),

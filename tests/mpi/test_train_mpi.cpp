@@ -1,0 +1,159 @@
+// Data-parallel training under mpirun (2, 3 and 4 ranks): N ranks at batch B against one
+// process at batch N x B, computed by every rank itself with the local communicator; the
+// weights bitwise identical across ranks; the split inside each rank; the start check.
+#include <fmt/format.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "hybridnn/comm.h"
+#include "hybridnn/error.h"
+#include "hybridnn/runtime.h"
+#include "hybridnn/solver.h"
+#include "tests/support.h"
+
+using Catch::Matchers::Contains;
+using namespace hn;
+
+namespace {
+
+constexpr int kIterations = 20;
+
+std::string lenet(int batch, int num_output_ip1 = 500) {
+  std::ifstream file(HYBRIDNN_SOURCE_DIR "/examples/fashion_mnist/lenet_train_test.prototxt");
+  REQUIRE(file);
+  std::stringstream text;
+  text << file.rdbuf();
+  std::string net = text.str();
+  const auto replace = [&net](const std::string& from, const std::string& to) {
+    const std::size_t at = net.find(from);
+    REQUIRE(at != std::string::npos);
+    net.replace(at, from.size(), to);
+  };
+  replace("batch_size: 64", fmt::format("batch_size: {}", batch));
+  replace("num_output: 500", fmt::format("num_output: {}", num_output_ip1));
+  return net;
+}
+
+struct Run {
+  test::TempDir dir{"hybridnn-train-mpi"};
+  Runtime runtime;
+  std::unique_ptr<Solver> solver;
+  std::vector<float> losses;
+
+  Run(int batch, Communicator* comm, const Split& split = {}, int num_output_ip1 = 500) {
+    const std::string net = dir.write("net.prototxt", lenet(batch, num_output_ip1));
+    const std::string solver_file = dir.write(
+        "solver.prototxt",
+        fmt::format("net: \"{}\"\ntest_iter: 6\ntest_interval: 1000\nbase_lr: 0.01\n"
+                    "momentum: 0.9\nweight_decay: 0.0005\nlr_policy: \"inv\"\ngamma: 0.0001\n"
+                    "power: 0.75\nmax_iter: {}\nrandom_seed: 1\nsnapshot_after_train: false\n",
+                    net, kIterations));
+    DriverOptions one_thread;
+    one_thread.set("threads", 1);
+    Driver& driver = runtime.add(Device::parse("cpu"), one_thread);
+    if (!split.empty()) runtime.add(Device::parse("reference"));
+    SolverOptions options;
+    options.train_data = options.test_data = "synthetic:1x28x28:10";
+    options.communicator = comm;
+    options.split = split;
+    solver = std::make_unique<Solver>(solver_file, runtime, driver, options);
+  }
+  void train() {
+    for (int i = 0; i < kIterations; ++i) {
+      solver->step(1);
+      losses.push_back(solver->last_loss());
+    }
+  }
+  std::vector<float> weights() const {
+    std::vector<float> all;
+    for (const NetParam& param : solver->net().learnable_params())
+      all.insert(all.end(), param.tensor->host_data(),
+                 param.tensor->host_data() + param.tensor->count());
+    return all;
+  }
+};
+
+std::unique_ptr<Communicator> ring() {
+  CommOptions options;
+  options.timeout_seconds = 120;
+  return make_communicator("ring", options);
+}
+
+// Every rank's `values` equal rank 0's, bit for bit.
+void check_identical_across_ranks(Communicator& comm, const std::vector<float>& values) {
+  const std::unique_ptr<Driver> host = make_driver(Device::parse("reference"));
+  std::vector<float> all(values.size() * static_cast<std::size_t>(comm.size()));
+  comm.allgather(*host, values.data(), values.size(), all.data());
+  for (int r = 1; r < comm.size(); ++r) {
+    INFO("rank " << r << " against rank 0");
+    CHECK(std::memcmp(all.data(), all.data() + r * values.size(), values.size() * sizeof(float)) ==
+          0);
+  }
+}
+
+double max_relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double scale = 0.0, difference = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    scale = std::max(scale, static_cast<double>(std::fabs(a[i])));
+    difference = std::max(difference, static_cast<double>(std::fabs(a[i] - b[i])));
+  }
+  return scale > 0.0 ? difference / scale : difference;
+}
+
+}  // namespace
+
+TEST_CASE("N ranks at batch B train as one process at batch N x B", "[mpi][train]") {
+  const std::unique_ptr<Communicator> comm = ring();
+  const int n = comm->size();
+  const int batch = 64 / n;  // 32, 21, 16: the global batch stays near 64
+  Run one(batch * n, nullptr);
+  one.train();
+  Run ranks(batch, comm.get());
+  ranks.train();
+  for (int i = 0; i < kIterations; ++i) {
+    INFO("iteration " << i << ", " << n << " ranks");
+    CHECK(std::fabs(ranks.losses[i] - one.losses[i]) <= 1e-4 * std::fabs(one.losses[i]));
+  }
+  check_identical_across_ranks(*comm, ranks.weights());
+  CHECK(max_relative_difference(ranks.weights(), one.weights()) < 1e-4);
+  // Tests cover the whole test set across the ranks: the same means as one process's.
+  const auto mine = ranks.solver->test(0), alone = one.solver->test(0);
+  REQUIRE(mine.size() == alone.size());
+  for (std::size_t k = 0; k < mine.size(); ++k) {
+    INFO(mine[k].first);
+    CHECK(mine[k].second == Approx(alone[k].second).epsilon(1e-4));
+  }
+}
+
+TEST_CASE("ranks that split their layers between drivers train as unsplit ranks",
+          "[mpi][train]") {
+  const std::unique_ptr<Communicator> comm = ring();
+  Run plain(16, comm.get());
+  plain.train();
+  Run split(16, comm.get(), Split::parse("cpu:0.5,reference:0.5"));
+  split.train();
+  for (int i = 0; i < kIterations; ++i) {
+    INFO("iteration " << i);
+    CHECK(std::fabs(split.losses[i] - plain.losses[i]) <= 1e-5 * std::fabs(plain.losses[i]));
+  }
+  check_identical_across_ranks(*comm, split.weights());
+  CHECK(max_relative_difference(split.weights(), plain.weights()) < 1e-5);
+}
+
+TEST_CASE("ranks with different nets all fail at the start, naming the rank", "[mpi][train]") {
+  const std::unique_ptr<Communicator> comm = ring();
+  const int odd = comm->size() - 1;  // the last rank has a different ip1
+  const int outputs = comm->rank() == odd ? 400 : 500;
+  CHECK_THROWS_WITH(Run(8, comm.get(), {}, outputs),
+                    Contains(fmt::format("rank {}: parameter shapes differs from rank 0's", odd)) &&
+                        Contains("training net prototxt"));
+  // The ranks are still in step: a collective after the failure completes.
+  comm->barrier();
+}
