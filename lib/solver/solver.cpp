@@ -699,6 +699,7 @@ std::string Solver::Impl::prefix() const {
 }
 
 void Solver::Impl::check_snapshot_prefix() const {
+  if (comm->rank() != 0) return;  // rank 0 writes the snapshots
   const std::string p = prefix();
   const fs::path parent = fs::path(p).parent_path();
   HN_CHECK(parent.empty() || fs::is_directory(parent),

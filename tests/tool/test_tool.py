@@ -44,8 +44,8 @@ def check(condition, message):
 
 
 class Context:
-    def __init__(self, tool, models, work):
-        self.tool, self.models, self.work = tool, models, work
+    def __init__(self, tool, models, work, mpiexec=None):
+        self.tool, self.models, self.work, self.mpiexec = tool, models, work, mpiexec
         self.repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
     def path(self, *parts):
@@ -899,6 +899,185 @@ def convert_to_lmdb(ctx):
 FASHION = "/usr/share/datasets/fashion-mnist"
 
 
+# ---- data parallelism under mpirun (tool.mpi_* run one at a time, RUN_SERIAL) ---------------
+
+def mpirun(ctx, ranks):
+    """The mpirun command line for `ranks` ranks on this machine, or Skip."""
+    if not ctx.mpiexec:
+        raise Skip("hybridnn was built without MPI (HYBRIDNN_MPI)")
+    return [ctx.mpiexec, "--oversubscribe", "--bind-to", "none", "--mca",
+            "btl_vader_single_copy_mechanism", "none", "-np", str(ranks)]
+
+
+def mpi_env():
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMP_NUM_THREADS="1")
+    return env
+
+
+def run_mpi(ctx, ranks, *args, code=0, timeout=120):
+    command = mpirun(ctx, ranks) + [ctx.tool] + [str(a) for a in args]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ctx.work,
+                         env=mpi_env())
+    if (run.returncode == 0) != (code == 0):
+        raise Failure(f"`{' '.join(command)}` exited {run.returncode}, expected "
+                      f"{'0' if code == 0 else 'non-zero'}\n--- stdout (end)\n"
+                      f"{run.stdout[-3000:]}\n--- stderr\n{run.stderr[-3000:]}")
+    return run
+
+
+def train_losses(metrics):
+    return [(m["iter"], m["loss"]) for m in read_metrics(metrics) if m["phase"] == "train"]
+
+
+def test_accuracies(metrics):
+    return [(m["iter"], m["accuracy"]) for m in read_metrics(metrics) if m["phase"] == "test"]
+
+
+def batch16_and_32(ctx):
+    """Data, the tiny net at train batch 16 and 32, and a solver for each."""
+    train, test = make_dataset(ctx)
+    solvers = {}
+    for batch in (16, 32):
+        net = write(ctx, f"net{batch}.prototxt",
+                    tiny_net(train, test).replace("batch_size: 16", f"batch_size: {batch}"))
+        solvers[batch] = write(ctx, f"solver{batch}.prototxt",
+                               solver_text(net, ctx.path(f"snapshots{batch}", "tiny"),
+                                           max_iter=40, snapshot=20))
+    return solvers
+
+
+@case
+def mpi_two_ranks_train_as_one_process_at_twice_the_batch(ctx):
+    solvers = batch16_and_32(ctx)
+    ctx.run("train", "--solver", solvers[32], "--metrics", ctx.path("one.jsonl"))
+    run = run_mpi(ctx, 2, "train", "--solver", solvers[16], "--metrics", ctx.path("two.jsonl"))
+    check(run.stdout.count("Solving Tiny") == 1, f"only rank 0 prints:\n{run.stdout}")
+    check("x 2 ranks (ring) = global batch 32" in run.stdout, run.stdout)
+    check(re.search(r"comm exposed \d+%", run.stdout), f"no exposed share:\n{run.stdout}")
+    one, two = train_losses(ctx.path("one.jsonl")), train_losses(ctx.path("two.jsonl"))
+    check(len(one) == len(two) == 41, f"{len(one)} and {len(two)} train lines")
+    for (i, a), (j, b) in zip(one, two):
+        # Relative, but not below the rounding of a loss that has converged to ~1e-6.
+        check(i == j and abs(a - b) <= 1e-4 * max(abs(a), 1e-2),
+              f"iteration {i}: loss {a} alone, {b} on 2 ranks")
+    accuracies = zip(test_accuracies(ctx.path("one.jsonl")), test_accuracies(ctx.path("two.jsonl")))
+    for (i, a), (j, b) in accuracies:
+        check(i == j and abs(a - b) <= 1e-4, f"iteration {i}: test accuracy {a} alone, {b} on 2")
+    # Rank 0 alone wrote the snapshots, and they load in one process.
+    check(os.path.exists(ctx.path("snapshots16", "tiny_iter_40.caffemodel")), "no snapshot")
+    ctx.run("test", "--model", ctx.path("net16.prototxt"), "--weights",
+            ctx.path("snapshots16", "tiny_iter_40.caffemodel"), "--iterations", 5)
+
+
+@case
+def mpi_snapshot_of_four_ranks_resumes_on_two(ctx):
+    solvers = batch16_and_32(ctx)
+    run_mpi(ctx, 4, "train", "--solver", solvers[16], "--max-iter", 20, "--threads", 1)
+    state = ctx.path("snapshots16", "tiny_iter_20.solverstate")
+    check(os.path.exists(state), "the 4-rank run wrote no snapshot at 20")
+    run = run_mpi(ctx, 2, "train", "--solver", solvers[16], "--snapshot", state,
+                  "--metrics", ctx.path("resumed.jsonl"), "--threads", 1)
+    check("Resumed at iteration 20" in run.stdout, run.stdout)
+    losses = train_losses(ctx.path("resumed.jsonl"))
+    check(losses[0][0] == 20 and losses[-1][0] == 40, f"resumed iterations: {losses}")
+    check(losses[-1][1] < 1.0, f"the resumed run does not train on: {losses}")
+    check(os.path.exists(ctx.path("snapshots16", "tiny_iter_40.caffemodel")), "no final snapshot")
+
+
+@case
+def mpi_ranks_with_different_nets_fail_at_start(ctx):
+    solvers = batch16_and_32(ctx)
+    other = write(ctx, "other.prototxt", open(ctx.path("net16.prototxt")).read().replace(
+        "num_output: 16", "num_output: 12"))
+    odd = write(ctx, "odd_solver.prototxt", open(solvers[16]).read().replace(
+        ctx.path("net16.prototxt"), other))
+    command = (mpirun(ctx, 1) + [ctx.tool, "train", "--solver", solvers[16], ":", "-np", "1",
+                                 ctx.tool, "train", "--solver", odd])
+    run = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ctx.work,
+                         env=mpi_env())
+    check(run.returncode != 0, f"mismatched ranks exited 0:\n{run.stdout}")
+    for needle in ("do not all train the same net", "rank 1: training net prototxt differs",
+                   "rank 1: parameter shapes differs"):
+        check(needle in run.stderr, f"stderr lacks '{needle}':\n{run.stderr[-3000:]}")
+
+
+def rank_pid(mpirun_pid, rank):
+    """The pid of rank `rank` among mpirun's children (from their environment)."""
+    for _ in range(100):
+        children = subprocess.run(["pgrep", "-P", str(mpirun_pid)], capture_output=True,
+                                  text=True).stdout.split()
+        for pid in children:
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+            except OSError:
+                continue
+            if f"OMPI_COMM_WORLD_RANK={rank}".encode() in env:
+                return int(pid)
+        time.sleep(0.1)
+    raise Failure(f"rank {rank} of mpirun {mpirun_pid} not found")
+
+
+def lose_a_rank(ctx, how):
+    """Two ranks training with a 5 s deadline; rank 1 gets `how` (SIGSTOP or SIGKILL) after a
+    few iterations. Rank 0 must end the job, non-zero, within 2 x the deadline."""
+    solver, _, prefix = setup_training(ctx, max_iter=100000, snapshot=5, display=1,
+                                       test_interval=100000)
+    command = mpirun(ctx, 2) + [ctx.tool, "train", "--solver", solver, "--comm-timeout", "5",
+                                "--threads", "1"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, cwd=ctx.work, env=mpi_env())
+    victim = None
+    try:
+        for line in process.stdout:
+            if line.startswith("Iteration 12,"):
+                break
+        else:
+            raise Failure(f"the run ended before iteration 12:\n{process.stderr.read()[-3000:]}")
+        victim = rank_pid(process.pid, 1)
+        os.kill(victim, how)
+        lost = time.monotonic()
+        stdout, stderr = process.communicate(timeout=30)
+        elapsed = time.monotonic() - lost
+    finally:
+        if process.poll() is None:
+            process.kill()
+        if victim is not None:
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    check(process.returncode != 0, "the run exited 0 after losing a rank")
+    check(elapsed <= 10.0, f"the survivor took {elapsed:.1f} s to fail (deadline 5 s)")
+    return stderr, prefix
+
+
+@case
+def mpi_stopped_rank_ends_the_run_within_the_deadline(ctx):
+    stderr, prefix = lose_a_rank(ctx, signal.SIGSTOP)
+    for pattern in (r"error on rank 0 of 2", r"allreduce #\d+ on rank 0 of 2 timed out after 5 s",
+                    r"rank 1 did not arrive", r"iteration \d+"):
+        check(re.search(pattern, stderr), f"stderr does not match /{pattern}/:\n{stderr[-3000:]}")
+    # Snapshots written before the fault are whole: one process resumes from the last.
+    states = sorted((int(re.search(r"_iter_(\d+)\.solverstate$", f).group(1)), f)
+                    for f in os.listdir(os.path.dirname(prefix)) if f.endswith(".solverstate"))
+    check(states, "no snapshot was written before the fault")
+    last = os.path.join(os.path.dirname(prefix), states[-1][1])
+    ctx.run("train", "--solver", ctx.path("solver.prototxt"), "--snapshot", last, "--max-iter",
+            states[-1][0] + 2)
+
+
+@case
+def mpi_killed_rank_ends_the_run_within_the_deadline(ctx):
+    # mpirun sees the rank die and ends the others itself, naming it.
+    stderr, _ = lose_a_rank(ctx, signal.SIGKILL)
+    check(re.search(r"process rank 1 .* signal 9", stderr),
+          f"nothing names the lost rank:\n{stderr[-3000:]}")
+
+
+
+
 @case
 def example_nets_parse_and_run(ctx):
     example = os.path.join(ctx.repo, "examples", "fashion_mnist")
@@ -921,6 +1100,7 @@ def main():
     parser.add_argument("--tool", help="the hybridnn executable")
     parser.add_argument("--models", help="Caffe's example nets (../shared/models)")
     parser.add_argument("--work", help="scratch directory; each case uses WORK/CASE")
+    parser.add_argument("--mpiexec", help="mpirun, when hybridnn was built with MPI")
     parser.add_argument("case", nargs="?", choices=sorted(CASES))
     args = parser.parse_args()
     if args.list:
@@ -931,7 +1111,7 @@ def main():
     work = os.path.join(os.path.abspath(args.work), args.case)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    ctx = Context(os.path.abspath(args.tool), os.path.abspath(args.models), work)
+    ctx = Context(os.path.abspath(args.tool), os.path.abspath(args.models), work, args.mpiexec)
     try:
         CASES[args.case](ctx)
     except Skip as skip:
