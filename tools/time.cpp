@@ -5,10 +5,15 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "hybridnn/error.h"
 #include "hybridnn/net.h"
+#include "lib/solver/gradient_sync.h"
 #include "tools/tool.h"
 
 namespace hn::tool {
@@ -25,6 +30,83 @@ Phase parse_phase(const std::string& text) {
   if (text == "test" || text == "TEST") return Phase::test;
   throw UsageError(fmt::format("--phase expects train or test, got '{}'", text));
 }
+
+// --timeline: the spans of every rank, gathered on rank 0 and written as a Chrome trace
+// (chrome://tracing, Perfetto): per rank (pid) a compute row (each layer's forward and
+// backward) and a communication row (each bucket's allreduce).
+class Timeline {
+ public:
+  enum Row { forward = 0, backward = 1, allreduce = 2 };
+
+  explicit Timeline(Clock::time_point origin) : origin_(origin) {}
+  void add(int name, Row row, Clock::time_point start, Clock::time_point end) {
+    const double start_us = std::chrono::duration<double, std::micro>(start - origin_).count();
+    const double duration_us = std::chrono::duration<double, std::micro>(end - start).count();
+    // Six floats per span, each exact enough: a collective carries them unchanged.
+    const auto push_split = [this](double us) {
+      const double high = std::floor(us / 65536.0);
+      spans_.push_back(static_cast<float>(high));
+      spans_.push_back(static_cast<float>(us - high * 65536.0));
+    };
+    spans_.push_back(static_cast<float>(name));
+    spans_.push_back(static_cast<float>(row));
+    push_split(start_us);
+    push_split(duration_us);
+  }
+  // Collective: rank 0 writes `path` with every rank's spans; `names` names the span ids.
+  void write(Communicator& comm, Driver& driver, const std::string& path,
+             const std::vector<std::string>& names) {
+    std::vector<float> counts(static_cast<std::size_t>(comm.size()));
+    const float mine = static_cast<float>(spans_.size() / 6);
+    comm.allgather(driver, &mine, 1, counts.data());
+    float most = 0;
+    for (const float count : counts)
+      most = std::max(most, count);
+    const std::size_t width = static_cast<std::size_t>(most) * 6;
+    std::vector<float> padded(spans_);
+    padded.resize(width, 0.0f);
+    std::vector<float> all(width * static_cast<std::size_t>(comm.size()));
+    comm.allgather(driver, padded.data(), width, all.data());
+    if (comm.rank() != 0) return;
+    std::FILE* file = std::fopen(path.c_str(), "w");
+    if (file == nullptr) throw Error(fmt::format("--timeline: cannot write '{}'", path));
+    static const char* const kRows[] = {"forward", "backward", "allreduce"};
+    std::string text = "{\"traceEvents\":[\n";
+    bool first = true;
+    for (int r = 0; r < comm.size(); ++r) {
+      for (int row = 0; row < 2; ++row) {
+        text += fmt::format(R"({}{{"name":"thread_name","ph":"M","pid":{},"tid":{},)"
+                            R"("args":{{"name":"{}"}}}})",
+                            first ? "" : ",\n", r, row, row == 0 ? "compute" : "communication");
+        first = false;
+      }
+      text += fmt::format(
+          R"(,{}{{"name":"process_name","ph":"M","pid":{},"args":{{"name":"rank {}"}}}})", "\n", r,
+          r);
+      const float* spans = all.data() + static_cast<std::size_t>(r) * width;
+      for (std::size_t k = 0; k < static_cast<std::size_t>(counts[r]); ++k) {
+        const float* span = spans + 6 * k;
+        const auto name = static_cast<std::size_t>(span[0]);
+        const int row = static_cast<int>(span[1]);
+        const double start = static_cast<double>(span[2]) * 65536.0 + span[3];
+        const double duration = static_cast<double>(span[4]) * 65536.0 + span[5];
+        text += fmt::format(
+            R"(,{}{{"name":{},"cat":"{}","ph":"X","pid":{},"tid":{},"ts":{:.3f},"dur":{:.3f}}})",
+            "\n", json_string(name < names.size() ? names[name] : "?"), kRows[row], r,
+            row == allreduce ? 1 : 0, start, duration);
+      }
+    }
+    text += "\n]}\n";
+    const bool written = std::fputs(text.c_str(), file) >= 0;
+    if (std::fclose(file) != 0 || !written) {
+      throw Error(fmt::format("--timeline: writing '{}' failed", path));
+    }
+  }
+
+ private:
+  Clock::time_point origin_;
+  std::vector<float> spans_;
+};
 
 // Per layer and device, from the Net's split profile, averaged over `iterations`.
 void print_split_profile(const Net& net, int iterations, bool json) {
@@ -65,20 +147,40 @@ int run_time(const Args& args) {
   NetOptions options = net_options(args, phase);
   options.force_backward = args.boolean("force-backward", true);
 
+  // Under mpirun: every rank times its own net, and backward overlaps the gradients'
+  // allreduce as in training; rank 0 reports.
+  Communicator& comm = chosen_communicator(args);
+  if (comm.rank() != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) {
+    throw Error(fmt::format("rank {}: cannot quiet stdout", comm.rank()));
+  }
+  const bool ranks = comm.size() > 1;
   Runtime runtime;
   Driver& driver = add_chosen_driver(runtime, args);
   Net net(model, runtime, driver, options);
   const int layers = net.num_layers();
+  std::unique_ptr<detail::GradientSync> sync;
+  if (ranks) sync = std::make_unique<detail::GradientSync>(net, comm, chosen_bucket_bytes(args));
+  const std::string timeline_path = args.text("timeline");
 
   if (!json) {
-    fmt::print("Timing {} ({} phase, batch {}) on {}\n", net.name(),
-               phase == Phase::train ? "TRAIN" : "TEST", net.batch_size(), driver.description());
+    fmt::print("Timing {} ({} phase, batch {}) on {}{}\n", net.name(),
+               phase == Phase::train ? "TRAIN" : "TEST", net.batch_size(), driver.description(),
+               ranks ? fmt::format(", {} ranks ({}), {} gradient buckets", comm.size(), comm.name(),
+                                   sync->num_buckets())
+                     : std::string());
   }
   settle_splits(net, args, json);
   if (!json) fmt::print("Performing Forward\n");
   const float initial_loss = net.forward();
   if (!json) fmt::print("Initial loss: {}\nPerforming Backward\n", format_float(initial_loss));
-  net.backward();
+  if (sync) {
+    sync->backward(initial_loss, false);
+    sync->wait();
+    sync->take_stats();
+    comm.barrier();  // the ranks start timing together
+  } else {
+    net.backward();
+  }
   driver.synchronize();
   net.reset_profile();  // the split profile leaves out the warm-up
   const bool split = splits_chosen(args);
@@ -87,6 +189,8 @@ int run_time(const Args& args) {
   std::vector<double> forward_ms(layers, 0.0), backward_ms(layers, 0.0);
   double forward_total = 0.0, backward_total = 0.0;
   const auto all_start = Clock::now();
+  Timeline timeline(all_start);
+  const bool tracing = !timeline_path.empty();
   for (int it = 0; it < iterations; ++it) {
     const auto iteration_start = Clock::now();
     auto pass_start = Clock::now();
@@ -95,15 +199,31 @@ int run_time(const Args& args) {
       net.forward_layer(i);
       driver.synchronize();
       forward_ms[i] += milliseconds_since(start);
+      if (tracing) timeline.add(i, Timeline::forward, start, Clock::now());
     }
     forward_total += milliseconds_since(pass_start);
     pass_start = Clock::now();
-    for (int i = layers - 1; i >= 0; --i) {
-      if (!net.layer_needs_backward(i)) continue;
-      const auto start = Clock::now();
-      net.backward_layer(i);
-      driver.synchronize();
-      backward_ms[i] += milliseconds_since(start);
+    if (sync) {
+      sync->backward(net.loss(), false, [&](int i, Clock::time_point start, Clock::time_point end) {
+        backward_ms[i] += std::chrono::duration<double, std::milli>(end - start).count();
+        if (tracing) timeline.add(i, Timeline::backward, start, end);
+      });
+      sync->wait();
+      if (tracing) {
+        for (const detail::GradientSync::Record& record : sync->records()) {
+          const int name = layers + (record.bucket < 0 ? sync->num_buckets() : record.bucket);
+          timeline.add(name, Timeline::allreduce, record.start, record.end);
+        }
+      }
+    } else {
+      for (int i = layers - 1; i >= 0; --i) {
+        if (!net.layer_needs_backward(i)) continue;
+        const auto start = Clock::now();
+        net.backward_layer(i);
+        driver.synchronize();
+        backward_ms[i] += milliseconds_since(start);
+        if (tracing) timeline.add(i, Timeline::backward, start, Clock::now());
+      }
     }
     backward_total += milliseconds_since(pass_start);
     if (!json) {
@@ -112,6 +232,24 @@ int run_time(const Args& args) {
     }
   }
   const double total_ms = milliseconds_since(all_start);
+  // Data parallelism: the allreduce time, the part of it backward did not hide, and the
+  // overlap efficiency 1 - exposed / allreduce.
+  detail::GradientSync::Stats comm_stats;
+  if (sync) comm_stats = sync->take_stats();
+  const double allreduce_ms = comm_stats.allreduce_seconds * 1e3 / iterations;
+  const double exposed_ms = comm_stats.exposed_seconds * 1e3 / iterations;
+  const double overlap = allreduce_ms > 0 ? 1.0 - exposed_ms / allreduce_ms : 0.0;
+  if (tracing) {
+    std::vector<std::string> names;
+    for (int i = 0; i < layers; ++i)
+      names.push_back(net.layer_name(i));
+    for (int b = 0; b < (sync ? sync->num_buckets() : 0); ++b) {
+      names.push_back(fmt::format("allreduce bucket {} ({:.2f} MB)", b,
+                                  static_cast<double>(sync->bucket_bytes(b)) / 1e6));
+    }
+    names.emplace_back("allreduce loss");
+    timeline.write(comm, driver, timeline_path, names);
+  }
 
   const double n = iterations;
   if (json) {
@@ -122,13 +260,23 @@ int run_time(const Args& args) {
                  json_number(forward_ms[i] / n), json_number(backward_ms[i] / n));
     }
     if (split) print_split_profile(net, iterations, json);
+    const std::string comm_fields =
+        ranks
+            ? fmt::format(
+                  R"(,"ranks":{},"comm":"{}","buckets":{},"allreduce_bytes":{},"allreduce_ms":{},)"
+                  R"("exposed_comm_ms":{},"compute_ms":{},"overlap_efficiency":{})",
+                  comm.size(), comm.name(), sync->num_buckets(),
+                  comm_stats.bytes / static_cast<std::size_t>(iterations),
+                  json_number(allreduce_ms), json_number(exposed_ms),
+                  json_number(total_ms / n - exposed_ms), json_number(overlap))
+            : std::string();
     fmt::print(R"({{"total":true,"model":{},"phase":"{}","device":{},"batch":{},"iterations":{},)"
-               R"("forward_ms":{},"backward_ms":{},"forward_backward_ms":{}}})"
+               R"("forward_ms":{},"backward_ms":{},"forward_backward_ms":{}{}}})"
                "\n",
                json_string(model), phase == Phase::train ? "train" : "test",
                json_string(driver.name()), net.batch_size(), iterations,
                json_number(forward_total / n), json_number(backward_total / n),
-               json_number(total_ms / n));
+               json_number(total_ms / n), comm_fields);
     return 0;
   }
   fmt::print("Average time per layer:\n");
@@ -140,6 +288,15 @@ int run_time(const Args& args) {
   fmt::print("Average Forward pass: {:.4f} ms.\n", forward_total / n);
   fmt::print("Average Backward pass: {:.4f} ms.\n", backward_total / n);
   fmt::print("Average Forward-Backward: {:.4f} ms.\n", total_ms / n);
+  if (ranks) {
+    fmt::print(
+        "Per iteration on rank 0 of {}: compute {:.4f} ms, allreduce {:.4f} ms ({:.2f} MB in "
+        "{} buckets), exposed communication {:.4f} ms, overlap efficiency {:.3f}\n",
+        comm.size(), total_ms / n - exposed_ms, allreduce_ms,
+        static_cast<double>(comm_stats.bytes) / iterations / 1e6, sync->num_buckets(), exposed_ms,
+        overlap);
+  }
+  if (tracing) fmt::print("Timeline written to {}\n", timeline_path);
   fmt::print("Total Time: {:.3f} ms.\n*** Benchmark ends ***\n", total_ms);
   return 0;
 }
@@ -169,7 +326,14 @@ Command time_command() {
       "device, per iteration: the slice's rows, forward and backward busy ms, ms spent\n"
       "waiting for the other devices, and the MB and ms of copies between devices (--json:\n"
       "lines {\"layer\",\"device\",\"rows\",\"forward_busy_ms\",\"backward_busy_ms\",\n"
-      "\"waiting_ms\",\"copy_bytes\",\"copy_ms\"} before the total line).";
+      "\"waiting_ms\",\"copy_bytes\",\"copy_ms\"} before the total line).\n"
+      "\n"
+      "Under mpirun every rank times its net and backward overlaps the gradients' allreduce\n"
+      "as in training (--comm, --bucket-mb); rank 0 adds per iteration the compute time, the\n"
+      "allreduce time, the exposed communication (time waited for it) and the overlap\n"
+      "efficiency 1 - exposed / allreduce (--json: \"allreduce_ms\", \"exposed_comm_ms\",\n"
+      "\"compute_ms\", \"overlap_efficiency\" in the total line). --timeline FILE writes a\n"
+      "Chrome trace with each rank's layers and allreduces.";
   command.flags = {
       {"model", FlagKind::text, "FILE", "the net prototxt (required)"},
       {"iterations", FlagKind::integer, "N", "timed iterations (default 50)"},
@@ -182,6 +346,11 @@ Command time_command() {
     command.flags.push_back(std::move(flag));
   for (FlagSpec& flag : device_flags())
     command.flags.push_back(std::move(flag));
+  for (FlagSpec& flag : comm_flags())
+    command.flags.push_back(std::move(flag));
+  command.flags.push_back({"timeline", FlagKind::text, "FILE",
+                           "write a Chrome trace (chrome://tracing, Perfetto) of every layer and "
+                           "allreduce, per rank"});
   command.run = run_time;
   return command;
 }

@@ -132,8 +132,7 @@ TEST_CASE("N ranks at batch B train as one process at batch N x B", "[mpi][train
   }
 }
 
-TEST_CASE("ranks that split their layers between drivers train as unsplit ranks",
-          "[mpi][train]") {
+TEST_CASE("ranks that split their layers between drivers train as unsplit ranks", "[mpi][train]") {
   const std::unique_ptr<Communicator> comm = ring();
   Run plain(16, comm.get());
   plain.train();

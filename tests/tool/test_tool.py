@@ -1002,6 +1002,32 @@ def mpi_ranks_with_different_nets_fail_at_start(ctx):
         check(needle in run.stderr, f"stderr lacks '{needle}':\n{run.stderr[-3000:]}")
 
 
+@case
+def mpi_time_reports_overlap_and_writes_a_timeline(ctx):
+    net = os.path.join(ctx.repo, "examples", "fashion_mnist", "lenet_train_test.prototxt")
+    trace = ctx.path("trace.json")
+    # Buckets of 0.5 MB: LeNet's 1.7 MB of gradients go in several, some overlapping backward.
+    run = run_mpi(ctx, 2, "time", "--model", net, "--data", "synthetic:1x28x28:10",
+                  "--iterations", 3, "--json", "--bucket-mb", "0.5", "--timeline", trace)
+    total = json.loads(run.stdout.strip().splitlines()[-1])
+    check(total["ranks"] == 2 and total["comm"] == "ring", total)
+    check(total["buckets"] >= 3, f"0.5 MB buckets: {total}")
+    check(total["allreduce_bytes"] == 4 * 431080 + 8, f"LeNet's gradients and the loss: {total}")
+    check(total["allreduce_ms"] > 0 and 0 <= total["exposed_comm_ms"], total)
+    check(abs(total["overlap_efficiency"] -
+              (1 - total["exposed_comm_ms"] / total["allreduce_ms"])) < 1e-6, total)
+    with open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    for rank in (0, 1):
+        spans = [e for e in events if e.get("ph") == "X" and e["pid"] == rank]
+        names = {(e["cat"], e["name"]) for e in spans}
+        check(("forward", "conv1") in names and ("backward", "conv1") in names,
+              f"rank {rank}: no conv1 spans")
+        reduces = [e for e in spans if e["cat"] == "allreduce"]
+        check(len(reduces) == 3 * (total["buckets"] + 1), f"rank {rank}: {len(reduces)} allreduces")
+        check(all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans), f"rank {rank}: negative spans")
+
+
 def rank_pid(mpirun_pid, rank):
     """The pid of rank `rank` among mpirun's children (from their environment)."""
     for _ in range(100):
