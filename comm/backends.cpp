@@ -23,6 +23,9 @@ const std::vector<Backend>& backends() {
     {"ring", [](const CommOptions& options) { return detail::make_ring_communicator(options); }},
     {"mpi", [](const CommOptions& options) { return detail::make_mpi_communicator(options); }},
 #endif
+#if HYBRIDNN_WITH_NCCL
+    {"nccl", [](const CommOptions& options) { return detail::make_nccl_communicator(options); }},
+#endif
   };
   return table;
 }

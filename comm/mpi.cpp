@@ -95,6 +95,12 @@ void MpiCommunicator::timed_out(const char* what, std::uint64_t seq, int peer) c
 }
 
 void MpiCommunicator::abort(int exit_code) noexcept {
+  // MPI_Abort tells mpirun, which ends every rank; should mpirun be out of reach (a cut
+  // link), this process still ends.
+  std::thread([exit_code] {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    std::_Exit(exit_code);
+  }).detach();
   MPI_Abort(comm_ != MPI_COMM_NULL ? comm_ : MPI_COMM_WORLD, exit_code);
   std::_Exit(exit_code);
 }

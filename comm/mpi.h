@@ -11,5 +11,7 @@ namespace hn::detail {
 
 std::unique_ptr<Communicator> make_mpi_communicator(const CommOptions& options);
 std::unique_ptr<Communicator> make_ring_communicator(const CommOptions& options);
+// nccl.cpp, built with MPI, CUDA and NCCL (HYBRIDNN_WITH_NCCL).
+std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions& options);
 
 }  // namespace hn::detail

@@ -187,8 +187,8 @@ int local_ranks() {
 std::vector<FlagSpec> comm_flags() {
   return {
       {"comm", FlagKind::text, "NAME",
-       "collectives between ranks: ring, mpi or local (default: ring when mpirun started "
-       "several ranks, else local)"},
+       "collectives between ranks: ring, mpi, nccl (GPUs) or local (default: ring when mpirun "
+       "started several ranks, else local)"},
       {"comm-timeout", FlagKind::text, "SECONDS",
        "how long a collective waits for the other ranks before every rank fails (default 300)"},
       {"bucket-mb", FlagKind::text, "MB", "gradient bucket size for the allreduce (default 25)"},

@@ -3,7 +3,9 @@
 // other collectives. Every rank runs every case; a failure on any rank fails the run.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -156,7 +158,46 @@ TEST_CASE("broadcast, allgather and barrier on both MPI backends, device memory 
 
 TEST_CASE("every built backend is listed and an unknown one is an error naming them", "[mpi]") {
   const std::vector<std::string> backends = communicator_backends();
-  CHECK(backends == std::vector<std::string>{"local", "ring", "mpi"});
+  // nccl too where the build found CUDA and NCCL.
+  std::vector<std::string> expected = {"local", "ring", "mpi"};
+  if (backends.size() == 4) expected.push_back("nccl");
+  CHECK(backends == expected);
   CHECK_THROWS_WITH(make_communicator("gloo"),
                     Contains("unknown communicator 'gloo'") && Contains("local, ring, mpi"));
+}
+
+TEST_CASE("nccl allreduce of integer-valued floats on GPU memory gives the exact sum",
+          "[mpi][nccl]") {
+  const std::vector<std::string> backends = communicator_backends();
+  const bool built = std::find(backends.begin(), backends.end(), "nccl") != backends.end();
+  // NCCL wants a GPU of its own per rank.
+  if (!built || device_count("cuda") < launched_ranks()) {
+    std::fprintf(stderr, "SKIPPED: nccl communicator: %s\n",
+                 !built ? "not built (no NCCL)" : "fewer CUDA devices than ranks");
+    return;
+  }
+  const std::unique_ptr<Communicator> comm = make("nccl");
+  const int n = comm->size(), r = comm->rank();
+  const std::unique_ptr<Driver> gpu = make_driver(Device{"cuda", r % device_count("cuda")});
+  const std::unique_ptr<Driver> host = host_driver();
+  for (const std::size_t count : {std::size_t{1}, std::size_t{7}, (std::size_t{1} << 20) + 3}) {
+    INFO("nccl count " << count << " on rank " << r << " of " << n);
+    std::vector<float> values(count);
+    for (std::size_t i = 0; i < count; ++i)
+      values[i] = value(r, i);
+    float* device = static_cast<float*>(gpu->allocate(count * sizeof(float)));
+    gpu->copy_from_host(device, values.data(), count * sizeof(float));
+    comm->allreduce(*gpu, device, count);
+    gpu->copy_to_host(values.data(), device, count * sizeof(float));
+    gpu->deallocate(device);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < count; ++i)
+      wrong += values[i] != static_cast<float>(n * (n + 1) / 2 * static_cast<int>(i % 97 + 1));
+    CHECK(wrong == 0);
+    // Host memory (a CPU driver's) is staged through the GPU.
+    for (std::size_t i = 0; i < count; ++i)
+      values[i] = value(r, i);
+    comm->allreduce(*host, values.data(), count, ReduceOp::average);
+    CHECK(values[0] == Approx((n + 1) / 2.0).epsilon(1e-6));
+  }
 }

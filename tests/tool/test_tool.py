@@ -20,6 +20,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 CASES = {}
@@ -1026,6 +1027,133 @@ def mpi_time_reports_overlap_and_writes_a_timeline(ctx):
         reduces = [e for e in spans if e["cat"] == "allreduce"]
         check(len(reduces) == 3 * (total["buckets"] + 1), f"rank {rank}: {len(reduces)} allreduces")
         check(all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans), f"rank {rank}: negative spans")
+
+
+class SimulatedNodes:
+    """Two network namespaces joined by a veth pair, shaped to 10 Gbit/s with 100 us of delay
+    (tc netem; a tbf rate limit alone where the kernel lacks netem); mpirun runs in the first
+    and reaches the second through tests/mpi/netns_rsh_agent.sh. Skip where namespaces
+    cannot be made."""
+
+    A, B = "10.77.0.1", "10.77.0.2"
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        tag = f"{os.getpid() % 100000}"
+        self.ns = (f"hn{tag}a", f"hn{tag}b")
+        self.veth = (f"hv{tag}a", f"hv{tag}b")
+        self.shaping = None
+
+    def sh(self, *command, check_rc=True):
+        run = subprocess.run(list(command), capture_output=True, text=True, timeout=30)
+        if check_rc and run.returncode != 0:
+            raise Failure(f"`{' '.join(command)}` exited {run.returncode}: {run.stderr}")
+        return run
+
+    def __enter__(self):
+        if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
+            raise Skip("simulated nodes need root, ip and tc (iproute2)")
+        if self.sh("ip", "netns", "add", self.ns[0], check_rc=False).returncode != 0:
+            raise Skip("cannot create network namespaces here")
+        try:
+            self.sh("ip", "netns", "add", self.ns[1])
+            self.sh("ip", "link", "add", self.veth[0], "netns", self.ns[0], "type", "veth", "peer",
+                    "name", self.veth[1], "netns", self.ns[1])
+            for ns, veth, address in zip(self.ns, self.veth, (self.A, self.B)):
+                self.sh("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", veth)
+                self.sh("ip", "-n", ns, "link", "set", veth, "up")
+                self.sh("ip", "-n", ns, "link", "set", "lo", "up")
+                netem = self.sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", veth, "root",
+                                "netem", "delay", "100us", "rate", "10gbit", check_rc=False)
+                if netem.returncode == 0:
+                    self.shaping = "netem 10 Gbit/s, 100 us"
+                else:
+                    self.sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", veth, "root",
+                            "tbf", "rate", "10gbit", "burst", "1mb", "latency", "1ms")
+                    self.shaping = "tbf 10 Gbit/s (no netem in this kernel: no added delay)"
+        except BaseException:
+            self.__exit__()
+            raise
+        print(f"simulated nodes {self.ns[0]} ({self.A}) and {self.ns[1]} ({self.B}): {self.shaping}")
+        return self
+
+    def __exit__(self, *exc):
+        for ns in self.ns:
+            self.sh("ip", "netns", "del", ns, check_rc=False)
+
+    def mpirun(self, *args):
+        hosts = self.ctx.path("hosts")
+        with open(hosts, "w") as f:
+            f.write(f"{self.A} slots=1\n{self.B} slots=1\n")
+        agent = os.path.join(self.ctx.repo, "tests", "mpi", "netns_rsh_agent.sh")
+        return (["ip", "netns", "exec", self.ns[0], self.ctx.mpiexec, "--hostfile", hosts,
+                 "-np", "2", "--mca", "plm_rsh_agent", agent, "--mca", "btl", "self,tcp",
+                 "--mca", "btl_tcp_if_include", "10.77.0.0/24", "--mca", "oob_tcp_if_include",
+                 "10.77.0.0/24", "--bind-to", "none", "-x", "OMP_NUM_THREADS"] +
+                [self.ctx.tool] + [str(a) for a in args])
+
+    def env(self):
+        return dict(mpi_env(), HN_NETNS_MAP=f"{self.A}={self.ns[0]} {self.B}={self.ns[1]}")
+
+
+@case
+def mpi_two_simulated_nodes(ctx):
+    mpirun(ctx, 2)  # Skip without MPI
+    solver, _, prefix = setup_training(ctx, max_iter=30, snapshot=0, display=1,
+                                       test_interval=30)
+    run_mpi(ctx, 2, "train", "--solver", solver, "--metrics", ctx.path("shm.jsonl"),
+            "--threads", 1)
+    with SimulatedNodes(ctx) as nodes:
+        command = nodes.mpirun("train", "--solver", solver, "--metrics", ctx.path("tcp.jsonl"),
+                               "--threads", 1)
+        run = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ctx.work,
+                             env=nodes.env())
+        check(run.returncode == 0, f"2 nodes over TCP exited {run.returncode}:\n"
+              f"{run.stdout[-2000:]}\n{run.stderr[-3000:]}")
+        # The ring sums in an order fixed by (length, ranks): the transport changes no bit.
+        shm, tcp = read_metrics(ctx.path("shm.jsonl")), read_metrics(ctx.path("tcp.jsonl"))
+        check([(m["iter"], m["loss"], m["accuracy"]) for m in shm] ==
+              [(m["iter"], m["loss"], m["accuracy"]) for m in tcp],
+              f"2 nodes over TCP differ from 2 ranks over shared memory:\n{shm}\n{tcp}")
+
+        # Cutting the link mid-run: every rank fails within 2 x the deadline. (mpirun itself
+        # then waits on a daemon it cannot reach: the ranks' exits are what counts.)
+        slow, _, _ = setup_training(ctx, max_iter=100000, snapshot=0, display=1,
+                                    test_interval=100000)
+        command = nodes.mpirun("train", "--solver", slow, "--comm-timeout", 5, "--threads", 1)
+        pattern = f"{ctx.tool} train --solver {slow}"
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, cwd=ctx.work, env=nodes.env())
+        errors = []
+        reader = threading.Thread(target=lambda: errors.extend(process.stderr), daemon=True)
+        try:
+            for line in process.stdout:
+                if line.startswith("Iteration 10,"):
+                    break
+            else:
+                raise Failure(f"the run ended before iteration 10:\n{process.stderr.read()}")
+            reader.start()
+            check(len(ranks_running(pattern)) == 2, "two ranks should be running")
+            nodes.sh("ip", "-n", nodes.ns[0], "link", "set", nodes.veth[0], "down")
+            cut = time.monotonic()
+            while ranks_running(pattern) and time.monotonic() - cut < 20:
+                time.sleep(0.1)
+            elapsed = time.monotonic() - cut
+        finally:
+            process.kill()
+            process.wait()
+            subprocess.run(["pkill", "-9", "-f", pattern])
+        reader.join(5)
+        stderr = "".join(errors)
+        check(elapsed <= 10.0, f"the ranks took {elapsed:.1f} s to fail (deadline 5 s)")
+        check("timed out after 5 s" in stderr, f"no deadline message:\n{stderr[-3000:]}")
+
+
+def ranks_running(pattern):
+    """Pids of the processes whose command line starts with `pattern` (not mpirun's)."""
+    found = subprocess.run(["pgrep", "-f", "^" + re.escape(pattern)], capture_output=True,
+                           text=True)
+    return found.stdout.split()
 
 
 def rank_pid(mpirun_pid, rank):
