@@ -79,10 +79,18 @@ class TwoRanks final : public Communicator {
     }
     ++broadcasts;
   }
+  // The peer's weight checksum (the 4-float gathers) differs from ours when set.
+  bool peer_weights_differ = false;
   void allgather(Driver& driver, const float* sent, std::size_t count, float* received) override {
     ++allgathers;
     for (std::size_t r = 0; r < 2; ++r)
       driver.copy(received + r * count, sent, count * sizeof(float));
+    if (peer_weights_differ && count == 4) {
+      std::vector<float> peer(count);
+      driver.copy_to_host(peer.data(), received + count, count * sizeof(float));
+      peer[0] = peer[0] == 1.0f ? 2.0f : 1.0f;
+      driver.copy_from_host(received + count, peer.data(), count * sizeof(float));
+    }
   }
   void barrier() override {}
   [[noreturn]] void abort(int) noexcept override { std::abort(); }
@@ -169,6 +177,19 @@ TEST_CASE("the solver updates with the mean gradient over the ranks", "[comm][so
   tiny.solver->step(1);  // the broadcast happens once per solver, not per step
   CHECK(ranks.broadcasts == 2);
   CHECK(ranks.allreduces == 2);
+}
+
+TEST_CASE("ranks whose weights drift apart fail at the weight check, naming the rank",
+          "[comm][solver]") {
+  TwoRanks ranks;
+  ranks.peer_gradient = {{0.0f, 0.0f, 0.0f, 0.0f}};
+  ranks.peer_weights_differ = true;
+  TinySolver tiny(&ranks);
+  tiny.solver->step(1);  // checksum_interval 1000: no check yet
+  CHECK_THROWS_WITH(
+      tiny.solver->snapshot(),
+      Catch::Contains("snapshot at iteration 1: the weights of rank 1 differ from rank "
+                      "0's"));
 }
 
 TEST_CASE("gradient buckets smaller than a parameter reduce each in place", "[comm][solver]") {
