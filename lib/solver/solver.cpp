@@ -908,7 +908,13 @@ void Solver::solve() {
   // Caffe's closing display (one more forward of the training net) and test.
   if (s.param.display() > 0 && s.iter % s.param.display() == 0) {
     s.net->set_iteration_seed(iteration_seed(s.seed, s.iter, 0));
-    const float loss = s.net->forward();
+    float loss = s.net->forward();
+    if (s.comm->size() > 1) {  // the global batch's, as during training
+      Tensor mean(Shape{1});
+      mean.host_data_mut()[0] = loss;
+      s.comm->allreduce(*s.driver, mean.data_write(*s.driver), 1, ReduceOp::average);
+      loss = mean.host_data()[0];
+    }
     s.update_smoothed_loss(loss);
     int step = s.current_step;
     const float lr = s.rate(&step);
