@@ -200,6 +200,18 @@ struct Solver::Impl {
   std::string prefix() const;
   void check_snapshot_prefix() const;
   int run(int iterations);
+  void solve();
+  // Runs `work`; a failed collective's error gains this rank and the iteration.
+  template <class Work>
+  void with_rank_context(Work&& work) {
+    try {
+      work();
+    } catch (const Error& error) {
+      if (comm->size() == 1 || std::string(error.what()).rfind("communicator ", 0) != 0) throw;
+      detail::fail("{}: rank {} of {}, iteration {}: {}", origin, comm->rank(), comm->size(), iter,
+                   error.what());
+    }
+  }
   void emit(const SolverEvent& event) const {
     if (callback) callback(event);
   }
@@ -382,14 +394,9 @@ void Solver::Impl::train_iteration() {
     loss += net->forward();
     // The last backward of the iteration overlaps the gradients' allreduce.
     sync->backward(loss / static_cast<float>(iter_size), stop.load());
-    try {
-      const detail::GradientSync::Result result = sync->wait();
-      loss = result.loss * static_cast<float>(iter_size);
-      agreed_stop = result.stop;
-    } catch (const Error& error) {
-      detail::fail("{}: rank {} of {}, iteration {}: {}", origin, comm->rank(), comm->size(), iter,
-                   error.what());
-    }
+    const detail::GradientSync::Result result = sync->wait();
+    loss = result.loss * static_cast<float>(iter_size);
+    agreed_stop = result.stop;
     const detail::GradientSync::Stats stats = sync->take_stats();
     allreduce_seconds += stats.allreduce_seconds;
     exposed_comm_seconds += stats.exposed_seconds;
@@ -895,16 +902,21 @@ void Solver::restore(const std::string& solverstate_path) {
 }
 
 void Solver::solve() {
-  Impl& s = *impl_;
+  impl_->with_rank_context([this] { impl_->solve(); });
+}
+
+// Solver::solve without the error context.
+void Solver::Impl::solve() {
+  Impl& s = *this;
   s.stopped = false;
   s.check_snapshot_prefix();
   const int start_iter = s.iter;
   s.run(std::max(0, s.param.max_iter() - s.iter));
-  const bool stopped = s.stopped;
+  const bool was_stopped = s.stopped;
   const bool just_written =
       s.param.snapshot() > 0 && s.iter % s.param.snapshot() == 0 && s.iter > start_iter;
-  if ((s.param.snapshot_after_train() || stopped) && !just_written) s.snapshot();
-  if (stopped) return;
+  if ((s.param.snapshot_after_train() || was_stopped) && !just_written) s.snapshot();
+  if (was_stopped) return;
   // Caffe's closing display (one more forward of the training net) and test.
   if (s.param.display() > 0 && s.iter % s.param.display() == 0) {
     s.net->set_iteration_seed(iteration_seed(s.seed, s.iter, 0));
@@ -927,7 +939,7 @@ void Solver::solve() {
 void Solver::step(int iterations) {
   HN_CHECK(iterations >= 0, "step: iterations must be >= 0, got {}", iterations);
   impl_->stopped = false;
-  impl_->run(iterations);
+  impl_->with_rank_context([this, iterations] { impl_->run(iterations); });
 }
 
 void Solver::request_stop() noexcept {
@@ -943,11 +955,15 @@ std::vector<std::pair<std::string, float>> Solver::test(int index) {
   HN_CHECK(index >= 0 && index < num_test_nets(), "test({}): the solver has {} test nets", index,
            num_test_nets());
   float loss = 0.0f;
-  return *impl_->run_test(index, &loss, false);
+  std::vector<std::pair<std::string, float>> means;
+  impl_->with_rank_context([&] { means = *impl_->run_test(index, &loss, false); });
+  return means;
 }
 
 std::string Solver::snapshot() {
-  return impl_->snapshot();
+  std::string model;
+  impl_->with_rank_context([&] { model = impl_->snapshot(); });
+  return model;
 }
 
 int Solver::iter() const {
