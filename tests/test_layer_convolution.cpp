@@ -101,6 +101,10 @@ std::vector<Case> cases() {
     p.dilation = {2, 1};
     list.push_back({"group 3, two-value kernel/stride/pad/dilation", Shape{2, 6, 6, 7}, p});
   }
+  // Depthwise (MobileNet's): one channel per group, 32 of them (whole AVX-512 blocks), and
+  // 5 strided.
+  list.push_back({"depthwise 3x3 pad 1, 32 channels", Shape{2, 32, 9, 8}, square(32, 3, 1, 1, 32)});
+  list.push_back({"depthwise 3x3 stride 2, 5 channels", Shape{3, 5, 7, 7}, square(5, 3, 2, 1, 5)});
   return list;
 }
 

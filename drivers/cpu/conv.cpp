@@ -233,6 +233,9 @@ constexpr double kMaxPaddingRatio = 2.0;
 // data gradient 2.0 vs 2.6 vs 3.5; weight gradient 1.8 vs 2.9 vs 3.4). On CaffeNet's
 // layers (multiples of 16) the two are within noise, with the blocked reorders cheaper.
 constexpr double kNhwcGain = 1.2;
+// Groups run one by one (for Winograd) only when each has at least this many input and
+// output channels.
+constexpr index_t kMinGroupChannels = 16;
 
 double padding(const Operand& op) {
   return static_cast<double>(op.inner.get_desc().get_size()) /
@@ -351,10 +354,14 @@ struct DirectConvolution::Impl {
   // wastes much: then channels-last where that wastes less and oneDNN has a direct kernel
   // for it, else plain NCHW (the data gradient: the driver's own lowering).
   Entry create(Call call, const LoweringShape& s, index_t out_channels, bool has_bias) const {
-    if (s.groups > 1) {
+    const index_t in_per_group = s.channels / s.groups, out_per_group = out_channels / s.groups;
+    if (s.groups > 1 && in_per_group >= kMinGroupChannels && out_per_group >= kMinGroupChannels) {
       // oneDNN 2.6 has Winograd only for ungrouped convolutions; where it takes one group
       // alone, the groups run one by one (CaffeNet conv4 and conv5, 3x3 on 13x13, batch
       // 32, one thread: forward + both gradients 95 ms instead of 123, and 59 instead of 82).
+      // Not for thin groups: a depthwise convolution (one channel per group) run as 32 to
+      // 1024 convolutions of one channel took 60 % of MobileNet v1, where oneDNN's
+      // depthwise kernel does all the groups in one call.
       Entry part =
           build(call, Geometry(s, out_channels, has_bias, true), has_bias, Layout::blocked);
       if (part.implementation.find("wino") != std::string::npos) {
