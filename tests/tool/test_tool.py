@@ -1079,6 +1079,13 @@ class SimulatedNodes:
 
     def __exit__(self, *exc):
         for ns in self.ns:
+            # What runs there (an orted cut off from mpirun) goes with the namespace.
+            pids = self.sh("ip", "netns", "pids", ns, check_rc=False).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
             self.sh("ip", "netns", "del", ns, check_rc=False)
 
     def mpirun(self, *args):
