@@ -531,18 +531,23 @@ def resume_reproduces_losses(ctx):
         check(a.read() == b.read(), "the resumed run's final weights differ")
 
 
-def start_training(ctx, solver, *args):
-    """Starts `hybridnn train` and returns it with the lines read up to "Iteration 3,"."""
-    process = subprocess.Popen([ctx.tool, "train", "--solver", solver, *args], cwd=ctx.work,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start_until(ctx, command, iteration, env=None):
+    """Starts `command` and returns it with its stdout lines read up to "Iteration N,"."""
+    process = subprocess.Popen(command, cwd=ctx.work, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
     lines = []
     for line in process.stdout:
         lines.append(line)
-        if line.startswith("Iteration 3,"):
+        if line.startswith(f"Iteration {iteration},"):
             return process, lines
     process.wait()
-    raise Failure(f"training ended before iteration 3:\n{''.join(lines)}\n"
-                  f"{process.stderr.read()}")
+    raise Failure(f"training ended before iteration {iteration}:\n{''.join(lines)}\n"
+                  f"{process.stderr.read()[-3000:]}")
+
+
+def start_training(ctx, solver, *args):
+    """Starts `hybridnn train` and returns it with the lines read up to "Iteration 3,"."""
+    return start_until(ctx, [ctx.tool, "train", "--solver", solver, *args], 3)
 
 
 def stop_writes_snapshot(ctx, signum, name):
@@ -1129,16 +1134,10 @@ def mpi_two_simulated_nodes(ctx):
                                     test_interval=100000)
         command = nodes.mpirun("train", "--solver", slow, "--comm-timeout", 5, "--threads", 1)
         pattern = f"{ctx.tool} train --solver {slow}"
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True, cwd=ctx.work, env=nodes.env())
+        process, _ = start_until(ctx, command, 10, env=nodes.env())
         errors = []
         reader = threading.Thread(target=lambda: errors.extend(process.stderr), daemon=True)
         try:
-            for line in process.stdout:
-                if line.startswith("Iteration 10,"):
-                    break
-            else:
-                raise Failure(f"the run ended before iteration 10:\n{process.stderr.read()}")
             reader.start()
             check(len(ranks_running(pattern)) == 2, "two ranks should be running")
             nodes.sh("ip", "-n", nodes.ns[0], "link", "set", nodes.veth[0], "down")
@@ -1187,15 +1186,9 @@ def lose_a_rank(ctx, how):
                                        test_interval=100000)
     command = mpirun(ctx, 2) + [ctx.tool, "train", "--solver", solver, "--comm-timeout", "5",
                                 "--threads", "1"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, cwd=ctx.work, env=mpi_env())
+    process, _ = start_until(ctx, command, 12, env=mpi_env())
     victim = None
     try:
-        for line in process.stdout:
-            if line.startswith("Iteration 12,"):
-                break
-        else:
-            raise Failure(f"the run ended before iteration 12:\n{process.stderr.read()[-3000:]}")
         victim = rank_pid(process.pid, 1)
         os.kill(victim, how)
         lost = time.monotonic()
