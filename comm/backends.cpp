@@ -39,17 +39,31 @@ std::vector<std::string> communicator_backends() {
   return names;
 }
 
-int launched_ranks() {
-  // Open MPI, then the PMI / PMIx variables of MPICH's Hydra, Slurm and others.
-  for (const char* variable : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}) {
+namespace detail {
+
+int launcher_value(std::initializer_list<const char*> variables, int minimum, int fallback) {
+  for (const char* variable : variables) {
     const char* value = std::getenv(variable);
     if (value == nullptr) continue;
     char* end = nullptr;
-    const long ranks = std::strtol(value, &end, 10);
-    if (end != value && *end == '\0' && ranks >= 1 && ranks <= (1 << 24))
-      return static_cast<int>(ranks);
+    const long number = std::strtol(value, &end, 10);
+    if (end != value && *end == '\0' && number >= minimum && number <= (1 << 24))
+      return static_cast<int>(number);
   }
-  return 1;
+  return fallback;
+}
+
+}  // namespace detail
+
+// Open MPI's variables, then the PMI / PMIx ones of MPICH's Hydra, Slurm and others.
+int launched_ranks() {
+  return detail::launcher_value({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"},
+                                1, 1);
+}
+
+int launched_local_ranks() {
+  return detail::launcher_value({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"},
+                                1, 1);
 }
 
 std::string default_communicator() {

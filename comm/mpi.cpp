@@ -20,7 +20,8 @@ void check_mpi(int code, const char* call) {
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
   MPI_Error_string(code, text, &length);
-  fail("MPI: {} failed: {}", call, std::string(text, static_cast<std::size_t>(length)));
+  throw CommunicatorError(
+      fmt::format("MPI: {} failed: {}", call, std::string(text, static_cast<std::size_t>(length))));
 }
 
 namespace {
@@ -90,8 +91,9 @@ void MpiCommunicator::timed_out(const char* what, std::uint64_t seq, int peer) c
                       "one of the other {} ranks did not arrive (it died, stopped or is "
                       "not running the same collectives)",
                       size_ - 1);
-  fail("communicator {}: {} #{} on rank {} of {} timed out after {} s: {}", name(), what, seq,
-       rank_, size_, options_.timeout_seconds, waited);
+  throw CommunicatorError(
+      fmt::format("communicator {}: {} #{} on rank {} of {} timed out after {} s: {}", name(), what,
+                  seq, rank_, size_, options_.timeout_seconds, waited));
 }
 
 void MpiCommunicator::abort(int exit_code) noexcept {

@@ -12,7 +12,6 @@
 #include <nccl.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <thread>
 
 #include "comm/mpi.h"
@@ -24,21 +23,22 @@ namespace hn::detail {
 namespace {
 
 void check_cuda(cudaError_t code, const char* call) {
-  if (code != cudaSuccess) fail("communicator nccl: {} failed: {}", call, cudaGetErrorString(code));
+  if (code != cudaSuccess) {
+    throw CommunicatorError(
+        fmt::format("communicator nccl: {} failed: {}", call, cudaGetErrorString(code)));
+  }
 }
 
 void check_nccl(ncclResult_t code, const char* call) {
   if (code != ncclSuccess && code != ncclInProgress) {
-    fail("communicator nccl: {} failed: {}", call, ncclGetErrorString(code));
+    throw CommunicatorError(
+        fmt::format("communicator nccl: {} failed: {}", call, ncclGetErrorString(code)));
   }
 }
 
 int local_rank() {
-  for (const char* variable :
-       {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK", "SLURM_LOCALID"}) {
-    if (const char* value = std::getenv(variable)) return std::atoi(value);
-  }
-  return 0;
+  return launcher_value(
+      {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK", "SLURM_LOCALID"}, 0, 0);
 }
 
 class NcclCommunicator final : public MpiCommunicator {
@@ -120,8 +120,8 @@ class NcclCommunicator final : public MpiCommunicator {
       if (async != ncclSuccess && async != ncclInProgress) {
         ncclCommAbort(nccl_);
         nccl_ = nullptr;
-        fail("communicator nccl: {} #{} on rank {} of {} failed: {}", what, seq, rank_, size_,
-             ncclGetErrorString(async));
+        throw CommunicatorError(fmt::format("communicator nccl: {} #{} on rank {} of {} failed: {}",
+                                            what, seq, rank_, size_, ncclGetErrorString(async)));
       }
       if (std::chrono::steady_clock::now() > deadline) {
         ncclCommAbort(nccl_);

@@ -159,7 +159,7 @@ Driver& add_chosen_driver(Runtime& runtime, const Args& args) {
     const auto cpus = std::count_if(distinct.begin(), distinct.end(),
                                     [](const Device& device) { return device.kind == "cpu"; });
     const auto cores = static_cast<long>(std::max(1u, std::thread::hardware_concurrency()));
-    const long sharing = static_cast<long>(cpus) * local_ranks();
+    const long sharing = static_cast<long>(cpus) * launched_local_ranks();
     if (sharing > 1) options.set("threads", static_cast<int>(std::max(1L, cores / sharing)));
   }
   const std::string memory = args.text("reference-memory", "host");
@@ -171,17 +171,6 @@ Driver& add_chosen_driver(Runtime& runtime, const Args& args) {
   for (const Device& device : distinct)
     runtime.add(device, options_for(driver_kind(device.kind), options));
   return runtime.driver(distinct[0]);
-}
-
-int local_ranks() {
-  for (const char* variable : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"}) {
-    const char* value = std::getenv(variable);
-    if (value == nullptr) continue;
-    char* end = nullptr;
-    const long ranks = std::strtol(value, &end, 10);
-    if (end != value && *end == '\0' && ranks >= 1 && ranks <= 4096) return static_cast<int>(ranks);
-  }
-  return 1;
 }
 
 std::vector<FlagSpec> comm_flags() {
@@ -216,6 +205,10 @@ Communicator& chosen_communicator(const Args& args) {
   options.timeout_seconds = positive_number(args, "comm-timeout", options.timeout_seconds);
   const std::string name = args.has("comm") ? args.text("comm") : default_communicator();
   active = make_communicator(name, options);
+  // Rank 0 alone prints; every rank's errors still reach stderr.
+  if (active->rank() != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) {
+    throw Error(fmt::format("rank {}: cannot quiet stdout", active->rank()));
+  }
   return *active;
 }
 

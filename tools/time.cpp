@@ -4,6 +4,7 @@
 // each device's share of every layer (rows, busy and waiting time, copies).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -56,17 +57,13 @@ class Timeline {
   // Collective: rank 0 writes `path` with every rank's spans; `names` names the span ids.
   void write(Communicator& comm, Driver& driver, const std::string& path,
              const std::vector<std::string>& names) {
-    std::vector<float> counts(static_cast<std::size_t>(comm.size()));
-    const float mine = static_cast<float>(spans_.size() / 6);
-    comm.allgather(driver, &mine, 1, counts.data());
-    float most = 0;
-    for (const float count : counts)
-      most = std::max(most, count);
+    const std::vector<float> counts =
+        allgather_host(comm, driver, {static_cast<float>(spans_.size() / 6)});
+    const float most = *std::max_element(counts.begin(), counts.end());
     const std::size_t width = static_cast<std::size_t>(most) * 6;
     std::vector<float> padded(spans_);
     padded.resize(width, 0.0f);
-    std::vector<float> all(width * static_cast<std::size_t>(comm.size()));
-    comm.allgather(driver, padded.data(), width, all.data());
+    const std::vector<float> all = allgather_host(comm, driver, padded);
     if (comm.rank() != 0) return;
     std::FILE* file = std::fopen(path.c_str(), "w");
     if (file == nullptr) throw Error(fmt::format("--timeline: cannot write '{}'", path));
@@ -150,9 +147,6 @@ int run_time(const Args& args) {
   // Under mpirun: every rank times its own net, and backward overlaps the gradients'
   // allreduce as in training; rank 0 reports.
   Communicator& comm = chosen_communicator(args);
-  if (comm.rank() != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) {
-    throw Error(fmt::format("rank {}: cannot quiet stdout", comm.rank()));
-  }
   const bool ranks = comm.size() > 1;
   Runtime runtime;
   Driver& driver = add_chosen_driver(runtime, args);

@@ -51,15 +51,11 @@ Device chosen_device(const Args& args);
 // --threads, several CPU drivers share the cores out among them.
 Driver& add_chosen_driver(Runtime& runtime, const Args& args);
 
-// CPU threads per rank default to the cores shared out among the ranks an MPI launcher
-// started on this node (OMPI_COMM_WORLD_LOCAL_SIZE, ...; 1 without one).
-int local_ranks();
-
 // --comm, --comm-timeout, --bucket-mb: data parallelism under mpirun.
 std::vector<FlagSpec> comm_flags();
 // The communicator of --comm (default: hn::default_communicator()) with --comm-timeout.
 // It becomes the active communicator, kept until exit, which main() uses to end every rank
-// when this one fails.
+// when this one fails. On ranks other than 0 stdout goes to /dev/null: rank 0 reports.
 Communicator& chosen_communicator(const Args& args);
 std::size_t chosen_bucket_bytes(const Args& args);
 Communicator* active_communicator();

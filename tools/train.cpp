@@ -200,13 +200,10 @@ int run_train(const Args& args) {
   options.split = chosen_split(args);
   options.layer_splits = chosen_layer_splits(args);
 
-  // Under mpirun: one rank of a data-parallel run. Rank 0 alone prints, writes metrics and
-  // snapshots; errors still reach every rank's stderr.
+  // Under mpirun: one rank of a data-parallel run. Rank 0 alone prints (chosen_communicator
+  // quiets the others), writes metrics and snapshots.
   Communicator* const comm = &chosen_communicator(args);
   const bool root = comm->rank() == 0;
-  if (!root && std::freopen("/dev/null", "w", stdout) == nullptr) {
-    throw Error(fmt::format("rank {}: cannot quiet stdout", comm->rank()));
-  }
   options.communicator = comm;
   options.bucket_bytes = chosen_bucket_bytes(args);
 

@@ -19,11 +19,21 @@
 #include <string>
 #include <vector>
 
+#include "hybridnn/error.h"
+
 namespace hn {
 
 class Driver;
 
 enum class ReduceOp { sum, average };
+
+// What a collective throws when it fails: a rank that did not arrive by the deadline, an
+// error of MPI or NCCL. An hn::Error, of its own type so that a caller can add where it
+// happened (the Solver adds its rank and iteration).
+class CommunicatorError : public Error {
+ public:
+  using Error::Error;
+};
 
 class Communicator {
  public:
@@ -70,11 +80,21 @@ std::unique_ptr<Communicator> make_communicator(const std::string& name,
                                                 const CommOptions& options = {});
 // One process: rank 0 of 1.
 std::unique_ptr<Communicator> make_local_communicator();
+
+// The collectives on host vectors (counts, checksums, metrics), whatever memory `driver`
+// computes on: staged through a Tensor on it. allgather_host returns size() * values.size()
+// floats, rank r's at r * values.size().
+void allreduce_host(Communicator& comm, Driver& driver, std::vector<float>& values,
+                    ReduceOp op = ReduceOp::sum);
+std::vector<float> allgather_host(Communicator& comm, Driver& driver,
+                                  const std::vector<float>& values);
 // The backend to use when none is named: "ring" when an MPI launcher (mpirun, srun with
 // PMI) started this process as one of several, else "local". Throws hn::Error when a
 // launcher started several processes but this build has no MPI.
 std::string default_communicator();
-// The number of processes the launcher started (1 without one), from its environment.
+// The number of processes the launcher started (1 without one), and how many of them on
+// this node, from its environment.
 int launched_ranks();
+int launched_local_ranks();
 
 }  // namespace hn

@@ -170,6 +170,10 @@ struct Solver::Impl {
   void train_iteration();
   // The collectives of data parallelism (no-ops for a single rank).
   void broadcast_weights();
+  // Every rank's `fingerprints`, gathered: the (rank, index) pairs where a rank's differ
+  // from rank 0's, in rank order.
+  std::vector<std::pair<int, std::size_t>> fingerprints_differing(
+      const std::vector<std::uint64_t>& fingerprints);
   // At construction: every rank runs the same net, solver and library, or all fail.
   void check_ranks_agree();
   // Every rank holds the same weights, or all fail naming the first that differs.
@@ -201,15 +205,16 @@ struct Solver::Impl {
   void check_snapshot_prefix() const;
   int run(int iterations);
   void solve();
-  // Runs `work`; a failed collective's error gains this rank and the iteration.
+  // Runs `work`; a failed collective's error (CommunicatorError) gains this rank and the
+  // iteration.
   template <class Work>
   void with_rank_context(Work&& work) {
     try {
       work();
-    } catch (const Error& error) {
-      if (comm->size() == 1 || std::string(error.what()).rfind("communicator ", 0) != 0) throw;
-      detail::fail("{}: rank {} of {}, iteration {}: {}", origin, comm->rank(), comm->size(), iter,
-                   error.what());
+    } catch (const CommunicatorError& error) {
+      if (comm->size() == 1) throw;
+      throw CommunicatorError(fmt::format("{}: rank {} of {}, iteration {}: {}", origin,
+                                          comm->rank(), comm->size(), iter, error.what()));
     }
   }
   void emit(const SolverEvent& event) const {
@@ -418,11 +423,24 @@ void Solver::Impl::broadcast_weights() {
   weights_broadcast = true;
 }
 
-// Four 16-bit pieces of a 64-bit value, each exact as a float, so that a collective on
-// floats carries it unchanged.
-void push_u64(std::vector<float>& out, std::uint64_t value) {
-  for (int i = 0; i < 4; ++i)
-    out.push_back(static_cast<float>((value >> (16 * i)) & 0xFFFFu));
+std::vector<std::pair<int, std::size_t>> Solver::Impl::fingerprints_differing(
+    const std::vector<std::uint64_t>& fingerprints) {
+  // Four 16-bit pieces of each, exact as floats, so that a collective on floats carries
+  // them unchanged.
+  std::vector<float> mine;
+  for (const std::uint64_t value : fingerprints) {
+    for (int i = 0; i < 4; ++i)
+      mine.push_back(static_cast<float>((value >> (16 * i)) & 0xFFFFu));
+  }
+  const std::vector<float> all = allgather_host(*comm, *driver, mine);
+  std::vector<std::pair<int, std::size_t>> differing;
+  for (int r = 1; r < comm->size(); ++r) {
+    for (std::size_t i = 0; i < fingerprints.size(); ++i) {
+      const float* theirs = all.data() + static_cast<std::size_t>(r) * mine.size() + 4 * i;
+      if (!std::equal(theirs, theirs + 4, all.data() + 4 * i)) differing.emplace_back(r, i);
+    }
+  }
+  return differing;
 }
 
 std::uint64_t fnv1a(const void* data, std::size_t bytes,
@@ -462,20 +480,12 @@ void Solver::Impl::check_ranks_agree() {
     shapes = fnv1a(np.layer + "/" + np.name + ":" + np.tensor->shape().to_string(), shapes);
   }
   items.emplace_back("parameter shapes", shapes);
-  std::vector<float> mine;
+  std::vector<std::uint64_t> fingerprints;
   for (const auto& item : items)
-    push_u64(mine, item.second);
-  std::vector<float> all(mine.size() * static_cast<std::size_t>(ranks));
-  comm->allgather(*driver, mine.data(), mine.size(), all.data());
+    fingerprints.push_back(item.second);
   std::string differences;
-  for (int r = 1; r < ranks; ++r) {
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      const float* theirs = all.data() + static_cast<std::size_t>(r) * mine.size() + 4 * i;
-      if (!std::equal(theirs, theirs + 4, all.data() + 4 * i)) {
-        differences += fmt::format("\n  rank {}: {} differs from rank 0's", r, items[i].first);
-      }
-    }
-  }
+  for (const auto& [r, i] : fingerprints_differing(fingerprints))
+    differences += fmt::format("\n  rank {}: {} differs from rank 0's", r, items[i].first);
   HN_CHECK(differences.empty(),
            "{}: the {} ranks do not all train the same net with the same solver (this is rank "
            "{}; net '{}', {} learnable parameters):{}",
@@ -490,17 +500,11 @@ void Solver::Impl::check_weights_agree(const char* when) {
     hash = fnv1a(np.tensor->host_data(),
                  static_cast<std::size_t>(np.tensor->count()) * sizeof(float), hash);
   }
-  std::vector<float> mine;
-  push_u64(mine, hash);
-  std::vector<float> all(4 * static_cast<std::size_t>(ranks));
-  comm->allgather(*driver, mine.data(), 4, all.data());
-  for (int r = 1; r < ranks; ++r) {
-    HN_CHECK(std::equal(all.begin(), all.begin() + 4, all.begin() + 4 * r),
-             "{}: {} at iteration {}: the weights of rank {} differ from rank 0's (checksums "
-             "compared on all {} ranks; this is rank {}); the ranks no longer train the same "
-             "model",
-             origin, when, iter, r, ranks, comm->rank());
-  }
+  const auto differing = fingerprints_differing({hash});
+  HN_CHECK(differing.empty(),
+           "{}: {} at iteration {}: the weights of rank {} differ from rank 0's (checksums "
+           "compared on all {} ranks; this is rank {}); the ranks no longer train the same model",
+           origin, when, iter, differing.empty() ? 0 : differing[0].first, ranks, comm->rank());
 }
 
 void Solver::Impl::apply_update(float rate) {
@@ -579,14 +583,7 @@ void Solver::Impl::display(float rate) {
     values.insert(values.end(), blob.host_data(), blob.host_data() + blob.count());
   }
   // With several ranks: the means over the ranks, as the loss.
-  if (comm->size() > 1 && !values.empty()) {
-    Tensor reduced(Shape{static_cast<index_t>(values.size())});
-    float* data = reduced.host_data_mut();
-    std::copy(values.begin(), values.end(), data);
-    comm->allreduce(*driver, reduced.data_write(*driver), values.size(), ReduceOp::average);
-    const float* mean = reduced.host_data();
-    values.assign(mean, mean + values.size());
-  }
+  if (comm->size() > 1) allreduce_host(*comm, *driver, values, ReduceOp::average);
   std::size_t at = 0;
   for (const auto& [name, weight] : net->outputs()) {
     static_cast<void>(weight);
@@ -651,16 +648,11 @@ std::optional<std::vector<std::pair<std::string, float>>> Solver::Impl::run_test
   }
   if (ranks > 1) {
     // Per-rank sums in float, added over the ranks.
-    Tensor reduced(Shape{static_cast<index_t>(values + 1)});
-    float* data = reduced.host_data_mut();
-    for (std::size_t k = 0; k < values; ++k)
-      data[k] = static_cast<float>(sums[k]);
-    data[values] = static_cast<float>(loss_sum);
-    comm->allreduce(*driver, reduced.data_write(*driver), values + 1, ReduceOp::sum);
-    const float* total = reduced.host_data();
-    for (std::size_t k = 0; k < values; ++k)
-      sums[k] = total[k];
-    loss_sum = total[values];
+    std::vector<float> totals(sums.begin(), sums.end());
+    totals.push_back(static_cast<float>(loss_sum));
+    allreduce_host(*comm, *driver, totals, ReduceOp::sum);
+    std::copy(totals.begin(), totals.end() - 1, sums.begin());
+    loss_sum = totals.back();
   }
   std::vector<std::pair<std::string, float>> means;
   std::size_t at = 0;
@@ -922,10 +914,9 @@ void Solver::Impl::solve() {
     s.net->set_iteration_seed(iteration_seed(s.seed, s.iter, 0));
     float loss = s.net->forward();
     if (s.comm->size() > 1) {  // the global batch's, as during training
-      Tensor mean(Shape{1});
-      mean.host_data_mut()[0] = loss;
-      s.comm->allreduce(*s.driver, mean.data_write(*s.driver), 1, ReduceOp::average);
-      loss = mean.host_data()[0];
+      std::vector<float> mean = {loss};
+      allreduce_host(*s.comm, *s.driver, mean, ReduceOp::average);
+      loss = mean[0];
     }
     s.update_smoothed_loss(loss);
     int step = s.current_step;
