@@ -201,3 +201,21 @@ TEST_CASE("nccl allreduce of integer-valued floats on GPU memory gives the exact
     CHECK(values[0] == Approx((n + 1) / 2.0).epsilon(1e-6));
   }
 }
+
+TEST_CASE("host vectors reach every rank through a driver with memory of its own", "[mpi]") {
+  // The reference driver with separate memory: host pointers handed to it would be wrong.
+  DriverOptions separate;
+  separate.set("separate_memory", true);
+  const std::unique_ptr<Driver> device = make_driver(Device::parse("reference"), separate);
+  const std::unique_ptr<Communicator> comm = make("ring");
+  const int n = comm->size(), r = comm->rank();
+  std::vector<float> values = {static_cast<float>(r + 1), static_cast<float>(2 * (r + 1))};
+  allreduce_host(*comm, *device, values);
+  CHECK(values == std::vector<float>{n * (n + 1) / 2.0f, static_cast<float>(n * (n + 1))});
+  const std::vector<float> all = allgather_host(*comm, *device, {static_cast<float>(r), -1.0f});
+  REQUIRE(all.size() == 2 * static_cast<std::size_t>(n));
+  for (int k = 0; k < n; ++k) {
+    CHECK(all[2 * k] == static_cast<float>(k));
+    CHECK(all[2 * k + 1] == -1.0f);
+  }
+}
