@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "drivers/cuda/kernels/activations.cuh"
+#include "drivers/cuda/kernels/depthwise.cuh"
 #include "drivers/cuda/kernels/dropout.cuh"
 #include "drivers/cuda/kernels/elementwise.cuh"
 #include "drivers/cuda/kernels/losses.cuh"
@@ -91,6 +92,25 @@ std::vector<PoolShape> pool_shapes() {
   };
 }
 
+// Depthwise convolutions (groups == channels) with out_channels = channels * multiplier.
+struct DepthwiseCase {
+  LoweringShape shape;
+  index_t multiplier;
+  index_t out_channels() const { return shape.channels * multiplier; }
+};
+
+std::vector<DepthwiseCase> depthwise_cases() {
+  return {
+      {lowering(2, 3, 7, 11, 3, 3, 1, 1, 1, 1, 1, 1, 3), 1},   // 3x3, pad 1: "same" size
+      {lowering(3, 4, 9, 6, 3, 3, 0, 0, 2, 2, 1, 1, 4), 2},    // stride 2, no pad
+      {lowering(2, 5, 13, 10, 5, 5, 1, 1, 2, 2, 1, 1, 5), 1},  // 5x5, stride 2, pad 1
+      {lowering(2, 3, 11, 12, 3, 3, 1, 1, 1, 1, 2, 2, 3), 2},  // dilation 2
+      {lowering(3, 2, 12, 13, 5, 3, 0, 1, 1, 2, 2, 1, 2), 2},  // every field uneven
+      {lowering(2, 7, 12, 9, 3, 3, 1, 1, 2, 2, 1, 1, 7), 1},   // MobileNet-like stride 2
+      {lowering(2, 2, 5, 4, 5, 5, 2, 2, 1, 1, 1, 1, 2), 2},    // kernel wider than the image
+  };
+}
+
 // Emulates the reduction kernels' two passes: per-thread partials, block trees, final tree.
 double block_tree(std::vector<double> values) {
   for (int stride = cuda::kReduceThreads / 2; stride > 0; stride /= 2) {
@@ -117,6 +137,17 @@ float device_reduce(cuda::ReduceOp op, index_t n, const float* x, const float* y
     values[t] = cuda::partials_thread_sum(t, blocks, partials.data());
   }
   return static_cast<float>(block_tree(values));
+}
+
+// Emulates the bias_backward kernel: one block, and its tree, per channel.
+void device_bias_backward(const AxisShape& shape, const float* dy, float beta, float* dbias) {
+  for (index_t c = 0; c < shape.channels; ++c) {
+    std::vector<double> values(cuda::kReduceThreads);
+    for (int t = 0; t < cuda::kReduceThreads; ++t) {
+      values[t] = cuda::bias_backward_partial(c, t, shape, dy);
+    }
+    cuda::bias_backward_finish(c, block_tree(values), beta, dbias);
+  }
 }
 
 }  // namespace
@@ -195,6 +226,88 @@ TEST_CASE("cuda lift body equals the reference and the lift_backward body is bit
       cuda::lift_backward_element(i, d, out_channels, dy.data(), dp_actual.data());
     });
     REQUIRE(dp_actual == dp_expected);
+  }
+}
+
+TEST_CASE("cuda is_depthwise holds exactly for groups == channels > 1", "[cuda-bodies]") {
+  CHECK(cuda::is_depthwise(lowering(1, 4, 5, 5, 3, 3, 1, 1, 1, 1, 1, 1, 4), 4));
+  CHECK(cuda::is_depthwise(lowering(1, 4, 5, 5, 3, 3, 1, 1, 1, 1, 1, 1, 4), 12));
+  CHECK_FALSE(cuda::is_depthwise(lowering(1, 4, 5, 5, 3, 3, 1, 1, 1, 1, 1, 1, 2), 4));
+  CHECK_FALSE(cuda::is_depthwise(lowering(1, 1, 5, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1), 1));
+  CHECK_FALSE(cuda::is_depthwise(lowering(1, 4, 5, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1), 4));
+}
+
+TEST_CASE("cuda depthwise conv forward body equals the reference convolution, bias or not",
+          "[cuda-bodies]") {
+  auto ref = make_reference();
+  for (const DepthwiseCase& c : depthwise_cases()) {
+    const LoweringShape& shape = c.shape;
+    const index_t oc = c.out_channels();
+    INFO(shape.to_string() << " out_channels=" << oc);
+    const cuda::LoweringDims d = cuda::lowering_dims(shape);
+    const index_t y_count = shape.batch * oc * d.out_h * d.out_w;
+    const auto x = random_floats(size_of(shape.image_count()), 16);
+    const auto weights = random_floats(size_of(oc * shape.kernel_h * shape.kernel_w), 17);
+    const auto bias = random_floats(size_of(oc), 18);
+    for (const float* b : {bias.data(), static_cast<const float*>(nullptr)}) {
+      INFO((b != nullptr ? "with bias" : "without bias"));
+      std::vector<float> expected(size_of(y_count)), actual(size_of(y_count), NAN);
+      ref->conv_forward(shape, oc, x.data(), weights.data(), b, expected.data());
+      for_each_index(y_count, [&](index_t i) {
+        cuda::depthwise_forward_element(i, d, oc, x.data(), weights.data(), b, actual.data());
+      });
+      REQUIRE(max_rel_diff(actual, expected) <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("cuda depthwise conv backward_data body overwrites dx with the reference gradient",
+          "[cuda-bodies]") {
+  auto ref = make_reference();
+  for (const DepthwiseCase& c : depthwise_cases()) {
+    const LoweringShape& shape = c.shape;
+    const index_t oc = c.out_channels();
+    INFO(shape.to_string() << " out_channels=" << oc);
+    const cuda::LoweringDims d = cuda::lowering_dims(shape);
+    const auto weights = random_floats(size_of(oc * shape.kernel_h * shape.kernel_w), 19);
+    const auto dy = random_floats(size_of(shape.batch * oc * d.out_h * d.out_w), 20);
+    std::vector<float> expected(size_of(shape.image_count())),
+        actual(size_of(shape.image_count()), NAN);  // must be overwritten
+    ref->conv_backward_data(shape, oc, weights.data(), dy.data(), expected.data());
+    for_each_index(shape.image_count(), [&](index_t i) {
+      cuda::depthwise_backward_data_element(i, d, oc, weights.data(), dy.data(), actual.data());
+    });
+    REQUIRE(max_rel_diff(actual, expected) <= 1e-5);
+  }
+}
+
+TEST_CASE(
+    "cuda depthwise conv backward_weights body and bias_backward add the reference gradients "
+    "to non-zero ones",
+    "[cuda-bodies]") {
+  auto ref = make_reference();
+  for (const DepthwiseCase& c : depthwise_cases()) {
+    const LoweringShape& shape = c.shape;
+    const index_t oc = c.out_channels();
+    INFO(shape.to_string() << " out_channels=" << oc);
+    const cuda::LoweringDims d = cuda::lowering_dims(shape);
+    const index_t w_count = oc * shape.kernel_h * shape.kernel_w;
+    const auto x = random_floats(size_of(shape.image_count()), 21);
+    const auto dy = random_floats(size_of(shape.batch * oc * d.out_h * d.out_w), 22);
+    const auto dw_prior = random_floats(size_of(w_count), 23, -3.0f, 3.0f);
+    const auto db_prior = random_floats(size_of(oc), 24, -3.0f, 3.0f);
+    auto dw_expected = dw_prior, dw_actual = dw_prior;
+    auto db_expected = db_prior, db_actual = db_prior;
+    ref->conv_backward_weights(shape, oc, x.data(), dy.data(), dw_expected.data(),
+                               db_expected.data());
+    for_each_index(w_count, [&](index_t i) {
+      cuda::depthwise_backward_weights_element(i, d, oc, x.data(), dy.data(), dw_actual.data());
+    });
+    REQUIRE(max_rel_diff(dw_actual, dw_expected) <= 1e-5);
+    // The driver's bias gradient: bias_backward over [batch][out_channels][plane], beta = 1.
+    device_bias_backward(AxisShape{shape.batch, oc, d.out_h * d.out_w}, dy.data(), 1.0f,
+                         db_actual.data());
+    REQUIRE(max_rel_diff(db_actual, db_expected) <= 1e-5);
   }
 }
 
@@ -373,13 +486,7 @@ TEST_CASE("cuda bias_backward body equals the reference, also for outer == 0", "
       if (beta == 0.0f) std::fill(prior.begin(), prior.end(), NAN);  // must not be read
       auto expected = prior, actual = prior;
       ref->bias_backward(shape, dy.data(), beta, expected.data());
-      for (index_t c = 0; c < shape.channels; ++c) {
-        std::vector<double> values(cuda::kReduceThreads);
-        for (int t = 0; t < cuda::kReduceThreads; ++t) {
-          values[t] = cuda::bias_backward_partial(c, t, shape, dy.data());
-        }
-        cuda::bias_backward_finish(c, block_tree(values), beta, actual.data());
-      }
+      device_bias_backward(shape, dy.data(), beta, actual.data());
       REQUIRE(max_rel_diff(actual, expected) <= 1e-6);
     }
   }

@@ -1,7 +1,8 @@
 // The CUDA driver: device memory, one non-blocking stream, cuBLAS for GEMM, the project's own
-// kernels (drivers/cuda/kernels) for everything else, and cuDNN for softmax, cross-channel
-// LRN and direct convolution when the build has it. Host copies go through reusable pinned
-// staging buffers. Every CUDA, cuBLAS and cuDNN failure becomes an hn::Error naming the call.
+// kernels (drivers/cuda/kernels) for everything else, depthwise convolution included, and
+// cuDNN for softmax, cross-channel LRN and the other direct convolutions when the build has
+// it. Host copies go through reusable pinned staging buffers. Every CUDA, cuBLAS and cuDNN
+// failure becomes an hn::Error naming the call.
 //
 // An invalid softmax_loss label is found on the GPU: the kernels record it in device memory
 // (kernels/losses.cuh) and the driver throws hn::Error for it at its next synchronising call
@@ -130,10 +131,17 @@ const Perf& pick_algorithm(const Perf* results, int count) {
   return fp32 != nullptr ? *fp32 : results[0];
 }
 
-// cuDNN is used unless the environment says HYBRIDNN_CUDNN=0 (read when the driver is made).
+// cuDNN is used unless the environment says HYBRIDNN_CUDNN=0, but not for depthwise
+// convolutions, which run our own kernels unless it says HYBRIDNN_CUDNN=all (read when the
+// driver is made).
 bool cudnn_wanted() {
   const char* value = std::getenv("HYBRIDNN_CUDNN");
   return value == nullptr || std::strcmp(value, "0") != 0;
+}
+
+bool cudnn_for_depthwise() {
+  const char* value = std::getenv("HYBRIDNN_CUDNN");
+  return value != nullptr && std::strcmp(value, "all") == 0;
 }
 
 bool fits_int(index_t value) {
@@ -204,8 +212,10 @@ class CudaDriver final : public Driver {
                 "device {}; set HYBRIDNN_CUDNN=0 to run without cuDNN", ordinal_);
       cudnn_.reset(dnn);
       check_dnn(cudnnSetStream(dnn, stream), "cudnnSetStream", "driver stream");
-      description_ +=
-          fmt::format(", cuDNN {} (softmax, cross-channel LRN, convolution)", cudnnGetVersion());
+      cudnn_depthwise_ = cudnn_for_depthwise();
+      description_ += fmt::format(
+          ", cuDNN {} (softmax, cross-channel LRN, convolution{})", cudnnGetVersion(),
+          cudnn_depthwise_ ? ", depthwise too: HYBRIDNN_CUDNN=all" : " except depthwise");
     } else {
       description_ += ", cuDNN off (HYBRIDNN_CUDNN=0)";
     }
@@ -221,6 +231,7 @@ class CudaDriver final : public Driver {
   Capabilities capabilities() const override {
     Capabilities caps;
     caps.host_addressable = false;
+    // Without cuDNN only depthwise shapes run natively; the rest would be staged to the host.
 #if HYBRIDNN_WITH_CUDNN
     caps.convolution = cudnn_ != nullptr;
 #endif
@@ -591,67 +602,103 @@ class CudaDriver final : public Driver {
     }
   }
 
-  // ---- direct convolution (cuDNN) -----------------------------------------------------
+  // ---- direct convolution: own depthwise kernels, cuDNN, or the generic one ----------
 
-#if HYBRIDNN_WITH_CUDNN
   void do_conv_forward(const LoweringShape& shape, index_t out_channels, const float* x,
                        const float* weights, const float* bias, float* y) override {
-    if (!cudnn_)
-      return Driver::do_conv_forward(shape, out_channels, x, weights, bias,
-                                     y);  // no cuDNN: the generic one
-    activate();
-    const ConvPlan& plan = conv_plan("conv_forward", shape, out_channels);
-    const float one = 1.0f, zero = 0.0f;
-    check_dnn(cudnnConvolutionForward(cudnn_.get(), &one, plan.x.get(), x, plan.w.get(), weights,
-                                      plan.conv.get(), plan.forward_algo,
-                                      conv_workspace(plan.forward_bytes), plan.forward_bytes, &zero,
-                                      plan.y.get(), y),
-              "conv_forward: cudnnConvolutionForward", "{} out_channels={} algo={}",
-              shape.to_string(), out_channels, static_cast<int>(plan.forward_algo));
-    if (bias == nullptr) return;
-    check_dnn(cudnnAddTensor(cudnn_.get(), &one, plan.bias.get(), bias, &one, plan.y.get(), y),
-              "conv_forward: cudnnAddTensor", "bias of {} out_channels={}", shape.to_string(),
-              out_channels);
+    if (own_depthwise(shape, out_channels)) {
+      activate();
+      launched(cuda::launch_depthwise_forward(stream(), cuda::lowering_dims(shape), out_channels, x,
+                                              weights, bias, y),
+               "conv_forward (depthwise)", "{} out_channels={}", shape.to_string(), out_channels);
+      return;
+    }
+#if HYBRIDNN_WITH_CUDNN
+    if (cudnn_) {
+      activate();
+      const ConvPlan& plan = conv_plan("conv_forward", shape, out_channels);
+      const float one = 1.0f, zero = 0.0f;
+      check_dnn(cudnnConvolutionForward(cudnn_.get(), &one, plan.x.get(), x, plan.w.get(), weights,
+                                        plan.conv.get(), plan.forward_algo,
+                                        conv_workspace(plan.forward_bytes), plan.forward_bytes,
+                                        &zero, plan.y.get(), y),
+                "conv_forward: cudnnConvolutionForward", "{} out_channels={} algo={}",
+                shape.to_string(), out_channels, static_cast<int>(plan.forward_algo));
+      if (bias == nullptr) return;
+      check_dnn(cudnnAddTensor(cudnn_.get(), &one, plan.bias.get(), bias, &one, plan.y.get(), y),
+                "conv_forward: cudnnAddTensor", "bias of {} out_channels={}", shape.to_string(),
+                out_channels);
+      return;
+    }
+#endif
+    Driver::do_conv_forward(shape, out_channels, x, weights, bias, y);
   }
 
   void do_conv_backward_data(const LoweringShape& shape, index_t out_channels, const float* weights,
                              const float* dy, float* dx) override {
-    if (!cudnn_)
-      return Driver::do_conv_backward_data(shape, out_channels, weights, dy,
-                                           dx);  // no cuDNN: the generic one
-    activate();
-    const ConvPlan& plan = conv_plan("conv_backward_data", shape, out_channels);
-    const float one = 1.0f, zero = 0.0f;
-    check_dnn(cudnnConvolutionBackwardData(cudnn_.get(), &one, plan.w.get(), weights, plan.y.get(),
-                                           dy, plan.conv.get(), plan.data_algo,
-                                           conv_workspace(plan.data_bytes), plan.data_bytes, &zero,
-                                           plan.x.get(), dx),
-              "conv_backward_data: cudnnConvolutionBackwardData", "{} out_channels={} algo={}",
-              shape.to_string(), out_channels, static_cast<int>(plan.data_algo));
+    if (own_depthwise(shape, out_channels)) {
+      activate();
+      launched(cuda::launch_depthwise_backward_data(stream(), cuda::lowering_dims(shape),
+                                                    out_channels, weights, dy, dx),
+               "conv_backward_data (depthwise)", "{} out_channels={}", shape.to_string(),
+               out_channels);
+      return;
+    }
+#if HYBRIDNN_WITH_CUDNN
+    if (cudnn_) {
+      activate();
+      const ConvPlan& plan = conv_plan("conv_backward_data", shape, out_channels);
+      const float one = 1.0f, zero = 0.0f;
+      check_dnn(cudnnConvolutionBackwardData(cudnn_.get(), &one, plan.w.get(), weights,
+                                             plan.y.get(), dy, plan.conv.get(), plan.data_algo,
+                                             conv_workspace(plan.data_bytes), plan.data_bytes,
+                                             &zero, plan.x.get(), dx),
+                "conv_backward_data: cudnnConvolutionBackwardData", "{} out_channels={} algo={}",
+                shape.to_string(), out_channels, static_cast<int>(plan.data_algo));
+      return;
+    }
+#endif
+    Driver::do_conv_backward_data(shape, out_channels, weights, dy, dx);
   }
 
-  // beta = 1: cuDNN adds to the gradients, as Caffe accumulates them.
+  // Adds to the gradients, as Caffe accumulates them (beta = 1 for cuDNN and bias_backward).
   void do_conv_backward_weights(const LoweringShape& shape, index_t out_channels, const float* x,
                                 const float* dy, float* dweights, float* dbias) override {
-    if (!cudnn_)
-      return Driver::do_conv_backward_weights(shape, out_channels, x, dy, dweights,
-                                              dbias);  // no cuDNN: the generic one
-    activate();
-    const ConvPlan& plan = conv_plan("conv_backward_weights", shape, out_channels);
-    const float one = 1.0f;
-    check_dnn(cudnnConvolutionBackwardFilter(cudnn_.get(), &one, plan.x.get(), x, plan.y.get(), dy,
-                                             plan.conv.get(), plan.filter_algo,
-                                             conv_workspace(plan.filter_bytes), plan.filter_bytes,
-                                             &one, plan.w.get(), dweights),
-              "conv_backward_weights: cudnnConvolutionBackwardFilter", "{} out_channels={} algo={}",
-              shape.to_string(), out_channels, static_cast<int>(plan.filter_algo));
-    if (dbias == nullptr) return;
-    check_dnn(cudnnConvolutionBackwardBias(cudnn_.get(), &one, plan.y.get(), dy, &one,
-                                           plan.bias.get(), dbias),
-              "conv_backward_weights: cudnnConvolutionBackwardBias", "{} out_channels={}",
-              shape.to_string(), out_channels);
-  }
+    if (own_depthwise(shape, out_channels)) {
+      activate();
+      launched(cuda::launch_depthwise_backward_weights(stream(), cuda::lowering_dims(shape),
+                                                       out_channels, x, dy, dweights),
+               "conv_backward_weights (depthwise)", "{} out_channels={}", shape.to_string(),
+               out_channels);
+      if (dbias == nullptr) return;
+      const AxisShape planes{shape.batch, out_channels, shape.out_h() * shape.out_w()};
+      launched(cuda::launch_bias_backward(stream(), planes, dy, 1.0f, dbias),
+               "conv_backward_weights (depthwise bias)", "{} out_channels={}", shape.to_string(),
+               out_channels);
+      return;
+    }
+#if HYBRIDNN_WITH_CUDNN
+    if (cudnn_) {
+      activate();
+      const ConvPlan& plan = conv_plan("conv_backward_weights", shape, out_channels);
+      const float one = 1.0f;
+      check_dnn(cudnnConvolutionBackwardFilter(cudnn_.get(), &one, plan.x.get(), x, plan.y.get(),
+                                               dy, plan.conv.get(), plan.filter_algo,
+                                               conv_workspace(plan.filter_bytes), plan.filter_bytes,
+                                               &one, plan.w.get(), dweights),
+                "conv_backward_weights: cudnnConvolutionBackwardFilter",
+                "{} out_channels={} algo={}", shape.to_string(), out_channels,
+                static_cast<int>(plan.filter_algo));
+      if (dbias == nullptr) return;
+      check_dnn(cudnnConvolutionBackwardBias(cudnn_.get(), &one, plan.y.get(), dy, &one,
+                                             plan.bias.get(), dbias),
+                "conv_backward_weights: cudnnConvolutionBackwardBias", "{} out_channels={}",
+                shape.to_string(), out_channels);
+      return;
+    }
 #endif
+    Driver::do_conv_backward_weights(shape, out_channels, x, dy, dweights, dbias);
+  }
 
   // ---- softmax ------------------------------------------------------------------------
 
@@ -757,6 +804,14 @@ class CudaDriver final : public Driver {
 
   cudaStream_t stream() const {
     return stream_.get();
+  }
+
+  // Depthwise shapes run kernels/depthwise.cuh unless HYBRIDNN_CUDNN=all gave them to cuDNN.
+  bool own_depthwise(const LoweringShape& shape, index_t out_channels) const {
+#if HYBRIDNN_WITH_CUDNN
+    if (cudnn_ && cudnn_depthwise_) return false;
+#endif
+    return cuda::is_depthwise(shape, out_channels);
   }
 
   // A thread may drive several GPUs: make this driver's GPU current before any call.
@@ -1085,6 +1140,7 @@ class CudaDriver final : public Driver {
   BlasHandle blas_;
 #if HYBRIDNN_WITH_CUDNN
   CudnnHandle cudnn_;
+  bool cudnn_depthwise_ = false;  // HYBRIDNN_CUDNN=all: cuDNN runs depthwise convolutions too
   std::map<ConvKey, ConvPlan> conv_plans_;
   std::vector<ConvKey> conv_plan_order_;  // insertion order, for eviction
 #endif

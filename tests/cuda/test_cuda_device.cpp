@@ -489,14 +489,7 @@ TEST_CASE("cuda cuDNN softmax and LRN agree with the driver's own kernels", "[cu
 TEST_CASE("cuda cuDNN convolution equals the reference, accumulating weight gradients", "[cuda]") {
   auto gpu = make_gpu();
   auto ref = make_reference();
-  if (!gpu->capabilities().convolution) {
-    // Built without cuDNN: the calls must say so.
-    const DeviceArray a(*gpu, 64);
-    CHECK_THROWS_WITH(gpu->conv_forward(lowering(1, 1, 5, 5, 1, 0, 1, 1), 1, a.data(), a.data(),
-                                        nullptr, a.data()),
-                      Catch::Contains("does not support conv_forward"));
-    return;
-  }
+  // Without cuDNN the calls run the generic implementation: the comparisons hold as well.
   INFO(gpu->description());
   struct Case {
     LoweringShape shape;
@@ -547,4 +540,93 @@ TEST_CASE("cuda cuDNN convolution equals the reference, accumulating weight grad
               d.conv_backward_weights(s, oc, p[0], p[1], p[2], nullptr);
             });
   }
+}
+
+TEST_CASE(
+    "cuda depthwise convolution equals the reference on the own kernels (and on cuDNN with "
+    "HYBRIDNN_CUDNN=all), bitwise reproducible; without cuDNN other shapes fall back",
+    "[cuda]") {
+  auto ref = make_reference();
+  ::setenv("HYBRIDNN_CUDNN", "0", 1);
+  auto no_dnn = make_gpu();
+  ::setenv("HYBRIDNN_CUDNN", "all", 1);
+  auto all_dnn = make_gpu();
+  ::unsetenv("HYBRIDNN_CUDNN");
+  auto gpu = make_gpu();  // own kernels for depthwise, cuDNN (when built) for the rest
+  // The own kernels cover depthwise shapes only, so without cuDNN no convolution is claimed.
+  CHECK_FALSE(no_dnn->capabilities().convolution);
+
+  struct Case {
+    LoweringShape shape;
+    index_t multiplier;
+  };
+  using hn::test::lowering;  // with groups
+  const std::vector<Case> cases = {
+      {lowering(4, 32, 28, 28, 3, 3, 1, 1, 1, 1, 1, 1, 32), 1},  // MobileNet-like
+      {lowering(2, 16, 29, 31, 3, 3, 1, 1, 2, 2, 1, 1, 16), 2},  // stride 2, multiplier 2
+      {lowering(3, 8, 17, 13, 5, 5, 2, 2, 1, 1, 2, 2, 8), 1},    // 5x5, dilation 2
+      {lowering(2, 6, 15, 20, 3, 5, 0, 1, 2, 1, 1, 1, 6), 3},    // non-square, uneven
+  };
+  for (const Case& c : cases) {
+    const LoweringShape& s = c.shape;
+    const index_t oc = s.channels * c.multiplier;
+    INFO(s.to_string() << " out_channels=" << oc);
+    const std::size_t xn = size_of(s.image_count());
+    const std::size_t wn = size_of(oc * s.kernel_h * s.kernel_w);
+    const std::size_t yn = size_of(s.batch * oc * s.out_h() * s.out_w());
+    const Values x = random_floats(xn, 51), w = random_floats(wn, 52),
+                 b = random_floats(size_of(oc), 53), dy = random_floats(yn, 54);
+    const Values dw = random_floats(wn, 55, -3.0f, 3.0f), db = random_floats(size_of(oc), 56);
+    const auto forward = [&](Driver& d, const std::vector<float*>& p) {
+      d.conv_forward(s, oc, p[0], p[1], p[2], p[3]);
+    };
+    const auto backward_data = [&](Driver& d, const std::vector<float*>& p) {
+      d.conv_backward_data(s, oc, p[0], p[1], p[2]);
+    };
+    const auto backward_weights = [&](Driver& d, const std::vector<float*>& p) {
+      d.conv_backward_weights(s, oc, p[0], p[1], p[2], p[3]);
+    };
+    const auto check = [&](Driver& d, double tolerance) {
+      INFO(d.description());
+      compare(d, *ref, {x, w, b, nans(yn)}, {3}, tolerance, forward);
+      compare(d, *ref, {x, w, nans(yn)}, {2}, tolerance,
+              [&](Driver& e, const std::vector<float*>& p) {
+                e.conv_forward(s, oc, p[0], p[1], nullptr, p[2]);
+              });
+      compare(d, *ref, {w, dy, nans(xn)}, {2}, tolerance, backward_data);
+      // Non-zero starting gradients: conv_backward_weights adds to them.
+      compare(d, *ref, {x, dy, dw, db}, {2, 3}, tolerance, backward_weights);
+      compare(d, *ref, {x, dy, dw, db}, {2, 3}, tolerance,
+              [&](Driver& e, const std::vector<float*>& p) {
+                e.conv_backward_weights(s, oc, p[0], p[1], p[2], nullptr);
+              });
+    };
+    check(*gpu, 1e-5);
+    check(*no_dnn, 1e-5);
+    if (all_dnn->capabilities().convolution) {
+      check(*all_dnn, 1e-4 * std::max(1.0, s.batch * s.out_h() * s.out_w() / 64.0));
+    }
+
+    // No atomics: a second run gives the same bits.
+    const auto reproducible = [&](const std::vector<Values>& args,
+                                  const std::vector<std::size_t>& outputs, const auto& op) {
+      const auto first = run(*gpu, args, op), second = run(*gpu, args, op);
+      for (const std::size_t k : outputs) {
+        CHECK(std::memcmp(first[k].data(), second[k].data(), first[k].size() * sizeof(float)) == 0);
+      }
+    };
+    reproducible({x, w, b, nans(yn)}, {3}, forward);
+    reproducible({w, dy, nans(xn)}, {2}, backward_data);
+    reproducible({x, dy, dw, db}, {2, 3}, backward_weights);
+  }
+
+  // A grouped but not depthwise shape on the driver without cuDNN: the generic implementation.
+  const LoweringShape grouped = lowering(2, 4, 9, 8, 3, 3, 1, 1, 1, 1, 1, 1, 2);
+  const index_t oc = 6;
+  const std::size_t xn = size_of(grouped.image_count());
+  const std::size_t yn = size_of(grouped.batch * oc * grouped.out_h() * grouped.out_w());
+  compare(*no_dnn, *ref, {random_floats(xn, 57), random_floats(size_of(oc * 2 * 9), 58), nans(yn)},
+          {2}, 1e-5, [&](Driver& d, const std::vector<float*>& p) {
+            d.conv_forward(grouped, oc, p[0], p[1], nullptr, p[2]);
+          });
 }

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "drivers/cuda/kernels/depthwise.cuh"
 #include "drivers/cuda/kernels/losses.cuh"
 #include "drivers/cuda/kernels/lowering.cuh"
 #include "drivers/cuda/kernels/pooling.cuh"
@@ -27,6 +28,17 @@ cudaError_t launch_lift(cudaStream_t stream, const LoweringDims& d, index_t out_
                         const float* products, float* y);
 cudaError_t launch_lift_backward(cudaStream_t stream, const LoweringDims& d, index_t out_channels,
                                  const float* dy, float* products_diff);
+
+// depthwise.cu. Shapes with cuda::is_depthwise; d from lowering_dims.
+cudaError_t launch_depthwise_forward(cudaStream_t stream, const LoweringDims& d,
+                                     index_t out_channels, const float* x, const float* weights,
+                                     const float* bias, float* y);
+cudaError_t launch_depthwise_backward_data(cudaStream_t stream, const LoweringDims& d,
+                                           index_t out_channels, const float* weights,
+                                           const float* dy, float* dx);
+cudaError_t launch_depthwise_backward_weights(cudaStream_t stream, const LoweringDims& d,
+                                              index_t out_channels, const float* x, const float* dy,
+                                              float* dweights);
 
 // elementwise.cu
 cudaError_t launch_fill(cudaStream_t stream, index_t n, float value, float* x);
