@@ -4,6 +4,9 @@
 #include "layers/convolution.h"
 
 #include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -31,20 +34,22 @@ const char* lowering_name(Lowering lowering) {
   return "unknown";
 }
 
+const char* direction_name(ConvDirection direction) {
+  switch (direction) {
+    case ConvDirection::forward:
+      return "forward";
+    case ConvDirection::backward_data:
+      return "backward_data";
+    case ConvDirection::backward_weights:
+      return "backward_weights";
+  }
+  return "unknown";
+}
+
 namespace {
 
-// The gradients a backward call produces: dx where it is asked for and has memory, the
-// parameter gradients where the caller passed their memory.
-struct Wanted {
-  bool dx, dw, db;
-};
-
-Wanted wanted_gradients(const LayerSlice& slice, bool bias_term) {
-  return Wanted{!slice.propagate_down.empty() && slice.propagate_down[0] &&
-                    slice.inputs[0].diff.address != nullptr,
-                slice.params[0].diff.address != nullptr,
-                bias_term && slice.params[1].diff.address != nullptr};
-}
+constexpr std::array<ConvDirection, 3> kDirections{
+    ConvDirection::forward, ConvDirection::backward_data, ConvDirection::backward_weights};
 
 // ---- chunking and cost model ----------------------------------------------------------
 //
@@ -159,6 +164,7 @@ std::vector<Shape> ConvolutionLayer::setup(const std::vector<Shape>& inputs) {
   HN_CHECK(p.num_output > 0, "{}: num_output must be > 0, got {}", who, p.num_output);
   HN_CHECK(p.group > 0, "{}: group must be > 0, got {}", who, p.group);
 
+  if (channels_ != in[1] || height_ != in[2] || width_ != in[3]) chosen_.clear();
   channels_ = in[1];
   height_ = in[2];
   width_ = in[3];
@@ -254,34 +260,43 @@ LoweringShape ConvolutionLayer::lowering_shape(index_t images) const {
 }
 
 // Per-image lowered bytes: type 1 columns, or type 3 products and NHWC input.
-std::size_t ConvolutionLayer::lowered_bytes_per_image() const {
-  return floats_bytes(lowering_ == Lowering::type3
+std::size_t ConvolutionLayer::lowered_bytes_per_image(Lowering lowering) const {
+  return floats_bytes(lowering == Lowering::type3
                           ? height_ * width_ *
                                 (config_.num_output * kernel_h_ * kernel_w_ + channels_)
                           : channels_ * kernel_h_ * kernel_w_ * out_h_ * out_w_);
 }
 
-index_t ConvolutionLayer::chunk_for(index_t rows, std::size_t target) const {
-  if (lowering_ == Lowering::direct_1x1 || rows <= 1) return 1;
-  const index_t fit = static_cast<index_t>(target / lowered_bytes_per_image());
+index_t ConvolutionLayer::chunk_for(Lowering lowering, index_t rows, std::size_t target) const {
+  if (lowering == Lowering::direct_1x1 || rows <= 1) return 1;
+  const index_t fit = static_cast<index_t>(target / lowered_bytes_per_image(lowering));
   return std::clamp<index_t>(fit, 1, rows);
 }
 
+index_t ConvolutionLayer::forward_chunk(Lowering lowering, index_t rows) const {
+  if (config_.chunk_bytes > 0) return chunk_for(lowering, rows, config_.chunk_bytes);
+  if (lowered_bytes_per_image(lowering) >= kLargeImageBytes) return 1;
+  return chunk_for(lowering, rows, kChunkTargetBytes);
+}
+
+index_t ConvolutionLayer::backward_chunk(Lowering lowering, index_t rows) const {
+  return chunk_for(lowering, rows,
+                   config_.chunk_bytes > 0 ? config_.chunk_bytes : kChunkTargetBytes);
+}
+
 index_t ConvolutionLayer::forward_chunk(index_t rows) const {
-  if (config_.chunk_bytes > 0) return chunk_for(rows, config_.chunk_bytes);
-  if (lowered_bytes_per_image() >= kLargeImageBytes) return 1;
-  return chunk_for(rows, kChunkTargetBytes);
+  return forward_chunk(lowering_, rows);
 }
 
 index_t ConvolutionLayer::backward_chunk(index_t rows) const {
-  return chunk_for(rows, config_.chunk_bytes > 0 ? config_.chunk_bytes : kChunkTargetBytes);
+  return backward_chunk(lowering_, rows);
 }
 
-std::size_t ConvolutionLayer::workspace_bytes(const Driver& driver, index_t rows) const {
-  if (rows <= 0 || lowering_for(driver) == Lowering::direct) return 0;
-  const index_t chunk = std::max(forward_chunk(rows), backward_chunk(rows));
+std::size_t ConvolutionLayer::workspace_for(Lowering lowering, index_t rows) const {
+  if (rows <= 0) return 0;
+  const index_t chunk = std::max(forward_chunk(lowering, rows), backward_chunk(lowering, rows));
   const index_t out_plane = out_h_ * out_w_, kernel = kernel_h_ * kernel_w_;
-  switch (lowering_) {
+  switch (lowering) {
     case Lowering::type1: {
       // columns, plus the GEMM output / transposed dy in [C_out][chunk][plane] order
       const index_t columns = aligned(channels_ * kernel * chunk * out_plane);
@@ -303,12 +318,185 @@ std::size_t ConvolutionLayer::workspace_bytes(const Driver& driver, index_t rows
   return 0;
 }
 
-Lowering ConvolutionLayer::lowering_for(const Driver& driver) const {
+std::size_t ConvolutionLayer::workspace_bytes(const Driver& driver, index_t rows) const {
+  std::size_t bytes = 0;
+  for (ConvDirection direction :
+       {ConvDirection::forward, ConvDirection::backward_data, ConvDirection::backward_weights})
+    bytes = std::max(bytes, workspace_for(lowering_for(driver, direction), rows));
+  return bytes;
+}
+
+Lowering ConvolutionLayer::lowering_for(const Driver& driver, ConvDirection direction) const {
+  const auto chosen = chosen_.find(driver.name());
+  if (chosen != chosen_.end()) return chosen->second[static_cast<std::size_t>(direction)];
   if (lowering_ == Lowering::direct) return Lowering::direct;
   if (config_.lowering == Lowering::automatic && driver.capabilities().convolution) {
     return Lowering::direct;
   }
   return lowering_;
+}
+
+std::vector<Lowering> ConvolutionLayer::candidates(const Driver& driver) const {
+  if (config_.lowering != Lowering::automatic) return {lowering_for(driver)};
+  std::vector<Lowering> result;
+  if (driver.capabilities().convolution) result.push_back(Lowering::direct);
+  result.push_back(Lowering::type1);
+  if (config_.group == 1) result.push_back(Lowering::type3);
+  if (kernel_h_ == 1 && kernel_w_ == 1 && stride_h_ == 1 && stride_w_ == 1 && pad_h_ == 0 &&
+      pad_w_ == 0) {
+    result.push_back(Lowering::direct_1x1);
+  }
+  return result;
+}
+
+void ConvolutionLayer::choose(const Driver& driver, ConvDirection direction, Lowering lowering) {
+  const std::vector<Lowering> allowed = candidates(driver);
+  HN_CHECK(std::find(allowed.begin(), allowed.end(), lowering) != allowed.end(),
+           "{}: lowering {} cannot run this layer on {}", describe(), hn::lowering_name(lowering),
+           driver.name());
+  auto found = chosen_.find(driver.name());
+  if (found == chosen_.end()) {
+    std::array<Lowering, 3> current{};
+    for (ConvDirection d : kDirections)
+      current[static_cast<std::size_t>(d)] = lowering_for(driver, d);
+    found = chosen_.emplace(driver.name(), current).first;
+  }
+  found->second[static_cast<std::size_t>(direction)] = lowering;
+}
+
+std::string ConvolutionLayer::algorithm(const Driver& driver) const {
+  const Lowering forward = lowering_for(driver, ConvDirection::forward);
+  const Lowering data = lowering_for(driver, ConvDirection::backward_data);
+  const Lowering weights = lowering_for(driver, ConvDirection::backward_weights);
+  if (forward == data && data == weights) return hn::lowering_name(forward);
+  return fmt::format("forward {}, backward data {}, backward weights {}",
+                     hn::lowering_name(forward), hn::lowering_name(data),
+                     hn::lowering_name(weights));
+}
+
+namespace {
+
+// A candidate whose scratch would exceed this is not measured (type 3 of a large early layer
+// asks for gigabytes); the cost model would not pick it either.
+constexpr std::size_t kMaxTuneWorkspace = std::size_t{512} << 20;
+
+// Deterministic values in [-1, 1) for the tensors the measurements run on.
+std::vector<float> tune_values(index_t count, std::uint32_t seed) {
+  std::vector<float> values(static_cast<std::size_t>(count));
+  std::uint32_t state = seed * 2654435761u + 1u;
+  for (float& v : values) {
+    state = state * 1664525u + 1013904223u;
+    v = static_cast<float>(state >> 8) / static_cast<float>(1u << 23) - 1.0f;
+  }
+  return values;
+}
+
+Buffer tune_buffer(Driver& driver, index_t count, std::uint32_t seed) {
+  Buffer buffer(driver, floats_bytes(count));
+  if (count == 0) return buffer;
+  if (seed == 0) {
+    driver.fill(count, 0.0f, buffer.as<float>());
+  } else {
+    const std::vector<float> values = tune_values(count, seed);
+    driver.copy_from_host(buffer.address(), values.data(), buffer.bytes());
+  }
+  return buffer;
+}
+
+}  // namespace
+
+void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
+  if (tuner.mode() == TuneMode::off || rows <= 0) return;
+  std::vector<Lowering> options = candidates(driver);
+  options.erase(
+      std::remove_if(options.begin(), options.end(),
+                     [&](Lowering l) { return workspace_for(l, rows) > kMaxTuneWorkspace; }),
+      options.end());
+  if (options.size() < 2) return;
+  const std::string shape = fmt::format(
+      "Convolution {}x{}x{}x{} out {} kernel {}x{} stride {}x{} pad {}x{} dilation {}x{} group "
+      "{} bias {}",
+      rows, channels_, height_, width_, config_.num_output, kernel_h_, kernel_w_, stride_h_,
+      stride_w_, pad_h_, pad_w_, dilation_h_, dilation_w_, config_.group,
+      config_.bias_term ? 1 : 0);
+  const auto key = [&](ConvDirection d) { return shape + " " + direction_name(d); };
+  std::array<Lowering, 3> choice{};
+  bool cached = true;
+  for (ConvDirection d : kDirections) {
+    const std::optional<std::string> hit = tuner.lookup(driver, key(d));
+    const auto known = std::find_if(options.begin(), options.end(), [&](Lowering l) {
+      return hit.has_value() && *hit == hn::lowering_name(l);
+    });
+    if (known == options.end()) {
+      cached = false;
+      break;
+    }
+    choice[static_cast<std::size_t>(d)] = *known;
+  }
+  const auto started = std::chrono::steady_clock::now();
+  if (!cached) {
+    const index_t in_count = rows * channels_ * height_ * width_;
+    const index_t out_count = rows * config_.num_output * out_h_ * out_w_;
+    const index_t weight_count = params_[0].shape().count();
+    const index_t bias_count = config_.bias_term ? config_.num_output : 0;
+    std::size_t scratch = 0;
+    for (Lowering l : options)
+      scratch = std::max(scratch, workspace_for(l, rows));
+    const Buffer x = tune_buffer(driver, in_count, 1), dx = tune_buffer(driver, in_count, 0);
+    const Buffer y = tune_buffer(driver, out_count, 0), dy = tune_buffer(driver, out_count, 2);
+    const Buffer w = tune_buffer(driver, weight_count, 3),
+                 dw = tune_buffer(driver, weight_count, 0);
+    const Buffer b = tune_buffer(driver, bias_count, 4), db = tune_buffer(driver, bias_count, 0);
+    const Buffer workspace(driver, scratch);
+    LayerSlice slice;
+    slice.driver = &driver;
+    slice.end = rows;
+    slice.inputs = {Operand{Shape{rows, channels_, height_, width_}, x.pointer(), dx.pointer()}};
+    slice.outputs = {
+        Operand{Shape{rows, config_.num_output, out_h_, out_w_}, y.pointer(), dy.pointer()}};
+    slice.params = {Operand{params_[0].shape(), w.pointer(), dw.pointer()}};
+    if (config_.bias_term)
+      slice.params.push_back(Operand{params_[1].shape(), b.pointer(), db.pointer()});
+    slice.propagate_down = {true};
+    slice.workspace = workspace.pointer();
+    for (ConvDirection d : kDirections) {
+      double best = 0.0;
+      for (Lowering l : options) {
+        // A candidate whose warm-up alone takes twice the best is not timed again.
+        const double give_up = l == options.front() ? 0.5 : std::min(0.5, 2.0 * best);
+        const double seconds = Tuner::time(
+            driver,
+            [&] {
+              switch (d) {
+                case ConvDirection::forward:
+                  run_forward(slice, l);
+                  break;
+                case ConvDirection::backward_data:
+                  run_backward(slice, l, Wanted{true, false, false});
+                  break;
+                case ConvDirection::backward_weights:
+                  run_backward(slice, l, Wanted{false, true, config_.bias_term});
+                  break;
+              }
+            },
+            3, give_up);
+        if (l == options.front() || seconds < best) {
+          best = seconds;
+          choice[static_cast<std::size_t>(d)] = l;
+        }
+      }
+      tuner.record(driver, key(d), hn::lowering_name(choice[static_cast<std::size_t>(d)]));
+    }
+  }
+  chosen_[driver.name()] = choice;
+  TuneReport report;
+  report.layer = name();
+  report.device = driver.name();
+  report.algorithm = algorithm(driver);
+  report.measured = !cached;
+  report.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  tuner.report(report);
 }
 
 // ---- direct: the driver's own convolution ----------------------------------------------
@@ -319,10 +507,9 @@ void ConvolutionLayer::forward_driver_conv(const LayerSlice& slice) const {
                              slice.params[0].x(), bias, slice.outputs[0].mutable_x());
 }
 
-void ConvolutionLayer::backward_driver_conv(const LayerSlice& slice) const {
+void ConvolutionLayer::backward_driver_conv(const LayerSlice& slice, Wanted want) const {
   const LoweringShape shape = lowering_shape(slice.rows());
   const Operand& weights = slice.params[0];
-  const Wanted want = wanted_gradients(slice, config_.bias_term);
   float* dbias = want.db ? slice.params[1].mutable_dx() : nullptr;
   if (want.dw) {
     slice.driver->conv_backward_weights(shape, config_.num_output, slice.inputs[0].x(),
@@ -338,7 +525,11 @@ void ConvolutionLayer::backward_driver_conv(const LayerSlice& slice) const {
 
 void ConvolutionLayer::forward(const LayerSlice& slice) {
   if (slice.rows() == 0) return;
-  switch (lowering_for(*slice.driver)) {
+  run_forward(slice, lowering_for(*slice.driver, ConvDirection::forward));
+}
+
+void ConvolutionLayer::run_forward(const LayerSlice& slice, Lowering lowering) const {
+  switch (lowering) {
     case Lowering::direct:
       forward_driver_conv(slice);
       break;
@@ -365,25 +556,49 @@ void ConvolutionLayer::add_bias(const LayerSlice& slice, index_t first, index_t 
                              slice.outputs[0].mutable_x() + first * config_.num_output * plane);
 }
 
+// The gradients a backward call produces: dx where it is asked for and has memory, the
+// parameter gradients where the caller passed their memory.
+ConvolutionLayer::Wanted ConvolutionLayer::wanted(const LayerSlice& slice) const {
+  return Wanted{!slice.propagate_down.empty() && slice.propagate_down[0] &&
+                    slice.inputs[0].diff.address != nullptr,
+                slice.params[0].diff.address != nullptr,
+                config_.bias_term && slice.params[1].diff.address != nullptr};
+}
+
+// The data gradient and the parameter gradients may have different algorithms; the bias
+// gradient goes with the weights'.
 void ConvolutionLayer::backward(const LayerSlice& slice) {
   if (slice.rows() == 0) return;
-  switch (lowering_for(*slice.driver)) {
+  const Wanted want = wanted(slice);
+  const Lowering data = lowering_for(*slice.driver, ConvDirection::backward_data);
+  const Lowering params = lowering_for(*slice.driver, ConvDirection::backward_weights);
+  if (data == params || !want.dx || !(want.dw || want.db)) {
+    run_backward(slice, want.dx ? data : params, want);
+    return;
+  }
+  run_backward(slice, params, Wanted{false, want.dw, want.db});
+  run_backward(slice, data, Wanted{true, false, false});
+}
+
+void ConvolutionLayer::run_backward(const LayerSlice& slice, Lowering lowering, Wanted want) const {
+  if (!want.dx && !want.dw && !want.db) return;
+  switch (lowering) {
     case Lowering::direct:
-      backward_driver_conv(slice);  // adds the bias gradient itself
+      backward_driver_conv(slice, want);  // adds the bias gradient itself
       return;
     case Lowering::type1:
-      backward_type1(slice);  // adds the bias gradient chunk by chunk
+      backward_type1(slice, want);  // adds the bias gradient chunk by chunk
       return;
     case Lowering::type3:
-      backward_type3(slice);
+      backward_type3(slice, want);
       break;
     case Lowering::direct_1x1:
-      backward_direct(slice);
+      backward_direct(slice, want);
       break;
     case Lowering::automatic:
       detail::fail("{}: backward called before setup", describe());
   }
-  if (wanted_gradients(slice, config_.bias_term).db) add_bias_gradient(slice);
+  if (want.db) add_bias_gradient(slice);
 }
 
 // Adds the bias gradient of the whole slice: dbias += sum of dy over images and positions.
@@ -401,12 +616,12 @@ void ConvolutionLayer::add_bias_gradient(const LayerSlice& slice) const {
 
 void ConvolutionLayer::forward_type1(const LayerSlice& slice) const {
   Driver& d = *slice.driver;
-  const index_t rows = slice.rows(), chunk = forward_chunk(rows);
+  const index_t rows = slice.rows(), chunk = forward_chunk(Lowering::type1, rows);
   const index_t groups = config_.group, m = config_.num_output / groups;
   const index_t k = channels_ / groups * kernel_h_ * kernel_w_;
   const index_t out_plane = out_h_ * out_w_, in_image = channels_ * height_ * width_;
   const index_t out_image = config_.num_output * out_plane;
-  Carver carve(slice.workspace, workspace_bytes(*slice.driver, rows), describe());
+  Carver carve(slice.workspace, workspace_for(Lowering::type1, rows), describe());
   float* columns = carve.take(k * groups * chunk * out_plane);
   float* swapped = chunk > 1 ? carve.take(config_.num_output * chunk * out_plane) : nullptr;
   const float* x = slice.inputs[0].x();
@@ -429,18 +644,17 @@ void ConvolutionLayer::forward_type1(const LayerSlice& slice) const {
   }
 }
 
-void ConvolutionLayer::backward_type1(const LayerSlice& slice) const {
+void ConvolutionLayer::backward_type1(const LayerSlice& slice, Wanted want) const {
   Driver& d = *slice.driver;
   const Operand& in = slice.inputs[0];
   const Operand& weights = slice.params[0];
-  const auto [want_dx, want_dw, want_db] = wanted_gradients(slice, config_.bias_term);
-  if (!want_dx && !want_dw && !want_db) return;
-  const index_t rows = slice.rows(), chunk = backward_chunk(rows);
+  const auto [want_dx, want_dw, want_db] = want;
+  const index_t rows = slice.rows(), chunk = backward_chunk(Lowering::type1, rows);
   const index_t groups = config_.group, m = config_.num_output / groups;
   const index_t k = channels_ / groups * kernel_h_ * kernel_w_;
   const index_t out_plane = out_h_ * out_w_, in_image = channels_ * height_ * width_;
   const index_t out_image = config_.num_output * out_plane;
-  Carver carve(slice.workspace, workspace_bytes(*slice.driver, rows), describe());
+  Carver carve(slice.workspace, workspace_for(Lowering::type1, rows), describe());
   float* columns = carve.take(k * groups * chunk * out_plane);
   float* swapped = chunk > 1 ? carve.take(config_.num_output * chunk * out_plane) : nullptr;
   const float* dy = slice.outputs[0].dx();
@@ -483,11 +697,11 @@ void ConvolutionLayer::backward_type1(const LayerSlice& slice) const {
 
 void ConvolutionLayer::forward_type3(const LayerSlice& slice) const {
   Driver& d = *slice.driver;
-  const index_t rows = slice.rows(), chunk = forward_chunk(rows);
+  const index_t rows = slice.rows(), chunk = forward_chunk(Lowering::type3, rows);
   const index_t c = channels_, taps = config_.num_output * kernel_h_ * kernel_w_;
   const index_t in_plane = height_ * width_, in_image = c * in_plane;
   const index_t out_image = config_.num_output * out_h_ * out_w_;
-  Carver carve(slice.workspace, workspace_bytes(*slice.driver, rows), describe());
+  Carver carve(slice.workspace, workspace_for(Lowering::type3, rows), describe());
   float* kernel = carve.take(c * taps);
   carve.take(c * taps);  // the kernel gradient's place, used by backward
   float* x_t = carve.take(chunk * in_plane * c);
@@ -508,19 +722,18 @@ void ConvolutionLayer::forward_type3(const LayerSlice& slice) const {
   }
 }
 
-void ConvolutionLayer::backward_type3(const LayerSlice& slice) const {
+void ConvolutionLayer::backward_type3(const LayerSlice& slice, Wanted want) const {
   Driver& d = *slice.driver;
   const Operand& in = slice.inputs[0];
   const Operand& weights = slice.params[0];
-  const Wanted want = wanted_gradients(slice, config_.bias_term);
   const bool want_dx = want.dx, want_dw = want.dw;
   if (!want_dx && !want_dw) return;
-  const index_t rows = slice.rows(), chunk = backward_chunk(rows);
+  const index_t rows = slice.rows(), chunk = backward_chunk(Lowering::type3, rows);
   const index_t c = channels_, kernel_taps = kernel_h_ * kernel_w_;
   const index_t taps = config_.num_output * kernel_taps;
   const index_t in_plane = height_ * width_, in_image = c * in_plane;
   const index_t out_image = config_.num_output * out_h_ * out_w_;
-  Carver carve(slice.workspace, workspace_bytes(*slice.driver, rows), describe());
+  Carver carve(slice.workspace, workspace_for(Lowering::type3, rows), describe());
   float* kernel = carve.take(c * taps);
   float* kernel_diff = carve.take(c * taps);
   float* x_t = carve.take(chunk * in_plane * c);
@@ -571,11 +784,10 @@ void ConvolutionLayer::forward_direct(const LayerSlice& slice) const {
   }
 }
 
-void ConvolutionLayer::backward_direct(const LayerSlice& slice) const {
+void ConvolutionLayer::backward_direct(const LayerSlice& slice, Wanted want) const {
   Driver& d = *slice.driver;
   const Operand& in = slice.inputs[0];
   const Operand& weights = slice.params[0];
-  const Wanted want = wanted_gradients(slice, config_.bias_term);
   const bool want_dx = want.dx, want_dw = want.dw;
   const index_t groups = config_.group, m = config_.num_output / groups, k = channels_ / groups;
   const index_t plane = out_h_ * out_w_;

@@ -2,7 +2,9 @@
 // public API, include/hybridnn/layers/convolution.h.
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -10,6 +12,10 @@
 #include "hybridnn/layers/convolution.h"
 
 namespace hn {
+
+// The three computations of a convolution, each with its own algorithm.
+enum class ConvDirection { forward, backward_data, backward_weights };
+const char* direction_name(ConvDirection direction);
 
 // Input N x C x H x W; output N x num_output x H_out x W_out (Caffe's size rule). Params:
 // weights [num_output][C / group][kernel_h][kernel_w], then bias [num_output] when
@@ -26,32 +32,53 @@ class ConvolutionLayer final : public Layer {
   // The GEMM lowering setup() chose (or was told to use).
   Lowering lowering() const { return lowering_; }
   const char* lowering_name() const { return hn::lowering_name(lowering_); }
-  // What runs on `driver`: with Lowering::automatic, the driver's direct convolution when it
-  // has one (capability `convolution`: it moves no lowered bytes, so the cost model always
-  // prefers it), else lowering().
-  Lowering lowering_for(const Driver& driver) const;
+  // What runs on `driver` in `direction`: the lowering tune() chose for that driver, else
+  // with Lowering::automatic the driver's direct convolution when it has one (capability
+  // `convolution`: it moves no lowered bytes, so the cost model always prefers it), else
+  // lowering().
+  Lowering lowering_for(const Driver& driver,
+                        ConvDirection direction = ConvDirection::forward) const;
+  // What tune() measures on `driver`: every lowering this layer's shape allows (one when the
+  // parameters force a lowering).
+  std::vector<Lowering> candidates(const Driver& driver) const;
+  // Runs `direction` with `lowering` (one of candidates()) on drivers named as `driver`.
+  void choose(const Driver& driver, ConvDirection direction, Lowering lowering);
+  void tune(Driver& driver, index_t rows, Tuner& tuner) override;
+  std::string algorithm(const Driver& driver) const override;
   // Images lowered together by forward / backward on a slice of `rows` images (1 for
   // direct_1x1).
   index_t forward_chunk(index_t rows) const;
   index_t backward_chunk(index_t rows) const;
 
  private:
+  // The gradients one backward computes.
+  struct Wanted {
+    bool dx, dw, db;
+  };
   LoweringShape lowering_shape(index_t images) const;
-  std::size_t lowered_bytes_per_image() const;
-  index_t chunk_for(index_t rows, std::size_t target) const;
+  std::size_t lowered_bytes_per_image(Lowering lowering) const;
+  index_t chunk_for(Lowering lowering, index_t rows, std::size_t target) const;
+  index_t forward_chunk(Lowering lowering, index_t rows) const;
+  index_t backward_chunk(Lowering lowering, index_t rows) const;
+  std::size_t workspace_for(Lowering lowering, index_t rows) const;
+  Wanted wanted(const LayerSlice& slice) const;
+  void run_forward(const LayerSlice& slice, Lowering lowering) const;
+  void run_backward(const LayerSlice& slice, Lowering lowering, Wanted want) const;
   void add_bias(const LayerSlice& slice, index_t first, index_t images) const;
   void add_bias_gradient(const LayerSlice& slice) const;
   void forward_type1(const LayerSlice& slice) const;
   void forward_type3(const LayerSlice& slice) const;
   void forward_direct(const LayerSlice& slice) const;
-  void backward_type1(const LayerSlice& slice) const;
-  void backward_type3(const LayerSlice& slice) const;
-  void backward_direct(const LayerSlice& slice) const;
+  void backward_type1(const LayerSlice& slice, Wanted want) const;
+  void backward_type3(const LayerSlice& slice, Wanted want) const;
+  void backward_direct(const LayerSlice& slice, Wanted want) const;
   void forward_driver_conv(const LayerSlice& slice) const;
-  void backward_driver_conv(const LayerSlice& slice) const;
+  void backward_driver_conv(const LayerSlice& slice, Wanted want) const;
 
   ConvolutionParams config_;
   Lowering lowering_ = Lowering::automatic;
+  // What tune() chose, per driver name, indexed by ConvDirection.
+  std::map<std::string, std::array<Lowering, 3>> chosen_;
   // Resolved geometry (set by setup()).
   index_t channels_ = 0, height_ = 0, width_ = 0;
   index_t kernel_h_ = 0, kernel_w_ = 0, stride_h_ = 1, stride_w_ = 1;

@@ -39,6 +39,7 @@ PLACES = {
     "include/hybridnn/solver_update.h": "core",
     "include/hybridnn/driver_calls.def": "core",
     "include/hybridnn/tensor.h": "core",
+    "include/hybridnn/tune.h": "core",
     "drivers/": "drivers",
     "layers/": "layers",
     "include/hybridnn/layer.h": "layers",

@@ -3,13 +3,18 @@
 // the whole-batch run; finite-difference gradients; setup errors.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "hybridnn/error.h"
 #include "hybridnn/runtime.h"
+#include "hybridnn/tune.h"
 #include "layers/convolution.h"
 #include "tests/layer_runs.h"
 #include "tests/layer_support.h"
@@ -181,6 +186,11 @@ Naive naive_convolution(const Shape& in, const ConvolutionParams& p, const std::
 struct Run {
   std::vector<float> y, dx, dw, db;
 };
+
+std::string read_text(const std::string& path) {
+  std::ifstream file(path);
+  return std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+}
 
 // Runs the layer on `driver` over the row ranges `cuts` ({0, b, N}: rows [0, b) then
 // [b, N)), forward and, when dy is given, backward with cleared parameter gradients.
@@ -444,4 +454,155 @@ TEST_CASE("Convolution setup errors name the layer and the shapes", "[layer][con
     CHECK_THROWS_WITH(layer.setup({Shape{2, 3, 8, 8}}),
                       Contains("conv_z") && Contains("num_output"));
   }
+}
+
+TEST_CASE(
+    "Convolution with a different lowering for each direction equals a naive direct "
+    "convolution on every driver",
+    "[layer][convolution][tune]") {
+  const auto config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    for (const Case& c : cases()) {
+      const Data data = data_for(c);
+      const Naive want = naive_convolution(c.input, c.params, data.x, data.w, data.b, data.dy);
+      hn::ConvolutionLayer probe("conv", c.params);
+      probe.setup({c.input});
+      const std::vector<Lowering> options = probe.candidates(*driver);
+      if (options.size() < 2) continue;  // one lowering: the test above covers it
+      // Every candidate once in each direction, with its neighbours in the others.
+      for (std::size_t i = 0; i < options.size(); ++i) {
+        const Lowering forward = options[i], data_grad = options[(i + 1) % options.size()],
+                       weight_grad = options[(i + 2) % options.size()];
+        hn::ConvolutionLayer layer("conv", c.params);
+        layer.setup({c.input});
+        layer.choose(*driver, hn::ConvDirection::forward, forward);
+        layer.choose(*driver, hn::ConvDirection::backward_data, data_grad);
+        layer.choose(*driver, hn::ConvDirection::backward_weights, weight_grad);
+        INFO(c.name << ": " << layer.algorithm(*driver));
+        CHECK(layer.lowering_for(*driver, hn::ConvDirection::backward_data) == data_grad);
+        const Run got = run_convolution(layer, *driver, c.input, data.x, data.w, data.b, data.dy);
+        CHECK(max_rel_diff(got.y, want.y) <= kTolerance);
+        CHECK(max_rel_diff(got.dx, want.dx) <= kTolerance);
+        CHECK(max_rel_diff(got.dw, want.dw) <= kTolerance);
+        CHECK(max_rel_diff(got.db, want.db) <= kTolerance);
+      }
+    }
+  }
+}
+
+TEST_CASE("Convolution choose rejects a lowering the shape does not allow, naming the layer",
+          "[layer][convolution][tune]") {
+  const auto cpu = hn::make_driver(hn::Device{"cpu", 0});
+  hn::ConvolutionLayer grouped("conv_g", square(4, 3, 1, 1, 2));
+  grouped.setup({Shape{2, 4, 6, 6}});
+  CHECK_THAT(hn::test::error_of(
+                 [&] { grouped.choose(*cpu, hn::ConvDirection::forward, Lowering::type3); }),
+             Contains("layer 'conv_g' (Convolution)") && Contains("type3"));
+  CHECK_THAT(hn::test::error_of(
+                 [&] { grouped.choose(*cpu, hn::ConvDirection::forward, Lowering::direct_1x1); }),
+             Contains("direct_1x1"));
+  // A forced lowering is the only candidate.
+  ConvolutionParams forced = square(4, 3, 1, 1);
+  forced.lowering = Lowering::type1;
+  hn::ConvolutionLayer layer("conv_f", forced);
+  layer.setup({Shape{2, 4, 6, 6}});
+  CHECK(layer.candidates(*cpu) == std::vector<Lowering>{Lowering::type1});
+}
+
+TEST_CASE(
+    "Convolution tune measures every candidate, records the fastest, and a cached run reads it "
+    "back without measuring",
+    "[layer][convolution][tune]") {
+  const hn::test::TempDir dir;
+  const std::string cache = dir.file("sub/tune.txt");  // the directory is made on save
+  const auto cpu = hn::make_driver(hn::Device{"cpu", 0});
+  const Shape input{4, 16, 10, 10};
+  const ConvolutionParams params = square(24, 1, 1, 0);  // 1x1: four candidates on the CPU
+  std::vector<hn::TuneReport> reports;
+  hn::TuneOptions options;
+  options.cache_path = cache;
+  options.on_layer = [&](const hn::TuneReport& r) { reports.push_back(r); };
+
+  // off: no measurement, the cost model's choice.
+  options.mode = hn::TuneMode::off;
+  {
+    hn::Tuner tuner(options);
+    hn::ConvolutionLayer layer("c1", params);
+    layer.setup({input});
+    layer.tune(*cpu, 4, tuner);
+    tuner.save();
+    CHECK(reports.empty());
+    CHECK(layer.algorithm(*cpu) == "direct");
+    CHECK_FALSE(std::filesystem::exists(cache));
+  }
+
+  // once: measures, records a choice per direction among the candidates.
+  options.mode = hn::TuneMode::once;
+  std::string measured;
+  {
+    hn::Tuner tuner(options);
+    hn::ConvolutionLayer layer("c1", params);
+    layer.setup({input});
+    const std::vector<Lowering> candidates = layer.candidates(*cpu);
+    CHECK(candidates.size() == 4);
+    layer.tune(*cpu, 4, tuner);
+    REQUIRE(reports.size() == 1);
+    CHECK(reports[0].measured);
+    CHECK(reports[0].layer == "c1");
+    CHECK(reports[0].device == "cpu");
+    CHECK(reports[0].algorithm == layer.algorithm(*cpu));
+    for (const hn::ConvDirection d : {hn::ConvDirection::forward, hn::ConvDirection::backward_data,
+                                      hn::ConvDirection::backward_weights}) {
+      const Lowering chosen = layer.lowering_for(*cpu, d);
+      CHECK(std::find(candidates.begin(), candidates.end(), chosen) != candidates.end());
+    }
+    measured = layer.algorithm(*cpu);
+    tuner.save();
+  }
+  const std::string text = read_text(cache);
+  CHECK_THAT(text, Contains("Convolution 4x16x10x10 out 24 kernel 1x1") && Contains("forward") &&
+                       Contains("backward_weights"));
+
+  // cached: read back, not measured; the file decides (rewritten to type1 everywhere).
+  options.mode = hn::TuneMode::cached;
+  {
+    reports.clear();
+    hn::Tuner tuner(options);
+    hn::ConvolutionLayer layer("c1", params);
+    layer.setup({input});
+    layer.tune(*cpu, 4, tuner);
+    REQUIRE(reports.size() == 1);
+    CHECK_FALSE(reports[0].measured);
+    CHECK(layer.algorithm(*cpu) == measured);
+  }
+  std::string edited;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.empty() && line[0] != '#') line = line.substr(0, line.rfind('\t')) + "\ttype1";
+    edited += line + "\n";
+  }
+  std::ofstream(cache) << edited;
+  {
+    reports.clear();
+    hn::Tuner tuner(options);
+    hn::ConvolutionLayer layer("c1", params);
+    layer.setup({input});
+    layer.tune(*cpu, 4, tuner);
+    REQUIRE(reports.size() == 1);
+    CHECK_FALSE(reports[0].measured);
+    CHECK(layer.algorithm(*cpu) == "type1");
+    // Another slice size is another shape: measured.
+    reports.clear();
+    layer.tune(*cpu, 3, tuner);
+    REQUIRE(reports.size() == 1);
+    CHECK(reports[0].measured);
+  }
+
+  // A malformed line is an error naming the file and the line.
+  std::ofstream(cache) << "# comment\n\nno tabs here\n";
+  CHECK_THAT(hn::test::error_of([&] { hn::Tuner tuner(options); }),
+             Contains(cache) && Contains("line 3") && Contains("delete the file"));
+  CHECK_THAT(hn::test::error_of([] { hn::parse_tune_mode("sometimes"); }),
+             Contains("'sometimes'") && Contains("off, once, cached"));
 }

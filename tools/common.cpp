@@ -77,6 +77,39 @@ std::vector<FlagSpec> net_flags() {
   };
 }
 
+std::vector<FlagSpec> tune_flags() {
+  return {
+      {"tune", FlagKind::text, "off|once|cached",
+       "measure each convolution's algorithms at the first forward and keep the fastest: "
+       "once (every run), cached (default: reuse the choices of earlier runs on this machine), "
+       "off (the cost model)"},
+      {"tune-cache", FlagKind::text, "FILE",
+       "the file of cached choices (default $HYBRIDNN_TUNE_CACHE, else "
+       "~/.cache/hybridnn/tune.txt; none: no file)"},
+  };
+}
+
+TuneOptions chosen_tune(const Args& args) {
+  TuneOptions options;
+  try {
+    options.mode = parse_tune_mode(args.text("tune", "cached"));
+  } catch (const Error& error) {
+    throw UsageError(fmt::format("--tune: {}", error.what()));
+  }
+  options.cache_path = args.text("tune-cache");
+  options.on_layer = [](const TuneReport& report) {
+    const Communicator* comm = active_communicator();
+    if (comm != nullptr && comm->rank() != 0) return;
+    if (!report.warning.empty()) {
+      fmt::print(stderr, "Warning: tuning cache not written: {}\n", report.warning);
+    } else if (report.measured) {
+      fmt::print(stderr, "Tuned {} on {} in {:.2f} s: {}\n", report.layer, report.device,
+                 report.seconds, report.algorithm);
+    }
+  };
+  return options;
+}
+
 NetOptions net_options(const Args& args, Phase phase) {
   NetOptions options;
   options.state.phase = phase;
@@ -87,6 +120,7 @@ NetOptions net_options(const Args& args, Phase phase) {
   options.batch_size = static_cast<int>(args.integer("batch", 0, 1, 1 << 30));
   options.split = chosen_split(args);
   options.layer_splits = chosen_layer_splits(args);
+  options.tune = chosen_tune(args);
   return options;
 }
 

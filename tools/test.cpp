@@ -76,6 +76,8 @@ Command test_command() {
       {"weights", FlagKind::text, "W[,W2]", "trained .caffemodel files (required)"},
       {"iterations", FlagKind::integer, "N", "batches to score (default 50)"},
   };
+  for (FlagSpec& flag : tune_flags())
+    command.flags.push_back(flag);
   for (FlagSpec& flag : net_flags())
     command.flags.push_back(std::move(flag));
   for (FlagSpec& flag : device_flags())

@@ -248,10 +248,12 @@ int run_time(const Args& args) {
   const double n = iterations;
   if (json) {
     for (int i = 0; i < layers; ++i) {
-      fmt::print(R"({{"layer":{},"type":{},"forward_ms":{},"backward_ms":{}}})"
+      const std::string algorithm = net.layer_algorithm(i);
+      fmt::print(R"({{"layer":{},"type":{},"forward_ms":{},"backward_ms":{}{}}})"
                  "\n",
                  json_string(net.layer_name(i)), json_string(net.layer_type(i)),
-                 json_number(forward_ms[i] / n), json_number(backward_ms[i] / n));
+                 json_number(forward_ms[i] / n), json_number(backward_ms[i] / n),
+                 algorithm.empty() ? "" : ",\"algorithm\":" + json_string(algorithm));
     }
     if (split) print_split_profile(net, iterations, json);
     const std::string comm_fields =
@@ -277,6 +279,8 @@ int run_time(const Args& args) {
   for (int i = 0; i < layers; ++i) {
     fmt::print("{:>10}\tforward: {:.4f} ms.\n", net.layer_name(i), forward_ms[i] / n);
     fmt::print("{:>10}\tbackward: {:.4f} ms.\n", net.layer_name(i), backward_ms[i] / n);
+    const std::string algorithm = net.layer_algorithm(i);
+    if (!algorithm.empty()) fmt::print("{:>10}\talgorithm: {}\n", net.layer_name(i), algorithm);
   }
   if (split) print_split_profile(net, iterations, json);
   fmt::print("Average Forward pass: {:.4f} ms.\n", forward_total / n);
@@ -336,6 +340,8 @@ Command time_command() {
       {"force-backward", FlagKind::boolean, "",
        "backward into every blob, inputs included (default; --no-force-backward: off)"},
   };
+  for (FlagSpec& flag : tune_flags())
+    command.flags.push_back(flag);
   for (FlagSpec& flag : net_flags())
     command.flags.push_back(std::move(flag));
   for (FlagSpec& flag : device_flags())

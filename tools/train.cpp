@@ -206,6 +206,7 @@ int run_train(const Args& args) {
   const bool root = comm->rank() == 0;
   options.communicator = comm;
   options.bucket_bytes = chosen_bucket_bytes(args);
+  options.tune = chosen_tune(args);
 
   Runtime runtime;
   Driver& driver = add_chosen_driver(runtime, args);
@@ -309,6 +310,8 @@ Command train_command() {
   for (FlagSpec& flag : device_flags())
     command.flags.push_back(std::move(flag));
   for (FlagSpec& flag : comm_flags())
+    command.flags.push_back(std::move(flag));
+  for (FlagSpec& flag : tune_flags())
     command.flags.push_back(std::move(flag));
   command.run = run_train;
   return command;

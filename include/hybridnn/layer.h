@@ -16,6 +16,7 @@
 #include "hybridnn/memory.h"
 #include "hybridnn/phase.h"
 #include "hybridnn/tensor.h"
+#include "hybridnn/tune.h"
 
 namespace hn {
 
@@ -76,6 +77,20 @@ class Layer {
     static_cast<void>(driver);
     static_cast<void>(rows);
     return 0;
+  }
+  // Layers with several algorithms measure them on `driver` for slices of `rows` rows and
+  // keep the fastest for that driver (tune.h); the others do nothing. Called before the
+  // first forward on that driver (by a Net when its TuneOptions say so); parameter values
+  // and gradients are left as they were.
+  virtual void tune(Driver& driver, index_t rows, Tuner& tuner) {
+    static_cast<void>(driver);
+    static_cast<void>(rows);
+    static_cast<void>(tuner);
+  }
+  // The algorithm the layer runs with on `driver`, for reports (empty: only one).
+  virtual std::string algorithm(const Driver& driver) const {
+    static_cast<void>(driver);
+    return "";
   }
   // False for layers whose rows depend on the whole batch (batch statistics, losses
   // normalised over the batch): they always run with begin = 0, end = batch.

@@ -14,6 +14,7 @@
 #include "hybridnn/runtime.h"
 #include "hybridnn/split.h"
 #include "hybridnn/tensor.h"
+#include "hybridnn/tune.h"
 
 namespace hn {
 
@@ -62,6 +63,10 @@ struct NetOptions {
   // override the prototxt's and `split`. Naming a layer the prototxt lacks (in every phase)
   // is an error.
   LayerSplits layer_splits;
+  // Measured choice of algorithm (tune.h): with a mode other than off, each layer that has
+  // several (convolutions) measures them on its drivers at the first forward, or reads the
+  // choice from the cache file, before it runs.
+  TuneOptions tune;
 };
 
 // A named blob of a net: its shape and its data and gradient memory. A blob whose memory is
@@ -130,6 +135,9 @@ class Net {
   Layer& layer(int index) const;
   const std::string& layer_name(int index) const;
   const char* layer_type(int index) const;  // data layers included ("Data", "Input")
+  // The algorithm layer `index` runs with (LayerProfile::algorithm); empty for layers with
+  // one.
+  std::string layer_algorithm(int index) const;
   bool layer_needs_backward(int index) const;
 
   std::vector<std::string> blob_names() const;

@@ -57,6 +57,8 @@ struct SolverOptions {
   Communicator* communicator = nullptr;
   std::size_t bucket_bytes = std::size_t{25} << 20;
   int checksum_interval = 1000;  // 0: only at snapshots
+  // Measured choice of algorithms in the training and test nets (NetOptions::tune).
+  TuneOptions tune;
 };
 
 // What the Solver reports while it runs: one event per display interval (phase train) and

@@ -100,6 +100,9 @@ struct LayerProfile {
   int forward_calls = 0, backward_calls = 0;
   double forward_seconds = 0.0, backward_seconds = 0.0;  // wall time of the whole layer
   std::vector<SliceProfile> devices;  // in split order; the Net's driver for unsplit layers
+  // The algorithm the layer runs with (Layer::algorithm), "DEVICE: ALGORITHM; ..." for a
+  // split layer; empty for layers with one algorithm.
+  std::string algorithm;
 };
 
 }  // namespace hn

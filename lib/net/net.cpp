@@ -83,6 +83,7 @@ detail::LayerCall Net::Impl::call_of(int index, bool backward) {
 void Net::Impl::run_compute(int index, bool backward) {
   NetLayer& nl = layers[index];
   if (nl.automatic && !nl.calibrated && !backward) calibrate_layer(index);
+  if (!nl.tuned && !backward) tune_layer(index);
   scheduler->run(call_of(index, backward), backward, &profiles[index]);
 }
 
@@ -93,6 +94,35 @@ const Split& Net::Impl::upstream_split(int blob) const {
     producer = blobs[layers[producer].bottoms[0]].producer;
   if (producer < 0 || layers[producer].kind != Kind::compute) return none;
   return layers[producer].split;
+}
+
+void Net::Impl::tune_layer(int index) {
+  NetLayer& nl = layers[index];
+  nl.tuned = true;
+  if (options.tune.mode == TuneMode::off) return;
+  if (!tuner) tuner = std::make_unique<Tuner>(options.tune);
+  scheduler->tune(call_of(index, false), *tuner);
+  try {
+    tuner->save();
+  } catch (const Error& e) {
+    // The cache only saves time: a run goes on without it.
+    TuneReport report;
+    report.layer = nl.param.name();
+    report.warning = e.what();
+    tuner->report(report);
+  }
+}
+
+std::string Net::Impl::algorithm_of(int index) const {
+  const NetLayer& nl = layers[index];
+  if (nl.split.empty()) return nl.layer->algorithm(*driver);
+  std::string text;
+  for (const SplitShare& share : nl.split.shares()) {
+    const std::string algorithm = nl.layer->algorithm(scheduler->driver(share.device));
+    if (algorithm.empty()) continue;
+    text += fmt::format("{}{}: {}", text.empty() ? "" : "; ", share.device.name(), algorithm);
+  }
+  return text;
 }
 
 void Net::Impl::calibrate_layer(int index) {
@@ -255,6 +285,9 @@ const std::string& Net::layer_name(int index) const {
 const char* Net::layer_type(int index) const {
   return impl_->layers.at(index).param.type().c_str();
 }
+std::string Net::layer_algorithm(int index) const {
+  return impl_->layers.at(index).kind == Kind::compute ? impl_->algorithm_of(index) : "";
+}
 bool Net::layer_needs_backward(int index) const {
   return impl_->layers.at(index).needs_backward;
 }
@@ -366,7 +399,9 @@ void Net::calibrate_splits(
 std::vector<LayerProfile> Net::profile() const {
   std::vector<LayerProfile> result;
   for (std::size_t l = 0; l < impl_->layers.size(); ++l) {
-    if (impl_->layers[l].kind == Kind::compute) result.push_back(impl_->profiles[l]);
+    if (impl_->layers[l].kind != Kind::compute) continue;
+    result.push_back(impl_->profiles[l]);
+    result.back().algorithm = impl_->algorithm_of(static_cast<int>(l));
   }
   return result;
 }

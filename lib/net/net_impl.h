@@ -68,6 +68,7 @@ struct NetLayer {
   Split split;  // resolved: empty = the whole batch on the Net's driver
   // An automatic split: measured among auto_devices at the first forward (calibrated).
   bool automatic = false, calibrated = false;
+  bool tuned = false;  // Layer::tune has run on the layer's devices (NetOptions::tune)
   std::vector<Device> auto_devices;
   std::string where;  // "FILE: layer 'NAME' (TYPE)", for the scheduler's errors
 };
@@ -131,10 +132,15 @@ struct Net::Impl {
   void run_compute(int index, bool backward);
   // Measures layer `index`'s automatic split on its current inputs.
   void calibrate_layer(int index);
+  // Layer::tune on the layer's devices, once, when options.tune asks for it.
+  void tune_layer(int index);
+  // LayerProfile::algorithm of layer `index`.
+  std::string algorithm_of(int index) const;
   const Split& upstream_split(int blob) const;
   std::function<void(const std::string&, const Split&)> on_calibrated;
 
   std::unique_ptr<detail::Scheduler> scheduler;
+  std::unique_ptr<Tuner> tuner;        // made at the first layer that tunes
   std::vector<LayerProfile> profiles;  // per layer
   void forward_layer(int index);
   void backward_layer(int index);

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "lib/core/check.h"
+#include "lib/core/files.h"
 
 namespace hn::detail {
 
@@ -102,23 +103,7 @@ void write_binary_proto(const std::string& path, const google::protobuf::Message
   std::string bytes;
   HN_CHECK(message.SerializeToString(&bytes), "cannot serialise {} for '{}'", message.GetTypeName(),
            path);
-  // Written beside the target and renamed over it, so a crash or a full disk never leaves a
-  // torn file where a good one was.
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
-    HN_CHECK(file.is_open(), "cannot open '{}' for writing", temporary);
-    file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    file.close();
-    if (file.fail()) {
-      std::remove(temporary.c_str());
-      fail("error while writing {} bytes to '{}'", bytes.size(), temporary);
-    }
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    std::remove(temporary.c_str());
-    fail("cannot rename '{}' to '{}'", temporary, path);
-  }
+  replace_file(path, bytes, fmt::format("writing {}", message.GetTypeName()));
 }
 
 Shape shape_of(const hybridnn::proto::BlobShape& shape) {

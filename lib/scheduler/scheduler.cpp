@@ -220,6 +220,23 @@ void Scheduler::run_on(Driver& on, const std::function<void()>& task) {
   if (std::exception_ptr error = thread.wait()) std::rethrow_exception(error);
 }
 
+void Scheduler::tune(const LayerCall& call, Tuner& tuner) {
+  if (tuner.mode() == TuneMode::off) return;
+  const index_t batch = call.rows();
+  if (call.split.empty()) {
+    const index_t end = call.end < 0 ? batch : call.end;
+    run_on(home_, [&] { call.layer->tune(home_, end - call.begin, tuner); });
+    return;
+  }
+  const auto bounds = call.split.partition(batch);
+  for (std::size_t i = 0; i < bounds.size(); ++i) {
+    const index_t rows = bounds[i].second - bounds[i].first;
+    if (rows == 0) continue;
+    Driver& on = driver(call.split.shares()[i].device);
+    run_on(on, [&] { call.layer->tune(on, rows, tuner); });
+  }
+}
+
 std::vector<SliceRun> Scheduler::run_slices(const LayerCall& call, bool backward,
                                             const Split& split, bool probe) {
   Layer& layer = *call.layer;

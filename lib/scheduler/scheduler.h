@@ -77,6 +77,12 @@ class Scheduler {
   // the device. With `profile`, adds what each device did.
   void run(const LayerCall& call, bool backward, LayerProfile* profile = nullptr);
 
+  // Lets the layer measure its algorithms (Layer::tune) on each device of the call's split,
+  // for the rows that device gets, on the device's thread.
+  void tune(const LayerCall& call, Tuner& tuner);
+  // The driver of `device`: home, or the runtime's.
+  Driver& driver(const Device& device) const;
+
   // Measures `call` on `devices`, first each alone on growing slices, then side by side
   // until the rows settle, and returns the split; parameter gradients are as before.
   Split calibrate(const LayerCall& call, bool with_backward, const std::vector<Device>& devices);
@@ -95,7 +101,6 @@ class Scheduler {
   void run_on(Driver& on, const std::function<void()>& task);
   double probe(const LayerCall& call, bool with_backward, Driver& on, index_t rows);
   Pointer workspace(Driver& on, std::size_t bytes);
-  Driver& driver(const Device& device) const;
 
   Runtime* runtime_;
   Driver& home_;

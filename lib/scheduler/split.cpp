@@ -16,6 +16,7 @@
 
 #include "hybridnn/runtime.h"
 #include "lib/core/check.h"
+#include "lib/core/files.h"
 
 namespace hn {
 
@@ -249,25 +250,7 @@ void write_layer_splits(const std::string& path, const LayerSplits& splits) {
              path, layer, split.to_string());
     text += fmt::format("{} {}\n", layer, split.to_string());
   }
-  // Written beside the target and renamed over it, so an interrupted run never leaves a
-  // torn file where a good one was.
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream file(temporary, std::ios::trunc);
-    HN_CHECK(file.is_open(), "write_layer_splits: cannot open '{}' for writing: {}", temporary,
-             std::strerror(errno));
-    file << text;
-    file.close();
-    if (file.fail()) {
-      std::remove(temporary.c_str());
-      detail::fail("write_layer_splits: error while writing '{}'", temporary);
-    }
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    const std::string reason = std::strerror(errno);
-    std::remove(temporary.c_str());
-    detail::fail("write_layer_splits: cannot rename '{}' to '{}': {}", temporary, path, reason);
-  }
+  detail::replace_file(path, text, "write_layer_splits");
 }
 
 LayerSplits read_layer_splits(const std::string& path) {

@@ -610,6 +610,8 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "
             # The handler says it took the first one; only then can a second one count
             # (two pending SIGINTs are one).
             said = process.stderr.readline()
+            while said.startswith("Tuned "):  # the first forward measures the convolution
+                said = process.stderr.readline()
             check("stopping after this iteration" in said, f"no stop message: {said!r}")
             process.send_signal(signal.SIGINT)
             out, err = process.communicate(timeout=60)
@@ -636,7 +638,10 @@ def check_time_json(ctx, records, layer_names):
     for name in layer_names:
         check(name in names, f"no line for layer {name}: {names}")
     for r in layers:
-        check(set(r) == {"layer", "type", "forward_ms", "backward_ms"}, f"layer keys {r}")
+        keys = {"layer", "type", "forward_ms", "backward_ms"}
+        if r["type"] == "Convolution":
+            keys.add("algorithm")  # what it runs with: measured (--tune) or the cost model's
+        check(set(r) == keys, f"layer keys {r}")
         check(r["forward_ms"] >= 0 and r["backward_ms"] >= 0, f"negative time {r}")
     total = totals[0]
     for key in ["forward_ms", "backward_ms", "forward_backward_ms"]:
@@ -724,6 +729,39 @@ def lenet(ctx):
 def time_lenet(ctx, batch, *args):
     return ctx.run("time", "--model", lenet(ctx), "--data", "synthetic:1x28x28", "--batch",
                    batch, "--iterations", 2, *args)
+
+
+@case
+def time_tune_once_then_cached(ctx):
+    cache = ctx.path("tune.txt")
+    measured = time_lenet(ctx, 16, "--json", "--tune", "once", "--tune-cache", cache)
+    check(re.search(r"Tuned conv1 on cpu in \S+ s: ", measured.stderr),
+          f"no 'Tuned conv1' line on stderr:\n{measured.stderr}")
+    algorithms = {r["layer"]: r.get("algorithm") for r in json_lines(measured.stdout)
+                  if "layer" in r}
+    allowed = {"direct", "type1", "type3", "direct_1x1"}
+    for layer in ("conv1", "conv2"):
+        words = set(re.findall(r"[a-z_0-9]+", algorithms.get(layer) or ""))
+        check(words and words & allowed and not words - allowed - {"forward", "backward", "data",
+                                                                    "weights"},
+              f"{layer}: algorithm {algorithms.get(layer)!r}")
+    check(algorithms.get("pool1") is None, f"pool1 has an algorithm: {algorithms}")
+    with open(cache) as f:
+        entries = [line for line in f if line.strip() and not line.startswith("#")]
+    check(len(entries) == 6, f"expected 2 layers x 3 directions in the cache:\n{entries}")
+    cached = time_lenet(ctx, 16, "--json", "--tune-cache", cache)  # default: cached
+    check("Tuned" not in cached.stderr, f"the cached run measured again:\n{cached.stderr}")
+    again = {r["layer"]: r.get("algorithm") for r in json_lines(cached.stdout) if "layer" in r}
+    check(again == algorithms, f"cached choices differ: {again} vs {algorithms}")
+    off = time_lenet(ctx, 16, "--json", "--tune", "off", "--tune-cache", cache)
+    check("Tuned" not in off.stderr, off.stderr)
+    ctx.error("time", "--model", lenet(ctx), "--tune", "sometimes", code=2,
+              needles=["--tune", "'sometimes'", "off, once, cached"])
+    # The cache cannot be written: the run goes on, with a warning.
+    blocked = ctx.path("file")
+    write(ctx, "file", "not a directory")
+    run = time_lenet(ctx, 16, "--tune", "once", "--tune-cache", os.path.join(blocked, "tune.txt"))
+    check("Warning: tuning cache not written" in run.stderr, run.stderr)
 
 
 def device_lines(records):
@@ -1265,6 +1303,8 @@ def main():
     work = os.path.join(os.path.abspath(args.work), args.case)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
+    # Each case measures its convolutions into a cache of its own, not the user's.
+    os.environ["HYBRIDNN_TUNE_CACHE"] = os.path.join(work, "tune-cache.txt")
     ctx = Context(os.path.abspath(args.tool), os.path.abspath(args.models), work, args.mpiexec)
     try:
         CASES[args.case](ctx)

@@ -1,0 +1,177 @@
+// The tuning cache: one line per measured choice, "machine<TAB>driver<TAB>key<TAB>choice",
+// where machine is the CPU model and the library version, and driver is the driver's
+// description (its thread count, BLAS, GPU).
+#include "hybridnn/tune.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hybridnn/driver.h"
+#include "hybridnn/version.h"
+#include "lib/core/check.h"
+#include "lib/core/files.h"
+
+namespace hn {
+
+const char* tune_mode_name(TuneMode mode) {
+  switch (mode) {
+    case TuneMode::off:
+      return "off";
+    case TuneMode::once:
+      return "once";
+    case TuneMode::cached:
+      return "cached";
+  }
+  return "unknown";
+}
+
+TuneMode parse_tune_mode(const std::string& text) {
+  for (TuneMode mode : {TuneMode::off, TuneMode::once, TuneMode::cached}) {
+    if (text == tune_mode_name(mode)) return mode;
+  }
+  detail::fail("tune mode '{}' is not one of off, once, cached", text);
+}
+
+std::string default_tune_cache_path() {
+  const auto set = [](const char* name) -> std::string {
+    const char* value = std::getenv(name);
+    return value != nullptr ? value : "";
+  };
+  if (std::string path = set("HYBRIDNN_TUNE_CACHE"); !path.empty()) return path;
+  if (std::string xdg = set("XDG_CACHE_HOME"); !xdg.empty()) return xdg + "/hybridnn/tune.txt";
+  if (std::string home = set("HOME"); !home.empty()) return home + "/.cache/hybridnn/tune.txt";
+  return "";
+}
+
+namespace {
+
+constexpr char kHeader[] =
+    "# hybridnn tuning cache: the fastest algorithm measured per machine, driver and shape.\n"
+    "# Delete this file (or run with --tune once) to measure again.\n";
+
+std::string cpu_model() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) {
+        const auto start = line.find_first_not_of(' ', colon + 1);
+        return start == std::string::npos ? "" : line.substr(start);
+      }
+    }
+  }
+  return "unknown cpu";
+}
+
+bool printable(const std::string& field) {
+  return !field.empty() && field.find_first_of("\t\r\n") == std::string::npos;
+}
+
+std::string sanitized(std::string field) {
+  std::replace_if(
+      field.begin(), field.end(), [](char c) { return c == '\t' || c == '\n' || c == '\r'; }, ' ');
+  return field;
+}
+
+// Entries of the cache file at `path` (none when it does not exist); a malformed line is an
+// error naming the file and line.
+std::map<std::string, std::string> read_cache(const std::string& path) {
+  std::map<std::string, std::string> entries;
+  std::ifstream file(path);
+  if (!file.is_open()) {
+    HN_CHECK(!std::filesystem::exists(path), "tuning cache '{}' cannot be read: {}", path,
+             std::strerror(errno));
+    return entries;
+  }
+  std::string line;
+  for (int number = 1; std::getline(file, line); ++number) {
+    if (line.empty() || line[0] == '#') continue;
+    const auto last_tab = line.rfind('\t');
+    std::size_t tabs = static_cast<std::size_t>(std::count(line.begin(), line.end(), '\t'));
+    HN_CHECK(tabs == 3 && last_tab + 1 < line.size(),
+             "tuning cache '{}' line {}: expected 'machine<TAB>driver<TAB>shape<TAB>choice', got "
+             "'{}' (delete the file to measure again)",
+             path, number, line);
+    entries[line.substr(0, last_tab)] = line.substr(last_tab + 1);
+  }
+  HN_CHECK(!file.bad(), "tuning cache '{}': read error", path);
+  return entries;
+}
+
+}  // namespace
+
+Tuner::Tuner(TuneOptions options) : options_(std::move(options)) {
+  path_ = options_.cache_path.empty() ? default_tune_cache_path() : options_.cache_path;
+  if (path_ == "none") path_.clear();
+  machine_ = sanitized(cpu_model() + ", hybridnn " + version());
+  if (options_.mode == TuneMode::cached && !path_.empty()) entries_ = read_cache(path_);
+}
+
+std::string Tuner::entry_key(const Driver& driver, const std::string& key) const {
+  HN_ASSERT(printable(key));
+  return machine_ + '\t' + sanitized(driver.description()) + '\t' + key;
+}
+
+std::optional<std::string> Tuner::lookup(const Driver& driver, const std::string& key) const {
+  if (options_.mode != TuneMode::cached) return std::nullopt;
+  const auto found = entries_.find(entry_key(driver, key));
+  if (found == entries_.end()) return std::nullopt;
+  return found->second;
+}
+
+void Tuner::record(const Driver& driver, const std::string& key, const std::string& choice) {
+  HN_CHECK(printable(choice), "tuning: choice '{}' for '{}' cannot be cached", choice, key);
+  const std::string k = entry_key(driver, key);
+  entries_[k] = choice;
+  recorded_[k] = choice;
+}
+
+void Tuner::save() {
+  if (recorded_.empty() || path_.empty()) return;
+  const std::filesystem::path parent = std::filesystem::path(path_).parent_path();
+  std::error_code ignored;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ignored);
+  // Merge with what other runs wrote since this one read the file.
+  std::map<std::string, std::string> merged = read_cache(path_);
+  for (const auto& [key, choice] : recorded_)
+    merged[key] = choice;
+  std::ostringstream text;
+  text << kHeader;
+  for (const auto& [key, choice] : merged)
+    text << key << '\t' << choice << '\n';
+  detail::replace_file(path_, text.str(), "tuning cache");
+  recorded_.clear();
+}
+
+double Tuner::time(Driver& driver, const std::function<void()>& run, int repeats,
+                   double give_up_after) {
+  using Clock = std::chrono::steady_clock;
+  const auto once = [&] {
+    const auto start = Clock::now();
+    run();
+    driver.synchronize();
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  };
+  double best = once();  // warm-up: creates primitives, touches memory
+  if (best > give_up_after) return best;
+  best = std::min(best, once());
+  for (int i = 1; i < repeats; ++i)
+    best = std::min(best, once());
+  return best;
+}
+
+void Tuner::report(const TuneReport& report) const {
+  if (options_.on_layer) options_.on_layer(report);
+}
+
+}  // namespace hn
