@@ -364,6 +364,12 @@ void ConvolutionLayer::choose(const Driver& driver, ConvDirection direction, Low
   found->second[static_cast<std::size_t>(direction)] = lowering;
 }
 
+double ConvolutionLayer::forward_flops(index_t rows) const {
+  return 2.0 * static_cast<double>(rows) * static_cast<double>(config_.num_output) *
+         static_cast<double>(out_h_ * out_w_) *
+         static_cast<double>(channels_ / config_.group * kernel_h_ * kernel_w_);
+}
+
 std::string ConvolutionLayer::algorithm(const Driver& driver) const {
   const Lowering forward = lowering_for(driver, ConvDirection::forward);
   const Lowering data = lowering_for(driver, ConvDirection::backward_data);

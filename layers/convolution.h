@@ -45,6 +45,7 @@ class ConvolutionLayer final : public Layer {
   void choose(const Driver& driver, ConvDirection direction, Lowering lowering);
   void tune(Driver& driver, index_t rows, Tuner& tuner) override;
   std::string algorithm(const Driver& driver) const override;
+  double forward_flops(index_t rows) const override;
   // Images lowered together by forward / backward on a slice of `rows` images (1 for
   // direct_1x1).
   index_t forward_chunk(index_t rows) const;

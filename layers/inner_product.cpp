@@ -2,6 +2,7 @@
 // per-channel calls. The GEMM orientation follows Caffe's weight layout (transpose).
 #include "layers/inner_product.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "layers/common.h"
@@ -20,6 +21,8 @@ std::vector<Shape> InnerProductLayer::setup(const std::vector<Shape>& inputs) {
   HN_CHECK(in.axes() > 0, "{}: input must have at least one axis, got a scalar", who);
   axis_ = detail::canonical_axis(who, "axis", config_.axis, in);
   inputs_per_row_ = in.count(axis_, in.axes());
+  gemm_rows_ = in.count(0, axis_);
+  input_rows_ = std::max<index_t>(in[0], 1);
   HN_CHECK(inputs_per_row_ > 0, "{}: input {} has no elements from axis {} on", who, in.to_string(),
            axis_);
   const index_t n = config_.num_output, k = inputs_per_row_;
@@ -33,6 +36,12 @@ std::vector<Shape> InnerProductLayer::setup(const std::vector<Shape>& inputs) {
   std::vector<index_t> out(in.dims().begin(), in.dims().begin() + axis_);
   out.push_back(n);
   return {Shape(std::move(out))};
+}
+
+double InnerProductLayer::forward_flops(index_t rows) const {
+  // M scales with the rows of axis 0 (all of them when axis is 0: the layer is never cut).
+  const double m = axis_ == 0 ? 1.0 : static_cast<double>(gemm_rows_) * rows / input_rows_;
+  return 2.0 * m * static_cast<double>(inputs_per_row_) * static_cast<double>(config_.num_output);
 }
 
 void InnerProductLayer::forward(const LayerSlice& slice) {

@@ -21,11 +21,14 @@ class InnerProductLayer final : public Layer {
   void backward(const LayerSlice& slice) override;
   // With axis 0 the whole tensor is one row, so the batch cannot be cut.
   bool splits_by_rows() const override { return axis_ != 0; }
+  double forward_flops(index_t rows) const override;
 
  private:
   InnerProductParams config_;
   int axis_ = 1;                // canonical (set by setup())
   index_t inputs_per_row_ = 0;  // K
+  index_t gemm_rows_ = 0;       // M: the input's count before axis
+  index_t input_rows_ = 1;      // the input's axis 0
 };
 
 }  // namespace hn

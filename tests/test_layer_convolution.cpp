@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "hybridnn/error.h"
+#include "hybridnn/layers/inner_product.h"
 #include "hybridnn/runtime.h"
 #include "hybridnn/tune.h"
 #include "layers/convolution.h"
@@ -605,4 +606,19 @@ TEST_CASE(
              Contains(cache) && Contains("line 3") && Contains("delete the file"));
   CHECK_THAT(hn::test::error_of([] { hn::parse_tune_mode("sometimes"); }),
              Contains("'sometimes'") && Contains("off, once, cached"));
+}
+
+TEST_CASE("Convolution and InnerProduct count their forward FLOPs by hand's formula",
+          "[layer][convolution]") {
+  // CaffeNet's conv2: 96 -> 256 channels, 5x5, pad 2, group 2, on 27x27: 27x27 outputs.
+  hn::ConvolutionLayer conv2("conv2", square(256, 5, 1, 2, 2));
+  conv2.setup({Shape{4, 96, 27, 27}});
+  CHECK(conv2.forward_flops(4) == 2.0 * 4 * 256 * 27 * 27 * (48 * 25));
+  CHECK(conv2.forward_flops(1) == 2.0 * 256 * 27 * 27 * (48 * 25));
+  hn::InnerProductParams ip;
+  ip.num_output = 10;
+  const auto fc = hn::make_inner_product_layer("fc", ip);
+  fc->setup({Shape{6, 3, 4, 5}});  // K = 60
+  CHECK(fc->forward_flops(6) == 2.0 * 6 * 60 * 10);
+  CHECK(fc->forward_flops(2) == 2.0 * 2 * 60 * 10);
 }

@@ -249,11 +249,13 @@ int run_time(const Args& args) {
   if (json) {
     for (int i = 0; i < layers; ++i) {
       const std::string algorithm = net.layer_algorithm(i);
-      fmt::print(R"({{"layer":{},"type":{},"forward_ms":{},"backward_ms":{}{}}})"
+      const double flops = net.layer_forward_flops(i);
+      fmt::print(R"({{"layer":{},"type":{},"forward_ms":{},"backward_ms":{}{}{}}})"
                  "\n",
                  json_string(net.layer_name(i)), json_string(net.layer_type(i)),
                  json_number(forward_ms[i] / n), json_number(backward_ms[i] / n),
-                 algorithm.empty() ? "" : ",\"algorithm\":" + json_string(algorithm));
+                 algorithm.empty() ? "" : ",\"algorithm\":" + json_string(algorithm),
+                 flops > 0 ? ",\"forward_flops\":" + json_number(flops) : "");
     }
     if (split) print_split_profile(net, iterations, json);
     const std::string comm_fields =
@@ -313,8 +315,15 @@ Command time_command() {
       "backward (the driver synchronised after each) and reports the means per iteration.\n"
       "The backward is complete, data gradients included (Caffe's force_backward), unless\n"
       "--no-force-backward. --json prints one line per layer {\"layer\",\"type\",\n"
-      "\"forward_ms\",\"backward_ms\"} and a total line {\"total\":true,...,\"forward_ms\",\n"
-      "\"backward_ms\",\"forward_backward_ms\"}.\n"
+      "\"forward_ms\",\"backward_ms\"} (convolutions add \"algorithm\", convolutions and\n"
+      "inner products \"forward_flops\") and a total line {\"total\":true,...,\n"
+      "\"forward_ms\",\"backward_ms\",\"forward_backward_ms\"}.\n"
+      "\n"
+      "Before its first forward each convolution measures its algorithms (the driver's\n"
+      "own, lowering type 1 or 3 with GEMM, 1x1 as GEMM) per direction and keeps the\n"
+      "fastest (--tune once), or reads the choice of an earlier run on this machine from\n"
+      "the cache (--tune cached, the default; --tune-cache FILE); --tune off leaves the\n"
+      "choice to the cost model. The text report names each convolution's algorithm.\n"
       "\n"
       "--split cuts every layer's batch among devices; the slices run at the same time.\n"
       "--split auto (or auto:DEVICE,...) first measures each layer on every device and\n"

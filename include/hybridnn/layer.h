@@ -87,6 +87,13 @@ class Layer {
     static_cast<void>(rows);
     static_cast<void>(tuner);
   }
+  // Floating-point operations of a forward over `rows` rows (2 per multiply-add), counted for
+  // the layers whose work is GEMM-like (convolution, inner product); 0 for the others. Their
+  // backward does twice as many (data and parameter gradients).
+  virtual double forward_flops(index_t rows) const {
+    static_cast<void>(rows);
+    return 0.0;
+  }
   // The algorithm the layer runs with on `driver`, for reports (empty: only one).
   virtual std::string algorithm(const Driver& driver) const {
     static_cast<void>(driver);

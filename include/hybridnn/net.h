@@ -138,6 +138,8 @@ class Net {
   // The algorithm layer `index` runs with (LayerProfile::algorithm); empty for layers with
   // one.
   std::string layer_algorithm(int index) const;
+  // Layer::forward_flops of layer `index` for the net's batch (0 for data layers).
+  double layer_forward_flops(int index) const;
   bool layer_needs_backward(int index) const;
 
   std::vector<std::string> blob_names() const;

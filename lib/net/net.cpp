@@ -288,6 +288,11 @@ const char* Net::layer_type(int index) const {
 std::string Net::layer_algorithm(int index) const {
   return impl_->layers.at(index).kind == Kind::compute ? impl_->algorithm_of(index) : "";
 }
+double Net::layer_forward_flops(int index) const {
+  const NetLayer& nl = impl_->layers.at(index);
+  if (nl.kind != Kind::compute || nl.bottoms.empty()) return 0.0;
+  return nl.layer->forward_flops(impl_->blobs[nl.bottoms[0]].shape[0]);
+}
 bool Net::layer_needs_backward(int index) const {
   return impl_->layers.at(index).needs_backward;
 }

@@ -641,6 +641,9 @@ def check_time_json(ctx, records, layer_names):
         keys = {"layer", "type", "forward_ms", "backward_ms"}
         if r["type"] == "Convolution":
             keys.add("algorithm")  # what it runs with: measured (--tune) or the cost model's
+        if r["type"] in ("Convolution", "InnerProduct"):
+            keys.add("forward_flops")
+            check(r["forward_flops"] > 0, f"no FLOPs: {r}")
         check(set(r) == keys, f"layer keys {r}")
         check(r["forward_ms"] >= 0 and r["backward_ms"] >= 0, f"negative time {r}")
     total = totals[0]
