@@ -468,8 +468,8 @@ void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
     for (ConvDirection d : kDirections) {
       double best = 0.0;
       for (Lowering l : options) {
-        // A candidate whose warm-up alone takes twice the best is not timed again.
-        const double give_up = l == options.front() ? 0.5 : std::min(0.5, 2.0 * best);
+        // A candidate whose warm-up alone takes 1.5 times the best is not timed again.
+        const double give_up = l == options.front() ? 0.5 : std::min(0.5, 1.5 * best);
         const double seconds = Tuner::time(
             driver,
             [&] {
@@ -485,7 +485,7 @@ void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
                   break;
               }
             },
-            3, give_up);
+            2, give_up);
         if (l == options.front() || seconds < best) {
           best = seconds;
           choice[static_cast<std::size_t>(d)] = l;
@@ -517,6 +517,12 @@ void ConvolutionLayer::backward_driver_conv(const LayerSlice& slice, Wanted want
   const LoweringShape shape = lowering_shape(slice.rows());
   const Operand& weights = slice.params[0];
   float* dbias = want.db ? slice.params[1].mutable_dx() : nullptr;
+  if (want.dw && want.dx) {
+    slice.driver->conv_backward(shape, config_.num_output, slice.inputs[0].x(), weights.x(),
+                                slice.outputs[0].dx(), slice.inputs[0].mutable_dx(),
+                                weights.mutable_dx(), dbias);
+    return;
+  }
   if (want.dw) {
     slice.driver->conv_backward_weights(shape, config_.num_output, slice.inputs[0].x(),
                                         slice.outputs[0].dx(), weights.mutable_dx(), dbias);

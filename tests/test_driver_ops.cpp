@@ -642,6 +642,24 @@ TEST_CASE("conv_forward, conv_backward_data and conv_backward_weights match the 
         check_close(dw, sum_tolerance);
         check_close(db, sum_tolerance);  // untouched when no bias
       }
+      for (const int wanted : {3, 1, 2}) {  // both gradients, dx alone, dweights alone
+        INFO("conv_backward (both gradients in one call), gradients wanted " << wanted);
+        const bool want_dx = (wanted & 1) != 0, want_dw = (wanted & 2) != 0;
+        const TwinArray dx(drivers, constant(x_count, -7777.0f), constant(x_count, kNaN));
+        const TwinArray dw(drivers, random_floats(w_count, seed++, -3.0f, 3.0f));
+        const TwinArray db(drivers, random_floats(out_channels, seed++, -3.0f, 3.0f));
+        run_both(drivers, [&](hn::Driver& d, Side s) {
+          d.conv_backward(shape, out_channels, x[s], w[s], dy[s], want_dx ? dx[s] : nullptr,
+                          want_dw ? dw[s] : nullptr, want_dw && with_bias ? db[s] : nullptr);
+        });
+        if (want_dx) {
+          check_close(
+              dx, gemm_tolerance(out_channels / shape.groups * shape.kernel_h * shape.kernel_w));
+        }
+        const double sum_tolerance = gemm_tolerance(shape.batch * shape.out_h() * shape.out_w());
+        check_close(dw, sum_tolerance);  // untouched when not wanted
+        check_close(db, sum_tolerance);
+      }
     }
   }
 }
@@ -671,6 +689,7 @@ TEST_CASE("convolution calls on alternating shapes and fresh buffers match the r
         d.conv_forward(shape, oc, x[s], w[s], bias[s], y[s]);
         d.conv_backward_data(shape, oc, w[s], y[s], dx[s]);
         d.conv_backward_weights(shape, oc, x[s], y[s], dw[s], db[s]);
+        d.conv_backward(shape, oc, x[s], w[s], y[s], dx[s], dw[s], db[s]);
       });
       check_close(y, gemm_tolerance(18));
       check_close(dx, gemm_tolerance(27));

@@ -537,9 +537,11 @@ void lowered_backward_data(Parallel& par, Blas blas, const LoweringShape& s, ind
 namespace {
 
 // Runs a cached call on the caller's buffers (operands in the entry's order a, b, c, d;
-// null where the call has no such operand).
+// null where the call has no such operand). The gradients' calls take dy from `diff_dst`
+// when given: dy already in the primitive's layout.
 void execute(const dnnl::stream& stream, Call call, const Entry& e,
-             const std::array<const float*, 4>& at, void* scratch) {
+             const std::array<const float*, 4>& at, void* scratch,
+             const memory* diff_dst = nullptr) {
   if (e.per_group) {
     for (index_t g = 0; g < e.group_count; ++g) {
       std::array<const float*, 4> part{};
@@ -575,18 +577,18 @@ void execute(const dnnl::stream& stream, Call call, const Entry& e,
       break;
     case Call::backward_data:
       load(stream, e.a, scratch);
-      load(stream, e.b, scratch);
+      if (diff_dst == nullptr) load(stream, e.b, scratch);
       args.emplace(DNNL_ARG_WEIGHTS, e.a.inner);
-      args.emplace(DNNL_ARG_DIFF_DST, e.b.inner);
+      args.emplace(DNNL_ARG_DIFF_DST, diff_dst != nullptr ? *diff_dst : e.b.inner);
       args.emplace(DNNL_ARG_DIFF_SRC, e.c.inner);
       e.primitive.execute(stream, args);
       store(stream, e.c, scratch);
       break;
     case Call::backward_weights:
       load(stream, e.a, scratch);
-      load(stream, e.b, scratch);
+      if (diff_dst == nullptr) load(stream, e.b, scratch);
       args.emplace(DNNL_ARG_SRC, e.a.inner);
-      args.emplace(DNNL_ARG_DIFF_DST, e.b.inner);
+      args.emplace(DNNL_ARG_DIFF_DST, diff_dst != nullptr ? *diff_dst : e.b.inner);
       args.emplace(DNNL_ARG_DIFF_WEIGHTS, e.c.inner);
       if (at[3] != nullptr) args.emplace(DNNL_ARG_DIFF_BIAS, e.d.inner);
       e.primitive.execute(stream, args);
@@ -644,6 +646,40 @@ void DirectConvolution::backward_weights(Parallel& par, const LoweringShape& sha
   });
 }
 
+void DirectConvolution::backward(Parallel& par, Blas blas, const LoweringShape& shape,
+                                 index_t out_channels, const float* x, const float* weights,
+                                 const float* dy, float* dx, float* dweights, float* dbias) {
+  const auto apart = [&] {
+    if (dweights != nullptr) backward_weights(par, shape, out_channels, x, dy, dweights, dbias);
+    if (dx != nullptr) backward_data(par, blas, shape, out_channels, weights, dy, dx);
+  };
+  if (dx == nullptr || dweights == nullptr || small_conv_supported(shape)) return apart();
+  bool shared = false;
+  run(Call::backward_data, par.threads(), shape, out_channels, [&] {
+    if (!impl_) impl_ = std::make_unique<Impl>();
+    impl_->entry(Call::backward_weights, shape, out_channels, dbias != nullptr);
+    const Entry& data = impl_->entry(Call::backward_data, shape, out_channels, false);
+    // Looked up again: making the second entry may have evicted the first.
+    const Entry& grads =
+        impl_->entry(Call::backward_weights, shape, out_channels, dbias != nullptr);
+    // Both primitives read dy in the same layout: reorder it once.
+    if (data.lowered || data.per_group || grads.per_group || !data.b.reordered ||
+        !grads.b.reordered || data.b.inner.get_desc() != grads.b.inner.get_desc()) {
+      return;
+    }
+    shared = true;
+    void* scratch = impl_->scratch.get();
+    data.b.bind(dy);
+    load(impl_->stream, data.b, scratch);
+    execute(impl_->stream, Call::backward_weights, grads, {x, dy, dweights, dbias}, scratch,
+            &data.b.inner);
+    execute(impl_->stream, Call::backward_data, data, {weights, dy, dx, nullptr}, scratch,
+            &data.b.inner);
+    impl_->stream.wait();
+  });
+  if (!shared) apart();
+}
+
 #else  // no oneDNN: the driver reports convolution = false and never gets here
 
 struct DirectConvolution::Impl {};
@@ -666,6 +702,10 @@ void DirectConvolution::backward_data(Parallel&, Blas, const LoweringShape&, ind
 void DirectConvolution::backward_weights(Parallel&, const LoweringShape&, index_t, const float*,
                                          const float*, float*, float*) {
   fail("conv_backward_weights: this build has no oneDNN");
+}
+void DirectConvolution::backward(Parallel&, Blas, const LoweringShape&, index_t, const float*,
+                                 const float*, const float*, float*, float*, float*) {
+  fail("conv_backward: this build has no oneDNN");
 }
 
 #endif

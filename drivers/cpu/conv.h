@@ -32,6 +32,11 @@ class DirectConvolution {
   // Adds to dweights and, when not null, to dbias.
   void backward_weights(Parallel& par, const LoweringShape& shape, index_t out_channels,
                         const float* x, const float* dy, float* dweights, float* dbias);
+  // Both gradients (either may be null), with dy brought into the primitives' layout once
+  // when they share it.
+  void backward(Parallel& par, Blas blas, const LoweringShape& shape, index_t out_channels,
+                const float* x, const float* weights, const float* dy, float* dx, float* dweights,
+                float* dbias);
 
  private:
   struct Impl;

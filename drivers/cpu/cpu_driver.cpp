@@ -97,6 +97,14 @@ class CpuDriver final : public Driver {
       return Driver::do_conv_backward_weights(shape, out_channels, x, dy, dweights, dbias);
     conv_.backward_weights(parallel_, shape, out_channels, x, dy, dweights, dbias);
   }
+  void do_conv_backward(const LoweringShape& shape, index_t out_channels, const float* x,
+                        const float* weights, const float* dy, float* dx, float* dweights,
+                        float* dbias) override {
+    if (!cpu::DirectConvolution::available()) {
+      return Driver::do_conv_backward(shape, out_channels, x, weights, dy, dx, dweights, dbias);
+    }
+    conv_.backward(parallel_, blas_, shape, out_channels, x, weights, dy, dx, dweights, dbias);
+  }
 
   void do_fill(index_t n, float value, float* x) override { cpu::fill(parallel_, n, value, x); }
   void do_scale(index_t n, float alpha, float* x) override { cpu::scale(parallel_, n, alpha, x); }

@@ -257,6 +257,28 @@ DriverOperands Driver::conv_backward_weights_operands(const LoweringShape& shape
   return ops;
 }
 
+DriverOperands Driver::conv_backward_operands(const LoweringShape& shape, index_t out_channels,
+                                              const float* x, const float* weights, const float* dy,
+                                              float* dx, float* dweights, float* dbias) const {
+  DriverOperands ops;
+  check_conv("conv_backward", shape, out_channels);
+  HN_CHECK(dweights != nullptr || dbias == nullptr,
+           "conv_backward: dbias given without dweights ({} out_channels={})", shape.to_string(),
+           out_channels);
+  if (shape.batch == 0) return DriverOperands::nothing();
+  ops.read("dy", dy, conv_output_bytes(shape, out_channels));
+  if (dweights != nullptr) {
+    ops.read("x", x, floats(shape.image_count()));
+    ops.update("dweights", dweights, conv_weight_bytes(shape, out_channels));
+    if (dbias != nullptr) ops.update("dbias", dbias, floats(out_channels));
+  }
+  if (dx != nullptr) {
+    ops.read("weights", weights, conv_weight_bytes(shape, out_channels));
+    ops.update("dx", dx, floats(shape.image_count()));
+  }
+  return ops;
+}
+
 // ---- element-wise and reductions ---------------------------------------------------
 
 DriverOperands Driver::fill_operands(index_t n, float, float* x) const {

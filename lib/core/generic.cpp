@@ -162,6 +162,13 @@ void Driver::do_swap_axes(index_t d0, index_t d1, index_t inner, const float* sr
   }
 }
 
+void Driver::do_conv_backward(const LoweringShape& shape, index_t out_channels, const float* x,
+                              const float* weights, const float* dy, float* dx, float* dweights,
+                              float* dbias) {
+  if (dweights != nullptr) conv_backward_weights(shape, out_channels, x, dy, dweights, dbias);
+  if (dx != nullptr) conv_backward_data(shape, out_channels, weights, dy, dx);
+}
+
 // Two rank-1 GEMMs: the bias spread over a channel's positions, then added to every outer
 // block.
 void Driver::do_bias_forward(const AxisShape& shape, const float* bias, float* y) {

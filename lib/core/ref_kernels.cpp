@@ -223,6 +223,13 @@ void conv_backward_weights(const LoweringShape& shape, index_t out_channels, con
     dbias[c] = static_cast<float>(dbias[c] + bias_total[c]);
 }
 
+void conv_backward(const LoweringShape& shape, index_t out_channels, const float* x,
+                   const float* weights, const float* dy, float* dx, float* dweights,
+                   float* dbias) {
+  if (dweights != nullptr) conv_backward_weights(shape, out_channels, x, dy, dweights, dbias);
+  if (dx != nullptr) conv_backward_data(shape, out_channels, weights, dy, dx);
+}
+
 // ---- element-wise -------------------------------------------------------------------
 
 void fill(index_t n, float value, float* x) {
