@@ -22,8 +22,10 @@ struct NetGradients {
 
 // `file` in HYBRIDNN_MODELS_DIR on `source` at `batch`, on `main` with `split` ("" = none).
 inline NetGradients net_gradients(Runtime& runtime, Driver& main, const std::string& file,
-                                  const std::string& source, int batch, const std::string& split) {
+                                  const std::string& source, int batch, const std::string& split,
+                                  const TuneOptions& tune = {}) {
   NetOptions options;
+  options.tune = tune;
   options.data_source = source;
   options.mean_file = "none";
   options.batch_size = batch;

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -76,6 +77,43 @@ TEST_CASE("split nets compute the unsplit losses and gradients") {
         }
       }
     }
+  }
+}
+
+TEST_CASE(
+    "a tuned net measures each convolution on each device of its split, for that device's rows, "
+    "and computes the untuned gradients") {
+  TwoDrivers d;
+  const test::TempDir dir;
+  TuneOptions tune;
+  tune.mode = TuneMode::once;
+  tune.cache_path = dir.file("tune.txt");
+  std::vector<TuneReport> reports;
+  tune.on_layer = [&](const TuneReport& report) { reports.push_back(report); };
+  const char* file = "mnist_lenet_train_test.prototxt";
+  const test::NetGradients plain =
+      test::net_gradients(d.runtime, *d.host, file, "synthetic:1x28x28", 8, "");
+  const std::string split = "reference:0.75,reference:1:0.25";
+  const test::NetGradients tuned =
+      test::net_gradients(d.runtime, *d.host, file, "synthetic:1x28x28", 8, split, tune);
+  std::vector<std::string> seen;
+  for (const TuneReport& r : reports) {
+    CHECK(r.measured);
+    CHECK(r.warning.empty());
+    seen.push_back(r.layer + " " + r.device);
+  }
+  CHECK(seen == std::vector<std::string>{"conv1 reference", "conv1 reference:1", "conv2 reference",
+                                         "conv2 reference:1"});
+  // 6 and 2 rows: each device's shapes are cached apart.
+  std::ifstream cache(tune.cache_path);
+  const std::string text((std::istreambuf_iterator<char>(cache)), std::istreambuf_iterator<char>());
+  CHECK_THAT(text,
+             Catch::Contains("Convolution 6x1x28x28") && Catch::Contains("Convolution 2x1x28x28"));
+  CHECK(tuned.loss == Approx(plain.loss).epsilon(1e-6));
+  REQUIRE(tuned.gradients.size() == plain.gradients.size());
+  for (std::size_t g = 0; g < plain.gradients.size(); ++g) {
+    INFO("gradient " << g);
+    CHECK(test::max_scaled_diff(plain.gradients[g], tuned.gradients[g]) <= 1e-5);
   }
 }
 
