@@ -4,14 +4,17 @@
 #include <fmt/format.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "hybridnn/net.h"
 #include "hybridnn/runtime.h"
+#include "tests/net_runs.h"
 #include "tests/support.h"
 
 namespace hn {
@@ -312,4 +315,107 @@ TEST_CASE("Net memory reuse shrinks the activations of a forward-only CaffeNet")
 }
 
 }  // namespace
+}  // namespace hn
+
+namespace hn {
+namespace {
+
+// Values for every parameter of a deploy net that keep activations in range through many
+// layers: convolution and inner-product weights uniform with He's variance (2 / fan-in),
+// biases and BatchNorm means small, BatchNorm variances near 1 (scale factor 1), Scale
+// multipliers near 1.
+void set_zoo_weights(Net& net) {
+  std::map<std::string, std::string> types;
+  for (int l = 0; l < net.num_layers(); ++l)
+    types[net.layer_name(l)] = net.layer_type(l);
+  std::uint32_t seed = 100;
+  for (const NetParam& p : net.learnable_params()) {
+    Tensor& t = *p.tensor;
+    const std::string& type = types.at(p.layer);
+    std::vector<float> v = test::random_floats(static_cast<std::size_t>(t.count()), seed++);
+    float* data = t.host_data_mut();
+    const index_t count = t.count();
+    const index_t fan_in = t.shape().axes() > 1 ? count / t.shape()[0] : 1;
+    for (index_t i = 0; i < count; ++i) {
+      const float r = v[static_cast<std::size_t>(i)];  // in [-1, 1)
+      if (type == "BatchNorm") {
+        data[i] = p.index == 0 ? 0.1f * r : p.index == 1 ? 1.0f + 0.5f * (r + 1.0f) : 1.0f;
+      } else if (type == "Scale") {
+        data[i] = p.index == 0 ? 1.0f + 0.25f * r : 0.1f * r;
+      } else if (t.shape().axes() > 1) {
+        data[i] = r * std::sqrt(6.0f / static_cast<float>(fan_in));
+      } else {
+        data[i] = 0.1f * r;
+      }
+    }
+  }
+}
+
+struct ZooRun {
+  std::vector<float> output, input_gradient;
+  std::vector<std::vector<float>> gradients;
+};
+
+ZooRun run_zoo_net(const std::string& file, const Device& device) {
+  Runtime runtime;
+  Driver& driver = runtime.add(device);
+  NetOptions options;
+  options.batch_size = 2;
+  options.force_backward = true;
+  Net net(fmt::format("{}/{}", HYBRIDNN_MODELS_DIR, file), runtime, driver, options);
+  set_zoo_weights(net);
+  const BlobRef data = net.blob(net.input_blob_names().at(0));
+  const std::vector<float> x = test::random_floats(static_cast<std::size_t>(data.count()), 5);
+  std::copy(x.begin(), x.end(), data.host_data_mut());
+  net.clear_param_diffs();
+  net.forward();
+  const BlobRef out = net.blob(net.output_blob_names().back());
+  ZooRun run;
+  run.output.assign(out.host_data(), out.host_data() + out.count());
+  // Backward from a random gradient of the output (a deploy net has no loss).
+  const std::vector<float> dy = test::random_floats(static_cast<std::size_t>(out.count()), 6);
+  std::copy(dy.begin(), dy.end(), out.host_diff_mut());
+  net.backward();
+  run.input_gradient.assign(data.host_diff(), data.host_diff() + data.count());
+  for (const NetParam& p : net.learnable_params()) {
+    const float* diff = p.tensor->host_diff();
+    run.gradients.emplace_back(diff, diff + p.tensor->count());
+  }
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "Caffe's zoo nets (CaffeNet, GoogLeNet, ResNet-50, MobileNet v1) compute on the CPU driver "
+    "what they compute on the reference driver, forward and backward, at batch 2",
+    "[zoo]") {
+  const char* file =
+      GENERATE("bvlc_reference_caffenet_deploy.prototxt", "bvlc_googlenet_deploy.prototxt",
+               "resnet50_deploy.prototxt", "mobilenet_v1_deploy.prototxt");
+  INFO(file);
+  const ZooRun cpu = run_zoo_net(file, Device::parse("cpu"));
+  const ZooRun reference = run_zoo_net(file, Device::parse("reference"));
+  // Float sums in other orders (Winograd among them) over tens of layers. The two nets with
+  // LRN differ more in their gradients (CaffeNet up to 1.6e-2 at the input and conv1,
+  // GoogLeNet 1.6e-3 at the input, relative to the largest value) while their outputs agree
+  // to 1e-3: not explained yet (issue 14's notes), bounded here so it cannot grow unseen.
+  const std::string name = file;
+  const bool lrn =
+      name.find("caffenet") != std::string::npos || name.find("googlenet") != std::string::npos;
+  const double tolerance = 1e-3;
+  const double gradient_tolerance = lrn ? 2e-2 : 1e-3;
+  double largest_gradient = 0.0;
+  for (float g : reference.input_gradient)
+    largest_gradient = std::max(largest_gradient, static_cast<double>(std::fabs(g)));
+  CHECK(largest_gradient > 0.0);  // the backward reached the input
+  CHECK(test::max_scaled_diff(reference.output, cpu.output) <= tolerance);
+  CHECK(test::max_scaled_diff(reference.input_gradient, cpu.input_gradient) <= gradient_tolerance);
+  REQUIRE(cpu.gradients.size() == reference.gradients.size());
+  for (std::size_t g = 0; g < cpu.gradients.size(); ++g) {
+    INFO("parameter " << g);
+    CHECK(test::max_scaled_diff(reference.gradients[g], cpu.gradients[g]) <= gradient_tolerance);
+  }
+}
+
 }  // namespace hn

@@ -82,6 +82,8 @@ struct BlobRef {
   const float* host_data() const { return static_cast<const float*>(data->host_read()); }
   float* host_data_mut() const { return static_cast<float*>(data->host_write()); }
   const float* host_diff() const { return static_cast<const float*>(diff->host_read()); }
+  // The gradient to write (an output's, before backward: where the backward starts from).
+  float* host_diff_mut() const { return static_cast<float*>(diff->host_write()); }
 };
 
 // A learnable parameter of the net, listed once even when several layers share it.
