@@ -544,7 +544,7 @@ TEST_CASE("cuda cuDNN convolution equals the reference, accumulating weight grad
 
 TEST_CASE(
     "cuda depthwise convolution equals the reference on the own kernels (and on cuDNN with "
-    "HYBRIDNN_CUDNN=all), bitwise reproducible; without cuDNN other shapes fall back",
+    "HYBRIDNN_CUDNN=all), bitwise reproducible, and without cuDNN other shapes fall back",
     "[cuda]") {
   auto ref = make_reference();
   ::setenv("HYBRIDNN_CUDNN", "0", 1);
