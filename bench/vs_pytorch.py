@@ -49,19 +49,25 @@ def note(message):
     print("vs_pytorch: " + message, file=sys.stderr, flush=True)
 
 
-def import_torch():
+def rerun_under_system_python(flag):
     """Debian's python3-torch lives in /usr/bin/python3's dist-packages; a python3 earlier
-    on PATH (pyenv, a venv) does not see it, so re-run under /usr/bin/python3 then."""
+    on PATH (pyenv, a venv) does not see it, so the script re-runs itself under
+    /usr/bin/python3 (once: `flag` names the environment variable that says it did)."""
+    system = "/usr/bin/python3"
+    if (os.path.exists(system) and os.path.realpath(sys.executable) != os.path.realpath(system)
+            and not os.environ.get(flag)):
+        os.environ[flag] = "1"
+        os.execv(system, [system] + sys.argv)
+
+
+def import_torch():
+    """PyTorch, from /usr/bin/python3 if need be (rerun_under_system_python)."""
     try:
         import numpy  # noqa: F401
         import torch
         return torch
     except ImportError as error:
-        system = "/usr/bin/python3"
-        if (os.path.exists(system) and os.path.realpath(sys.executable) != os.path.realpath(system)
-                and not os.environ.get("HYBRIDNN_VS_PYTORCH_REEXEC")):
-            os.environ["HYBRIDNN_VS_PYTORCH_REEXEC"] = "1"
-            os.execv(system, [system] + sys.argv)
+        rerun_under_system_python("HYBRIDNN_VS_PYTORCH_REEXEC")
         note(f"PyTorch is not installed ({error}); install Debian's CPU build with "
              "`sudo apt-get install python3-torch` to run this comparison")
         emit({"skipped": f"python3-torch not installed ({error})"})

@@ -50,7 +50,8 @@ import subprocess
 import sys
 import tempfile
 
-from vs_pytorch import MODELS, REPO, caffenet, chunked, emit, memory_format, set_threads
+from vs_pytorch import (MODELS, REPO, caffenet, chunked, emit, memory_format,
+                        rerun_under_system_python, set_threads)
 
 NetSpec = collections.namedtuple("NetSpec", "key title prototxt twin")
 
@@ -71,19 +72,14 @@ def note(message):
 
 
 def import_torch():
-    """Debian's python3-torch lives in /usr/bin/python3's dist-packages; a python3 earlier
-    on PATH (pyenv, a venv) does not see it, so re-run under /usr/bin/python3 then. Returns
-    None when it is not installed there either."""
+    """PyTorch and torchvision, from /usr/bin/python3 if need be; None when they are not
+    installed there either."""
     try:
         import torch
         import torchvision  # noqa: F401
         return torch
     except ImportError as error:
-        system = "/usr/bin/python3"
-        if (os.path.exists(system) and os.path.realpath(sys.executable) != os.path.realpath(system)
-                and not os.environ.get("HYBRIDNN_ZOO_REEXEC")):
-            os.environ["HYBRIDNN_ZOO_REEXEC"] = "1"
-            os.execv(system, [system] + sys.argv)
+        rerun_under_system_python("HYBRIDNN_ZOO_REEXEC")
         note(f"PyTorch is not installed ({error}); install Debian's CPU build with "
              "`sudo apt-get install python3-torch python3-torchvision` for its figures")
         emit({"skipped": f"pytorch: python3-torch or python3-torchvision not installed ({error})"})
