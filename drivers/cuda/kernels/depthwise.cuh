@@ -58,21 +58,9 @@ HN_HOST_DEVICE inline void depthwise_backward_data_element(index_t i, const Lowe
   for (index_t o = c * multiplier; o < (c + 1) * multiplier; ++o) {
     const float* grad = dy + (n * out_channels + o) * d.out_h * d.out_w;
     const float* tap = weights + o * d.kernel_h * d.kernel_w;
-    for (index_t kh = 0; kh < d.kernel_h; ++kh) {
-      const index_t h_span = h + d.pad_h - kh * d.dilation_h;  // = oh * stride_h
-      if (h_span < 0) break;                                   // only shrinks with kh
-      if (h_span % d.stride_h != 0) continue;
-      const index_t oh = h_span / d.stride_h;
-      if (oh >= d.out_h) continue;
-      for (index_t kw = 0; kw < d.kernel_w; ++kw) {
-        const index_t w_span = w + d.pad_w - kw * d.dilation_w;
-        if (w_span < 0) break;
-        if (w_span % d.stride_w != 0) continue;
-        const index_t ow = w_span / d.stride_w;
-        if (ow >= d.out_w) continue;
-        sum += grad[oh * d.out_w + ow] * tap[kh * d.kernel_w + kw];
-      }
-    }
+    for_each_covering_tap(h, w, d, [&](index_t kh, index_t kw, index_t oh, index_t ow) {
+      sum += grad[oh * d.out_w + ow] * tap[kh * d.kernel_w + kw];
+    });
   }
   dx[i] = sum;
 }

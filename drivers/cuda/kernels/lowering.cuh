@@ -41,17 +41,12 @@ HN_HOST_DEVICE inline void im2col_element(index_t i, const LoweringDims& d, cons
   columns[i] = inside ? images[((n * d.channels + c) * d.height + ih) * d.width + iw] : 0.0f;
 }
 
-// One image pixel, i in [0, batch * channels * height * width): gathers every column entry
-// that maps to it, in (kh, kw) order, the order in which a scatter over the rows adds
-// them; no atomics, so the result is deterministic.
-HN_HOST_DEVICE inline void col2im_element(index_t i, const LoweringDims& d, const float* columns,
-                                          float* images) {
-  const index_t w = i % d.width;
-  const index_t h = (i / d.width) % d.height;
-  const index_t c = (i / (d.width * d.height)) % d.channels;
-  const index_t n = i / (d.width * d.height * d.channels);
-  const index_t cols = d.cols();
-  float sum = 0.0f;
+// Calls tap(kh, kw, oh, ow) for every kernel tap (kh, kw) and output (oh, ow) whose window
+// reads input pixel (h, w), in (kh, kw) order: the gather that replaces a scatter over the
+// outputs (col2im, depthwise data gradients).
+template <class Tap>
+HN_HOST_DEVICE inline void for_each_covering_tap(index_t h, index_t w, const LoweringDims& d,
+                                                 const Tap& tap) {
   for (index_t kh = 0; kh < d.kernel_h; ++kh) {
     const index_t h_span = h + d.pad_h - kh * d.dilation_h;  // = oh * stride_h
     if (h_span < 0) break;                                   // only shrinks with kh
@@ -64,11 +59,27 @@ HN_HOST_DEVICE inline void col2im_element(index_t i, const LoweringDims& d, cons
       if (w_span % d.stride_w != 0) continue;
       const index_t ow = w_span / d.stride_w;
       if (ow >= d.out_w) continue;
-      const index_t row = (c * d.kernel_h + kh) * d.kernel_w + kw;
-      const index_t col = (n * d.out_h + oh) * d.out_w + ow;
-      sum += columns[row * cols + col];
+      tap(kh, kw, oh, ow);
     }
   }
+}
+
+// One image pixel, i in [0, batch * channels * height * width): gathers every column entry
+// that maps to it, in (kh, kw) order, the order in which a scatter over the rows adds
+// them; no atomics, so the result is deterministic.
+HN_HOST_DEVICE inline void col2im_element(index_t i, const LoweringDims& d, const float* columns,
+                                          float* images) {
+  const index_t w = i % d.width;
+  const index_t h = (i / d.width) % d.height;
+  const index_t c = (i / (d.width * d.height)) % d.channels;
+  const index_t n = i / (d.width * d.height * d.channels);
+  const index_t cols = d.cols();
+  float sum = 0.0f;
+  for_each_covering_tap(h, w, d, [&](index_t kh, index_t kw, index_t oh, index_t ow) {
+    const index_t row = (c * d.kernel_h + kh) * d.kernel_w + kw;
+    const index_t col = (n * d.out_h + oh) * d.out_w + ow;
+    sum += columns[row * cols + col];
+  });
   images[i] = sum;
 }
 
