@@ -257,12 +257,13 @@ def pytorch_lenet(torch, threads, layout, iterations, chunks):
     return chunked(step, iterations, chunks, warmup)
 
 
-def pytorch_caffenet(torch, threads, layout, iterations, chunks):
+def pytorch_forward_backward(torch, make_net, shape, threads, layout, iterations, chunks):
+    """ms per forward + full backward of make_net(torch) on random inputs of `shape`."""
     set_threads(torch, threads)
     torch.manual_seed(1)
     fmt = memory_format(torch, layout)
-    net = caffenet(torch).to(memory_format=fmt)
-    data = torch.randn(CAFFENET_BATCH, 3, 227, 227).contiguous(memory_format=fmt)
+    net = make_net(torch).to(memory_format=fmt)
+    data = torch.randn(*shape).contiguous(memory_format=fmt)
     data.requires_grad_()
 
     def step():
@@ -272,6 +273,11 @@ def pytorch_caffenet(torch, threads, layout, iterations, chunks):
         loss.backward()  # weights and the input's gradient (Caffe's force_backward)
 
     return chunked(step, iterations, chunks, warmup=2)
+
+
+def pytorch_caffenet(torch, threads, layout, iterations, chunks):
+    return pytorch_forward_backward(torch, caffenet, (CAFFENET_BATCH, 3, 227, 227), threads,
+                                    layout, iterations, chunks)
 
 
 def pytorch_accuracy(torch, threads, iterations=10000):

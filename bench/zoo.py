@@ -50,8 +50,8 @@ import subprocess
 import sys
 import tempfile
 
-from vs_pytorch import (MODELS, REPO, caffenet, chunked, emit, memory_format,
-                        rerun_under_system_python, set_threads)
+from vs_pytorch import (MODELS, REPO, caffenet, emit, pytorch_forward_backward,
+                        rerun_under_system_python)
 
 NetSpec = collections.namedtuple("NetSpec", "key title prototxt twin")
 
@@ -138,20 +138,8 @@ def caffe_phase(torch, net):
 
 
 def pytorch_time(torch, spec, shape, threads, layout, iterations, chunks):
-    set_threads(torch, threads)
-    torch.manual_seed(1)
-    fmt = memory_format(torch, layout)
-    net = caffe_phase(torch, spec.twin(torch)).to(memory_format=fmt)
-    data = torch.randn(*shape).contiguous(memory_format=fmt)
-    data.requires_grad_()
-
-    def step():
-        loss = net(data).sum()
-        net.zero_grad(set_to_none=True)
-        data.grad = None
-        loss.backward()  # weights and the input's gradient (Caffe's force_backward)
-
-    return chunked(step, iterations, chunks, warmup=2)
+    return pytorch_forward_backward(torch, lambda t: caffe_phase(t, spec.twin(t)), shape,
+                                    threads, layout, iterations, chunks)
 
 
 def pytorch_best(torch, spec, shape, threads, iterations, chunks):
