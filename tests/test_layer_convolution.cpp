@@ -188,6 +188,15 @@ struct Run {
   std::vector<float> y, dx, dw, db;
 };
 
+// Every output and gradient of `got` within kTolerance of `want`'s (a Run or a Naive).
+template <class Want>
+void check_close(const Run& got, const Want& want) {
+  CHECK(max_rel_diff(got.y, want.y) <= kTolerance);
+  CHECK(max_rel_diff(got.dx, want.dx) <= kTolerance);
+  CHECK(max_rel_diff(got.dw, want.dw) <= kTolerance);
+  CHECK(max_rel_diff(got.db, want.db) <= kTolerance);
+}
+
 std::string read_text(const std::string& path) {
   std::ifstream file(path);
   return std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
@@ -257,18 +266,12 @@ TEST_CASE(
         hn::ConvolutionLayer layer("conv", p);
         const Run got = run_convolution(layer, *driver, c.input, data.x, data.w, data.b, data.dy);
         INFO("chosen lowering " << layer.lowering_name());
-        CHECK(max_rel_diff(got.y, want.y) <= kTolerance);
-        CHECK(max_rel_diff(got.dx, want.dx) <= kTolerance);
-        CHECK(max_rel_diff(got.dw, want.dw) <= kTolerance);
-        CHECK(max_rel_diff(got.db, want.db) <= kTolerance);
+        check_close(got, want);
         // The same layer on the reference driver.
         hn::ConvolutionLayer reference_layer("conv", p);
         const Run ref =
             run_convolution(reference_layer, *oracle, c.input, data.x, data.w, data.b, data.dy);
-        CHECK(max_rel_diff(got.y, ref.y) <= kTolerance);
-        CHECK(max_rel_diff(got.dx, ref.dx) <= kTolerance);
-        CHECK(max_rel_diff(got.dw, ref.dw) <= kTolerance);
-        CHECK(max_rel_diff(got.db, ref.db) <= kTolerance);
+        check_close(got, ref);
       }
     }
   }
@@ -299,10 +302,7 @@ TEST_CASE("Convolution lowered in chunks smaller than the slice equals the naive
                           << " images");
         CHECK(layer.forward_chunk(7) < 7);
         CHECK(layer.backward_chunk(7) < 7);
-        CHECK(max_rel_diff(got.y, w.y) <= kTolerance);
-        CHECK(max_rel_diff(got.dx, w.dx) <= kTolerance);
-        CHECK(max_rel_diff(got.dw, w.dw) <= kTolerance);
-        CHECK(max_rel_diff(got.db, w.db) <= kTolerance);
+        check_close(got, w);
       }
     }
   }
@@ -327,10 +327,7 @@ TEST_CASE(
         const index_t n = c.input[0];
         const Run split = run_convolution(layer, *driver, c.input, data.x, data.w, data.b, data.dy,
                                           {0, 1, n - 1 > 1 ? n - 1 : n, n});
-        CHECK(max_rel_diff(split.y, whole.y) <= kTolerance);
-        CHECK(max_rel_diff(split.dx, whole.dx) <= kTolerance);
-        CHECK(max_rel_diff(split.dw, whole.dw) <= kTolerance);
-        CHECK(max_rel_diff(split.db, whole.db) <= kTolerance);
+        check_close(split, whole);
       }
     }
   }
@@ -483,10 +480,7 @@ TEST_CASE(
         INFO(c.name << ": " << layer.algorithm(*driver));
         CHECK(layer.lowering_for(*driver, hn::ConvDirection::backward_data) == data_grad);
         const Run got = run_convolution(layer, *driver, c.input, data.x, data.w, data.b, data.dy);
-        CHECK(max_rel_diff(got.y, want.y) <= kTolerance);
-        CHECK(max_rel_diff(got.dx, want.dx) <= kTolerance);
-        CHECK(max_rel_diff(got.dw, want.dw) <= kTolerance);
-        CHECK(max_rel_diff(got.db, want.db) <= kTolerance);
+        check_close(got, want);
       }
     }
   }
