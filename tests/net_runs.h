@@ -57,4 +57,17 @@ inline double max_scaled_diff(const std::vector<float>& a, const std::vector<flo
   return worst;
 }
 
+// The fraction of elements whose |a - b| exceeds `tolerance` times the largest |a|.
+inline double fraction_beyond(const std::vector<float>& a, const std::vector<float>& b,
+                              double tolerance) {
+  if (a.size() != b.size() || a.empty()) return 1.0;
+  double scale = 1e-6;
+  for (float x : a)
+    scale = std::max(scale, static_cast<double>(std::fabs(x)));
+  std::size_t beyond = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!(std::fabs(static_cast<double>(a[i]) - b[i]) <= tolerance * scale)) ++beyond;
+  return static_cast<double>(beyond) / static_cast<double>(a.size());
+}
+
 }  // namespace hn::test

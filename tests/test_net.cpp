@@ -396,26 +396,29 @@ TEST_CASE(
   INFO(file);
   const ZooRun cpu = run_zoo_net(file, Device::parse("cpu"));
   const ZooRun reference = run_zoo_net(file, Device::parse("reference"));
-  // Float sums in other orders (Winograd among them) over tens of layers. The two nets with
-  // LRN differ more in their first layer's gradients: CaffeNet up to 1.6e-2 at the input
-  // and conv1's weights (7.7e-3 with dropout off) while every other parameter agrees to
-  // 3e-6, so the gradient reaching conv1's output (relu1, pool1, norm1) differs; GoogLeNet
-  // 1.6e-3 at the input. Not explained yet (issue 14's notes); bounded so it cannot grow.
-  const std::string name = file;
-  const bool lrn =
-      name.find("caffenet") != std::string::npos || name.find("googlenet") != std::string::npos;
+  // Float sums in other orders (Winograd among them) over tens of layers: 1e-3. Max pooling
+  // adds a discontinuity: where two inputs of a window differ only by rounding, the drivers
+  // may pick different maxima and send that window's gradient to a neighbouring element
+  // (CaffeNet at these values: 2 of conv1's 580,800 output gradients, inputs 0.4258975 and
+  // 0.4258973). Everything below such a window then differs by one moved value: conv1's
+  // weights of that channel, the input under its 11x11 field. So a gradient may differ by
+  // more than 1e-3 in a few elements (at most 5 %), and by at most 5e-2 anywhere.
   const double tolerance = 1e-3;
-  const double gradient_tolerance = lrn ? 2e-2 : 1e-3;
+  const auto check_gradient = [&](const std::vector<float>& expected,
+                                  const std::vector<float>& got) {
+    CHECK(test::max_scaled_diff(expected, got) <= 5e-2);
+    CHECK(test::fraction_beyond(expected, got, tolerance) <= 0.05);
+  };
   double largest_gradient = 0.0;
   for (float g : reference.input_gradient)
     largest_gradient = std::max(largest_gradient, static_cast<double>(std::fabs(g)));
   CHECK(largest_gradient > 0.0);  // the backward reached the input
   CHECK(test::max_scaled_diff(reference.output, cpu.output) <= tolerance);
-  CHECK(test::max_scaled_diff(reference.input_gradient, cpu.input_gradient) <= gradient_tolerance);
+  check_gradient(reference.input_gradient, cpu.input_gradient);
   REQUIRE(cpu.gradients.size() == reference.gradients.size());
   for (std::size_t g = 0; g < cpu.gradients.size(); ++g) {
     INFO("parameter " << g);
-    CHECK(test::max_scaled_diff(reference.gradients[g], cpu.gradients[g]) <= gradient_tolerance);
+    check_gradient(reference.gradients[g], cpu.gradients[g]);
   }
 }
 
