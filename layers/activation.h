@@ -19,6 +19,8 @@ class ReluLayer final : public Layer {
   void forward(const LayerSlice& slice) override;
   void backward(const LayerSlice& slice) override;
   bool allows_in_place() const override { return true; }
+  // Element by element: any layout, the same for input and output.
+  BlockedLayout blocked_layout() const override { return BlockedLayout::uniform; }
 
  private:
   ReluParams param_;

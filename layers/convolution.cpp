@@ -326,7 +326,16 @@ std::size_t ConvolutionLayer::workspace_bytes(const Driver& driver, index_t rows
   return bytes;
 }
 
+void ConvolutionLayer::use_layouts(const std::vector<Layout>& inputs,
+                                   const std::vector<Layout>& outputs) {
+  blocked_ = false;
+  for (const std::vector<Layout>* list : {&inputs, &outputs})
+    for (Layout layout : *list)
+      blocked_ = blocked_ || layout != Layout::nchw;
+}
+
 Lowering ConvolutionLayer::lowering_for(const Driver& driver, ConvDirection direction) const {
+  if (blocked_ && driver.capabilities().blocked_layout) return Lowering::direct;
   const auto chosen = chosen_.find(driver.name());
   if (chosen != chosen_.end()) return chosen->second[static_cast<std::size_t>(direction)];
   if (lowering_ == Lowering::direct) return Lowering::direct;
@@ -371,6 +380,7 @@ double ConvolutionLayer::forward_flops(index_t rows) const {
 }
 
 std::string ConvolutionLayer::algorithm(const Driver& driver) const {
+  if (blocked_ && driver.capabilities().blocked_layout) return "direct (nChw16c)";
   const Lowering forward = lowering_for(driver, ConvDirection::forward);
   const Lowering data = lowering_for(driver, ConvDirection::backward_data);
   const Lowering weights = lowering_for(driver, ConvDirection::backward_weights);
@@ -413,6 +423,7 @@ Buffer tune_buffer(Driver& driver, index_t count, std::uint32_t seed) {
 
 void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
   if (tuner.mode() == TuneMode::off || rows <= 0) return;
+  if (blocked_ && driver.capabilities().blocked_layout) return;  // one candidate: direct
   std::vector<Lowering> options = candidates(driver);
   options.erase(
       std::remove_if(options.begin(), options.end(),
@@ -507,14 +518,21 @@ void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
 
 // ---- direct: the driver's own convolution ----------------------------------------------
 
+LoweringShape ConvolutionLayer::direct_shape(const LayerSlice& slice) const {
+  LoweringShape shape = lowering_shape(slice.rows());
+  shape.layout = slice.inputs[0].layout;
+  shape.out_layout = slice.outputs[0].layout;
+  return shape;
+}
+
 void ConvolutionLayer::forward_driver_conv(const LayerSlice& slice) const {
   const float* bias = config_.bias_term ? slice.params[1].x() : nullptr;
-  slice.driver->conv_forward(lowering_shape(slice.rows()), config_.num_output, slice.inputs[0].x(),
+  slice.driver->conv_forward(direct_shape(slice), config_.num_output, slice.inputs[0].x(),
                              slice.params[0].x(), bias, slice.outputs[0].mutable_x());
 }
 
 void ConvolutionLayer::backward_driver_conv(const LayerSlice& slice, Wanted want) const {
-  const LoweringShape shape = lowering_shape(slice.rows());
+  const LoweringShape shape = direct_shape(slice);
   const Operand& weights = slice.params[0];
   float* dbias = want.db ? slice.params[1].mutable_dx() : nullptr;
   if (want.dw && want.dx) {
@@ -535,9 +553,20 @@ void ConvolutionLayer::backward_driver_conv(const LayerSlice& slice, Wanted want
   }
 }
 
+namespace {
+
+bool blocked_operands(const LayerSlice& slice) {
+  return slice.inputs[0].layout != Layout::nchw || slice.outputs[0].layout != Layout::nchw;
+}
+
+}  // namespace
+
 void ConvolutionLayer::forward(const LayerSlice& slice) {
   if (slice.rows() == 0) return;
-  run_forward(slice, lowering_for(*slice.driver, ConvDirection::forward));
+  // The lowerings take NCHW only; nChw16c operands go to the driver's convolution (which
+  // rejects them where the driver has no blocked_layout capability).
+  run_forward(slice, blocked_operands(slice) ? Lowering::direct
+                                             : lowering_for(*slice.driver, ConvDirection::forward));
 }
 
 void ConvolutionLayer::run_forward(const LayerSlice& slice, Lowering lowering) const {
@@ -582,6 +611,7 @@ ConvolutionLayer::Wanted ConvolutionLayer::wanted(const LayerSlice& slice) const
 void ConvolutionLayer::backward(const LayerSlice& slice) {
   if (slice.rows() == 0) return;
   const Wanted want = wanted(slice);
+  if (blocked_operands(slice)) return run_backward(slice, Lowering::direct, want);
   const Lowering data = lowering_for(*slice.driver, ConvDirection::backward_data);
   const Lowering params = lowering_for(*slice.driver, ConvDirection::backward_weights);
   if (data == params || !want.dx || !(want.dw || want.db)) {
@@ -615,8 +645,21 @@ void ConvolutionLayer::run_backward(const LayerSlice& slice, Lowering lowering, 
 
 // Adds the bias gradient of the whole slice: dbias += sum of dy over images and positions.
 void ConvolutionLayer::add_bias_gradient(const LayerSlice& slice) const {
-  slice.driver->bias_backward(AxisShape{slice.rows(), config_.num_output, out_h_ * out_w_},
-                              slice.outputs[0].dx(), 1.0f, slice.params[1].mutable_dx());
+  const index_t plane = out_h_ * out_w_;
+  if (slice.outputs[0].layout == Layout::nchw) {
+    slice.driver->bias_backward(AxisShape{slice.rows(), config_.num_output, plane},
+                                slice.outputs[0].dx(), 1.0f, slice.params[1].mutable_dx());
+    return;
+  }
+  // nChw16c dy (a bias learned with frozen weights): each image's block of 16 channels is
+  // [plane][16], one small sum each.
+  for (index_t n = 0; n < slice.rows(); ++n) {
+    for (index_t c = 0; c < config_.num_output; c += 16) {
+      slice.driver->bias_backward(AxisShape{plane, 16, 1},
+                                  slice.outputs[0].dx() + (n * config_.num_output + c) * plane,
+                                  1.0f, slice.params[1].mutable_dx() + c);
+    }
+  }
 }
 
 // ---- type 1: im2col over a chunk, one GEMM per group, lift to NCHW ---------------------

@@ -18,6 +18,8 @@ class EltwiseLayer final : public Layer {
   std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
   void forward(const LayerSlice& slice) override;
   void backward(const LayerSlice& slice) override;
+  // Element by element: any layout, the same for input and output.
+  BlockedLayout blocked_layout() const override { return BlockedLayout::uniform; }
 
  private:
   float coeff(std::size_t input) const;

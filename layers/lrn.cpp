@@ -37,6 +37,7 @@ std::vector<Shape> LrnLayer::setup(const std::vector<Shape>& inputs) {
 LrnShape LrnLayer::slice_shape(const LayerSlice& slice) const {
   LrnShape shape = shape_;
   shape.batch = slice.rows();
+  shape.layout = slice.inputs[0].layout;
   return shape;
 }
 

@@ -18,6 +18,13 @@ class LrnLayer final : public Layer {
   std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
   void forward(const LayerSlice& slice) override;
   void backward(const LayerSlice& slice) override;
+  // Input and output in one layout: nChw16c too across channels (the driver's calls take
+  // it).
+  BlockedLayout blocked_layout() const override {
+    return param_.norm_region == LrnRegion::across_channels && param_.local_size <= 33
+               ? BlockedLayout::uniform
+               : BlockedLayout::none;
+  }
 
  private:
   LrnShape slice_shape(const LayerSlice& slice) const;

@@ -105,6 +105,7 @@ std::vector<Shape> PoolingLayer::setup(const std::vector<Shape>& inputs) {
 PoolShape PoolingLayer::slice_shape(const LayerSlice& slice) const {
   PoolShape shape = shape_;
   shape.batch = slice.rows();
+  shape.layout = slice.inputs[0].layout;
   return shape;
 }
 

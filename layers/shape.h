@@ -20,6 +20,11 @@ class ConcatLayer final : public Layer {
   void forward(const LayerSlice& slice) override;
   void backward(const LayerSlice& slice) override;
   bool splits_by_rows() const override { return axis_ != 0; }
+  // Along the batch or the channels, nChw16c inputs of whole 16-channel blocks join as
+  // NCHW ones do: per image, each input is one contiguous run.
+  BlockedLayout blocked_layout() const override {
+    return axis_ <= 1 ? BlockedLayout::uniform : BlockedLayout::none;
+  }
 
  private:
   ConcatParams param_;
@@ -54,6 +59,8 @@ class SplitLayer final : public Layer {
   std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
   void forward(const LayerSlice& slice) override;
   void backward(const LayerSlice& slice) override;
+  // Copies and sums: any layout.
+  BlockedLayout blocked_layout() const override { return BlockedLayout::uniform; }
 
  private:
   int num_outputs_;

@@ -1802,4 +1802,188 @@ TEST_CASE(
   }
 }
 
+// ---- nChw16c operands ---------------------------------------------------------------
+
+// `values` of a [batch][channels][plane] tensor moved from one layout to the other (a
+// naive loop over layout_offset).
+std::vector<float> relaid(const std::vector<float>& values, index_t batch, index_t channels,
+                          index_t height, index_t width, hn::Layout from, hn::Layout to) {
+  std::vector<float> out(values.size());
+  for (index_t n = 0; n < batch; ++n)
+    for (index_t c = 0; c < channels; ++c)
+      for (index_t h = 0; h < height; ++h)
+        for (index_t w = 0; w < width; ++w)
+          out[static_cast<std::size_t>(
+              hn::layout_offset(to, channels, height, width, n, c, h, w))] =
+              values[static_cast<std::size_t>(
+                  hn::layout_offset(from, channels, height, width, n, c, h, w))];
+  return out;
+}
+
+TEST_CASE(
+    "nChw16c convolutions, pooling and LRN give the reference's NCHW results on drivers with "
+    "blocked_layout, and the others reject them",
+    "[driver_ops][layout]") {
+  using hn::Layout;
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    hn::Driver& d = *drivers.driver;
+    std::uint32_t seed = 5100;
+    if (!d.capabilities().blocked_layout) {
+      hn::PoolShape pool = hn::test::pooling(1, 16, 4, 4, 2, 2, 2, 2, 0, 0);
+      pool.layout = Layout::nchw16c;
+      const DeviceArray x(d, pool.in_count()), y(d, pool.out_count());
+      CHECK_THAT(
+          error_of([&] { d.pool_avg_forward(pool, x.data(), y.data()); }),
+          Contains("pool_avg_forward") && Contains("NCHW operands only") && Contains(d.name()));
+      return;
+    }
+    // Convolutions: every mix of input and output layouts, grouped and depthwise too.
+    const std::pair<hn::LoweringShape, index_t> convs[] = {
+        {hn::test::lowering(2, 16, 9, 7, 3, 3, 1, 1, 1, 1), 32},
+        {hn::test::lowering(3, 32, 8, 8, 1, 1, 0, 0, 1, 1), 16},             // 1x1
+        {hn::test::lowering(2, 32, 11, 11, 5, 5, 2, 2, 2, 2, 1, 1, 2), 32},  // groups 2
+        {hn::test::lowering(2, 64, 13, 13, 3, 3, 1, 1, 1, 1, 1, 1, 2), 64},  // per-group
+        {hn::test::lowering(2, 32, 10, 8, 3, 3, 1, 1, 1, 1, 1, 1, 32), 32},  // depthwise
+        {hn::test::lowering(2, 3, 17, 17, 7, 7, 3, 3, 2, 2), 16},  // 3 channels in: NCHW only
+    };
+    for (const auto& [base, out_channels] : convs) {
+      for (int mix = 1; mix < 4; ++mix) {
+        hn::LoweringShape shape = base;
+        shape.layout = (mix & 1) != 0 && base.channels % 16 == 0 ? Layout::nchw16c : Layout::nchw;
+        shape.out_layout = (mix & 2) != 0 ? Layout::nchw16c : Layout::nchw;
+        if (shape.layout == Layout::nchw && shape.out_layout == Layout::nchw) continue;
+        INFO(shape.to_string() << " out_channels=" << out_channels);
+        const index_t oh = shape.out_h(), ow = shape.out_w();
+        const auto in_tested = [&](const std::vector<float>& v, bool back = false) {
+          return back ? relaid(v, shape.batch, shape.channels, shape.height, shape.width,
+                               shape.layout, Layout::nchw)
+                      : relaid(v, shape.batch, shape.channels, shape.height, shape.width,
+                               Layout::nchw, shape.layout);
+        };
+        const auto out_tested = [&](const std::vector<float>& v, bool back = false) {
+          return back
+                     ? relaid(v, shape.batch, out_channels, oh, ow, shape.out_layout, Layout::nchw)
+                     : relaid(v, shape.batch, out_channels, oh, ow, Layout::nchw, shape.out_layout);
+        };
+        hn::LoweringShape plain = shape;
+        plain.layout = plain.out_layout = Layout::nchw;
+        const index_t x_count = shape.image_count(), y_count = shape.batch * out_channels * oh * ow;
+        const index_t w_count = conv_weight_count(shape, out_channels);
+        const std::vector<float> xv = random_floats(x_count, seed++),
+                                 dyv = random_floats(y_count, seed++);
+        const TwinArray x(drivers, xv, in_tested(xv)), dy(drivers, dyv, out_tested(dyv));
+        const TwinArray w(drivers, random_floats(w_count, seed++));
+        const TwinArray bias(drivers, random_floats(out_channels, seed++));
+        const TwinArray y(drivers, constant(y_count, -7777.0f), constant(y_count, kNaN));
+        const TwinArray dx(drivers, constant(x_count, -7777.0f), constant(x_count, kNaN));
+        const TwinArray dw(drivers, constant(w_count, 0.5f)),
+            db(drivers, constant(out_channels, 0.5f));
+        drivers.oracle->conv_forward(plain, out_channels, x[Side::oracle], w[Side::oracle],
+                                     bias[Side::oracle], y[Side::oracle]);
+        drivers.oracle->conv_backward(plain, out_channels, x[Side::oracle], w[Side::oracle],
+                                      dy[Side::oracle], dx[Side::oracle], dw[Side::oracle],
+                                      db[Side::oracle]);
+        d.conv_forward(shape, out_channels, x[Side::tested], w[Side::tested], bias[Side::tested],
+                       y[Side::tested]);
+        d.conv_backward(shape, out_channels, x[Side::tested], w[Side::tested], dy[Side::tested],
+                        dx[Side::tested], dw[Side::tested], db[Side::tested]);
+        const double k =
+            static_cast<double>(shape.channels / shape.groups * shape.kernel_h * shape.kernel_w);
+        check_close(out_tested(y.tested(), true), y.oracle(),
+                    gemm_tolerance(static_cast<index_t>(k)));
+        check_close(in_tested(dx.tested(), true), dx.oracle(),
+                    gemm_tolerance(out_channels / shape.groups * shape.kernel_h * shape.kernel_w));
+        check_close(dw.tested(), dw.oracle(), gemm_tolerance(shape.batch * oh * ow));
+        check_close(db.tested(), db.oracle(), gemm_tolerance(shape.batch * oh * ow));
+      }
+    }
+    // Pooling: the same bits and masks as the reference on NCHW.
+    for (hn::PoolShape shape : {hn::test::pooling(2, 32, 7, 7, 3, 3, 2, 2, 1, 1),
+                                hn::test::pooling(1, 16, 13, 11, 3, 2, 2, 3, 1, 1),
+                                hn::test::pooling(2, 16, 8, 8, 3, 3, 1, 1, 1, 1),
+                                hn::test::pooling(1, 32, 7, 7, 7, 7, 1, 1, 0, 0)}) {
+      hn::PoolShape plain = shape;
+      shape.layout = Layout::nchw16c;
+      INFO(shape.to_string());
+      const auto in = [&](const std::vector<float>& v, Layout from, Layout to) {
+        return relaid(v, shape.batch, shape.channels, shape.height, shape.width, from, to);
+      };
+      const auto out = [&](const std::vector<float>& v, Layout from, Layout to) {
+        return relaid(v, shape.batch, shape.channels, shape.out_h(), shape.out_w(), from, to);
+      };
+      const std::vector<float> xv = distinct_floats(shape.in_count(), seed++, -0.5f);
+      const std::vector<float> dyv = random_floats(shape.out_count(), seed++);
+      const TwinArray x(drivers, xv, in(xv, Layout::nchw, Layout::nchw16c));
+      const TwinArray dy(drivers, dyv, out(dyv, Layout::nchw, Layout::nchw16c));
+      const TwinArray y(drivers, constant(shape.out_count(), -7777.0f),
+                        constant(shape.out_count(), kNaN));
+      const TwinArray dx(drivers, constant(shape.in_count(), -7777.0f),
+                         constant(shape.in_count(), kNaN));
+      TwinMask mask(drivers, shape.out_count());
+      drivers.oracle->pool_max_forward(plain, x[Side::oracle], y[Side::oracle], mask[Side::oracle]);
+      drivers.oracle->pool_max_backward(plain, dy[Side::oracle], mask[Side::oracle],
+                                        dx[Side::oracle]);
+      d.pool_max_forward(shape, x[Side::tested], y[Side::tested], mask[Side::tested]);
+      d.pool_max_backward(shape, dy[Side::tested], mask[Side::tested], dx[Side::tested]);
+      check_identical(out(y.tested(), Layout::nchw16c, Layout::nchw), y.oracle());
+      check_identical(in(dx.tested(), Layout::nchw16c, Layout::nchw), dx.oracle());
+      // The mask's entries are pixel indices: the same in both layouts, moved like values.
+      const std::vector<std::int32_t> masks = mask.tested();
+      std::vector<float> as_floats(masks.begin(), masks.end());
+      as_floats = out(as_floats, Layout::nchw16c, Layout::nchw);
+      const std::vector<std::int32_t> oracle_masks = mask.oracle();
+      check_identical(as_floats, std::vector<float>(oracle_masks.begin(), oracle_masks.end()));
+      drivers.oracle->pool_avg_forward(plain, x[Side::oracle], y[Side::oracle]);
+      drivers.oracle->pool_avg_backward(plain, dy[Side::oracle], dx[Side::oracle]);
+      d.pool_avg_forward(shape, x[Side::tested], y[Side::tested]);
+      d.pool_avg_backward(shape, dy[Side::tested], dx[Side::tested]);
+      check_close(out(y.tested(), Layout::nchw16c, Layout::nchw), y.oracle(),
+                  kElementwiseTolerance);
+      check_close(in(dx.tested(), Layout::nchw16c, Layout::nchw), dx.oracle(),
+                  kElementwiseTolerance);
+    }
+    // LRN across channels: windows that cross 16-channel blocks.
+    for (hn::LrnShape shape :
+         {hn::test::lrn(2, 32, 5, 7, 5, hn::LrnRegion::across_channels, 0.5f, 0.75f, 2.0f),
+          hn::test::lrn(1, 48, 17, 19, 3, hn::LrnRegion::across_channels)}) {
+      hn::LrnShape plain = shape;
+      shape.layout = Layout::nchw16c;
+      INFO(shape.to_string());
+      const auto lay = [&](const std::vector<float>& v, Layout from, Layout to) {
+        return relaid(v, shape.batch, shape.channels, shape.height, shape.width, from, to);
+      };
+      const index_t count = shape.count();
+      const std::vector<float> xv = random_floats(count, seed++, -2.0f, 2.0f);
+      const std::vector<float> dyv = random_floats(count, seed++);
+      const TwinArray x(drivers, xv, lay(xv, Layout::nchw, Layout::nchw16c));
+      const TwinArray dy(drivers, dyv, lay(dyv, Layout::nchw, Layout::nchw16c));
+      const TwinArray y(drivers, constant(count, -7777.0f), constant(count, kNaN));
+      const TwinArray scale(drivers, constant(count, -7777.0f), constant(count, kNaN));
+      const TwinArray dx(drivers, constant(count, -7777.0f), constant(count, kNaN));
+      drivers.oracle->lrn_forward(plain, x[Side::oracle], y[Side::oracle], scale[Side::oracle]);
+      drivers.oracle->lrn_backward(plain, x[Side::oracle], y[Side::oracle], scale[Side::oracle],
+                                   dy[Side::oracle], dx[Side::oracle]);
+      d.lrn_forward(shape, x[Side::tested], y[Side::tested], scale[Side::tested]);
+      d.lrn_backward(shape, x[Side::tested], y[Side::tested], scale[Side::tested], dy[Side::tested],
+                     dx[Side::tested]);
+      check_close(lay(y.tested(), Layout::nchw16c, Layout::nchw), y.oracle(), kReductionTolerance);
+      check_close(lay(dx.tested(), Layout::nchw16c, Layout::nchw), dx.oracle(),
+                  kReductionTolerance);
+    }
+    // Channels that do not fill 16-channel blocks, and lowering, take NCHW only.
+    hn::PoolShape odd = hn::test::pooling(1, 24, 4, 4, 2, 2, 2, 2, 0, 0);
+    odd.layout = Layout::nchw16c;
+    const DeviceArray a(d, odd.in_count()), b(d, odd.out_count());
+    CHECK_THAT(error_of([&] { d.pool_avg_forward(odd, a.data(), b.data()); }),
+               Contains("multiples of 16") && Contains("channels=24"));
+    hn::LoweringShape lowered = hn::test::lowering(1, 16, 4, 4, 1, 1, 0, 0, 1, 1);
+    lowered.layout = Layout::nchw16c;
+    const DeviceArray columns(d, lowered.col_count()), image(d, lowered.image_count());
+    CHECK_THAT(error_of([&] { d.im2col(lowered, image.data(), columns.data()); }),
+               Contains("im2col") && Contains("NCHW images only"));
+  }
+}
+
 }  // namespace

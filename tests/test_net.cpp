@@ -354,14 +354,16 @@ void set_zoo_weights(Net& net) {
 struct ZooRun {
   std::vector<float> output, input_gradient;
   std::vector<std::vector<float>> gradients;
+  int blocked_blobs = 0;  // kept nChw16c between layers
 };
 
-ZooRun run_zoo_net(const std::string& file, const Device& device) {
+ZooRun run_zoo_net(const std::string& file, const Device& device, bool blocked_layout = false) {
   Runtime runtime;
   Driver& driver = runtime.add(device);
   NetOptions options;
   options.batch_size = 2;
   options.force_backward = true;
+  options.blocked_layout = blocked_layout;
   Net net(fmt::format("{}/{}", HYBRIDNN_MODELS_DIR, file), runtime, driver, options);
   set_zoo_weights(net);
   const BlobRef data = net.blob(net.input_blob_names().at(0));
@@ -371,6 +373,8 @@ ZooRun run_zoo_net(const std::string& file, const Device& device) {
   net.forward();
   const BlobRef out = net.blob(net.output_blob_names().back());
   ZooRun run;
+  for (const std::string& name : net.blob_names())
+    run.blocked_blobs += net.blob(name).layout == Layout::nchw16c ? 1 : 0;
   run.output.assign(out.host_data(), out.host_data() + out.count());
   // Backward from a random gradient of the output (a deploy net has no loss).
   const std::vector<float> dy = test::random_floats(static_cast<std::size_t>(out.count()), 6);
@@ -388,26 +392,39 @@ ZooRun run_zoo_net(const std::string& file, const Device& device) {
 
 TEST_CASE(
     "Caffe's zoo nets (CaffeNet, GoogLeNet, ResNet-50, MobileNet v1) compute on the CPU driver "
-    "what they compute on the reference driver, forward and backward, at batch 2",
+    "what they compute on the reference driver, forward and backward, at batch 2, with "
+    "activations NCHW and nChw16c between layers",
     "[zoo]") {
   const char* file =
       GENERATE("bvlc_reference_caffenet_deploy.prototxt", "bvlc_googlenet_deploy.prototxt",
                "resnet50_deploy.prototxt", "mobilenet_v1_deploy.prototxt");
-  INFO(file);
-  const ZooRun cpu = run_zoo_net(file, Device::parse("cpu"));
-  const ZooRun reference = run_zoo_net(file, Device::parse("reference"));
+  const bool blocked = GENERATE(false, true);
+  INFO(file << (blocked ? ", nChw16c activations" : ", NCHW activations"));
+  const ZooRun cpu = run_zoo_net(file, Device::parse("cpu"), blocked);
+  static std::map<std::string, ZooRun> references;  // the slow side, once per net
+  if (references.count(file) == 0) references[file] = run_zoo_net(file, Device::parse("reference"));
+  const ZooRun& reference = references.at(file);
+  const std::string name = file;
+  // The nets with LRN keep their convolutions' activations blocked; ResNet-50's and
+  // MobileNet's convolutions feed BatchNorm, which takes NCHW only.
+  const bool lrn =
+      name.find("caffenet") != std::string::npos || name.find("googlenet") != std::string::npos;
+  if (blocked && lrn) CHECK(cpu.blocked_blobs > 0);
+  if (!blocked) CHECK(cpu.blocked_blobs == 0);
   // Float sums in other orders (Winograd among them) over tens of layers: 1e-3. Max pooling
   // adds a discontinuity: where two inputs of a window differ only by rounding, the drivers
   // may pick different maxima and send that window's gradient to a neighbouring element
   // (CaffeNet at these values: 2 of conv1's 580,800 output gradients, inputs 0.4258975 and
   // 0.4258973). Everything below such a window then differs by one moved value: conv1's
-  // weights of that channel, the input under its 11x11 field. So a gradient may differ by
-  // more than 1e-3 in a few elements (at most 5 %), and by at most 5e-2 anywhere.
+  // weights of that channel, the input under its 11x11 field; each flip in GoogLeNet's
+  // pool1 moves one of conv1's 64 output channels, 1.6 % of its weight gradients (4 flips
+  // seen with nChw16c activations). So a gradient may differ by more than 1e-3 in a few
+  // elements (at most 10 %), and by at most 5e-2 anywhere.
   const double tolerance = 1e-3;
   const auto check_gradient = [&](const std::vector<float>& expected,
                                   const std::vector<float>& got) {
     CHECK(test::max_scaled_diff(expected, got) <= 5e-2);
-    CHECK(test::fraction_beyond(expected, got, tolerance) <= 0.05);
+    CHECK(test::fraction_beyond(expected, got, tolerance) <= 0.10);
   };
   double largest_gradient = 0.0;
   for (float g : reference.input_gradient)

@@ -86,7 +86,17 @@ std::vector<FlagSpec> tune_flags() {
       {"tune-cache", FlagKind::text, "FILE",
        "the file of cached choices (default $HYBRIDNN_TUNE_CACHE, else "
        "~/.cache/hybridnn/tune.txt; none: no file)"},
+      {"layout", FlagKind::text, "blocked|nchw",
+       "activations between layers: blocked (default: nChw16c between the CPU layers that "
+       "take it, reordered only at the edges) or nchw (every blob NCHW)"},
   };
+}
+
+bool chosen_blocked_layout(const Args& args) {
+  const std::string layout = args.text("layout", "blocked");
+  if (layout != "blocked" && layout != "nchw")
+    throw UsageError(fmt::format("--layout: expected blocked or nchw, got '{}'", layout));
+  return layout == "blocked";
 }
 
 TuneOptions chosen_tune(const Args& args) {
@@ -121,6 +131,7 @@ NetOptions net_options(const Args& args, Phase phase) {
   options.split = chosen_split(args);
   options.layer_splits = chosen_layer_splits(args);
   options.tune = chosen_tune(args);
+  options.blocked_layout = chosen_blocked_layout(args);
   return options;
 }
 

@@ -207,6 +207,7 @@ int run_train(const Args& args) {
   options.communicator = comm;
   options.bucket_bytes = chosen_bucket_bytes(args);
   options.tune = chosen_tune(args);
+  options.blocked_layout = chosen_blocked_layout(args);
 
   Runtime runtime;
   Driver& driver = add_chosen_driver(runtime, args);

@@ -1,7 +1,8 @@
 // Direct convolution through oneDNN (convolution_forward / _backward_data /
-// _backward_weights). The caller's tensors are plain NCHW and [out][in/g][kh][kw]; oneDNN
-// picks its own (blocked) layouts and the calls reorder in and out. Primitives and their
-// internal buffers are cached per shape: creating them costs milliseconds.
+// _backward_weights). The caller's activations are NCHW or nChw16c (Layout, shapes.h) and
+// its weights [out][in/g][kh][kw]; oneDNN picks its own (blocked) layouts and the calls
+// reorder in and out where the caller's differ. Primitives and their internal buffers are
+// cached per shape: creating them costs milliseconds.
 #include "drivers/cpu/conv.h"
 
 #include <algorithm>
@@ -52,7 +53,7 @@ const char* call_name(Call call) {
 // and made its primitive again (1.5 s per iteration became 2.2 s).
 constexpr std::size_t kMaxCachedShapes = 1024;
 
-using Key = std::array<index_t, 16>;
+using Key = std::array<index_t, 18>;
 
 Key make_key(Call call, const LoweringShape& s, index_t out_channels, bool has_bias) {
   return {static_cast<index_t>(call),
@@ -70,7 +71,9 @@ Key make_key(Call call, const LoweringShape& s, index_t out_channels, bool has_b
           s.dilation_w,
           s.groups,
           out_channels,
-          has_bias ? 1 : 0};
+          has_bias ? 1 : 0,
+          static_cast<index_t>(s.layout),
+          static_cast<index_t>(s.out_layout)};
 }
 
 // One tensor of a call: `user` wraps the caller's plain buffer (address set per call),
@@ -162,11 +165,13 @@ void store(const dnnl::stream& stream, const Operand& op, void* scratch) {
   if (op.reordered) reorder(stream, op, op.inner, op.user, scratch);
 }
 
-// oneDNN's descriptors of one convolution shape: plain (the caller's layouts), `any` (left
-// to the primitive) and channels-last. With `one_group`, the shape's first group as a
-// convolution of its own: plain activations are views into the whole NCHW tensors (the
-// other groups are the same views, shifted).
+// oneDNN's descriptors of one convolution shape: the caller's layouts (`user`: NCHW or
+// nChw16c activations, plain weights and bias), plain NCHW, `any` (left to the primitive)
+// and channels-last. With `one_group`, the shape's first group as a convolution of its
+// own: the caller's activations are views into the whole tensors (the other groups are the
+// same views, shifted; in nChw16c too, when a group's channels are multiples of 16).
 struct Geometry {
+  memory::desc src_user, dst_user;
   memory::desc src_plain, weights_plain, dst_plain, bias_plain;
   memory::desc src_any, weights_any, dst_any, bias_any;
   memory::desc src_nhwc, dst_nhwc;
@@ -190,6 +195,14 @@ struct Geometry {
     src_plain =
         memory::desc(src, f32, {s.channels * s.height * s.width, s.height * s.width, s.width, 1});
     dst_plain = memory::desc(dst, f32, {out_channels * out_h * out_w, out_h * out_w, out_w, 1});
+    const auto user = [&](Layout layout, const memory::desc& plain, index_t channels,
+                          index_t height, index_t width, const memory::dims& dims) {
+      if (layout == Layout::nchw) return plain;
+      const memory::desc whole({s.batch, channels, height, width}, f32, Tag::nChw16c);
+      return one_group ? whole.submemory_desc(dims, {0, 0, 0, 0}) : whole;
+    };
+    src_user = user(s.layout, src_plain, s.channels, s.height, s.width, src);
+    dst_user = user(s.out_layout, dst_plain, out_channels, out_h, out_w, dst);
     weights_plain = memory::desc(weights, f32, g == 1 ? Tag::oihw : Tag::goihw);
     src_any = memory::desc(src, f32, Tag::any);
     dst_any = memory::desc(dst, f32, Tag::any);
@@ -217,7 +230,7 @@ constexpr dnnl::algorithm kAlgorithm = dnnl::algorithm::convolution_auto;
 // How a call lays out its activations inside oneDNN: `blocked` lets the primitive choose
 // (nChw16c on AVX-512), `nhwc` asks for channels-last, `plain` keeps NCHW (oneDNN then
 // falls back to its im2col + GEMM implementation).
-enum class Layout { blocked, nhwc, plain };
+enum class Inner { blocked, nhwc, plain };
 
 // Blocked layouts pad channels to 16 (AVX-512). A blocked call whose activations carry this
 // much padding (input-channel padding times output-channel padding, i.e. the share of
@@ -254,20 +267,20 @@ struct Descs {
   memory::desc src, weights, bias, dst;
 };
 
-Descs descs(const Geometry& geo, Layout layout) {
+Descs descs(const Geometry& geo, Inner layout) {
   switch (layout) {
-    case Layout::plain:
+    case Inner::plain:
       return {geo.src_plain, geo.weights_plain, geo.bias_plain, geo.dst_plain};
-    case Layout::nhwc:
+    case Inner::nhwc:
       return {geo.src_nhwc, geo.weights_any, geo.bias_any, geo.dst_nhwc};
-    case Layout::blocked:
+    case Inner::blocked:
       break;
   }
   return {geo.src_any, geo.weights_any, geo.bias_any, geo.dst_any};
 }
 
 dnnl::convolution_forward::primitive_desc forward_desc(const dnnl::engine& engine,
-                                                       const Geometry& geo, Layout layout) {
+                                                       const Geometry& geo, Inner layout) {
   const Descs d = descs(geo, layout);
   const dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_training, kAlgorithm, d.src,
                                              d.weights, d.bias, d.dst, geo.strides, geo.dilates,
@@ -357,15 +370,18 @@ struct DirectConvolution::Impl {
   // for it, else plain NCHW (the data gradient: the driver's own lowering).
   Entry create(Call call, const LoweringShape& s, index_t out_channels, bool has_bias) const {
     const index_t in_per_group = s.channels / s.groups, out_per_group = out_channels / s.groups;
-    if (s.groups > 1 && in_per_group >= kMinGroupChannels && out_per_group >= kMinGroupChannels) {
+    // A group of nChw16c activations is a view only when its channels fill whole blocks.
+    const bool views = (s.layout == Layout::nchw || in_per_group % 16 == 0) &&
+                       (s.out_layout == Layout::nchw || out_per_group % 16 == 0);
+    if (s.groups > 1 && in_per_group >= kMinGroupChannels && out_per_group >= kMinGroupChannels &&
+        views) {
       // oneDNN 2.6 has Winograd only for ungrouped convolutions; where it takes one group
       // alone, the groups run one by one (CaffeNet conv4 and conv5, 3x3 on 13x13, batch
       // 32, one thread: forward + both gradients 95 ms instead of 123, and 59 instead of 82).
       // Not for thin groups: a depthwise convolution (one channel per group) run as 32 to
       // 1024 convolutions of one channel took 60 % of MobileNet v1, where oneDNN's
       // depthwise kernel does all the groups in one call.
-      Entry part =
-          build(call, Geometry(s, out_channels, has_bias, true), has_bias, Layout::blocked);
+      Entry part = build(call, Geometry(s, out_channels, has_bias, true), has_bias, Inner::blocked);
       if (part.implementation.find("wino") != std::string::npos) {
         Entry split;
         split.implementation = part.implementation + " per group";
@@ -376,7 +392,7 @@ struct DirectConvolution::Impl {
       }
     }
     const Geometry geo(s, out_channels, has_bias);
-    Entry blocked = build(call, geo, has_bias, Layout::blocked);
+    Entry blocked = build(call, geo, has_bias, Inner::blocked);
     const double waste = blocked.padding;
     const index_t vector_channels =
         call == Call::backward_data ? geo.in_per_group : geo.out_per_group;
@@ -384,7 +400,7 @@ struct DirectConvolution::Impl {
         static_cast<double>(padded16(vector_channels)) / static_cast<double>(vector_channels);
     if (waste > kNhwcGain * nhwc_waste) {
       try {
-        Entry nhwc = build(call, geo, has_bias, Layout::nhwc);
+        Entry nhwc = build(call, geo, has_bias, Inner::nhwc);
         const std::string& impl = nhwc.implementation;
         if (impl.find("gemm") == std::string::npos && impl.find("ref") == std::string::npos) {
           return nhwc;
@@ -394,18 +410,19 @@ struct DirectConvolution::Impl {
       }
     }
     if (waste > kMaxPaddingRatio) {
-      if (call == Call::backward_data) {
+      // The driver's own lowering reads dy as NCHW.
+      if (call == Call::backward_data && s.out_layout == Layout::nchw) {
         Entry lowered;
         lowered.lowered = true;
         lowered.implementation = "hybridnn:gemm+col2im";
         return lowered;
       }
-      return build(call, geo, has_bias, Layout::plain);
+      return build(call, geo, has_bias, Inner::plain);
     }
     return blocked;
   }
 
-  Entry build(Call call, const Geometry& geo, bool has_bias, Layout layout) const {
+  Entry build(Call call, const Geometry& geo, bool has_bias, Inner layout) const {
     const auto fwd = forward_desc(engine, geo, layout);
     const Descs want = descs(geo, layout);
     Entry e;
@@ -414,10 +431,10 @@ struct DirectConvolution::Impl {
         e.primitive = dnnl::convolution_forward(fwd);
         e.scratch = scratch_memory(engine, fwd.scratchpad_desc());
         e.implementation = fwd.impl_info_str();
-        e.a = make_input(engine, geo.src_plain, fwd.src_desc());
+        e.a = make_input(engine, geo.src_user, fwd.src_desc());
         e.b = make_input(engine, geo.weights_plain, fwd.weights_desc());
         if (has_bias) e.c = make_input(engine, geo.bias_plain, fwd.bias_desc());
-        e.d = make_output(engine, geo.dst_plain, fwd.dst_desc(), false);
+        e.d = make_output(engine, geo.dst_user, fwd.dst_desc(), false);
         e.padding = padding(e.a) * padding(e.d);
         break;
       }
@@ -431,8 +448,8 @@ struct DirectConvolution::Impl {
         e.scratch = scratch_memory(engine, pd.scratchpad_desc());
         e.implementation = pd.impl_info_str();
         e.a = make_input(engine, geo.weights_plain, pd.weights_desc());
-        e.b = make_input(engine, geo.dst_plain, pd.diff_dst_desc());
-        e.c = make_output(engine, geo.src_plain, pd.diff_src_desc(), false);
+        e.b = make_input(engine, geo.dst_user, pd.diff_dst_desc());
+        e.c = make_output(engine, geo.src_user, pd.diff_src_desc(), false);
         e.padding = padding(e.c) * padding(e.b);
         break;
       }
@@ -445,8 +462,8 @@ struct DirectConvolution::Impl {
         e.primitive = dnnl::convolution_backward_weights(pd);
         e.scratch = scratch_memory(engine, pd.scratchpad_desc());
         e.implementation = pd.impl_info_str();
-        e.a = make_input(engine, geo.src_plain, pd.src_desc());
-        e.b = make_input(engine, geo.dst_plain, pd.diff_dst_desc());
+        e.a = make_input(engine, geo.src_user, pd.src_desc());
+        e.b = make_input(engine, geo.dst_user, pd.diff_dst_desc());
         e.c = make_output(engine, geo.weights_plain, pd.diff_weights_desc(), true);
         if (has_bias) e.d = make_output(engine, geo.bias_plain, pd.diff_bias_desc(), true);
         e.padding = padding(e.a) * padding(e.b);

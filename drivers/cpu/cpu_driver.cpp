@@ -26,6 +26,8 @@ class CpuDriver final : public Driver {
     Capabilities caps;
     caps.host_addressable = true;
     caps.convolution = cpu::DirectConvolution::available();
+    // nChw16c convolutions are oneDNN's (pooling and LRN have their own paths).
+    caps.blocked_layout = caps.convolution;
     return caps;
   }
   MemorySpace memory_space() const override { return host_space(); }
@@ -175,16 +177,24 @@ class CpuDriver final : public Driver {
 
   void do_pool_max_forward(const PoolShape& shape, const float* x, float* y,
                            std::int32_t* mask) override {
+    if (shape.layout == Layout::nchw16c)
+      return cpu::pool_max_forward_blocked(parallel_, shape, x, y, mask);
     cpu::pool_max_forward(parallel_, shape, x, y, mask);
   }
   void do_pool_max_backward(const PoolShape& shape, const float* dy, const std::int32_t* mask,
                             float* dx) override {
+    if (shape.layout == Layout::nchw16c)
+      return cpu::pool_max_backward_blocked(parallel_, shape, dy, mask, dx);
     cpu::pool_max_backward(parallel_, shape, dy, mask, dx);
   }
   void do_pool_avg_forward(const PoolShape& shape, const float* x, float* y) override {
+    if (shape.layout == Layout::nchw16c)
+      return cpu::pool_avg_forward_blocked(parallel_, shape, x, y);
     cpu::pool_avg_forward(parallel_, shape, x, y);
   }
   void do_pool_avg_backward(const PoolShape& shape, const float* dy, float* dx) override {
+    if (shape.layout == Layout::nchw16c)
+      return cpu::pool_avg_backward_blocked(parallel_, shape, dy, dx);
     cpu::pool_avg_backward(parallel_, shape, dy, dx);
   }
 

@@ -83,6 +83,19 @@ void avg_pool_plane_forward(const PoolShape& shape, const float* x, float* y);
 // Overwrites dx with the sum over outputs i of dy[i] / pool_size(i) on i's clipped window.
 void avg_pool_plane_backward(const PoolShape& shape, const float* dy, float* dx);
 
+// ---- layout.cpp: nChw16c (channels in multiples of 16) ------------------------------
+// dst = src in layout `to` (a copy when the layouts agree or plane == 1).
+void convert_layout(Parallel& par, Layout from, Layout to, index_t batch, index_t channels,
+                    index_t plane, const float* src, float* dst);
+// The pooling calls above on nChw16c x, y, dx, dy and mask (mask entries: the argmax's
+// pixel in its plane, as on NCHW), bit for bit the same values.
+void pool_max_forward_blocked(Parallel& par, const PoolShape& shape, const float* x, float* y,
+                              std::int32_t* mask);
+void pool_max_backward_blocked(Parallel& par, const PoolShape& shape, const float* dy,
+                               const std::int32_t* mask, float* dx);
+void pool_avg_forward_blocked(Parallel& par, const PoolShape& shape, const float* x, float* y);
+void pool_avg_backward_blocked(Parallel& par, const PoolShape& shape, const float* dy, float* dx);
+
 // ---- lrn.cpp, softmax.cpp -----------------------------------------------------------
 void lrn_forward(Parallel& par, const LrnShape& shape, const float* x, float* y, float* scale);
 void lrn_backward(Parallel& par, const LrnShape& shape, const float* x, const float* y,

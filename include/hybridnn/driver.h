@@ -33,6 +33,9 @@ namespace hn {
 struct Capabilities {
   bool host_addressable = false;  // computes directly on ordinary host memory
   bool convolution = false;       // conv_* natively: preferred over lowering to GEMM
+  // conv_*, pool_* and lrn_* take nChw16c operands (Layout in shapes.h); other drivers
+  // reject them with an hn::Error.
+  bool blocked_layout = false;
 };
 
 // One piece of memory a call reads or writes (Driver::*_operands).

@@ -23,11 +23,14 @@ namespace hn {
 // One tensor operand of a layer call. `shape` is the whole tensor's shape (axis 0 is the
 // batch for inputs, outputs and state); `data` and `diff` point at the slice's rows on the
 // slice's driver (the whole tensor for parameters). `diff` may be null where no gradient
-// is wanted.
+// is wanted. `layout` is how data and diff lie in memory (shapes.h): nChw16c only for
+// inputs and outputs of layers whose blocked_layout() is not `none`, on drivers with
+// Capabilities::blocked_layout.
 struct Operand {
   Shape shape;
   Pointer data;
   Pointer diff;
+  Layout layout = Layout::nchw;
 
   const float* x() const { return data.as<const float>(); }
   float* mutable_x() const { return data.as<float>(); }
@@ -102,6 +105,18 @@ class Layer {
   // False for layers whose rows depend on the whole batch (batch statistics, losses
   // normalised over the batch): they always run with begin = 0, end = batch.
   virtual bool splits_by_rows() const { return true; }
+  // Whether the layer computes on nChw16c inputs and outputs (4-D, channels in multiples
+  // of 16; Layout in shapes.h): `none`; `uniform`, all of them in one layout (the layer
+  // passes it to its driver calls); `mixed`, each in its own (convolutions). A Net keeps
+  // activations nChw16c between layers that take it (NetOptions::blocked_layout).
+  enum class BlockedLayout { none, uniform, mixed };
+  virtual BlockedLayout blocked_layout() const { return BlockedLayout::none; }
+  // Called by a Net after it has chosen the layouts of the layer's inputs and outputs
+  // (before the first forward), so the layer can choose its algorithm for them.
+  virtual void use_layouts(const std::vector<Layout>& inputs, const std::vector<Layout>& outputs) {
+    (void)inputs;
+    (void)outputs;
+  }
   // Whether output i may share memory with input i (ReLU, Dropout, ...).
   virtual bool allows_in_place() const { return false; }
   // Which outputs will share memory with the input at the same position, told before

@@ -67,6 +67,14 @@ struct NetOptions {
   // several (convolutions) measures them on its drivers at the first forward, or reads the
   // choice from the cache file, before it runs.
   TuneOptions tune;
+  // Keeps activations in the nChw16c layout (shapes.h) between consecutive layers that
+  // compute on it (convolution, pooling, LRN, ReLU, concat, eltwise, the Net's splits), so
+  // they are not reordered at every layer; only on a driver with
+  // Capabilities::blocked_layout (the CPU driver), for 4-D blobs of channels in multiples
+  // of 16 that no split cuts among devices. Inputs, outputs and keep_blobs stay NCHW;
+  // BlobRef::layout says how any other blob lies. Off by default, so every blob reads as
+  // NCHW; the hybridnn tool turns it on (--layout).
+  bool blocked_layout = false;
 };
 
 // A named blob of a net: its shape and its data and gradient memory. A blob whose memory is
@@ -77,6 +85,7 @@ struct BlobRef {
   const Shape* shape = nullptr;
   SyncedMemory* data = nullptr;
   SyncedMemory* diff = nullptr;
+  Layout layout = Layout::nchw;  // of data and diff (NetOptions::blocked_layout)
 
   index_t count() const { return shape->count(); }
   const float* host_data() const { return static_cast<const float*>(data->host_read()); }

@@ -12,6 +12,23 @@ using index_t = std::int64_t;
 
 enum class Transpose { no, yes };
 
+// How an image tensor [batch][channels][height][width] lies in memory. `nchw` is the
+// dense row-major order. `nchw16c` (oneDNN's nChw16c) groups channels by 16 and keeps each
+// group's 16 values of a pixel together: element (n, c, h, w) is at
+//   ((n * channels / 16 + c / 16) * height * width + h * width + w) * 16 + c % 16,
+// for channel counts that are multiples of 16 only (no padding: the same size as nchw,
+// and a batch slice is the same rows). Vector kernels read it without reordering; a net
+// keeps its activations so between layers that take it (NetOptions::blocked_layout).
+// Tensors with height * width == 1 lie the same way in both.
+enum class Layout { nchw, nchw16c };
+const char* layout_name(Layout layout);
+// Offset of element (n, c, h, w) of a [batch][channels][height][width] tensor in `layout`.
+inline index_t layout_offset(Layout layout, index_t channels, index_t height, index_t width,
+                             index_t n, index_t c, index_t h, index_t w) {
+  if (layout == Layout::nchw) return ((n * channels + c) * height + h) * width + w;
+  return ((n * (channels / 16) + c / 16) * height * width + h * width + w) * 16 + c % 16;
+}
+
 // Geometry of an im2col / col2im over a slice of `batch` images.
 //
 // Lowered layout (CcT lowering type 1, batched): a row-major matrix of
@@ -27,6 +44,9 @@ struct LoweringShape {
   index_t stride_h = 1, stride_w = 1;
   index_t dilation_h = 1, dilation_w = 1;
   index_t groups = 1;
+  // Of x and dx (`layout`) and of y and dy (`out_layout`) in the direct convolution calls;
+  // the lowering calls take nchw only.
+  Layout layout = Layout::nchw, out_layout = Layout::nchw;
 
   index_t out_h() const;
   index_t out_w() const;
@@ -46,6 +66,7 @@ struct PoolShape {
   index_t kernel_h = 1, kernel_w = 1;
   index_t stride_h = 1, stride_w = 1;
   index_t pad_h = 0, pad_w = 0;
+  Layout layout = Layout::nchw;  // of x, y and their gradients
 
   index_t out_h() const;
   index_t out_w() const;
@@ -66,6 +87,8 @@ struct LrnShape {
   index_t size = 5;
   float alpha = 1.0f, beta = 0.75f, k = 1.0f;
   LrnRegion region = LrnRegion::across_channels;
+  // Of x, y, scale and the gradients; nChw16c across channels with size <= 33 only.
+  Layout layout = Layout::nchw;
 
   index_t count() const { return batch * channels * height * width; }
   void validate(const char* call) const;

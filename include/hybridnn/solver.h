@@ -59,6 +59,8 @@ struct SolverOptions {
   int checksum_interval = 1000;  // 0: only at snapshots
   // Measured choice of algorithms in the training and test nets (NetOptions::tune).
   TuneOptions tune;
+  // nChw16c activations between the layers that take them (NetOptions::blocked_layout).
+  bool blocked_layout = false;
 };
 
 // What the Solver reports while it runs: one event per display interval (phase train) and

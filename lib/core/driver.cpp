@@ -29,6 +29,20 @@ std::size_t floats(index_t n) {
   return static_cast<std::size_t>(n) * kFloat;
 }
 
+// Calls given nChw16c operands need a driver with Capabilities::blocked_layout.
+void check_layout_support(const Driver& driver, const char* call, bool blocked,
+                          const std::string& shape) {
+  HN_CHECK(!blocked || driver.capabilities().blocked_layout,
+           "{}: driver {} takes NCHW operands only, got nChw16c ({})", call, driver.name(), shape);
+}
+
+// The lowering calls (im2col, col2im, lift) work on NCHW images.
+void check_lowering(const char* call, const LoweringShape& shape) {
+  shape.validate(call);
+  HN_CHECK(shape.layout == Layout::nchw && shape.out_layout == Layout::nchw,
+           "{}: lowering takes NCHW images only ({})", call, shape.to_string());
+}
+
 // The operands of an element-wise call on n floats per array: `reads`, then `updates`.
 DriverOperands per_element(const char* call, index_t n,
                            std::initializer_list<std::pair<const char*, const void*>> reads,
@@ -132,7 +146,7 @@ DriverOperands Driver::gemm_operands(Transpose trans_a, Transpose trans_b, index
 DriverOperands Driver::im2col_operands(const LoweringShape& shape, const float* images,
                                        float* columns) const {
   DriverOperands ops;
-  shape.validate("im2col");
+  check_lowering("im2col", shape);
   if (shape.batch == 0) return DriverOperands::nothing();
   ops.read("images", images, floats(shape.image_count()));
   ops.update("columns", columns, floats(shape.col_count()));
@@ -142,7 +156,7 @@ DriverOperands Driver::im2col_operands(const LoweringShape& shape, const float* 
 DriverOperands Driver::col2im_operands(const LoweringShape& shape, const float* columns,
                                        float* images) const {
   DriverOperands ops;
-  shape.validate("col2im");
+  check_lowering("col2im", shape);
   if (shape.batch == 0) return DriverOperands::nothing();
   ops.read("columns", columns, floats(shape.col_count()));
   ops.update("images", images, floats(shape.image_count()));
@@ -165,7 +179,7 @@ DriverOperands Driver::swap_axes_operands(index_t d0, index_t d1, index_t inner,
 namespace {
 
 void check_lift(const char* call, const LoweringShape& shape, index_t out_channels) {
-  shape.validate(call);
+  check_lowering(call, shape);
   HN_CHECK(shape.groups == 1, "{}: groups must be 1, got {} ({})", call, shape.groups,
            shape.to_string());
   HN_CHECK(out_channels > 0, "{}: out_channels must be > 0, got {}", call, out_channels);
@@ -205,11 +219,18 @@ DriverOperands Driver::lift_backward_operands(const LoweringShape& shape, index_
 
 namespace {
 
-void check_conv(const char* call, const LoweringShape& shape, index_t out_channels) {
+void check_conv(const Driver& driver, const char* call, const LoweringShape& shape,
+                index_t out_channels) {
   shape.validate(call);
   HN_CHECK(out_channels > 0 && out_channels % shape.groups == 0,
            "{}: out_channels {} must be > 0 and divisible by groups {} ({})", call, out_channels,
            shape.groups, shape.to_string());
+  HN_CHECK(shape.out_layout == Layout::nchw || out_channels % 16 == 0,
+           "{}: out_layout nChw16c needs out_channels in multiples of 16, got {} ({})", call,
+           out_channels, shape.to_string());
+  check_layout_support(driver, call,
+                       shape.layout != Layout::nchw || shape.out_layout != Layout::nchw,
+                       shape.to_string());
 }
 
 std::size_t conv_weight_bytes(const LoweringShape& shape, index_t out_channels) {
@@ -222,7 +243,7 @@ DriverOperands Driver::conv_forward_operands(const LoweringShape& shape, index_t
                                              const float* x, const float* weights,
                                              const float* bias, float* y) const {
   DriverOperands ops;
-  check_conv("conv_forward", shape, out_channels);
+  check_conv(*this, "conv_forward", shape, out_channels);
   if (shape.batch == 0) return DriverOperands::nothing();
   ops.read("x", x, floats(shape.image_count()));
   ops.read("weights", weights, conv_weight_bytes(shape, out_channels));
@@ -235,7 +256,7 @@ DriverOperands Driver::conv_backward_data_operands(const LoweringShape& shape, i
                                                    const float* weights, const float* dy,
                                                    float* dx) const {
   DriverOperands ops;
-  check_conv("conv_backward_data", shape, out_channels);
+  check_conv(*this, "conv_backward_data", shape, out_channels);
   if (shape.batch == 0) return DriverOperands::nothing();
   ops.read("weights", weights, conv_weight_bytes(shape, out_channels));
   ops.read("dy", dy, conv_output_bytes(shape, out_channels));
@@ -248,7 +269,7 @@ DriverOperands Driver::conv_backward_weights_operands(const LoweringShape& shape
                                                       const float* dy, float* dweights,
                                                       float* dbias) const {
   DriverOperands ops;
-  check_conv("conv_backward_weights", shape, out_channels);
+  check_conv(*this, "conv_backward_weights", shape, out_channels);
   if (shape.batch == 0) return DriverOperands::nothing();
   ops.read("x", x, floats(shape.image_count()));
   ops.read("dy", dy, conv_output_bytes(shape, out_channels));
@@ -261,7 +282,7 @@ DriverOperands Driver::conv_backward_operands(const LoweringShape& shape, index_
                                               const float* x, const float* weights, const float* dy,
                                               float* dx, float* dweights, float* dbias) const {
   DriverOperands ops;
-  check_conv("conv_backward", shape, out_channels);
+  check_conv(*this, "conv_backward", shape, out_channels);
   HN_CHECK(dweights != nullptr || dbias == nullptr,
            "conv_backward: dbias given without dweights ({} out_channels={})", shape.to_string(),
            out_channels);
@@ -423,6 +444,7 @@ DriverOperands Driver::pool_max_forward_operands(const PoolShape& shape, const f
                                                  std::int32_t* mask) const {
   DriverOperands ops;
   shape.validate("pool_max_forward");
+  check_layout_support(*this, "pool_max_forward", shape.layout != Layout::nchw, shape.to_string());
   ops.read("x", x, floats(shape.in_count()));
   ops.update("y", y, floats(shape.out_count()));
   ops.update("mask", mask, static_cast<std::size_t>(shape.out_count()) * sizeof(std::int32_t));
@@ -434,6 +456,7 @@ DriverOperands Driver::pool_max_backward_operands(const PoolShape& shape, const 
                                                   const std::int32_t* mask, float* dx) const {
   DriverOperands ops;
   shape.validate("pool_max_backward");
+  check_layout_support(*this, "pool_max_backward", shape.layout != Layout::nchw, shape.to_string());
   ops.read("dy", dy, floats(shape.out_count()));
   ops.read("mask", mask, static_cast<std::size_t>(shape.out_count()) * sizeof(std::int32_t));
   ops.update("dx", dx, floats(shape.in_count()));
@@ -445,6 +468,7 @@ DriverOperands Driver::pool_avg_forward_operands(const PoolShape& shape, const f
                                                  float* y) const {
   DriverOperands ops;
   shape.validate("pool_avg_forward");
+  check_layout_support(*this, "pool_avg_forward", shape.layout != Layout::nchw, shape.to_string());
   ops.read("x", x, floats(shape.in_count()));
   ops.update("y", y, floats(shape.out_count()));
   ops.work = shape.batch > 0;
@@ -455,6 +479,7 @@ DriverOperands Driver::pool_avg_backward_operands(const PoolShape& shape, const 
                                                   float* dx) const {
   DriverOperands ops;
   shape.validate("pool_avg_backward");
+  check_layout_support(*this, "pool_avg_backward", shape.layout != Layout::nchw, shape.to_string());
   ops.read("dy", dy, floats(shape.out_count()));
   ops.update("dx", dx, floats(shape.in_count()));
   ops.work = shape.batch > 0;
@@ -467,6 +492,7 @@ DriverOperands Driver::lrn_forward_operands(const LrnShape& shape, const float* 
                                             float* scale) const {
   DriverOperands ops;
   shape.validate("lrn_forward");
+  check_layout_support(*this, "lrn_forward", shape.layout != Layout::nchw, shape.to_string());
   const std::size_t bytes = floats(shape.count());
   ops.read("x", x, bytes);
   ops.update("y", y, bytes);
@@ -479,6 +505,7 @@ DriverOperands Driver::lrn_backward_operands(const LrnShape& shape, const float*
                                              const float* scale, const float* dy, float* dx) const {
   DriverOperands ops;
   shape.validate("lrn_backward");
+  check_layout_support(*this, "lrn_backward", shape.layout != Layout::nchw, shape.to_string());
   const std::size_t bytes = floats(shape.count());
   ops.read("x", x, bytes);
   ops.read("y", y, bytes);

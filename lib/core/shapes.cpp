@@ -7,6 +7,26 @@
 
 namespace hn {
 
+const char* layout_name(Layout layout) {
+  return layout == Layout::nchw16c ? "nChw16c" : "NCHW";
+}
+
+namespace {
+
+// " layout=nChw16c" after a shape's fields when it is not NCHW.
+std::string layout_suffix(const char* field, Layout layout) {
+  return layout == Layout::nchw ? std::string() : fmt::format(" {}={}", field, layout_name(layout));
+}
+
+void check_layout(const char* call, const char* field, Layout layout, index_t channels,
+                  const std::string& shape) {
+  HN_CHECK(layout == Layout::nchw || channels % 16 == 0,
+           "{}: {} nChw16c needs channels in multiples of 16, got {} ({})", call, field, channels,
+           shape);
+}
+
+}  // namespace
+
 index_t LoweringShape::out_h() const {
   return (height + 2 * pad_h - (dilation_h * (kernel_h - 1) + 1)) / stride_h + 1;
 }
@@ -16,10 +36,11 @@ index_t LoweringShape::out_w() const {
 
 std::string LoweringShape::to_string() const {
   return fmt::format(
-      "batch={} channels={} height={} width={} kernel={}x{} pad={}x{} stride={}x{} "
-      "dilation={}x{} groups={}",
-      batch, channels, height, width, kernel_h, kernel_w, pad_h, pad_w, stride_h, stride_w,
-      dilation_h, dilation_w, groups);
+             "batch={} channels={} height={} width={} kernel={}x{} pad={}x{} stride={}x{} "
+             "dilation={}x{} groups={}",
+             batch, channels, height, width, kernel_h, kernel_w, pad_h, pad_w, stride_h, stride_w,
+             dilation_h, dilation_w, groups) +
+         layout_suffix("layout", layout) + layout_suffix("out_layout", out_layout);
 }
 
 void LoweringShape::validate(const char* call) const {
@@ -33,6 +54,7 @@ void LoweringShape::validate(const char* call) const {
   HN_CHECK(out_h() > 0 && out_w() > 0,
            "{}: dilated kernel larger than the padded image, output would be {}x{} ({})", call,
            out_h(), out_w(), to_string());
+  check_layout(call, "layout", layout, channels, to_string());
 }
 
 namespace {
@@ -57,7 +79,8 @@ index_t PoolShape::out_w() const {
 std::string PoolShape::to_string() const {
   return fmt::format("batch={} channels={} height={} width={} kernel={}x{} stride={}x{} pad={}x{}",
                      batch, channels, height, width, kernel_h, kernel_w, stride_h, stride_w, pad_h,
-                     pad_w);
+                     pad_w) +
+         layout_suffix("layout", layout);
 }
 
 void PoolShape::validate(const char* call) const {
@@ -69,18 +92,24 @@ void PoolShape::validate(const char* call) const {
            "{}: pad must be >= 0 and smaller than the kernel ({})", call, to_string());
   HN_CHECK(kernel_h <= height + 2 * pad_h && kernel_w <= width + 2 * pad_w,
            "{}: kernel larger than the padded input ({})", call, to_string());
+  check_layout(call, "layout", layout, channels, to_string());
 }
 
 std::string LrnShape::to_string() const {
   return fmt::format("batch={} channels={} height={} width={} size={} alpha={} beta={} k={} {}",
                      batch, channels, height, width, size, alpha, beta, k,
-                     region == LrnRegion::across_channels ? "ACROSS_CHANNELS" : "WITHIN_CHANNEL");
+                     region == LrnRegion::across_channels ? "ACROSS_CHANNELS" : "WITHIN_CHANNEL") +
+         layout_suffix("layout", layout);
 }
 
 void LrnShape::validate(const char* call) const {
   HN_CHECK(batch >= 0 && channels > 0 && height > 0 && width > 0,
            "{}: batch must be >= 0 and channels, height, width > 0 ({})", call, to_string());
   HN_CHECK(size > 0 && size % 2 == 1, "{}: local_size must be odd and positive ({})", call,
+           to_string());
+  check_layout(call, "layout", layout, channels, to_string());
+  HN_CHECK(layout == Layout::nchw || (region == LrnRegion::across_channels && size <= 33),
+           "{}: nChw16c takes ACROSS_CHANNELS windows of up to 33 channels only ({})", call,
            to_string());
 }
 

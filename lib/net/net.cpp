@@ -65,12 +65,12 @@ detail::LayerCall Net::Impl::call_of(int index, bool backward) {
   for (std::size_t i = 0; i < nl.bottoms.size(); ++i) {
     const int b = nl.bottoms[i];
     const bool gradient = backward && nl.propagate_down[i];
-    call.inputs.push_back(
-        detail::CallTensor{blobs[b].shape, &data_of(b), gradient ? &diff_of(b) : nullptr});
+    call.inputs.push_back(detail::CallTensor{blobs[b].shape, &data_of(b),
+                                             gradient ? &diff_of(b) : nullptr, blobs[b].layout});
   }
   for (int t : nl.tops)
-    call.outputs.push_back(
-        detail::CallTensor{blobs[t].shape, &data_of(t), backward ? &diff_of(t) : nullptr});
+    call.outputs.push_back(detail::CallTensor{blobs[t].shape, &data_of(t),
+                                              backward ? &diff_of(t) : nullptr, blobs[t].layout});
   for (Tensor* param : nl.params)
     call.params.push_back(detail::CallTensor{param->shape(), &param->data(), &param->diff()});
   if (backward) call.propagate_down = nl.propagate_down;
@@ -317,7 +317,8 @@ BlobRef Net::blob(const std::string& name) const {
                  fmt::join(blob_names(), ", "));
   }
   BlobVersion& blob = impl_->blobs[it->second];
-  return BlobRef{&blob.name, &blob.shape, &impl_->data_of(it->second), &impl_->diff_of(it->second)};
+  return BlobRef{&blob.name, &blob.shape, &impl_->data_of(it->second), &impl_->diff_of(it->second),
+                 blob.layout};
 }
 
 std::vector<std::string> Net::output_blob_names() const {

@@ -1,6 +1,7 @@
 // The Net's insides, shared by its files: net_build.cpp builds the graph from a Caffe
 // NetParameter for one phase, net_memory.cpp plans the blobs' memory, net_weights.cpp
-// reads and writes .caffemodel weights, net.cpp runs it through the scheduler.
+// reads and writes .caffemodel weights, net_layout.cpp chooses the activations' layouts,
+// net.cpp runs it through the scheduler.
 //
 // Blobs are versions: an in-place layer produces a new version of its bottom's name that
 // shares the bottom's memory, so the graph stays acyclic and `blob(name)` is the latest
@@ -50,7 +51,8 @@ struct BlobVersion {
   int data_group = -1, diff_group = -1;
   bool needs_backward = false;
   bool under_loss = false;
-  bool keep = false;  // net output or asked for: its memory is never reused
+  bool keep = false;             // net output or asked for: its memory is never reused
+  Layout layout = Layout::nchw;  // of data and diff (net_layout.cpp)
 };
 
 struct NetLayer {
@@ -110,6 +112,7 @@ struct Net::Impl {
   int add_top(int layer_index, const std::string& top, const Shape& shape, int in_place_bottom);
   void decide_backward();
   void set_up_params();
+  void plan_layouts();
   void plan_memory();
   // `shape` with axis 0 replaced by options.batch_size when that is set.
   Shape with_batch(const Shape& shape) const {

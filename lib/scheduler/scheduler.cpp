@@ -145,13 +145,18 @@ LayerSlice Scheduler::prepare(const LayerCall& call, Driver& on, index_t begin, 
   };
   if (!backward) {
     for (const CallTensor& input : call.inputs) {
-      slice.inputs.push_back(Operand{
-          input.shape, rows(*input.data, input.shape, batch, begin, end, on, Want::read), {}});
+      slice.inputs.push_back(
+          Operand{input.shape,
+                  rows(*input.data, input.shape, batch, begin, end, on, Want::read),
+                  {},
+                  input.layout});
     }
     for (const CallTensor& output : call.outputs) {
       const Want want = shares_input_data(output) ? Want::write : Want::overwrite;
-      slice.outputs.push_back(
-          Operand{output.shape, rows(*output.data, output.shape, batch, begin, end, on, want), {}});
+      slice.outputs.push_back(Operand{output.shape,
+                                      rows(*output.data, output.shape, batch, begin, end, on, want),
+                                      {},
+                                      output.layout});
     }
     const Want param_want = layer.updates_params_in_forward() ? Want::write : Want::read;
     for (const CallTensor& param : call.params) {
@@ -180,12 +185,12 @@ LayerSlice Scheduler::prepare(const LayerCall& call, Driver& on, index_t begin, 
       dx = rows(*input.diff, input.shape, batch, begin, end, on,
                 shares_output_diff(input) ? Want::write : Want::overwrite);
     }
-    slice.inputs.push_back(Operand{input.shape, x, dx});
+    slice.inputs.push_back(Operand{input.shape, x, dx, input.layout});
   }
   for (const CallTensor& output : call.outputs) {
-    slice.outputs.push_back(
-        Operand{output.shape, rows(*output.data, output.shape, batch, begin, end, on, Want::read),
-                rows(*output.diff, output.shape, batch, begin, end, on, Want::read)});
+    slice.outputs.push_back(Operand{
+        output.shape, rows(*output.data, output.shape, batch, begin, end, on, Want::read),
+        rows(*output.diff, output.shape, batch, begin, end, on, Want::read), output.layout});
   }
   std::size_t partial_offset = 0;
   for (const CallTensor& param : call.params) {

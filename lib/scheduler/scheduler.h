@@ -24,12 +24,13 @@
 
 namespace hn::detail {
 
-// A tensor of a layer call: its shape and its value and gradient memory (diff may be null
-// when no gradient is read or written).
+// A tensor of a layer call: its shape, its value and gradient memory (diff may be null
+// when no gradient is read or written) and how both lie in memory.
 struct CallTensor {
   Shape shape;
   SyncedMemory* data = nullptr;
   SyncedMemory* diff = nullptr;
+  Layout layout = Layout::nchw;
 };
 
 struct LayerCall {

@@ -248,6 +248,7 @@ void Solver::Impl::build_nets() {
   train_options.split = options.split;
   train_options.layer_splits = options.layer_splits;
   train_options.tune = options.tune;
+  train_options.blocked_layout = options.blocked_layout;
   train_options.data_shard = comm->rank();
   train_options.data_shards = comm->size();
   if (p.has_net() || p.has_train_net()) {
@@ -288,6 +289,7 @@ void Solver::Impl::build_nets() {
     test_options.mean_file = options.mean_file;
     test_options.seed = seed;
     test_options.tune = options.tune;
+    test_options.blocked_layout = options.blocked_layout;
     std::unique_ptr<Net> test_net;
     if (i < p.test_net_param_size()) {
       test_net = Net::from_text(text_of(p.test_net_param(i)),

@@ -1,0 +1,204 @@
+// nChw16c activations on the CPU (Layout in shapes.h): conversion to and from NCHW, and
+// pooling on blocks of 16 channels, where each pixel's 16 values are one vector. The
+// blocked pooling scans windows in Caffe's order with the same strict maximum and adds in
+// the same order as pooling.cpp's planes, so it gives the same bits as those on NCHW.
+#include "drivers/cpu/kernels.h"  // first: see eigen.h
+
+#include <algorithm>
+#include <cfloat>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace hn::detail::cpu {
+
+namespace {
+
+constexpr index_t kBlock = 16;
+
+// Window bounds of one output coordinate, following Caffe (as pooling.cpp).
+struct Span {
+  index_t start, end, size;  // size: the average's divisor along this axis
+};
+
+Span max_span(index_t out, index_t stride, index_t pad, index_t kernel, index_t in) {
+  const index_t start = out * stride - pad;
+  return {std::max<index_t>(start, 0), std::min(start + kernel, in), 0};
+}
+
+Span avg_span(index_t out, index_t stride, index_t pad, index_t kernel, index_t in) {
+  const index_t start = out * stride - pad;
+  const index_t end = std::min(start + kernel, in + pad);
+  return {std::max<index_t>(start, 0), std::min(end, in), end - start};
+}
+
+// body(block) for every [height][width][16] block of (image, 16 channels).
+template <class Body>
+void for_blocks(Parallel& par, const PoolShape& s, index_t cost, const Body& body) {
+  par.for_range(s.batch * (s.channels / kBlock), cost * kBlock, [&](index_t first, index_t last) {
+    for (index_t b = first; b < last; ++b)
+      body(b);
+  });
+}
+
+// The maximum of the 16 channels of pixels [h.start, h.end) x [w.start, w.end) of a
+// [height][width][16] block and each one's first argmax (pixel index), or -FLT_MAX and -1
+// for an empty window.
+void max_window_blocked(const float* in, index_t width, Span h, Span w, float* y,
+                        std::int32_t* arg) {
+#if defined(__AVX512F__)
+  __m512 best = _mm512_set1_ps(-FLT_MAX);
+  __m512i where = _mm512_set1_epi32(-1);
+  for (index_t ih = h.start; ih < h.end; ++ih) {
+    for (index_t iw = w.start; iw < w.end; ++iw) {
+      const index_t pixel = ih * width + iw;
+      const __m512 v = _mm512_loadu_ps(in + pixel * kBlock);
+      const __mmask16 greater = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);
+      best = _mm512_mask_blend_ps(greater, best, v);
+      where = _mm512_mask_blend_epi32(greater, where, _mm512_set1_epi32(static_cast<int>(pixel)));
+    }
+  }
+  _mm512_storeu_ps(y, best);
+  _mm512_storeu_si512(arg, where);
+#else
+  float best[kBlock];
+  std::int32_t where[kBlock];
+  for (index_t l = 0; l < kBlock; ++l) {
+    best[l] = -FLT_MAX;
+    where[l] = -1;
+  }
+  for (index_t ih = h.start; ih < h.end; ++ih) {
+    for (index_t iw = w.start; iw < w.end; ++iw) {
+      const index_t pixel = ih * width + iw;
+      const float* v = in + pixel * kBlock;
+      for (index_t l = 0; l < kBlock; ++l) {
+        const bool greater = v[l] > best[l];
+        best[l] = greater ? v[l] : best[l];
+        where[l] = greater ? static_cast<std::int32_t>(pixel) : where[l];
+      }
+    }
+  }
+  std::copy(best, best + kBlock, y);
+  std::copy(where, where + kBlock, arg);
+#endif
+}
+
+index_t window_cost(const PoolShape& s) {
+  return s.out_h() * s.out_w() * s.kernel_h * s.kernel_w + s.height * s.width;
+}
+
+}  // namespace
+
+void convert_layout(Parallel& par, Layout from, Layout to, index_t batch, index_t channels,
+                    index_t plane, const float* src, float* dst) {
+  const index_t count = batch * channels * plane;
+  if (from == to || plane == 1) {
+    copy_bytes(par, dst, src, static_cast<std::size_t>(count) * sizeof(float));
+    return;
+  }
+  const bool to_blocked = to == Layout::nchw16c;
+  // One (image, 16 channels) block per item: a [16][plane] <-> [plane][16] transpose.
+  par.for_range(batch * (channels / kBlock), kBlock * plane, [&](index_t first, index_t last) {
+    for (index_t b = first; b < last; ++b) {
+      const float* in = src + b * kBlock * plane;
+      float* out = dst + b * kBlock * plane;
+      if (to_blocked) {
+        for (index_t p = 0; p < plane; ++p)
+          for (index_t l = 0; l < kBlock; ++l)
+            out[p * kBlock + l] = in[l * plane + p];
+      } else {
+        for (index_t l = 0; l < kBlock; ++l)
+          for (index_t p = 0; p < plane; ++p)
+            out[l * plane + p] = in[p * kBlock + l];
+      }
+    }
+  });
+}
+
+void pool_max_forward_blocked(Parallel& par, const PoolShape& s, const float* x, float* y,
+                              std::int32_t* mask) {
+  const index_t out_h = s.out_h(), out_w = s.out_w();
+  const index_t in_block = s.height * s.width * kBlock, out_block = out_h * out_w * kBlock;
+  for_blocks(par, s, window_cost(s), [&](index_t b) {
+    const float* in = x + b * in_block;
+    for (index_t oh = 0; oh < out_h; ++oh) {
+      const Span h = max_span(oh, s.stride_h, s.pad_h, s.kernel_h, s.height);
+      for (index_t ow = 0; ow < out_w; ++ow) {
+        const Span w = max_span(ow, s.stride_w, s.pad_w, s.kernel_w, s.width);
+        const index_t o = b * out_block + (oh * out_w + ow) * kBlock;
+        max_window_blocked(in, s.width, h, w, y + o, mask + o);
+      }
+    }
+  });
+}
+
+void pool_max_backward_blocked(Parallel& par, const PoolShape& s, const float* dy,
+                               const std::int32_t* mask, float* dx) {
+  const index_t in_plane = s.height * s.width, out_plane = s.out_h() * s.out_w();
+  for_blocks(par, s, in_plane + out_plane, [&](index_t b) {
+    float* grad = dx + b * in_plane * kBlock;
+    const float* out_grad = dy + b * out_plane * kBlock;
+    const std::int32_t* arg = mask + b * out_plane * kBlock;
+    std::fill(grad, grad + in_plane * kBlock, 0.0f);
+    for (index_t i = 0; i < out_plane * kBlock; ++i) {
+      // A window with no input above -FLT_MAX has no argmax (-1) and passes nothing back.
+      if (arg[i] >= 0 && arg[i] < in_plane) grad[arg[i] * kBlock + i % kBlock] += out_grad[i];
+    }
+  });
+}
+
+void pool_avg_forward_blocked(Parallel& par, const PoolShape& s, const float* x, float* y) {
+  const index_t out_h = s.out_h(), out_w = s.out_w();
+  const index_t in_block = s.height * s.width * kBlock, out_block = out_h * out_w * kBlock;
+  for_blocks(par, s, window_cost(s), [&](index_t b) {
+    const float* in = x + b * in_block;
+    for (index_t oh = 0; oh < out_h; ++oh) {
+      const Span h = avg_span(oh, s.stride_h, s.pad_h, s.kernel_h, s.height);
+      for (index_t ow = 0; ow < out_w; ++ow) {
+        const Span w = avg_span(ow, s.stride_w, s.pad_w, s.kernel_w, s.width);
+        float total[kBlock] = {};
+        for (index_t ih = h.start; ih < h.end; ++ih) {
+          for (index_t iw = w.start; iw < w.end; ++iw) {
+            const float* v = in + (ih * s.width + iw) * kBlock;
+            for (index_t l = 0; l < kBlock; ++l)
+              total[l] += v[l];
+          }
+        }
+        const float size = static_cast<float>(h.size * w.size);
+        float* out = y + b * out_block + (oh * out_w + ow) * kBlock;
+        for (index_t l = 0; l < kBlock; ++l)
+          out[l] = total[l] / size;
+      }
+    }
+  });
+}
+
+void pool_avg_backward_blocked(Parallel& par, const PoolShape& s, const float* dy, float* dx) {
+  const index_t out_h = s.out_h(), out_w = s.out_w();
+  const index_t in_block = s.height * s.width * kBlock, out_block = out_h * out_w * kBlock;
+  for_blocks(par, s, window_cost(s), [&](index_t b) {
+    float* grad = dx + b * in_block;
+    std::fill(grad, grad + in_block, 0.0f);
+    for (index_t oh = 0; oh < out_h; ++oh) {
+      const Span h = avg_span(oh, s.stride_h, s.pad_h, s.kernel_h, s.height);
+      for (index_t ow = 0; ow < out_w; ++ow) {
+        const Span w = avg_span(ow, s.stride_w, s.pad_w, s.kernel_w, s.width);
+        const float size = static_cast<float>(h.size * w.size);
+        const float* g = dy + b * out_block + (oh * out_w + ow) * kBlock;
+        float share[kBlock];
+        for (index_t l = 0; l < kBlock; ++l)
+          share[l] = g[l] / size;
+        for (index_t ih = h.start; ih < h.end; ++ih) {
+          for (index_t iw = w.start; iw < w.end; ++iw) {
+            float* v = grad + (ih * s.width + iw) * kBlock;
+            for (index_t l = 0; l < kBlock; ++l)
+              v[l] += share[l];
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace hn::detail::cpu
