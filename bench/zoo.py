@@ -7,7 +7,7 @@ fraction of the FLOP-count limit that hybridnn reaches.
 
   bench/zoo.py [--nets caffenet,googlenet,resnet50,mobilenet] [--batch 32]
                [--iterations 10] [--chunks 5] [--threads 1,2] [--build build]
-               [--tune cached] [--caffe PATH/caffe] [--markdown FILE]
+               [--tune cached] [--layout blocked] [--caffe PATH/caffe] [--markdown FILE]
 
 The three are timed alike, as bench/vs_pytorch.py does: a warm-up, then the timed
 iterations in chunks, and the figure is the best chunk's mean ms per iteration (the
@@ -190,9 +190,10 @@ def best_of_processes(run_once, iterations, chunks):
     return min(total for total, _ in runs), layers
 
 
-def hybridnn_time(tool, model, batch, threads, tune, iterations):
+def hybridnn_time(tool, model, batch, threads, tune, layout, iterations):
     run = run_checked([tool, "time", "--model", model, "--batch", str(batch), "--iterations",
-                       str(iterations), "--json", "--tune", tune, "--threads", str(threads)],
+                       str(iterations), "--json", "--tune", tune, "--layout", layout,
+                       "--threads", str(threads)],
                       threads)
     tuned = sum(line.startswith("Tuned") for line in run.stderr.splitlines())
     if tuned:
@@ -321,6 +322,8 @@ def main():
     parser.add_argument("--build", default="build", help="hybridnn build directory (build)")
     parser.add_argument("--tune", default="cached",
                         help="hybridnn time's --tune: off, once or cached (cached)")
+    parser.add_argument("--layout", default="blocked",
+                        help="hybridnn time's --layout: blocked or nchw (blocked)")
     parser.add_argument("--caffe", help="BVLC Caffe's `caffe` binary; Caffe is left out without")
     parser.add_argument("--markdown", help="also write the results as markdown tables to FILE")
     args = parser.parse_args()
@@ -345,7 +348,7 @@ def main():
     emit({"setup": True, "torch": torch.__version__ if torch else None, "caffe": args.caffe,
           "load_1min": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
           "threads": threads, "batch": args.batch, "iterations": args.iterations,
-          "chunks": args.chunks})
+          "chunks": args.chunks, "tune": args.tune, "layout": args.layout})
     note(f"measuring the sgemm peak on {max(threads)} threads (hybridnn-bench gemm)")
     peak = sgemm_peak(bench_tool, max(threads))
     emit({"sgemm_peak_gflops": peak["gflops"], "blas": peak["blas"], "threads": peak["threads"],
@@ -365,7 +368,8 @@ def main():
                 shape = [args.batch] + [int(d) for _, d in INPUT_DIM.findall(text)[1:4]]
                 note(f"{spec.key}: hybridnn")
                 ours_ms, ours = best_of_processes(
-                    lambda n: hybridnn_time(tool, model, args.batch, max(threads), args.tune, n),
+                    lambda n: hybridnn_time(tool, model, args.batch, max(threads), args.tune,
+                                            args.layout, n),
                     args.iterations, args.chunks)
                 pytorch = None
                 if torch:

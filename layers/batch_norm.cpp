@@ -68,7 +68,8 @@ void BatchNormLayer::global_statistics(Driver& driver, const LayerSlice& slice, 
 }
 
 void BatchNormLayer::forward(const LayerSlice& slice) {
-  const AxisShape shape = slice_shape(slice.rows());
+  AxisShape shape = slice_shape(slice.rows());
+  shape.layout = slice.inputs[0].layout;
   const index_t count = shape.count();
   if (count == 0) return;  // no rows: no statistics to take or apply
   Driver& driver = *slice.driver;
@@ -120,7 +121,8 @@ void BatchNormLayer::forward(const LayerSlice& slice) {
 
 void BatchNormLayer::backward(const LayerSlice& slice) {
   if (slice.propagate_down.empty() || !slice.propagate_down[0]) return;
-  const AxisShape shape = slice_shape(slice.rows());
+  AxisShape shape = slice_shape(slice.rows());
+  shape.layout = slice.inputs[0].layout;
   const index_t count = shape.count();
   if (count == 0) return;
   Driver& driver = *slice.driver;

@@ -28,6 +28,8 @@ class BatchNormLayer final : public Layer {
   // Only explicit global statistics split: otherwise the call may need batch statistics.
   bool splits_by_rows() const override { return param_.use_global_stats.value_or(false); }
   bool allows_in_place() const override { return true; }
+  // Per-channel calls and element-wise ones: nChw16c too, input and output alike.
+  BlockedLayout blocked_layout() const override { return BlockedLayout::uniform; }
   // Forward with batch statistics updates the statistics blobs.
   bool updates_params_in_forward() const override {
     return !param_.use_global_stats.value_or(false);

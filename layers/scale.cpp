@@ -98,7 +98,8 @@ std::size_t ScaleLayer::workspace_bytes(const Driver&, index_t rows) const {
 }
 
 void ScaleLayer::forward(const LayerSlice& slice) {
-  const AxisShape shape = slice_shape(slice.rows());
+  AxisShape shape = slice_shape(slice.rows());
+  shape.layout = slice.inputs[0].layout;
   if (shape.channels == 0 || shape.inner == 0) return;
   Driver& driver = *slice.driver;
   const float* scale = scale_is_input_ ? slice.inputs[1].x() : slice.params[0].x();
@@ -117,7 +118,8 @@ void ScaleLayer::forward(const LayerSlice& slice) {
 }
 
 void ScaleLayer::backward(const LayerSlice& slice) {
-  const AxisShape shape = slice_shape(slice.rows());
+  AxisShape shape = slice_shape(slice.rows());
+  shape.layout = slice.inputs[0].layout;
   if (shape.channels == 0 || shape.inner == 0) return;  // nothing to scale, no gradient
   Driver& driver = *slice.driver;
   const float* dy = slice.outputs[0].dx();

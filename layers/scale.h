@@ -26,6 +26,11 @@ class ScaleLayer final : public Layer {
   // whose gradient sums over the batch.
   bool splits_by_rows() const override { return splits_by_rows_; }
   bool allows_in_place() const override { return true; }
+  // A learned scale per channel of the input (axis 1, one axis): nChw16c too.
+  BlockedLayout blocked_layout() const override {
+    return !scale_is_input_ && axis_ == 1 && scale_shape_.axes() == 1 ? BlockedLayout::uniform
+                                                                      : BlockedLayout::none;
+  }
 
  private:
   AxisShape slice_shape(index_t rows) const;

@@ -1972,7 +1972,32 @@ TEST_CASE(
       check_close(lay(dx.tested(), Layout::nchw16c, Layout::nchw), dx.oracle(),
                   kReductionTolerance);
     }
-    // Channels that do not fill 16-channel blocks, and lowering, take NCHW only.
+    // Per-channel calls on [outer][channels][inner] images.
+    for (hn::AxisShape shape : {hn::test::axis(2, 32, 35), hn::test::axis(3, 16, 1)}) {
+      hn::AxisShape plain = shape;
+      shape.layout = Layout::nchw16c;
+      INFO(shape.to_string());
+      const auto lay = [&](const std::vector<float>& v, Layout from, Layout to) {
+        return relaid(v, shape.outer, shape.channels, shape.inner, 1, from, to);
+      };
+      const index_t count = shape.count();
+      const std::vector<float> xv = random_floats(count, seed++);
+      const TwinArray x(drivers, xv, lay(xv, Layout::nchw, Layout::nchw16c));
+      const TwinArray factors(drivers, random_floats(shape.channels, seed++));
+      const TwinArray y(drivers, constant(count, -7777.0f), constant(count, kNaN));
+      const TwinArray sums(drivers, constant(shape.channels, 2.0f));
+      drivers.oracle->scale_channels(plain, factors[Side::oracle], x[Side::oracle],
+                                     y[Side::oracle]);
+      drivers.oracle->bias_forward(plain, factors[Side::oracle], y[Side::oracle]);
+      drivers.oracle->bias_backward(plain, y[Side::oracle], 0.5f, sums[Side::oracle]);
+      d.scale_channels(shape, factors[Side::tested], x[Side::tested], y[Side::tested]);
+      d.bias_forward(shape, factors[Side::tested], y[Side::tested]);
+      d.bias_backward(shape, y[Side::tested], 0.5f, sums[Side::tested]);
+      check_close(lay(y.tested(), Layout::nchw16c, Layout::nchw), y.oracle(),
+                  kElementwiseTolerance);
+      check_close(sums.tested(), sums.oracle(), kReductionTolerance);
+    }
+    // Channels that do not fill 16-channel blocks, lowering and softmax take NCHW only.
     hn::PoolShape odd = hn::test::pooling(1, 24, 4, 4, 2, 2, 2, 2, 0, 0);
     odd.layout = Layout::nchw16c;
     const DeviceArray a(d, odd.in_count()), b(d, odd.out_count());
@@ -1983,6 +2008,10 @@ TEST_CASE(
     const DeviceArray columns(d, lowered.col_count()), image(d, lowered.image_count());
     CHECK_THAT(error_of([&] { d.im2col(lowered, image.data(), columns.data()); }),
                Contains("im2col") && Contains("NCHW images only"));
+    hn::AxisShape rows = hn::test::axis(1, 16, 1);
+    rows.layout = Layout::nchw16c;
+    CHECK_THAT(error_of([&] { d.softmax_forward(rows, image.data(), image.data()); }),
+               Contains("softmax_forward") && Contains("NCHW only"));
   }
 }
 

@@ -404,13 +404,7 @@ TEST_CASE(
   static std::map<std::string, ZooRun> references;  // the slow side, once per net
   if (references.count(file) == 0) references[file] = run_zoo_net(file, Device::parse("reference"));
   const ZooRun& reference = references.at(file);
-  const std::string name = file;
-  // The nets with LRN keep their convolutions' activations blocked; ResNet-50's and
-  // MobileNet's convolutions feed BatchNorm, which takes NCHW only.
-  const bool lrn =
-      name.find("caffenet") != std::string::npos || name.find("googlenet") != std::string::npos;
-  if (blocked && lrn) CHECK(cpu.blocked_blobs > 0);
-  if (!blocked) CHECK(cpu.blocked_blobs == 0);
+  CHECK((cpu.blocked_blobs > 0) == blocked);
   // Float sums in other orders (Winograd among them) over tens of layers: 1e-3. Max pooling
   // adds a discontinuity: where two inputs of a window differ only by rounding, the drivers
   // may pick different maxima and send that window's gradient to a neighbouring element

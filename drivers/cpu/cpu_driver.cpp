@@ -26,7 +26,7 @@ class CpuDriver final : public Driver {
     Capabilities caps;
     caps.host_addressable = true;
     caps.convolution = cpu::DirectConvolution::available();
-    // nChw16c convolutions are oneDNN's (pooling and LRN have their own paths).
+    // nChw16c convolutions are oneDNN's (the other calls have their own paths).
     caps.blocked_layout = caps.convolution;
     return caps;
   }
@@ -128,6 +128,8 @@ class CpuDriver final : public Driver {
   }
   void do_scale_channels(const AxisShape& shape, const float* scale, const float* x,
                          float* y) override {
+    if (shape.layout == Layout::nchw16c)
+      return cpu::scale_channels_blocked(parallel_, shape, scale, x, y);
     cpu::scale_channels(parallel_, shape, scale, x, y);
   }
   void do_max_accumulate(index_t n, const float* x, std::int32_t index, float* y,
@@ -149,10 +151,14 @@ class CpuDriver final : public Driver {
   float do_sum(index_t n, const float* x) override { return cpu::sum(parallel_, n, x); }
   void do_bias_backward(const AxisShape& shape, const float* dy, float beta,
                         float* dbias) override {
+    if (shape.layout == Layout::nchw16c)
+      return cpu::bias_backward_blocked(parallel_, shape, dy, beta, dbias);
     cpu::bias_backward(parallel_, shape, dy, beta, dbias);
   }
 
   void do_bias_forward(const AxisShape& shape, const float* bias, float* y) override {
+    if (shape.layout == Layout::nchw16c)
+      return cpu::bias_forward_blocked(parallel_, shape, bias, y);
     cpu::bias_forward(parallel_, shape, bias, y);
   }
   void do_relu_forward(index_t n, float negative_slope, const float* x, float* y) override {

@@ -84,9 +84,6 @@ void avg_pool_plane_forward(const PoolShape& shape, const float* x, float* y);
 void avg_pool_plane_backward(const PoolShape& shape, const float* dy, float* dx);
 
 // ---- layout.cpp: nChw16c (channels in multiples of 16) ------------------------------
-// dst = src in layout `to` (a copy when the layouts agree or plane == 1).
-void convert_layout(Parallel& par, Layout from, Layout to, index_t batch, index_t channels,
-                    index_t plane, const float* src, float* dst);
 // The pooling calls above on nChw16c x, y, dx, dy and mask (mask entries: the argmax's
 // pixel in its plane, as on NCHW), bit for bit the same values.
 void pool_max_forward_blocked(Parallel& par, const PoolShape& shape, const float* x, float* y,
@@ -95,6 +92,12 @@ void pool_max_backward_blocked(Parallel& par, const PoolShape& shape, const floa
                                const std::int32_t* mask, float* dx);
 void pool_avg_forward_blocked(Parallel& par, const PoolShape& shape, const float* x, float* y);
 void pool_avg_backward_blocked(Parallel& par, const PoolShape& shape, const float* dy, float* dx);
+// scale_channels, bias_forward and bias_backward (elementwise.cpp) on nChw16c.
+void scale_channels_blocked(Parallel& par, const AxisShape& shape, const float* scale,
+                            const float* x, float* y);
+void bias_forward_blocked(Parallel& par, const AxisShape& shape, const float* bias, float* y);
+void bias_backward_blocked(Parallel& par, const AxisShape& shape, const float* dy, float beta,
+                           float* dbias);
 
 // ---- lrn.cpp, softmax.cpp -----------------------------------------------------------
 void lrn_forward(Parallel& par, const LrnShape& shape, const float* x, float* y, float* scale);

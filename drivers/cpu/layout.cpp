@@ -1,7 +1,8 @@
-// nChw16c activations on the CPU (Layout in shapes.h): conversion to and from NCHW, and
-// pooling on blocks of 16 channels, where each pixel's 16 values are one vector. The
-// blocked pooling scans windows in Caffe's order with the same strict maximum and adds in
-// the same order as pooling.cpp's planes, so it gives the same bits as those on NCHW.
+// nChw16c activations on the CPU (Layout in shapes.h): pooling and the per-channel calls
+// on blocks of 16 channels, where each pixel's 16 values are one vector. The pooling scans
+// windows in Caffe's order with the same strict maximum and adds in the same order as
+// pooling.cpp's planes, so it gives the same bits as those on NCHW; bias_backward sums in
+// double, as on NCHW.
 #include "drivers/cpu/kernels.h"  // first: see eigen.h
 
 #include <algorithm>
@@ -90,32 +91,6 @@ index_t window_cost(const PoolShape& s) {
 
 }  // namespace
 
-void convert_layout(Parallel& par, Layout from, Layout to, index_t batch, index_t channels,
-                    index_t plane, const float* src, float* dst) {
-  const index_t count = batch * channels * plane;
-  if (from == to || plane == 1) {
-    copy_bytes(par, dst, src, static_cast<std::size_t>(count) * sizeof(float));
-    return;
-  }
-  const bool to_blocked = to == Layout::nchw16c;
-  // One (image, 16 channels) block per item: a [16][plane] <-> [plane][16] transpose.
-  par.for_range(batch * (channels / kBlock), kBlock * plane, [&](index_t first, index_t last) {
-    for (index_t b = first; b < last; ++b) {
-      const float* in = src + b * kBlock * plane;
-      float* out = dst + b * kBlock * plane;
-      if (to_blocked) {
-        for (index_t p = 0; p < plane; ++p)
-          for (index_t l = 0; l < kBlock; ++l)
-            out[p * kBlock + l] = in[l * plane + p];
-      } else {
-        for (index_t l = 0; l < kBlock; ++l)
-          for (index_t p = 0; p < plane; ++p)
-            out[l * plane + p] = in[p * kBlock + l];
-      }
-    }
-  });
-}
-
 void pool_max_forward_blocked(Parallel& par, const PoolShape& s, const float* x, float* y,
                               std::int32_t* mask) {
   const index_t out_h = s.out_h(), out_w = s.out_w();
@@ -196,6 +171,59 @@ void pool_avg_backward_blocked(Parallel& par, const PoolShape& s, const float* d
               v[l] += share[l];
           }
         }
+      }
+    }
+  });
+}
+
+// ---- per-channel calls: rows of [inner][16] per (outer, block of 16 channels) ----------
+
+void scale_channels_blocked(Parallel& par, const AxisShape& s, const float* scale, const float* x,
+                            float* y) {
+  const index_t blocks = s.channels / kBlock, row = s.inner * kBlock;
+  par.for_range(s.outer * blocks, row, [&](index_t first, index_t last) {
+    for (index_t r = first; r < last; ++r) {
+      const float* factors = scale + (r % blocks) * kBlock;
+      const float* in = x + r * row;
+      float* out = y + r * row;
+      for (index_t i = 0; i < s.inner; ++i)
+        for (index_t l = 0; l < kBlock; ++l)
+          out[i * kBlock + l] = in[i * kBlock + l] * factors[l];
+    }
+  });
+}
+
+void bias_forward_blocked(Parallel& par, const AxisShape& s, const float* bias, float* y) {
+  const index_t blocks = s.channels / kBlock, row = s.inner * kBlock;
+  par.for_range(s.outer * blocks, row, [&](index_t first, index_t last) {
+    for (index_t r = first; r < last; ++r) {
+      const float* b = bias + (r % blocks) * kBlock;
+      float* out = y + r * row;
+      for (index_t i = 0; i < s.inner; ++i)
+        for (index_t l = 0; l < kBlock; ++l)
+          out[i * kBlock + l] += b[l];
+    }
+  });
+}
+
+void bias_backward_blocked(Parallel& par, const AxisShape& s, const float* dy, float beta,
+                           float* dbias) {
+  // Tasks own blocks of channels; each walks the outer rows in order (sums in double, as on
+  // NCHW), so the sums are the same on any thread count.
+  const index_t blocks = s.channels / kBlock, row = s.inner * kBlock;
+  par.for_range(blocks, s.outer * row, [&](index_t first, index_t last) {
+    for (index_t b = first; b < last; ++b) {
+      double acc[kBlock] = {};
+      for (index_t o = 0; o < s.outer; ++o) {
+        const float* run = dy + (o * blocks + b) * row;
+        for (index_t i = 0; i < s.inner; ++i)
+          for (index_t l = 0; l < kBlock; ++l)
+            acc[l] += static_cast<double>(run[i * kBlock + l]);
+      }
+      for (index_t l = 0; l < kBlock; ++l) {
+        const float total = static_cast<float>(acc[l]);
+        float& out = dbias[b * kBlock + l];
+        out = beta == 0.0f ? total : beta * out + total;
       }
     }
   });

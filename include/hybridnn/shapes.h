@@ -99,6 +99,9 @@ struct LrnShape {
 // per-channel value.
 struct AxisShape {
   index_t outer = 0, channels = 0, inner = 1;
+  // scale_channels, bias_forward and bias_backward also take nChw16c, the tensor read as
+  // [outer][channels][inner pixels] images; the other calls NCHW only.
+  Layout layout = Layout::nchw;
 
   index_t count() const { return outer * channels * inner; }
   void validate(const char* call) const;

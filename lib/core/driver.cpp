@@ -36,6 +36,11 @@ void check_layout_support(const Driver& driver, const char* call, bool blocked,
            "{}: driver {} takes NCHW operands only, got nChw16c ({})", call, driver.name(), shape);
 }
 
+// Softmax and its loss take NCHW only.
+void check_nchw(const char* call, const AxisShape& shape) {
+  HN_CHECK(shape.layout == Layout::nchw, "{}: takes NCHW only ({})", call, shape.to_string());
+}
+
 // The lowering calls (im2col, col2im, lift) work on NCHW images.
 void check_lowering(const char* call, const LoweringShape& shape) {
   shape.validate(call);
@@ -348,6 +353,7 @@ DriverOperands Driver::scale_channels_operands(const AxisShape& shape, const flo
                                                const float* x, float* y) const {
   DriverOperands ops;
   shape.validate("scale_channels");
+  check_layout_support(*this, "scale_channels", shape.layout != Layout::nchw, shape.to_string());
   ops.read("scale", scale, floats(shape.channels));
   ops.read("x", x, floats(shape.count()));
   ops.update("y", y, floats(shape.count()));
@@ -394,6 +400,7 @@ DriverOperands Driver::bias_backward_operands(const AxisShape& shape, const floa
                                               float* dbias) const {
   DriverOperands ops;
   shape.validate("bias_backward");
+  check_layout_support(*this, "bias_backward", shape.layout != Layout::nchw, shape.to_string());
   ops.read("dy", dy, floats(shape.count()));
   ops.update("dbias", dbias, floats(shape.channels));
   return ops;
@@ -405,6 +412,7 @@ DriverOperands Driver::bias_forward_operands(const AxisShape& shape, const float
                                              float* y) const {
   DriverOperands ops;
   shape.validate("bias_forward");
+  check_layout_support(*this, "bias_forward", shape.layout != Layout::nchw, shape.to_string());
   ops.read("bias", bias, floats(shape.channels));
   ops.update("y", y, floats(shape.count()));
   ops.work = shape.count() > 0;
@@ -520,6 +528,7 @@ DriverOperands Driver::softmax_forward_operands(const AxisShape& shape, const fl
                                                 float* y) const {
   DriverOperands ops;
   shape.validate("softmax_forward");
+  check_nchw("softmax_forward", shape);
   ops.read("x", x, floats(shape.count()));
   ops.update("y", y, floats(shape.count()));
   ops.work = shape.count() > 0;
@@ -530,6 +539,7 @@ DriverOperands Driver::softmax_backward_operands(const AxisShape& shape, const f
                                                  const float* dy, float* dx) const {
   DriverOperands ops;
   shape.validate("softmax_backward");
+  check_nchw("softmax_backward", shape);
   ops.read("y", y, floats(shape.count()));
   ops.read("dy", dy, floats(shape.count()));
   ops.update("dx", dx, floats(shape.count()));
@@ -571,6 +581,7 @@ DriverOperands Driver::softmax_loss_forward_operands(const AxisShape& shape, con
                                                      float* valid) const {
   DriverOperands ops;
   shape.validate("softmax_loss_forward");
+  check_nchw("softmax_loss_forward", shape);
   const std::size_t positions = floats(shape.outer * shape.inner);
   ops.read("prob", prob, floats(shape.count()));
   ops.read("label", label, positions);
@@ -585,6 +596,7 @@ DriverOperands Driver::softmax_loss_backward_operands(const AxisShape& shape, co
                                                       float* dx) const {
   DriverOperands ops;
   shape.validate("softmax_loss_backward");
+  check_nchw("softmax_loss_backward", shape);
   ops.read("prob", prob, floats(shape.count()));
   ops.read("label", label, floats(shape.outer * shape.inner));
   ops.update("dx", dx, floats(shape.count()));

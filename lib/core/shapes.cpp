@@ -114,12 +114,14 @@ void LrnShape::validate(const char* call) const {
 }
 
 std::string AxisShape::to_string() const {
-  return fmt::format("outer={} channels={} inner={}", outer, channels, inner);
+  return fmt::format("outer={} channels={} inner={}", outer, channels, inner) +
+         layout_suffix("layout", layout);
 }
 
 void AxisShape::validate(const char* call) const {
   HN_CHECK(outer >= 0 && channels > 0 && inner > 0,
            "{}: outer must be >= 0 and channels, inner > 0 ({})", call, to_string());
+  check_layout(call, "layout", layout, channels, to_string());
 }
 
 }  // namespace hn
