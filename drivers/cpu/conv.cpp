@@ -76,7 +76,7 @@ Key make_key(Call call, const LoweringShape& s, index_t out_channels, bool has_b
           static_cast<index_t>(s.out_layout)};
 }
 
-// One tensor of a call: `user` wraps the caller's plain buffer (address set per call),
+// One tensor of a call: `user` wraps the caller's buffer (address set per call),
 // `inner` is what the primitive reads or writes. They are the same memory when the layouts
 // agree; otherwise `reorder` copies user -> inner (inputs) or inner -> user (outputs; with
 // a sum post-op when the call accumulates).

@@ -767,6 +767,27 @@ def time_tune_once_then_cached(ctx):
     check("Warning: tuning cache not written" in run.stderr, run.stderr)
 
 
+@case
+def time_layout_blocked_or_nchw(ctx):
+    model = os.path.join(ctx.models, "bvlc_reference_caffenet_deploy.prototxt")
+    if not os.path.exists(model):
+        raise Skip(f"{model} is missing")
+
+    def algorithms(*args):
+        run = ctx.run("time", "--model", model, "--batch", 1, "--iterations", 1, "--json",
+                      "--tune", "off", *args)
+        return {r["layer"]: r.get("algorithm") for r in json_lines(run.stdout) if "layer" in r}
+
+    blocked = algorithms()  # default: blocked
+    # conv1 reads the NCHW input and writes nChw16c; conv2..conv5 read and write it.
+    for layer in ("conv1", "conv2", "conv3", "conv4", "conv5"):
+        check(blocked.get(layer) == "direct (nChw16c)", f"{layer}: {blocked.get(layer)!r}")
+    plain = algorithms("--layout", "nchw")
+    check(not any("nChw16c" in (a or "") for a in plain.values()), f"--layout nchw: {plain}")
+    ctx.error("time", "--model", model, "--layout", "nhwc", code=2,
+              needles=["--layout", "'nhwc'", "blocked or nchw"])
+
+
 def device_lines(records):
     """The per-(layer, device) lines of `time --split --json`, by layer, in device order."""
     keys = {"layer", "device", "rows", "forward_busy_ms", "backward_busy_ms", "waiting_ms",
