@@ -82,6 +82,7 @@ std::uint64_t MpiCommunicator::next_sequence() {
 }
 
 void MpiCommunicator::timed_out(const char* what, std::uint64_t seq, int peer) const {
+  if (peer < 0 && size_ == 2) peer = 1 - rank_;  // a collective of two waits on the other
   const std::string waited =
       peer >= 0 ? fmt::format(
                       "rank {} did not arrive (it, or a rank it waits for, died, stopped "

@@ -89,22 +89,37 @@ index_t window_cost(const PoolShape& s) {
   return s.out_h() * s.out_w() * s.kernel_h * s.kernel_w + s.height * s.width;
 }
 
+// For every [height][width][16] block b: start(b), then body(b, h, w, o) for each output
+// pixel in order, with its window's spans (Caffe's max or average rule) and its offset o in
+// the output.
+template <bool kAverage, class Start, class Body>
+void for_windows(Parallel& par, const PoolShape& s, const Start& start, const Body& body) {
+  const index_t out_h = s.out_h(), out_w = s.out_w(), out_block = out_h * out_w * kBlock;
+  const auto span = [](index_t out, index_t stride, index_t pad, index_t kernel, index_t in) {
+    return kAverage ? avg_span(out, stride, pad, kernel, in)
+                    : max_span(out, stride, pad, kernel, in);
+  };
+  for_blocks(par, s, window_cost(s), [&](index_t b) {
+    start(b);
+    for (index_t oh = 0; oh < out_h; ++oh) {
+      const Span h = span(oh, s.stride_h, s.pad_h, s.kernel_h, s.height);
+      for (index_t ow = 0; ow < out_w; ++ow) {
+        const Span w = span(ow, s.stride_w, s.pad_w, s.kernel_w, s.width);
+        body(b, h, w, b * out_block + (oh * out_w + ow) * kBlock);
+      }
+    }
+  });
+}
+
+void no_start(index_t) {}
+
 }  // namespace
 
 void pool_max_forward_blocked(Parallel& par, const PoolShape& s, const float* x, float* y,
                               std::int32_t* mask) {
-  const index_t out_h = s.out_h(), out_w = s.out_w();
-  const index_t in_block = s.height * s.width * kBlock, out_block = out_h * out_w * kBlock;
-  for_blocks(par, s, window_cost(s), [&](index_t b) {
-    const float* in = x + b * in_block;
-    for (index_t oh = 0; oh < out_h; ++oh) {
-      const Span h = max_span(oh, s.stride_h, s.pad_h, s.kernel_h, s.height);
-      for (index_t ow = 0; ow < out_w; ++ow) {
-        const Span w = max_span(ow, s.stride_w, s.pad_w, s.kernel_w, s.width);
-        const index_t o = b * out_block + (oh * out_w + ow) * kBlock;
-        max_window_blocked(in, s.width, h, w, y + o, mask + o);
-      }
-    }
+  const index_t in_block = s.height * s.width * kBlock;
+  for_windows<false>(par, s, no_start, [&](index_t b, Span h, Span w, index_t o) {
+    max_window_blocked(x + b * in_block, s.width, h, w, y + o, mask + o);
   });
 }
 
@@ -124,53 +139,39 @@ void pool_max_backward_blocked(Parallel& par, const PoolShape& s, const float* d
 }
 
 void pool_avg_forward_blocked(Parallel& par, const PoolShape& s, const float* x, float* y) {
-  const index_t out_h = s.out_h(), out_w = s.out_w();
-  const index_t in_block = s.height * s.width * kBlock, out_block = out_h * out_w * kBlock;
-  for_blocks(par, s, window_cost(s), [&](index_t b) {
+  const index_t in_block = s.height * s.width * kBlock;
+  for_windows<true>(par, s, no_start, [&](index_t b, Span h, Span w, index_t o) {
     const float* in = x + b * in_block;
-    for (index_t oh = 0; oh < out_h; ++oh) {
-      const Span h = avg_span(oh, s.stride_h, s.pad_h, s.kernel_h, s.height);
-      for (index_t ow = 0; ow < out_w; ++ow) {
-        const Span w = avg_span(ow, s.stride_w, s.pad_w, s.kernel_w, s.width);
-        float total[kBlock] = {};
-        for (index_t ih = h.start; ih < h.end; ++ih) {
-          for (index_t iw = w.start; iw < w.end; ++iw) {
-            const float* v = in + (ih * s.width + iw) * kBlock;
-            for (index_t l = 0; l < kBlock; ++l)
-              total[l] += v[l];
-          }
-        }
-        const float size = static_cast<float>(h.size * w.size);
-        float* out = y + b * out_block + (oh * out_w + ow) * kBlock;
+    float total[kBlock] = {};
+    for (index_t ih = h.start; ih < h.end; ++ih) {
+      for (index_t iw = w.start; iw < w.end; ++iw) {
+        const float* v = in + (ih * s.width + iw) * kBlock;
         for (index_t l = 0; l < kBlock; ++l)
-          out[l] = total[l] / size;
+          total[l] += v[l];
       }
     }
+    const float size = static_cast<float>(h.size * w.size);
+    for (index_t l = 0; l < kBlock; ++l)
+      y[o + l] = total[l] / size;
   });
 }
 
 void pool_avg_backward_blocked(Parallel& par, const PoolShape& s, const float* dy, float* dx) {
-  const index_t out_h = s.out_h(), out_w = s.out_w();
-  const index_t in_block = s.height * s.width * kBlock, out_block = out_h * out_w * kBlock;
-  for_blocks(par, s, window_cost(s), [&](index_t b) {
+  const index_t in_block = s.height * s.width * kBlock;
+  const auto start = [&](index_t b) {
+    std::fill(dx + b * in_block, dx + (b + 1) * in_block, 0.0f);
+  };
+  for_windows<true>(par, s, start, [&](index_t b, Span h, Span w, index_t o) {
     float* grad = dx + b * in_block;
-    std::fill(grad, grad + in_block, 0.0f);
-    for (index_t oh = 0; oh < out_h; ++oh) {
-      const Span h = avg_span(oh, s.stride_h, s.pad_h, s.kernel_h, s.height);
-      for (index_t ow = 0; ow < out_w; ++ow) {
-        const Span w = avg_span(ow, s.stride_w, s.pad_w, s.kernel_w, s.width);
-        const float size = static_cast<float>(h.size * w.size);
-        const float* g = dy + b * out_block + (oh * out_w + ow) * kBlock;
-        float share[kBlock];
+    const float size = static_cast<float>(h.size * w.size);
+    float share[kBlock];
+    for (index_t l = 0; l < kBlock; ++l)
+      share[l] = dy[o + l] / size;
+    for (index_t ih = h.start; ih < h.end; ++ih) {
+      for (index_t iw = w.start; iw < w.end; ++iw) {
+        float* v = grad + (ih * s.width + iw) * kBlock;
         for (index_t l = 0; l < kBlock; ++l)
-          share[l] = g[l] / size;
-        for (index_t ih = h.start; ih < h.end; ++ih) {
-          for (index_t iw = w.start; iw < w.end; ++iw) {
-            float* v = grad + (ih * s.width + iw) * kBlock;
-            for (index_t l = 0; l < kBlock; ++l)
-              v[l] += share[l];
-          }
-        }
+          v[l] += share[l];
       }
     }
   });
