@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """hybridnn against PyTorch and BVLC Caffe on the CPU, on Caffe's model zoo: CaffeNet,
-GoogLeNet, ResNet-50 and MobileNet v1 (the deploy prototxt files in shared/models), each
-forward + full backward (weight and data gradients, Caffe's force_backward) at batch 32,
+GoogLeNet, ResNet-50 and MobileNet v1 (the deploy prototxt files in shared/models) and
+SqueezeNet v1.1 (bench/models), each forward + full backward (weight and data gradients, Caffe's force_backward) at batch 32,
 printed as JSON lines with the ratios hybridnn / PyTorch, hybridnn / Caffe and the
 fraction of the FLOP-count limit that hybridnn reaches.
 
-  bench/zoo.py [--nets caffenet,googlenet,resnet50,mobilenet] [--batch 32]
+  bench/zoo.py [--nets caffenet,googlenet,resnet50,mobilenet,squeezenet] [--batch 32]
                [--iterations 10] [--chunks 5] [--threads 1,2] [--build build]
                [--tune cached] [--layout blocked] [--caffe PATH/caffe] [--markdown FILE]
 
@@ -35,6 +35,9 @@ softmax, as the prototxt files do. They are:
   MobileNet  written here after the prototxt: conv 3x3/2 32, then 13 blocks of depthwise
              3x3 + BatchNorm + ReLU and pointwise 1x1 + BatchNorm + ReLU (convolutions
              without bias), global average pooling, and fc7 as a 1x1 convolution to 1000.
+  SqueezeNet torchvision.models.squeezenet1_1(), the same layers as the Caffe v1.1 deploy
+             net in bench/models (not in shared/models: a public net of GoogLeNet's family,
+             1x1 and 3x3 branches joined by Concat).
 
 Needs Debian's python3-torch and python3-torchvision; without them the script says so,
 prints {"skipped": ...} and runs hybridnn and Caffe alone. Needs the `hybridnn` and
@@ -122,10 +125,21 @@ def mobilenet(torch):
     return nn.Sequential(*layers)
 
 
+def squeezenet(torch):
+    import torchvision
+    net = torchvision.models.squeezenet1_1()
+    return torch.nn.Sequential(net, torch.nn.Softmax(dim=1))
+
+
+# Prototxt files named relative to ../shared/models, or absolute (bench/models: public Caffe
+# nets of the same families that shared/models does not hold).
 NETS = [NetSpec("caffenet", "CaffeNet", "bvlc_reference_caffenet_deploy.prototxt", caffenet),
         NetSpec("googlenet", "GoogLeNet", "bvlc_googlenet_deploy.prototxt", googlenet),
         NetSpec("resnet50", "ResNet-50", "resnet50_deploy.prototxt", resnet50),
-        NetSpec("mobilenet", "MobileNet v1", "mobilenet_v1_deploy.prototxt", mobilenet)]
+        NetSpec("mobilenet", "MobileNet v1", "mobilenet_v1_deploy.prototxt", mobilenet),
+        NetSpec("squeezenet", "SqueezeNet v1.1",
+                os.path.join(REPO, "bench", "models", "squeezenet_v1.1_deploy.prototxt"),
+                squeezenet)]
 
 
 def caffe_phase(torch, net):

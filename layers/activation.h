@@ -21,6 +21,7 @@ class ReluLayer final : public Layer {
   bool allows_in_place() const override { return true; }
   // Element by element: any layout, the same for input and output.
   BlockedLayout blocked_layout() const override { return BlockedLayout::uniform; }
+  float negative_slope() const { return param_.negative_slope; }
 
  private:
   ReluParams param_;

@@ -57,14 +57,15 @@ std::size_t BatchNormLayer::workspace_bytes(const Driver&, index_t rows) const {
   return static_cast<std::size_t>(floats) * sizeof(float);
 }
 
-void BatchNormLayer::global_statistics(Driver& driver, const LayerSlice& slice, float* neg_mean,
-                                       float* inv_std) const {
-  const float factor = detail::read_scalar(driver, slice.params[2].x());
+void batch_norm_stored_statistics(Driver& driver, index_t channels, float eps,
+                                  const Operand& mean_sum, const Operand& variance_sum,
+                                  const Operand& weight, float* neg_mean, float* inv_std) {
+  const float factor = detail::read_scalar(driver, weight.x());
   const float scale = factor == 0.0f ? 0.0f : 1.0f / factor;
-  driver.axpby(channels_, -scale, slice.params[0].x(), 0.0f, neg_mean);
-  driver.axpby(channels_, scale, slice.params[1].x(), 0.0f, inv_std);
-  driver.add_scalar(channels_, param_.eps, inv_std);
-  driver.powx(channels_, inv_std, -0.5f, inv_std);
+  driver.axpby(channels, -scale, mean_sum.x(), 0.0f, neg_mean);
+  driver.axpby(channels, scale, variance_sum.x(), 0.0f, inv_std);
+  driver.add_scalar(channels, eps, inv_std);
+  driver.powx(channels, inv_std, -0.5f, inv_std);
 }
 
 void BatchNormLayer::forward(const LayerSlice& slice) {
@@ -79,7 +80,8 @@ void BatchNormLayer::forward(const LayerSlice& slice) {
   if (global_stats(slice.phase)) {
     float* neg_mean = slice.workspace.as<float>();
     float* inv_std = neg_mean + channels_;
-    global_statistics(driver, slice, neg_mean, inv_std);
+    batch_norm_stored_statistics(driver, channels_, param_.eps, slice.params[0], slice.params[1],
+                                 slice.params[2], neg_mean, inv_std);
     detail::copy_floats(driver, count, x, y);
     driver.bias_forward(shape, neg_mean, y);
     driver.scale_channels(shape, inv_std, y, y);
@@ -133,7 +135,8 @@ void BatchNormLayer::backward(const LayerSlice& slice) {
     // The statistics are constants here: dx = dy / sqrt(variance + eps).
     float* neg_mean = slice.workspace.as<float>();
     float* inv_std = neg_mean + channels_;
-    global_statistics(driver, slice, neg_mean, inv_std);
+    batch_norm_stored_statistics(driver, channels_, param_.eps, slice.params[0], slice.params[1],
+                                 slice.params[2], neg_mean, inv_std);
     driver.scale_channels(shape, inv_std, dy, dx);
     return;
   }

@@ -30,6 +30,11 @@ class BatchNormLayer final : public Layer {
   bool allows_in_place() const override { return true; }
   // Per-channel calls and element-wise ones: nChw16c too, input and output alike.
   BlockedLayout blocked_layout() const override { return BlockedLayout::uniform; }
+  // Whether calls in `phase` normalise with the stored statistics (Caffe's
+  // use_global_stats, by default the test phase): then the layer is a per-channel affine
+  // map that a Net may fuse with a Scale after it (ScaleLayer::fuse_norm).
+  bool uses_stored_statistics(Phase phase) const { return global_stats(phase); }
+  float eps() const { return param_.eps; }
   // Forward with batch statistics updates the statistics blobs.
   bool updates_params_in_forward() const override {
     return !param_.use_global_stats.value_or(false);
@@ -38,13 +43,16 @@ class BatchNormLayer final : public Layer {
  private:
   bool global_stats(Phase phase) const;
   AxisShape slice_shape(index_t rows) const;
-  // Writes the global-statistics mean and (variance + eps)^-1/2 from the parameters.
-  void global_statistics(Driver& driver, const LayerSlice& slice, float* mean,
-                         float* inv_std) const;
 
   BatchNormParams param_;
   Shape input_shape_;
   index_t channels_ = 0;
 };
+
+// From BatchNorm's three statistics blobs (sums of means and of variances, and their
+// weight): neg_mean = -mean and inv_std = (variance + eps)^-1/2 per channel.
+void batch_norm_stored_statistics(Driver& driver, index_t channels, float eps,
+                                  const Operand& mean_sum, const Operand& variance_sum,
+                                  const Operand& weight, float* neg_mean, float* inv_std);
 
 }  // namespace hn

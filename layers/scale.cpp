@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "layers/batch_norm.h"
 #include "layers/common.h"
 #include "lib/core/check.h"
 
@@ -77,7 +78,22 @@ std::vector<Shape> ScaleLayer::setup(const std::vector<Shape>& inputs) {
     // Parameter gradients accumulate, so slices add up; a scale over axis 0 spans the batch.
     splits_by_rows_ = scalar || axis_ >= 1;
   }
+  if (!can_fuse_norm()) fused_.reset();
   return {x};
+}
+
+void ScaleLayer::fuse_norm(std::optional<FusedNorm> fused) {
+  HN_CHECK(!fused || can_fuse_norm(),
+           "{}: only a learned per-channel scale (axis 1, one axis) running in place can take "
+           "in a BatchNorm",
+           describe());
+  fused_ = std::move(fused);
+}
+
+std::string ScaleLayer::algorithm(const Driver&) const {
+  if (!fused_) return "";
+  return fmt::format("fused: BatchNorm '{}' + Scale{}", fused_->batch_norm,
+                     fused_->relu.empty() ? "" : fmt::format(" + ReLU '{}'", fused_->relu));
 }
 
 // The input rows [begin, begin + rows) viewed as [outer][scale][inner]. When the scale
@@ -94,13 +110,15 @@ AxisShape ScaleLayer::slice_shape(index_t rows) const {
 
 std::size_t ScaleLayer::workspace_bytes(const Driver&, index_t rows) const {
   const AxisShape shape = slice_shape(rows);
-  return static_cast<std::size_t>(shape.count()) * sizeof(float);  // dy * x for the scale
+  // dy * x for the scale; fused, three channel vectors (shift, 1/std, gamma/std).
+  return static_cast<std::size_t>(std::max(shape.count(), 3 * shape.channels)) * sizeof(float);
 }
 
 void ScaleLayer::forward(const LayerSlice& slice) {
   AxisShape shape = slice_shape(slice.rows());
   shape.layout = slice.inputs[0].layout;
   if (shape.channels == 0 || shape.inner == 0) return;
+  if (fused_) return fused_forward(slice, shape);
   Driver& driver = *slice.driver;
   const float* scale = scale_is_input_ ? slice.inputs[1].x() : slice.params[0].x();
   float* y = slice.outputs[0].mutable_x();
@@ -121,6 +139,7 @@ void ScaleLayer::backward(const LayerSlice& slice) {
   AxisShape shape = slice_shape(slice.rows());
   shape.layout = slice.inputs[0].layout;
   if (shape.channels == 0 || shape.inner == 0) return;  // nothing to scale, no gradient
+  if (fused_) return fused_backward(slice, shape);
   Driver& driver = *slice.driver;
   const float* dy = slice.outputs[0].dx();
   auto wants = [&](std::size_t input) {
@@ -149,6 +168,49 @@ void ScaleLayer::backward(const LayerSlice& slice) {
     const float* scale = scale_is_input_ ? slice.inputs[1].x() : slice.params[0].x();
     driver.scale_channels(shape, scale, dy, slice.inputs[0].mutable_dx());
   }
+}
+
+// Fused: params are the scale, the bias (bias_term) and then the BatchNorm's statistics.
+void ScaleLayer::fused_forward(const LayerSlice& slice, const AxisShape& shape) {
+  const std::size_t own = param_.bias_term ? 2 : 1;
+  HN_CHECK(slice.params.size() == own + 3 && slice.state.size() == 1,
+           "{}: fused with a BatchNorm, forward needs its three statistics blobs after the "
+           "layer's {} parameter(s), got {} parameters",
+           describe(), own, slice.params.size());
+  Driver& driver = *slice.driver;
+  float* shift = slice.workspace.as<float>();
+  float* inv_std = shift + shape.channels;
+  batch_norm_stored_statistics(driver, shape.channels, fused_->eps, slice.params[own],
+                               slice.params[own + 1], slice.params[own + 2], shift, inv_std);
+  driver.norm_affine_forward(shape, slice.inputs[0].x(), shift, inv_std, slice.params[0].x(),
+                             param_.bias_term ? slice.params[1].x() : nullptr,
+                             !fused_->relu.empty(), fused_->relu_slope, slice.state[0].mutable_x(),
+                             slice.outputs[0].mutable_x());
+}
+
+void ScaleLayer::fused_backward(const LayerSlice& slice, const AxisShape& shape) {
+  Driver& driver = *slice.driver;
+  const std::size_t own = param_.bias_term ? 2 : 1;
+  float* dx = !slice.propagate_down.empty() && slice.propagate_down[0]
+                  ? slice.inputs[0].mutable_dx()
+                  : nullptr;
+  float* dx_scale = nullptr;
+  if (dx != nullptr) {
+    // dx = dz * gamma / std: the BatchNorm's statistics are constants here.
+    float* shift = slice.workspace.as<float>();
+    float* inv_std = shift + shape.channels;
+    dx_scale = inv_std + shape.channels;
+    batch_norm_stored_statistics(driver, shape.channels, fused_->eps, slice.params[own],
+                                 slice.params[own + 1], slice.params[own + 2], shift, inv_std);
+    driver.mul(shape.channels, slice.params[0].x(), inv_std, dx_scale);
+  }
+  float* dgamma = slice.params[0].diff.address != nullptr ? slice.params[0].mutable_dx() : nullptr;
+  float* dbeta = param_.bias_term && slice.params[1].diff.address != nullptr
+                     ? slice.params[1].mutable_dx()
+                     : nullptr;
+  driver.norm_affine_backward(shape, slice.outputs[0].dx(), slice.outputs[0].x(),
+                              slice.state[0].x(), dx_scale, !fused_->relu.empty(),
+                              fused_->relu_slope, dgamma, dbeta, dx);
 }
 
 }  // namespace hn

@@ -2,6 +2,7 @@
 // public API, include/hybridnn/layers/scale.h.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,18 +29,39 @@ class ScaleLayer final : public Layer {
   bool allows_in_place() const override { return true; }
   // A learned scale per channel of the input (axis 1, one axis): nChw16c too.
   BlockedLayout blocked_layout() const override {
-    return !scale_is_input_ && axis_ == 1 && scale_shape_.axes() == 1 ? BlockedLayout::uniform
-                                                                      : BlockedLayout::none;
+    return per_channel() ? BlockedLayout::uniform : BlockedLayout::none;
   }
+
+  // A BatchNorm on stored statistics before this layer and, optionally, a ReLU after it,
+  // all in place on one blob, run as this layer's calls (a Net does so, NetOptions::
+  // fuse_layers): one pass each way (Driver::norm_affine_*) instead of about eight. The
+  // calls then get the BatchNorm's three statistics blobs as parameters after the Scale's
+  // own (read only), and the input's gradient is the BatchNorm's input's; the state keeps
+  // the normalised values, the Scale's input, as it does in place anyway.
+  struct FusedNorm {
+    std::string batch_norm, relu;  // the fused layers' names ("" for no ReLU)
+    float eps = 1e-5f;
+    float relu_slope = 0.0f;
+  };
+  // Whether the layer can take a BatchNorm in: a learned per-channel scale, in place.
+  bool can_fuse_norm() const { return per_channel() && in_place(0); }
+  // Called after setup(); std::nullopt undoes it.
+  void fuse_norm(std::optional<FusedNorm> fused);
+  const std::optional<FusedNorm>& fused_norm() const { return fused_; }
+  std::string algorithm(const Driver& driver) const override;
 
  private:
   AxisShape slice_shape(index_t rows) const;
+  bool per_channel() const { return !scale_is_input_ && axis_ == 1 && scale_shape_.axes() == 1; }
+  void fused_forward(const LayerSlice& slice, const AxisShape& shape);
+  void fused_backward(const LayerSlice& slice, const AxisShape& shape);
 
   ScaleParams param_;
   Shape input_shape_, scale_shape_;
   int axis_ = 1;
   bool scale_is_input_ = false;
   bool splits_by_rows_ = false;
+  std::optional<FusedNorm> fused_;
 };
 
 }  // namespace hn

@@ -2015,4 +2015,113 @@ TEST_CASE(
   }
 }
 
+// ---- BatchNorm + Scale + ReLU fused -------------------------------------------------
+
+TEST_CASE(
+    "norm_affine forward and backward match the reference on every driver, in place and "
+    "nChw16c too",
+    "[driver_ops][norm]") {
+  using hn::Layout;
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    hn::Driver& d = *drivers.driver;
+    std::uint32_t seed = 5300;
+    std::vector<hn::AxisShape> shapes = axis_cases();
+    shapes.push_back(axis(2, 16, 1));  // one 16-wide vector per image
+    for (hn::AxisShape shape : {axis(2, 32, 35), axis(3, 16, 1), axis(1, 48, 200)}) {
+      shape.layout = Layout::nchw16c;
+      shapes.push_back(shape);
+    }
+    for (const hn::AxisShape& shape : shapes) {
+      const bool blocked = shape.layout == Layout::nchw16c;
+      if (blocked && !d.capabilities().blocked_layout) continue;
+      hn::AxisShape plain = shape;
+      plain.layout = Layout::nchw;
+      // The tested side gets blocked copies; the oracle computes on NCHW.
+      const auto lay = [&](const std::vector<float>& v, bool back = false) {
+        if (!blocked) return v;
+        return back ? relaid(v, shape.outer, shape.channels, shape.inner, 1, Layout::nchw16c,
+                             Layout::nchw)
+                    : relaid(v, shape.outer, shape.channels, shape.inner, 1, Layout::nchw,
+                             Layout::nchw16c);
+      };
+      const index_t count = shape.count(), c = shape.channels;
+      for (int variant = 0; variant < 4; ++variant) {
+        const bool relu = variant != 0, in_place = variant >= 2;
+        const float slope = variant == 3 ? 0.25f : 0.0f;
+        const bool with_beta = variant != 2;
+        INFO(shape.to_string() << " relu=" << relu << " slope=" << slope << " in_place=" << in_place
+                               << " beta=" << with_beta);
+        const std::vector<float> xv = random_floats(count, seed++, -2.0f, 2.0f);
+        const TwinArray x(drivers, xv, lay(xv));
+        const TwinArray shift(drivers, random_floats(c, seed++));
+        const TwinArray inv_std(drivers, random_floats(c, seed++, 0.5f, 2.0f));
+        const TwinArray gamma(drivers, random_floats(c, seed++, -2.0f, 2.0f));
+        const TwinArray beta(drivers, random_floats(c, seed++));
+        const TwinArray normalised(drivers, constant(count, -7777.0f), constant(count, kNaN));
+        const TwinArray y(drivers, constant(count, -7777.0f), constant(count, kNaN));
+        run_both(drivers, [&](hn::Driver& dr, Side s) {
+          const hn::AxisShape& as = s == Side::oracle ? plain : shape;
+          dr.norm_affine_forward(as, x[s], shift[s], inv_std[s], gamma[s],
+                                 with_beta ? beta[s] : nullptr, relu, slope, normalised[s],
+                                 in_place ? x[s] : y[s]);
+        });
+        const TwinArray& out = in_place ? x : y;
+        check_close(lay(out.tested(), true), out.oracle(), kElementwiseTolerance);
+        check_close(lay(normalised.tested(), true), normalised.oracle(), kElementwiseTolerance);
+        // Without a kept normalised: the same output.
+        if (!in_place) {
+          const TwinArray y2(drivers, constant(count, -7777.0f), constant(count, kNaN));
+          d.norm_affine_forward(shape, x[Side::tested], shift[Side::tested], inv_std[Side::tested],
+                                gamma[Side::tested], with_beta ? beta[Side::tested] : nullptr, relu,
+                                slope, nullptr, y2[Side::tested]);
+          check_identical(y2.tested(), y.tested());
+        }
+        // Backward from the forward's output; the gradients add to what is there.
+        const std::vector<float> dyv = random_floats(count, seed++);
+        const TwinArray dy(drivers, dyv, lay(dyv));
+        const TwinArray dx_scale(drivers, random_floats(c, seed++, -2.0f, 2.0f));
+        const TwinArray dgamma(drivers, random_floats(c, seed++));
+        const TwinArray dbeta(drivers, random_floats(c, seed++));
+        const TwinArray dx(drivers, constant(count, -7777.0f), constant(count, kNaN));
+        run_both(drivers, [&](hn::Driver& dr, Side s) {
+          const hn::AxisShape& as = s == Side::oracle ? plain : shape;
+          dr.norm_affine_backward(as, dy[s], out[s], normalised[s], dx_scale[s], relu, slope,
+                                  dgamma[s], with_beta ? dbeta[s] : nullptr,
+                                  in_place ? dy[s] : dx[s]);
+        });
+        const TwinArray& grad = in_place ? dy : dx;
+        check_close(lay(grad.tested(), true), grad.oracle(), kElementwiseTolerance);
+        check_close(dgamma.tested(), dgamma.oracle(), kReductionTolerance);
+        check_close(dbeta.tested(), dbeta.oracle(), kReductionTolerance);
+        // Only the parameters' gradients, and only dx: each as in the full call.
+        if (!in_place) {
+          const TwinArray sums(drivers, random_floats(c, seed++));
+          const TwinArray dx_only(drivers, constant(count, -7777.0f), constant(count, kNaN));
+          run_both(drivers, [&](hn::Driver& dr, Side s) {
+            const hn::AxisShape& as = s == Side::oracle ? plain : shape;
+            dr.norm_affine_backward(as, dy[s], out[s], normalised[s], nullptr, relu, slope, sums[s],
+                                    nullptr, nullptr);
+            dr.norm_affine_backward(as, dy[s], out[s], nullptr, dx_scale[s], relu, slope, nullptr,
+                                    nullptr, dx_only[s]);
+          });
+          check_close(sums.tested(), sums.oracle(), kReductionTolerance);
+          check_identical(dx_only.tested(), dx.tested());
+        }
+      }
+    }
+    if (!d.capabilities().blocked_layout) {
+      hn::AxisShape rows = axis(1, 16, 4);
+      rows.layout = Layout::nchw16c;
+      const DeviceArray a(d, rows.count()), v(d, 16);
+      CHECK_THAT(error_of([&] {
+                   d.norm_affine_forward(rows, a.data(), v.data(), v.data(), v.data(), nullptr,
+                                         false, 0.0f, nullptr, a.data());
+                 }),
+                 Contains("norm_affine_forward") && Contains("NCHW"));
+    }
+  }
+}
+
 }  // namespace

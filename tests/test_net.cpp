@@ -124,6 +124,181 @@ TEST_CASE("Net backward matches finite differences of the net loss") {
   CHECK(worst < 2e-3);
 }
 
+// BatchNorm + Scale [+ ReLU] chains for NetOptions::fuse_layers: bn1 (stored statistics)
+// -> scale1 -> relu1 in place fuses whole (relu1's output is read twice: a split); bn2
+// uses batch statistics in training and stays; bn3 -> scale3 (no bias) fuses without a
+// ReLU; bn4 is not in place and stays. (No in-place layer follows a ReLU: its backward
+// reads the blob as the ReLU's output, as Caffe's does.)
+const char* kNormNet = R"(
+name: "norms"
+layer { name: "in" type: "Input" top: "x" top: "label"
+        input_param { shape { dim: 3 dim: 16 dim: 5 dim: 4 } shape { dim: 3 } } }
+layer { name: "conv1" type: "Convolution" bottom: "x" top: "c1"
+        convolution_param { num_output: 16 kernel_size: 3 pad: 1
+                            weight_filler { type: "gaussian" std: 0.2 } } }
+layer { name: "bn1" type: "BatchNorm" bottom: "c1" top: "c1"
+        batch_norm_param { use_global_stats: true } }
+layer { name: "scale1" type: "Scale" bottom: "c1" top: "c1" scale_param { bias_term: true } }
+layer { name: "relu1" type: "ReLU" bottom: "c1" top: "c1" }
+layer { name: "conv2" type: "Convolution" bottom: "c1" top: "c2"
+        convolution_param { num_output: 16 kernel_size: 1 bias_term: false
+                            weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "bn2" type: "BatchNorm" bottom: "c2" top: "c2" }
+layer { name: "scale2" type: "Scale" bottom: "c2" top: "c2" scale_param { bias_term: true } }
+layer { name: "relu2" type: "ReLU" bottom: "c2" top: "c2" relu_param { negative_slope: 0.1 } }
+layer { name: "conv3" type: "Convolution" bottom: "c2" top: "c3"
+        convolution_param { num_output: 16 kernel_size: 1
+                            weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "bn3" type: "BatchNorm" bottom: "c3" top: "c3"
+        batch_norm_param { use_global_stats: true } }
+layer { name: "scale3" type: "Scale" bottom: "c3" top: "c3" }
+layer { name: "sum" type: "Eltwise" bottom: "c3" bottom: "c1" top: "s" }
+layer { name: "bn4" type: "BatchNorm" bottom: "s" top: "n4"
+        batch_norm_param { use_global_stats: true } }
+layer { name: "scale4" type: "Scale" bottom: "n4" top: "n4" scale_param { bias_term: true } }
+layer { name: "ip" type: "InnerProduct" bottom: "n4" top: "logits"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "logits" bottom: "label" top: "loss" }
+)";
+
+struct NormRun {
+  float loss = 0.0f;
+  std::vector<std::vector<float>> gradients;  // every parameter's, then the input's
+  std::map<std::string, std::string> algorithms;
+};
+
+NormRun run_norm_net(const Device& device, bool fuse, bool blocked, Phase phase) {
+  Runtime runtime;
+  Driver& driver = runtime.add(device);
+  NetOptions options;
+  options.force_backward = true;
+  options.fuse_layers = fuse;
+  options.blocked_layout = blocked;
+  options.state.phase = phase;
+  auto net = Net::from_text(kNormNet, "norms.prototxt", runtime, driver, options);
+  std::uint32_t seed = 40;
+  for (const NetParam& p : net->learnable_params()) {
+    const std::vector<float> r =
+        test::random_floats(static_cast<std::size_t>(p.tensor->count()), seed++);
+    float* data = p.tensor->host_data_mut();
+    for (index_t i = 0; i < p.tensor->count(); ++i) {
+      const float v = r[static_cast<std::size_t>(i)];
+      // BatchNorm: means, variances around 1, factor 2; Scale: multipliers around 1.
+      if (p.layer.rfind("bn", 0) == 0) {
+        data[i] = p.index == 0 ? 0.2f * v : p.index == 1 ? 1.6f + v : 2.0f;
+      } else if (p.layer.rfind("scale", 0) == 0) {
+        data[i] = p.index == 0 ? 1.0f + 0.5f * v : 0.2f * v;
+      } else if (p.layer.rfind("conv", 0) != 0 && p.layer != "ip") {
+        data[i] = v;
+      }
+    }
+  }
+  const BlobRef x = net->blob("x");
+  const std::vector<float> values = test::random_floats(static_cast<std::size_t>(x.count()), 9);
+  std::copy(values.begin(), values.end(), x.host_data_mut());
+  float* label = net->blob("label").host_data_mut();
+  for (int i = 0; i < 3; ++i)
+    label[i] = static_cast<float>(i);
+  net->clear_param_diffs();
+  NormRun run;
+  run.loss = net->forward_backward();
+  for (const NetParam& p : net->learnable_params()) {
+    const float* diff = p.tensor->host_diff();
+    run.gradients.emplace_back(diff, diff + p.tensor->count());
+  }
+  run.gradients.emplace_back(x.host_diff(), x.host_diff() + x.count());
+  for (int l = 0; l < net->num_layers(); ++l)
+    run.algorithms[net->layer_name(l)] = net->layer_algorithm(l);
+  return run;
+}
+
+TEST_CASE(
+    "Net fuses in-place BatchNorm (stored statistics) + Scale [+ ReLU] chains and computes "
+    "what the unfused layers do, NCHW and nChw16c, on the CPU and reference drivers",
+    "[net][fusion]") {
+  const char* device = GENERATE("cpu", "reference");
+  const bool blocked = GENERATE(false, true);
+  INFO(device << (blocked ? ", nChw16c" : ", NCHW"));
+  const NormRun fused = run_norm_net(Device::parse(device), true, blocked, Phase::train);
+  const NormRun plain = run_norm_net(Device::parse(device), false, blocked, Phase::train);
+  CHECK(fused.algorithms.at("bn1") == "fused into 'scale1'");
+  CHECK(fused.algorithms.at("relu1") == "fused into 'scale1'");
+  CHECK(fused.algorithms.at("scale1") == "fused: BatchNorm 'bn1' + Scale + ReLU 'relu1'");
+  CHECK(fused.algorithms.at("bn2").empty());  // batch statistics in training
+  CHECK(fused.algorithms.at("scale2").empty());
+  CHECK(fused.algorithms.at("relu2").empty());
+  CHECK(fused.algorithms.at("bn3") == "fused into 'scale3'");
+  CHECK(fused.algorithms.at("scale3") == "fused: BatchNorm 'bn3' + Scale");
+  CHECK(fused.algorithms.at("bn4").empty());  // not in place
+  CHECK(plain.algorithms.at("scale1").empty());
+  CHECK(std::fabs(fused.loss - plain.loss) <= 1e-5 * std::max(1.0f, std::fabs(plain.loss)));
+  REQUIRE(fused.gradients.size() == plain.gradients.size());
+  for (std::size_t g = 0; g < plain.gradients.size(); ++g) {
+    INFO("gradient " << g);
+    CHECK(test::max_scaled_diff(plain.gradients[g], fused.gradients[g]) <= 1e-5);
+  }
+  // In the test phase bn2 normalises with its stored statistics too: its chain fuses.
+  const NormRun test_phase = run_norm_net(Device::parse(device), true, blocked, Phase::test);
+  CHECK(test_phase.algorithms.at("scale2") == "fused: BatchNorm 'bn2' + Scale + ReLU 'relu2'");
+}
+
+TEST_CASE("A fused BatchNorm + Scale + ReLU net's gradients match finite differences",
+          "[net][fusion]") {
+  const bool fuse = GENERATE(true, false);
+  INFO((fuse ? "fused" : "apart"));
+  Fixture f(Device::parse("cpu"));
+  NetOptions options;
+  options.force_backward = true;
+  options.fuse_layers = fuse;
+  options.state.phase = Phase::test;  // every BatchNorm on its stored statistics
+  auto net = Net::from_text(kNormNet, "norms.prototxt", f.runtime, *f.driver, options);
+  for (const NetParam& p : net->learnable_params()) {
+    float* data = p.tensor->host_data_mut();
+    for (index_t i = 0; i < p.tensor->count(); ++i) {
+      if (p.layer.rfind("bn", 0) == 0) data[i] = p.index == 1 ? 1.5f : p.index == 2 ? 1.0f : 0.1f;
+      if (p.layer.rfind("scale", 0) == 0) data[i] = p.index == 0 ? 0.8f : 0.05f;
+    }
+  }
+  const BlobRef x = net->blob("x");
+  const std::vector<float> values = test::random_floats(static_cast<std::size_t>(x.count()), 3);
+  std::copy(values.begin(), values.end(), x.host_data_mut());
+  for (int i = 0; i < 3; ++i)
+    net->blob("label").host_data_mut()[i] = static_cast<float>(2 - i);
+  net->clear_param_diffs();
+  net->forward();
+  net->backward();
+  // The fused layers' own parameters (Scale's multipliers and biases) and the input.
+  std::vector<std::pair<float*, std::vector<float>>> targets;
+  for (const NetParam& p : net->learnable_params()) {
+    if (p.layer != "scale1" && p.layer != "scale3") continue;
+    const float* diff = p.tensor->host_diff();
+    targets.emplace_back(p.tensor->host_data_mut(),
+                         std::vector<float>(diff, diff + p.tensor->count()));
+  }
+  REQUIRE(targets.size() == 3);  // scale1's two, scale3's one
+  targets.emplace_back(x.host_data_mut(),
+                       std::vector<float>(x.host_diff(), x.host_diff() + x.count()));
+  // Small steps: the ReLUs' kinks lie close to some of the values.
+  const float eps = 2e-3f;
+  double worst = 0.0, largest = 0.0;
+  for (auto& [data, gradient] : targets) {
+    for (std::size_t i = 0; i < gradient.size(); i += 7) {
+      const float saved = data[i];
+      data[i] = saved + eps;
+      const double plus = net->forward();
+      data[i] = saved - eps;
+      const double minus = net->forward();
+      data[i] = saved;
+      const double numeric = (plus - minus) / (2.0 * eps);
+      const double err = std::fabs(numeric - gradient[i]) / std::max(1.0, std::fabs(numeric));
+      worst = std::max(worst, err);
+      largest = std::max(largest, std::fabs(numeric));
+    }
+  }
+  CHECK(largest > 1e-3);  // the loss depends on them
+  CHECK(worst < 2e-3);
+}
+
 TEST_CASE("Net without memory reuse computes the same losses and gradients") {
   Fixture f;
   NetOptions shared, separate;
@@ -355,15 +530,18 @@ struct ZooRun {
   std::vector<float> output, input_gradient;
   std::vector<std::vector<float>> gradients;
   int blocked_blobs = 0;  // kept nChw16c between layers
+  int fused_layers = 0;   // run by another layer (NetOptions::fuse_layers)
 };
 
-ZooRun run_zoo_net(const std::string& file, const Device& device, bool blocked_layout = false) {
+ZooRun run_zoo_net(const std::string& file, const Device& device, bool blocked_layout = false,
+                   bool fuse_layers = true) {
   Runtime runtime;
   Driver& driver = runtime.add(device);
   NetOptions options;
   options.batch_size = 2;
   options.force_backward = true;
   options.blocked_layout = blocked_layout;
+  options.fuse_layers = fuse_layers;
   Net net(fmt::format("{}/{}", HYBRIDNN_MODELS_DIR, file), runtime, driver, options);
   set_zoo_weights(net);
   const BlobRef data = net.blob(net.input_blob_names().at(0));
@@ -375,6 +553,8 @@ ZooRun run_zoo_net(const std::string& file, const Device& device, bool blocked_l
   ZooRun run;
   for (const std::string& name : net.blob_names())
     run.blocked_blobs += net.blob(name).layout == Layout::nchw16c ? 1 : 0;
+  for (int l = 0; l < net.num_layers(); ++l)
+    run.fused_layers += net.layer_algorithm(l).rfind("fused into", 0) == 0 ? 1 : 0;
   run.output.assign(out.host_data(), out.host_data() + out.count());
   // Backward from a random gradient of the output (a deploy net has no loss).
   const std::vector<float> dy = test::random_floats(static_cast<std::size_t>(out.count()), 6);
@@ -393,7 +573,7 @@ ZooRun run_zoo_net(const std::string& file, const Device& device, bool blocked_l
 TEST_CASE(
     "Caffe's zoo nets (CaffeNet, GoogLeNet, ResNet-50, MobileNet v1) compute on the CPU driver "
     "what they compute on the reference driver, forward and backward, at batch 2, with "
-    "activations NCHW and nChw16c between layers",
+    "activations NCHW and nChw16c between layers and BatchNorm + Scale + ReLU fused",
     "[zoo]") {
   const char* file =
       GENERATE("bvlc_reference_caffenet_deploy.prototxt", "bvlc_googlenet_deploy.prototxt",
@@ -402,9 +582,17 @@ TEST_CASE(
   INFO(file << (blocked ? ", nChw16c activations" : ", NCHW activations"));
   const ZooRun cpu = run_zoo_net(file, Device::parse("cpu"), blocked);
   static std::map<std::string, ZooRun> references;  // the slow side, once per net
-  if (references.count(file) == 0) references[file] = run_zoo_net(file, Device::parse("reference"));
+  // The reference runs every layer apart.
+  if (references.count(file) == 0)
+    references[file] = run_zoo_net(file, Device::parse("reference"), false, false);
   const ZooRun& reference = references.at(file);
   CHECK((cpu.blocked_blobs > 0) == blocked);
+  CHECK(reference.fused_layers == 0);
+  // ResNet-50: 53 BatchNorm + Scale chains, 33 with a ReLU (the other 16 ReLUs follow the
+  // Eltwise sums); MobileNet: 27, every one with a ReLU.
+  const std::string name = file;
+  if (name.rfind("resnet", 0) == 0) CHECK(cpu.fused_layers == 53 + 33);
+  if (name.rfind("mobilenet", 0) == 0) CHECK(cpu.fused_layers == 2 * 27);
   // Float sums in other orders (Winograd among them) over tens of layers: 1e-3. Max pooling
   // adds a discontinuity: where two inputs of a window differ only by rounding, the drivers
   // may pick different maxima and send that window's gradient to a neighbouring element

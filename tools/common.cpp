@@ -89,7 +89,17 @@ std::vector<FlagSpec> tune_flags() {
       {"layout", FlagKind::text, "blocked|nchw",
        "activations between layers: blocked (default: nChw16c between the CPU layers that "
        "take it, reordered only at the edges) or nchw (every blob NCHW)"},
+      {"fuse", FlagKind::text, "on|off",
+       "run each in-place BatchNorm (stored statistics) + Scale [+ ReLU] as one layer, one "
+       "pass each way (default on)"},
   };
+}
+
+bool chosen_fuse_layers(const Args& args) {
+  const std::string fuse = args.text("fuse", "on");
+  if (fuse != "on" && fuse != "off")
+    throw UsageError(fmt::format("--fuse: expected on or off, got '{}'", fuse));
+  return fuse == "on";
 }
 
 bool chosen_blocked_layout(const Args& args) {
@@ -132,6 +142,7 @@ NetOptions net_options(const Args& args, Phase phase) {
   options.layer_splits = chosen_layer_splits(args);
   options.tune = chosen_tune(args);
   options.blocked_layout = chosen_blocked_layout(args);
+  options.fuse_layers = chosen_fuse_layers(args);
   return options;
 }
 

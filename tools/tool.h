@@ -31,14 +31,17 @@ std::vector<FlagSpec> device_flags();
 std::vector<FlagSpec> net_flags();
 NetOptions net_options(const Args& args, Phase phase);
 
-// --tune, --tune-cache, --layout: the measured choice of algorithms (hybridnn/tune.h) and
-// the activations' layout (NetOptions::blocked_layout).
+// --tune, --tune-cache, --layout, --fuse: the measured choice of algorithms
+// (hybridnn/tune.h), the activations' layout (NetOptions::blocked_layout) and the fusion of
+// layers (NetOptions::fuse_layers).
 std::vector<FlagSpec> tune_flags();
 // TuneOptions of --tune (default cached) and --tune-cache; measured choices are reported on
 // stderr by rank 0 ("Tuned conv1 on cpu in 0.84 s: direct").
 TuneOptions chosen_tune(const Args& args);
 // Whether --layout (default blocked) asks for NetOptions::blocked_layout.
 bool chosen_blocked_layout(const Args& args);
+// Whether --fuse (default on) asks for NetOptions::fuse_layers.
+bool chosen_fuse_layers(const Args& args);
 
 // Parses a --split SPEC with hn::Split::parse; throws UsageError quoting the flag. A bare
 // "auto" measures every available device but the reference driver (cpu and each cuda:N).

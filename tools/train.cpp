@@ -208,6 +208,7 @@ int run_train(const Args& args) {
   options.bucket_bytes = chosen_bucket_bytes(args);
   options.tune = chosen_tune(args);
   options.blocked_layout = chosen_blocked_layout(args);
+  options.fuse_layers = chosen_fuse_layers(args);
 
   Runtime runtime;
   Driver& driver = add_chosen_driver(runtime, args);

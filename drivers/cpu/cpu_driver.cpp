@@ -161,6 +161,18 @@ class CpuDriver final : public Driver {
       return cpu::bias_forward_blocked(parallel_, shape, bias, y);
     cpu::bias_forward(parallel_, shape, bias, y);
   }
+  void do_norm_affine_forward(const AxisShape& shape, const float* x, const float* shift,
+                              const float* inv_std, const float* gamma, const float* beta,
+                              bool relu, float slope, float* normalised, float* y) override {
+    cpu::norm_affine_forward(parallel_, shape, x, shift, inv_std, gamma, beta, relu, slope,
+                             normalised, y);
+  }
+  void do_norm_affine_backward(const AxisShape& shape, const float* dy, const float* y,
+                               const float* normalised, const float* dx_scale, bool relu,
+                               float slope, float* dgamma, float* dbeta, float* dx) override {
+    cpu::norm_affine_backward(parallel_, shape, dy, y, normalised, dx_scale, relu, slope, dgamma,
+                              dbeta, dx);
+  }
   void do_relu_forward(index_t n, float negative_slope, const float* x, float* y) override {
     cpu::relu_forward(parallel_, n, negative_slope, x, y);
   }

@@ -99,6 +99,14 @@ void bias_forward_blocked(Parallel& par, const AxisShape& shape, const float* bi
 void bias_backward_blocked(Parallel& par, const AxisShape& shape, const float* dy, float beta,
                            float* dbias);
 
+// ---- norm.cpp: BatchNorm on stored statistics + Scale + ReLU, NCHW and nChw16c ------
+void norm_affine_forward(Parallel& par, const AxisShape& shape, const float* x, const float* shift,
+                         const float* inv_std, const float* gamma, const float* beta, bool relu,
+                         float slope, float* normalised, float* y);
+void norm_affine_backward(Parallel& par, const AxisShape& shape, const float* dy, const float* y,
+                          const float* normalised, const float* dx_scale, bool relu, float slope,
+                          float* dgamma, float* dbeta, float* dx);
+
 // ---- lrn.cpp, softmax.cpp -----------------------------------------------------------
 void lrn_forward(Parallel& par, const LrnShape& shape, const float* x, float* y, float* scale);
 void lrn_backward(Parallel& par, const LrnShape& shape, const float* x, const float* y,

@@ -33,8 +33,8 @@ namespace hn {
 struct Capabilities {
   bool host_addressable = false;  // computes directly on ordinary host memory
   bool convolution = false;       // conv_* natively: preferred over lowering to GEMM
-  // conv_*, pool_*, lrn_*, scale_channels, bias_forward and bias_backward take nChw16c
-  // operands (Layout in shapes.h); other drivers reject them with an hn::Error.
+  // conv_*, pool_*, lrn_*, scale_channels, bias_forward, bias_backward and norm_affine_*
+  // take nChw16c operands (Layout in shapes.h); other drivers reject them with an hn::Error.
   bool blocked_layout = false;
 };
 

@@ -75,6 +75,12 @@ struct NetOptions {
   // BlobRef::layout says how any other blob lies. Off by default, so every blob reads as
   // NCHW; the hybridnn tool turns it on (--layout).
   bool blocked_layout = false;
+  // Runs each in-place chain BatchNorm (on stored statistics: use_global_stats, or the test
+  // phase) -> Scale (per channel) [-> ReLU] as one layer, one pass over the blob each way
+  // instead of about eight (Driver::norm_affine_*), where the three run unsplit on the
+  // Net's driver. Results equal the unfused layers' up to float rounding; the fused
+  // BatchNorm and ReLU report no time of their own (layer_algorithm names the fusion).
+  bool fuse_layers = true;
 };
 
 // A named blob of a net: its shape and its data and gradient memory. A blob whose memory is
@@ -134,7 +140,8 @@ class Net {
     backward();
     return loss;
   }
-  // The same for one layer (for per-layer timing); layers run in index order.
+  // The same for one layer (for per-layer timing); layers run in index order. A layer
+  // fused into another (NetOptions::fuse_layers) does nothing: the other does its work.
   void forward_layer(int index);
   void backward_layer(int index);
   // Sums the weighted losses of the last forward.

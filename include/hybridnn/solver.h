@@ -61,6 +61,8 @@ struct SolverOptions {
   TuneOptions tune;
   // nChw16c activations between the layers that take them (NetOptions::blocked_layout).
   bool blocked_layout = false;
+  // BatchNorm + Scale [+ ReLU] chains run as one layer (NetOptions::fuse_layers).
+  bool fuse_layers = true;
 };
 
 // What the Solver reports while it runs: one event per display interval (phase train) and

@@ -406,6 +406,56 @@ DriverOperands Driver::bias_backward_operands(const AxisShape& shape, const floa
   return ops;
 }
 
+// ---- per-channel normalisation -------------------------------------------------------
+
+DriverOperands Driver::norm_affine_forward_operands(const AxisShape& shape, const float* x,
+                                                    const float* shift, const float* inv_std,
+                                                    const float* gamma, const float* beta, bool,
+                                                    float, float* normalised, float* y) const {
+  DriverOperands ops;
+  shape.validate("norm_affine_forward");
+  check_layout_support(*this, "norm_affine_forward", shape.layout != Layout::nchw,
+                       shape.to_string());
+  HN_CHECK(normalised == nullptr || (normalised != x && normalised != y),
+           "norm_affine_forward: normalised must be memory of its own, not x or y");
+  ops.read("x", x, floats(shape.count()));
+  // The channel vectors are one operand each when they matter: an empty call reads none.
+  const std::size_t channels = shape.count() > 0 ? floats(shape.channels) : 0;
+  ops.read("shift", shift, channels);
+  ops.read("inv_std", inv_std, channels);
+  ops.read("gamma", gamma, channels);
+  if (beta != nullptr) ops.read("beta", beta, channels);
+  if (normalised != nullptr) ops.write("normalised", normalised, floats(shape.count()));
+  ops.update("y", y, floats(shape.count()));
+  ops.work = shape.count() > 0;
+  return ops;
+}
+
+DriverOperands Driver::norm_affine_backward_operands(const AxisShape& shape, const float* dy,
+                                                     const float* y, const float* normalised,
+                                                     const float* dx_scale, bool relu, float,
+                                                     float* dgamma, float* dbeta, float* dx) const {
+  DriverOperands ops;
+  shape.validate("norm_affine_backward");
+  check_layout_support(*this, "norm_affine_backward", shape.layout != Layout::nchw,
+                       shape.to_string());
+  const std::size_t count = floats(shape.count());
+  const std::size_t channels = shape.count() > 0 ? floats(shape.channels) : 0;
+  ops.read("dy", dy, count);
+  if (relu) ops.read("y", y, count);
+  if (dgamma != nullptr) {
+    ops.read("normalised", normalised, count);
+    ops.update("dgamma", dgamma, channels);
+  }
+  if (dbeta != nullptr) ops.update("dbeta", dbeta, channels);
+  if (dx != nullptr) {
+    ops.read("dx_scale", dx_scale, channels);
+    ops.update("dx", dx, count);
+  }
+  ops.work = shape.count() > 0;
+  return ops;
+}
+
 // ---- activations -------------------------------------------------------------------
 
 DriverOperands Driver::bias_forward_operands(const AxisShape& shape, const float* bias,

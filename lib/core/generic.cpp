@@ -196,4 +196,37 @@ void Driver::do_bias_backward(const AxisShape& shape, const float* dy, float bet
        ones_vector.get(), 1, beta, dbias, 1);
 }
 
+// BatchNorm's, Scale's and ReLU's own calls in sequence (normalised, or y, as the
+// intermediate).
+void Driver::do_norm_affine_forward(const AxisShape& shape, const float* x, const float* shift,
+                                    const float* inv_std, const float* gamma, const float* beta,
+                                    bool relu, float slope, float* normalised, float* y) {
+  float* n = normalised != nullptr ? normalised : y;
+  if (n != x) copy(n, x, static_cast<std::size_t>(shape.count()) * sizeof(float));
+  bias_forward(shape, shift, n);
+  scale_channels(shape, inv_std, n, n);
+  scale_channels(shape, gamma, n, y);
+  if (beta != nullptr) bias_forward(shape, beta, y);
+  if (relu) relu_forward(shape.count(), slope, y, y);
+}
+
+void Driver::do_norm_affine_backward(const AxisShape& shape, const float* dy, const float* y,
+                                     const float* normalised, const float* dx_scale, bool relu,
+                                     float slope, float* dgamma, float* dbeta, float* dx) {
+  const index_t count = shape.count();
+  const Scratch dz(*this, count);
+  if (relu) {
+    relu_backward(count, slope, y, dy, dz.get());
+  } else {
+    copy(dz.get(), dy, static_cast<std::size_t>(count) * sizeof(float));
+  }
+  if (dbeta != nullptr) bias_backward(shape, dz.get(), 1.0f, dbeta);
+  if (dgamma != nullptr) {
+    const Scratch product(*this, count);
+    mul(count, dz.get(), normalised, product.get());
+    bias_backward(shape, product.get(), 1.0f, dgamma);
+  }
+  if (dx != nullptr) scale_channels(shape, dx_scale, dz.get(), dx);
+}
+
 }  // namespace hn

@@ -330,6 +330,44 @@ void bias_backward(const AxisShape& shape, const float* dy, float beta, float* d
   }
 }
 
+// ---- per-channel normalisation --------------------------------------------------------
+
+void norm_affine_forward(const AxisShape& shape, const float* x, const float* shift,
+                         const float* inv_std, const float* gamma, const float* beta, bool relu,
+                         float slope, float* normalised, float* y) {
+  for (index_t o = 0; o < shape.outer; ++o) {
+    for (index_t c = 0; c < shape.channels; ++c) {
+      for (index_t i = 0; i < shape.inner; ++i) {
+        const index_t at = (o * shape.channels + c) * shape.inner + i;
+        const float n = (x[at] + shift[c]) * inv_std[c];
+        if (normalised != nullptr) normalised[at] = n;
+        float v = n * gamma[c] + (beta != nullptr ? beta[c] : 0.0f);
+        if (relu && !(v > 0.0f)) v *= slope;
+        y[at] = v;
+      }
+    }
+  }
+}
+
+void norm_affine_backward(const AxisShape& shape, const float* dy, const float* y,
+                          const float* normalised, const float* dx_scale, bool relu, float slope,
+                          float* dgamma, float* dbeta, float* dx) {
+  for (index_t c = 0; c < shape.channels; ++c) {
+    double sum_dz = 0.0, sum_dz_n = 0.0;
+    for (index_t o = 0; o < shape.outer; ++o) {
+      for (index_t i = 0; i < shape.inner; ++i) {
+        const index_t at = (o * shape.channels + c) * shape.inner + i;
+        const float dz = relu && !(y[at] > 0.0f) ? dy[at] * slope : dy[at];
+        sum_dz += dz;
+        if (dgamma != nullptr) sum_dz_n += static_cast<double>(dz) * normalised[at];
+        if (dx != nullptr) dx[at] = dz * dx_scale[c];
+      }
+    }
+    if (dgamma != nullptr) dgamma[c] = static_cast<float>(dgamma[c] + sum_dz_n);
+    if (dbeta != nullptr) dbeta[c] = static_cast<float>(dbeta[c] + sum_dz);
+  }
+}
+
 // ---- activations --------------------------------------------------------------------
 
 void bias_forward(const AxisShape& shape, const float* bias, float* y) {

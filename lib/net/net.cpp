@@ -27,6 +27,7 @@ void Net::Impl::fill_dummy(NetLayer& nl) {
 
 void Net::Impl::forward_layer(int index) {
   NetLayer& nl = layers[index];
+  if (nl.fused_into >= 0) return;  // the layer it is fused into does its work
   switch (nl.kind) {
     case Kind::feed: {
       std::vector<float*> tops;
@@ -62,9 +63,15 @@ detail::LayerCall Net::Impl::call_of(int index, bool backward) {
   detail::LayerCall call;
   call.layer = nl.layer.get();
   call.where = nl.where;
+  std::vector<bool> propagate_down = nl.propagate_down;
+  if (nl.fused_norm >= 0) {
+    // The fused BatchNorm's input is the Scale's (in place): its gradient is the BatchNorm's.
+    const NetLayer& bn = layers[static_cast<std::size_t>(nl.fused_norm)];
+    propagate_down[0] = bn.needs_backward && bn.propagate_down[0];
+  }
   for (std::size_t i = 0; i < nl.bottoms.size(); ++i) {
     const int b = nl.bottoms[i];
-    const bool gradient = backward && nl.propagate_down[i];
+    const bool gradient = backward && propagate_down[i];
     call.inputs.push_back(detail::CallTensor{blobs[b].shape, &data_of(b),
                                              gradient ? &diff_of(b) : nullptr, blobs[b].layout});
   }
@@ -73,7 +80,12 @@ detail::LayerCall Net::Impl::call_of(int index, bool backward) {
                                               backward ? &diff_of(t) : nullptr, blobs[t].layout});
   for (Tensor* param : nl.params)
     call.params.push_back(detail::CallTensor{param->shape(), &param->data(), &param->diff()});
-  if (backward) call.propagate_down = nl.propagate_down;
+  if (nl.fused_norm >= 0) {
+    // The BatchNorm's statistics, read only.
+    for (Tensor* param : layers[static_cast<std::size_t>(nl.fused_norm)].params)
+      call.params.push_back(detail::CallTensor{param->shape(), &param->data(), nullptr});
+  }
+  if (backward) call.propagate_down = propagate_down;
   call.phase = options.state.phase;
   call.seed = detail::mix_seeds(iteration_seed, static_cast<std::uint64_t>(index));
   call.split = nl.split;
@@ -115,6 +127,9 @@ void Net::Impl::tune_layer(int index) {
 
 std::string Net::Impl::algorithm_of(int index) const {
   const NetLayer& nl = layers[index];
+  if (nl.fused_into >= 0)
+    return fmt::format("fused into '{}'",
+                       layers[static_cast<std::size_t>(nl.fused_into)].param.name());
   if (nl.split.empty()) return nl.layer->algorithm(*driver);
   std::string text;
   for (const SplitShare& share : nl.split.shares()) {
@@ -155,7 +170,7 @@ void Net::Impl::calibrate_layer(int index) {
 
 void Net::Impl::backward_layer(int index) {
   NetLayer& nl = layers[index];
-  if (!nl.needs_backward) return;
+  if (!nl.needs_backward || nl.fused_into >= 0) return;
   // Gradients of loss outputs start at the loss weight (Caffe's convention).
   for (std::size_t t = 0; t < nl.tops.size(); ++t) {
     if (nl.loss_weights[t] == 0.0f) continue;

@@ -226,6 +226,7 @@ void Net::Impl::build(pb::NetParameter net) {
   decide_backward();
   set_up_params();
   plan_layouts();
+  plan_fusion();
   plan_memory();
   profiles.resize(layers.size());
   for (std::size_t l = 0; l < layers.size(); ++l) {

@@ -1,7 +1,7 @@
 // The Net's insides, shared by its files: net_build.cpp builds the graph from a Caffe
 // NetParameter for one phase, net_memory.cpp plans the blobs' memory, net_weights.cpp
 // reads and writes .caffemodel weights, net_layout.cpp chooses the activations' layouts,
-// net.cpp runs it through the scheduler.
+// net_fusion.cpp the layers run as one, net.cpp runs it through the scheduler.
 //
 // Blobs are versions: an in-place layer produces a new version of its bottom's name that
 // shares the bottom's memory, so the graph stays acyclic and `blob(name)` is the latest
@@ -73,6 +73,9 @@ struct NetLayer {
   bool tuned = false;  // Layer::tune has run on the layer's devices (NetOptions::tune)
   std::vector<Device> auto_devices;
   std::string where;  // "FILE: layer 'NAME' (TYPE)", for the scheduler's errors
+  // Fusion (net_fusion.cpp): a layer whose work another runs has fused_into = that layer
+  // and does nothing itself; a Scale that runs its BatchNorm has fused_norm = its index.
+  int fused_into = -1, fused_norm = -1;
 };
 
 struct Group {
@@ -113,6 +116,7 @@ struct Net::Impl {
   void decide_backward();
   void set_up_params();
   void plan_layouts();
+  void plan_fusion();
   void plan_memory();
   // `shape` with axis 0 replaced by options.batch_size when that is set.
   Shape with_batch(const Shape& shape) const {

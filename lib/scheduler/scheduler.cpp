@@ -195,7 +195,9 @@ LayerSlice Scheduler::prepare(const LayerCall& call, Driver& on, index_t begin, 
   std::size_t partial_offset = 0;
   for (const CallTensor& param : call.params) {
     Pointer diff;
-    if (partial != nullptr) {
+    if (param.diff == nullptr) {
+      // Read-only in this call (a fused layer's statistics): no gradient.
+    } else if (partial != nullptr) {
       const std::size_t bytes = static_cast<std::size_t>(param.shape.count()) * sizeof(float);
       diff = Pointer{on.device(), partial->overwrite_range(on, partial_offset, bytes), bytes};
       partial_offset += bytes;
@@ -379,7 +381,8 @@ void Scheduler::reduce_partials(const LayerCall& call, std::vector<SliceRun>& ru
   TransferTally& tally = transfer_tally();
   std::vector<float*> diffs;
   for (const CallTensor& param : call.params)
-    diffs.push_back(static_cast<float*>(param.diff->write(home_)));
+    diffs.push_back(param.diff != nullptr ? static_cast<float*>(param.diff->write(home_))
+                                          : nullptr);
   std::vector<std::vector<const float*>> parts;
   for (SliceRun* run : partials) {
     const TransferTally before = tally;
@@ -411,7 +414,7 @@ void Scheduler::reduce_partials(const LayerCall& call, std::vector<SliceRun>& ru
           (count + static_cast<index_t>(helpers.size()) - 1) / static_cast<index_t>(helpers.size());
       const index_t begin = std::min(count, per * static_cast<index_t>(helper));
       const index_t end = std::min(count, begin + per);
-      if (begin == end) continue;
+      if (begin == end || diffs[p] == nullptr) continue;
       for (const std::vector<const float*>& part : parts)
         on.axpy(end - begin, 1.0f, part[p] + begin, diffs[p] + begin);
     }
@@ -457,6 +460,10 @@ Split Scheduler::calibrate(const LayerCall& call, bool with_backward,
   // Probes add into the parameters' gradients: keep them.
   std::vector<std::vector<float>> kept;
   for (const CallTensor& param : call.params) {
+    if (param.diff == nullptr) {
+      kept.emplace_back();
+      continue;
+    }
     const float* diff = static_cast<const float*>(param.diff->host_read());
     kept.emplace_back(diff, diff + param.shape.count());
   }
@@ -518,6 +525,7 @@ Split Scheduler::calibrate(const LayerCall& call, bool with_backward,
     measured = next;
   }
   for (std::size_t p = 0; p < call.params.size(); ++p) {
+    if (call.params[p].diff == nullptr) continue;
     float* diff = static_cast<float*>(call.params[p].diff->host_overwrite());
     std::copy(kept[p].begin(), kept[p].end(), diff);
   }

@@ -249,6 +249,7 @@ void Solver::Impl::build_nets() {
   train_options.layer_splits = options.layer_splits;
   train_options.tune = options.tune;
   train_options.blocked_layout = options.blocked_layout;
+  train_options.fuse_layers = options.fuse_layers;
   train_options.data_shard = comm->rank();
   train_options.data_shards = comm->size();
   if (p.has_net() || p.has_train_net()) {
@@ -290,6 +291,7 @@ void Solver::Impl::build_nets() {
     test_options.seed = seed;
     test_options.tune = options.tune;
     test_options.blocked_layout = options.blocked_layout;
+    test_options.fuse_layers = options.fuse_layers;
     std::unique_ptr<Net> test_net;
     if (i < p.test_net_param_size()) {
       test_net = Net::from_text(text_of(p.test_net_param(i)),

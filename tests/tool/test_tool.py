@@ -788,6 +788,31 @@ def time_layout_blocked_or_nchw(ctx):
               needles=["--layout", "'nhwc'", "blocked or nchw"])
 
 
+@case
+def time_fuse_on_or_off(ctx):
+    model = os.path.join(ctx.models, "mobilenet_v1_deploy.prototxt")
+    if not os.path.exists(model):
+        raise Skip(f"{model} is missing")
+
+    def algorithms(*args):
+        run = ctx.run("time", "--model", model, "--batch", 1, "--iterations", 1, "--json",
+                      "--tune", "off", *args)
+        return {r["layer"]: r.get("algorithm") for r in json_lines(run.stdout) if "layer" in r}
+
+    fused = algorithms()  # default: on
+    check(fused.get("conv1/bn") == "fused into 'conv1/scale'",
+          f"conv1/bn: {fused.get('conv1/bn')!r}")
+    check(fused.get("relu1") == "fused into 'conv1/scale'", f"relu1: {fused.get('relu1')!r}")
+    check(fused.get("conv1/scale") == "fused: BatchNorm 'conv1/bn' + Scale + ReLU 'relu1'",
+          f"conv1/scale: {fused.get('conv1/scale')!r}")
+    check(sum(1 for a in fused.values() if (a or "").startswith("fused into")) == 54,
+          f"27 BatchNorm and 27 ReLU layers fused: {fused}")
+    apart = algorithms("--fuse", "off")
+    check(not any("fused" in (a or "") for a in apart.values()), f"--fuse off: {apart}")
+    ctx.error("time", "--model", model, "--fuse", "maybe", code=2,
+              needles=["--fuse", "'maybe'", "on or off"])
+
+
 def device_lines(records):
     """The per-(layer, device) lines of `time --split --json`, by layer, in device order."""
     keys = {"layer", "device", "rows", "forward_busy_ms", "backward_busy_ms", "waiting_ms",

@@ -1,0 +1,186 @@
+// BatchNorm on stored statistics, Scale and ReLU in one pass each way (norm_affine_forward
+// and norm_affine_backward, driver_calls.def), on NCHW and nChw16c. Both layouts are runs of
+// 16-float vectors whose lanes share fixed channel parameters: on NCHW a run is one channel
+// of one image (every lane the same channel), on nChw16c a run is one image's 16-channel
+// block (lane l is channel 16 b + l). Backward tasks own channels (NCHW) or blocks and walk
+// the images in order, summing each run in float vectors and the runs in double, so the
+// sums are the same on any thread count.
+#include "drivers/cpu/kernels.h"  // first: see eigen.h
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace hn::detail::cpu {
+
+namespace {
+
+constexpr index_t kLanes = 16;
+
+// Per-lane parameters of a run: the 16 channels of a block, or one channel 16 times.
+struct LaneParams {
+  float shift[kLanes], inv_std[kLanes], gamma[kLanes], beta[kLanes];
+};
+
+struct LaneSums {
+  double dz[kLanes] = {}, dz_n[kLanes] = {};
+};
+
+#if defined(__AVX512F__)
+
+__mmask16 tail_mask(index_t left) {
+  return left >= kLanes ? static_cast<__mmask16>(0xFFFF)
+                        : static_cast<__mmask16>((1u << static_cast<unsigned>(left)) - 1u);
+}
+
+void forward_run(const float* x, index_t length, const LaneParams& p, bool relu, float slope,
+                 float* normalised, float* y) {
+  const __m512 shift = _mm512_loadu_ps(p.shift), inv_std = _mm512_loadu_ps(p.inv_std);
+  const __m512 gamma = _mm512_loadu_ps(p.gamma), beta = _mm512_loadu_ps(p.beta);
+  const __m512 slopes = _mm512_set1_ps(slope), zero = _mm512_setzero_ps();
+  for (index_t i = 0; i < length; i += kLanes) {
+    const __mmask16 m = tail_mask(length - i);
+    const __m512 n = _mm512_mul_ps(_mm512_add_ps(_mm512_maskz_loadu_ps(m, x + i), shift), inv_std);
+    if (normalised != nullptr) _mm512_mask_storeu_ps(normalised + i, m, n);
+    __m512 v = _mm512_add_ps(_mm512_mul_ps(n, gamma), beta);
+    if (relu) {
+      const __mmask16 positive = _mm512_cmp_ps_mask(v, zero, _CMP_GT_OQ);
+      v = _mm512_mask_blend_ps(positive, _mm512_mul_ps(v, slopes), v);
+    }
+    _mm512_mask_storeu_ps(y + i, m, v);
+  }
+}
+
+// Sums of dz and dz * normalised over the run, per lane, into `sums`; dx = dz * dx_scale.
+// Floats add up chunks of 64 vectors, doubles the chunks.
+void backward_run(const float* dy, const float* y, const float* normalised, index_t length,
+                  const float* dx_scale, bool relu, float slope, LaneSums* sums, float* dx) {
+  constexpr index_t kChunk = 64 * kLanes;
+  const __m512 scale = dx_scale != nullptr ? _mm512_loadu_ps(dx_scale) : _mm512_setzero_ps();
+  const __m512 slopes = _mm512_set1_ps(slope), zero = _mm512_setzero_ps();
+  for (index_t start = 0; start < length; start += kChunk) {
+    const index_t end = std::min(length, start + kChunk);
+    __m512 sum_dz = zero, sum_dz_n = zero;
+    for (index_t i = start; i < end; i += kLanes) {
+      const __mmask16 m = tail_mask(end - i);
+      __m512 dz = _mm512_maskz_loadu_ps(m, dy + i);
+      if (relu) {
+        const __mmask16 positive =
+            _mm512_cmp_ps_mask(_mm512_maskz_loadu_ps(m, y + i), zero, _CMP_GT_OQ);
+        dz = _mm512_mask_blend_ps(positive, _mm512_mul_ps(dz, slopes), dz);
+      }
+      if (sums != nullptr) {
+        sum_dz = _mm512_add_ps(sum_dz, dz);
+        if (normalised != nullptr)
+          sum_dz_n = _mm512_fmadd_ps(dz, _mm512_maskz_loadu_ps(m, normalised + i), sum_dz_n);
+      }
+      if (dx != nullptr) _mm512_mask_storeu_ps(dx + i, m, _mm512_mul_ps(dz, scale));
+    }
+    if (sums == nullptr) continue;
+    alignas(64) float a[kLanes], b[kLanes];
+    _mm512_store_ps(a, sum_dz);
+    _mm512_store_ps(b, sum_dz_n);
+    for (index_t l = 0; l < kLanes; ++l) {
+      sums->dz[l] += a[l];
+      sums->dz_n[l] += b[l];
+    }
+  }
+}
+
+#else
+
+void forward_run(const float* x, index_t length, const LaneParams& p, bool relu, float slope,
+                 float* normalised, float* y) {
+  for (index_t i = 0; i < length; ++i) {
+    const index_t l = i % kLanes;
+    const float n = (x[i] + p.shift[l]) * p.inv_std[l];
+    if (normalised != nullptr) normalised[i] = n;
+    float v = n * p.gamma[l] + p.beta[l];
+    if (relu && !(v > 0.0f)) v *= slope;
+    y[i] = v;
+  }
+}
+
+void backward_run(const float* dy, const float* y, const float* normalised, index_t length,
+                  const float* dx_scale, bool relu, float slope, LaneSums* sums, float* dx) {
+  for (index_t i = 0; i < length; ++i) {
+    const index_t l = i % kLanes;
+    const float dz = relu && !(y[i] > 0.0f) ? dy[i] * slope : dy[i];
+    if (sums != nullptr) {
+      sums->dz[l] += dz;
+      if (normalised != nullptr) sums->dz_n[l] += static_cast<double>(dz) * normalised[i];
+    }
+    if (dx != nullptr) dx[i] = dz * dx_scale[l];
+  }
+}
+
+#endif
+
+// Lane l of a run that starts at channel `first`: channel first + l on nChw16c, `first`
+// itself on NCHW.
+void fill_lanes(const float* values, index_t first, bool blocked, float fallback, float* lanes) {
+  for (index_t l = 0; l < kLanes; ++l)
+    lanes[l] = values == nullptr ? fallback : values[blocked ? first + l : first];
+}
+
+}  // namespace
+
+void norm_affine_forward(Parallel& par, const AxisShape& s, const float* x, const float* shift,
+                         const float* inv_std, const float* gamma, const float* beta, bool relu,
+                         float slope, float* normalised, float* y) {
+  const bool blocked = s.layout == Layout::nchw16c;
+  const index_t groups = blocked ? s.channels / kLanes : s.channels;  // runs per image
+  const index_t length = blocked ? s.inner * kLanes : s.inner;
+  par.for_range(s.outer * groups, length, [&](index_t first, index_t last) {
+    LaneParams p;
+    for (index_t r = first; r < last; ++r) {
+      const index_t channel = (r % groups) * (blocked ? kLanes : 1);
+      fill_lanes(shift, channel, blocked, 0.0f, p.shift);
+      fill_lanes(inv_std, channel, blocked, 0.0f, p.inv_std);
+      fill_lanes(gamma, channel, blocked, 0.0f, p.gamma);
+      fill_lanes(beta, channel, blocked, 0.0f, p.beta);
+      forward_run(x + r * length, length, p, relu, slope,
+                  normalised != nullptr ? normalised + r * length : nullptr, y + r * length);
+    }
+  });
+}
+
+void norm_affine_backward(Parallel& par, const AxisShape& s, const float* dy, const float* y,
+                          const float* normalised, const float* dx_scale, bool relu, float slope,
+                          float* dgamma, float* dbeta, float* dx) {
+  const bool blocked = s.layout == Layout::nchw16c;
+  const index_t groups = blocked ? s.channels / kLanes : s.channels;
+  const index_t length = blocked ? s.inner * kLanes : s.inner;
+  const bool summing = dgamma != nullptr || dbeta != nullptr;
+  par.for_range(groups, s.outer * length, [&](index_t first, index_t last) {
+    for (index_t g = first; g < last; ++g) {
+      const index_t channel = g * (blocked ? kLanes : 1);
+      float scale[kLanes];
+      fill_lanes(dx_scale, channel, blocked, 0.0f, scale);
+      LaneSums sums;
+      for (index_t o = 0; o < s.outer; ++o) {
+        const index_t at = (o * groups + g) * length;
+        backward_run(dy + at, relu ? y + at : nullptr,
+                     dgamma != nullptr ? normalised + at : nullptr, length,
+                     dx != nullptr ? scale : nullptr, relu, slope, summing ? &sums : nullptr,
+                     dx != nullptr ? dx + at : nullptr);
+      }
+      if (!summing) continue;
+      // A run's lanes are its block's channels, or together its one channel.
+      const index_t channels = blocked ? kLanes : 1;
+      for (index_t k = 0; k < channels; ++k) {
+        double total_dz = 0.0, total_dz_n = 0.0;
+        for (index_t l = blocked ? k : 0; l < (blocked ? k + 1 : kLanes); ++l) {
+          total_dz += sums.dz[l];
+          total_dz_n += sums.dz_n[l];
+        }
+        if (dbeta != nullptr)
+          dbeta[channel + k] = static_cast<float>(dbeta[channel + k] + total_dz);
+        if (dgamma != nullptr)
+          dgamma[channel + k] = static_cast<float>(dgamma[channel + k] + total_dz_n);
+      }
+    }
+  });
+}
+
+}  // namespace hn::detail::cpu

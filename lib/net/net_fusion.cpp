@@ -1,0 +1,76 @@
+// The Net's fusion of layers (NetOptions::fuse_layers): each in-place chain BatchNorm on
+// stored statistics -> Scale per channel [-> ReLU] runs as the Scale's calls
+// (ScaleLayer::fuse_norm), one pass over the blob each way. In ResNet-50 and MobileNet v1
+// every convolution but the last is followed by such a chain, and the three layers apart
+// read and write each activation about eight times per iteration.
+//
+// The chain must be in place on one blob (so the Scale's operands are the BatchNorm's input
+// and the ReLU's output, the same memory) with each version consumed only by the next layer
+// of the chain and no loss weight, and every layer of it unsplit on the Net's driver. The
+// fused Scale runs where the Scale would; nothing else reads the chain's blob between the
+// BatchNorm and the ReLU, so running their work there changes no other layer's inputs.
+#include "layers/activation.h"
+#include "layers/batch_norm.h"
+#include "layers/scale.h"
+#include "lib/net/net_impl.h"
+
+namespace hn {
+
+void Net::Impl::plan_fusion() {
+  for (NetLayer& nl : layers) {
+    nl.fused_into = nl.fused_norm = -1;
+    if (auto* scale = dynamic_cast<ScaleLayer*>(nl.layer.get())) scale->fuse_norm(std::nullopt);
+  }
+  if (!options.fuse_layers) return;
+  const auto plain = [&](int l) {
+    const NetLayer& nl = layers[static_cast<std::size_t>(l)];
+    bool no_loss = true;
+    for (float weight : nl.loss_weights)
+      no_loss = no_loss && weight == 0.0f;
+    return nl.kind == Kind::compute && nl.split.empty() && !nl.automatic && no_loss &&
+           nl.bottoms.size() == 1 && nl.tops.size() == 1;
+  };
+  // The layer after `l` in an in-place chain: the only consumer of its top, in place too.
+  const auto next_in_place = [&](int l) {
+    const NetLayer& nl = layers[static_cast<std::size_t>(l)];
+    const BlobVersion& top = blobs[static_cast<std::size_t>(nl.tops[0])];
+    if (top.keep || top.consumers.size() != 1) return -1;
+    const int next = top.consumers[0];
+    if (!plain(next)) return -1;
+    const NetLayer& after = layers[static_cast<std::size_t>(next)];
+    return blobs[static_cast<std::size_t>(after.tops[0])].data_group == top.data_group ? next : -1;
+  };
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    const int bn_index = static_cast<int>(l);
+    auto* bn = dynamic_cast<BatchNormLayer*>(layers[l].layer.get());
+    if (bn == nullptr || !plain(bn_index) || !bn->uses_stored_statistics(options.state.phase) ||
+        blobs[static_cast<std::size_t>(layers[l].tops[0])].data_group !=
+            blobs[static_cast<std::size_t>(layers[l].bottoms[0])].data_group) {
+      continue;
+    }
+    const int scale_index = next_in_place(bn_index);
+    if (scale_index < 0) continue;
+    NetLayer& scale_layer = layers[static_cast<std::size_t>(scale_index)];
+    auto* scale = dynamic_cast<ScaleLayer*>(scale_layer.layer.get());
+    if (scale == nullptr || !scale->can_fuse_norm()) continue;
+    ScaleLayer::FusedNorm fused;
+    fused.batch_norm = layers[l].param.name();
+    fused.eps = bn->eps();
+    const int relu_index = next_in_place(scale_index);
+    const auto* relu = relu_index < 0
+                           ? nullptr
+                           : dynamic_cast<const ReluLayer*>(
+                                 layers[static_cast<std::size_t>(relu_index)].layer.get());
+    // y > 0 must mean x > 0 for the gradient read from y: slope >= 0.
+    if (relu != nullptr && relu->negative_slope() >= 0.0f) {
+      fused.relu = layers[static_cast<std::size_t>(relu_index)].param.name();
+      fused.relu_slope = relu->negative_slope();
+      layers[static_cast<std::size_t>(relu_index)].fused_into = scale_index;
+    }
+    scale->fuse_norm(fused);
+    layers[l].fused_into = scale_index;
+    scale_layer.fused_norm = bn_index;
+  }
+}
+
+}  // namespace hn
