@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """hybridnn against PyTorch and BVLC Caffe on the CPU, on Caffe's model zoo: CaffeNet,
 GoogLeNet, ResNet-50 and MobileNet v1 (the deploy prototxt files in shared/models) and
-SqueezeNet v1.1 (bench/models), each forward + full backward (weight and data gradients, Caffe's force_backward) at batch 32,
-printed as JSON lines with the ratios hybridnn / PyTorch, hybridnn / Caffe and the
-fraction of the FLOP-count limit that hybridnn reaches.
+SqueezeNet v1.1 (bench/models), each forward + full backward (weight and data gradients,
+Caffe's force_backward) at batch 32, printed as JSON lines with the ratios hybridnn /
+PyTorch, hybridnn / Caffe and the fraction of the FLOP-count limit that hybridnn reaches.
 
   bench/zoo.py [--nets caffenet,googlenet,resnet50,mobilenet,squeezenet] [--batch 32]
                [--iterations 10] [--chunks 5] [--threads 1,2] [--build build]

@@ -1,4 +1,4 @@
-// Eltwise layer: SUM (axpby/axpy with the coefficients), PROD (mul) and MAX (a running
+// Eltwise layer: SUM (lincomb/axpy with the coefficients), PROD (mul) and MAX (a running
 // maximum with the winner's index kept for backward).
 #include "layers/eltwise.h"
 
@@ -47,8 +47,13 @@ void EltwiseLayer::forward(const LayerSlice& slice) {
   float* y = slice.outputs[0].mutable_x();
   switch (param_.operation) {
     case EltwiseOp::sum:
-      driver.axpby(n, coeff(0), in[0].x(), 0.0f, y);
-      for (std::size_t i = 1; i < in.size(); ++i) {
+      // The first two inputs in one pass, any others added to that.
+      if (in.size() == 1) {
+        driver.axpby(n, coeff(0), in[0].x(), 0.0f, y);
+      } else {
+        driver.lincomb(n, coeff(0), in[0].x(), coeff(1), in[1].x(), y);
+      }
+      for (std::size_t i = 2; i < in.size(); ++i) {
         driver.axpy(n, coeff(i), in[i].x(), y);
       }
       break;

@@ -701,7 +701,7 @@ TEST_CASE("convolution calls on alternating shapes and fresh buffers match the r
 
 // ---- element-wise and reductions ----------------------------------------------------
 
-TEST_CASE("fill, scale, axpy, axpby and mul match the reference on every driver",
+TEST_CASE("fill, scale, axpy, axpby, lincomb and mul match the reference on every driver",
           "[driver_ops][elementwise]") {
   const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
   DYNAMIC_SECTION(config.label) {
@@ -737,6 +737,15 @@ TEST_CASE("fill, scale, axpy, axpby and mul match the reference on every driver"
           run_both(drivers, [&](hn::Driver& d, Side s) { d.axpby(n, alpha, x[s], beta, y[s]); });
           check_close(y, kElementwiseTolerance);
         }
+      }
+      for (const int target : {0, 1, 2}) {
+        INFO("lincomb into " << (target == 0 ? "y" : target == 1 ? "a" : "b"));
+        const TwinArray a(drivers, x_values), b(drivers, y_values);
+        const TwinArray y(drivers, constant(n, -7777.0f), constant(n, kNaN));
+        const TwinArray& out = target == 0 ? y : target == 1 ? a : b;
+        run_both(drivers,
+                 [&](hn::Driver& d, Side s) { d.lincomb(n, 0.5f, a[s], -3.0f, b[s], out[s]); });
+        check_close(out, kElementwiseTolerance);
       }
       {
         INFO("mul");

@@ -113,6 +113,10 @@ class CpuDriver final : public Driver {
   void do_axpy(index_t n, float alpha, const float* x, float* y) override {
     cpu::axpy(parallel_, n, alpha, x, y);
   }
+  void do_lincomb(index_t n, float alpha, const float* a, float beta, const float* b,
+                  float* y) override {
+    cpu::lincomb(parallel_, n, alpha, a, beta, b, y);
+  }
   void do_axpby(index_t n, float alpha, const float* x, float beta, float* y) override {
     cpu::axpby(parallel_, n, alpha, x, beta, y);
   }

@@ -75,6 +75,13 @@ void axpy(Parallel& par, index_t n, float alpha, const float* x, float* y) {
              [&](index_t i, index_t len) { Array(y + i, len) += alpha * ConstArray(x + i, len); });
 }
 
+void lincomb(Parallel& par, index_t n, float alpha, const float* a, float beta, const float* b,
+             float* y) {
+  for_chunks(par, n, kCostArith, [&](index_t i, index_t len) {
+    Array(y + i, len) = alpha * ConstArray(a + i, len) + beta * ConstArray(b + i, len);
+  });
+}
+
 void axpby(Parallel& par, index_t n, float alpha, const float* x, float beta, float* y) {
   for_chunks(par, n, kCostArith, [&](index_t i, index_t len) {
     Array out(y + i, len);

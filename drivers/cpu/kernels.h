@@ -41,6 +41,8 @@ void fill(Parallel& par, index_t n, float value, float* x);
 void scale(Parallel& par, index_t n, float alpha, float* x);
 void axpy(Parallel& par, index_t n, float alpha, const float* x, float* y);
 void axpby(Parallel& par, index_t n, float alpha, const float* x, float beta, float* y);
+void lincomb(Parallel& par, index_t n, float alpha, const float* a, float beta, const float* b,
+             float* y);
 void mul(Parallel& par, index_t n, const float* a, const float* b, float* y);
 void add_scalar(Parallel& par, index_t n, float alpha, float* x);
 void powx(Parallel& par, index_t n, const float* x, float exponent, float* y);

@@ -319,6 +319,11 @@ DriverOperands Driver::axpy_operands(index_t n, float, const float* x, float* y)
   return per_element("axpy", n, {{"x", x}}, {{"y", y}});
 }
 
+DriverOperands Driver::lincomb_operands(index_t n, float, const float* a, float, const float* b,
+                                        float* y) const {
+  return per_element("lincomb", n, {{"a", a}, {"b", b}}, {{"y", y}});
+}
+
 DriverOperands Driver::axpby_operands(index_t n, float, const float* x, float, float* y) const {
   return per_element("axpby", n, {{"x", x}}, {{"y", y}});
 }

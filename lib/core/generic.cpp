@@ -196,6 +196,19 @@ void Driver::do_bias_backward(const AxisShape& shape, const float* dy, float bet
        ones_vector.get(), 1, beta, dbias, 1);
 }
 
+// Two passes of axpby/axpy, ordered so that neither overwrites an operand still to be read.
+void Driver::do_lincomb(index_t n, float alpha, const float* a, float beta, const float* b,
+                        float* y) {
+  if (y == a) {
+    axpby(n, beta, b, alpha, y);
+  } else if (y == b) {
+    axpby(n, alpha, a, beta, y);
+  } else {
+    axpby(n, alpha, a, 0.0f, y);
+    axpy(n, beta, b, y);
+  }
+}
+
 // BatchNorm's, Scale's and ReLU's own calls in sequence (normalised, or y, as the
 // intermediate).
 void Driver::do_norm_affine_forward(const AxisShape& shape, const float* x, const float* shift,

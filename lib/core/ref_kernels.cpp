@@ -244,6 +244,10 @@ void axpy(index_t n, float alpha, const float* x, float* y) {
   for (index_t i = 0; i < n; ++i)
     y[i] += alpha * x[i];
 }
+void lincomb(index_t n, float alpha, const float* a, float beta, const float* b, float* y) {
+  for (index_t i = 0; i < n; ++i)
+    y[i] = alpha * a[i] + beta * b[i];
+}
 void axpby(index_t n, float alpha, const float* x, float beta, float* y) {
   for (index_t i = 0; i < n; ++i) {
     // beta == 0 must not read y.

@@ -183,16 +183,17 @@ void Net::Impl::backward_layer(int index) {
     const int bottom = nl.bottoms[0];
     const index_t count = blobs[bottom].shape.count();
     float* dx = static_cast<float*>(diff_of(bottom).overwrite(*driver));
-    bool first = true;
-    for (int t : nl.tops) {
-      const float* dy = static_cast<const float*>(diff_of(t).read(*driver));
-      if (first) {
-        driver->copy(dx, dy, static_cast<std::size_t>(count) * sizeof(float));
-      } else {
-        driver->axpy(count, 1.0f, dy, dx);
-      }
-      first = false;
+    const auto dy = [&](std::size_t t) {
+      return static_cast<const float*>(diff_of(nl.tops[t]).read(*driver));
+    };
+    // The first two gradients in one pass, any others added to that.
+    if (nl.tops.size() == 1) {
+      driver->copy(dx, dy(0), static_cast<std::size_t>(count) * sizeof(float));
+    } else {
+      driver->lincomb(count, 1.0f, dy(0), 1.0f, dy(1), dx);
     }
+    for (std::size_t t = 2; t < nl.tops.size(); ++t)
+      driver->axpy(count, 1.0f, dy(t), dx);
     return;
   }
   if (nl.kind != Kind::compute) return;
