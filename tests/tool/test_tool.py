@@ -767,22 +767,24 @@ def time_tune_once_then_cached(ctx):
     check("Warning: tuning cache not written" in run.stderr, run.stderr)
 
 
+def time_algorithms(ctx, model, *args):
+    """`time --json` of `model` at batch 1, one iteration, untuned: each layer's algorithm."""
+    run = ctx.run("time", "--model", model, "--batch", 1, "--iterations", 1, "--json",
+                  "--tune", "off", *args)
+    return {r["layer"]: r.get("algorithm") for r in json_lines(run.stdout) if "layer" in r}
+
+
 @case
 def time_layout_blocked_or_nchw(ctx):
     model = os.path.join(ctx.models, "bvlc_reference_caffenet_deploy.prototxt")
     if not os.path.exists(model):
         raise Skip(f"{model} is missing")
 
-    def algorithms(*args):
-        run = ctx.run("time", "--model", model, "--batch", 1, "--iterations", 1, "--json",
-                      "--tune", "off", *args)
-        return {r["layer"]: r.get("algorithm") for r in json_lines(run.stdout) if "layer" in r}
-
-    blocked = algorithms()  # default: blocked
+    blocked = time_algorithms(ctx, model)  # default: blocked
     # conv1 reads the NCHW input and writes nChw16c; conv2..conv5 read and write it.
     for layer in ("conv1", "conv2", "conv3", "conv4", "conv5"):
         check(blocked.get(layer) == "direct (nChw16c)", f"{layer}: {blocked.get(layer)!r}")
-    plain = algorithms("--layout", "nchw")
+    plain = time_algorithms(ctx, model, "--layout", "nchw")
     check(not any("nChw16c" in (a or "") for a in plain.values()), f"--layout nchw: {plain}")
     ctx.error("time", "--model", model, "--layout", "nhwc", code=2,
               needles=["--layout", "'nhwc'", "blocked or nchw"])
@@ -794,12 +796,7 @@ def time_fuse_on_or_off(ctx):
     if not os.path.exists(model):
         raise Skip(f"{model} is missing")
 
-    def algorithms(*args):
-        run = ctx.run("time", "--model", model, "--batch", 1, "--iterations", 1, "--json",
-                      "--tune", "off", *args)
-        return {r["layer"]: r.get("algorithm") for r in json_lines(run.stdout) if "layer" in r}
-
-    fused = algorithms()  # default: on
+    fused = time_algorithms(ctx, model)  # default: on
     check(fused.get("conv1/bn") == "fused into 'conv1/scale'",
           f"conv1/bn: {fused.get('conv1/bn')!r}")
     check(fused.get("relu1") == "fused into 'conv1/scale'", f"relu1: {fused.get('relu1')!r}")
@@ -807,7 +804,7 @@ def time_fuse_on_or_off(ctx):
           f"conv1/scale: {fused.get('conv1/scale')!r}")
     check(sum(1 for a in fused.values() if (a or "").startswith("fused into")) == 54,
           f"27 BatchNorm and 27 ReLU layers fused: {fused}")
-    apart = algorithms("--fuse", "off")
+    apart = time_algorithms(ctx, model, "--fuse", "off")
     check(not any("fused" in (a or "") for a in apart.values()), f"--fuse off: {apart}")
     ctx.error("time", "--model", model, "--fuse", "maybe", code=2,
               needles=["--fuse", "'maybe'", "on or off"])
