@@ -213,7 +213,7 @@ NormRun run_norm_net(const Device& device, bool fuse, bool blocked, Phase phase)
 }
 
 TEST_CASE(
-    "Net fuses in-place BatchNorm (stored statistics) + Scale [+ ReLU] chains and computes "
+    "Net fuses in-place BatchNorm (stored statistics) + Scale (+ ReLU) chains and computes "
     "what the unfused layers do, NCHW and nChw16c, on the CPU and reference drivers",
     "[net][fusion]") {
   const char* device = GENERATE("cpu", "reference");
