@@ -392,7 +392,8 @@ def main():
                 caffe_ms, layers = None, []
                 if args.caffe:
                     note(f"{spec.key}: caffe")
-                    caffe_model = os.path.join(tmp, spec.prototxt)
+                    # A copy in tmp (an absolute spec.prototxt must not be overwritten).
+                    caffe_model = os.path.join(tmp, os.path.basename(spec.prototxt))
                     with open(caffe_model, "w") as f:
                         f.write(caffe_prototxt(text, args.batch))
                     caffe_ms, theirs = best_of_processes(
