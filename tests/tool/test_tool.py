@@ -654,10 +654,16 @@ def check_time_json(ctx, records, layer_names):
     return layers, total
 
 
-def time_deploy(ctx, name):
+def shared_model(ctx, name):
+    """The path of `name` in ../shared/models; skips the case when it is missing."""
     model = os.path.join(ctx.models, name)
     if not os.path.exists(model):
         raise Skip(f"{model} is missing")
+    return model
+
+
+def time_deploy(ctx, name):
+    model = shared_model(ctx, name)
     run = ctx.run("time", "--model", model, "--iterations", 1, "--batch", 1, "--json")
     layers, total = check_time_json(ctx, json_lines(run.stdout),
                                     ["conv1", "conv5", "fc6", "fc8", "prob"])
@@ -677,9 +683,7 @@ def time_json_alexnet_deploy(ctx):
 
 
 def time_train_test(ctx, name, data, layer_names, extra=()):
-    model = os.path.join(ctx.models, name)
-    if not os.path.exists(model):
-        raise Skip(f"{model} is missing")
+    model = shared_model(ctx, name)
     for phase in ("train", "test"):
         run = ctx.run("time", "--model", model, "--iterations", 2, "--data", data, "--batch", 10,
                       "--phase", phase, "--json", *extra)
@@ -723,10 +727,7 @@ LENET_SPLIT_LAYERS = ["conv1", "pool1", "conv2", "pool2", "ip1", "relu1", "ip2"]
 
 
 def lenet(ctx):
-    model = os.path.join(ctx.models, LENET)
-    if not os.path.exists(model):
-        raise Skip(f"{model} is missing")
-    return model
+    return shared_model(ctx, LENET)
 
 
 def time_lenet(ctx, batch, *args):
@@ -776,9 +777,7 @@ def time_algorithms(ctx, model, *args):
 
 @case
 def time_layout_blocked_or_nchw(ctx):
-    model = os.path.join(ctx.models, "bvlc_reference_caffenet_deploy.prototxt")
-    if not os.path.exists(model):
-        raise Skip(f"{model} is missing")
+    model = shared_model(ctx, "bvlc_reference_caffenet_deploy.prototxt")
 
     blocked = time_algorithms(ctx, model)  # default: blocked
     # conv1 reads the NCHW input and writes nChw16c; conv2..conv5 read and write it.
@@ -792,9 +791,7 @@ def time_layout_blocked_or_nchw(ctx):
 
 @case
 def time_fuse_on_or_off(ctx):
-    model = os.path.join(ctx.models, "mobilenet_v1_deploy.prototxt")
-    if not os.path.exists(model):
-        raise Skip(f"{model} is missing")
+    model = shared_model(ctx, "mobilenet_v1_deploy.prototxt")
 
     fused = time_algorithms(ctx, model)  # default: on
     check(fused.get("conv1/bn") == "fused into 'conv1/scale'",
