@@ -47,7 +47,6 @@ class ScaleLayer final : public Layer {
   bool can_fuse_norm() const { return per_channel() && in_place(0); }
   // Called after setup(); std::nullopt undoes it.
   void fuse_norm(std::optional<FusedNorm> fused);
-  const std::optional<FusedNorm>& fused_norm() const { return fused_; }
   std::string algorithm(const Driver& driver) const override;
 
  private:
