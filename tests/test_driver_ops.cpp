@@ -1855,7 +1855,7 @@ TEST_CASE(
         {hn::test::lowering(2, 32, 11, 11, 5, 5, 2, 2, 2, 2, 1, 1, 2), 32},  // groups 2
         {hn::test::lowering(2, 64, 13, 13, 3, 3, 1, 1, 1, 1, 1, 1, 2), 64},  // per-group
         {hn::test::lowering(2, 32, 10, 8, 3, 3, 1, 1, 1, 1, 1, 1, 32), 32},  // depthwise
-        {hn::test::lowering(2, 3, 17, 17, 7, 7, 3, 3, 2, 2), 16},  // 3 channels in: NCHW only
+        {hn::test::lowering(2, 3, 17, 17, 7, 7, 3, 3, 2, 2), 32},  // 3 channels in: NCHW only
     };
     for (const auto& [base, out_channels] : convs) {
       for (int mix = 1; mix < 4; ++mix) {

@@ -410,8 +410,8 @@ struct DirectConvolution::Impl {
       }
     }
     if (waste > kMaxPaddingRatio) {
-      // The driver's own lowering reads dy as NCHW.
-      if (call == Call::backward_data && s.out_layout == Layout::nchw) {
+      // The driver's own lowering writes dx as NCHW (dy may be nChw16c: unblocked per image).
+      if (call == Call::backward_data && s.layout == Layout::nchw) {
         Entry lowered;
         lowered.lowered = true;
         lowered.implementation = "hybridnn:gemm+col2im";
@@ -516,11 +516,27 @@ void lowered_backward_data(Parallel& par, Blas blas, const LoweringShape& s, ind
   const index_t plane_in = s.height * s.width;
   const index_t block = std::clamp<index_t>(
       static_cast<index_t>(kLoweredBlockBytes / (sizeof(float) * taps * plane_out)), 1, cg);
-  auto image = [&](index_t n, int gemm_threads, Parallel& col2im_par, std::vector<float>& columns) {
+  const bool blocked_dy = s.out_layout == Layout::nchw16c;
+  auto image = [&](index_t n, int gemm_threads, Parallel& col2im_par, std::vector<float>& columns,
+                   std::vector<float>& dy_plain) {
     columns.resize(static_cast<std::size_t>(block * taps * plane_out));
+    const float* dy_n = dy + n * out_channels * plane_out;
+    if (blocked_dy) {
+      // nChw16c -> NCHW for this image only (it stays in L2 for the GEMMs that read it).
+      dy_plain.resize(static_cast<std::size_t>(out_channels * plane_out));
+      for (index_t b = 0; b < out_channels / 16; ++b) {
+        const float* in = dy_n + b * plane_out * 16;
+        float* out = dy_plain.data() + b * 16 * plane_out;
+        for (index_t p = 0; p < plane_out; ++p) {
+          for (index_t c = 0; c < 16; ++c)
+            out[c * plane_out + p] = in[p * 16 + c];
+        }
+      }
+      dy_n = dy_plain.data();
+    }
     for (index_t g = 0; g < groups; ++g) {
       const float* w_g = weights + g * m * cg * taps;
-      const float* dy_g = dy + (n * out_channels + g * m) * plane_out;
+      const float* dy_g = dy_n + g * m * plane_out;
       for (index_t c0 = 0; c0 < cg; c0 += block) {
         const index_t channels = std::min(block, cg - c0);
         sgemm(blas, gemm_threads, true, false, channels * taps, plane_out, m, 1.0f, w_g + c0 * taps,
@@ -535,17 +551,17 @@ void lowered_backward_data(Parallel& par, Blas blas, const LoweringShape& s, ind
   };
   if (blas != Blas::onednn || par.threads() == 1) {
     // OpenBLAS sets its thread count process-wide: no GEMMs from several threads at once.
-    std::vector<float> columns;
+    std::vector<float> columns, dy_plain;
     for (index_t n = 0; n < s.batch; ++n)
-      image(n, par.threads(), par, columns);
+      image(n, par.threads(), par, columns, dy_plain);
     return;
   }
   const index_t flops = 2 * out_channels * cg * taps * plane_out;
   par.for_range(s.batch, flops / 8, [&](index_t first, index_t last) {
-    thread_local std::vector<float> columns;
+    thread_local std::vector<float> columns, dy_plain;
     Parallel serial(1);
     for (index_t n = first; n < last; ++n)
-      image(n, 1, serial, columns);
+      image(n, 1, serial, columns, dy_plain);
   });
 }
 
