@@ -270,8 +270,10 @@ std::vector<hn::PoolShape> pool_cases() {
       pooling(1, 1, 5, 5, 2, 2, 2, 2, 1, 1),    // Caffe drops a window starting in the pad
       pooling(2, 2, 6, 6, 3, 3, 2, 2, 0, 0),    // rounding up: last window past the border
       pooling(1, 1, 97, 3, 3, 3, 2, 1, 1, 1),
-      pooling(1, 1, 3, 3, 3, 3, 1, 1, 0, 0),     // kernel = image
-      pooling(4, 24, 55, 55, 3, 3, 2, 2, 0, 0),  // large: the CPU driver's parallel paths
+      pooling(1, 1, 3, 3, 3, 3, 1, 1, 0, 0),      // kernel = image
+      pooling(2, 3, 13, 13, 13, 13, 1, 1, 0, 0),  // global pooling: whole vectors and a tail
+      pooling(1, 5, 4, 8, 4, 8, 1, 1, 0, 0),      // global pooling: whole vectors only
+      pooling(4, 24, 55, 55, 3, 3, 2, 2, 0, 0),   // large: the CPU driver's parallel paths
   };
   std::mt19937 rng(11);
   while (cases.size() < 20) {
