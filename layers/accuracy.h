@@ -1,5 +1,5 @@
 // The accuracy layer classes (internal): their parameters and factory functions are the
-// public API, include/hybridnn/layers/accuracy.h.
+// public API, lib/include/hybridnn/layers/accuracy.h.
 #pragma once
 
 #include <optional>

@@ -1,5 +1,5 @@
 // The activation layer classes (internal): their parameters and factory functions are the
-// public API, include/hybridnn/layers/activation.h.
+// public API, lib/include/hybridnn/layers/activation.h.
 #pragma once
 
 #include <cstdint>

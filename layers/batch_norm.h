@@ -1,5 +1,5 @@
 // The batch norm layer classes (internal): their parameters and factory functions are the
-// public API, include/hybridnn/layers/batch_norm.h.
+// public API, lib/include/hybridnn/layers/batch_norm.h.
 #pragma once
 
 #include <optional>

@@ -1,5 +1,5 @@
 // The convolution layer classes (internal): their parameters and factory functions are the
-// public API, include/hybridnn/layers/convolution.h.
+// public API, lib/include/hybridnn/layers/convolution.h.
 #pragma once
 
 #include <array>

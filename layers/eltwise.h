@@ -1,5 +1,5 @@
 // The eltwise layer classes (internal): their parameters and factory functions are the
-// public API, include/hybridnn/layers/eltwise.h.
+// public API, lib/include/hybridnn/layers/eltwise.h.
 #pragma once
 
 #include <string>

@@ -1,4 +1,4 @@
-// The public factory functions of the layer classes (include/hybridnn/layers/*.h).
+// The public factory functions of the layer classes (lib/include/hybridnn/layers/*.h).
 #include <memory>
 #include <string>
 #include <utility>

@@ -1,5 +1,5 @@
 // The inner product layer classes (internal): their parameters and factory functions are the
-// public API, include/hybridnn/layers/inner_product.h.
+// public API, lib/include/hybridnn/layers/inner_product.h.
 #pragma once
 
 #include <string>

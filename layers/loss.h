@@ -1,5 +1,5 @@
 // The loss layer classes (internal): their parameters and factory functions are the
-// public API, include/hybridnn/layers/loss.h.
+// public API, lib/include/hybridnn/layers/loss.h.
 #pragma once
 
 #include <optional>

@@ -1,5 +1,5 @@
 // The lrn layer classes (internal): their parameters and factory functions are the
-// public API, include/hybridnn/layers/lrn.h.
+// public API, lib/include/hybridnn/layers/lrn.h.
 #pragma once
 
 #include <string>

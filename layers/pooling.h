@@ -1,5 +1,5 @@
 // The pooling layer classes (internal): their parameters and factory functions are the
-// public API, include/hybridnn/layers/pooling.h.
+// public API, lib/include/hybridnn/layers/pooling.h.
 #pragma once
 
 #include <string>

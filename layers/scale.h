@@ -1,5 +1,5 @@
 // The scale layer classes (internal): their parameters and factory functions are the
-// public API, include/hybridnn/layers/scale.h.
+// public API, lib/include/hybridnn/layers/scale.h.
 #pragma once
 
 #include <optional>

@@ -1,5 +1,5 @@
 // The shape layer classes (internal): their parameters and factory functions are the
-// public API, include/hybridnn/layers/shape.h.
+// public API, lib/include/hybridnn/layers/shape.h.
 #pragma once
 
 #include <string>

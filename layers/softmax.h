@@ -1,5 +1,5 @@
 // The softmax layer classes (internal): their parameters and factory functions are the
-// public API, include/hybridnn/layers/softmax.h.
+// public API, lib/include/hybridnn/layers/softmax.h.
 #pragma once
 
 #include <string>

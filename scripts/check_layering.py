@@ -2,8 +2,9 @@
 """Checks that no #include runs against the architecture's order (docs/architecture.md).
 
 Every source and header of the library belongs to one component; a component may include
-only itself and the components listed for it below. Public headers (include/hybridnn/)
-belong to the component they declare. Exits 1 listing each include out of order, with the
+only itself and the components listed for it below. The C++ API's headers
+(lib/include/hybridnn/) belong to the component they declare; include/hybridnn/ holds the
+stable C ABI and the header-only C++ API over it (the "api" component, lib/capi/). Exits 1 listing each include out of order, with the
 file and line; run by CI and by ctest (test 'layering').
 """
 import pathlib
@@ -21,53 +22,57 @@ ALLOWED = {
     "scheduler": ["core", "layers"],
     "net": ["core", "layers", "scheduler", "proto", "data"],
     "solver": ["core", "layers", "scheduler", "net", "proto", "data", "comm"],
-    "api": ["core", "layers", "scheduler", "net", "solver", "comm"],
+    "api": ["core", "layers", "scheduler", "net", "solver", "comm", "proto"],
 }
 
 # Where each component lives: path prefixes, longest match wins.
 PLACES = {
     "lib/core/": "core",
-    "include/hybridnn/device.h": "core",
-    "include/hybridnn/driver.h": "core",
-    "include/hybridnn/driver_registry.h": "core",
+    "lib/include/hybridnn/device.h": "core",
+    "lib/include/hybridnn/driver.h": "core",
+    "lib/include/hybridnn/driver_registry.h": "core",
     "include/hybridnn/error.h": "core",
-    "include/hybridnn/memory.h": "core",
-    "include/hybridnn/phase.h": "core",
-    "include/hybridnn/version.h": "core",
-    "include/hybridnn/runtime.h": "core",
-    "include/hybridnn/shapes.h": "core",
-    "include/hybridnn/solver_update.h": "core",
-    "include/hybridnn/driver_calls.def": "core",
-    "include/hybridnn/tensor.h": "core",
-    "include/hybridnn/tune.h": "core",
+    "include/hybridnn/hybridnn_c.h": "api",
+    "include/hybridnn/hybridnn.hpp": "api",
+    "lib/capi/": "api",
+    "lib/include/hybridnn/memory.h": "core",
+    "lib/include/hybridnn/phase.h": "core",
+    "lib/include/hybridnn/version.h": "core",
+    "lib/include/hybridnn/runtime.h": "core",
+    "lib/include/hybridnn/shapes.h": "core",
+    "lib/include/hybridnn/solver_update.h": "core",
+    "lib/include/hybridnn/driver_calls.def": "core",
+    "lib/include/hybridnn/tensor.h": "core",
+    "lib/include/hybridnn/tune.h": "core",
     "drivers/": "drivers",
     "layers/": "layers",
-    "include/hybridnn/layer.h": "layers",
-    "include/hybridnn/layers.h": "layers",
-    "include/hybridnn/layers/": "layers",
+    "lib/include/hybridnn/layer.h": "layers",
+    "lib/include/hybridnn/layers.h": "layers",
+    "lib/include/hybridnn/layers/": "layers",
     "lib/proto/": "proto",
     "hybridnn.pb.h": "proto",  # generated from lib/proto/hybridnn.proto
     "comm/": "comm",
-    "include/hybridnn/comm.h": "comm",
+    "lib/include/hybridnn/comm.h": "comm",
     "lib/data/": "data",
     "lib/scheduler/": "scheduler",
-    "include/hybridnn/split.h": "scheduler",
+    "lib/include/hybridnn/split.h": "scheduler",
     "lib/net/": "net",
-    "include/hybridnn/net.h": "net",
+    "lib/include/hybridnn/net.h": "net",
     "lib/solver/": "solver",
-    "include/hybridnn/solver.h": "solver",
-    "include/hybridnn/hybridnn.h": "api",
+    "lib/include/hybridnn/solver.h": "solver",
+    "lib/include/hybridnn/hybridnn.h": "api",
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 SOURCES = ("lib", "drivers", "comm", "layers", "include")
-SUFFIXES = {".h", ".cpp", ".cu", ".cuh"}
+SUFFIXES = {".h", ".hpp", ".cpp", ".cu", ".cuh"}
 
 
 def component(path):
     """The component of a repository path or include name, or None (outside the library)."""
     if path.startswith("hybridnn/"):
-        path = "include/" + path
+        public = ("hybridnn/error.h", "hybridnn/hybridnn_c.h", "hybridnn/hybridnn.hpp")
+        path = ("include/" if path in public else "lib/include/") + path
     best = None
     for prefix, name in PLACES.items():
         if (path == prefix or (prefix.endswith("/") and path.startswith(prefix))) and (

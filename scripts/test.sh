@@ -10,22 +10,26 @@ echo "== unit tests"
 ctest --test-dir build --output-on-failure -j "$(nproc)"
 
 echo "== install and embed"
+# The three downstream examples against the installed tree only: through the CMake package
+# (embed: C++17 on hybridnn.hpp; embed_c: C99 on the C ABI; embed_hpp: C++20 on
+# hybridnn.hpp) and through pkg-config.
 prefix="$PWD/build/install-test"
 rm -rf "$prefix" build/embed-test
 cmake --install build --prefix "$prefix" >/dev/null
-cmake -S examples/embed -B build/embed-test -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
-cmake --build build/embed-test >/dev/null
-build/embed-test/embed
-PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --exists hybridnn
+for example in embed embed_c embed_hpp; do
+  cmake -S "examples/$example" -B "build/embed-test/$example" -G Ninja \
+    -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+  cmake --build "build/embed-test/$example" >/dev/null
+  "build/embed-test/$example/$example"
+done
+export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+pkg-config --exists hybridnn
 # shellcheck disable=SC2046 # pkg-config's flags are meant to split into words
-c++ examples/embed/main.cpp -o build/embed-test/embed-pkgconfig \
-  $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs hybridnn) \
-  -Wl,-rpath,"$prefix/lib"
+c++ -std=c++17 examples/embed/main.cpp -o build/embed-test/embed-pkgconfig \
+  $(pkg-config --cflags --libs hybridnn) -Wl,-rpath,"$prefix/lib"
 build/embed-test/embed-pkgconfig
-# The layer-as-kernel example, against the installed headers and library only.
 # shellcheck disable=SC2046
-c++ -std=c++17 examples/layer_as_kernel.cpp -o build/embed-test/layer_as_kernel \
-  $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs hybridnn) \
-  -Wl,-rpath,"$prefix/lib"
-build/embed-test/layer_as_kernel
+cc -std=c99 examples/embed_c/main.c -o build/embed-test/embed_c-pkgconfig \
+  $(pkg-config --cflags --libs hybridnn) -lm -Wl,-rpath,"$prefix/lib"
+build/embed-test/embed_c-pkgconfig
 echo "test.sh: all checks passed"

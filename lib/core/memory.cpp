@@ -31,10 +31,20 @@ Buffer Buffer::host(std::size_t bytes) {
   return buffer;
 }
 
+Buffer Buffer::borrowed(Driver* driver, void* address, std::size_t bytes) {
+  Buffer buffer;
+  buffer.driver_ = driver;
+  buffer.address_ = address;
+  buffer.bytes_ = bytes;
+  buffer.owned_ = false;
+  return buffer;
+}
+
 Buffer::Buffer(Buffer&& other) noexcept
     : driver_(std::exchange(other.driver_, nullptr)),
       address_(std::exchange(other.address_, nullptr)),
-      bytes_(std::exchange(other.bytes_, 0)) {}
+      bytes_(std::exchange(other.bytes_, 0)),
+      owned_(std::exchange(other.owned_, true)) {}
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
@@ -42,6 +52,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     driver_ = std::exchange(other.driver_, nullptr);
     address_ = std::exchange(other.address_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
+    owned_ = std::exchange(other.owned_, true);
   }
   return *this;
 }
@@ -52,7 +63,9 @@ Buffer::~Buffer() {
 
 void Buffer::release() noexcept {
   if (address_ == nullptr) return;
-  if (driver_ != nullptr) {
+  if (!owned_) {
+    owned_ = true;
+  } else if (driver_ != nullptr) {
     driver_->deallocate(address_);
   } else {
     std::free(address_);

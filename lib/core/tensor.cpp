@@ -252,6 +252,23 @@ void* SyncedMemory::host_overwrite() {
   return overwrite_in(copy_in(host_space(), nullptr), 0, bytes_);
 }
 
+void SyncedMemory::adopt(Driver* driver, void* address) {
+  Driver* owner = driver != nullptr ? copy_owner(*driver) : nullptr;
+  const MemorySpace space = owner != nullptr ? owner->memory_space() : host_space();
+  Copy* target = nullptr;
+  for (Copy& copy : copies_) {
+    if (copy.space == space) target = &copy;
+  }
+  if (target == nullptr) {
+    copies_.push_back(Copy{space, owner, Buffer(), {}});
+    target = &copies_.back();
+  }
+  if (target->buffer.address() != address || target->buffer.bytes() != bytes_) {
+    target->buffer = Buffer::borrowed(owner, address, bytes_);
+  }
+  make_exclusive(*target, 0, bytes_);
+}
+
 bool SyncedMemory::current_on(MemorySpace space) const {
   return current_on(space, 0, bytes_);
 }

@@ -34,6 +34,9 @@ class Buffer {
   Buffer() = default;
   Buffer(Driver& driver, std::size_t bytes);
   static Buffer host(std::size_t bytes);
+  // Memory someone else owns (a program's array), used in place and never freed; `driver`
+  // is the one that addresses it (nullptr: host memory).
+  static Buffer borrowed(Driver* driver, void* address, std::size_t bytes);
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;
   Buffer(const Buffer&) = delete;
@@ -56,6 +59,7 @@ class Buffer {
   Driver* driver_ = nullptr;
   void* address_ = nullptr;
   std::size_t bytes_ = 0;
+  bool owned_ = true;
 };
 
 enum class Access { read, write, read_write };

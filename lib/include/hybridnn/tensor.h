@@ -65,6 +65,13 @@ class SyncedMemory {
   void* write_range(Driver& driver, std::size_t offset, std::size_t length);
   void* overwrite_range(Driver& driver, std::size_t offset, std::size_t length);
 
+  // Makes the caller's `address` (bytes() of memory that `driver` addresses; nullptr:
+  // host memory) this array's copy in that memory space, used in place and never freed,
+  // and declares it current: every other copy becomes stale, nothing is copied. What the
+  // library writes there later is in the caller's memory whenever that copy is current
+  // (read() or host_read() on it brings it up to date). Calling it again with the same
+  // address only declares the caller's values current again.
+  void adopt(Driver* driver, void* address);
   bool current_on(MemorySpace space) const;
   bool current_on(MemorySpace space, std::size_t offset, std::size_t length) const;
   // Releases every copy and sets a new size; the contents read as zeros again.

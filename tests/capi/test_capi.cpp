@@ -1,0 +1,451 @@
+// The C ABI and the header-only C++ API over it, as a downstream program sees them: this
+// executable includes only include/hybridnn/ and links only libhybridnn.so. Results are
+// checked against plain loops, finite differences and hand-computed values.
+#include <hybridnn/hybridnn_c.h>
+#include <hybridnn/hybridnn.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+namespace {
+
+using Catch::Matchers::Contains;
+
+std::vector<float> pattern(std::size_t count, int period, float scale, int shift = 0) {
+  std::vector<float> values(count);
+  for (std::size_t i = 0; i < count; ++i)
+    values[i] = scale * static_cast<float>((static_cast<int>(i) + shift) % period - period / 2);
+  return values;
+}
+
+void check_close(const std::vector<float>& got, const std::vector<double>& want, double tolerance) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("element " << i);
+    CHECK(std::abs(got[i] - want[i]) <= tolerance * std::max(1.0, std::abs(want[i])));
+  }
+}
+
+std::string error_of(hn_status status) {
+  REQUIRE(status != HN_OK);
+  return hn_last_error();
+}
+
+// A directory of its own under the system's temporary directory, removed at the end.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    path = std::filesystem::temp_directory_path() /
+           ("hybridnn-capi-" + std::to_string(std::rand()) + "-" +
+            std::to_string(reinterpret_cast<std::uintptr_t>(this)));
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+  std::string file(const std::string& name, const std::string& text = "") const {
+    const std::string at = (path / name).string();
+    if (!text.empty()) std::ofstream(at) << text;
+    return at;
+  }
+};
+
+// y = W x + b per image, then ReLU, then a second InnerProduct: a two-layer perceptron.
+const char* const kMlp = R"(
+name: "mlp"
+force_backward: true
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 3 dim: 4 } } }
+layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1"
+  inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.5 }
+                        bias_filler { type: "constant" value: 0.1 } } }
+layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
+layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
+  inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 0.5 } } }
+)";
+
+// The MLP's output computed here from its parameters.
+std::vector<double> mlp_output(hn::Net& net, const std::vector<float>& x) {
+  const std::vector<float> w1 = net.param(0).values(), b1 = net.param(1).values();
+  const std::vector<float> w2 = net.param(2).values(), b2 = net.param(3).values();
+  std::vector<double> out;
+  for (int n = 0; n < 3; ++n) {
+    std::vector<double> hidden(5);
+    for (int o = 0; o < 5; ++o) {
+      double sum = b1[o];
+      for (int i = 0; i < 4; ++i)
+        sum += static_cast<double>(w1[o * 4 + i]) * x[n * 4 + i];
+      hidden[o] = std::max(0.0, sum);
+    }
+    for (int o = 0; o < 2; ++o) {
+      double sum = b2[o];
+      for (int i = 0; i < 5; ++i)
+        sum += w2[o * 5 + i] * hidden[i];
+      out.push_back(sum);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("C ABI: version, ABI version and status names", "[capi]") {
+  CHECK(std::string(hn_version()) == HYBRIDNN_EXPECTED_VERSION);
+  CHECK(hn::version() == HYBRIDNN_EXPECTED_VERSION);
+  CHECK(hn_abi_version() == HN_ABI_VERSION);
+  CHECK(std::string(hn_status_name(HN_OK)) == "ok");
+  CHECK(std::string(hn_status_name(HN_ERROR_NOT_FOUND)) == "not found");
+  CHECK(std::string(hn_status_name(12345)) == "unknown status");
+}
+
+TEST_CASE("C ABI: errors are statuses with a message per thread, NULL handles included", "[capi]") {
+  CHECK_THAT(error_of(hn_net_forward(nullptr, nullptr)), Contains("hn_net_forward: NULL handle"));
+  CHECK(hn_net_forward(nullptr, nullptr) == HN_ERROR_INVALID_ARGUMENT);
+  // Another thread has its own last error.
+  std::string other = "unset";
+  std::thread([&] { other = hn_last_error(); }).join();
+  CHECK(other.empty());
+  CHECK_THAT(std::string(hn_last_error()), Contains("NULL handle"));
+
+  hn_runtime* runtime = nullptr;
+  REQUIRE(hn_runtime_create(&runtime) == HN_OK);
+  hn_driver* driver = nullptr;
+  CHECK(hn_runtime_add_driver(runtime, "cuda:7", nullptr, &driver) == HN_ERROR_NOT_FOUND);
+  CHECK_THAT(std::string(hn_last_error()), Contains("cuda:7") && Contains("cpu"));
+  CHECK(hn_runtime_add_driver(runtime, "teapot", nullptr, &driver) != HN_OK);
+  CHECK_THAT(std::string(hn_last_error()), Contains("teapot"));
+  REQUIRE(hn_runtime_add_driver(runtime, "cpu", "threads=1", &driver) == HN_OK);
+  CHECK(std::string(hn_driver_name(driver)) == "cpu");
+
+  hn_net_options* options = nullptr;
+  REQUIRE(hn_net_options_create(&options) == HN_OK);
+  CHECK(hn_net_options_set(options, "bach", "3") == HN_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(std::string(hn_last_error()), Contains("'bach'") && Contains("batch"));
+  CHECK(hn_net_options_set(options, "batch", "three") == HN_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(std::string(hn_last_error()), Contains("batch") && Contains("three"));
+  CHECK(hn_net_options_set(options, "phase", "tset") == HN_ERROR_INVALID_ARGUMENT);
+  CHECK(hn_net_options_set(options, "split", "cpu:0.5,cpu:0.5") != HN_OK);
+  CHECK_THAT(std::string(hn_last_error()), Contains("twice"));
+
+  hn_net* net = nullptr;
+  CHECK(hn_net_create(runtime, driver, "/nonexistent/net.prototxt", options, &net) ==
+        HN_ERROR_NOT_FOUND);
+  CHECK_THAT(std::string(hn_last_error()), Contains("/nonexistent/net.prototxt"));
+  // A syntax error names the origin and its line.
+  CHECK(hn_net_create_from_text(runtime, driver, "name: \"x\"\nlayer { nme: 1 }\n", "mine.prototxt",
+                                options, &net) == HN_ERROR);
+  CHECK_THAT(std::string(hn_last_error()), Contains("mine.prototxt") && Contains("2"));
+  CHECK(net == nullptr);
+  hn_net_options_destroy(options);
+  hn_driver_destroy(driver);
+  hn_runtime_destroy(runtime);
+  // destroy(NULL) is a no-op.
+  hn_tensor_destroy(nullptr);
+  hn_net_destroy(nullptr);
+
+  // The C++ API throws hn::Error with the message.
+  CHECK_THROWS_WITH(hn::Runtime().add("cuda:9"), Contains("cuda:9") && Contains("not found"));
+}
+
+TEST_CASE("C ABI: tensors over library memory and over the caller's arrays", "[capi]") {
+  hn::Tensor own({2, 3});
+  CHECK(own.dims() == std::vector<int64_t>{2, 3});
+  CHECK(own.count() == 6);
+  CHECK(own.values() == std::vector<float>(6, 0.0f));
+  own.set_values({1, 2, 3, 4, 5, 6});
+  CHECK(own.values() == std::vector<float>{1, 2, 3, 4, 5, 6});
+  CHECK_THROWS_WITH(own.set_values({1}), Contains("1 values") && Contains("6"));
+
+  std::vector<float> data = pattern(12, 5, 1.0f), diff(12, 0.0f);
+  hn::Tensor wrapped = hn::Tensor::wrap({3, 4}, data.data(), diff.data());
+  CHECK(wrapped.data() == data.data());  // no copy
+  CHECK(wrapped.diff() == diff.data());
+  CHECK(wrapped.values() == data);
+  CHECK(hn_tensor_is_blocked(wrapped.get()) == 0);
+
+  int64_t dims[2] = {2, -1};
+  hn_tensor* bad = nullptr;
+  CHECK(hn_tensor_create(2, dims, &bad) == HN_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(std::string(hn_last_error()), Contains("axis 1 is -1"));
+  CHECK(hn_tensor_create(HN_MAX_AXES + 1, dims, &bad) == HN_ERROR_INVALID_ARGUMENT);
+  CHECK(hn_tensor_wrap(2, dims, nullptr, nullptr, nullptr, &bad) == HN_ERROR_INVALID_ARGUMENT);
+  float* address = nullptr;
+  CHECK(hn_tensor_data(own.get(), 7, &address) == HN_ERROR_INVALID_ARGUMENT);
+}
+
+TEST_CASE("C ABI: a grouped convolution as a kernel on the caller's arrays equals the loops",
+          "[capi]") {
+  const int n = 2, c = 4, h = 6, w = 5, m = 6, k = 3, groups = 2, cg = c / groups, mg = m / groups;
+  hn::Runtime runtime;
+  hn::Driver cpu = runtime.add("cpu");
+  hn::Layer conv(R"(name: "conv" type: "Convolution"
+      convolution_param { num_output: 6 kernel_size: 3 pad: 1 group: 2 })");
+  CHECK(conv.type() == "Convolution");
+
+  std::vector<float> x = pattern(n * c * h * w, 7, 0.25f), dx(x.size(), -99.0f);
+  hn::Tensor input = hn::Tensor::wrap({n, c, h, w}, x.data(), dx.data());
+  const auto out_dims = conv.setup({&input});
+  REQUIRE(out_dims.size() == 1);
+  CHECK(out_dims[0] == std::vector<int64_t>{n, m, h, w});
+  REQUIRE(conv.num_params() == 2);
+  CHECK(conv.param(0).dims() == std::vector<int64_t>{m, cg, k, k});
+
+  // The caller's weights and gradients, used in place.
+  std::vector<float> weights = pattern(m * cg * k * k, 5, 0.1f), bias = pattern(m, 3, 0.05f);
+  std::vector<float> dweights(weights.size(), 0.5f), dbias(m, 0.5f);
+  hn::Tensor wt = hn::Tensor::wrap({m, cg, k, k}, weights.data(), dweights.data());
+  hn::Tensor bt = hn::Tensor::wrap({m}, bias.data(), dbias.data());
+  conv.set_param(0, wt);
+  conv.set_param(1, bt);
+  CHECK(conv.param(0).data() == weights.data());
+
+  std::vector<float> y(n * m * h * w, -99.0f), dy = pattern(y.size(), 3, 0.5f);
+  hn::Tensor output = hn::Tensor::wrap({n, m, h, w}, y.data(), dy.data());
+  conv.forward(cpu, {&input}, {&output});
+  conv.backward(cpu, {&input}, {&output});
+
+  std::vector<double> y_ref(y.size()), dx_ref(x.size()), dw_ref(weights.size(), 0.5),
+      db_ref(m, 0.5);
+  for (int in = 0; in < n; ++in)
+    for (int co = 0; co < m; ++co)
+      for (int r = 0; r < h; ++r)
+        for (int s = 0; s < w; ++s) {
+          const int yi = ((in * m + co) * h + r) * w + s;
+          double sum = bias[co];
+          db_ref[co] += dy[yi];
+          for (int ci = 0; ci < cg; ++ci)
+            for (int kh = 0; kh < k; ++kh)
+              for (int kw = 0; kw < k; ++kw) {
+                const int ih = r - 1 + kh, iw = s - 1 + kw;
+                if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
+                const int xi = ((in * c + co / mg * cg + ci) * h + ih) * w + iw;
+                const int wi = ((co * cg + ci) * k + kh) * k + kw;
+                sum += static_cast<double>(x[xi]) * weights[wi];
+                dx_ref[xi] += static_cast<double>(dy[yi]) * weights[wi];
+                dw_ref[wi] += static_cast<double>(dy[yi]) * x[xi];
+              }
+          y_ref[yi] = sum;
+        }
+  check_close(y, y_ref, 1e-5);
+  check_close(dx, dx_ref, 1e-5);        // overwritten
+  check_close(dweights, dw_ref, 1e-5);  // added to
+  check_close(std::vector<float>(dbias), db_ref, 1e-5);
+
+  SECTION("the same cut between two drivers, merged") {
+    hn::Driver reference = runtime.add("reference");
+    (void)reference;
+    conv.set_split(runtime, "cpu:0.5,reference:0.5");
+    std::fill(y.begin(), y.end(), -99.0f);
+    conv.forward(cpu, {&input}, {&output});
+    check_close(y, y_ref, 1e-5);
+    CHECK_THROWS_WITH(conv.set_split(runtime, "cpu:0.5,cuda:3:0.5"), Contains("cuda:3"));
+  }
+  SECTION("tensors of other shapes are refused, naming both") {
+    hn::Tensor small({1, c, h, w});
+    CHECK_THROWS_WITH(
+        conv.forward(cpu, {&small}, {&output}),
+        Contains("layer 'conv' (Convolution)") && Contains("1x4x6x5") && Contains("2x4x6x5"));
+  }
+}
+
+TEST_CASE("C ABI: in-place ReLU and test-phase Dropout as kernels", "[capi]") {
+  hn::Runtime runtime;
+  hn::Driver cpu = runtime.add("cpu");
+  std::vector<float> x = pattern(24, 7, 1.0f), dx = pattern(24, 3, 1.0f);
+  const std::vector<float> x0 = x, dy0 = dx;
+  hn::Tensor t = hn::Tensor::wrap({2, 3, 4}, x.data(), dx.data());
+  hn::Layer relu(R"(name: "relu" type: "ReLU")");
+  relu.setup({&t});
+  relu.forward(cpu, {&t}, {&t});
+  relu.backward(cpu, {&t}, {&t});
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    CHECK(x[i] == std::max(0.0f, x0[i]));
+    CHECK(dx[i] == (x0[i] > 0.0f ? dy0[i] : 0.0f));
+  }
+
+  hn::Layer dropout(R"(name: "drop" type: "Dropout" dropout_param { dropout_ratio: 0.5 })");
+  hn::Tensor in({4, 8}), out({4, 8});
+  in.set_values(pattern(32, 9, 1.0f));
+  dropout.setup({&in});
+  dropout.set_phase(HN_PHASE_TEST);
+  dropout.forward(cpu, {&in}, {&out});
+  CHECK(out.values() == in.values());
+  dropout.set_phase(HN_PHASE_TRAIN);
+  dropout.forward(cpu, {&in}, {&out});
+  int kept = 0;
+  const std::vector<float> ins = in.values(), outs = out.values();
+  for (std::size_t i = 0; i < ins.size(); ++i) {
+    if (outs[i] != 0.0f) {
+      ++kept;
+      CHECK(outs[i] == 2.0f * ins[i]);
+    }
+  }
+  CHECK(kept > 0);
+  CHECK(kept < 32);
+
+  hn::Layer pool(R"(name: "pool" type: "Pooling" pooling_param { pool: MAX kernel_size: 2 })");
+  hn::Tensor img({1, 1, 4, 4});
+  CHECK_THROWS_WITH(pool.forward(cpu, {&img}, {&img}), Contains("hn_layer_setup first"));
+  CHECK_THROWS_WITH(hn::Layer("name: \"p\" type: \"NoSuchLayer\""), Contains("NoSuchLayer"));
+}
+
+TEST_CASE(
+    "C ABI: a net from text: inputs, forward against the loops, gradients against "
+    "finite differences, weights saved and loaded",
+    "[capi]") {
+  hn::Runtime runtime;
+  hn::Driver cpu = runtime.add("cpu");
+  hn::Net net = hn::Net::from_text(runtime, cpu, kMlp, hn::NetOptions().set("seed", "7"), "mlp");
+  CHECK(net.name() == "mlp");
+  CHECK(net.input_names() == std::vector<std::string>{"data"});
+  CHECK(net.output_names() == std::vector<std::string>{"ip2"});
+  CHECK(net.num_layers() == 4);
+  CHECK(net.layer_name(1) == "ip1");
+  CHECK(net.layer_type(2) == "ReLU");
+  CHECK(net.layer_split(1).empty());
+  CHECK(net.num_params() == 4);
+  CHECK(net.param_name(0) == "ip1.0");
+  CHECK(net.param(0).dims() == std::vector<int64_t>{5, 4});
+  CHECK_THROWS_WITH(net.blob("nope"), Contains("'nope'") && Contains("ip1"));
+  CHECK_THROWS_WITH(net.layer_name(9), Contains("4 layers"));
+
+  const std::vector<float> x = pattern(12, 7, 0.3f);
+  net.blob("data").set_values(x);
+  net.forward();
+  const std::vector<double> want = mlp_output(net, x);
+  check_close(net.blob("ip2").values(), want, 1e-5);
+
+  // Loss = sum of ip2 * g: d loss / d param against central differences.
+  const std::vector<float> g = pattern(6, 5, 0.5f, 1);
+  net.clear_param_diffs();
+  net.forward();
+  net.blob("ip2").set_gradient(g);
+  net.backward();
+  const std::vector<float> dw1 = net.param(0).gradient(), dx = net.blob("data").gradient();
+  const auto loss_with = [&](int param, int index, float delta) {
+    hn::Tensor p = net.param(param);
+    std::vector<float> v = p.values();
+    const float kept = v[index];
+    v[index] = kept + delta;
+    p.set_values(v);
+    const std::vector<double> out = mlp_output(net, x);
+    v[index] = kept;
+    p.set_values(v);
+    double loss = 0.0;
+    for (int i = 0; i < 6; ++i)
+      loss += out[i] * g[i];
+    return loss;
+  };
+  for (int index : {0, 7, 19}) {
+    const double numeric = (loss_with(0, index, 1e-2f) - loss_with(0, index, -1e-2f)) / 2e-2;
+    CHECK(dw1[index] == Approx(numeric).margin(2e-3));
+  }
+  CHECK(std::any_of(dx.begin(), dx.end(), [](float v) { return v != 0.0f; }));
+
+  TempDir dir;
+  const std::string model = dir.file("mlp.caffemodel");
+  net.save(model);
+  hn::Net again = hn::Net::from_text(runtime, cpu, kMlp,
+                                     hn::NetOptions().set("seed", "99").set("weights", model));
+  CHECK(again.param(2).values() == net.param(2).values());
+  again.blob("data").set_values(x);
+  again.forward();
+  CHECK(again.blob("ip2").values() == net.blob("ip2").values());
+}
+
+TEST_CASE("C ABI: handles keep what they need alive, whatever the order of destruction", "[capi]") {
+  std::vector<float> got;
+  {
+    hn::Tensor blob({1});
+    {
+      hn::Runtime runtime;
+      hn::Driver cpu = runtime.add("cpu");
+      hn::Net net = hn::Net::from_text(runtime, cpu, kMlp);
+      net.blob("data").set_values(std::vector<float>(12, 1.0f));
+      net.forward();
+      blob = net.blob("ip2");
+    }  // the runtime, driver and net handles are gone; the blob's tensor keeps the net
+    got = blob.values();
+  }
+  CHECK(got.size() == 6);
+}
+
+TEST_CASE("C ABI: a solver trains, reports events, snapshots and restores", "[capi]") {
+  TempDir dir;
+  const std::string net = dir.file("net.prototxt", R"(
+name: "tiny"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { shape { dim: 8 dim: 6 } shape { dim: 8 }
+                     data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 1 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+)");
+  const std::string solver_file = dir.file("solver.prototxt", "net: \"" + net + R"("
+base_lr: 0.1
+momentum: 0.9
+lr_policy: "fixed"
+display: 5
+max_iter: 40
+snapshot_prefix: ")" + (dir.path / "tiny").string() + "\"\n");
+  hn::Runtime runtime;
+  hn::Driver cpu = runtime.add("cpu");
+  hn::Solver solver(runtime, cpu, solver_file, hn::SolverOptions().set("max_iter", "30"));
+  std::vector<hn::SolverEvent> events;
+  solver.on_event([&](const hn::SolverEvent& event) { events.push_back(event); });
+  solver.step(1);
+  const float first = solver.loss();
+  CHECK(first == Approx(std::log(3.0f)).margin(0.3));
+  solver.step(19);
+  CHECK(solver.iter() == 20);
+  CHECK(solver.loss() < 0.5f * first);
+  CHECK(solver.learning_rate() == Approx(0.1f));
+  REQUIRE(events.size() >= 3);
+  CHECK(events[0].kind == HN_EVENT_TRAIN);
+  CHECK(events[1].iter == 5);
+  CHECK(events.back().iter == 15);
+  CHECK(events.back().outputs.at(0).first == "loss");
+
+  const std::string model = solver.snapshot();
+  CHECK(model == (dir.path / "tiny_iter_20.caffemodel").string());
+  CHECK(std::filesystem::exists(dir.path / "tiny_iter_20.solverstate"));
+  const std::vector<float> trained = solver.net().param(0).values();
+
+  hn::Solver resumed(runtime, cpu, solver_file);
+  resumed.restore((dir.path / "tiny_iter_20.solverstate").string());
+  CHECK(resumed.iter() == 20);
+  CHECK(resumed.net().param(0).values() == trained);
+
+  // An exception in the callback stops training and comes out of step().
+  resumed.on_event([](const hn::SolverEvent&) { throw std::runtime_error("enough"); });
+  CHECK_THROWS_WITH(resumed.step(10), "enough");
+  CHECK(resumed.iter() <= 26);
+  CHECK_THROWS_WITH(resumed.restore((dir.path / "nothing.solverstate").string()),
+                    Contains("nothing.solverstate") && Contains("not found"));
+}
+
+TEST_CASE("C ABI: the local communicator", "[capi]") {
+  hn::Runtime runtime;
+  hn::Driver cpu = runtime.add("cpu");
+  hn::Communicator comm("local");
+  CHECK(comm.rank() == 0);
+  CHECK(comm.size() == 1);
+  CHECK(comm.backend() == "local");
+  std::vector<float> values{1.0f, 2.0f, 3.0f};
+  comm.allreduce(cpu, values.data(), values.size(), true);
+  CHECK(values == std::vector<float>{1.0f, 2.0f, 3.0f});
+  comm.broadcast(cpu, values.data(), values.size(), 0);
+  CHECK_THROWS_WITH(comm.broadcast(cpu, values.data(), values.size(), 1), Contains("root 1"));
+  comm.barrier();
+  CHECK_THROWS_WITH(hn::Communicator("carrier-pigeon"), Contains("carrier-pigeon"));
+}
