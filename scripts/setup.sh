@@ -13,6 +13,10 @@ set -euo pipefail
 # openmpi-bin, libopenmpi-dev: the multi-process collectives (ring and MPI_Allreduce) and
 # mpirun, which launches the ranks; without them only the single-process communicator is
 # built.
+# python3-dev, pybind11-dev, python3-numpy: the Python bindings (bindings/python), built
+# with the library; python3-pytest runs their tests; python3-venv lets `pip install
+# ./bindings/python` go into a virtual environment; python3-matplotlib draws the training
+# curves (python3 -m hybridnn.plot).
 packages=(
   build-essential cmake ninja-build pkg-config git python3
   libopenblas-dev libdnnl-dev ocl-icd-opencl-dev libeigen3-dev libtbb-dev libfmt-dev catch2
@@ -20,6 +24,7 @@ packages=(
   clang-format
   dataset-fashion-mnist
   openmpi-bin libopenmpi-dev
+  python3-dev pybind11-dev python3-numpy python3-pytest python3-venv python3-matplotlib
 )
 
 missing=()

@@ -32,4 +32,22 @@ build/embed-test/embed-pkgconfig
 cc -std=c99 examples/embed_c/main.c -o build/embed-test/embed_c-pkgconfig \
   $(pkg-config --cflags --libs hybridnn) -lm -Wl,-rpath,"$prefix/lib"
 build/embed-test/embed_c-pkgconfig
+
+echo "== pip install ./bindings/python (in a virtual environment)"
+# The bindings as a user installs them: pip builds the extension with scikit-build-core
+# against the hybridnn installed above (CMAKE_PREFIX_PATH; without one pip would build the
+# library too), then the pytest suite runs on the installed package. pip fetches its build
+# tools from the package index: without one this step is skipped, visibly.
+venv=build/venv-test
+rm -rf "$venv"
+/usr/bin/python3 -m venv --system-site-packages "$venv"
+if "$venv/bin/python" -m pip download --quiet --no-deps --dest build/pip-probe \
+    scikit-build-core >/dev/null 2>&1; then
+  CMAKE_PREFIX_PATH="$prefix" "$venv/bin/python" -m pip install --quiet ./bindings/python
+  (cd build && OMP_NUM_THREADS=1 "../$venv/bin/python" -m pytest -q -p no:cacheprovider \
+    ../bindings/python/tests)
+else
+  echo "SKIPPED: pip install ./bindings/python: no Python package index reachable"
+fi
+
 echo "test.sh: all checks passed"
