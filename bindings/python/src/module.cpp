@@ -81,6 +81,35 @@ std::vector<hn::Tensor*> tensors(const std::vector<PyTensor*>& list) {
   return out;
 }
 
+py::tuple tuple_of(const std::vector<int64_t>& dims) {
+  py::tuple shape(dims.size());
+  for (std::size_t i = 0; i < dims.size(); ++i)
+    shape[i] = dims[i];
+  return shape;
+}
+
+// Host memory of a tensor's values or gradient.
+float* memory(PyTensor& t, bool gradient, int32_t access) {
+  return gradient ? t.tensor.diff(access) : t.tensor.data(access);
+}
+
+// Tensor.data / Tensor.diff: a numpy view whose base is the tensor.
+py::array memory_view(const py::object& self, bool gradient) {
+  PyTensor& t = self.cast<PyTensor&>();
+  return view(memory(t, gradient, HN_WRITE), t.tensor.dims(), self);
+}
+
+// Assigning to Tensor.data / Tensor.diff: a copy in, converted to float32.
+void assign(PyTensor& t, const py::array_t<float, py::array::forcecast>& values, bool gradient) {
+  const py::array_t<float, py::array::c_style | py::array::forcecast> in(values);
+  if (in.size() != t.tensor.count()) {
+    throw py::value_error(std::string(gradient ? "Tensor.diff" : "Tensor.data") + ": " +
+                          std::to_string(in.size()) + " values for a tensor of " +
+                          std::to_string(t.tensor.count()));
+  }
+  std::copy(in.data(), in.data() + in.size(), memory(t, gradient, HN_OVERWRITE));
+}
+
 py::dict event_dict(const hn::SolverEvent& event) {
   static const char* const kinds[] = {"train", "test", "snapshot"};
   py::dict d;
@@ -146,38 +175,19 @@ PYBIND11_MODULE(_core, m) {
           py::arg("data"), py::arg("diff") = py::none(), py::arg("driver") = nullptr,
           "A tensor over numpy arrays' memory (float32, C-contiguous), used in place: the "
           "library reads and writes the arrays themselves.")
-      .def_property_readonly("shape",
-                             [](const PyTensor& t) {
-                               const std::vector<int64_t> dims = t.tensor.dims();
-                               py::tuple shape(dims.size());
-                               for (std::size_t i = 0; i < dims.size(); ++i)
-                                 shape[i] = dims[i];
-                               return shape;
-                             })
+      .def_property_readonly("shape", [](const PyTensor& t) { return tuple_of(t.tensor.dims()); })
       .def_property_readonly("count", [](const PyTensor& t) { return t.tensor.count(); })
       .def_property(
-          "data",
-          [](py::object self) {
-            PyTensor& t = self.cast<PyTensor&>();
-            return view(t.tensor.data(HN_WRITE), t.tensor.dims(), self);
-          },
+          "data", [](const py::object& self) { return memory_view(self, false); },
           [](PyTensor& t, const py::array_t<float, py::array::forcecast>& values) {
-            py::array_t<float, py::array::c_style | py::array::forcecast> in(values);
-            if (in.size() != t.tensor.count()) throw py::value_error("Tensor.data: size mismatch");
-            std::copy(in.data(), in.data() + in.size(), t.tensor.data(HN_OVERWRITE));
+            assign(t, values, false);
           },
           "The values as a numpy view of host memory (no copy; the view keeps the tensor "
           "alive). Assigning an array copies it in.")
       .def_property(
-          "diff",
-          [](py::object self) {
-            PyTensor& t = self.cast<PyTensor&>();
-            return view(t.tensor.diff(HN_WRITE), t.tensor.dims(), self);
-          },
+          "diff", [](const py::object& self) { return memory_view(self, true); },
           [](PyTensor& t, const py::array_t<float, py::array::forcecast>& values) {
-            py::array_t<float, py::array::c_style | py::array::forcecast> in(values);
-            if (in.size() != t.tensor.count()) throw py::value_error("Tensor.diff: size mismatch");
-            std::copy(in.data(), in.data() + in.size(), t.tensor.diff(HN_OVERWRITE));
+            assign(t, values, true);
           },
           "The gradient as a numpy view, as data.")
       .def("__repr__", [](const PyTensor& t) {
@@ -206,12 +216,8 @@ PYBIND11_MODULE(_core, m) {
           "setup",
           [](hn::Layer& layer, const std::vector<PyTensor*>& inputs) {
             std::vector<py::tuple> shapes;
-            for (const std::vector<int64_t>& dims : layer.setup(tensors(inputs))) {
-              py::tuple shape(dims.size());
-              for (std::size_t i = 0; i < dims.size(); ++i)
-                shape[i] = dims[i];
-              shapes.push_back(shape);
-            }
+            for (const std::vector<int64_t>& dims : layer.setup(tensors(inputs)))
+              shapes.push_back(tuple_of(dims));
             return shapes;
           },
           py::arg("inputs"), "Shapes the layer for these inputs; returns the output shapes.")

@@ -102,21 +102,23 @@ def test_convolution_as_a_kernel_on_numpy_arrays(cpu):
     conv.backward(driver, inputs, outputs)
     # The gradients as the transposes of the forward: <dy, conv(x)> is linear in x and in w.
     np.testing.assert_allclose(db, dy.sum(axis=(0, 2, 3)), rtol=1e-4, atol=1e-4)
-    eps = 1e-2
+    def numeric(loss_of, values, index, eps=1e-2):
+        """d loss / d values[index] by central differences, in float64."""
+        plus, minus = values.astype(np.float64), values.astype(np.float64)
+        plus[index] += eps
+        minus[index] -= eps
+        return (loss_of(plus) - loss_of(minus)) / (2 * eps)
+
+    def loss_of_x(values):
+        return (conv_reference(values, w, b, 1, 2) * dy).sum()
+
+    def loss_of_w(values):
+        return (conv_reference(x, values, b, 1, 2) * dy).sum()
+
     for index in [(0, 1, 2, 3), (1, 3, 0, 4)]:
-        plus, minus = x.astype(np.float64), x.astype(np.float64)
-        plus[index] += eps
-        minus[index] -= eps
-        numeric = ((conv_reference(plus, w, b, 1, 2) - conv_reference(minus, w, b, 1, 2))
-                   * dy).sum() / (2 * eps)
-        assert dx[index] == pytest.approx(numeric, rel=1e-3, abs=1e-3)
+        assert dx[index] == pytest.approx(numeric(loss_of_x, x, index), rel=1e-3, abs=1e-3)
     for index in [(0, 0, 1, 1), (5, 1, 2, 0)]:
-        plus, minus = w.astype(np.float64), w.astype(np.float64)
-        plus[index] += eps
-        minus[index] -= eps
-        numeric = ((conv_reference(x, plus, b, 1, 2) - conv_reference(x, minus, b, 1, 2))
-                   * dy).sum() / (2 * eps)
-        assert dw[index] == pytest.approx(numeric, rel=1e-3, abs=1e-3)
+        assert dw[index] == pytest.approx(numeric(loss_of_w, w, index), rel=1e-3, abs=1e-3)
     # Split between the cpu and reference drivers: the same outputs.
     runtime.add("reference")
     conv.set_split(runtime, "cpu:0.5,reference:0.5")
