@@ -63,10 +63,12 @@ void AccuracyLayer::forward(const LayerSlice& slice) {
                describe(), raw, o, i, classes, input_shape_.to_string());
       const float* column = scores.data() + o * classes * inner + i;
       const float true_score = column[label * inner];
-      // The true class counts itself, hence -1; a tie counts against the label.
-      int better = -1;
+      // The true class counts itself, hence -1; a tie counts against the label, and so does
+      // a NaN score (!(a < b) is a >= b, or true when either is NaN). A NaN true score is
+      // never correct: a net that outputs NaN has not classified anything.
+      int better = std::isnan(true_score) ? param_.top_k : -1;
       for (index_t c = 0; c < classes && better < param_.top_k; ++c) {
-        better += column[c * inner] >= true_score ? 1 : 0;
+        better += !(column[c * inner] < true_score) ? 1 : 0;
       }
       seen_per_class[static_cast<std::size_t>(label)] += 1.0f;
       if (better < param_.top_k) {

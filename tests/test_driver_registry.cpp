@@ -107,6 +107,10 @@ TEST_CASE("driver options a kind does not declare, or outside its choices, are e
                     Contains("driver cpu: option blas='mkl' is not one of"));
   CHECK_THROWS_WITH(make_driver(Device::parse("cpu"), DriverOptions{{"threads", "two"}}),
                     Contains("option threads='two' is not an integer"));
+  // Thousands of threads: a clear error instead of OpenMP aborting the process.
+  CHECK_THROWS_WITH(make_driver(Device::parse("cpu"), DriverOptions{{"threads", "4096"}}),
+                    Contains("threads 4096 is too many") && Contains("at most"));
+  CHECK(make_driver(Device::parse("cpu"), DriverOptions{{"threads", "64"}}) != nullptr);
   CHECK_THROWS_WITH(make_driver(Device::parse("reference"), DriverOptions{{"blas", "onednn"}}),
                     Contains("unknown option 'blas'") && Contains("its options: separate_memory"));
   // One set of options for several kinds: each kind keeps the names it declares.

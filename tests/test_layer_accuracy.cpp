@@ -136,6 +136,29 @@ TEST_CASE("Accuracy counts a tie with the true class against it (Caffe's >= rule
   }
 }
 
+TEST_CASE("Accuracy counts NaN scores against the label, never as correct", "[layer][accuracy]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    auto driver = hn::make_driver(config.device, config.options);
+    const float nan = std::nanf("");
+    // Item 0: the true score is NaN. Item 1: another class's score is NaN, the label's is
+    // highest of the rest. Item 2: every score NaN. Item 3: no NaN, label first.
+    const std::vector<float> scores = {nan, 1, 0, 2, nan, 0, nan, nan, nan, 5, 1, 1};
+    const std::vector<float> labels = {0, 0, 1, 0};
+    auto run = [&](int top_k) {
+      hn::AccuracyParams params;
+      params.top_k = top_k;
+      hn::AccuracyLayer layer("acc", params, 1);
+      return hn::test::run_layer(layer, *driver, {Shape{4, 3}, Shape{4}}, {scores, labels})
+          .outputs.at(0)
+          .at(0);
+    };
+    CHECK(run(1) == 0.25f);  // item 3 only
+    CHECK(run(2) == 0.5f);   // and item 1 (second behind the NaN)
+    CHECK(run(3) == 0.5f);   // a NaN true score is never correct
+  }
+}
+
 TEST_CASE("Accuracy with every label ignored is 0", "[layer][accuracy]") {
   auto driver = hn::make_driver(hn::Device{"reference", 0});
   hn::AccuracyParams params;

@@ -232,6 +232,41 @@ TEST_CASE("a tensor keeps its memory when a reshape fits and grows when it does 
   CHECK(tensor.host_data()[5] == 0.0f);  // new memory reads as zeros
   CHECK_THROWS_WITH(tensor.shape()[2], Contains("5x6") && Contains("axis 2"));
   CHECK_THROWS_WITH(Shape({2, -1}), Contains("negative"));
+  // Element counts that would overflow are refused at construction, naming the shape; a
+  // zero dimension elsewhere does not hide them (count() over a sub-range would overflow).
+  CHECK_THROWS_WITH(Shape({4, 4611686018427387905}),
+                    Contains("4x4611686018427387905") && Contains("too large"));
+  CHECK_THROWS_WITH(Shape({0, 1 << 30, 1 << 30, 8}), Contains("too large"));
+  CHECK(Shape({1 << 30, 1 << 30}).count() == index_t{1} << 60);
+}
+
+TEST_CASE("adopted memory is the caller's own copy: current at adoption, refreshed on read",
+          "[runtime]") {
+  Runtime runtime;
+  Driver& device = runtime.add(kReference, separate());
+  std::vector<float> mine{1, 2, 3, 4};
+  SyncedMemory memory(4 * sizeof(float));
+  memory.adopt(nullptr, mine.data());
+  CHECK(memory.host_read() == mine.data());  // no copy: the caller's array itself
+  CHECK(memory.current_on(host_space()));
+  // Computed on the device, brought back into the caller's array by a host read.
+  device.scale(4, 10.0f, static_cast<float*>(memory.write(device)));
+  CHECK(mine[0] == 1.0f);
+  memory.host_read();
+  CHECK(mine == std::vector<float>{10, 20, 30, 40});
+  // The caller changes the array and adopts again: the device copy is stale and refreshed.
+  mine[3] = -1.0f;
+  memory.adopt(nullptr, mine.data());
+  CHECK_FALSE(memory.current_on(device.memory_space()));
+  CHECK(download(device, memory.read(device), 4) == std::vector<float>{10, 20, 30, -1});
+  // Memory of a device driver adopted there: the host copy is what gets refreshed.
+  Buffer on_device(device, 4 * sizeof(float));
+  device.fill(4, 7.0f, on_device.as<float>());
+  SyncedMemory adopted(4 * sizeof(float));
+  adopted.adopt(&device, on_device.address());
+  CHECK(adopted.read(device) == on_device.address());
+  const auto* host = static_cast<const float*>(adopted.host_read());
+  CHECK(std::vector<float>(host, host + 4) == std::vector<float>(4, 7.0f));
 }
 
 TEST_CASE("a runtime holds one driver per device and names the present ones", "[runtime]") {

@@ -16,10 +16,12 @@
 #include <string>
 #include <vector>
 
+#include "hybridnn.pb.h"
 #include "hybridnn/error.h"
 #include "hybridnn/net.h"
 #include "hybridnn/runtime.h"
 #include "hybridnn/solver.h"
+#include "lib/proto/prototxt.h"
 #include "tests/support.h"
 
 namespace hn {
@@ -478,6 +480,24 @@ TEST_CASE("a snapshot_prefix naming a directory puts the solver's name in it") {
   CHECK(fs::exists(dir / "out" / "solver_iter_1.solverstate"));
 }
 
+TEST_CASE(
+    "a snapshot_prefix where nothing can be written fails at the start, not at the first "
+    "snapshot") {
+  const fs::path dir = scratch_dir("prefix_unwritable");
+  const fs::path path = write_data_solver(
+      dir, 4, false, "base_lr: 0.1\nlr_policy: \"fixed\"\nmax_iter: 100\nsnapshot: 50");
+  Fixture f;
+  SolverOptions options;
+  options.snapshot_prefix = "/proc/hybridnn_snapshot";  // no file can be created in /proc
+  Solver solver(path.string(), f.runtime, *f.driver, options);
+  CHECK_THAT(error_of([&] { solver.solve(); }), Contains("solver.prototxt") &&
+                                                    Contains("cannot write snapshots") &&
+                                                    Contains("/proc/hybridnn_snapshot"));
+  CHECK(solver.iter() == 0);
+  CHECK_THAT(error_of([&] { solver.step(10); }), Contains("cannot write snapshots"));
+  CHECK(solver.iter() == 0);
+}
+
 TEST_CASE("a stop request ends solve after the current iteration with a snapshot") {
   const fs::path dir = scratch_dir("stop");
   const fs::path path = write_data_solver(
@@ -585,6 +605,21 @@ TEST_CASE("restoring a wrong, truncated or orphaned solver state fails with a cl
     CHECK_THAT(
         error_of([&] { solver.restore(state.string()); }),
         Contains(state.string()) && Contains("snap_iter_1.caffemodel") && Contains("do not exist"));
+  }
+  SECTION("a state whose multistep position is out of range") {
+    // Negative, it indexed the stepvalues out of bounds; huge, the rate became 0 silently.
+    for (const int step : {-100000000, 100000000, 1}) {
+      hybridnn::proto::SolverState edited;
+      hn::detail::read_binary_proto(state.string(), edited);
+      edited.set_current_step(step);
+      const fs::path bad = dir / "step.solverstate";
+      hn::detail::write_binary_proto(bad.string(), edited);
+      Solver solver(path.string(), f.runtime, *f.driver);  // fixed policy: no stepvalues
+      CHECK_THAT(error_of([&] { solver.restore(bad.string()); }),
+                 Contains(bad.string()) && Contains(fmt::format("current_step {}", step)) &&
+                     Contains("outside [0, 0]"));
+      CHECK(solver.iter() == 0);
+    }
   }
   SECTION("a missing state") {
     Solver solver(path.string(), f.runtime, *f.driver);

@@ -292,7 +292,14 @@ DriverKind cpu_driver_kind() {
     int threads = options.integer("threads", 0, device);
     HN_CHECK(threads >= 0, "cpu driver {}: threads must be >= 0 (0 = every core), got {}",
              device.name(), threads);
-    if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    // Far more threads than cores only slows the teams down, and thousands make OpenMP's
+    // runtime abort the process when it cannot create them.
+    const int most = std::max(64, 4 * cores);
+    HN_CHECK(threads <= most,
+             "cpu driver {}: threads {} is too many for {} core{} (at most {}; 0 = one per core)",
+             device.name(), threads, cores, cores == 1 ? "" : "s", most);
+    if (threads == 0) threads = cores;
     return std::make_unique<CpuDriver>(device, threads, cpu::parse_blas(options.text("blas")));
   };
   kind.options = {{"threads", "worker threads (default 0: one per core)", {}},

@@ -16,8 +16,17 @@ namespace hn {
 Shape::Shape(std::initializer_list<index_t> dims) : Shape(std::vector<index_t>(dims)) {}
 
 Shape::Shape(std::vector<index_t> dims) : dims_(std::move(dims)) {
+  // Every product of dimensions (count over any axis range) stays below 2^60 elements, so
+  // element counts and byte sizes (up to 8 bytes per element) never overflow.
+  constexpr index_t kMaxElements = index_t{1} << 60;
+  index_t product = 1;
   for (std::size_t i = 0; i < dims_.size(); ++i) {
     HN_CHECK(dims_[i] >= 0, "shape {}: dimension {} is negative", to_string(), i);
+    if (dims_[i] == 0) continue;
+    HN_CHECK(dims_[i] <= kMaxElements / product,
+             "shape {}: {} elements or more: too large to address (at most 2^60)", to_string(),
+             product > kMaxElements / dims_[i] ? kMaxElements : product * dims_[i]);
+    product *= dims_[i];
   }
 }
 

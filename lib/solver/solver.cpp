@@ -14,9 +14,15 @@
 #include <fmt/format.h>
 #include <google/protobuf/text_format.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <limits>
@@ -711,6 +717,14 @@ void Solver::Impl::check_snapshot_prefix() const {
            "{}: snapshot_prefix '{}' lies in '{}', which is not a directory; create it or set "
            "another prefix",
            origin, p, parent.string());
+  // Writable now, not only hours later at the first snapshot: create and remove a file
+  // beside the snapshots (permission bits do not tell for root or a read-only mount).
+  const std::string probe = fmt::format("{}.write-test.{}", p, static_cast<long>(::getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  HN_CHECK(fd >= 0, "{}: cannot write snapshots with snapshot_prefix '{}': creating '{}': {}",
+           origin, p, probe, std::strerror(errno));
+  ::close(fd);
+  std::remove(probe.c_str());
 }
 
 std::string Solver::Impl::snapshot() {
@@ -845,6 +859,11 @@ void Solver::restore(const std::string& solverstate_path) {
   pb::SolverState state;
   detail::read_binary_proto(solverstate_path, state);
   HN_CHECK(state.iter() >= 0, "{}: iteration {} is negative", solverstate_path, state.iter());
+  // The multistep policy's position among the solver's stepvalues (0 for the others).
+  HN_CHECK(state.current_step() >= 0 && state.current_step() <= s.param.stepvalue_size(),
+           "{}: current_step {} is outside [0, {}] (the solver has {} stepvalue{})",
+           solverstate_path, state.current_step(), s.param.stepvalue_size(),
+           s.param.stepvalue_size(), s.param.stepvalue_size() == 1 ? "" : "s");
 
   // Check everything before changing anything.
   const std::vector<NetParam>& params = s.net->learnable_params();
@@ -936,6 +955,7 @@ void Solver::Impl::solve() {
 void Solver::step(int iterations) {
   HN_CHECK(iterations >= 0, "step: iterations must be >= 0, got {}", iterations);
   impl_->stopped = false;
+  if (impl_->param.snapshot() > 0 && iterations > 0) impl_->check_snapshot_prefix();
   impl_->with_rank_context([this, iterations] { impl_->run(iterations); });
 }
 
