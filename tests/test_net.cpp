@@ -353,8 +353,39 @@ TEST_CASE("Net weights saved as a caffemodel reload into a net with other initia
   REQUIRE(b->forward() != loss_a);
   const std::string path = temp_path("roundtrip.caffemodel");
   a->save(path);
-  b->copy_trained_layers_from(path);
+  CHECK(b->copy_trained_layers_from(path).empty());  // every layer found its weights
   CHECK(b->forward() == loss_a);
+  std::remove(path.c_str());
+}
+
+TEST_CASE(
+    "Net names the layers a caffemodel has no weights for, and refuses one that matches "
+    "no layer") {
+  Fixture f;
+  auto net = Net::from_text(kSmallNet, "small.prototxt", f.runtime, *f.driver);
+  const std::string path = temp_path("renamed.caffemodel");
+  // The same net with ip3 renamed: ip3 keeps its values and is reported.
+  std::string renamed = kSmallNet;
+  for (std::size_t at = renamed.find("\"ip3\""); at != std::string::npos;
+       at = renamed.find("\"ip3\"", at))
+    renamed.replace(at, 5, "\"fc3\"");
+  auto other = Net::from_text(renamed, "renamed.prototxt", f.runtime, *f.driver);
+  other->save(path);
+  CHECK(net->copy_trained_layers_from(path) == std::vector<std::string>{"ip3"});
+  // Every layer renamed: the weights of another net, an error naming both sides' layers.
+  std::string foreign = renamed;
+  for (const char* name : {"ip1", "ip2"}) {
+    const std::string quoted = fmt::format("\"{}\"", name);
+    for (std::size_t at = foreign.find(quoted); at != std::string::npos;
+         at = foreign.find(quoted, at))
+      foreign.replace(at, quoted.size(), fmt::format("\"x_{}\"", name));
+  }
+  auto stranger = Net::from_text(foreign, "foreign.prototxt", f.runtime, *f.driver);
+  stranger->save(path);
+  CHECK_THROWS_WITH(net->copy_trained_layers_from(path),
+                    Catch::Contains(path) && Catch::Contains("none of its 3 layers with weights") &&
+                        Catch::Contains("x_ip1") && Catch::Contains("weights: ip1, ip3)") &&
+                        Catch::Contains("another net"));
   std::remove(path.c_str());
 }
 

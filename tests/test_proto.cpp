@@ -2,6 +2,8 @@
 // errors point at file:line:column, and binary files round-trip and fail clearly.
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -220,6 +222,30 @@ TEST_CASE("a missing prototxt names the path", "[proto]") {
   const std::string missing = (fs::temp_directory_path() / "hybridnn_no_such.prototxt").string();
   REQUIRE_THROWS_WITH(hn::detail::read_net_prototxt(missing), Contains(missing));
   REQUIRE_THROWS_WITH(hn::detail::read_solver_prototxt(missing), Contains(missing));
+}
+
+TEST_CASE("a directory, a FIFO or a file past 2 GiB is refused before it is read, naming it",
+          "[proto]") {
+  const fs::path dir = fs::temp_directory_path() / "hybridnn_proto_not_files";
+  fs::remove_all(dir);
+  fs::create_directories(dir / "model.prototxt");
+  REQUIRE_THROWS_WITH(hn::detail::read_net_prototxt((dir / "model.prototxt").string()),
+                      Contains("model.prototxt") && Contains("is a directory"));
+  const std::string fifo = (dir / "pipe.prototxt").string();
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  // Opening a FIFO with no writer would block: refused from its type alone.
+  REQUIRE_THROWS_WITH(hn::detail::read_net_prototxt(fifo),
+                      Contains("pipe.prototxt") && Contains("not a regular file"));
+  // A sparse 3 GiB file (no disk used): refused from its size, not read.
+  const fs::path huge = dir / "huge.prototxt";
+  std::ofstream(huge).put('x');
+  fs::resize_file(huge, std::uintmax_t{3} << 30);
+  REQUIRE_THROWS_WITH(
+      hn::detail::read_net_prototxt(huge.string()),
+      Contains("huge.prototxt") && Contains("3221225472 bytes") && Contains("2 GiB limit"));
+  pb::NetParameter net;
+  REQUIRE_THROWS_WITH(hn::detail::read_binary_proto(huge.string(), net), Contains("2 GiB limit"));
+  fs::remove_all(dir);
 }
 
 TEST_CASE("a NetParameter with blobs and splits round-trips through a binary file", "[proto]") {

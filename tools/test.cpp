@@ -2,6 +2,7 @@
 // every output per batch, then the means over the batches.
 #include <fmt/format.h>
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,8 +21,30 @@ int run_test(const Args& args) {
   Runtime runtime;
   Driver& driver = add_chosen_driver(runtime, args);
   Net net(model, runtime, driver, options);
-  for (const std::string& path : split_commas(weights))
-    net.copy_trained_layers_from(path);
+  // Layers with weights that no file provided: they test with their initial values.
+  std::set<std::string> untouched;
+  bool first = true;
+  for (const std::string& path : split_commas(weights)) {
+    const std::vector<std::string> missing = net.copy_trained_layers_from(path);
+    std::set<std::string> now(missing.begin(), missing.end());
+    if (!first) {
+      std::set<std::string> both;
+      for (const std::string& name : untouched)
+        if (now.count(name) > 0) both.insert(name);
+      now = std::move(both);
+    }
+    untouched = std::move(now);
+    first = false;
+  }
+  if (!untouched.empty()) {
+    std::string names;
+    for (const std::string& name : untouched)
+      names += (names.empty() ? "" : ", ") + name;
+    fmt::print(stderr,
+               "Warning: --weights {} has no weights for layer(s) {}: they keep their "
+               "initial values\n",
+               weights, names);
+  }
   fmt::print("Testing {} on {} for {} iterations (batch {})\n", net.name(), driver.description(),
              iterations, net.batch_size());
   settle_splits(net, args);

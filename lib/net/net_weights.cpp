@@ -1,5 +1,9 @@
 // The Net's weights in and out: sharing trained layers with another net, reading a
 // .caffemodel (new and V1 layer formats) and writing one.
+#include <set>
+#include <string>
+#include <vector>
+
 #include "lib/net/net_impl.h"
 
 namespace hn {
@@ -26,14 +30,18 @@ void Net::share_trained_layers_with(const Net& other) {
   }
 }
 
-void Net::copy_trained_layers_from(const std::string& caffemodel_path) {
+std::vector<std::string> Net::copy_trained_layers_from(const std::string& caffemodel_path) {
   pb::NetParameter model;
   detail::read_binary_proto(caffemodel_path, model);
+  std::set<std::string> copied;
+  std::vector<std::string> file_layers;  // the file's layers with weights
   auto copy_layer = [&](const std::string& layer_name,
                         const google::protobuf::RepeatedPtrField<pb::BlobProto>& blobs) {
+    if (!blobs.empty()) file_layers.push_back(layer_name);
     for (NetLayer& nl : impl_->layers) {
       if (nl.param.name() != layer_name || !nl.layer) continue;
       if (blobs.empty()) continue;
+      copied.insert(layer_name);
       HN_CHECK(blobs.size() == static_cast<int>(nl.params.size()),
                "{}: layer '{}' has {} parameter blobs in the file but {} in the net",
                caffemodel_path, layer_name, blobs.size(), nl.params.size());
@@ -64,6 +72,32 @@ void Net::copy_trained_layers_from(const std::string& caffemodel_path) {
     copy_layer(layer.name(), layer.blobs());
   for (const pb::V1LayerParameter& layer : model.layers())
     copy_layer(layer.name(), layer.blobs());
+  // The net's layers with weights of their own that the file left as they were.
+  std::vector<std::string> missing, with_weights;
+  for (const NetLayer& nl : impl_->layers) {
+    bool owns = false;
+    for (std::size_t p = 0; p < nl.owns_param.size(); ++p)
+      owns = owns || nl.owns_param[p];
+    if (!owns) continue;
+    with_weights.push_back(nl.param.name());
+    if (copied.count(nl.param.name()) == 0) missing.push_back(nl.param.name());
+  }
+  // A file of which nothing matches is the weights of another net: training or testing
+  // would go on from the initial values without a word (Caffe's silence).
+  const auto listed = [](const std::vector<std::string>& names) {
+    constexpr std::size_t kShown = 8;
+    std::string text;
+    for (std::size_t i = 0; i < names.size() && i < kShown; ++i)
+      text += (i > 0 ? ", " : "") + names[i];
+    if (names.size() > kShown) text += fmt::format(", ... ({} in all)", names.size());
+    return text.empty() ? std::string("none") : text;
+  };
+  HN_CHECK(copied.size() > 0 || with_weights.empty(),
+           "{}: none of its {} layers with weights ({}) is a layer of net '{}' (its layers with "
+           "weights: {}); is it the weights of another net?",
+           caffemodel_path, file_layers.size(), listed(file_layers), impl_->name,
+           listed(with_weights));
+  return missing;
 }
 
 void Net::save(const std::string& caffemodel_path, bool write_diff) const {

@@ -8,6 +8,7 @@
 #include <google/protobuf/text_format.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -20,13 +21,28 @@ namespace hn::detail {
 
 namespace {
 
+// A whole prototxt or binary proto file. Only regular files: a directory would read as an
+// empty or garbled message and a FIFO would block; and nothing past protobuf's 2 GiB limit
+// (its sizes are ints), refused before reading it.
 std::string read_file(const std::string& path) {
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);
+  HN_CHECK(!error && std::filesystem::exists(status), "cannot open '{}' for reading: {}", path,
+           error ? error.message() : "no such file");
+  HN_CHECK(!std::filesystem::is_directory(status), "'{}' is a directory, not a file", path);
+  HN_CHECK(std::filesystem::is_regular_file(status),
+           "'{}' is not a regular file (a FIFO, socket or device); give a file", path);
+  const auto size = std::filesystem::file_size(path, error);
+  HN_CHECK(!error, "cannot read the size of '{}': {}", path, error.message());
+  HN_CHECK(size <= static_cast<std::uintmax_t>(std::numeric_limits<int>::max()),
+           "'{}' is {} bytes, over the 2 GiB limit of a protobuf message", path, size);
   std::ifstream file(path, std::ios::binary);
   HN_CHECK(file.is_open(), "cannot open '{}' for reading", path);
-  std::ostringstream contents;
-  contents << file.rdbuf();
-  HN_CHECK(!file.bad(), "error while reading '{}'", path);
-  return contents.str();
+  std::string contents(static_cast<std::size_t>(size), '\0');
+  file.read(contents.data(), static_cast<std::streamsize>(size));
+  HN_CHECK(!file.bad() && file.gcount() == static_cast<std::streamsize>(size),
+           "error while reading '{}': {} of {} bytes read", path, file.gcount(), size);
+  return contents;
 }
 
 // Keeps the first error (protobuf reports 0-based positions) instead of logging it.

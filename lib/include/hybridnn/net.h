@@ -178,9 +178,11 @@ class Net {
   void share_trained_layers_with(const Net& other);
 
   // Copies weights by layer name from a .caffemodel (binary NetParameter; V1 layers too);
-  // layers absent from the file keep their values; a blob count or shape mismatch is an
-  // error naming the layer and both shapes.
-  void copy_trained_layers_from(const std::string& caffemodel_path);
+  // layers absent from the file keep their values, and are returned (the net's layers
+  // with weights of their own the file has none for); a blob count or shape mismatch is an
+  // error naming the layer and both shapes, and so is a file none of whose layers is one
+  // of this net's (the weights of another net).
+  std::vector<std::string> copy_trained_layers_from(const std::string& caffemodel_path);
   // Writes the weights as a .caffemodel (through a temporary file and a rename).
   void save(const std::string& caffemodel_path, bool write_diff = false) const;
 
