@@ -3,10 +3,13 @@
 // LMDB and protobuf directly; expected batches come from naive per-pixel loops.
 #include <lmdb.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+
+#include <sys/stat.h>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -687,6 +690,40 @@ TEST_CASE("bad sources give errors naming the layer and the path and where the d
     write_gzip(dir.file("short-labels-idx1-ubyte.gz"), idx_labels_bytes(images.labels));
     CHECK_THAT(error_of(open(path)),
                Contains(path) && Contains("truncated") && Contains("offset 80") && Contains("112"));
+  }
+  SECTION("an IDX header whose sizes multiply past 2^64") {
+    // 3 dimensions of 2^32 - 1: 2^96 bytes claimed, 16 held.
+    const std::string path = dir.file("huge-images-idx3-ubyte");
+    write_file(path, {0, 0, 8, 3, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255});
+    CHECK_THAT(error_of(open(path)),
+               Contains(path) && Contains("truncated") && Contains("4294967295 images"));
+  }
+  SECTION("an IDX header claiming images of 0x0") {
+    const std::string path = dir.file("flat-images-idx3-ubyte");
+    write_file(path, {0, 0, 8, 3, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0});
+    CHECK_THAT(error_of(open(path)),
+               Contains(path) && Contains("images of 0x0") && Contains("empty"));
+  }
+  SECTION("a gzip file that inflates far past what its IDX header claims") {
+    // 2 images of 4x4 (48 bytes with the header), then 64 MiB of zeros: a "gzip bomb" is
+    // stopped once it passes the header's size, not inflated whole.
+    std::vector<std::uint8_t> bytes = idx_images_bytes(random_images(2, 1, 4, 4, 3));
+    bytes.resize(std::size_t{64} << 20, 0);
+    const std::string path = dir.file("bomb-images-idx3-ubyte.gz");
+    write_gzip(path, bytes);
+    CHECK(fs::file_size(path) < (std::size_t{1} << 20));
+    CHECK_THAT(error_of(open(path)), Contains(path) && Contains("inflates to more than the 48 "
+                                                                "bytes"));
+  }
+  SECTION("a FIFO or a directory as the source") {
+    const std::string fifo = dir.file("pipe-images-idx3-ubyte");
+    REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+    // Opening it would wait for a writer forever: refused from its type alone.
+    CHECK_THAT(error_of(open(fifo)), Contains(fifo) && Contains("not a regular file"));
+    fs::create_directories(dir.file("folder-images-idx3-ubyte"));
+    // A directory is taken for an LMDB, and said not to be one.
+    CHECK_THAT(error_of(open(dir.file("folder-images-idx3-ubyte"))),
+               Contains("folder-images-idx3-ubyte") && Contains("not an LMDB database"));
   }
   SECTION("a CIFAR-10 file whose size is not a multiple of 3073") {
     const std::string path = dir.file("data_batch_1.bin");

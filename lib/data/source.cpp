@@ -40,6 +40,17 @@ std::uint32_t read_be32(const std::uint8_t* p) {
 }
 
 std::vector<std::uint8_t> read_whole_file(const std::string& path, const std::string& context) {
+  // Regular files only: opening a FIFO would block until a writer comes, and a directory
+  // has no size to read.
+  std::error_code status_error;
+  const auto status = std::filesystem::status(path, status_error);
+  if (!status_error && std::filesystem::exists(status)) {
+    HN_CHECK(std::filesystem::is_regular_file(status), "{}: '{}' is {}, not a data file", context,
+             path,
+             std::filesystem::is_directory(status) ? "a directory"
+                                                   : "not a regular file (a FIFO, "
+                                                     "socket or device)");
+  }
   std::ifstream file(path, std::ios::binary | std::ios::ate);
   if (!file.is_open()) {
     const int error = errno;
@@ -59,9 +70,24 @@ bool is_gzip(const std::vector<std::uint8_t>& bytes) {
   return bytes.size() >= 2 && bytes[0] == 0x1f && bytes[1] == 0x8b;
 }
 
-// Inflates a whole gzip file (concatenated members form one stream, as gzip(1) reads them).
+std::size_t saturating_mul(std::size_t a, std::size_t b) {
+  return a != 0 && b > std::numeric_limits<std::size_t>::max() / a
+             ? std::numeric_limits<std::size_t>::max()
+             : a * b;
+}
+
+std::size_t saturating_add(std::size_t a, std::size_t b) {
+  return b > std::numeric_limits<std::size_t>::max() - a ? std::numeric_limits<std::size_t>::max()
+                                                         : a + b;
+}
+
+// Inflates a whole gzip file (concatenated members form one stream, as gzip(1) reads them),
+// at most `limit` bytes: past it, `prefix` returns the first `limit` bytes (to read a
+// header) and otherwise it fails, so a file that inflates without end (a "gzip bomb")
+// stops where what it claims to hold ends.
 std::vector<std::uint8_t> gunzip(const std::vector<std::uint8_t>& in, const std::string& path,
-                                 const std::string& context) {
+                                 const std::string& context, std::size_t limit,
+                                 bool prefix = false) {
   z_stream stream{};
   HN_CHECK(inflateInit2(&stream, 16 + MAX_WBITS) == Z_OK, "{}: zlib cannot start inflating '{}'",
            context, path);
@@ -77,7 +103,7 @@ std::vector<std::uint8_t> gunzip(const std::vector<std::uint8_t>& in, const std:
     const std::uint8_t* t = in.data() + in.size() - 4;
     const std::size_t trailer = std::uint32_t{t[0]} | (std::uint32_t{t[1]} << 8) |
                                 (std::uint32_t{t[2]} << 16) | (std::uint32_t{t[3]} << 24);
-    out.reserve(std::min(trailer, in.size() * 1032));
+    out.reserve(std::min({trailer, saturating_mul(in.size(), 1032), limit}));
   }
   std::vector<std::uint8_t> chunk(std::size_t{1} << 18);
   constexpr std::size_t kMaxInput = std::size_t{1} << 30;  // avail_in is 32-bit
@@ -91,6 +117,16 @@ std::vector<std::uint8_t> gunzip(const std::vector<std::uint8_t>& in, const std:
     const int rc = inflate(&stream, Z_NO_FLUSH);
     in_pos += in_chunk - stream.avail_in;
     out.insert(out.end(), chunk.data(), chunk.data() + (chunk.size() - stream.avail_out));
+    if (out.size() > limit) {
+      if (prefix) {
+        out.resize(limit);
+        return out;
+      }
+      fail(
+          "{}: gzip file '{}' inflates to more than the {} bytes its content accounts for "
+          "(stopped at compressed byte offset {}): corrupt, or not what it claims to be",
+          context, path, limit, in_pos);
+    }
     if (rc == Z_STREAM_END) {
       if (in.size() - in_pos >= 2 && in[in_pos] == 0x1f && in[in_pos + 1] == 0x8b) {
         inflateReset(&stream);
@@ -134,12 +170,14 @@ IdxFile parse_idx_header(const std::vector<std::uint8_t>& bytes) {
   const int ndims = bytes[3];
   idx.header_bytes = 4 + 4 * static_cast<std::size_t>(ndims);
   if (bytes.size() < idx.header_bytes) return idx;
+  // Sizes a header claims may multiply past 2^64: saturated, they compare as "more than the
+  // file holds" instead of wrapping around.
   std::size_t payload = 1;
   for (int d = 0; d < ndims; ++d) {
     idx.dims.push_back(read_be32(bytes.data() + 4 + 4 * d));
-    payload *= idx.dims.back();
+    payload = saturating_mul(payload, static_cast<std::size_t>(idx.dims.back()));
   }
-  idx.expected_bytes = idx.header_bytes + payload;
+  idx.expected_bytes = saturating_add(idx.header_bytes, payload);
   return idx;
 }
 
@@ -155,7 +193,16 @@ LoadedIdx parse_idx(const std::string& path, std::vector<std::uint8_t> file, std
   LoadedIdx loaded;
   loaded.bytes = std::move(file);
   const bool gzipped = is_gzip(loaded.bytes);
-  if (gzipped) loaded.bytes = gunzip(loaded.bytes, path, context);
+  if (gzipped) {
+    // The header first, then no more than it accounts for.
+    const std::vector<std::uint8_t> head = gunzip(loaded.bytes, path, context, 4 + 4 * 4, true);
+    const IdxFile claimed = parse_idx_header(head);
+    if (!looks_like_idx(head) || head.size() < claimed.header_bytes) {
+      loaded.bytes = head;  // enough for the errors below
+    } else {
+      loaded.bytes = gunzip(loaded.bytes, path, context, claimed.expected_bytes);
+    }
+  }
   const char* unit = gzipped ? " (decompressed)" : "";
   const auto& bytes = loaded.bytes;
   HN_CHECK(looks_like_idx(bytes), "{}: '{}' is not an IDX file{}: it starts with {} bytes {}",
@@ -172,7 +219,10 @@ LoadedIdx parse_idx(const std::string& path, std::vector<std::uint8_t> file, std
            "{}: IDX file '{}' has magic 0x{:08x}; expected 0x{:08x} (unsigned-byte {}s, {} "
            "dimension{})",
            context, path, idx.magic, magic, item, ndims, ndims == 1 ? "" : "s");
-  const std::size_t item_bytes = ndims == 1 ? 1 : idx.dims[1] * idx.dims[2];
+  const std::size_t item_bytes =
+      ndims == 1 ? 1 : saturating_mul(static_cast<std::size_t>(idx.dims[1]), idx.dims[2]);
+  HN_CHECK(item_bytes > 0, "{}: IDX file '{}' claims {}s of {}x{}: empty", context, path, item,
+           idx.dims[1], idx.dims[2]);
   const std::string what =
       ndims == 1 ? fmt::format("{} {}s", idx.dims[0], item)
                  : fmt::format("{} {}s of {}x{}", idx.dims[0], item, idx.dims[1], idx.dims[2]);
