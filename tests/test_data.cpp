@@ -130,11 +130,12 @@ std::string write_cifar(const TempDir& dir, const std::string& name, const Image
 
 // An LMDB written with LMDB's own API, in the given (not necessarily sorted) key order.
 void write_lmdb(const std::string& dir,
-                const std::vector<std::pair<std::string, hybridnn::proto::Datum>>& records) {
+                const std::vector<std::pair<std::string, hybridnn::proto::Datum>>& records,
+                std::size_t map_bytes = std::size_t{1} << 26) {
   fs::create_directories(dir);
   MDB_env* env = nullptr;
   REQUIRE(mdb_env_create(&env) == MDB_SUCCESS);
-  REQUIRE(mdb_env_set_mapsize(env, std::size_t{1} << 26) == MDB_SUCCESS);
+  REQUIRE(mdb_env_set_mapsize(env, map_bytes) == MDB_SUCCESS);
   REQUIRE(mdb_env_open(env, dir.c_str(), 0, 0664) == MDB_SUCCESS);
   MDB_txn* txn = nullptr;
   REQUIRE(mdb_txn_begin(env, nullptr, 0, &txn) == MDB_SUCCESS);
@@ -381,6 +382,35 @@ TEST_CASE(
     CHECK(batch.data == std::vector<float>{-1.25f, 300.5f, -1.25f, 300.5f});
     CHECK(batch.labels == std::vector<float>{7, 7});
   }
+}
+
+namespace {
+
+// The process's virtual memory size, from /proc/self/status (VmSize, in bytes).
+std::uint64_t virtual_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmSize:", 0) == 0) return std::stoull(line.substr(7)) * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("reading an LMDB maps what its file holds, not the writer's 1 TiB map size") {
+  TempDir dir("hybridnn-data");
+  const Images images = random_images(3, 1, 2, 2, 4);
+  const std::string db = dir.file("db");
+  // Caffe's convert_imageset records a map size of 1 TiB in the file, as ours does.
+  write_lmdb(db, {{"a", byte_datum(images, 0)}, {"b", byte_datum(images, 1)}},
+             std::size_t{1} << 40);
+  const std::uint64_t before = virtual_bytes();
+  REQUIRE(before > 0);
+  auto feed = hn::detail::open_data_feed(data_layer(db, 2), options_for(hn::Phase::test, 0));
+  next_batch(*feed);
+  // The file is a few pages; a 1 TiB map would add 2^40 to VmSize (and fail under ulimit -v).
+  CHECK(virtual_bytes() - before < (std::uint64_t{1} << 36));
 }
 
 TEST_CASE("scale and mean_value and mean_file and the centred test crop match a naive loop") {

@@ -85,8 +85,18 @@ class ReadEnv {
   int open(const std::string& dir, unsigned flags) {
     if (env_ != nullptr) mdb_env_close(env_);
     env_ = nullptr;
-    const int rc = mdb_env_create(&env_);
+    int rc = mdb_env_create(&env_);
     if (rc != MDB_SUCCESS) return rc;
+    // Map what the file holds, not the writer's map size (Caffe's and ours: 1 TiB of
+    // address space, refused under `ulimit -v`). LMDB raises a smaller size to the
+    // committed data's, so the file's size is enough to read all of it.
+    std::error_code error;
+    const std::uintmax_t bytes = std::filesystem::file_size(dir + "/data.mdb", error);
+    if (!error) {
+      constexpr std::uintmax_t kGrain = std::uintmax_t{1} << 20;
+      rc = mdb_env_set_mapsize(env_, static_cast<std::size_t>((bytes / kGrain + 1) * kGrain));
+      if (rc != MDB_SUCCESS) return rc;
+    }
     return mdb_env_open(env_, dir.c_str(), flags, 0664);
   }
 
