@@ -116,7 +116,7 @@ Operand make_input(const dnnl::engine& engine, const memory::desc& plain,
   if (wanted == plain) {
     op.inner = op.user;
   } else {
-    op.inner = memory(wanted, engine);
+    op.inner = memory(wanted, engine, nullptr);  // in the driver's arena, bound per call
     const dnnl::reorder::primitive_desc pd(op.user, op.inner, user_scratchpad());
     op.reorder = dnnl::reorder(pd);
     op.scratch = scratch_memory(engine, pd.scratchpad_desc());
@@ -133,7 +133,7 @@ Operand make_output(const dnnl::engine& engine, const memory::desc& plain,
     op.inner = op.user;
     return op;
   }
-  op.inner = memory(wanted, engine);
+  op.inner = memory(wanted, engine, nullptr);  // in the driver's arena, bound per call
   dnnl::primitive_attr attr = user_scratchpad();
   if (accumulate) {
     dnnl::post_ops sum;
@@ -163,6 +163,24 @@ void load(const dnnl::stream& stream, const Operand& op, void* scratch) {
 
 void store(const dnnl::stream& stream, const Operand& op, void* scratch) {
   if (op.reordered) reorder(stream, op, op.inner, op.user, scratch);
+}
+
+// Reordered operands live in one arena the driver owns, at offsets bound at each call:
+// buffers kept per cached primitive held every shape's and direction's reordered
+// activations at once (CaffeNet: about 100 MB of its peak), while one call needs only its
+// own. Sizes are rounded to cache lines.
+constexpr std::size_t kArenaAlign = 64;
+
+std::size_t arena_bytes(const Operand& op) {
+  if (!op.reordered) return 0;
+  return (op.inner.get_desc().get_size() + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
+}
+
+// Binds `op`'s inner memory at `*at` and advances it.
+void bind_inner(const Operand& op, char*& at) {
+  if (!op.reordered) return;
+  op.inner.set_data_handle(at);
+  at += arena_bytes(op);
 }
 
 // oneDNN's descriptors of one convolution shape: the caller's layouts (`user`: NCHW or
@@ -305,6 +323,12 @@ struct Entry {
   std::shared_ptr<const Entry> per_group;
   index_t group_count = 0;
   std::array<index_t, 4> group_step{};
+
+  // Arena bytes of one call of this entry (its reordered operands).
+  std::size_t inner_bytes() const {
+    if (per_group) return per_group->inner_bytes();
+    return arena_bytes(a) + arena_bytes(b) + arena_bytes(c) + arena_bytes(d);
+  }
 };
 
 // The largest scratchpad any primitive of the call needs.
@@ -341,6 +365,20 @@ struct DirectConvolution::Impl {
   // The scratchpad every primitive of this driver uses (one call runs at a time).
   std::unique_ptr<void, decltype(&std::free)> scratch{nullptr, &std::free};
   std::size_t scratch_capacity = 0;
+
+  // The reordered operands' arena (one call at a time, like the scratchpad).
+  std::unique_ptr<void, decltype(&std::free)> arena{nullptr, &std::free};
+  std::size_t arena_capacity = 0;
+
+  char* reserve_arena(std::size_t bytes) {
+    if (bytes > arena_capacity) {
+      const std::size_t rounded = (bytes + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
+      arena.reset(std::aligned_alloc(kArenaAlign, rounded));
+      HN_CHECK(arena != nullptr, "conv (onednn): cannot allocate a {}-byte operand arena", rounded);
+      arena_capacity = rounded;
+    }
+    return static_cast<char*>(arena.get());
+  }
 
   void reserve_scratch(std::size_t bytes) {
     if (bytes <= scratch_capacity) return;
@@ -572,10 +610,11 @@ void lowered_backward_data(Parallel& par, Blas blas, const LoweringShape& s, ind
 namespace {
 
 // Runs a cached call on the caller's buffers (operands in the entry's order a, b, c, d;
-// null where the call has no such operand). The gradients' calls take dy from `diff_dst`
-// when given: dy already in the primitive's layout.
+// null where the call has no such operand), its reordered operands in `arena` (at least
+// e.inner_bytes()). The gradients' calls take dy from `diff_dst` when given: dy already in
+// the primitive's layout (then operand b needs no arena).
 void execute(const dnnl::stream& stream, Call call, const Entry& e,
-             const std::array<const float*, 4>& at, void* scratch,
+             const std::array<const float*, 4>& at, void* scratch, char* arena,
              const memory* diff_dst = nullptr) {
   if (e.per_group) {
     for (index_t g = 0; g < e.group_count; ++g) {
@@ -583,13 +622,14 @@ void execute(const dnnl::stream& stream, Call call, const Entry& e,
       for (std::size_t i = 0; i < at.size(); ++i) {
         part[i] = at[i] != nullptr ? at[i] + g * e.group_step[i] : nullptr;
       }
-      execute(stream, call, *e.per_group, part, scratch);
+      execute(stream, call, *e.per_group, part, scratch, arena);
     }
     return;
   }
   const std::array<const Operand*, 4> ops{&e.a, &e.b, &e.c, &e.d};
   for (std::size_t i = 0; i < at.size(); ++i) {
     if (at[i] != nullptr) ops[i]->bind(at[i]);
+    if (i != 1 || diff_dst == nullptr) bind_inner(*ops[i], arena);
   }
   std::unordered_map<int, memory> args;
   if (e.scratch) {
@@ -644,7 +684,8 @@ void DirectConvolution::forward(Parallel& par, const LoweringShape& shape, index
   run(Call::forward, par.threads(), shape, out_channels, [&] {
     if (!impl_) impl_ = std::make_unique<Impl>();
     const Entry& e = impl_->entry(Call::forward, shape, out_channels, bias != nullptr);
-    execute(impl_->stream, Call::forward, e, {x, weights, bias, y}, impl_->scratch.get());
+    execute(impl_->stream, Call::forward, e, {x, weights, bias, y}, impl_->scratch.get(),
+            impl_->reserve_arena(e.inner_bytes()));
     impl_->stream.wait();
   });
 }
@@ -659,8 +700,8 @@ void DirectConvolution::backward_data(Parallel& par, Blas blas, const LoweringSh
       lowered_backward_data(par, blas, shape, out_channels, weights, dy, dx);
       return;
     }
-    execute(impl_->stream, Call::backward_data, e, {weights, dy, dx, nullptr},
-            impl_->scratch.get());
+    execute(impl_->stream, Call::backward_data, e, {weights, dy, dx, nullptr}, impl_->scratch.get(),
+            impl_->reserve_arena(e.inner_bytes()));
     impl_->stream.wait();
   });
 }
@@ -676,7 +717,7 @@ void DirectConvolution::backward_weights(Parallel& par, const LoweringShape& sha
     if (!impl_) impl_ = std::make_unique<Impl>();
     const Entry& e = impl_->entry(Call::backward_weights, shape, out_channels, dbias != nullptr);
     execute(impl_->stream, Call::backward_weights, e, {x, dy, dweights, dbias},
-            impl_->scratch.get());
+            impl_->scratch.get(), impl_->reserve_arena(e.inner_bytes()));
     impl_->stream.wait();
   });
 }
@@ -704,12 +745,17 @@ void DirectConvolution::backward(Parallel& par, Blas blas, const LoweringShape& 
     }
     shared = true;
     void* scratch = impl_->scratch.get();
+    // The arena: the reordered dy, then the weight gradient's operands, then the data
+    // gradient's (both calls skip operand b, given as diff_dst).
+    char* arena = impl_->reserve_arena(grads.inner_bytes() + data.inner_bytes());
+    char* after_dy = arena;
+    bind_inner(data.b, after_dy);
     data.b.bind(dy);
     load(impl_->stream, data.b, scratch);
     execute(impl_->stream, Call::backward_weights, grads, {x, dy, dweights, dbias}, scratch,
-            &data.b.inner);
+            after_dy, &data.b.inner);
     execute(impl_->stream, Call::backward_data, data, {weights, dy, dx, nullptr}, scratch,
-            &data.b.inner);
+            after_dy + grads.inner_bytes(), &data.b.inner);
     impl_->stream.wait();
   });
   if (!shared) apart();

@@ -12,6 +12,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #if HYBRIDNN_WITH_CUDNN
 #include <cudnn.h>
 #endif
@@ -24,6 +25,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "drivers/cuda/kernels/launchers.h"
@@ -54,8 +56,53 @@ struct EventDeleter {
 };
 using EventHandle = std::unique_ptr<CUevent_st, EventDeleter>;
 
+// ---- cuBLAS, loaded when the first CUDA driver is made ------------------------------
+// Linking libcublas makes every process that loads the library pay for it: the loader's
+// relocations of libcublasLt alone touch about 215 MB, resident in a CPU-only run that never
+// calls them (CaffeNet's `hybridnn time` peaked at 1.09 GB, 0.22 of it this). So the
+// handful of cuBLAS functions the driver calls are resolved with dlopen/dlsym on first use.
+#define HN_CUBLAS_NAME_(f) #f
+#define HN_CUBLAS_NAME(f) HN_CUBLAS_NAME_(f)  // the exported name after cublas_v2.h's macros
+
+struct Cublas {
+  decltype(&cublasCreate) create = nullptr;
+  decltype(&cublasDestroy) destroy = nullptr;
+  decltype(&cublasSetStream) set_stream = nullptr;
+  decltype(&cublasGetVersion) get_version = nullptr;
+  decltype(&cublasSgemm_64) sgemm = nullptr;
+  decltype(&cublasGetStatusName) status_name = nullptr;
+  decltype(&cublasGetStatusString) status_string = nullptr;
+};
+
+const Cublas& cublas() {
+  static const Cublas table = [] {
+    const std::string soname = fmt::format("libcublas.so.{}", CUBLAS_VER_MAJOR);
+    void* library = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
+    // Not on the loader's path: the toolkit this library was built with.
+    const std::string built = std::string(HYBRIDNN_CUDA_LIBRARY_DIR) + "/" + soname;
+    if (library == nullptr) library = dlopen(built.c_str(), RTLD_NOW | RTLD_LOCAL);
+    HN_CHECK(library != nullptr, "cuda driver: cannot load cuBLAS ({}, also tried {}): {}", soname,
+             built, dlerror());
+    Cublas t;
+    const auto resolve = [&](auto& function, const char* name) {
+      function =
+          reinterpret_cast<std::remove_reference_t<decltype(function)>>(dlsym(library, name));
+      HN_CHECK(function != nullptr, "cuda driver: {} has no function {}", soname, name);
+    };
+    resolve(t.create, HN_CUBLAS_NAME(cublasCreate));
+    resolve(t.destroy, HN_CUBLAS_NAME(cublasDestroy));
+    resolve(t.set_stream, HN_CUBLAS_NAME(cublasSetStream));
+    resolve(t.get_version, HN_CUBLAS_NAME(cublasGetVersion));
+    resolve(t.sgemm, HN_CUBLAS_NAME(cublasSgemm_64));
+    resolve(t.status_name, HN_CUBLAS_NAME(cublasGetStatusName));
+    resolve(t.status_string, HN_CUBLAS_NAME(cublasGetStatusString));
+    return t;  // the library stays loaded for the process
+  }();
+  return table;
+}
+
 struct BlasDeleter {
-  void operator()(cublasHandle_t handle) const noexcept { cublasDestroy(handle); }
+  void operator()(cublasHandle_t handle) const noexcept { cublas().destroy(handle); }
 };
 using BlasHandle = std::unique_ptr<cublasContext, BlasDeleter>;
 
@@ -178,11 +225,11 @@ class CudaDriver final : public Driver {
     }
 
     cublasHandle_t blas = nullptr;
-    check_blas(cublasCreate(&blas), "cublasCreate", "device {}", ordinal_);
+    check_blas(cublas().create(&blas), "cublasCreate", "device {}", ordinal_);
     blas_.reset(blas);
-    check_blas(cublasSetStream(blas, stream), "cublasSetStream", "driver stream");
+    check_blas(cublas().set_stream(blas, stream), "cublasSetStream", "driver stream");
     int blas_version = 0;
-    check_blas(cublasGetVersion(blas, &blas_version), "cublasGetVersion", "handle");
+    check_blas(cublas().get_version(blas, &blas_version), "cublasGetVersion", "handle");
 
     void* scratch = nullptr;
     check(cudaMalloc(&scratch, kReduceScratchBytes), "cudaMalloc", "{} bytes of reduction scratch",
@@ -374,7 +421,7 @@ class CudaDriver final : public Driver {
     const cublasOperation_t op_a = trans_a == Transpose::yes ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_b = trans_b == Transpose::yes ? CUBLAS_OP_T : CUBLAS_OP_N;
     check_blas(
-        cublasSgemm_64(blas_.get(), op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta, c, ldc),
+        cublas().sgemm(blas_.get(), op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta, c, ldc),
         "gemm: cublasSgemm_64", "m={} n={} k={} lda={} ldb={} ldc={} trans_a={} trans_b={}", m, n,
         k, lda, ldb, ldc, trans_a == Transpose::yes, trans_b == Transpose::yes);
   }
@@ -844,8 +891,8 @@ class CudaDriver final : public Driver {
   void check_blas(cublasStatus_t status, const char* call, fmt::format_string<Args...> details,
                   Args&&... args) const {
     if (status == CUBLAS_STATUS_SUCCESS) return;
-    fail("{}: {} failed: {}: {} ({})", name(), call, cublasGetStatusName(status),
-         cublasGetStatusString(status), fmt::format(details, std::forward<Args>(args)...));
+    fail("{}: {} failed: {}: {} ({})", name(), call, cublas().status_name(status),
+         cublas().status_string(status), fmt::format(details, std::forward<Args>(args)...));
   }
 
   void sync(const char* call, std::size_t bytes) {
