@@ -140,6 +140,15 @@ void check_file(const std::string& path, const char* what) {
   }
 }
 
+// Copies weights into `net` from each .caffemodel of a comma-separated list, a missing
+// file being HN_ERROR_NOT_FOUND.
+void copy_weights(hn::Net& net, const std::string& paths, const char* what) {
+  for (const std::string& path : split_commas(paths)) {
+    check_file(path, what);
+    net.copy_trained_layers_from(path);
+  }
+}
+
 struct RuntimeBox {
   hn::Runtime runtime;
 };
@@ -868,10 +877,7 @@ hn_status make_net(hn_runtime* runtime, hn_driver* driver, const std::string& or
       check_file(origin, what);
       net = std::make_unique<hn::Net>(origin, runtime_box.runtime, *home.driver, chosen.options);
     }
-    for (const std::string& path : split_commas(chosen.weights)) {
-      check_file(path, what);
-      net->copy_trained_layers_from(path);
-    }
+    copy_weights(*net, chosen.weights, what);
     auto box = std::make_shared<NetBox>();
     box->keep = runtime->box;
     box->net = net.get();
@@ -987,11 +993,7 @@ hn_status hn_net_clear_param_diffs(hn_net* net) {
 hn_status hn_net_copy_from(hn_net* net, const char* caffemodel_paths) {
   return guarded([&] {
     hn::Net& n = net_of(net, "hn_net_copy_from");
-    for (const std::string& path :
-         split_commas(checked_text(caffemodel_paths, "hn_net_copy_from"))) {
-      check_file(path, "hn_net_copy_from");
-      n.copy_trained_layers_from(path);
-    }
+    copy_weights(n, checked_text(caffemodel_paths, "hn_net_copy_from"), "hn_net_copy_from");
   });
 }
 
