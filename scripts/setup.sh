@@ -27,6 +27,14 @@ packages=(
   python3-dev pybind11-dev python3-numpy python3-pytest python3-venv python3-matplotlib
 )
 
+# clang and its runtimes build the sanitizer and fuzzing trees (libclang-rt-14-dev: the
+# sanitizers and libFuzzer; libomp-14-dev: clang's OpenMP, and libarcher, which tells
+# ThreadSanitizer about OpenMP's synchronisation): scripts/sanitize.sh and scripts/fuzz.sh
+# ask for them with --sanitizers; the README's commands do not need them.
+if [[ ${1:-} == --sanitizers ]]; then
+  packages+=(clang libclang-rt-14-dev libomp-14-dev)
+fi
+
 missing=()
 for package in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then

@@ -919,7 +919,7 @@ TEST_CASE("options replace the source and batch size and a one-top layer has one
   CHECK_THROWS_AS(feed->next({batch.data.data(), batch.data.data()}), hn::Error);
 }
 
-TEST_CASE("a feed destroyed while its thread prefetches returns promptly") {
+TEST_CASE("a feed destroyed while its thread prefetches returns promptly", "[feed]") {
   const auto start = std::chrono::steady_clock::now();
   for (int round = 0; round < 3; ++round) {
     auto feed = hn::detail::open_data_feed(data_layer("synthetic:3x227x227", 64),

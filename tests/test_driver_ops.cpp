@@ -543,7 +543,9 @@ TEST_CASE("lift matches the reference and lift_backward matches it bit for bit o
   DYNAMIC_SECTION(config.label) {
     const Drivers drivers(config);
     std::uint32_t seed = 550;
-    for (const auto& [shape, out_channels] : lift_cases()) {
+    for (const auto& conv_case : lift_cases()) {
+      const hn::LoweringShape& shape = conv_case.first;
+      const index_t out_channels = conv_case.second;
       INFO(shape.to_string() << " out_channels=" << out_channels);
       const index_t p_count = product_count(shape, out_channels);
       const index_t y_count = shape.batch * out_channels * shape.out_h() * shape.out_w();
@@ -601,7 +603,9 @@ TEST_CASE("conv_forward, conv_backward_data and conv_backward_weights match the 
     const Drivers drivers(config);
     std::uint32_t seed = 3100;
     index_t case_index = 0;
-    for (const auto& [shape, out_channels] : conv_cases()) {
+    for (const auto& conv_case : conv_cases()) {
+      const hn::LoweringShape& shape = conv_case.first;
+      const index_t out_channels = conv_case.second;
       // Alternate bias present and absent; every case accumulates into non-zero gradients.
       const bool with_bias = case_index++ % 2 == 0;
       INFO(shape.to_string() << " out_channels=" << out_channels
@@ -1859,7 +1863,9 @@ TEST_CASE(
         {hn::test::lowering(2, 32, 10, 8, 3, 3, 1, 1, 1, 1, 1, 1, 32), 32},  // depthwise
         {hn::test::lowering(2, 3, 17, 17, 7, 7, 3, 3, 2, 2), 32},  // 3 channels in: NCHW only
     };
-    for (const auto& [base, out_channels] : convs) {
+    for (const auto& conv : convs) {
+      const auto& base = conv.first;
+      const auto out_channels = conv.second;
       for (int mix = 1; mix < 4; ++mix) {
         hn::LoweringShape shape = base;
         shape.layout = (mix & 1) != 0 && base.channels % 16 == 0 ? Layout::nchw16c : Layout::nchw;

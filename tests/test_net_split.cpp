@@ -53,7 +53,7 @@ Net lenet(TwoDrivers& d, NetOptions options, int batch = 8) {
   return Net(lenet_path(), d.runtime, *d.host, options);
 }
 
-TEST_CASE("split nets compute the unsplit losses and gradients") {
+TEST_CASE("split nets compute the unsplit losses and gradients", "[split]") {
   TwoDrivers d;
   const std::pair<const char*, const char*> nets[] = {
       {"mnist_lenet_train_test.prototxt", "synthetic:1x28x28"},
@@ -82,7 +82,8 @@ TEST_CASE("split nets compute the unsplit losses and gradients") {
 
 TEST_CASE(
     "a tuned net measures each convolution on each device of its split, for that device's rows, "
-    "and computes the untuned gradients") {
+    "and computes the untuned gradients",
+    "[split]") {
   TwoDrivers d;
   const test::TempDir dir;
   TuneOptions tune;
@@ -117,7 +118,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("layers split alike keep their activations on the device that computed them") {
+TEST_CASE("layers split alike keep their activations on the device that computed them", "[split]") {
   TwoDrivers d;
   NetOptions options;
   options.split = Split::parse("reference:1");  // every layer that can: on the device
@@ -133,7 +134,7 @@ TEST_CASE("layers split alike keep their activations on the device that computed
   CHECK(stats.within == 0);
 }
 
-TEST_CASE("a split naming a device without a driver is an error naming the layer") {
+TEST_CASE("a split naming a device without a driver is an error naming the layer", "[split]") {
   TwoDrivers d;
   NetOptions options;
   options.split = Split::parse("reference:0.5,cuda:3:0.5");
@@ -147,7 +148,7 @@ TEST_CASE("a split naming a device without a driver is an error naming the layer
 // to the last bit here; the tolerance is the issue's 1e-4 relative. (On the CPU driver the
 // two halves use other convolution algorithms than the whole batch, and the rounding
 // differences grow chaotically after some 30 iterations.)
-TEST_CASE("LeNet training with a 1:1 split tracks the unsplit losses") {
+TEST_CASE("LeNet training with a 1:1 split tracks the unsplit losses", "[split]") {
   test::TempDir dir("hybridnn-split-solver");
   std::string net;
   {
@@ -189,7 +190,7 @@ TEST_CASE("LeNet training with a 1:1 split tracks the unsplit losses") {
 
 // Determinism: two runs of the same split training give bitwise identical losses and
 // weights (CPU driver instances, two threads each).
-TEST_CASE("split training is bitwise reproducible") {
+TEST_CASE("split training is bitwise reproducible", "[split]") {
   test::TempDir dir("hybridnn-split-repro");
   const std::string solver_path = dir.write(
       "solver.prototxt", "net: \"" + lenet_path() +
@@ -222,7 +223,7 @@ TEST_CASE("split training is bitwise reproducible") {
 }
 
 // The scheduler's threads: one per device, long-lived, running tasks at the same time.
-TEST_CASE("a device worker runs every task on one thread of its own") {
+TEST_CASE("a device worker runs every task on one thread of its own", "[split]") {
   detail::DeviceWorker worker;
   std::thread::id first, second;
   worker.submit([&] { first = std::this_thread::get_id(); });
@@ -233,7 +234,7 @@ TEST_CASE("a device worker runs every task on one thread of its own") {
   CHECK(first != std::this_thread::get_id());
 }
 
-TEST_CASE("a runtime keeps one device thread per driver") {
+TEST_CASE("a runtime keeps one device thread per driver", "[split]") {
   TwoDrivers d;
   detail::DeviceWorker& device = detail::RuntimeThreads::of(d.runtime, *d.device);
   CHECK(&detail::RuntimeThreads::of(d.runtime, *d.device) == &device);
@@ -250,7 +251,7 @@ TEST_CASE("a runtime keeps one device thread per driver") {
   CHECK(id != std::this_thread::get_id());
 }
 
-TEST_CASE("a device worker hands back what its task threw") {
+TEST_CASE("a device worker hands back what its task threw", "[split]") {
   detail::DeviceWorker worker;
   worker.submit([] { throw Error("slice failed on reference:1"); });
   const std::exception_ptr error = worker.wait();
@@ -260,7 +261,7 @@ TEST_CASE("a device worker hands back what its task threw") {
   CHECK_FALSE(worker.wait());
 }
 
-TEST_CASE("two device workers run their tasks at the same time") {
+TEST_CASE("two device workers run their tasks at the same time", "[split]") {
   // Each task waits for the other to have started: they finish only if they overlap (a
   // serial run would give up after the timeout and report it).
   std::mutex mutex;
@@ -295,7 +296,7 @@ const LayerProfile& find_layer(const std::vector<LayerProfile>& profile, const s
   throw;
 }
 
-TEST_CASE("the profile reports each device's rows, busy time and copies per layer") {
+TEST_CASE("the profile reports each device's rows, busy time and copies per layer", "[split]") {
   TwoDrivers d;
   NetOptions options;
   options.split = Split::parse("reference:0.75,reference:1:0.25");
@@ -335,7 +336,7 @@ TEST_CASE("the profile reports each device's rows, busy time and copies per laye
   CHECK(loss.devices[0].rows == 8);
 }
 
-TEST_CASE("per-layer splits override the net's and must name layers of the net") {
+TEST_CASE("per-layer splits override the net's and must name layers of the net", "[split]") {
   TwoDrivers d;
   NetOptions options;
   options.layer_splits = {{"conv2", Split::parse("reference:0.5,reference:1:0.5")}};
@@ -345,7 +346,8 @@ TEST_CASE("per-layer splits override the net's and must name layers of the net")
   CHECK(splits[0].first == "conv2");
   CHECK(splits[0].second.to_string() == "reference:0.5,reference:1:0.5");
   net.forward();
-  const LayerProfile& conv2 = find_layer(net.profile(), "conv2");
+  const LayerProfile conv2 =
+      find_layer(net.profile(), "conv2");  // a copy: profile() is a temporary
   REQUIRE(conv2.devices.size() == 2);
   CHECK(conv2.devices[1].rows == 4);
 
@@ -354,7 +356,8 @@ TEST_CASE("per-layer splits override the net's and must name layers of the net")
                                            Catch::Contains("'conv7'"));
 }
 
-TEST_CASE("an automatic split measures every layer and leaves the net's state as it was") {
+TEST_CASE("an automatic split measures every layer and leaves the net's state as it was",
+          "[split]") {
   TwoDrivers d;
   NetOptions options;
   options.split = Split::automatic({Device::parse("reference"), Device::parse("reference:1")});
@@ -419,7 +422,7 @@ TEST_CASE("an automatic split measures every layer and leaves the net's state as
   }
 }
 
-TEST_CASE("an automatic split is measured by the first forward when not asked before") {
+TEST_CASE("an automatic split is measured by the first forward when not asked before", "[split]") {
   TwoDrivers d;
   NetOptions options;
   options.split = Split::parse("auto:reference,reference:1");
@@ -443,7 +446,8 @@ class FailingDriver final : public test::CoreDriver {
 };
 }  // namespace
 
-TEST_CASE("an error in a slice on a device thread reaches the caller, naming the device") {
+TEST_CASE("an error in a slice on a device thread reaches the caller, naming the device",
+          "[split]") {
   TwoDrivers d;
   d.runtime.add(std::make_unique<FailingDriver>());  // cpu:7: its GEMM fails
   NetOptions options;
@@ -459,7 +463,8 @@ TEST_CASE("an error in a slice on a device thread reaches the caller, naming the
   CHECK(std::isfinite(other.forward()));
 }
 
-TEST_CASE("an automatic split over a device without a driver is an error naming the layer") {
+TEST_CASE("an automatic split over a device without a driver is an error naming the layer",
+          "[split]") {
   TwoDrivers d;
   NetOptions options;
   options.split = Split::parse("auto:reference,cpu:3");
@@ -470,7 +475,8 @@ TEST_CASE("an automatic split over a device without a driver is an error naming 
 // the calling thread, then the slices of a split net on its device thread, with the same
 // convolution shapes (its cached oneDNN primitives were created on the calling thread).
 // Both drivers address host memory, so they also share the weight-gradient reduction.
-TEST_CASE("a cpu driver computes on its device thread what it set up on the calling thread") {
+TEST_CASE("a cpu driver computes on its device thread what it set up on the calling thread",
+          "[split]") {
   Runtime runtime;
   DriverOptions one_thread;
   one_thread.set("threads", 1);
@@ -560,7 +566,8 @@ layer { name: "ip2" type: "InnerProduct" bottom: "max" top: "ip2"
 layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
 )";
 
-TEST_CASE("a net of every cuttable layer type computes the unsplit loss and gradients split") {
+TEST_CASE("a net of every cuttable layer type computes the unsplit loss and gradients split",
+          "[split]") {
   TwoDrivers d;
   auto run = [&](int batch, const std::string& split) {
     NetOptions options;
@@ -606,7 +613,8 @@ TEST_CASE("a net of every cuttable layer type computes the unsplit loss and grad
   }
 }
 
-TEST_CASE("a solver's per-layer splits apply to its test net built from the same prototxt") {
+TEST_CASE("a solver's per-layer splits apply to its test net built from the same prototxt",
+          "[split]") {
   test::TempDir dir("hybridnn-split-solver");
   const std::string solver_path =
       dir.write("solver.prototxt", "net: \"" + lenet_path() +

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <ranges>
 #include <span>
 #include <vector>
 
@@ -39,13 +38,14 @@ int main() {
     std::vector<float> x(n * c * h * w), dx(x.size()), y(n * m * h * w), dy(y.size());
     std::vector<float> weights(m * cg * k * k), dweights(weights.size(), 0.0f);
     std::vector<float> bias(m), dbias(m, 0.0f);
-    for (auto i : std::views::iota(0, static_cast<int>(x.size())))
+    // (Index loops rather than std::views::iota: clang 14 cannot compile libstdc++ 12's.)
+    for (int i = 0; i < static_cast<int>(x.size()); ++i)
       x[i] = value_at(i, 7, 0.25f);
-    for (auto i : std::views::iota(0, static_cast<int>(weights.size())))
+    for (int i = 0; i < static_cast<int>(weights.size()); ++i)
       weights[i] = value_at(i, 5, 0.1f);
-    for (auto i : std::views::iota(0, m))
+    for (int i = 0; i < m; ++i)
       bias[i] = 0.05f * static_cast<float>(i);
-    for (auto i : std::views::iota(0, static_cast<int>(dy.size())))
+    for (int i = 0; i < static_cast<int>(dy.size()); ++i)
       dy[i] = value_at(i, 3, 0.5f);
 
     hn::Tensor input = hn::Tensor::wrap({n, c, h, w}, x.data(), dx.data());
@@ -88,7 +88,7 @@ int main() {
 
     // Half the images on each driver: the same outputs.
     conv.set_split(runtime, "cpu:0.5,reference:0.5");
-    std::ranges::fill(y, -1.0f);
+    std::fill(y.begin(), y.end(), -1.0f);
     conv.forward(cpu, {&input}, {&output});
     const double split_error = max_error(y, y_ref);
 

@@ -397,6 +397,8 @@ int64_t hn_tensor_count(const hn_tensor* tensor) {
   return tensor != nullptr ? tensor->shape->count() : 0;
 }
 
+}  // extern "C"
+
 namespace {
 
 hn_status host_access(hn_tensor* tensor, int32_t access, float** out, bool diff, const char* what) {
@@ -441,6 +443,8 @@ hn_status host_access(hn_tensor* tensor, int32_t access, float** out, bool diff,
 }
 
 }  // namespace
+
+extern "C" {
 
 hn_status hn_tensor_data(hn_tensor* tensor, int32_t access, float** out) {
   return host_access(tensor, access, out, false, "hn_tensor_data");
@@ -1072,6 +1076,8 @@ int32_t hn_net_num_params(const hn_net* net) {
   return net != nullptr ? static_cast<int32_t>(net->box->net->learnable_params().size()) : 0;
 }
 
+}  // extern "C"
+
 namespace {
 
 const hn::NetParam& net_param(const hn_net* net, int32_t index, const char* what) {
@@ -1084,6 +1090,8 @@ const hn::NetParam& net_param(const hn_net* net, int32_t index, const char* what
 }
 
 }  // namespace
+
+extern "C" {
 
 const char* hn_net_param_name(const hn_net* net, int32_t index) {
   return value_or<const char*>(

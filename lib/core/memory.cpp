@@ -1,7 +1,13 @@
 // Buffer, Pointer and View.
 #include "hybridnn/memory.h"
 
+#include <sys/sysinfo.h>
+
+#include <atomic>
+#include <cctype>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <utility>
 
 #include "hybridnn/runtime.h"
@@ -9,6 +15,94 @@
 #include "lib/core/transfer.h"
 
 namespace hn {
+
+namespace {
+
+std::atomic<std::size_t> explicit_limit{0};
+
+std::size_t machine_limit() {
+  struct sysinfo info {};
+  if (sysinfo(&info) != 0) return std::numeric_limits<std::size_t>::max();
+  const long double bytes = (static_cast<long double>(info.totalram) + info.totalswap) *
+                            static_cast<long double>(info.mem_unit);
+  return bytes >= static_cast<long double>(std::numeric_limits<std::size_t>::max())
+             ? std::numeric_limits<std::size_t>::max()
+             : static_cast<std::size_t>(bytes);
+}
+
+// HYBRIDNN_MEMORY_LIMIT: "8G", "512M", "1048576"; 0 when unset.
+std::size_t environment_limit() {
+  const char* text = std::getenv("HYBRIDNN_MEMORY_LIMIT");
+  if (text == nullptr || *text == '\0') return 0;
+  char* end = nullptr;
+  const double value = std::strtod(text, &end);
+  long double scale = 1;
+  switch (std::toupper(static_cast<unsigned char>(*end))) {
+    case 'K':
+      scale = 1024.0L;
+      ++end;
+      break;
+    case 'M':
+      scale = 1024.0L * 1024;
+      ++end;
+      break;
+    case 'G':
+      scale = 1024.0L * 1024 * 1024;
+      ++end;
+      break;
+    case 'T':
+      scale = 1024.0L * 1024 * 1024 * 1024;
+      ++end;
+      break;
+    default:
+      break;
+  }
+  if (*end == 'B' || *end == 'b') ++end;
+  HN_CHECK(end != text && *end == '\0' && std::isfinite(value) && value > 0 &&
+               value * scale < static_cast<long double>(std::numeric_limits<std::size_t>::max()),
+           "HYBRIDNN_MEMORY_LIMIT='{}' is not a size: write bytes, or a number with K, M, G or T "
+           "(e.g. 8G)",
+           text);
+  return static_cast<std::size_t>(value * scale);
+}
+
+}  // namespace
+
+std::size_t host_memory_limit() {
+  const std::size_t set = explicit_limit.load(std::memory_order_relaxed);
+  if (set != 0) return set;
+  static const std::size_t from_environment = environment_limit();
+  if (from_environment != 0) return from_environment;
+  static const std::size_t machine = machine_limit();
+  return machine;
+}
+
+void set_host_memory_limit(std::size_t bytes) {
+  explicit_limit.store(bytes, std::memory_order_relaxed);
+}
+
+std::string format_bytes(std::size_t bytes) {
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) return fmt::format("{} bytes", bytes);
+  double value = static_cast<double>(bytes) / 1024;
+  int unit = 0;
+  while (value >= 1024 && unit < 5) {
+    value /= 1024;
+    ++unit;
+  }
+  return fmt::format("{:.{}f} {}", value, value < 10 ? 1 : 0, units[unit]);
+}
+
+void check_host_bytes(std::size_t bytes, const std::string& what) {
+  const std::size_t limit = host_memory_limit();
+  if (bytes <= limit) return;
+  const bool set = explicit_limit.load(std::memory_order_relaxed) != 0 ||
+                   std::getenv("HYBRIDNN_MEMORY_LIMIT") != nullptr;
+  detail::fail("{} needs {} ({} bytes), more than the host memory limit of {} ({})", what,
+               format_bytes(bytes), bytes, format_bytes(limit),
+               set ? "set by HYBRIDNN_MEMORY_LIMIT or set_host_memory_limit"
+                   : "this machine's memory and swap; HYBRIDNN_MEMORY_LIMIT sets another");
+}
 
 Pointer Pointer::slice(std::size_t offset, std::size_t length) const {
   HN_CHECK(offset <= bytes && length <= bytes - offset,
@@ -24,6 +118,7 @@ Buffer Buffer::host(std::size_t bytes) {
   Buffer buffer;
   if (bytes == 0) return buffer;
   constexpr std::size_t kAlign = 64;
+  check_host_bytes(bytes, "a host buffer");
   const std::size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
   buffer.address_ = std::aligned_alloc(kAlign, rounded);
   HN_CHECK(buffer.address_ != nullptr, "out of host memory allocating {} bytes", bytes);

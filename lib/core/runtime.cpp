@@ -18,7 +18,7 @@ std::unique_ptr<Driver> make_driver(const Device& device, const DriverOptions& o
   for (const auto& [name, value] : options.values()) {
     const auto declared =
         std::find_if(kind.options.begin(), kind.options.end(),
-                     [&](const DriverOption& option) { return option.name == name; });
+                     [&key = name](const DriverOption& option) { return option.name == key; });
     std::string known;
     for (const DriverOption& option : kind.options)
       known += (known.empty() ? "" : ", ") + option.name;

@@ -164,41 +164,10 @@ class LmdbSource final : public RecordSource {
   }
 
   RecordView decode(std::uint64_t index, const MDB_val& key, const MDB_val& value) {
-    const auto where = [&] {
-      return fmt::format("record {} (key '{}')", index, printable_key(key));
-    };
-    HN_CHECK(value.mv_size <= static_cast<std::size_t>(std::numeric_limits<int>::max()) &&
-                 datum_.ParseFromArray(value.mv_data, static_cast<int>(value.mv_size)),
-             "{}: LMDB '{}': {} is not a Datum ({} bytes)", context_, path_, where(),
-             value.mv_size);
-    HN_CHECK(!datum_.encoded(),
-             "{}: LMDB '{}': {} holds an encoded (JPEG/PNG) image; this build has no image "
-             "decoder: write raw pixels (convert_imageset without --encoded, or `hybridnn "
-             "convert`)",
-             context_, path_, where());
-    const RecordShape shape = shape_of(datum_);
-    HN_CHECK(shape.channels > 0 && shape.height > 0 && shape.width > 0,
-             "{}: LMDB '{}': {} has shape {}", context_, path_, where(), shape.to_string());
-    HN_CHECK(index == 0 || shape == shape_,
-             "{}: LMDB '{}': {} is {}, but the first record is {}; all records must have one "
-             "shape",
-             context_, path_, where(), shape.to_string(), shape_.to_string());
-    RecordView view;
-    view.label = static_cast<float>(datum_.label());
-    if (!datum_.data().empty()) {
-      HN_CHECK(datum_.data().size() == shape.count(),
-               "{}: LMDB '{}': {} has {} data bytes; its shape {} needs {}", context_, path_,
-               where(), datum_.data().size(), shape.to_string(), shape.count());
-      view.bytes = reinterpret_cast<const std::uint8_t*>(datum_.data().data());
-    } else {
-      HN_CHECK(static_cast<std::size_t>(datum_.float_data_size()) == shape.count(),
-               "{}: LMDB '{}': {} has {} float_data values (and no data bytes); its shape {} "
-               "needs {}",
-               context_, path_, where(), datum_.float_data_size(), shape.to_string(),
-               shape.count());
-      view.floats = datum_.float_data().data();
-    }
-    return view;
+    const std::string where = fmt::format("{}: LMDB '{}': record {} (key '{}')", context_, path_,
+                                          index, printable_key(key));
+    return decode_datum(value.mv_data, value.mv_size, datum_, index == 0 ? nullptr : &shape_,
+                        where);
   }
 
   std::string path_, context_;
@@ -220,6 +189,36 @@ class LmdbSource final : public RecordSource {
 };
 
 }  // namespace
+
+RecordView decode_datum(const void* bytes, std::size_t size, hybridnn::proto::Datum& datum,
+                        const RecordShape* first, const std::string& where) {
+  HN_CHECK(size <= static_cast<std::size_t>(std::numeric_limits<int>::max()) &&
+               datum.ParseFromArray(bytes, static_cast<int>(size)),
+           "{} is not a Datum ({} bytes)", where, size);
+  HN_CHECK(!datum.encoded(),
+           "{} holds an encoded (JPEG/PNG) image; this build has no image decoder: write raw "
+           "pixels (convert_imageset without --encoded, or `hybridnn convert`)",
+           where);
+  const RecordShape shape{datum.channels(), datum.height(), datum.width()};
+  HN_CHECK(shape.channels > 0 && shape.height > 0 && shape.width > 0, "{} has shape {}", where,
+           shape.to_string());
+  HN_CHECK(first == nullptr || shape == *first,
+           "{} is {}, but the first record is {}; all records must have one shape", where,
+           shape.to_string(), first != nullptr ? first->to_string() : "");
+  RecordView view;
+  view.label = static_cast<float>(datum.label());
+  if (!datum.data().empty()) {
+    HN_CHECK(datum.data().size() == shape.count(), "{} has {} data bytes; its shape {} needs {}",
+             where, datum.data().size(), shape.to_string(), shape.count());
+    view.bytes = reinterpret_cast<const std::uint8_t*>(datum.data().data());
+  } else {
+    HN_CHECK(static_cast<std::size_t>(datum.float_data_size()) == shape.count(),
+             "{} has {} float_data values (and no data bytes); its shape {} needs {}", where,
+             datum.float_data_size(), shape.to_string(), shape.count());
+    view.floats = datum.float_data().data();
+  }
+  return view;
+}
 
 std::unique_ptr<RecordSource> open_lmdb_source(const std::string& dir, const std::string& context) {
   return std::make_unique<LmdbSource>(dir, context);

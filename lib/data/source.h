@@ -9,6 +9,10 @@
 #include <memory>
 #include <string>
 
+namespace hybridnn::proto {
+class Datum;
+}
+
 namespace hn::detail {
 
 struct RecordShape {
@@ -55,6 +59,13 @@ struct SourceOptions {
 // "synthetic:CxHxW[:classes]".
 std::unique_ptr<RecordSource> open_record_source(const std::string& source,
                                                  const SourceOptions& options);
+
+// One LMDB value as a Caffe Datum: parsed into `datum`, checked (raw pixels, positive
+// dimensions, as many pixels as they need, and the shape `first` when given) and returned as
+// a view into `datum`. Errors start with `where` ("layer 'data' (Data): LMDB 'x': record 3
+// (key '00000003')").
+RecordView decode_datum(const void* bytes, std::size_t size, hybridnn::proto::Datum& datum,
+                        const RecordShape* first, const std::string& where);
 
 // The LMDB reader (lmdb_store.cpp); `dir` holds data.mdb.
 std::unique_ptr<RecordSource> open_lmdb_source(const std::string& dir, const std::string& context);

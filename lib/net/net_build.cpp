@@ -169,9 +169,9 @@ void Net::Impl::build(pb::NetParameter net) {
   // net-wide one, else the file's.
   std::map<std::string, Split> named;
   for (const auto& [layer_name, layer_split] : options.layer_splits) {
-    const bool known =
-        std::any_of(net.layer().begin(), net.layer().end(),
-                    [&](const pb::LayerParameter& param) { return param.name() == layer_name; });
+    const bool known = std::any_of(
+        net.layer().begin(), net.layer().end(),
+        [&name = layer_name](const pb::LayerParameter& param) { return param.name() == name; });
     HN_CHECK(known, "{}: a split is given for layer '{}', which the net does not have", origin,
              layer_name);
     named[layer_name] = layer_split;
@@ -520,6 +520,10 @@ void Net::Impl::set_up_params() {
       nl.params.push_back(tensor);
       nl.owns_param.push_back(owner);
       if (!owner) continue;
+      // Before the filler touches it: data and gradient.
+      check_host_bytes(2 * sizeof(float) * static_cast<std::size_t>(tensor->count()),
+                       fmt::format("{}: parameter {} ({}, data and gradient)",
+                                   where(static_cast<int>(l)), p, tensor->shape().to_string()));
       // Fillers, per Caffe's layers: weights then bias.
       const std::string& type = nl.param.type();
       const pb::FillerParameter* filler = nullptr;

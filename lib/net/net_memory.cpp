@@ -19,8 +19,16 @@ void Net::Impl::plan_memory() {
     g.first = std::min(g.first, step);
     g.last = std::max(g.last, step);
   };
+  // On a host driver, a blob too large for the machine is named here, before anything is
+  // allocated.
+  const bool on_host = driver->memory_space() == host_space();
   for (std::size_t b = 0; b < blobs.size(); ++b) {
     const BlobVersion& blob = blobs[b];
+    if (on_host) {
+      check_host_bytes(sizeof(float) * static_cast<std::size_t>(blob.shape.count()),
+                       fmt::format("{}: top '{}' ({})", where(blob.producer), blob.name,
+                                   blob.shape.to_string()));
+    }
     touch(blob.data_group, fwd(blob.producer));
     for (int c : blob.consumers) {
       touch(blob.data_group, fwd(c));
@@ -102,6 +110,12 @@ void Net::Impl::plan_memory() {
   for (const Slot& slot : plan) {
     slots.push_back(std::make_unique<SyncedMemory>(slot.bytes));
     bytes_with_reuse += slot.bytes;
+  }
+  if (on_host) {
+    check_host_bytes(bytes_with_reuse,
+                     fmt::format("{}: the blobs of net '{}' (data and gradients, shared where "
+                                 "their lifetimes allow)",
+                                 origin, name));
   }
   // One workspace for every layer: the largest need.
   std::size_t workspace_bytes = 0;

@@ -138,12 +138,17 @@ TEST_CASE("ranks that split their layers between drivers train as unsplit ranks"
   plain.train();
   Run split(16, comm.get(), Split::parse("cpu:0.5,reference:0.5"));
   split.train();
+  // Half of each batch runs on the reference driver's plain loops instead of the CPU
+  // driver's kernels: other summation orders, whose rounding 20 iterations of training grow
+  // to ~1e-5 with GCC's code and ~1e-4 with clang's (the sanitizer build). A slice merged
+  // wrongly differs at the first iteration by far more.
   for (int i = 0; i < kIterations; ++i) {
     INFO("iteration " << i);
-    CHECK(std::fabs(split.losses[i] - plain.losses[i]) <= 1e-5 * std::fabs(plain.losses[i]));
+    CHECK(std::fabs(split.losses[i] - plain.losses[i]) <= 1e-4 * std::fabs(plain.losses[i]));
   }
+  CHECK(std::fabs(split.losses[0] - plain.losses[0]) <= 1e-6 * std::fabs(plain.losses[0]));
   check_identical_across_ranks(*comm, split.weights());
-  CHECK(max_relative_difference(split.weights(), plain.weights()) < 1e-5);
+  CHECK(max_relative_difference(split.weights(), plain.weights()) < 1e-3);
 }
 
 TEST_CASE("ranks with different nets all fail at the start, naming the rank", "[mpi][train]") {

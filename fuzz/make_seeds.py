@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Writes the fuzz targets' seed corpora into fuzz/corpus/<target>/ (committed; rerun when a
+format changes): Caffe's small nets and solvers from ../shared/models and examples/, a
+caffemodel and solverstate trained by the hybridnn tool on fuzz.h's kTrainNet, the first
+Fashion-MNIST images as raw and gzip IDX, CIFAR-10 records, Datum records and split texts.
+
+    fuzz/make_seeds.py [--tool build/bin/hybridnn]
+"""
+import argparse
+import ast
+import gzip
+import os
+import re
+import shutil
+import struct
+import subprocess
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = os.path.join(os.path.dirname(ROOT), "shared", "models")
+FASHION = "/usr/share/datasets/fashion-mnist"
+SMALL = 4096  # seeds stay small: only nets and solvers up to this size
+
+
+def put(target, name, data):
+    directory = os.path.join(ROOT, "fuzz", "corpus", target)
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, name), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+def train_net_text():
+    """kTrainNet from fuzz.h: the concatenated C string literals."""
+    with open(os.path.join(ROOT, "fuzz", "fuzz.h")) as f:
+        source = f.read()
+    body = re.search(r"kTrainNet =\s*(.*?);", source, re.S).group(1)
+    return "".join(ast.literal_eval(s) for s in re.findall(r'"(?:[^"\\]|\\.)*"', body))
+
+
+def varint(value):
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def field(number, wire, payload):
+    key = varint(number << 3 | wire)
+    if wire == 0:
+        return key + varint(payload)
+    return key + varint(len(payload)) + payload
+
+
+def datum(channels, height, width, label, data=None, floats=None, encoded=False):
+    """A Caffe Datum: channels 1, height 2, width 3, data 4, label 5, float_data 6, encoded 7."""
+    out = field(1, 0, channels) + field(2, 0, height) + field(3, 0, width)
+    if data is not None:
+        out += field(4, 2, data)
+    out += field(5, 0, label)
+    if floats is not None:
+        out += field(6, 2, b"".join(struct.pack("<f", v) for v in floats))
+    if encoded:
+        out += field(7, 0, 1)
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tool", default=os.path.join(ROOT, "build", "bin", "hybridnn"))
+    args = parser.parse_args()
+    corpus = os.path.join(ROOT, "fuzz", "corpus")
+    shutil.rmtree(corpus, ignore_errors=True)
+
+    # Nets (parser and builder) and solvers.
+    sources = [os.path.join(MODELS, n) for n in sorted(os.listdir(MODELS))]
+    sources += [os.path.join(ROOT, "examples", "fashion_mnist", n)
+                for n in ("lenet_train_test.prototxt", "lenet_solver.prototxt")]
+    for path in sources:
+        if not path.endswith(".prototxt") or os.path.getsize(path) > SMALL:
+            continue
+        with open(path, "rb") as f:
+            text = f.read()
+        name = os.path.basename(path)
+        if "solver" in name:
+            put("solver_prototxt", name, text)
+        else:
+            put("net_prototxt", name, text)
+            put("net_builder", name, text)
+    put("net_prototxt", "fuzz_net.prototxt", train_net_text())
+    put("net_builder", "fuzz_net.prototxt", train_net_text())
+
+    # A caffemodel and a solverstate of kTrainNet, one iteration of SGD with momentum, the
+    # snapshot prefix relative so that the state's learned_net is found beside it.
+    with tempfile.TemporaryDirectory() as work:
+        with open(os.path.join(work, "net.prototxt"), "w") as f:
+            f.write(train_net_text())
+        with open(os.path.join(work, "solver.prototxt"), "w") as f:
+            f.write("net: 'net.prototxt'\nbase_lr: 0.1\nmomentum: 0.9\nlr_policy: 'multistep'\n"
+                    "stepvalue: 2\nstepvalue: 4\ngamma: 0.5\nmax_iter: 1\ndisplay: 0\n"
+                    "snapshot_prefix: 'fuzz'\n")
+        subprocess.run([args.tool, "train", "--solver", "solver.prototxt", "--device",
+                        "reference"], cwd=work, check=True, stdout=subprocess.DEVNULL)
+        with open(os.path.join(work, "fuzz_iter_1.caffemodel"), "rb") as f:
+            put("caffemodel", "fuzz_iter_1.caffemodel", f.read())
+        with open(os.path.join(work, "fuzz_iter_1.solverstate"), "rb") as f:
+            put("solverstate", "fuzz_iter_1.solverstate", f.read())
+
+    # IDX: the first three Fashion-MNIST images and labels; the input's first two bytes are
+    # the images file's length (see idx.cpp).
+    with gzip.open(os.path.join(FASHION, "t10k-images-idx3-ubyte.gz")) as f:
+        images = f.read(16 + 3 * 784)
+    with gzip.open(os.path.join(FASHION, "t10k-labels-idx1-ubyte.gz")) as f:
+        labels = f.read(8 + 3)
+    images = images[:4] + struct.pack(">I", 3) + images[8:]
+    labels = labels[:4] + struct.pack(">I", 3) + labels[8:]
+    for name, im, lb in (("raw", images, labels),
+                         ("gzip", gzip.compress(images, mtime=0), gzip.compress(labels, mtime=0)),
+                         ("gzip_images", gzip.compress(images, mtime=0), labels)):
+        put("idx", name, struct.pack(">H", len(im)) + im + lb)
+
+    # CIFAR-10: two records (label byte, 3x32x32 pixels).
+    record = lambda label: bytes([label]) + bytes((i * 7 + label) % 256 for i in range(3072))
+    put("cifar", "two_records.bin", record(3) + record(9))
+
+    # Datum records: raw bytes, floats, an encoded one (refused), a shape that mismatches.
+    put("datum", "bytes_3x32x32", datum(3, 32, 32, 7, data=bytes(range(256)) * 12))
+    put("datum", "floats_1x2x2", datum(1, 2, 2, 1, floats=[0.5, -1.0, 2.0, 3.5]))
+    put("datum", "encoded", datum(3, 2, 2, 0, data=b"\xff\xd8\xff\xe0", encoded=True))
+    put("datum", "bytes_1x28x28", datum(1, 28, 28, 9, data=bytes(784)))
+
+    # Splits: a split's text and a --split-save file.
+    put("split_file", "split", "cpu:0.6,reference:0.4")
+    put("split_file", "split_devices", "cuda:0:0.25,cuda:1:0.25,cpu:0.5")
+    put("split_file", "saved",
+        "# hybridnn layer splits\nconv1 cpu:0.75,reference:0.25\nip1 reference:1\n")
+
+
+if __name__ == "__main__":
+    main()

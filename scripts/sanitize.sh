@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The test suite under sanitizers, built with clang in its own tree:
+#
+#   scripts/sanitize.sh address   AddressSanitizer + UndefinedBehaviorSanitizer: every CPU
+#                                 test (ctest; no CUDA, no Python), in build/asan, which also
+#                                 holds the libFuzzer targets for scripts/fuzz.sh
+#   scripts/sanitize.sh thread    ThreadSanitizer: the tests of the concurrent parts (the split
+#                                 scheduler and its device threads, the communicators, the
+#                                 data feed's prefetch thread), in build/tsan
+#
+# Extra arguments go to ctest (address) or to the test binary (thread). Any report fails the
+# run (-fno-sanitize-recover=all, halt_on_error). Suppressions, for third-party code only and
+# each with its reason, are in scripts/sanitizers/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-}
+case $mode in
+  address | thread) shift ;;
+  -h | --help | "") sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; [[ -n $mode ]]; exit ;;
+  *) echo "sanitize: unknown mode '$mode': use address or thread" >&2; exit 2 ;;
+esac
+scripts/setup.sh --sanitizers
+repo=$PWD
+suppressions=$repo/scripts/sanitizers
+
+configure() {  # dir sanitizers [cmake args]
+  local dir=$1 sanitizers=$2
+  shift 2
+  CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
+    -DHYBRIDNN_SANITIZE="$sanitizers" -DHYBRIDNN_CUDA=OFF -DHYBRIDNN_PYTHON=OFF \
+    -DHYBRIDNN_BENCH=OFF -DHYBRIDNN_INSTALL=OFF -DHYBRIDNN_WERROR=ON "$@" >/dev/null
+}
+
+if [[ $mode == address ]]; then
+  configure build/asan address,undefined -DHYBRIDNN_FUZZ=ON
+  cmake --build build/asan -j "$(nproc)"
+  # fast_unwind_on_malloc=0: Open MPI's libraries have no frame pointers, and a leak's stack
+  # must reach them for lsan.supp to match; their plugins stay loaded for the same reason.
+  export ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0:strict_string_checks=1:detect_stack_use_after_return=1
+  export LSAN_OPTIONS=suppressions=$suppressions/lsan.supp:print_suppressions=0
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  export OMPI_MCA_mca_base_component_disable_dlclose=1
+  echo "== AddressSanitizer + UndefinedBehaviorSanitizer: the CPU test suite"
+  ctest --test-dir build/asan --output-on-failure -j "$(nproc)" "$@"
+else
+  configure build/tsan thread -DHYBRIDNN_MPI=OFF
+  cmake --build build/tsan -j "$(nproc)" --target hybridnn-tests
+  # The third-party libraries are not instrumented: TSan ignores their own memory accesses
+  # (ignore_noninstrumented_modules), and libarcher (LLVM's OpenMP tool) reports the OpenMP
+  # runtime's barriers and tasks to TSan, without which every parallel loop of the CPU
+  # driver would read as a race. Our code's accesses are all checked.
+  archer=$(dirname "$(clang -print-resource-dir)")/../libarcher.so
+  [[ -f $archer ]] || archer=/usr/lib/llvm-14/lib/libarcher.so
+  export OMP_TOOL_LIBRARIES=$archer
+  export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1:suppressions=$suppressions/tsan.supp"
+  echo "== ThreadSanitizer: the split scheduler, the communicators, the data feed"
+  build/tsan/bin/hybridnn-tests "${@:-[split],[comm],[feed],[runtime]}"
+fi
+echo "sanitize $mode: no reports"
