@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the libFuzzer targets (fuzz/, one per parser of outside input) for a time budget each,
 # starting from the committed seeds (fuzz/corpus/<target>/) and a working corpus that grows
-# across runs (build/fuzz/corpus/<target>/). Builds them in build/asan (clang, ASan + UBSan,
-# the tree scripts/sanitize.sh address uses).
+# across runs (build/fuzz/corpus/<target>/). Builds them in build/fuzz-build (clang, ASan +
+# UBSan + libFuzzer's coverage; apart from build/asan, whose tests that instrumentation
+# would slow down twofold).
 #
 #   scripts/fuzz.sh [--seconds N] [--jobs J] [TARGET...]
 #
@@ -30,14 +31,15 @@ if ((${#targets[@]} == 0)); then
   mapfile -t targets < <(find fuzz/corpus -mindepth 1 -maxdepth 1 -type d -printf '%f\n' | sort)
 fi
 scripts/setup.sh --sanitizers >/dev/null
-if [[ ! -f build/asan/CMakeCache.txt ]] || ! grep -q '^HYBRIDNN_FUZZ:BOOL=ON' build/asan/CMakeCache.txt; then
-  CC=clang CXX=clang++ cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+if [[ ! -f build/fuzz-build/CMakeCache.txt ]]; then
+  CC=clang CXX=clang++ cmake -S . -B build/fuzz-build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
     -DHYBRIDNN_SANITIZE=address,undefined -DHYBRIDNN_FUZZ=ON -DHYBRIDNN_CUDA=OFF \
-    -DHYBRIDNN_PYTHON=OFF -DHYBRIDNN_BENCH=OFF -DHYBRIDNN_INSTALL=OFF -DHYBRIDNN_WERROR=ON >/dev/null
+    -DHYBRIDNN_MPI=OFF -DHYBRIDNN_PYTHON=OFF -DHYBRIDNN_TESTS=OFF -DHYBRIDNN_BENCH=OFF \
+    -DHYBRIDNN_INSTALL=OFF -DHYBRIDNN_WERROR=ON >/dev/null
 fi
-cmake --build build/asan -j "$(nproc)" --target "${targets[@]/#/fuzz_}"
+cmake --build build/fuzz-build -j "$(nproc)" --target "${targets[@]/#/fuzz_}"
 
 export ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
@@ -49,7 +51,7 @@ run_target() {
   local status=0
   # -timeout: one input taking 10 s is a hang; -rss_limit_mb: the parsers must bound what
   # they allocate. The seeds are read, never written (new inputs go to the working corpus).
-  TMPDIR=$PWD/$work build/asan/bin/fuzz_"$target" -max_total_time="$seconds" -timeout=10 \
+  TMPDIR=$PWD/$work build/fuzz-build/bin/fuzz_"$target" -max_total_time="$seconds" -timeout=10 \
     -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$findings/" \
     "$corpus" "fuzz/corpus/$target" >"$log" 2>&1 || status=$?
   local runs coverage

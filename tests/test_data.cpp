@@ -26,6 +26,8 @@
 #include "hybridnn/error.h"
 #include "lib/core/philox.h"
 #include "lib/data/data.h"
+#include "lib/data/lmdb_store.h"
+#include "lib/data/source.h"
 #include "tests/support.h"
 
 namespace Catch {
@@ -411,6 +413,40 @@ TEST_CASE("reading an LMDB maps what its file holds, not the writer's 1 TiB map 
   next_batch(*feed);
   // The file is a few pages; a 1 TiB map would add 2^40 to VmSize (and fail under ulimit -v).
   CHECK(virtual_bytes() - before < (std::uint64_t{1} << 36));
+}
+
+TEST_CASE("the LMDB writer maps little address space and grows its map as records need") {
+  TempDir dir("hybridnn-data");
+  const std::string db = dir.file("db");
+  std::filesystem::create_directories(db);
+  const std::uint64_t before = virtual_bytes();
+  {
+    // Caffe's (and our former) 1 TiB map failed under `ulimit -v`; 64 MiB by default now.
+    hn::detail::LmdbWriter writer(db, "convert");
+    CHECK(writer.map_size() == std::size_t{64} << 20);
+    CHECK(virtual_bytes() - before < (std::uint64_t{1} << 30));
+  }
+  std::filesystem::remove_all(db);
+  std::filesystem::create_directories(db);
+  // 1 MiB to start, 3000 records of 3 KiB in three commits: the map doubles to 16 MiB, each
+  // full commit redone whole, and every record reads back.
+  const Images images = random_images(3000, 3, 32, 32, 4);
+  {
+    hn::detail::LmdbWriter writer(db, "convert", std::size_t{1} << 20);
+    for (int k = 0; k < 3000; ++k) {
+      writer.put(std::to_string(100000 + k), byte_datum(images, k).SerializeAsString());
+      if ((k + 1) % 1000 == 0) writer.commit();
+    }
+    CHECK(writer.map_size() == std::size_t{16} << 20);
+  }
+  auto source = hn::detail::open_record_source(db, {"test", false});
+  REQUIRE(source->size() == 3000);
+  for (const int k : {0, 999, 1000, 2999}) {
+    const hn::detail::RecordView record = source->read(static_cast<std::uint64_t>(k));
+    REQUIRE(record.bytes != nullptr);
+    CHECK(std::equal(record.bytes, record.bytes + 3072, images.pixels.begin() + k * 3072));
+    CHECK(record.label == static_cast<float>(images.labels[static_cast<std::size_t>(k)]));
+  }
 }
 
 TEST_CASE("scale and mean_value and mean_file and the centred test crop match a naive loop") {

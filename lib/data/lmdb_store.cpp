@@ -10,6 +10,8 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "hybridnn.pb.h"
 #include "lib/core/check.h"
@@ -19,8 +21,9 @@ namespace hn::detail {
 
 namespace {
 
-// Caffe's map size: LMDB maps the file sparsely, so this only reserves address space.
-constexpr std::size_t kMapSize = std::size_t{1} << 40;
+// The writer's first map size; it doubles whenever a commit fills it (Caffe maps 1 TiB up
+// front, which only reserves address space but fails under `ulimit -v`).
+constexpr std::size_t kInitialMapSize = std::size_t{64} << 20;
 
 void check_mdb(int rc, const char* call, const std::string& dir, const std::string& context) {
   HN_CHECK(rc == MDB_SUCCESS, "{}: LMDB '{}': {} failed: {}", context, dir, call, mdb_strerror(rc));
@@ -227,43 +230,71 @@ std::unique_ptr<RecordSource> open_lmdb_source(const std::string& dir, const std
 struct LmdbWriter::Impl {
   std::string dir, context;
   MDB_env* env = nullptr;
-  MDB_txn* txn = nullptr;
-  MDB_dbi dbi = 0;
+  std::size_t map_size = 0;
+  // The puts since the last commit: a commit that fills the map is aborted, the map grown
+  // and the same puts made again, as Caffe's LMDBTransaction does.
+  std::vector<std::pair<std::string, std::string>> pending;
 
   ~Impl() {
-    if (txn != nullptr) mdb_txn_abort(txn);
     if (env != nullptr) mdb_env_close(env);
+  }
+
+  // Puts `pending` in one transaction; MDB_MAP_FULL when the map is too small.
+  int write_pending() {
+    MDB_txn* txn = nullptr;
+    int rc = mdb_txn_begin(env, nullptr, 0, &txn);
+    if (rc != MDB_SUCCESS) return rc;
+    MDB_dbi dbi = 0;
+    rc = mdb_dbi_open(txn, nullptr, 0, &dbi);
+    for (std::size_t i = 0; rc == MDB_SUCCESS && i < pending.size(); ++i) {
+      MDB_val k{pending[i].first.size(), pending[i].first.data()};
+      MDB_val v{pending[i].second.size(), pending[i].second.data()};
+      rc = mdb_put(txn, dbi, &k, &v, MDB_APPEND);
+    }
+    if (rc != MDB_SUCCESS) {
+      mdb_txn_abort(txn);
+      return rc;
+    }
+    return mdb_txn_commit(txn);  // frees the transaction, even when it fails
   }
 };
 
-LmdbWriter::LmdbWriter(const std::string& dir, std::string context)
+LmdbWriter::LmdbWriter(const std::string& dir, std::string context, std::size_t initial_map_size)
     : impl_(std::make_unique<Impl>()) {
   impl_->dir = dir;
   impl_->context = std::move(context);
+  impl_->map_size = initial_map_size > 0 ? initial_map_size : kInitialMapSize;
   check_mdb(mdb_env_create(&impl_->env), "mdb_env_create", dir, impl_->context);
-  check_mdb(mdb_env_set_mapsize(impl_->env, kMapSize), "mdb_env_set_mapsize", dir, impl_->context);
+  check_mdb(mdb_env_set_mapsize(impl_->env, impl_->map_size), "mdb_env_set_mapsize", dir,
+            impl_->context);
   check_mdb(mdb_env_open(impl_->env, dir.c_str(), 0, 0664), "mdb_env_open", dir, impl_->context);
 }
 
 LmdbWriter::~LmdbWriter() = default;
 
 void LmdbWriter::put(const std::string& key, const std::string& value) {
-  Impl& w = *impl_;
-  if (w.txn == nullptr) {
-    check_mdb(mdb_txn_begin(w.env, nullptr, 0, &w.txn), "mdb_txn_begin", w.dir, w.context);
-    check_mdb(mdb_dbi_open(w.txn, nullptr, 0, &w.dbi), "mdb_dbi_open", w.dir, w.context);
-  }
-  MDB_val k{key.size(), const_cast<char*>(key.data())};
-  MDB_val v{value.size(), const_cast<char*>(value.data())};
-  check_mdb(mdb_put(w.txn, w.dbi, &k, &v, MDB_APPEND), "mdb_put", w.dir, w.context);
+  impl_->pending.emplace_back(key, value);
 }
 
 void LmdbWriter::commit() {
   Impl& w = *impl_;
-  if (w.txn == nullptr) return;
-  MDB_txn* txn = w.txn;
-  w.txn = nullptr;  // mdb_txn_commit frees it, even when it fails
-  check_mdb(mdb_txn_commit(txn), "mdb_txn_commit", w.dir, w.context);
+  if (w.pending.empty()) return;
+  for (;;) {
+    const int rc = w.write_pending();
+    if (rc != MDB_MAP_FULL) {
+      check_mdb(rc, "commit", w.dir, w.context);
+      break;
+    }
+    HN_CHECK(w.map_size <= std::numeric_limits<std::size_t>::max() / 2,
+             "{}: LMDB '{}': the map cannot grow past {} bytes", w.context, w.dir, w.map_size);
+    w.map_size *= 2;
+    check_mdb(mdb_env_set_mapsize(w.env, w.map_size), "mdb_env_set_mapsize", w.dir, w.context);
+  }
+  w.pending.clear();
+}
+
+std::size_t LmdbWriter::map_size() const {
+  return impl_->map_size;
 }
 
 }  // namespace hn::detail

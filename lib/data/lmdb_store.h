@@ -2,6 +2,7 @@
 // source.h). LMDB types stay in lmdb_store.cpp.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 
@@ -11,15 +12,19 @@ namespace hn::detail {
 // writer drops the puts not yet committed.
 class LmdbWriter {
  public:
-  LmdbWriter(const std::string& dir, std::string context);
+  // The map (address space, not disk) starts at initial_map_size (0: 64 MiB) and doubles
+  // whenever a commit needs more.
+  LmdbWriter(const std::string& dir, std::string context, std::size_t initial_map_size = 0);
   ~LmdbWriter();
   LmdbWriter(const LmdbWriter&) = delete;
   LmdbWriter& operator=(const LmdbWriter&) = delete;
 
-  // Keys must arrive in increasing byte order (they are appended).
+  // Keys must arrive in increasing byte order (they are appended). Puts are held in memory
+  // until the next commit.
   void put(const std::string& key, const std::string& value);
-  // Commits the open transaction, if any; later puts start a new one.
+  // Writes the puts since the last commit in one transaction, growing the map as needed.
   void commit();
+  std::size_t map_size() const;
 
  private:
   struct Impl;

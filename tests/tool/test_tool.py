@@ -447,6 +447,81 @@ def nan_loss_keeps_earlier_snapshot(ctx):
     check(not leftovers, f"files besides the iteration-5 snapshot: {leftovers}")
 
 
+class Tmpfs:
+    """A tmpfs of `size` bytes mounted at `path` (read-only with ro=True) for the disk-fault
+    cases; skips the case where mounting is not allowed (not root, no CAP_SYS_ADMIN)."""
+
+    def __init__(self, path, size, ro=False):
+        self.path = path
+        os.makedirs(path, exist_ok=True)
+        options = f"size={size}" + (",ro" if ro else "")
+        if os.geteuid() != 0 or shutil.which("mount") is None:
+            raise Skip("the disk-fault cases mount a small tmpfs: they need root")
+        run = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "hybridnn-test", path],
+                             capture_output=True, text=True)
+        if run.returncode != 0:
+            raise Skip(f"cannot mount a tmpfs here: {run.stderr.strip()}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        subprocess.run(["umount", "-l", self.path], capture_output=True)
+
+
+@case
+def snapshot_on_full_disk_keeps_earlier_snapshots(ctx):
+    """A snapshot that does not fit (a tmpfs with room for one) stops training with an error
+    naming the file and the system's reason; the earlier snapshot stays byte for byte, and
+    no temporary file is left."""
+    train, test = make_dataset(ctx)
+    net = write(ctx, "net.prototxt", tiny_net(train, test))
+    text = solver_text(net, ctx.path("ref", "tiny"), max_iter=5, snapshot=5,
+                       test_interval=1000)
+    ctx.run("train", "--solver", write(ctx, "ref.prototxt", text))
+    names = ("tiny_iter_5.caffemodel", "tiny_iter_5.solverstate")
+    expected = {name: open(ctx.path("ref", name), "rb").read() for name in names}
+    # Room for the first snapshot and a little more, not for a second one.
+    room = sum(len(data) for data in expected.values())
+    size = (room + 4096 + 4095) // 4096 * 4096
+    with Tmpfs(ctx.path("disk"), size):
+        # The reference bytes again, at the same prefix (the solverstate names its caffemodel).
+        prefix = ctx.path("disk", "tiny")
+        ctx.run("train", "--solver", write(ctx, "ref.prototxt", text.replace(
+            ctx.path("ref", "tiny"), prefix)))
+        expected = {name: open(ctx.path("disk", name), "rb").read() for name in names}
+        for name in names:
+            os.remove(ctx.path("disk", name))
+        full = solver_text(net, prefix, max_iter=20, snapshot=5, test_interval=1000)
+        run = ctx.error("train", "--solver", write(ctx, "full.prototxt", full),
+                        needles=[prefix + "_iter_10."], patterns=[r"(?i)no space left on device"])
+        for name, data in expected.items():
+            with open(ctx.path("disk", name), "rb") as f:
+                check(f.read() == data, f"{name} on the full disk differs from the reference run")
+        left = sorted(set(os.listdir(ctx.path("disk"))) - set(names))
+        check(not left, f"files besides the iteration-5 snapshot on the full disk: {left}")
+        check("Iteration 6" in run.stdout or "iteration 6" in run.stdout.lower(),
+              "training did not go on past the first snapshot before the disk filled")
+        # Resuming from the intact snapshot works where there is room.
+        ctx.run("train", "--solver", write(ctx, "resume.prototxt",
+                                           text.replace("max_iter: 5", "max_iter: 6")),
+                "--snapshot", ctx.path("disk", names[1]))
+
+
+@case
+def snapshot_prefix_on_read_only_disk_fails_at_start(ctx):
+    """A read-only file system under the snapshot prefix is found before the first iteration
+    (root ignores permission bits, so a read-only mount is the way to show it)."""
+    train, test = make_dataset(ctx)
+    net = write(ctx, "net.prototxt", tiny_net(train, test))
+    with Tmpfs(ctx.path("ro"), 65536, ro=True):
+        prefix = ctx.path("ro", "tiny")
+        run = ctx.error("train", "--solver",
+                        write(ctx, "ro.prototxt", solver_text(net, prefix, max_iter=5)),
+                        needles=[ctx.path("ro")], patterns=[r"(?i)read-only file system"])
+        check("Iteration 1 " not in run.stdout, "training started before the check")
+
+
 # ---- training, testing, resuming ---------------------------------------------------------
 
 @case
