@@ -13,6 +13,7 @@
 #include <string>
 
 #include "hybridnn/error.h"
+#include "lib/data/source.h"
 
 namespace hn::fuzz {
 
@@ -67,6 +68,22 @@ void accept_errors(F&& body) {
   try {
     body();
   } catch (const hn::Error&) {
+  }
+}
+
+// Opens `path` as a Data layer's source (recognised by content) and reads every record it
+// reports, every pixel and label of each.
+inline void read_all_records(const std::string& path) {
+  hn::detail::SourceOptions options;
+  options.context = "fuzz";
+  auto source = hn::detail::open_record_source(path, options);
+  const std::size_t pixels = source->shape().count();
+  volatile float sum = 0;
+  for (std::uint64_t i = 0; i < source->size(); ++i) {
+    const hn::detail::RecordView view = source->read(i);
+    for (std::size_t p = 0; p < pixels; ++p)
+      sum = sum + (view.bytes != nullptr ? view.bytes[p] : view.floats[p]);
+    sum = sum + view.label;
   }
 }
 
