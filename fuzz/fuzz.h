@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -27,9 +28,8 @@ inline const std::string& scratch_dir() {
     if (mkdtemp(pattern.data()) == nullptr) std::abort();
     static const std::string removed = pattern;
     std::atexit([] {
-      const std::string command = "rm -rf '" + removed + "'";
-      if (std::system(command.c_str()) != 0) {
-      }
+      std::error_code ignored;
+      std::filesystem::remove_all(removed, ignored);
     });
     return pattern;
   }();

@@ -31,14 +31,10 @@ if ((${#targets[@]} == 0)); then
   mapfile -t targets < <(find fuzz/corpus -mindepth 1 -maxdepth 1 -type d -printf '%f\n' | sort)
 fi
 scripts/setup.sh --sanitizers >/dev/null
-if [[ ! -f build/fuzz-build/CMakeCache.txt ]]; then
-  CC=clang CXX=clang++ cmake -S . -B build/fuzz-build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
-    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
-    -DHYBRIDNN_SANITIZE=address,undefined -DHYBRIDNN_FUZZ=ON -DHYBRIDNN_CUDA=OFF \
-    -DHYBRIDNN_MPI=OFF -DHYBRIDNN_PYTHON=OFF -DHYBRIDNN_TESTS=OFF -DHYBRIDNN_BENCH=OFF \
-    -DHYBRIDNN_INSTALL=OFF -DHYBRIDNN_WERROR=ON >/dev/null
-fi
+# shellcheck source=scripts/sanitizers/configure.sh
+source scripts/sanitizers/configure.sh
+sanitizer_configure build/fuzz-build address,undefined -DHYBRIDNN_FUZZ=ON -DHYBRIDNN_MPI=OFF \
+  -DHYBRIDNN_TESTS=OFF
 cmake --build build/fuzz-build -j "$(nproc)" --target "${targets[@]/#/fuzz_}"
 
 export ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1

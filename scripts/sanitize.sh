@@ -22,18 +22,11 @@ scripts/setup.sh --sanitizers
 repo=$PWD
 suppressions=$repo/scripts/sanitizers
 
-configure() {  # dir sanitizers [cmake args]
-  local dir=$1 sanitizers=$2
-  shift 2
-  CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
-    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
-    -DHYBRIDNN_SANITIZE="$sanitizers" -DHYBRIDNN_CUDA=OFF -DHYBRIDNN_PYTHON=OFF \
-    -DHYBRIDNN_BENCH=OFF -DHYBRIDNN_INSTALL=OFF -DHYBRIDNN_WERROR=ON "$@" >/dev/null
-}
+# shellcheck source=scripts/sanitizers/configure.sh
+source scripts/sanitizers/configure.sh
 
 if [[ $mode == address ]]; then
-  configure build/asan address,undefined
+  sanitizer_configure build/asan address,undefined -DHYBRIDNN_FUZZ=OFF
   cmake --build build/asan -j "$(nproc)"
   export ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1
   export LSAN_OPTIONS=suppressions=$suppressions/lsan.supp:print_suppressions=0
@@ -47,7 +40,7 @@ if [[ $mode == address ]]; then
   ASAN_OPTIONS=$ASAN_OPTIONS:fast_unwind_on_malloc=0 OMPI_MCA_mca_base_component_disable_dlclose=1 \
     ctest --test-dir build/asan --output-on-failure -j "$(nproc)" -R 'mpi' "$@"
 else
-  configure build/tsan thread -DHYBRIDNN_MPI=OFF
+  sanitizer_configure build/tsan thread -DHYBRIDNN_MPI=OFF -DHYBRIDNN_FUZZ=OFF
   cmake --build build/tsan -j "$(nproc)" --target hybridnn-tests
   # The third-party libraries are not instrumented: TSan ignores their own memory accesses
   # (ignore_noninstrumented_modules), and libarcher (LLVM's OpenMP tool) reports the OpenMP

@@ -453,7 +453,8 @@ TEST_CASE("a net too large for host memory fails at build naming the layer and b
     return Net::from_text(text, "big.prototxt", f.runtime, *f.driver);
   };
   // The issue's case: 4 x 1e12 floats (16 TB) into an InnerProduct, on this machine's real
-  // limit (memory + swap): refused at build, before any allocation, naming the Input's top.
+  // limit (memory + swap): refused at build, before any allocation, naming the InnerProduct
+  // weights that need 72.8 TiB (its 16 TB input would be refused next).
   CHECK_THROWS_WITH(
       build(
           R"(layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 4 dim: 1000000000000 } } }
@@ -606,11 +607,7 @@ ZooRun run_zoo_net(const std::string& file, const Device& device, bool blocked_l
   Runtime runtime;
   Driver& driver = runtime.add(device);
   NetOptions options;
-#if defined(HYBRIDNN_SANITIZED)
-  options.batch_size = 1;  // the instrumented reference driver is ~10x slower
-#else
   options.batch_size = 2;
-#endif
   options.force_backward = true;
   options.blocked_layout = blocked_layout;
   options.fuse_layers = fuse_layers;
@@ -640,58 +637,81 @@ ZooRun run_zoo_net(const std::string& file, const Device& device, bool blocked_l
   return run;
 }
 
+// Runs Caffe's zoo net `file` at batch 2 on the CPU driver, with NCHW and with nChw16c
+// activations between layers, against the reference driver (the slow side, once).
+void check_zoo_net(const char* file) {
+  // The reference runs every layer apart.
+  const ZooRun reference = run_zoo_net(file, Device::parse("reference"), false, false);
+  CHECK(reference.fused_layers == 0);
+  for (const bool blocked : {false, true}) {
+    INFO(file << (blocked ? ", nChw16c activations" : ", NCHW activations"));
+    const ZooRun cpu = run_zoo_net(file, Device::parse("cpu"), blocked);
+    CHECK((cpu.blocked_blobs > 0) == blocked);
+    // ResNet-50: 53 BatchNorm + Scale chains, 33 with a ReLU (the other 16 ReLUs follow the
+    // Eltwise sums); MobileNet: 27, every one with a ReLU.
+    const std::string name = file;
+    if (name.rfind("resnet", 0) == 0) CHECK(cpu.fused_layers == 53 + 33);
+    if (name.rfind("mobilenet", 0) == 0) CHECK(cpu.fused_layers == 2 * 27);
+    // Float sums in other orders (Winograd among them) over tens of layers: 1e-3. Max pooling
+    // adds a discontinuity: where two inputs of a window differ only by rounding, the drivers
+    // may pick different maxima and send that window's gradient to a neighbouring element
+    // (CaffeNet at these values: 2 of conv1's 580,800 output gradients, inputs 0.4258975 and
+    // 0.4258973). Everything below such a window then differs by one moved value: conv1's
+    // weights of that channel, the input under its 11x11 field; each flip in GoogLeNet's
+    // pool1 moves one of conv1's 64 output channels, 1.6 % of its weight gradients (4 flips
+    // seen with nChw16c activations). So a gradient may differ by more than 1e-3 in a few
+    // elements (at most 10 %), and by at most 5e-2 anywhere.
+    const double tolerance = 1e-3;
+    const auto check_gradient = [&](const std::vector<float>& expected,
+                                    const std::vector<float>& got) {
+      CHECK(test::max_scaled_diff(expected, got) <= 5e-2);
+      CHECK(test::fraction_beyond(expected, got, tolerance) <= 0.10);
+    };
+    double largest_gradient = 0.0;
+    for (float g : reference.input_gradient)
+      largest_gradient = std::max(largest_gradient, static_cast<double>(std::fabs(g)));
+    CHECK(largest_gradient > 0.0);  // the backward reached the input
+    CHECK(test::max_scaled_diff(reference.output, cpu.output) <= tolerance);
+    check_gradient(reference.input_gradient, cpu.input_gradient);
+    REQUIRE(cpu.gradients.size() == reference.gradients.size());
+    for (std::size_t g = 0; g < cpu.gradients.size(); ++g) {
+      INFO("parameter " << g);
+      check_gradient(reference.gradients[g], cpu.gradients[g]);
+    }
+  }
+}
+
 }  // namespace
 
+// One test case per net, so that ctest runs them side by side.
 TEST_CASE(
-    "Caffe's zoo nets (CaffeNet, GoogLeNet, ResNet-50, MobileNet v1) compute on the CPU driver "
-    "what they compute on the reference driver, forward and backward, at batch 2 (1 under "
-    "sanitizers), with "
-    "activations NCHW and nChw16c between layers and BatchNorm + Scale + ReLU fused",
+    "CaffeNet from Caffe's zoo computes on the CPU driver what it computes on the reference "
+    "driver, forward and backward at batch 2, with NCHW and nChw16c activations",
     "[zoo]") {
-  const char* file =
-      GENERATE("bvlc_reference_caffenet_deploy.prototxt", "bvlc_googlenet_deploy.prototxt",
-               "resnet50_deploy.prototxt", "mobilenet_v1_deploy.prototxt");
-  const bool blocked = GENERATE(false, true);
-  INFO(file << (blocked ? ", nChw16c activations" : ", NCHW activations"));
-  const ZooRun cpu = run_zoo_net(file, Device::parse("cpu"), blocked);
-  static std::map<std::string, ZooRun> references;  // the slow side, once per net
-  // The reference runs every layer apart.
-  if (references.count(file) == 0)
-    references[file] = run_zoo_net(file, Device::parse("reference"), false, false);
-  const ZooRun& reference = references.at(file);
-  CHECK((cpu.blocked_blobs > 0) == blocked);
-  CHECK(reference.fused_layers == 0);
-  // ResNet-50: 53 BatchNorm + Scale chains, 33 with a ReLU (the other 16 ReLUs follow the
-  // Eltwise sums); MobileNet: 27, every one with a ReLU.
-  const std::string name = file;
-  if (name.rfind("resnet", 0) == 0) CHECK(cpu.fused_layers == 53 + 33);
-  if (name.rfind("mobilenet", 0) == 0) CHECK(cpu.fused_layers == 2 * 27);
-  // Float sums in other orders (Winograd among them) over tens of layers: 1e-3. Max pooling
-  // adds a discontinuity: where two inputs of a window differ only by rounding, the drivers
-  // may pick different maxima and send that window's gradient to a neighbouring element
-  // (CaffeNet at these values: 2 of conv1's 580,800 output gradients, inputs 0.4258975 and
-  // 0.4258973). Everything below such a window then differs by one moved value: conv1's
-  // weights of that channel, the input under its 11x11 field; each flip in GoogLeNet's
-  // pool1 moves one of conv1's 64 output channels, 1.6 % of its weight gradients (4 flips
-  // seen with nChw16c activations). So a gradient may differ by more than 1e-3 in a few
-  // elements (at most 10 %), and by at most 5e-2 anywhere.
-  const double tolerance = 1e-3;
-  const auto check_gradient = [&](const std::vector<float>& expected,
-                                  const std::vector<float>& got) {
-    CHECK(test::max_scaled_diff(expected, got) <= 5e-2);
-    CHECK(test::fraction_beyond(expected, got, tolerance) <= 0.10);
-  };
-  double largest_gradient = 0.0;
-  for (float g : reference.input_gradient)
-    largest_gradient = std::max(largest_gradient, static_cast<double>(std::fabs(g)));
-  CHECK(largest_gradient > 0.0);  // the backward reached the input
-  CHECK(test::max_scaled_diff(reference.output, cpu.output) <= tolerance);
-  check_gradient(reference.input_gradient, cpu.input_gradient);
-  REQUIRE(cpu.gradients.size() == reference.gradients.size());
-  for (std::size_t g = 0; g < cpu.gradients.size(); ++g) {
-    INFO("parameter " << g);
-    check_gradient(reference.gradients[g], cpu.gradients[g]);
-  }
+  check_zoo_net("bvlc_reference_caffenet_deploy.prototxt");
+}
+
+TEST_CASE(
+    "GoogLeNet from Caffe's zoo computes on the CPU driver what it computes on the reference "
+    "driver, forward and backward at batch 2, with NCHW and nChw16c activations",
+    "[zoo]") {
+  check_zoo_net("bvlc_googlenet_deploy.prototxt");
+}
+
+TEST_CASE(
+    "ResNet-50 from Caffe's zoo computes on the CPU driver what it computes on the reference "
+    "driver, forward and backward at batch 2, with NCHW and nChw16c activations and BatchNorm "
+    "+ Scale + ReLU fused",
+    "[zoo]") {
+  check_zoo_net("resnet50_deploy.prototxt");
+}
+
+TEST_CASE(
+    "MobileNet v1 from Caffe's zoo computes on the CPU driver what it computes on the "
+    "reference driver, forward and backward at batch 2, with NCHW and nChw16c activations and "
+    "BatchNorm + Scale + ReLU fused",
+    "[zoo]") {
+  check_zoo_net("mobilenet_v1_deploy.prototxt");
 }
 
 }  // namespace hn

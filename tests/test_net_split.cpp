@@ -346,8 +346,8 @@ TEST_CASE("per-layer splits override the net's and must name layers of the net",
   CHECK(splits[0].first == "conv2");
   CHECK(splits[0].second.to_string() == "reference:0.5,reference:1:0.5");
   net.forward();
-  const LayerProfile conv2 =
-      find_layer(net.profile(), "conv2");  // a copy: profile() is a temporary
+  // A copy: profile() returns a temporary.
+  const LayerProfile conv2 = find_layer(net.profile(), "conv2");
   REQUIRE(conv2.devices.size() == 2);
   CHECK(conv2.devices[1].rows == 4);
 

@@ -40,7 +40,7 @@ class CpuDriver final : public Driver {
 
  protected:
   void* do_allocate(std::size_t bytes) override {
-    check_host_bytes(bytes, fmt::format("allocate on {}", name()));
+    check_host_bytes(bytes, [&] { return fmt::format("allocate on {}", name()); });
     const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
     void* address = std::aligned_alloc(kAlignment, rounded);
     HN_CHECK(address != nullptr, "allocate on {}: out of host memory ({} bytes)", name(), bytes);

@@ -73,7 +73,7 @@ class ReferenceDriver final : public Driver {
   void* do_allocate(std::size_t bytes) override {
     HN_CHECK(bytes <= std::numeric_limits<std::size_t>::max() - kAlignment,
              "allocate on {}: {} bytes is too large", name(), bytes);
-    check_host_bytes(bytes, fmt::format("allocate on {}", name()));
+    check_host_bytes(bytes, [&] { return fmt::format("allocate on {}", name()); });
     const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
     std::unique_ptr<void, decltype(&std::free)> memory(std::aligned_alloc(kAlignment, rounded),
                                                        &std::free);

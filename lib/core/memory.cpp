@@ -93,9 +93,8 @@ std::string format_bytes(std::size_t bytes) {
   return fmt::format("{:.{}f} {}", value, value < 10 ? 1 : 0, units[unit]);
 }
 
-void check_host_bytes(std::size_t bytes, const std::string& what) {
+void fail_host_bytes(std::size_t bytes, const std::string& what) {
   const std::size_t limit = host_memory_limit();
-  if (bytes <= limit) return;
   const bool set = explicit_limit.load(std::memory_order_relaxed) != 0 ||
                    std::getenv("HYBRIDNN_MEMORY_LIMIT") != nullptr;
   detail::fail("{} needs {} ({} bytes), more than the host memory limit of {} ({})", what,
@@ -118,7 +117,7 @@ Buffer Buffer::host(std::size_t bytes) {
   Buffer buffer;
   if (bytes == 0) return buffer;
   constexpr std::size_t kAlign = 64;
-  check_host_bytes(bytes, "a host buffer");
+  check_host_bytes(bytes, [] { return std::string("a host buffer"); });
   const std::size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
   buffer.address_ = std::aligned_alloc(kAlign, rounded);
   HN_CHECK(buffer.address_ != nullptr, "out of host memory allocating {} bytes", bytes);

@@ -521,9 +521,10 @@ void Net::Impl::set_up_params() {
       nl.owns_param.push_back(owner);
       if (!owner) continue;
       // Before the filler touches it: data and gradient.
-      check_host_bytes(2 * sizeof(float) * static_cast<std::size_t>(tensor->count()),
-                       fmt::format("{}: parameter {} ({}, data and gradient)",
-                                   where(static_cast<int>(l)), p, tensor->shape().to_string()));
+      check_host_bytes(2 * sizeof(float) * static_cast<std::size_t>(tensor->count()), [&] {
+        return fmt::format("{}: parameter {} ({}, data and gradient)", where(static_cast<int>(l)),
+                           p, tensor->shape().to_string());
+      });
       // Fillers, per Caffe's layers: weights then bias.
       const std::string& type = nl.param.type();
       const pb::FillerParameter* filler = nullptr;

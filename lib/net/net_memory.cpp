@@ -25,9 +25,10 @@ void Net::Impl::plan_memory() {
   for (std::size_t b = 0; b < blobs.size(); ++b) {
     const BlobVersion& blob = blobs[b];
     if (on_host) {
-      check_host_bytes(sizeof(float) * static_cast<std::size_t>(blob.shape.count()),
-                       fmt::format("{}: top '{}' ({})", where(blob.producer), blob.name,
-                                   blob.shape.to_string()));
+      check_host_bytes(sizeof(float) * static_cast<std::size_t>(blob.shape.count()), [&] {
+        return fmt::format("{}: top '{}' ({})", where(blob.producer), blob.name,
+                           blob.shape.to_string());
+      });
     }
     touch(blob.data_group, fwd(blob.producer));
     for (int c : blob.consumers) {
@@ -112,10 +113,11 @@ void Net::Impl::plan_memory() {
     bytes_with_reuse += slot.bytes;
   }
   if (on_host) {
-    check_host_bytes(bytes_with_reuse,
-                     fmt::format("{}: the blobs of net '{}' (data and gradients, shared where "
-                                 "their lifetimes allow)",
-                                 origin, name));
+    check_host_bytes(bytes_with_reuse, [&] {
+      return fmt::format(
+          "{}: the blobs of net '{}' (data and gradients, shared where their lifetimes allow)",
+          origin, name);
+    });
   }
   // One workspace for every layer: the largest need.
   std::size_t workspace_bytes = 0;

@@ -22,8 +22,13 @@ class Runtime;
 std::size_t host_memory_limit();
 void set_host_memory_limit(std::size_t bytes);
 // Throws hn::Error "<what> needs <bytes>, more than the host memory limit of <limit> (...)"
-// when bytes > host_memory_limit().
-void check_host_bytes(std::size_t bytes, const std::string& what);
+// when bytes > host_memory_limit(); `what` (a callable returning the string) is only called
+// then, so the check costs no formatting on the allocation paths.
+[[noreturn]] void fail_host_bytes(std::size_t bytes, const std::string& what);
+template <class Describe>
+void check_host_bytes(std::size_t bytes, Describe&& what) {
+  if (bytes > host_memory_limit()) fail_host_bytes(bytes, what());
+}
 // "1.5 GiB", "12 MiB", "300 bytes".
 std::string format_bytes(std::size_t bytes);
 
@@ -102,19 +107,6 @@ class View {
  private:
   friend class Runtime;
 
-  // The most host memory one allocation may ask for: by default this machine's physical memory
-  // plus swap (more can never succeed), or HYBRIDNN_MEMORY_LIMIT (bytes, or with a K, M, G or
-  // T suffix), or what set_host_memory_limit() set (0: back to the default). Sizes computed
-  // from a file or a prototxt are checked against it before anything is allocated, so a net
-  // too large for the machine fails with the layer and blob named rather than in the
-  // allocator (or, with overcommit, in the kernel's OOM killer).
-  std::size_t host_memory_limit();
-  void set_host_memory_limit(std::size_t bytes);
-  // Throws hn::Error "<what> needs <bytes>, more than the host memory limit of <limit> (...)"
-  // when bytes > host_memory_limit().
-  void check_host_bytes(std::size_t bytes, const std::string& what);
-  // "1.5 GiB", "12 MiB", "300 bytes".
-  std::string format_bytes(std::size_t bytes);
   Runtime* runtime_ = nullptr;
   Pointer source_;
   Driver* source_owner_ = nullptr;  // nullptr: the source is host memory
