@@ -131,6 +131,30 @@ def main():
     put("datum", "encoded", datum(3, 2, 2, 0, data=b"\xff\xd8\xff\xe0", encoded=True))
     put("datum", "bytes_1x28x28", datum(1, 28, 28, 9, data=bytes(784)))
 
+    # LMDB files written by `hybridnn convert`: twelve Fashion-MNIST images (values within
+    # the leaf pages, a two-level tree) and the two CIFAR-10 records (values on overflow
+    # pages).
+    with tempfile.TemporaryDirectory() as work:
+        with gzip.open(os.path.join(FASHION, "t10k-images-idx3-ubyte.gz")) as f:
+            images = f.read(16 + 12 * 784)
+        images = images[:4] + struct.pack(">I", 12) + images[8:]
+        with gzip.open(os.path.join(FASHION, "t10k-labels-idx1-ubyte.gz")) as f:
+            labels = f.read(8 + 12)
+        labels = labels[:4] + struct.pack(">I", 12) + labels[8:]
+        with open(os.path.join(work, "t10k-images-idx3-ubyte"), "wb") as f:
+            f.write(images)
+        with open(os.path.join(work, "t10k-labels-idx1-ubyte"), "wb") as f:
+            f.write(labels)
+        with open(os.path.join(work, "data_batch_1.bin"), "wb") as f:
+            f.write(record(3) + record(9))
+        for name, source in (("fashion_12", "t10k-images-idx3-ubyte"),
+                             ("cifar_2", "data_batch_1.bin")):
+            subprocess.run([args.tool, "convert", "--source", os.path.join(work, source),
+                            "--output", os.path.join(work, name)], check=True,
+                           stdout=subprocess.DEVNULL)
+            with open(os.path.join(work, name, "data.mdb"), "rb") as f:
+                put("lmdb", name, f.read())
+
     # Splits: a split's text and a --split-save file.
     put("split_file", "split", "cpu:0.6,reference:0.4")
     put("split_file", "split_devices", "cuda:0:0.25,cuda:1:0.25,cpu:0.5")

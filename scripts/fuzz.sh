@@ -5,28 +5,35 @@
 # UBSan + libFuzzer's coverage; apart from build/asan, whose tests that instrumentation
 # would slow down twofold).
 #
-#   scripts/fuzz.sh [--seconds N] [--jobs J] [TARGET...]
+#   scripts/fuzz.sh [--seconds N] [--runs R] [--jobs J] [TARGET...]
 #
-# --seconds: each target's budget (default 60: CI's; run for hours by hand); --jobs: targets
-# run side by side (default 1). One line per target: executions, coverage, corpus size. A
+# --seconds: each target's budget (default 60: CI's; run for hours by hand); --runs: stop a
+# target after R executions instead (its time is then unbounded unless --seconds is given
+# too); --jobs: targets run side by side (default 1). One line per target: executions, coverage, corpus size. A
 # finding (crash, sanitizer report, leak, timeout over 10 s, more than 2 GiB resident) stops
 # that target, keeps its input in build/fuzz/findings/<target>/ and fails the script: make it
 # a regression test, fix it, and add the input to the seeds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seconds=60
+seconds=
+runs=
 jobs=1
 targets=()
 while (($#)); do
   case $1 in
     --seconds) seconds=${2:?--seconds needs a number}; shift ;;
+    --runs) runs=${2:?--runs needs a number}; shift ;;
     --jobs) jobs=${2:?--jobs needs a number}; shift ;;
-    -h | --help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "fuzz: unknown option '$1' (see --help)" >&2; exit 2 ;;
     *) targets+=("$1") ;;
   esac
   shift
 done
+if [[ -z $seconds && -z $runs ]]; then seconds=60; fi
+budget=()
+[[ -n $seconds ]] && budget+=(-max_total_time="$seconds")
+[[ -n $runs ]] && budget+=(-runs="$runs")
 if ((${#targets[@]} == 0)); then
   mapfile -t targets < <(find fuzz/corpus -mindepth 1 -maxdepth 1 -type d -printf '%f\n' | sort)
 fi
@@ -47,18 +54,19 @@ run_target() {
   local status=0
   # -timeout: one input taking 10 s is a hang; -rss_limit_mb: the parsers must bound what
   # they allocate. The seeds are read, never written (new inputs go to the working corpus).
-  TMPDIR=$PWD/$work build/fuzz-build/bin/fuzz_"$target" -max_total_time="$seconds" -timeout=10 \
+  TMPDIR=$PWD/$work build/fuzz-build/bin/fuzz_"$target" "${budget[@]}" -timeout=10 \
     -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$findings/" \
     "$corpus" "fuzz/corpus/$target" >"$log" 2>&1 || status=$?
-  local runs coverage
-  runs=$(grep -oE 'stat::number_of_executed_units: [0-9]+' "$log" | grep -oE '[0-9]+$' || echo 0)
+  local executed coverage elapsed
+  executed=$(grep -oE 'stat::number_of_executed_units: [0-9]+' "$log" | grep -oE '[0-9]+$' || echo 0)
   coverage=$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | grep -oE '[0-9]+' || echo 0)
   if ((status != 0)); then
-    echo "fuzz_$target: FINDING after $runs executions (exit $status); input in $findings/, log $log:"
+    echo "fuzz_$target: FINDING after $executed executions (exit $status); input in $findings/, log $log:"
     grep -m1 -A12 -E '==ERROR|runtime error|ALARM|out-of-memory|deadly signal' "$log" | sed 's/^/  /'
     return 1
   fi
-  echo "fuzz_$target: $runs executions in ${seconds} s, coverage $coverage, corpus $(find "$corpus" -type f | wc -l) inputs; no finding"
+  elapsed=$(grep -oE 'Done [0-9]+ runs in [0-9]+ second' "$log" | grep -oE '[0-9]+ second' | grep -oE '[0-9]+' || echo "${seconds:-?}")
+  echo "fuzz_$target: $executed executions in $elapsed s, coverage $coverage, corpus $(find "$corpus" -type f | wc -l) inputs; no finding"
 }
 
 failed=0

@@ -11,9 +11,11 @@
 
 #include <sys/stat.h>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <random>
 #include <set>
@@ -26,6 +28,7 @@
 #include "hybridnn/error.h"
 #include "lib/core/philox.h"
 #include "lib/data/data.h"
+#include "lib/data/lmdb_check.h"
 #include "lib/data/lmdb_store.h"
 #include "lib/data/source.h"
 #include "tests/support.h"
@@ -446,6 +449,224 @@ TEST_CASE("the LMDB writer maps little address space and grows its map as record
     REQUIRE(record.bytes != nullptr);
     CHECK(std::equal(record.bytes, record.bytes + 3072, images.pixels.begin() + k * 3072));
     CHECK(record.label == static_cast<float>(images.labels[static_cast<std::size_t>(k)]));
+  }
+}
+
+namespace {
+
+// The bytes of a file, and writing them back.
+std::vector<std::uint8_t> file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void overwrite(const std::string& path, const std::vector<std::uint8_t>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
+  REQUIRE(out.good());
+}
+
+// liblmdb's own statistics of an LMDB's main database.
+MDB_stat lmdb_stat(const std::string& dir) {
+  MDB_env* env = nullptr;
+  REQUIRE(mdb_env_create(&env) == MDB_SUCCESS);
+  REQUIRE(mdb_env_open(env, dir.c_str(), MDB_RDONLY, 0664) == MDB_SUCCESS);
+  MDB_txn* txn = nullptr;
+  REQUIRE(mdb_txn_begin(env, nullptr, MDB_RDONLY, &txn) == MDB_SUCCESS);
+  MDB_dbi dbi;
+  REQUIRE(mdb_dbi_open(txn, nullptr, 0, &dbi) == MDB_SUCCESS);
+  MDB_stat stat{};
+  REQUIRE(mdb_stat(txn, dbi, &stat) == MDB_SUCCESS);
+  mdb_txn_abort(txn);
+  mdb_env_close(env);
+  return stat;
+}
+
+// Reads every record of the LMDB in `dir` as the Data layer does; "" or the hn::Error.
+std::string read_whole_lmdb(const std::string& dir) {
+  try {
+    auto source = hn::detail::open_record_source(dir, {"test", false});
+    for (std::uint64_t i = 0; i < source->size(); ++i)
+      source->read(i);
+  } catch (const hn::Error& error) {
+    return error.what();
+  }
+  return {};
+}
+
+// Hand-made corruption, in liblmdb 0.9's 64-bit layout: page p at p * 4096, 16-byte page
+// headers (number, pad, flags, lower, upper), node offsets after them; a meta page's main
+// database record at 88 (its root page at 88 + 40), its transaction id at 144.
+constexpr std::size_t kPage = 4096;
+
+template <class T>
+T get(const std::vector<std::uint8_t>& bytes, std::size_t at) {
+  T value;
+  std::memcpy(&value, bytes.data() + at, sizeof value);
+  return value;
+}
+template <class T>
+void set(std::vector<std::uint8_t>& bytes, std::size_t at, T value) {
+  std::memcpy(bytes.data() + at, &value, sizeof value);
+}
+
+// The first page with `flags` (2: leaf, 1: branch) past the meta pages.
+std::size_t first_page(const std::vector<std::uint8_t>& bytes, std::uint16_t flags) {
+  for (std::size_t p = 2; p < bytes.size() / kPage; ++p) {
+    if ((get<std::uint16_t>(bytes, p * kPage + 10) & flags) != 0) return p;
+  }
+  FAIL("no page with flags " << flags);
+  return 0;
+}
+
+// The meta page a reader opens: the one with the later transaction id.
+std::size_t reader_meta(const std::vector<std::uint8_t>& bytes) {
+  return get<std::uint64_t>(bytes, 144) < get<std::uint64_t>(bytes, kPage + 144) ? kPage : 0;
+}
+
+}  // namespace
+
+TEST_CASE("the LMDB check walks the tree liblmdb reads and agrees with its statistics") {
+  TempDir dir("hybridnn-data");
+  // 60 small records (values in the leaves, a branch above them) and 3 large ones (values on
+  // overflow pages of 2 pages each).
+  const Images small = random_images(60, 1, 28, 28, 4);
+  const Images large = random_images(3, 3, 48, 48, 5);
+  std::vector<std::pair<std::string, hybridnn::proto::Datum>> small_records, large_records;
+  for (int r = 0; r < small.n; ++r)
+    small_records.emplace_back(std::to_string(1000 + r), byte_datum(small, r));
+  for (int r = 0; r < large.n; ++r)
+    large_records.emplace_back(std::to_string(r), byte_datum(large, r));
+  write_lmdb(dir.file("small"), small_records);
+  write_lmdb(dir.file("large"), large_records);
+  for (const char* name : {"small", "large"}) {
+    INFO(name);
+    const std::vector<std::uint8_t> bytes = file_bytes(dir.file(name) + "/data.mdb");
+    const hn::detail::LmdbLayout layout =
+        hn::detail::check_lmdb_image(bytes.data(), bytes.size(), name);
+    const MDB_stat stat = lmdb_stat(dir.file(name));
+    CHECK(layout.page_size == stat.ms_psize);
+    CHECK(layout.entries == stat.ms_entries);
+    CHECK(layout.depth == stat.ms_depth);
+    CHECK(layout.tree_pages == stat.ms_branch_pages + stat.ms_leaf_pages);
+    CHECK(layout.overflow_pages == stat.ms_overflow_pages);
+  }
+  CHECK(lmdb_stat(dir.file("small")).ms_depth == 2);
+  CHECK(lmdb_stat(dir.file("large")).ms_overflow_pages == 6);
+}
+
+TEST_CASE("a corrupt LMDB file fails with an error naming the page at fault, never a crash") {
+  TempDir dir("hybridnn-data");
+  const Images small = random_images(60, 1, 28, 28, 4);
+  const Images large = random_images(3, 3, 48, 48, 5);
+  std::vector<std::pair<std::string, hybridnn::proto::Datum>> small_records, large_records;
+  for (int r = 0; r < small.n; ++r)
+    small_records.emplace_back(std::to_string(1000 + r), byte_datum(small, r));
+  for (int r = 0; r < large.n; ++r)
+    large_records.emplace_back(std::to_string(r), byte_datum(large, r));
+  write_lmdb(dir.file("small"), small_records);
+  write_lmdb(dir.file("large"), large_records);
+  const std::vector<std::uint8_t> small_file = file_bytes(dir.file("small") + "/data.mdb");
+  const std::vector<std::uint8_t> large_file = file_bytes(dir.file("large") + "/data.mdb");
+  const std::string db = dir.file("db");
+  fs::create_directories(db);
+  // Writes `bytes` as the database `db` (a fresh lock file each time).
+  const auto install = [&](const std::vector<std::uint8_t>& bytes) {
+    fs::remove(db + "/lock.mdb");
+    overwrite(db + "/data.mdb", bytes);
+  };
+  install(small_file);
+  REQUIRE(read_whole_lmdb(db).empty());
+
+  SECTION("a root page past the file's end") {
+    std::vector<std::uint8_t> bytes = small_file;
+    set<std::uint64_t>(bytes, reader_meta(bytes) + 88 + 40, 100000);
+    install(bytes);
+    CHECK_THAT(read_whole_lmdb(db), Contains(db + "/data.mdb") && Contains("root page") &&
+                                        Contains("page 100000, outside the file's pages"));
+  }
+  SECTION("a node offset past its page's end") {
+    std::vector<std::uint8_t> bytes = small_file;
+    const std::size_t leaf = first_page(bytes, 2);
+    set<std::uint16_t>(bytes, leaf * kPage + 16, 4094);
+    install(bytes);
+    CHECK_THAT(read_whole_lmdb(db),
+               Contains("page " + std::to_string(leaf) + " (leaf page at level 2 of 2)") &&
+                   Contains("node 0 is at offset 4094"));
+  }
+  SECTION("a branch that points back at itself") {
+    std::vector<std::uint8_t> bytes = small_file;
+    const std::size_t branch = first_page(bytes, 1);
+    const auto node = get<std::uint16_t>(bytes, branch * kPage + 16 + 2);  // node 1
+    set<std::uint16_t>(bytes, branch * kPage + node, static_cast<std::uint16_t>(branch));
+    install(bytes);
+    CHECK_THAT(read_whole_lmdb(db),
+               Contains("depth 2 puts a leaf page here") || Contains("reached twice"));
+  }
+  SECTION("a leaf that points back at an earlier leaf") {
+    // Branch node 1's child made node 0's: liblmdb would read that leaf twice.
+    std::vector<std::uint8_t> bytes = small_file;
+    const std::size_t branch = first_page(bytes, 1);
+    const auto node0 = get<std::uint16_t>(bytes, branch * kPage + 16);
+    const auto node1 = get<std::uint16_t>(bytes, branch * kPage + 18);
+    const auto leaf = get<std::uint16_t>(bytes, branch * kPage + node0);
+    set<std::uint16_t>(bytes, branch * kPage + node1, leaf);
+    install(bytes);
+    CHECK_THAT(read_whole_lmdb(db),
+               Contains("page " + std::to_string(leaf) + " is reached twice in the tree"));
+  }
+  SECTION("a record count the tree does not hold") {
+    std::vector<std::uint8_t> bytes = small_file;
+    set<std::uint64_t>(bytes, reader_meta(bytes) + 88 + 32, 61);
+    install(bytes);
+    CHECK_THAT(read_whole_lmdb(db), Contains("the tree holds 60 records, but meta page"));
+  }
+  SECTION("a value's overflow pages past the file's end") {
+    std::vector<std::uint8_t> bytes = large_file;
+    const std::size_t leaf = first_page(bytes, 2);
+    const auto node = get<std::uint16_t>(bytes, leaf * kPage + 16);
+    const auto key_size = get<std::uint16_t>(bytes, leaf * kPage + node + 6);
+    REQUIRE((get<std::uint16_t>(bytes, leaf * kPage + node + 4) & 1) == 1);  // F_BIGDATA
+    set<std::uint64_t>(bytes, leaf * kPage + node + 8 + key_size, bytes.size() / kPage - 1);
+    install(bytes);
+    CHECK_THAT(read_whole_lmdb(db),
+               Contains("node 0's value of") && Contains("runs past the file's last page"));
+  }
+  SECTION("no LMDB magic, a wrong page size, a file cut short") {
+    std::vector<std::uint8_t> bytes = small_file;
+    set<std::uint32_t>(bytes, 16, 0x12345678);
+    install(bytes);
+    CHECK_THAT(read_whole_lmdb(db), Contains("page 0 is not an LMDB meta page"));
+    bytes = small_file;
+    set<std::uint32_t>(bytes, 40, 3000);
+    install(bytes);
+    CHECK_THAT(read_whole_lmdb(db), Contains("states a page size of 3000 bytes"));
+    bytes.assign(small_file.begin(), small_file.begin() + 3 * kPage);
+    install(bytes);
+    CHECK_THAT(read_whole_lmdb(db), Contains("outside the file's pages 2 to 2"));
+  }
+  SECTION("random bytes flipped: an error or the records, never a crash") {
+    // The issue's case: 4 of 30 such files crashed liblmdb. Flips land anywhere in a tree
+    // page (the meta pages, the branch, the leaves) or, for the large file, anywhere.
+    std::mt19937 rng(11);
+    int refused = 0, read = 0;
+    for (int attempt = 0; attempt < 400; ++attempt) {
+      const bool large_one = attempt % 4 == 3;
+      std::vector<std::uint8_t> bytes = large_one ? large_file : small_file;
+      const int flips = 1 + static_cast<int>(rng() % 4);
+      for (int f = 0; f < flips; ++f) {
+        const std::size_t page = rng() % (bytes.size() / kPage);
+        // Headers and node offsets are in a page's first bytes, nodes in its last.
+        const std::size_t in_page = rng() % 2 == 0 ? rng() % 64 : kPage - 1 - rng() % 1024;
+        bytes[page * kPage + in_page] ^= static_cast<std::uint8_t>(1u << (rng() % 8));
+      }
+      install(bytes);
+      (read_whole_lmdb(db).empty() ? read : refused) += 1;
+    }
+    INFO(refused << " refused, " << read << " read");
+    CHECK(refused > 40);
+    CHECK(read > 40);
   }
 }
 

@@ -15,6 +15,7 @@
 
 #include "hybridnn.pb.h"
 #include "lib/core/check.h"
+#include "lib/data/lmdb_check.h"
 #include "lib/data/source.h"
 
 namespace hn::detail {
@@ -46,6 +47,8 @@ std::string printable_key(const MDB_val& key) {
 class ReadEnv {
  public:
   ReadEnv(const std::string& dir, const std::string& context) {
+    // liblmdb trusts the file: a corrupt one would crash it, so it is checked first.
+    check_lmdb_file(dir, context);
     // MDB_NOTLS: a feed's transaction is opened here and read on its prefetch thread.
     unsigned flags = MDB_RDONLY | MDB_NOTLS;
     int rc = open(dir, flags);
