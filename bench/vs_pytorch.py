@@ -3,8 +3,14 @@
 forward + full backward at batch 32, each in PyTorch (1 and 2 threads) and in the `hybridnn`
 tool, printed as JSON lines with the ratio hybridnn / PyTorch's best.
 
-  bench/vs_pytorch.py [--build build] [--iterations N] [--threads 1,2] [--only lenet|caffenet]
+  bench/vs_pytorch.py [--build build] [--iterations N] [--threads 1,2]
+                      [--only lenet|caffenet|memory]
   bench/vs_pytorch.py --accuracy     # PyTorch LeNet, 10,000 iterations, test accuracy
+
+Memory: CaffeNet at batch 32, forward + full backward and training with SGD and momentum
+(the solver's history included), each in a process of its own so that its peak resident
+memory (the kernel's high-water mark) is that case's alone: PyTorch in both memory formats
+(its lower peak is the reference), hybridnn through `hybridnn time` and `hybridnn train`.
 
 Both sides are timed the same way: a warm-up, then the timed iterations in chunks; the
 figure is the best chunk's mean (the machine is shared, so the best chunk is the one least
@@ -391,7 +397,8 @@ def hybridnn_caffenet(tool, threads, iterations, chunks):
     """`hybridnn time` once per chunk (it warms up, then reports its mean): the best run's
     and the overall mean ms/iteration, as chunked() gives PyTorch's."""
     size = max(1, iterations // chunks)
-    times = [hybridnn_time(tool, threads, size) for _ in range(max(1, iterations // size))]
+    runs = [hybridnn_time(tool, threads, size) for _ in range(max(1, iterations // size))]
+    times = [ms for ms, _ in runs]
     return min(times), sum(times) / len(times)
 
 
@@ -403,18 +410,149 @@ def hybridnn_time(tool, threads, iterations):
     if run.returncode != 0:
         raise RuntimeError(f"`{' '.join(command)}` failed ({run.returncode}):\n"
                            f"{(run.stdout + run.stderr)[-2000:]}")
-    total = None
+    total = peak = None
     for line in run.stdout.splitlines():
         line = line.strip()
         if line.startswith("{"):
             record = json.loads(line)
-            # The last line, {"total":true,...}, holds the mean per iteration.
+            # The last line, {"total":true,...}, holds the mean per iteration and the
+            # process's peak resident memory.
             if record.get("total") is True and "forward_backward_ms" in record:
                 total = float(record["forward_backward_ms"])
+                peak = record.get("peak_rss_bytes")
     if total is None:
         raise RuntimeError("no total forward+backward milliseconds in the output of "
                            f"`{' '.join(command)}`:\n{run.stdout[-2000:]}")
-    return total
+    return total, peak
+
+
+# ---------------------------------------------------------------------------------------------
+# Peak resident memory, one process per case
+
+MEMORY_ITERATIONS = 3
+
+
+def peak_rss_bytes():
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux counts KiB
+
+
+def pytorch_memory_child(case, threads, layout):
+    """Runs in a process of its own (--memory-child): CaffeNet forward + full backward
+    (`fwd_bwd`) or SGD training with momentum and weight decay (`train`, fc8's output into a
+    softmax loss as Caffe's train_val has it), MEMORY_ITERATIONS times; prints the peak."""
+    torch = import_torch()
+    set_threads(torch, threads)
+    torch.manual_seed(1)
+    fmt = memory_format(torch, layout)
+    net = caffenet(torch)
+    if case == "train":
+        net = net[:-1]  # logits: CrossEntropyLoss applies the softmax
+    net = net.to(memory_format=fmt)
+    data = torch.randn(CAFFENET_BATCH, 3, 227, 227).contiguous(memory_format=fmt)
+    if case == "fwd_bwd":
+        data.requires_grad_()
+        for _ in range(MEMORY_ITERATIONS):
+            loss = net(data).sum()
+            net.zero_grad(set_to_none=True)
+            data.grad = None
+            loss.backward()
+    else:
+        labels = torch.randint(0, 1000, (CAFFENET_BATCH,))
+        solver = torch.optim.SGD(net.parameters(), lr=BASE_LR, momentum=MOMENTUM,
+                                 weight_decay=WEIGHT_DECAY)
+        loss_fn = torch.nn.CrossEntropyLoss()
+        for _ in range(MEMORY_ITERATIONS):
+            solver.zero_grad(set_to_none=True)
+            loss_fn(net(data), labels).backward()
+            solver.step()
+    emit({"peak_rss_bytes": peak_rss_bytes()})
+    return 0
+
+
+def pytorch_memory(case, threads, layout):
+    command = [sys.executable, os.path.abspath(__file__), "--memory-child", case,
+               "--threads", str(threads), "--layouts", layout]
+    run = subprocess.run(command, capture_output=True, text=True)
+    records = [json.loads(l) for l in run.stdout.splitlines() if l.startswith("{")]
+    if run.returncode != 0 or not records or "peak_rss_bytes" not in records[-1]:
+        raise RuntimeError(f"`{' '.join(command)}` failed ({run.returncode}):\n"
+                           f"{(run.stdout + run.stderr)[-2000:]}")
+    return records[-1]["peak_rss_bytes"]
+
+
+def caffenet_train_files(tmp):
+    """CaffeNet's deploy net made a training net as PyTorch's: DummyData (Gaussian images,
+    labels 0) in place of the Input layer, a softmax loss in place of `prob`; and an SGD
+    solver with momentum and weight decay (Caffe's, from lenet_solver)."""
+    import re
+    with open(CAFFENET) as f:
+        text = f.read()
+    head, *layers = re.split(r"(?m)^layer \{", text)
+    kept = [l for l in layers
+            if not re.search(r'type: "Input"', l) and not re.search(r'name: "prob"', l)]
+    net = (head + f"""layer {{ name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param {{ shape {{ dim: {CAFFENET_BATCH} dim: 3 dim: 227 dim: 227 }}
+    shape {{ dim: {CAFFENET_BATCH} }}
+    data_filler {{ type: "gaussian" std: 1 }} data_filler {{ type: "constant" }} }} }}
+""" + "".join("layer {" + l for l in kept) +
+           'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc8" bottom: "label" '
+           'top: "loss" }\n')
+    net_path = os.path.join(tmp, "caffenet_train.prototxt")
+    with open(net_path, "w") as f:
+        f.write(net)
+    solver_path = os.path.join(tmp, "caffenet_solver.prototxt")
+    with open(solver_path, "w") as f:
+        f.write(f'net: "{net_path}"\nbase_lr: {BASE_LR}\nmomentum: {MOMENTUM}\n'
+                f'weight_decay: {WEIGHT_DECAY}\nlr_policy: "fixed"\n'
+                f"max_iter: {MEMORY_ITERATIONS}\ndisplay: 1\nsnapshot_after_train: false\n"
+                f'snapshot_prefix: "{os.path.join(tmp, "caffenet")}"\n')
+    return solver_path
+
+
+def hybridnn_memory(tool, case, threads, tmp):
+    args, env = thread_args(tool, threads)
+    if case == "fwd_bwd":
+        return hybridnn_time(tool, threads, MEMORY_ITERATIONS)[1]
+    metrics = os.path.join(tmp, "caffenet_metrics.jsonl")
+    command = [tool, "train", "--solver", caffenet_train_files(tmp), "--metrics", metrics] + args
+    run = subprocess.run(command, capture_output=True, text=True, cwd=tmp, env=env)
+    if run.returncode != 0:
+        raise RuntimeError(f"`{' '.join(command)}` failed ({run.returncode}):\n"
+                           f"{(run.stdout + run.stderr)[-2000:]}")
+    with open(metrics) as f:
+        records = [json.loads(l) for l in f if l.strip()]
+    peaks = [r["peak_rss_bytes"] for r in records if "peak_rss_bytes" in r]
+    if not peaks:
+        raise RuntimeError(f"no peak_rss_bytes in {metrics}")
+    return max(peaks)
+
+
+def memory_comparison(tool, threads, layouts):
+    """One JSON line per implementation and case, then the ratio to PyTorch's lower peak."""
+    failed = False
+    for case in ("fwd_bwd", "train"):
+        best = None
+        for layout in layouts:
+            peak = pytorch_memory(case, threads, layout)
+            emit({"bench": "caffenet_memory", "case": case, "impl": "pytorch", "threads": threads,
+                  "layout": layout, "batch": CAFFENET_BATCH, "iterations": MEMORY_ITERATIONS,
+                  "peak_rss_bytes": peak})
+            best = peak if best is None else min(best, peak)
+        if not tool:
+            continue
+        try:
+            with tempfile.TemporaryDirectory(prefix="hybridnn-bench-") as tmp:
+                ours = hybridnn_memory(tool, case, threads, tmp)
+            emit({"bench": "caffenet_memory", "case": case, "impl": "hybridnn",
+                  "threads": threads, "batch": CAFFENET_BATCH, "iterations": MEMORY_ITERATIONS,
+                  "peak_rss_bytes": ours})
+            emit({"bench": "caffenet_memory", "case": case,
+                  "ratio_hybridnn_to_pytorch_best": round(ours / best, 3)})
+        except (RuntimeError, OSError, ValueError) as error:
+            note(f"hybridnn CaffeNet memory ({case}) failed: {error}")
+            failed = True
+    return failed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,7 +572,9 @@ def main():
                         help="thread counts, PyTorch's and hybridnn's (1,2)")
     parser.add_argument("--layouts", default="nchw,channels_last",
                         help="PyTorch memory formats tried; the best counts (nchw,channels_last)")
-    parser.add_argument("--only", choices=["lenet", "caffenet"], default=None)
+    parser.add_argument("--only", choices=["lenet", "caffenet", "memory"], default=None)
+    parser.add_argument("--memory-child", choices=["fwd_bwd", "train"], default=None,
+                        help=argparse.SUPPRESS)  # one PyTorch memory case (memory_comparison)
     parser.add_argument("--accuracy", action="store_true",
                         help="instead: train PyTorch's LeNet for 10,000 iterations and print "
                              "its Fashion-MNIST test accuracy")
@@ -453,6 +593,8 @@ def main():
     if lenet_iterations < 1 or caffenet_iterations < 1 or args.chunks < 1:
         parser.error("--iterations, --caffenet-iterations and --chunks must be positive")
 
+    if args.memory_child:
+        return pytorch_memory_child(args.memory_child, max(threads), layouts[0])
     torch = import_torch()
     load = os.getloadavg()[0]
     emit({"bench": "setup", "torch": torch.__version__, "load_1min": round(load, 2),
@@ -524,6 +666,9 @@ def main():
             except (RuntimeError, OSError, ValueError) as error:
                 note(f"hybridnn CaffeNet failed: {error}")
                 failed = True
+
+    if args.only in (None, "memory"):
+        failed = memory_comparison(tool, max(threads), layouts) or failed
 
     return 1 if failed else 0
 

@@ -555,7 +555,12 @@ TEST_CASE("Net memory reuse shrinks the activations of a forward-only CaffeNet")
   train.force_backward = true;
   Net trained(fmt::format("{}/bvlc_reference_caffenet_deploy.prototxt", HYBRIDNN_MODELS_DIR),
               f.runtime, *f.driver, train);
-  CHECK(trained.activation_bytes() < trained.activation_bytes_without_reuse());
+  // Gradients take the memory of values no longer needed, however their sizes differ
+  // (largest placed first, best fit): 0.75 of the unshared bytes here; placed first fit in
+  // schedule order, as before, CaffeNet at batch 32 kept 0.91.
+  INFO(trained.activation_bytes() << " of " << trained.activation_bytes_without_reuse());
+  CHECK(static_cast<double>(trained.activation_bytes()) <
+        0.78 * static_cast<double>(trained.activation_bytes_without_reuse()));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "hybridnn/error.h"
+#include "hybridnn/memory.h"
 #include "hybridnn/net.h"
 #include "lib/solver/gradient_sync.h"
 #include "tools/tool.h"
@@ -246,6 +247,14 @@ int run_time(const Args& args) {
   }
 
   const double n = iterations;
+  // Memory: the process's resident high-water mark, the parameters (values and gradients,
+  // one copy each however many layers share them) and the activations (values and
+  // gradients, after reuse).
+  std::size_t param_bytes = 0;
+  for (const NetParam& param : net.learnable_params())
+    param_bytes += 2 * sizeof(float) * static_cast<std::size_t>(param.tensor->count());
+  const std::size_t peak_rss = peak_resident_bytes();
+  const std::size_t activation_bytes = net.activation_bytes();
   if (json) {
     for (int i = 0; i < layers; ++i) {
       const std::string algorithm = net.layer_algorithm(i);
@@ -269,12 +278,13 @@ int run_time(const Args& args) {
                   json_number(total_ms / n - exposed_ms), json_number(overlap))
             : std::string();
     fmt::print(R"({{"total":true,"model":{},"phase":"{}","device":{},"batch":{},"iterations":{},)"
-               R"("forward_ms":{},"backward_ms":{},"forward_backward_ms":{}{}}})"
+               R"("forward_ms":{},"backward_ms":{},"forward_backward_ms":{},"peak_rss_bytes":{},)"
+               R"("param_bytes":{},"activation_bytes":{}{}}})"
                "\n",
                json_string(model), phase == Phase::train ? "train" : "test",
                json_string(driver.name()), net.batch_size(), iterations,
                json_number(forward_total / n), json_number(backward_total / n),
-               json_number(total_ms / n), comm_fields);
+               json_number(total_ms / n), peak_rss, param_bytes, activation_bytes, comm_fields);
     return 0;
   }
   fmt::print("Average time per layer:\n");
@@ -288,6 +298,10 @@ int run_time(const Args& args) {
   fmt::print("Average Forward pass: {:.4f} ms.\n", forward_total / n);
   fmt::print("Average Backward pass: {:.4f} ms.\n", backward_total / n);
   fmt::print("Average Forward-Backward: {:.4f} ms.\n", total_ms / n);
+  fmt::print(
+      "Peak resident memory: {} (parameters and their gradients {}, activations and "
+      "their gradients {})\n",
+      format_bytes(peak_rss), format_bytes(param_bytes), format_bytes(activation_bytes));
   if (ranks) {
     fmt::print(
         "Per iteration on rank 0 of {}: compute {:.4f} ms, allreduce {:.4f} ms ({:.2f} MB in "
@@ -317,7 +331,8 @@ Command time_command() {
       "--no-force-backward. --json prints one line per layer {\"layer\",\"type\",\n"
       "\"forward_ms\",\"backward_ms\"} (convolutions add \"algorithm\", convolutions and\n"
       "inner products \"forward_flops\") and a total line {\"total\":true,...,\n"
-      "\"forward_ms\",\"backward_ms\",\"forward_backward_ms\"}.\n"
+      "\"forward_ms\",\"backward_ms\",\"forward_backward_ms\",\"peak_rss_bytes\",\"param_bytes\",\n"
+      "\"activation_bytes\"}.\n"
       "\n"
       "Before its first forward each convolution measures its algorithms (the driver's\n"
       "own, lowering type 1 or 3 with GEMM, 1x1 as GEMM) per direction and keeps the\n"

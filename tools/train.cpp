@@ -13,6 +13,7 @@
 #include <string>
 
 #include "hybridnn/error.h"
+#include "hybridnn/memory.h"
 #include "hybridnn/solver.h"
 #include "lib/proto/prototxt.h"
 #include "tools/tool.h"
@@ -151,10 +152,12 @@ class Reporter {
         fmt::format(R"({{"iter":{},"phase":"{}",)", event.iter, train ? "train" : "test");
     if (!train && solver_.num_test_nets() > 1)
       line += fmt::format(R"("test_net":{},)", event.test_net);
-    line += fmt::format(
-        R"("loss":{},"accuracy":{},"lr":{},"images_per_s":{}}})", json_number(event.loss),
-        event.accuracy ? json_number(*event.accuracy) : "null", json_number(event.lr),
-        event.images_per_s > 0 ? fmt::format("{:.1f}", event.images_per_s) : "null");
+    line +=
+        fmt::format(R"("loss":{},"accuracy":{},"lr":{},"images_per_s":{},"peak_rss_bytes":{}}})",
+                    json_number(event.loss), event.accuracy ? json_number(*event.accuracy) : "null",
+                    json_number(event.lr),
+                    event.images_per_s > 0 ? fmt::format("{:.1f}", event.images_per_s) : "null",
+                    peak_resident_bytes());
     if (train && solver_.communicator().size() > 1 && event.train_seconds > 0) {
       line.pop_back();
       line +=
@@ -260,8 +263,11 @@ int run_train(const Args& args) {
                solver.iter(),
                reporter.last_snapshot().empty() ? "none written" : reporter.last_snapshot());
   } else {
-    fmt::print("Optimization Done: {} iterations in {} ({:.2f} ms/iteration)\n", iterations,
-               format_duration(seconds), iterations > 0 ? seconds * 1e3 / iterations : 0.0);
+    fmt::print(
+        "Optimization Done: {} iterations in {} ({:.2f} ms/iteration), peak resident "
+        "memory {}\n",
+        iterations, format_duration(seconds), iterations > 0 ? seconds * 1e3 / iterations : 0.0,
+        format_bytes(peak_resident_bytes()));
   }
   return 0;
 }
@@ -280,7 +286,8 @@ Command train_command() {
       "remaining), the test nets' outputs per test pass and the snapshot paths. SIGINT or\n"
       "SIGTERM stops after the current iteration and writes a snapshot (exit 0); a second one\n"
       "exits at once. --metrics writes JSON lines {\"iter\",\"phase\",\"loss\",\"accuracy\",\n"
-      "\"lr\",\"images_per_s\"} per display interval and test pass.\n"
+      "\"lr\",\"images_per_s\",\"peak_rss_bytes\"} per display interval and test pass (the\n"
+      "process's resident high-water mark so far).\n"
       "\n"
       "--split cuts every layer's batch among devices in the training and test nets (the\n"
       "slices run at the same time). --split auto first measures each layer of the training\n"

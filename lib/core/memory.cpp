@@ -1,6 +1,7 @@
 // Buffer, Pointer and View.
 #include "hybridnn/memory.h"
 
+#include <sys/resource.h>
 #include <sys/sysinfo.h>
 
 #include <atomic>
@@ -79,6 +80,12 @@ std::size_t host_memory_limit() {
 
 void set_host_memory_limit(std::size_t bytes) {
   explicit_limit.store(bytes, std::memory_order_relaxed);
+}
+
+std::size_t peak_resident_bytes() {
+  struct rusage usage {};
+  if (getrusage(RUSAGE_SELF, &usage) != 0 || usage.ru_maxrss < 0) return 0;
+  return static_cast<std::size_t>(usage.ru_maxrss) * 1024;  // Linux counts KiB
 }
 
 std::string format_bytes(std::size_t bytes) {

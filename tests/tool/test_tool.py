@@ -535,9 +535,14 @@ def metrics_lines(ctx):
     check(re.search(r"Snapshotting to binary proto file \S+_iter_20\.caffemodel", run.stdout),
           run.stdout)
     records = read_metrics(metrics)
-    keys = {"iter", "phase", "loss", "accuracy", "lr", "images_per_s"}
+    keys = {"iter", "phase", "loss", "accuracy", "lr", "images_per_s", "peak_rss_bytes"}
     for record in records:
         check(set(record) == keys, f"metrics keys {sorted(record)}")
+    # The process's resident high-water mark: it never falls, and holds at least the
+    # tool itself (several MB).
+    peaks = [r["peak_rss_bytes"] for r in records]
+    check(peaks == sorted(peaks) and peaks[0] > 4e6, f"peak_rss_bytes {peaks}")
+    check(re.search(r"Optimization Done: .* peak resident memory \d", run.stdout), run.stdout)
     train_records = [r for r in records if r["phase"] == "train"]
     test_records = [r for r in records if r["phase"] == "test"]
     check([r["iter"] for r in train_records][:3] == [0, 5, 10] or

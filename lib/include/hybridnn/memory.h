@@ -31,6 +31,9 @@ void check_host_bytes(std::size_t bytes, Describe&& what) {
 }
 // "1.5 GiB", "12 MiB", "300 bytes".
 std::string format_bytes(std::size_t bytes);
+// The most resident memory this process has held so far (the kernel's high-water mark,
+// VmHWM; getrusage's ru_maxrss), in bytes; 0 where the system does not say.
+std::size_t peak_resident_bytes();
 
 // A non-owning handle to memory on a device. Host memory is named by the device "cpu".
 struct Pointer {
