@@ -2,6 +2,8 @@
 // blobs (versions), which layers need backward, and parameters shared by name.
 #include "lib/net/net_impl.h"
 
+#include <new>
+
 namespace hn {
 
 namespace {
@@ -535,8 +537,22 @@ void Net::Impl::set_up_params() {
         filler = p == 0 ? &nl.param.inner_product_param().weight_filler()
                         : &nl.param.inner_product_param().bias_filler();
       }
+      // Allocated here (by the filler, or zeros): running out of memory names the parameter.
+      const auto describe = [&] {
+        return fmt::format("{}: parameter {} ({}, {})", where(static_cast<int>(l)), p,
+                           tensor->shape().to_string(),
+                           format_bytes(sizeof(float) * static_cast<std::size_t>(tensor->count())));
+      };
+      float* values = nullptr;
+      try {
+        values = tensor->host_data_mut();
+      } catch (const std::bad_alloc&) {
+        throw Error(fmt::format("{}: out of memory", describe()));
+      } catch (const Error& error) {
+        throw Error(fmt::format("{}: {}", describe(), error.what()));
+      }
       if (filler != nullptr) {
-        detail::fill(*filler, tensor->shape(), tensor->host_data_mut(),
+        detail::fill(*filler, tensor->shape(), values,
                      detail::mix_seeds(options.seed, (static_cast<std::uint64_t>(l) << 8) | p),
                      fmt::format("{} parameter {}", where(static_cast<int>(l)), p));
       }

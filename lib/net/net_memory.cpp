@@ -3,6 +3,12 @@
 // share a slot.
 #include "lib/net/net_impl.h"
 
+#include <fmt/ranges.h>
+
+#include <new>
+#include <string>
+#include <vector>
+
 namespace hn {
 
 void Net::Impl::plan_memory() {
@@ -121,6 +127,35 @@ void Net::Impl::plan_memory() {
           "{}: the blobs of net '{}' (data and gradients, shared where their lifetimes allow)",
           origin, name);
     });
+  }
+  // Every slot is allocated now (zero-filled, as new memory reads) on the net's driver, so
+  // that running out of memory is an error here, naming the blobs, rather than in the middle
+  // of some layer's forward.
+  for (std::size_t s = 0; s < slots.size(); ++s) {
+    if (slots[s]->bytes() == 0) continue;
+    const auto describe = [&] {
+      std::vector<std::string> names;
+      for (const BlobVersion& blob : blobs) {
+        const std::string shape = blob.shape.to_string();
+        if (groups[blob.data_group].slot == static_cast<int>(s))
+          names.push_back(fmt::format("blob '{}' ({})", blob.name, shape));
+        if (any_backward && groups[blob.diff_group].slot == static_cast<int>(s))
+          names.push_back(fmt::format("the gradient of blob '{}' ({})", blob.name, shape));
+      }
+      const std::size_t shown = std::min<std::size_t>(names.size(), 3);
+      std::string text = fmt::format("{}", fmt::join(names.begin(), names.begin() + shown, ", "));
+      if (names.size() > shown)
+        text += fmt::format(" and {} more sharing its memory", names.size() - shown);
+      return fmt::format("{}: net '{}': allocating {} on {} for {}", origin, name,
+                         format_bytes(slots[s]->bytes()), driver->name(), text);
+    };
+    try {
+      slots[s]->write(*driver);
+    } catch (const std::bad_alloc&) {
+      throw Error(fmt::format("{}: out of memory", describe()));
+    } catch (const Error& error) {
+      throw Error(fmt::format("{}: {}", describe(), error.what()));
+    }
   }
   // One workspace for every layer: the largest need.
   std::size_t workspace_bytes = 0;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <new>
 #include <numeric>
 
 #include "lib/core/check.h"
@@ -335,6 +336,9 @@ std::vector<SliceRun> Scheduler::run_slices(const LayerCall& call, bool backward
     } catch (const Error& failure) {
       fail("{}: {} on {}: {}", call.where, backward ? "backward" : "forward", failed_on->name(),
            failure.what());
+    } catch (const std::bad_alloc&) {
+      fail("{}: {} on {}: out of memory (std::bad_alloc)", call.where,
+           backward ? "backward" : "forward", failed_on->name());
     }
   }
   return runs;

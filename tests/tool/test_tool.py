@@ -562,6 +562,33 @@ def metrics_lines(ctx):
 
 
 @case
+def out_of_memory_at_build_names_the_blob(ctx):
+    """Activations are allocated when the net is built: under an address-space limit
+    (ulimit -v) too small for a net of 1 GB blobs, the error names the blob (or the
+    parameter) whose allocation failed, and the tool exits 1 instead of crashing later."""
+    import resource
+    net = ctx.path("huge.prototxt")
+    with open(net, "w") as f:
+        f.write('name: "huge"\n'
+                'layer { name: "data" type: "Input" top: "data"\n'
+                '  input_param { shape { dim: 1 dim: 250 dim: 1000 dim: 1000 } } }\n'
+                'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"\n'
+                '  inner_product_param { num_output: 1 } }\n')
+    limit = 5 << 29  # 2.5 GiB: the tool, the 1 GB weight and not the 2 GB of activations
+
+    def limit_address_space():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    command = [ctx.tool, "time", "--model", net, "--iterations", "1"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ctx.work,
+                         preexec_fn=limit_address_space)
+    check(run.returncode == 1, f"exit {run.returncode}, expected 1:\n{run.stderr[-3000:]}")
+    check(re.search(r"huge\.prototxt: (net 'huge': allocating .* for .*blob 'data' "
+                    r"\(1x250x1000x1000\)|layer 'ip' \(InnerProduct\): parameter 0)", run.stderr),
+          f"the error names no blob or parameter:\n{run.stderr}")
+
+
+@case
 def reloaded_caffemodel_gives_identical_accuracy(ctx):
     solver, net, prefix = setup_training(ctx)
     metrics = ctx.path("metrics.jsonl")
