@@ -525,21 +525,23 @@ std::size_t reader_meta(const std::vector<std::uint8_t>& bytes) {
   return get<std::uint64_t>(bytes, 144) < get<std::uint64_t>(bytes, kPage + 144) ? kPage : 0;
 }
 
+// Two LMDBs in `dir`: "small", 60 records of 1x28x28 (values in the leaves, a branch above
+// them), and "large", 3 records of 3x48x48 (values on overflow pages of 2 pages each).
+void write_small_and_large_lmdb(const TempDir& dir) {
+  for (const auto& [name, images] : {std::pair{"small", random_images(60, 1, 28, 28, 4)},
+                                     std::pair{"large", random_images(3, 3, 48, 48, 5)}}) {
+    std::vector<std::pair<std::string, hybridnn::proto::Datum>> records;
+    for (int r = 0; r < images.n; ++r)
+      records.emplace_back(std::to_string(1000 + r), byte_datum(images, r));
+    write_lmdb(dir.file(name), records);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("the LMDB check walks the tree liblmdb reads and agrees with its statistics") {
   TempDir dir("hybridnn-data");
-  // 60 small records (values in the leaves, a branch above them) and 3 large ones (values on
-  // overflow pages of 2 pages each).
-  const Images small = random_images(60, 1, 28, 28, 4);
-  const Images large = random_images(3, 3, 48, 48, 5);
-  std::vector<std::pair<std::string, hybridnn::proto::Datum>> small_records, large_records;
-  for (int r = 0; r < small.n; ++r)
-    small_records.emplace_back(std::to_string(1000 + r), byte_datum(small, r));
-  for (int r = 0; r < large.n; ++r)
-    large_records.emplace_back(std::to_string(r), byte_datum(large, r));
-  write_lmdb(dir.file("small"), small_records);
-  write_lmdb(dir.file("large"), large_records);
+  write_small_and_large_lmdb(dir);
   for (const char* name : {"small", "large"}) {
     INFO(name);
     const std::vector<std::uint8_t> bytes = file_bytes(dir.file(name) + "/data.mdb");
@@ -558,15 +560,7 @@ TEST_CASE("the LMDB check walks the tree liblmdb reads and agrees with its stati
 
 TEST_CASE("a corrupt LMDB file fails with an error naming the page at fault, never a crash") {
   TempDir dir("hybridnn-data");
-  const Images small = random_images(60, 1, 28, 28, 4);
-  const Images large = random_images(3, 3, 48, 48, 5);
-  std::vector<std::pair<std::string, hybridnn::proto::Datum>> small_records, large_records;
-  for (int r = 0; r < small.n; ++r)
-    small_records.emplace_back(std::to_string(1000 + r), byte_datum(small, r));
-  for (int r = 0; r < large.n; ++r)
-    large_records.emplace_back(std::to_string(r), byte_datum(large, r));
-  write_lmdb(dir.file("small"), small_records);
-  write_lmdb(dir.file("large"), large_records);
+  write_small_and_large_lmdb(dir);
   const std::vector<std::uint8_t> small_file = file_bytes(dir.file("small") + "/data.mdb");
   const std::vector<std::uint8_t> large_file = file_bytes(dir.file("large") + "/data.mdb");
   const std::string db = dir.file("db");
