@@ -156,8 +156,10 @@ void write_lmdb(const std::string& dir,
   mdb_env_close(env);
 }
 
-// Every (key, Datum) of an LMDB in key order, read with LMDB's own API.
-std::vector<std::pair<std::string, hybridnn::proto::Datum>> read_lmdb(const std::string& dir) {
+// Calls body(txn, dbi) in a read-only transaction on the main database of the LMDB in `dir`,
+// opened with LMDB's own API.
+template <class Body>
+void in_read_txn(const std::string& dir, Body&& body) {
   MDB_env* env = nullptr;
   REQUIRE(mdb_env_create(&env) == MDB_SUCCESS);
   REQUIRE(mdb_env_open(env, dir.c_str(), MDB_RDONLY, 0664) == MDB_SUCCESS);
@@ -165,19 +167,26 @@ std::vector<std::pair<std::string, hybridnn::proto::Datum>> read_lmdb(const std:
   REQUIRE(mdb_txn_begin(env, nullptr, MDB_RDONLY, &txn) == MDB_SUCCESS);
   MDB_dbi dbi;
   REQUIRE(mdb_dbi_open(txn, nullptr, 0, &dbi) == MDB_SUCCESS);
-  MDB_cursor* cursor = nullptr;
-  REQUIRE(mdb_cursor_open(txn, dbi, &cursor) == MDB_SUCCESS);
-  std::vector<std::pair<std::string, hybridnn::proto::Datum>> records;
-  MDB_val k, v;
-  for (int rc = mdb_cursor_get(cursor, &k, &v, MDB_FIRST); rc == MDB_SUCCESS;
-       rc = mdb_cursor_get(cursor, &k, &v, MDB_NEXT)) {
-    hybridnn::proto::Datum datum;
-    REQUIRE(datum.ParseFromArray(v.mv_data, static_cast<int>(v.mv_size)));
-    records.emplace_back(std::string(static_cast<const char*>(k.mv_data), k.mv_size), datum);
-  }
-  mdb_cursor_close(cursor);
+  body(txn, dbi);
   mdb_txn_abort(txn);
   mdb_env_close(env);
+}
+
+// Every (key, Datum) of an LMDB in key order, read with LMDB's own API.
+std::vector<std::pair<std::string, hybridnn::proto::Datum>> read_lmdb(const std::string& dir) {
+  std::vector<std::pair<std::string, hybridnn::proto::Datum>> records;
+  in_read_txn(dir, [&](MDB_txn* txn, MDB_dbi dbi) {
+    MDB_cursor* cursor = nullptr;
+    REQUIRE(mdb_cursor_open(txn, dbi, &cursor) == MDB_SUCCESS);
+    MDB_val k, v;
+    for (int rc = mdb_cursor_get(cursor, &k, &v, MDB_FIRST); rc == MDB_SUCCESS;
+         rc = mdb_cursor_get(cursor, &k, &v, MDB_NEXT)) {
+      hybridnn::proto::Datum datum;
+      REQUIRE(datum.ParseFromArray(v.mv_data, static_cast<int>(v.mv_size)));
+      records.emplace_back(std::string(static_cast<const char*>(k.mv_data), k.mv_size), datum);
+    }
+    mdb_cursor_close(cursor);
+  });
   return records;
 }
 
@@ -469,17 +478,9 @@ void overwrite(const std::string& path, const std::vector<std::uint8_t>& bytes) 
 
 // liblmdb's own statistics of an LMDB's main database.
 MDB_stat lmdb_stat(const std::string& dir) {
-  MDB_env* env = nullptr;
-  REQUIRE(mdb_env_create(&env) == MDB_SUCCESS);
-  REQUIRE(mdb_env_open(env, dir.c_str(), MDB_RDONLY, 0664) == MDB_SUCCESS);
-  MDB_txn* txn = nullptr;
-  REQUIRE(mdb_txn_begin(env, nullptr, MDB_RDONLY, &txn) == MDB_SUCCESS);
-  MDB_dbi dbi;
-  REQUIRE(mdb_dbi_open(txn, nullptr, 0, &dbi) == MDB_SUCCESS);
   MDB_stat stat{};
-  REQUIRE(mdb_stat(txn, dbi, &stat) == MDB_SUCCESS);
-  mdb_txn_abort(txn);
-  mdb_env_close(env);
+  in_read_txn(
+      dir, [&](MDB_txn* txn, MDB_dbi dbi) { REQUIRE(mdb_stat(txn, dbi, &stat) == MDB_SUCCESS); });
   return stat;
 }
 
