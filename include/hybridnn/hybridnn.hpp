@@ -91,6 +91,18 @@ inline std::string version() {
   return hn_version();
 }
 
+// The most host memory one allocation of the library may ask for (hn_host_memory_limit),
+// setting it (0: the default again), and the process's peak resident memory in bytes.
+inline std::uint64_t memory_limit() {
+  return hn_host_memory_limit();
+}
+inline void set_memory_limit(std::uint64_t bytes) {
+  hn_set_host_memory_limit(bytes);
+}
+inline std::uint64_t peak_resident_memory() {
+  return hn_peak_resident_bytes();
+}
+
 // The devices usable on this machine and build ("reference", "cpu", "cuda:0", ...).
 inline std::vector<std::string> available_devices() {
   const char* devices = nullptr;

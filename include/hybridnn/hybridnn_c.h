@@ -66,6 +66,13 @@ HN_API const char* hn_status_name(hn_status status);
 /* The library's version, "MAJOR.MINOR.PATCH", and its ABI version (HN_ABI_VERSION). */
 HN_API const char* hn_version(void);
 HN_API int32_t hn_abi_version(void);
+/* Host memory: the most one allocation of the library may ask for (by default physical
+ * memory plus swap, or the environment's HYBRIDNN_MEMORY_LIMIT), checked before allocating,
+ * so that a net too large fails naming its layer and blob; setting 0 restores the default.
+ * And the process's peak resident memory so far, in bytes (0 where the system does not say). */
+HN_API uint64_t hn_host_memory_limit(void);
+HN_API void hn_set_host_memory_limit(uint64_t bytes);
+HN_API uint64_t hn_peak_resident_bytes(void);
 
 /* ---- handles ----------------------------------------------------------------------- */
 

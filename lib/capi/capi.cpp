@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <new>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "hybridnn/comm.h"
+#include "hybridnn/memory.h"
 #include "hybridnn/net.h"
 #include "hybridnn/runtime.h"
 #include "hybridnn/solver.h"
@@ -269,6 +271,19 @@ const char* hn_version(void) {
 
 int32_t hn_abi_version(void) {
   return HN_ABI_VERSION;
+}
+
+uint64_t hn_host_memory_limit(void) {
+  return hn::host_memory_limit();
+}
+
+void hn_set_host_memory_limit(uint64_t bytes) {
+  hn::set_host_memory_limit(
+      static_cast<std::size_t>(std::min<uint64_t>(bytes, std::numeric_limits<std::size_t>::max())));
+}
+
+uint64_t hn_peak_resident_bytes(void) {
+  return hn::peak_resident_bytes();
 }
 
 // ---- runtime and drivers -----------------------------------------------------------------

@@ -157,6 +157,35 @@ TEST_CASE("C ABI: errors are statuses with a message per thread, NULL handles in
   CHECK_THROWS_WITH(hn::Runtime().add("cuda:9"), Contains("cuda:9") && Contains("not found"));
 }
 
+TEST_CASE("C ABI: the host memory limit refuses a net too large, naming its blob", "[capi]") {
+  const std::uint64_t default_limit = hn_host_memory_limit();
+  CHECK(default_limit > (std::uint64_t{1} << 26));  // physical memory and swap: far more
+  CHECK(hn_peak_resident_bytes() > (std::uint64_t{1} << 20));
+  hn_runtime* runtime = nullptr;
+  REQUIRE(hn_runtime_create(&runtime) == HN_OK);
+  hn_driver* driver = nullptr;
+  REQUIRE(hn_runtime_add_driver(runtime, "cpu", nullptr, &driver) == HN_OK);
+  // One 4 MiB blob (1x1x1024x1024 floats) against a 1 MiB limit.
+  const char* text =
+      "name: 'big'\nlayer { name: 'in' type: 'Input' top: 'x' input_param { shape { dim: 1 "
+      "dim: 1 dim: 1024 dim: 1024 } } }\n";
+  hn_set_host_memory_limit(std::uint64_t{1} << 20);
+  CHECK(hn_host_memory_limit() == std::uint64_t{1} << 20);
+  CHECK(hn::memory_limit() == std::uint64_t{1} << 20);
+  hn_net* net = nullptr;
+  CHECK(hn_net_create_from_text(runtime, driver, text, "big.prototxt", nullptr, &net) != HN_OK);
+  CHECK_THAT(std::string(hn_last_error()),
+             Contains("big.prototxt") && Contains("'x'") && Contains("host memory limit of 1.0 MiB"));
+  // 0: the default again, and the net builds.
+  hn::set_memory_limit(0);
+  CHECK(hn_host_memory_limit() == default_limit);
+  REQUIRE(hn_net_create_from_text(runtime, driver, text, "big.prototxt", nullptr, &net) == HN_OK);
+  CHECK(hn::peak_resident_memory() >= hn_peak_resident_bytes());
+  hn_net_destroy(net);
+  hn_driver_destroy(driver);
+  hn_runtime_destroy(runtime);
+}
+
 TEST_CASE("C ABI: tensors over library memory and over the caller's arrays", "[capi]") {
   hn::Tensor own({2, 3});
   CHECK(own.dims() == std::vector<int64_t>{2, 3});

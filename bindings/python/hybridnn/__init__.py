@@ -24,9 +24,13 @@ from ._core import (  # noqa: F401
     Tensor,
     abi_version,
     available_devices,
+    memory_limit,
+    peak_resident_memory,
+    set_memory_limit,
     version,
 )
 
 __version__ = version()
 __all__ = ["Communicator", "Driver", "Error", "Layer", "Net", "Runtime", "Solver", "Tensor",
-           "abi_version", "available_devices", "version"]
+           "abi_version", "available_devices", "memory_limit", "peak_resident_memory",
+           "set_memory_limit", "version"]

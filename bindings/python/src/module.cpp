@@ -136,6 +136,12 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("version", &hn::version, "The library's version, MAJOR.MINOR.PATCH.");
   m.def("abi_version", &hn_abi_version, "The C ABI's version (HN_ABI_VERSION).");
+  m.def("memory_limit", &hn::memory_limit,
+        "The most host memory one allocation of the library may ask for, in bytes.");
+  m.def("set_memory_limit", &hn::set_memory_limit, py::arg("bytes"),
+        "Sets the host memory limit (0: the default, physical memory plus swap).");
+  m.def("peak_resident_memory", &hn::peak_resident_memory,
+        "The process's peak resident memory so far, in bytes.");
   m.def("available_devices", &hn::available_devices,
         "The devices usable on this machine and build: reference, cpu, cuda:N ...");
 

@@ -17,6 +17,23 @@ def test_version_and_devices():
     assert "reference" in hn.available_devices()
 
 
+def test_memory_limit_refuses_a_net_too_large(cpu):
+    runtime, driver = cpu
+    default = hn.memory_limit()
+    assert default > 1 << 26 and hn.peak_resident_memory() > 1 << 20
+    big = ("name: 'big'\nlayer { name: 'in' type: 'Input' top: 'x' "
+           "input_param { shape { dim: 1 dim: 1 dim: 1024 dim: 1024 } } }\n")
+    hn.set_memory_limit(1 << 20)
+    try:
+        assert hn.memory_limit() == 1 << 20
+        with pytest.raises(hn.Error, match="'x'.*host memory limit of 1.0 MiB"):
+            hn.Net.from_text(runtime, driver, big)
+    finally:
+        hn.set_memory_limit(0)
+    assert hn.memory_limit() == default
+    hn.Net.from_text(runtime, driver, big)
+
+
 def test_errors_are_hybridnn_errors_with_messages(cpu, tmp_path):
     runtime, driver = cpu
     with pytest.raises(hn.Error, match="cuda:9"):
