@@ -34,10 +34,12 @@ struct Peak {
 };
 Peak measure_peak(int threads);
 
-// hybridnn-bench gemm / layers / split; argument lists exclude the command name.
+// hybridnn-bench gemm / layers / split / allreduce / memory; argument lists exclude the command
+// name.
 int run_gemm(const std::vector<std::string>& args);
 int run_layers(const std::vector<std::string>& args);
 int run_split(const std::vector<std::string>& args);
 int run_allreduce(const std::vector<std::string>& args);
+int run_memory(const std::vector<std::string>& args);
 
 }  // namespace hn::bench

@@ -5,6 +5,7 @@
 //   hybridnn-bench layers [--net caffenet|lenet] [--threads N] [--batch B]  (bench_layers.cpp)
 //   hybridnn-bench split [--devices LIST] [--split SPEC] [--batch B]  (bench_split.cpp)
 //   mpirun -np N hybridnn-bench allreduce [--min BYTES] [--max BYTES]  (bench_allreduce.cpp)
+//   hybridnn-bench memory [--model FILE | --solver FILE] [--batch B]  (bench_memory.cpp)
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -60,6 +61,7 @@ int main(int argc, char** argv) {
     if (command == "layers") return hn::bench::run_layers(args);
     if (command == "split") return hn::bench::run_split(args);
     if (command == "allreduce") return hn::bench::run_allreduce(args);
+    if (command == "memory") return hn::bench::run_memory(args);
     if (command == "-h" || command == "--help") {
       std::fputs(kUsage, stdout);
       return 0;

@@ -10,7 +10,7 @@ tool, printed as JSON lines with the ratio hybridnn / PyTorch's best.
 Memory: CaffeNet at batch 32, forward + full backward and training with SGD and momentum
 (the solver's history included), each in a process of its own so that its peak resident
 memory (the kernel's high-water mark) is that case's alone: PyTorch in both memory formats
-(its lower peak is the reference), hybridnn through `hybridnn time` and `hybridnn train`.
+(its lower peak is the reference), hybridnn through `hybridnn-bench memory`.
 
 Both sides are timed the same way: a warm-up, then the timed iterations in chunks; the
 figure is the best chunk's mean (the machine is shared, so the best chunk is the one least
@@ -317,9 +317,9 @@ def pytorch_accuracy(torch, threads, iterations=10000):
 # ---------------------------------------------------------------------------------------------
 # hybridnn
 
-def find_tool(build):
+def find_tool(build, name="hybridnn"):
     path = os.path.join(build if os.path.isabs(build) else os.path.join(REPO, build),
-                        "bin", "hybridnn")
+                        "bin", name)
     return path if os.access(path, os.X_OK) else None
 
 
@@ -505,30 +505,27 @@ def caffenet_train_files(tmp):
     with open(solver_path, "w") as f:
         f.write(f'net: "{net_path}"\nbase_lr: {BASE_LR}\nmomentum: {MOMENTUM}\n'
                 f'weight_decay: {WEIGHT_DECAY}\nlr_policy: "fixed"\n'
-                f"max_iter: {MEMORY_ITERATIONS}\ndisplay: 1\nsnapshot_after_train: false\n"
+                f"max_iter: {MEMORY_ITERATIONS + 1}\ndisplay: 0\nsnapshot_after_train: false\n"
                 f'snapshot_prefix: "{os.path.join(tmp, "caffenet")}"\n')
     return solver_path
 
 
-def hybridnn_memory(tool, case, threads, tmp):
-    args, env = thread_args(tool, threads)
-    if case == "fwd_bwd":
-        return hybridnn_time(tool, threads, MEMORY_ITERATIONS)[1]
-    metrics = os.path.join(tmp, "caffenet_metrics.jsonl")
-    command = [tool, "train", "--solver", caffenet_train_files(tmp), "--metrics", metrics] + args
+def hybridnn_memory(bench, case, threads, tmp):
+    """`hybridnn-bench memory` in a process of its own: its JSON line."""
+    command = [bench, "memory", "--threads", str(threads), "--iterations",
+               str(MEMORY_ITERATIONS)]
+    command += ["--solver", caffenet_train_files(tmp)] if case == "train" else [
+        "--model", CAFFENET, "--batch", str(CAFFENET_BATCH)]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
     run = subprocess.run(command, capture_output=True, text=True, cwd=tmp, env=env)
-    if run.returncode != 0:
+    records = [json.loads(l) for l in run.stdout.splitlines() if l.startswith("{")]
+    if run.returncode != 0 or not records or "peak_rss_bytes" not in records[-1]:
         raise RuntimeError(f"`{' '.join(command)}` failed ({run.returncode}):\n"
                            f"{(run.stdout + run.stderr)[-2000:]}")
-    with open(metrics) as f:
-        records = [json.loads(l) for l in f if l.strip()]
-    peaks = [r["peak_rss_bytes"] for r in records if "peak_rss_bytes" in r]
-    if not peaks:
-        raise RuntimeError(f"no peak_rss_bytes in {metrics}")
-    return max(peaks)
+    return records[-1]
 
 
-def memory_comparison(tool, threads, layouts):
+def memory_comparison(bench, threads, layouts):
     """One JSON line per implementation and case, then the ratio to PyTorch's lower peak."""
     failed = False
     for case in ("fwd_bwd", "train"):
@@ -539,14 +536,17 @@ def memory_comparison(tool, threads, layouts):
                   "layout": layout, "batch": CAFFENET_BATCH, "iterations": MEMORY_ITERATIONS,
                   "peak_rss_bytes": peak})
             best = peak if best is None else min(best, peak)
-        if not tool:
+        if not bench:
             continue
         try:
             with tempfile.TemporaryDirectory(prefix="hybridnn-bench-") as tmp:
-                ours = hybridnn_memory(tool, case, threads, tmp)
+                record = hybridnn_memory(bench, case, threads, tmp)
+            ours = record["peak_rss_bytes"]
             emit({"bench": "caffenet_memory", "case": case, "impl": "hybridnn",
                   "threads": threads, "batch": CAFFENET_BATCH, "iterations": MEMORY_ITERATIONS,
-                  "peak_rss_bytes": ours})
+                  "ms_per_iter": record["ms_per_iteration"], "peak_rss_bytes": ours,
+                  "param_bytes": record["param_bytes"],
+                  "activation_bytes": record["activation_bytes"]})
             emit({"bench": "caffenet_memory", "case": case,
                   "ratio_hybridnn_to_pytorch_best": round(ours / best, 3)})
         except (RuntimeError, OSError, ValueError) as error:
@@ -668,7 +668,10 @@ def main():
                 failed = True
 
     if args.only in (None, "memory"):
-        failed = memory_comparison(tool, max(threads), layouts) or failed
+        bench = find_tool(args.build, "hybridnn-bench")
+        if bench is None:
+            note("no hybridnn-bench beside the tool; printing PyTorch's memory only")
+        failed = memory_comparison(bench, max(threads), layouts) or failed
 
     return 1 if failed else 0
 
