@@ -60,6 +60,11 @@ run_target() {
   local executed coverage elapsed
   executed=$(grep -oE 'stat::number_of_executed_units: [0-9]+' "$log" | grep -oE '[0-9]+$' || echo 0)
   coverage=$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | grep -oE '[0-9]+' || echo 0)
+  if ((status == 72)) && grep -q 'libFuzzer: run interrupted' "$log"; then
+    # SIGINT to the target (libFuzzer's interrupt exit code): stopped by hand, not a finding.
+    echo "fuzz_$target: interrupted after $executed executions; no finding"
+    return 0
+  fi
   if ((status != 0)); then
     echo "fuzz_$target: FINDING after $executed executions (exit $status); input in $findings/, log $log:"
     grep -m1 -A12 -E '==ERROR|runtime error|ALARM|out-of-memory|deadly signal' "$log" | sed 's/^/  /'

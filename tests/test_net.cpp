@@ -665,12 +665,18 @@ void check_zoo_net(const char* file) {
     // weights of that channel, the input under its 11x11 field; each flip in GoogLeNet's
     // pool1 moves one of conv1's 64 output channels, 1.6 % of its weight gradients (4 flips
     // seen with nChw16c activations). So a gradient may differ by more than 1e-3 in a few
-    // elements (at most 10 %), and by at most 5e-2 anywhere.
+    // elements (at most 10 %), and by at most 5e-2 anywhere. Without AVX-512, oneDNN's
+    // kernels (8-channel blocks, other summation orders and Winograd choices) move more:
+    // on an AVX2 EPYC, up to 52 % of CaffeNet's conv1-conv3 gradients differ by 1e-3 to
+    // 1e-2 and 0.3 % by more, so there the bound is 1e-2 for at most 2 %.
+    const bool avx512 = __builtin_cpu_supports("avx512f");
     const double tolerance = 1e-3;
+    const double gradient_tolerance = avx512 ? 1e-3 : 1e-2;
+    const double gradient_fraction = avx512 ? 0.10 : 0.02;
     const auto check_gradient = [&](const std::vector<float>& expected,
                                     const std::vector<float>& got) {
       CHECK(test::max_scaled_diff(expected, got) <= 5e-2);
-      CHECK(test::fraction_beyond(expected, got, tolerance) <= 0.10);
+      CHECK(test::fraction_beyond(expected, got, gradient_tolerance) <= gradient_fraction);
     };
     double largest_gradient = 0.0;
     for (float g : reference.input_gradient)

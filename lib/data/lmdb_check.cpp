@@ -23,7 +23,7 @@ namespace {
 // Page header (MDB_page): page number, pad, flags, lower and upper bounds of the free space
 // (an overflow page's page count in their place); then the node offsets (indx_t each).
 constexpr std::size_t kHeader = 16;
-constexpr std::size_t kFlagsAt = 10, kLowerAt = 12, kUpperAt = 14, kPagesAt = 12;
+constexpr std::size_t kFlagsAt = 10, kLowerAt = 12, kUpperAt = 14;
 constexpr std::uint16_t kBranch = 0x01, kLeaf = 0x02, kOverflow = 0x04, kMeta = 0x08, kLeaf2 = 0x20,
                         kSubPage = 0x40;
 constexpr std::uint16_t kKindFlags = kBranch | kLeaf | kOverflow | kMeta | kLeaf2 | kSubPage;
@@ -76,12 +76,25 @@ class Checker {
     HN_CHECK(load<std::uint32_t>(metas[1] + kFreeDbAt) == page_size,
              "{}: meta pages 0 and 1 state different page sizes ({} and {} bytes)", where_,
              page_size, load<std::uint32_t>(metas[1] + kFreeDbAt));
-    // A reader opens the later snapshot (liblmdb's mdb_env_pick_meta).
-    const int chosen =
-        load<std::uint64_t>(metas[0] + kTxnAt) < load<std::uint64_t>(metas[1] + kTxnAt) ? 1 : 0;
-    const std::uint8_t* meta = metas[chosen];
-    meta_ = chosen;
+    // The meta page a reader opens: without a lock file, the one with the later transaction
+    // id (mdb_env_pick_meta); with one, the page of the later id's parity (the lock file
+    // records that id, and a reader takes meta page `id & 1`). They are the same page in a
+    // sound file; both are checked when a corrupt id makes them differ.
+    const std::uint64_t txn0 = load<std::uint64_t>(metas[0] + kTxnAt);
+    const std::uint64_t txn1 = load<std::uint64_t>(metas[1] + kTxnAt);
+    const int later = txn0 < txn1 ? 1 : 0;
+    const int by_parity = static_cast<int>(std::max(txn0, txn1) & 1);
+    LmdbLayout layout = check_tree(later, metas[later]);
+    if (by_parity != later) check_tree(by_parity, metas[by_parity]);
+    return layout;
+  }
 
+ private:
+  // Checks the main database's tree of meta page `index`.
+  LmdbLayout check_tree(int index, const std::uint8_t* meta) {
+    meta_ = index;
+    records_ = tree_pages_ = overflow_pages_ = 0;
+    const std::uint64_t page_size = psize_;
     const std::uint64_t last_page = load<std::uint64_t>(meta + kLastPageAt);
     // liblmdb maps at least (last page + 1) pages; more than a process's address space
     // (2^47 bytes) is a corrupt count, not a database.
@@ -92,7 +105,7 @@ class Checker {
     limit_ = std::min<std::uint64_t>(last_page + 1, size_ / page_size);
 
     LmdbLayout layout;
-    layout.page_size = page_size;
+    layout.page_size = static_cast<std::uint32_t>(page_size);
     layout.txnid = load<std::uint64_t>(meta + kTxnAt);
     const std::uint8_t* db = meta + kMainDbAt;
     const auto flags = load<std::uint16_t>(db + kDbFlagsAt);
@@ -125,7 +138,6 @@ class Checker {
     return layout;
   }
 
- private:
   void check_meta(int index, std::size_t offset) {
     const std::uint8_t* page = bytes_ + offset;
     HN_CHECK((load<std::uint16_t>(page + kFlagsAt) & kMeta) != 0 &&

@@ -140,15 +140,19 @@ TEST_CASE("ranks that split their layers between drivers train as unsplit ranks"
   split.train();
   // Half of each batch runs on the reference driver's plain loops instead of the CPU
   // driver's kernels: other summation orders, whose rounding 20 iterations of training grow
-  // to ~1e-5 with GCC's code and ~1e-4 with clang's (the sanitizer build). A slice merged
-  // wrongly differs at the first iteration by far more.
+  // to ~1e-5 with GCC's code and ~1e-4 with clang's (the sanitizer build), and to ~7e-4
+  // without AVX-512 (oneDNN's AVX2 kernels round further from the plain loops). A slice
+  // merged wrongly differs at the first iteration by far more.
+  const double bound = __builtin_cpu_supports("avx512f") ? 1e-4 : 3e-3;
   for (int i = 0; i < kIterations; ++i) {
     INFO("iteration " << i);
-    CHECK(std::fabs(split.losses[i] - plain.losses[i]) <= 1e-4 * std::fabs(plain.losses[i]));
+    CHECK(std::fabs(split.losses[i] - plain.losses[i]) <= bound * std::fabs(plain.losses[i]));
   }
   CHECK(std::fabs(split.losses[0] - plain.losses[0]) <= 1e-6 * std::fabs(plain.losses[0]));
   check_identical_across_ranks(*comm, split.weights());
-  CHECK(max_relative_difference(split.weights(), plain.weights()) < 1e-3);
+  // Weights: the largest element-wise relative difference, 6.4e-3 there without AVX-512.
+  CHECK(max_relative_difference(split.weights(), plain.weights()) <
+        (__builtin_cpu_supports("avx512f") ? 1e-3 : 2e-2));
 }
 
 TEST_CASE("ranks with different nets all fail at the start, naming the rank", "[mpi][train]") {
