@@ -174,8 +174,8 @@ TEST_CASE("C ABI: the host memory limit refuses a net too large, naming its blob
   CHECK(hn::memory_limit() == std::uint64_t{1} << 20);
   hn_net* net = nullptr;
   CHECK(hn_net_create_from_text(runtime, driver, text, "big.prototxt", nullptr, &net) != HN_OK);
-  CHECK_THAT(std::string(hn_last_error()),
-             Contains("big.prototxt") && Contains("'x'") && Contains("host memory limit of 1.0 MiB"));
+  CHECK_THAT(std::string(hn_last_error()), Contains("big.prototxt") && Contains("'x'") &&
+                                               Contains("host memory limit of 1.0 MiB"));
   // 0: the default again, and the net builds.
   hn::set_memory_limit(0);
   CHECK(hn_host_memory_limit() == default_limit);
