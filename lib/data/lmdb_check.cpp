@@ -99,8 +99,9 @@ class Checker {
     // liblmdb maps at least (last page + 1) pages; more than a process's address space
     // (2^47 bytes) is a corrupt count, not a database.
     HN_CHECK(last_page < (std::uint64_t{1} << 47) / page_size,
-             "{}: meta page {} states {} as its last page: {} bytes, more than can be mapped",
-             where_, meta_, last_page, last_page);
+             "{}: meta page {} states {} as its last page: that many pages of {} bytes are more "
+             "than can be mapped",
+             where_, meta_, last_page, page_size);
     // Pages past the file's end cannot be read even where the meta page counts them.
     limit_ = std::min<std::uint64_t>(last_page + 1, size_ / page_size);
 
