@@ -668,7 +668,8 @@ void check_zoo_net(const char* file) {
     // elements (at most 10 %), and by at most 5e-2 anywhere. Without AVX-512, oneDNN's
     // kernels (8-channel blocks, other summation orders and Winograd choices) move more:
     // on an AVX2 EPYC, up to 52 % of CaffeNet's conv1-conv3 gradients differ by 1e-3 to
-    // 1e-2 and 0.3 % by more, so there the bound is 1e-2 for at most 2 %.
+    // 1e-2 and 0.3 % by more, so there the bound is 1e-2 for at most 2 %, or 2 elements of a
+    // small parameter (clang's build under ASan: 12.5 % of one of GoogLeNet's).
     const bool avx512 = __builtin_cpu_supports("avx512f");
     const double tolerance = 1e-3;
     const double gradient_tolerance = avx512 ? 1e-3 : 1e-2;
@@ -676,7 +677,10 @@ void check_zoo_net(const char* file) {
     const auto check_gradient = [&](const std::vector<float>& expected,
                                     const std::vector<float>& got) {
       CHECK(test::max_scaled_diff(expected, got) <= 5e-2);
-      CHECK(test::fraction_beyond(expected, got, gradient_tolerance) <= gradient_fraction);
+      // A small parameter may have 2 such elements.
+      const double allowed = std::max(
+          gradient_fraction, 2.0 / static_cast<double>(std::max<std::size_t>(1, expected.size())));
+      CHECK(test::fraction_beyond(expected, got, gradient_tolerance) <= allowed);
     };
     double largest_gradient = 0.0;
     for (float g : reference.input_gradient)
