@@ -6,7 +6,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <thread>
+#include <vector>
 
 #if HYBRIDNN_WITH_ONEDNN
 #include <omp.h>
@@ -15,6 +17,8 @@
 #if HYBRIDNN_WITH_OPENBLAS
 #include <cblas.h>
 #endif
+
+#include "hybridnn/net.h"
 
 namespace hn::bench {
 
@@ -39,6 +43,14 @@ std::vector<float> random_floats(std::size_t count, unsigned seed) {
   for (float& v : values)
     v = dist(rng);
   return values;
+}
+
+void fill_inputs(Net& net) {
+  for (const std::string& name : net.input_blob_names()) {
+    const BlobRef blob = net.blob(name);
+    const std::vector<float> values = random_floats(static_cast<std::size_t>(blob.count()), 1);
+    std::copy(values.begin(), values.end(), blob.host_data_mut());
+  }
 }
 
 int parse_threads(const std::string& command, const std::string& value) {

@@ -6,6 +6,10 @@
 #include <string>
 #include <vector>
 
+namespace hn {
+class Net;
+}  // namespace hn
+
 namespace hn::bench {
 
 // A command-line mistake: main prints it with the usage and exits with status 2.
@@ -20,6 +24,8 @@ struct UsageError {
 double best_seconds(const std::function<void()>& call, int min_runs = 5, double budget = 1.0);
 
 std::vector<float> random_floats(std::size_t count, unsigned seed);
+// Fills every input blob of `net` with random_floats (seed 1).
+void fill_inputs(Net& net);
 
 // Parses a thread count (0 = every core) for `command`'s --threads.
 int parse_threads(const std::string& command, const std::string& value);

@@ -104,11 +104,7 @@ int run_memory(const std::vector<std::string>& args) {
     net_options.batch_size = options.batch;
     net_options.force_backward = true;
     Net net(options.model, runtime, driver, net_options);
-    for (const std::string& name : net.input_blob_names()) {
-      const BlobRef blob = net.blob(name);
-      const std::vector<float> values = random_floats(static_cast<std::size_t>(blob.count()), 1);
-      std::copy(values.begin(), values.end(), blob.host_data_mut());
-    }
+    fill_inputs(net);
     const auto iteration = [&] {
       net.forward();
       net.backward();

@@ -145,11 +145,7 @@ Measurement measure(const Device& main, const Split& split, const SplitOptions& 
   net_options.force_backward = true;
   net_options.split = split;
   Net net(options.model, runtime, runtime.driver(main), net_options);
-  for (const std::string& name : net.input_blob_names()) {
-    const BlobRef blob = net.blob(name);
-    const std::vector<float> values = random_floats(static_cast<std::size_t>(blob.count()), 1);
-    std::copy(values.begin(), values.end(), blob.host_data_mut());
-  }
+  fill_inputs(net);
   const auto iteration = [&] {
     net.forward();
     net.backward();
