@@ -28,7 +28,7 @@ class BatchNormLayer final : public Layer {
   // Only explicit global statistics split: otherwise the call may need batch statistics.
   bool splits_by_rows() const override { return param_.use_global_stats.value_or(false); }
   bool allows_in_place() const override { return true; }
-  // Per-channel calls and element-wise ones: nChw16c too, input and output alike.
+  // Per-channel calls and element-wise ones: blocked too, input and output alike.
   BlockedLayout blocked_layout() const override { return BlockedLayout::uniform; }
   // Whether calls in `phase` normalise with the stored statistics (Caffe's
   // use_global_stats, by default the test phase): then the layer is a per-channel affine

@@ -328,14 +328,14 @@ std::size_t ConvolutionLayer::workspace_bytes(const Driver& driver, index_t rows
 
 void ConvolutionLayer::use_layouts(const std::vector<Layout>& inputs,
                                    const std::vector<Layout>& outputs) {
-  blocked_ = false;
+  blocked_ = Layout::nchw;
   for (const std::vector<Layout>* list : {&inputs, &outputs})
     for (Layout layout : *list)
-      blocked_ = blocked_ || layout != Layout::nchw;
+      if (layout != Layout::nchw) blocked_ = layout;
 }
 
 Lowering ConvolutionLayer::lowering_for(const Driver& driver, ConvDirection direction) const {
-  if (blocked_ && driver.capabilities().blocked_layout) return Lowering::direct;
+  if (blocked_ != Layout::nchw && driver.capabilities().blocked_layout) return Lowering::direct;
   const auto chosen = chosen_.find(driver.name());
   if (chosen != chosen_.end()) return chosen->second[static_cast<std::size_t>(direction)];
   if (lowering_ == Lowering::direct) return Lowering::direct;
@@ -380,7 +380,8 @@ double ConvolutionLayer::forward_flops(index_t rows) const {
 }
 
 std::string ConvolutionLayer::algorithm(const Driver& driver) const {
-  if (blocked_ && driver.capabilities().blocked_layout) return "direct (nChw16c)";
+  if (blocked_ != Layout::nchw && driver.capabilities().blocked_layout)
+    return fmt::format("direct ({})", layout_name(blocked_));
   const Lowering forward = lowering_for(driver, ConvDirection::forward);
   const Lowering data = lowering_for(driver, ConvDirection::backward_data);
   const Lowering weights = lowering_for(driver, ConvDirection::backward_weights);
@@ -423,7 +424,8 @@ Buffer tune_buffer(Driver& driver, index_t count, std::uint32_t seed) {
 
 void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
   if (tuner.mode() == TuneMode::off || rows <= 0) return;
-  if (blocked_ && driver.capabilities().blocked_layout) return;  // one candidate: direct
+  if (blocked_ != Layout::nchw && driver.capabilities().blocked_layout)
+    return;  // one candidate: direct
   std::vector<Lowering> options = candidates(driver);
   options.erase(
       std::remove_if(options.begin(), options.end(),
@@ -563,7 +565,7 @@ bool blocked_operands(const LayerSlice& slice) {
 
 void ConvolutionLayer::forward(const LayerSlice& slice) {
   if (slice.rows() == 0) return;
-  // The lowerings take NCHW only; nChw16c operands go to the driver's convolution (which
+  // The lowerings take NCHW only; blocked operands go to the driver's convolution (which
   // rejects them where the driver has no blocked_layout capability).
   run_forward(slice, blocked_operands(slice) ? Lowering::direct
                                              : lowering_for(*slice.driver, ConvDirection::forward));
@@ -645,21 +647,9 @@ void ConvolutionLayer::run_backward(const LayerSlice& slice, Lowering lowering, 
 
 // Adds the bias gradient of the whole slice: dbias += sum of dy over images and positions.
 void ConvolutionLayer::add_bias_gradient(const LayerSlice& slice) const {
-  const index_t plane = out_h_ * out_w_;
-  if (slice.outputs[0].layout == Layout::nchw) {
-    slice.driver->bias_backward(AxisShape{slice.rows(), config_.num_output, plane},
-                                slice.outputs[0].dx(), 1.0f, slice.params[1].mutable_dx());
-    return;
-  }
-  // nChw16c dy (a bias learned with frozen weights): each image's block of 16 channels is
-  // [plane][16], one small sum each.
-  for (index_t n = 0; n < slice.rows(); ++n) {
-    for (index_t c = 0; c < config_.num_output; c += 16) {
-      slice.driver->bias_backward(AxisShape{plane, 16, 1},
-                                  slice.outputs[0].dx() + (n * config_.num_output + c) * plane,
-                                  1.0f, slice.params[1].mutable_dx() + c);
-    }
-  }
+  // A blocked dy (a bias learned with frozen weights) is summed in its layout.
+  const AxisShape shape{slice.rows(), config_.num_output, out_h_ * out_w_, slice.outputs[0].layout};
+  slice.driver->bias_backward(shape, slice.outputs[0].dx(), 1.0f, slice.params[1].mutable_dx());
 }
 
 // ---- type 1: im2col over a chunk, one GEMM per group, lift to NCHW ---------------------

@@ -46,7 +46,7 @@ class ConvolutionLayer final : public Layer {
   void tune(Driver& driver, index_t rows, Tuner& tuner) override;
   std::string algorithm(const Driver& driver) const override;
   double forward_flops(index_t rows) const override;
-  // nChw16c input and output each on its own: the driver's direct convolution only.
+  // Blocked input and output each on its own: the driver's direct convolution only.
   BlockedLayout blocked_layout() const override { return BlockedLayout::mixed; }
   void use_layouts(const std::vector<Layout>& inputs, const std::vector<Layout>& outputs) override;
   // Images lowered together by forward / backward on a slice of `rows` images (1 for
@@ -84,8 +84,9 @@ class ConvolutionLayer final : public Layer {
   Lowering lowering_ = Lowering::automatic;
   // What tune() chose, per driver name, indexed by ConvDirection.
   std::map<std::string, std::array<Lowering, 3>> chosen_;
-  // Set by use_layouts: the input or the output is nChw16c, so every direction is direct.
-  bool blocked_ = false;
+  // Set by use_layouts: the input or the output is blocked (nChw16c or nChw8c), so every
+  // direction is direct.
+  Layout blocked_ = Layout::nchw;  // the blocked one of them, else nchw
   // Resolved geometry (set by setup()).
   index_t channels_ = 0, height_ = 0, width_ = 0;
   index_t kernel_h_ = 0, kernel_w_ = 0, stride_h_ = 1, stride_w_ = 1;

@@ -18,10 +18,10 @@ class LrnLayer final : public Layer {
   std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
   void forward(const LayerSlice& slice) override;
   void backward(const LayerSlice& slice) override;
-  // Input and output in one layout: nChw16c too across channels (the driver's calls take
-  // it).
+  // Input and output in one layout: blocked too across channels, with windows of up to 17
+  // channels (the driver's calls take up to 2 * block + 1: 17 on nChw8c).
   BlockedLayout blocked_layout() const override {
-    return param_.norm_region == LrnRegion::across_channels && param_.local_size <= 33
+    return param_.norm_region == LrnRegion::across_channels && param_.local_size <= 17
                ? BlockedLayout::uniform
                : BlockedLayout::none;
   }

@@ -19,7 +19,7 @@ class PoolingLayer final : public Layer {
   std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
   void forward(const LayerSlice& slice) override;
   void backward(const LayerSlice& slice) override;
-  // Input and output in one layout: nChw16c too (the driver's calls take it).
+  // Input and output in one layout: blocked too (the driver's calls take it).
   BlockedLayout blocked_layout() const override { return BlockedLayout::uniform; }
 
  private:

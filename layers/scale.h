@@ -27,7 +27,7 @@ class ScaleLayer final : public Layer {
   // whose gradient sums over the batch.
   bool splits_by_rows() const override { return splits_by_rows_; }
   bool allows_in_place() const override { return true; }
-  // A learned scale per channel of the input (axis 1, one axis): nChw16c too.
+  // A learned scale per channel of the input (axis 1, one axis): blocked too.
   BlockedLayout blocked_layout() const override {
     return per_channel() ? BlockedLayout::uniform : BlockedLayout::none;
   }

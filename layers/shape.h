@@ -20,7 +20,7 @@ class ConcatLayer final : public Layer {
   void forward(const LayerSlice& slice) override;
   void backward(const LayerSlice& slice) override;
   bool splits_by_rows() const override { return axis_ != 0; }
-  // Along the batch or the channels, nChw16c inputs of whole 16-channel blocks join as
+  // Along the batch or the channels, blocked inputs of whole channel blocks join as
   // NCHW ones do: per image, each input is one contiguous run.
   BlockedLayout blocked_layout() const override {
     return axis_ <= 1 ? BlockedLayout::uniform : BlockedLayout::none;

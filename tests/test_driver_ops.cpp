@@ -1817,7 +1817,7 @@ TEST_CASE(
   }
 }
 
-// ---- nChw16c operands ---------------------------------------------------------------
+// ---- nChw16c and nChw8c operands ---------------------------------------------------
 
 // `values` of a [batch][channels][plane] tensor moved from one layout to the other (a
 // naive loop over layout_offset).
@@ -1836,18 +1836,21 @@ std::vector<float> relaid(const std::vector<float>& values, index_t batch, index
 }
 
 TEST_CASE(
-    "nChw16c convolutions, pooling and LRN give the reference's NCHW results on drivers with "
-    "blocked_layout, and the others reject them",
+    "nChw16c and nChw8c convolutions, pooling and LRN give the reference's NCHW results on "
+    "drivers with blocked_layout, and the others reject them",
     "[driver_ops][layout]") {
   using hn::Layout;
+  // Both blocked layouts on any machine (the CPU driver prefers one, and takes either).
+  const Layout blocked = GENERATE(Layout::nchw16c, Layout::nchw8c);
+  const index_t block = hn::layout_block(blocked);
   const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
-  DYNAMIC_SECTION(config.label) {
+  DYNAMIC_SECTION(config.label << ", " << hn::layout_name(blocked)) {
     const Drivers drivers(config);
     hn::Driver& d = *drivers.driver;
     std::uint32_t seed = 5100;
     if (!d.capabilities().blocked_layout) {
       hn::PoolShape pool = hn::test::pooling(1, 16, 4, 4, 2, 2, 2, 2, 0, 0);
-      pool.layout = Layout::nchw16c;
+      pool.layout = blocked;
       const DeviceArray x(d, pool.in_count()), y(d, pool.out_count());
       CHECK_THAT(
           error_of([&] { d.pool_avg_forward(pool, x.data(), y.data()); }),
@@ -1868,8 +1871,8 @@ TEST_CASE(
       const auto out_channels = conv.second;
       for (int mix = 1; mix < 4; ++mix) {
         hn::LoweringShape shape = base;
-        shape.layout = (mix & 1) != 0 && base.channels % 16 == 0 ? Layout::nchw16c : Layout::nchw;
-        shape.out_layout = (mix & 2) != 0 ? Layout::nchw16c : Layout::nchw;
+        shape.layout = (mix & 1) != 0 && base.channels % block == 0 ? blocked : Layout::nchw;
+        shape.out_layout = (mix & 2) != 0 ? blocked : Layout::nchw;
         if (shape.layout == Layout::nchw && shape.out_layout == Layout::nchw) continue;
         INFO(shape.to_string() << " out_channels=" << out_channels);
         const index_t oh = shape.out_h(), ow = shape.out_w();
@@ -1922,7 +1925,7 @@ TEST_CASE(
                                 hn::test::pooling(2, 16, 8, 8, 3, 3, 1, 1, 1, 1),
                                 hn::test::pooling(1, 32, 7, 7, 7, 7, 1, 1, 0, 0)}) {
       hn::PoolShape plain = shape;
-      shape.layout = Layout::nchw16c;
+      shape.layout = blocked;
       INFO(shape.to_string());
       const auto in = [&](const std::vector<float>& v, Layout from, Layout to) {
         return relaid(v, shape.batch, shape.channels, shape.height, shape.width, from, to);
@@ -1932,8 +1935,8 @@ TEST_CASE(
       };
       const std::vector<float> xv = distinct_floats(shape.in_count(), seed++, -0.5f);
       const std::vector<float> dyv = random_floats(shape.out_count(), seed++);
-      const TwinArray x(drivers, xv, in(xv, Layout::nchw, Layout::nchw16c));
-      const TwinArray dy(drivers, dyv, out(dyv, Layout::nchw, Layout::nchw16c));
+      const TwinArray x(drivers, xv, in(xv, Layout::nchw, blocked));
+      const TwinArray dy(drivers, dyv, out(dyv, Layout::nchw, blocked));
       const TwinArray y(drivers, constant(shape.out_count(), -7777.0f),
                         constant(shape.out_count(), kNaN));
       const TwinArray dx(drivers, constant(shape.in_count(), -7777.0f),
@@ -1944,29 +1947,28 @@ TEST_CASE(
                                         dx[Side::oracle]);
       d.pool_max_forward(shape, x[Side::tested], y[Side::tested], mask[Side::tested]);
       d.pool_max_backward(shape, dy[Side::tested], mask[Side::tested], dx[Side::tested]);
-      check_identical(out(y.tested(), Layout::nchw16c, Layout::nchw), y.oracle());
-      check_identical(in(dx.tested(), Layout::nchw16c, Layout::nchw), dx.oracle());
+      check_identical(out(y.tested(), blocked, Layout::nchw), y.oracle());
+      check_identical(in(dx.tested(), blocked, Layout::nchw), dx.oracle());
       // The mask's entries are pixel indices: the same in both layouts, moved like values.
       const std::vector<std::int32_t> masks = mask.tested();
       std::vector<float> as_floats(masks.begin(), masks.end());
-      as_floats = out(as_floats, Layout::nchw16c, Layout::nchw);
+      as_floats = out(as_floats, blocked, Layout::nchw);
       const std::vector<std::int32_t> oracle_masks = mask.oracle();
       check_identical(as_floats, std::vector<float>(oracle_masks.begin(), oracle_masks.end()));
       drivers.oracle->pool_avg_forward(plain, x[Side::oracle], y[Side::oracle]);
       drivers.oracle->pool_avg_backward(plain, dy[Side::oracle], dx[Side::oracle]);
       d.pool_avg_forward(shape, x[Side::tested], y[Side::tested]);
       d.pool_avg_backward(shape, dy[Side::tested], dx[Side::tested]);
-      check_close(out(y.tested(), Layout::nchw16c, Layout::nchw), y.oracle(),
-                  kElementwiseTolerance);
-      check_close(in(dx.tested(), Layout::nchw16c, Layout::nchw), dx.oracle(),
-                  kElementwiseTolerance);
+      check_close(out(y.tested(), blocked, Layout::nchw), y.oracle(), kElementwiseTolerance);
+      check_close(in(dx.tested(), blocked, Layout::nchw), dx.oracle(), kElementwiseTolerance);
     }
-    // LRN across channels: windows that cross 16-channel blocks.
+    // LRN across channels: windows that cross blocks, up to the widest (2 * block + 1).
     for (hn::LrnShape shape :
          {hn::test::lrn(2, 32, 5, 7, 5, hn::LrnRegion::across_channels, 0.5f, 0.75f, 2.0f),
-          hn::test::lrn(1, 48, 17, 19, 3, hn::LrnRegion::across_channels)}) {
+          hn::test::lrn(1, 48, 17, 19, 3, hn::LrnRegion::across_channels),
+          hn::test::lrn(1, 48, 3, 5, 2 * block + 1, hn::LrnRegion::across_channels)}) {
       hn::LrnShape plain = shape;
-      shape.layout = Layout::nchw16c;
+      shape.layout = blocked;
       INFO(shape.to_string());
       const auto lay = [&](const std::vector<float>& v, Layout from, Layout to) {
         return relaid(v, shape.batch, shape.channels, shape.height, shape.width, from, to);
@@ -1974,8 +1976,8 @@ TEST_CASE(
       const index_t count = shape.count();
       const std::vector<float> xv = random_floats(count, seed++, -2.0f, 2.0f);
       const std::vector<float> dyv = random_floats(count, seed++);
-      const TwinArray x(drivers, xv, lay(xv, Layout::nchw, Layout::nchw16c));
-      const TwinArray dy(drivers, dyv, lay(dyv, Layout::nchw, Layout::nchw16c));
+      const TwinArray x(drivers, xv, lay(xv, Layout::nchw, blocked));
+      const TwinArray dy(drivers, dyv, lay(dyv, Layout::nchw, blocked));
       const TwinArray y(drivers, constant(count, -7777.0f), constant(count, kNaN));
       const TwinArray scale(drivers, constant(count, -7777.0f), constant(count, kNaN));
       const TwinArray dx(drivers, constant(count, -7777.0f), constant(count, kNaN));
@@ -1985,21 +1987,20 @@ TEST_CASE(
       d.lrn_forward(shape, x[Side::tested], y[Side::tested], scale[Side::tested]);
       d.lrn_backward(shape, x[Side::tested], y[Side::tested], scale[Side::tested], dy[Side::tested],
                      dx[Side::tested]);
-      check_close(lay(y.tested(), Layout::nchw16c, Layout::nchw), y.oracle(), kReductionTolerance);
-      check_close(lay(dx.tested(), Layout::nchw16c, Layout::nchw), dx.oracle(),
-                  kReductionTolerance);
+      check_close(lay(y.tested(), blocked, Layout::nchw), y.oracle(), kReductionTolerance);
+      check_close(lay(dx.tested(), blocked, Layout::nchw), dx.oracle(), kReductionTolerance);
     }
     // Per-channel calls on [outer][channels][inner] images.
     for (hn::AxisShape shape : {hn::test::axis(2, 32, 35), hn::test::axis(3, 16, 1)}) {
       hn::AxisShape plain = shape;
-      shape.layout = Layout::nchw16c;
+      shape.layout = blocked;
       INFO(shape.to_string());
       const auto lay = [&](const std::vector<float>& v, Layout from, Layout to) {
         return relaid(v, shape.outer, shape.channels, shape.inner, 1, from, to);
       };
       const index_t count = shape.count();
       const std::vector<float> xv = random_floats(count, seed++);
-      const TwinArray x(drivers, xv, lay(xv, Layout::nchw, Layout::nchw16c));
+      const TwinArray x(drivers, xv, lay(xv, Layout::nchw, blocked));
       const TwinArray factors(drivers, random_floats(shape.channels, seed++));
       const TwinArray y(drivers, constant(count, -7777.0f), constant(count, kNaN));
       const TwinArray sums(drivers, constant(shape.channels, 2.0f));
@@ -2010,23 +2011,29 @@ TEST_CASE(
       d.scale_channels(shape, factors[Side::tested], x[Side::tested], y[Side::tested]);
       d.bias_forward(shape, factors[Side::tested], y[Side::tested]);
       d.bias_backward(shape, y[Side::tested], 0.5f, sums[Side::tested]);
-      check_close(lay(y.tested(), Layout::nchw16c, Layout::nchw), y.oracle(),
-                  kElementwiseTolerance);
+      check_close(lay(y.tested(), blocked, Layout::nchw), y.oracle(), kElementwiseTolerance);
       check_close(sums.tested(), sums.oracle(), kReductionTolerance);
     }
-    // Channels that do not fill 16-channel blocks, lowering and softmax take NCHW only.
-    hn::PoolShape odd = hn::test::pooling(1, 24, 4, 4, 2, 2, 2, 2, 0, 0);
-    odd.layout = Layout::nchw16c;
+    // Channels that do not fill blocks, wider LRN windows, lowering and softmax: errors.
+    hn::PoolShape odd = hn::test::pooling(1, 20, 4, 4, 2, 2, 2, 2, 0, 0);
+    odd.layout = blocked;
     const DeviceArray a(d, odd.in_count()), b(d, odd.out_count());
     CHECK_THAT(error_of([&] { d.pool_avg_forward(odd, a.data(), b.data()); }),
-               Contains("multiples of 16") && Contains("channels=24"));
+               Contains(std::string(hn::layout_name(blocked)) + " needs channels in multiples of " +
+                        std::to_string(block)) &&
+                   Contains("channels=20"));
+    hn::LrnShape wide = hn::test::lrn(1, 32, 3, 3, 2 * block + 3, hn::LrnRegion::across_channels);
+    wide.layout = blocked;
+    const DeviceArray lx(d, wide.count()), ly(d, wide.count()), ls(d, wide.count());
+    CHECK_THAT(error_of([&] { d.lrn_forward(wide, lx.data(), ly.data(), ls.data()); }),
+               Contains("windows of up to " + std::to_string(2 * block + 1) + " channels"));
     hn::LoweringShape lowered = hn::test::lowering(1, 16, 4, 4, 1, 1, 0, 0, 1, 1);
-    lowered.layout = Layout::nchw16c;
+    lowered.layout = blocked;
     const DeviceArray columns(d, lowered.col_count()), image(d, lowered.image_count());
     CHECK_THAT(error_of([&] { d.im2col(lowered, image.data(), columns.data()); }),
                Contains("im2col") && Contains("NCHW images only"));
     hn::AxisShape rows = hn::test::axis(1, 16, 1);
-    rows.layout = Layout::nchw16c;
+    rows.layout = blocked;
     CHECK_THAT(error_of([&] { d.softmax_forward(rows, image.data(), image.data()); }),
                Contains("softmax_forward") && Contains("NCHW only"));
   }
@@ -2036,7 +2043,7 @@ TEST_CASE(
 
 TEST_CASE(
     "norm_affine forward and backward match the reference on every driver, in place and "
-    "nChw16c too",
+    "nChw16c and nChw8c too",
     "[driver_ops][norm]") {
   using hn::Layout;
   const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
@@ -2046,22 +2053,27 @@ TEST_CASE(
     std::uint32_t seed = 5300;
     std::vector<hn::AxisShape> shapes = axis_cases();
     shapes.push_back(axis(2, 16, 1));  // one 16-wide vector per image
-    for (hn::AxisShape shape : {axis(2, 32, 35), axis(3, 16, 1), axis(1, 48, 200)}) {
-      shape.layout = Layout::nchw16c;
-      shapes.push_back(shape);
+    for (const Layout layout : {Layout::nchw16c, Layout::nchw8c}) {
+      for (hn::AxisShape shape : {axis(2, 32, 35), axis(3, 16, 1), axis(1, 48, 200)}) {
+        shape.layout = layout;
+        shapes.push_back(shape);
+      }
     }
+    // nChw8c only: 24 channels (three blocks), an odd run of pixels.
+    shapes.push_back(axis(2, 24, 7));
+    shapes.back().layout = Layout::nchw8c;
     for (const hn::AxisShape& shape : shapes) {
-      const bool blocked = shape.layout == Layout::nchw16c;
+      const bool blocked = shape.layout != Layout::nchw;
       if (blocked && !d.capabilities().blocked_layout) continue;
       hn::AxisShape plain = shape;
       plain.layout = Layout::nchw;
       // The tested side gets blocked copies; the oracle computes on NCHW.
       const auto lay = [&](const std::vector<float>& v, bool back = false) {
         if (!blocked) return v;
-        return back ? relaid(v, shape.outer, shape.channels, shape.inner, 1, Layout::nchw16c,
+        return back ? relaid(v, shape.outer, shape.channels, shape.inner, 1, shape.layout,
                              Layout::nchw)
                     : relaid(v, shape.outer, shape.channels, shape.inner, 1, Layout::nchw,
-                             Layout::nchw16c);
+                             shape.layout);
       };
       const index_t count = shape.count(), c = shape.channels;
       for (int variant = 0; variant < 4; ++variant) {

@@ -226,11 +226,11 @@ NormRun run_norm_net(const Device& device, bool fuse, bool blocked, Phase phase)
 
 TEST_CASE(
     "Net fuses in-place BatchNorm (stored statistics) + Scale (+ ReLU) chains and computes "
-    "what the unfused layers do, NCHW and nChw16c, on the CPU and reference drivers",
+    "what the unfused layers do, NCHW and blocked, on the CPU and reference drivers",
     "[net][fusion]") {
   const char* device = GENERATE("cpu", "reference");
   const bool blocked = GENERATE(false, true);
-  INFO(device << (blocked ? ", nChw16c" : ", NCHW"));
+  INFO(device << (blocked ? ", blocked" : ", NCHW"));
   const NormRun fused = run_norm_net(Device::parse(device), true, blocked, Phase::train);
   const NormRun plain = run_norm_net(Device::parse(device), false, blocked, Phase::train);
   CHECK(fused.algorithms.at("bn1") == "fused into 'scale1'");
@@ -603,8 +603,9 @@ void set_zoo_weights(Net& net) {
 struct ZooRun {
   std::vector<float> output, input_gradient;
   std::vector<std::vector<float>> gradients;
-  int blocked_blobs = 0;  // kept nChw16c between layers
-  int fused_layers = 0;   // run by another layer (NetOptions::fuse_layers)
+  int blocked_blobs = 0;        // kept blocked between layers
+  bool preferred_block = true;  // each of them in the driver's preferred blocked layout
+  int fused_layers = 0;         // run by another layer (NetOptions::fuse_layers)
 };
 
 ZooRun run_zoo_net(const std::string& file, const Device& device, bool blocked_layout = false,
@@ -625,8 +626,13 @@ ZooRun run_zoo_net(const std::string& file, const Device& device, bool blocked_l
   net.forward();
   const BlobRef out = net.blob(net.output_blob_names().back());
   ZooRun run;
-  for (const std::string& name : net.blob_names())
-    run.blocked_blobs += net.blob(name).layout == Layout::nchw16c ? 1 : 0;
+  for (const std::string& name : net.blob_names()) {
+    const Layout layout = net.blob(name).layout;
+    if (layout == Layout::nchw) continue;
+    ++run.blocked_blobs;
+    run.preferred_block =
+        run.preferred_block && layout == driver.capabilities().preferred_blocked_layout;
+  }
   for (int l = 0; l < net.num_layers(); ++l)
     run.fused_layers += net.layer_algorithm(l).rfind("fused into", 0) == 0 ? 1 : 0;
   run.output.assign(out.host_data(), out.host_data() + out.count());
@@ -642,16 +648,18 @@ ZooRun run_zoo_net(const std::string& file, const Device& device, bool blocked_l
   return run;
 }
 
-// Runs Caffe's zoo net `file` at batch 2 on the CPU driver, with NCHW and with nChw16c
-// activations between layers, against the reference driver (the slow side, once).
+// Runs Caffe's zoo net `file` at batch 2 on the CPU driver, with NCHW and with blocked
+// activations between layers (nChw16c with AVX-512, nChw8c without), against the reference driver
+// (the slow side, once).
 void check_zoo_net(const char* file) {
   // The reference runs every layer apart.
   const ZooRun reference = run_zoo_net(file, Device::parse("reference"), false, false);
   CHECK(reference.fused_layers == 0);
   for (const bool blocked : {false, true}) {
-    INFO(file << (blocked ? ", nChw16c activations" : ", NCHW activations"));
+    INFO(file << (blocked ? ", blocked activations" : ", NCHW activations"));
     const ZooRun cpu = run_zoo_net(file, Device::parse("cpu"), blocked);
     CHECK((cpu.blocked_blobs > 0) == blocked);
+    CHECK(cpu.preferred_block);
     // ResNet-50: 53 BatchNorm + Scale chains, 33 with a ReLU (the other 16 ReLUs follow the
     // Eltwise sums); MobileNet: 27, every one with a ReLU.
     const std::string name = file;
@@ -701,21 +709,21 @@ void check_zoo_net(const char* file) {
 // One test case per net, so that ctest runs them side by side.
 TEST_CASE(
     "CaffeNet from Caffe's zoo computes on the CPU driver what it computes on the reference "
-    "driver, forward and backward at batch 2, with NCHW and nChw16c activations",
+    "driver, forward and backward at batch 2, with NCHW and blocked activations",
     "[zoo]") {
   check_zoo_net("bvlc_reference_caffenet_deploy.prototxt");
 }
 
 TEST_CASE(
     "GoogLeNet from Caffe's zoo computes on the CPU driver what it computes on the reference "
-    "driver, forward and backward at batch 2, with NCHW and nChw16c activations",
+    "driver, forward and backward at batch 2, with NCHW and blocked activations",
     "[zoo]") {
   check_zoo_net("bvlc_googlenet_deploy.prototxt");
 }
 
 TEST_CASE(
     "ResNet-50 from Caffe's zoo computes on the CPU driver what it computes on the reference "
-    "driver, forward and backward at batch 2, with NCHW and nChw16c activations and BatchNorm "
+    "driver, forward and backward at batch 2, with NCHW and blocked activations and BatchNorm "
     "+ Scale + ReLU fused",
     "[zoo]") {
   check_zoo_net("resnet50_deploy.prototxt");
@@ -723,7 +731,7 @@ TEST_CASE(
 
 TEST_CASE(
     "MobileNet v1 from Caffe's zoo computes on the CPU driver what it computes on the "
-    "reference driver, forward and backward at batch 2, with NCHW and nChw16c activations and "
+    "reference driver, forward and backward at batch 2, with NCHW and blocked activations and "
     "BatchNorm + Scale + ReLU fused",
     "[zoo]") {
   check_zoo_net("mobilenet_v1_deploy.prototxt");

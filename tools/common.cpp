@@ -87,7 +87,8 @@ std::vector<FlagSpec> tune_flags() {
        "the file of cached choices (default $HYBRIDNN_TUNE_CACHE, else "
        "~/.cache/hybridnn/tune.txt; none: no file)"},
       {"layout", FlagKind::text, "blocked|nchw",
-       "activations between layers: blocked (default: nChw16c between the CPU layers that "
+       "activations between layers: blocked (default: nChw16c, or nChw8c without AVX-512, "
+       "between the CPU layers that "
        "take it, reordered only at the edges) or nchw (every blob NCHW)"},
       {"fuse", FlagKind::text, "on|off",
        "run each in-place BatchNorm (stored statistics) + Scale [+ ReLU] as one layer, one "

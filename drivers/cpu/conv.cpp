@@ -1,5 +1,5 @@
 // Direct convolution through oneDNN (convolution_forward / _backward_data /
-// _backward_weights). The caller's activations are NCHW or nChw16c (Layout, shapes.h) and
+// _backward_weights). The caller's activations are NCHW, nChw16c or nChw8c (Layout, shapes.h) and
 // its weights [out][in/g][kh][kw]; oneDNN picks its own (blocked) layouts and the calls
 // reorder in and out where the caller's differ. Primitives and their internal buffers are
 // cached per shape: creating them costs milliseconds.
@@ -184,10 +184,10 @@ void bind_inner(const Operand& op, char*& at) {
 }
 
 // oneDNN's descriptors of one convolution shape: the caller's layouts (`user`: NCHW or
-// nChw16c activations, plain weights and bias), plain NCHW, `any` (left to the primitive)
+// blocked activations, plain weights and bias), plain NCHW, `any` (left to the primitive)
 // and channels-last. With `one_group`, the shape's first group as a convolution of its
 // own: the caller's activations are views into the whole tensors (the other groups are the
-// same views, shifted; in nChw16c too, when a group's channels are multiples of 16).
+// same views, shifted; blocked too, when a group's channels fill whole blocks).
 struct Geometry {
   memory::desc src_user, dst_user;
   memory::desc src_plain, weights_plain, dst_plain, bias_plain;
@@ -216,7 +216,8 @@ struct Geometry {
     const auto user = [&](Layout layout, const memory::desc& plain, index_t channels,
                           index_t height, index_t width, const memory::dims& dims) {
       if (layout == Layout::nchw) return plain;
-      const memory::desc whole({s.batch, channels, height, width}, f32, Tag::nChw16c);
+      const memory::desc whole({s.batch, channels, height, width}, f32,
+                               layout == Layout::nchw8c ? Tag::nChw8c : Tag::nChw16c);
       return one_group ? whole.submemory_desc(dims, {0, 0, 0, 0}) : whole;
     };
     src_user = user(s.layout, src_plain, s.channels, s.height, s.width, src);
@@ -246,17 +247,16 @@ struct Geometry {
 constexpr dnnl::algorithm kAlgorithm = dnnl::algorithm::convolution_auto;
 
 // How a call lays out its activations inside oneDNN: `blocked` lets the primitive choose
-// (nChw16c on AVX-512), `nhwc` asks for channels-last, `plain` keeps NCHW (oneDNN then
-// falls back to its im2col + GEMM implementation).
+// (nChw16c on AVX-512, nChw8c on AVX2), `nhwc` asks for channels-last, `plain` keeps NCHW (oneDNN
+// then falls back to its im2col + GEMM implementation).
 enum class Inner { blocked, nhwc, plain };
 
-// Blocked layouts pad channels to 16 (AVX-512). A blocked call whose activations carry this
-// much padding (input-channel padding times output-channel padding, i.e. the share of
-// wasted multiply-adds), and that channels-last does not rescue, runs on NCHW instead
-// (oneDNN's GEMM-based kernels) or, for the data gradient, lowered by the driver itself
-// (lowered_backward_data): 3 input channels padded to 16 for CaffeNet conv1's data
-// gradient ran at 45 GFLOP/s blocked, 136 through oneDNN's GEMM kernel, and the lowering
-// takes 2/3 of that kernel's time.
+// Blocked layouts pad channels to 16 (AVX-512) or 8 (AVX2). A blocked call whose activations carry
+// this much padding (input-channel padding times output-channel padding, i.e. the share of wasted
+// multiply-adds), and that channels-last does not rescue, runs on NCHW instead (oneDNN's GEMM-based
+// kernels) or, for the data gradient, lowered by the driver itself (lowered_backward_data): 3 input
+// channels padded to 16 for CaffeNet conv1's data gradient ran at 45 GFLOP/s blocked, 136 through
+// oneDNN's GEMM kernel, and the lowering takes 2/3 of that kernel's time.
 constexpr double kMaxPaddingRatio = 2.0;
 // Channels-last kernels vectorise over one channel axis only (output channels forward and
 // for the weight gradient, input channels for the data gradient) and handle its tail with
@@ -275,8 +275,10 @@ double padding(const Operand& op) {
          static_cast<double>(op.user.get_desc().get_size());
 }
 
-index_t padded16(index_t channels) {
-  return (channels + 15) / 16 * 16;
+// `channels` rounded up to whole vectors of this machine's kernels.
+index_t padded_to_vectors(index_t channels) {
+  const index_t lanes = layout_block(DirectConvolution::preferred_layout());
+  return (channels + lanes - 1) / lanes * lanes;
 }
 
 // The descriptors a call of `layout` asks for: weights and bias stay `any` except in
@@ -408,9 +410,9 @@ struct DirectConvolution::Impl {
   // for it, else plain NCHW (the data gradient: the driver's own lowering).
   Entry create(Call call, const LoweringShape& s, index_t out_channels, bool has_bias) const {
     const index_t in_per_group = s.channels / s.groups, out_per_group = out_channels / s.groups;
-    // A group of nChw16c activations is a view only when its channels fill whole blocks.
-    const bool views = (s.layout == Layout::nchw || in_per_group % 16 == 0) &&
-                       (s.out_layout == Layout::nchw || out_per_group % 16 == 0);
+    // A group of blocked activations is a view only when its channels fill whole blocks.
+    const bool views = in_per_group % layout_block(s.layout) == 0 &&
+                       out_per_group % layout_block(s.out_layout) == 0;
     if (s.groups > 1 && in_per_group >= kMinGroupChannels && out_per_group >= kMinGroupChannels &&
         views) {
       // oneDNN 2.6 has Winograd only for ungrouped convolutions; where it takes one group
@@ -434,8 +436,8 @@ struct DirectConvolution::Impl {
     const double waste = blocked.padding;
     const index_t vector_channels =
         call == Call::backward_data ? geo.in_per_group : geo.out_per_group;
-    const double nhwc_waste =
-        static_cast<double>(padded16(vector_channels)) / static_cast<double>(vector_channels);
+    const double nhwc_waste = static_cast<double>(padded_to_vectors(vector_channels)) /
+                              static_cast<double>(vector_channels);
     if (waste > kNhwcGain * nhwc_waste) {
       try {
         Entry nhwc = build(call, geo, has_bias, Inner::nhwc);
@@ -448,7 +450,7 @@ struct DirectConvolution::Impl {
       }
     }
     if (waste > kMaxPaddingRatio) {
-      // The driver's own lowering writes dx as NCHW (dy may be nChw16c: unblocked per image).
+      // The driver's own lowering writes dx as NCHW (dy may be blocked: unblocked per image).
       if (call == Call::backward_data && s.layout == Layout::nchw) {
         Entry lowered;
         lowered.lowered = true;
@@ -516,6 +518,13 @@ bool DirectConvolution::available() {
   return true;
 }
 
+Layout DirectConvolution::preferred_layout() {
+  // The ISA values are bit sets: AVX2 with VNNI is above avx512_core numerically.
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto avx512 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
+  return (isa & avx512) == avx512 ? Layout::nchw16c : Layout::nchw8c;
+}
+
 DirectConvolution::DirectConvolution() = default;
 DirectConvolution::~DirectConvolution() = default;
 
@@ -556,20 +565,20 @@ void lowered_backward_data(Parallel& par, Blas blas, const LoweringShape& s, ind
   const index_t plane_in = s.height * s.width;
   const index_t block = std::clamp<index_t>(
       static_cast<index_t>(kLoweredBlockBytes / (sizeof(float) * taps * plane_out)), 1, cg);
-  const bool blocked_dy = s.out_layout == Layout::nchw16c;
+  const index_t dy_block = layout_block(s.out_layout);
   auto image = [&](index_t n, int gemm_threads, Parallel& col2im_par, std::vector<float>& columns,
                    std::vector<float>& dy_plain) {
     columns.resize(static_cast<std::size_t>(block * taps * plane_out));
     const float* dy_n = dy + n * out_channels * plane_out;
-    if (blocked_dy) {
-      // nChw16c -> NCHW for this image only (it stays in L2 for the GEMMs that read it).
+    if (dy_block > 1) {
+      // Blocked -> NCHW for this image only (it stays in L2 for the GEMMs that read it).
       dy_plain.resize(static_cast<std::size_t>(out_channels * plane_out));
-      for (index_t b = 0; b < out_channels / 16; ++b) {
-        const float* in = dy_n + b * plane_out * 16;
-        float* out = dy_plain.data() + b * 16 * plane_out;
+      for (index_t b = 0; b < out_channels / dy_block; ++b) {
+        const float* in = dy_n + b * plane_out * dy_block;
+        float* out = dy_plain.data() + b * dy_block * plane_out;
         for (index_t p = 0; p < plane_out; ++p) {
-          for (index_t c = 0; c < 16; ++c)
-            out[c * plane_out + p] = in[p * 16 + c];
+          for (index_t c = 0; c < dy_block; ++c)
+            out[c * plane_out + p] = in[p * dy_block + c];
         }
       }
       dy_n = dy_plain.data();
@@ -767,6 +776,10 @@ struct DirectConvolution::Impl {};
 
 bool DirectConvolution::available() {
   return false;
+}
+
+Layout DirectConvolution::preferred_layout() {
+  return Layout::nchw16c;
 }
 
 DirectConvolution::DirectConvolution() = default;

@@ -16,6 +16,9 @@ class DirectConvolution {
  public:
   // True when this build has oneDNN; without it every call below throws hn::Error.
   static bool available();
+  // The blocked activation layout oneDNN's kernels compute on here: nChw16c with AVX-512,
+  // nChw8c with AVX2 or less (any other takes a reorder each way per call).
+  static Layout preferred_layout();
 
   DirectConvolution();
   ~DirectConvolution();

@@ -27,8 +27,11 @@ class CpuDriver final : public Driver {
     Capabilities caps;
     caps.host_addressable = true;
     caps.convolution = cpu::DirectConvolution::available();
-    // nChw16c convolutions are oneDNN's (the other calls have their own paths).
+    // Blocked convolutions are oneDNN's (the other calls have their own paths), and so is
+    // the choice of block.
     caps.blocked_layout = caps.convolution;
+    if (caps.blocked_layout)
+      caps.preferred_blocked_layout = cpu::DirectConvolution::preferred_layout();
     return caps;
   }
   MemorySpace memory_space() const override { return host_space(); }
@@ -134,7 +137,7 @@ class CpuDriver final : public Driver {
   }
   void do_scale_channels(const AxisShape& shape, const float* scale, const float* x,
                          float* y) override {
-    if (shape.layout == Layout::nchw16c)
+    if (shape.layout != Layout::nchw)
       return cpu::scale_channels_blocked(parallel_, shape, scale, x, y);
     cpu::scale_channels(parallel_, shape, scale, x, y);
   }
@@ -157,14 +160,13 @@ class CpuDriver final : public Driver {
   float do_sum(index_t n, const float* x) override { return cpu::sum(parallel_, n, x); }
   void do_bias_backward(const AxisShape& shape, const float* dy, float beta,
                         float* dbias) override {
-    if (shape.layout == Layout::nchw16c)
+    if (shape.layout != Layout::nchw)
       return cpu::bias_backward_blocked(parallel_, shape, dy, beta, dbias);
     cpu::bias_backward(parallel_, shape, dy, beta, dbias);
   }
 
   void do_bias_forward(const AxisShape& shape, const float* bias, float* y) override {
-    if (shape.layout == Layout::nchw16c)
-      return cpu::bias_forward_blocked(parallel_, shape, bias, y);
+    if (shape.layout != Layout::nchw) return cpu::bias_forward_blocked(parallel_, shape, bias, y);
     cpu::bias_forward(parallel_, shape, bias, y);
   }
   void do_norm_affine_forward(const AxisShape& shape, const float* x, const float* shift,
@@ -201,23 +203,22 @@ class CpuDriver final : public Driver {
 
   void do_pool_max_forward(const PoolShape& shape, const float* x, float* y,
                            std::int32_t* mask) override {
-    if (shape.layout == Layout::nchw16c)
+    if (shape.layout != Layout::nchw)
       return cpu::pool_max_forward_blocked(parallel_, shape, x, y, mask);
     cpu::pool_max_forward(parallel_, shape, x, y, mask);
   }
   void do_pool_max_backward(const PoolShape& shape, const float* dy, const std::int32_t* mask,
                             float* dx) override {
-    if (shape.layout == Layout::nchw16c)
+    if (shape.layout != Layout::nchw)
       return cpu::pool_max_backward_blocked(parallel_, shape, dy, mask, dx);
     cpu::pool_max_backward(parallel_, shape, dy, mask, dx);
   }
   void do_pool_avg_forward(const PoolShape& shape, const float* x, float* y) override {
-    if (shape.layout == Layout::nchw16c)
-      return cpu::pool_avg_forward_blocked(parallel_, shape, x, y);
+    if (shape.layout != Layout::nchw) return cpu::pool_avg_forward_blocked(parallel_, shape, x, y);
     cpu::pool_avg_forward(parallel_, shape, x, y);
   }
   void do_pool_avg_backward(const PoolShape& shape, const float* dy, float* dx) override {
-    if (shape.layout == Layout::nchw16c)
+    if (shape.layout != Layout::nchw)
       return cpu::pool_avg_backward_blocked(parallel_, shape, dy, dx);
     cpu::pool_avg_backward(parallel_, shape, dy, dx);
   }

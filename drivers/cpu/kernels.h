@@ -85,8 +85,8 @@ void avg_pool_plane_forward(const PoolShape& shape, const float* x, float* y);
 // Overwrites dx with the sum over outputs i of dy[i] / pool_size(i) on i's clipped window.
 void avg_pool_plane_backward(const PoolShape& shape, const float* dy, float* dx);
 
-// ---- layout.cpp: nChw16c (channels in multiples of 16) ------------------------------
-// The pooling calls above on nChw16c x, y, dx, dy and mask (mask entries: the argmax's
+// ---- layout.cpp: nChw16c and nChw8c (channels in whole blocks) -----------------------
+// The pooling calls above on blocked x, y, dx, dy and mask (mask entries: the argmax's
 // pixel in its plane, as on NCHW), bit for bit the same values.
 void pool_max_forward_blocked(Parallel& par, const PoolShape& shape, const float* x, float* y,
                               std::int32_t* mask);
@@ -94,14 +94,14 @@ void pool_max_backward_blocked(Parallel& par, const PoolShape& shape, const floa
                                const std::int32_t* mask, float* dx);
 void pool_avg_forward_blocked(Parallel& par, const PoolShape& shape, const float* x, float* y);
 void pool_avg_backward_blocked(Parallel& par, const PoolShape& shape, const float* dy, float* dx);
-// scale_channels, bias_forward and bias_backward (elementwise.cpp) on nChw16c.
+// scale_channels, bias_forward and bias_backward (elementwise.cpp) on nChw16c and nChw8c.
 void scale_channels_blocked(Parallel& par, const AxisShape& shape, const float* scale,
                             const float* x, float* y);
 void bias_forward_blocked(Parallel& par, const AxisShape& shape, const float* bias, float* y);
 void bias_backward_blocked(Parallel& par, const AxisShape& shape, const float* dy, float beta,
                            float* dbias);
 
-// ---- norm.cpp: BatchNorm on stored statistics + Scale + ReLU, NCHW and nChw16c ------
+// ---- norm.cpp: BatchNorm on stored statistics + Scale + ReLU, NCHW and blocked -----
 void norm_affine_forward(Parallel& par, const AxisShape& shape, const float* x, const float* shift,
                          const float* inv_std, const float* gamma, const float* beta, bool relu,
                          float slope, float* normalised, float* y);

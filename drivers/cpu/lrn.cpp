@@ -1,6 +1,6 @@
 // Local response normalisation on the CPU. Across channels: tasks own (image, run of
 // pixels) tiles and hold the tile's squares for every channel, so each window sum reads
-// cached data; on nChw16c tensors a tile is each 16-channel block's run of pixels, and a
+// cached data; on blocked tensors a tile is each block's run of pixels, and a
 // window of channels may reach into the neighbouring blocks (same sums in the same order,
 // so the same bits as on NCHW). Within a channel: Caffe's average pooling of x^2 (pooling.cpp), per
 // plane.
@@ -53,10 +53,10 @@ void window_sum(const float* rows, index_t channels, index_t len, index_t c, ind
     out += ConstArray(rows + k * len, len);
 }
 
-// Runs body(first, len, scratch) for every (image, run of pixels) tile of a nChw16c tensor;
-// first is the offset of the tile's pixel run in its image's first block; the tile of
-// block b is first + b * plane * 16 .. + len * 16.
-template <class Body>
+// Runs body(first, len, scratch) for every (image, run of pixels) tile of a blocked tensor
+// (B channels a block); first is the offset of the tile's pixel run in its image's first
+// block; the tile of block b is first + b * plane * B .. + len * B.
+template <index_t kBlock, class Body>
 void for_blocked_tiles(Parallel& par, const LrnShape& s, index_t cost_per_float, index_t arrays,
                        const Body& body) {
   const index_t plane = s.height * s.width, tiles = (plane + kTile - 1) / kTile;
@@ -65,79 +65,87 @@ void for_blocked_tiles(Parallel& par, const LrnShape& s, index_t cost_per_float,
         std::vector<float> scratch(static_cast<std::size_t>(arrays * s.channels * kTile));
         for (index_t item = first; item < last; ++item) {
           const index_t n = item / tiles, p0 = (item % tiles) * kTile;
-          body(n * s.channels * plane + p0 * 16, std::min(kTile, plane - p0), scratch.data());
+          body(n * s.channels * plane + p0 * kBlock, std::min(kTile, plane - p0), scratch.data());
         }
       });
 }
 
-// Window sums of a nChw16c tile: `rows` holds the tile's blocks one after the other (len
-// pixels x 16 channels each); out (len x 16, for block b) = for each pixel and channel c of
+// Window sums of a blocked tile: `rows` holds the tile's blocks one after the other (len
+// pixels x B channels each); out (len x B, for block b) = for each pixel and channel c of
 // the block, the sum of channels [c - pre, c + pre] (clipped) in channel order, as
 // window_sum adds them (leading and trailing zeros in place of the clipped channels change
 // no bit).
-constexpr index_t kMaxBlockedPre = 16;
+// A window reaches into the neighbouring blocks only (LrnShape::validate: pre <= B).
+template <index_t kBlock>
 void blocked_window_sum(const float* rows, index_t blocks, index_t len, index_t b, index_t pre,
                         float* out) {
-  const float* mid = rows + b * len * 16;
-  const float* prev = b > 0 ? mid - len * 16 : nullptr;
-  const float* next = b + 1 < blocks ? mid + len * 16 : nullptr;
-  float ext[16 + 2 * kMaxBlockedPre];
+  const float* mid = rows + b * len * kBlock;
+  const float* prev = b > 0 ? mid - len * kBlock : nullptr;
+  const float* next = b + 1 < blocks ? mid + len * kBlock : nullptr;
+  float ext[3 * kBlock];
   for (index_t i = 0; i < len; ++i) {
     for (index_t j = 0; j < pre; ++j) {
-      ext[j] = prev != nullptr ? prev[i * 16 + 16 - pre + j] : 0.0f;
-      ext[pre + 16 + j] = next != nullptr ? next[i * 16 + j] : 0.0f;
+      ext[j] = prev != nullptr ? prev[i * kBlock + kBlock - pre + j] : 0.0f;
+      ext[pre + kBlock + j] = next != nullptr ? next[i * kBlock + j] : 0.0f;
     }
-    for (index_t l = 0; l < 16; ++l)
-      ext[pre + l] = mid[i * 16 + l];
-    float* sum = out + i * 16;
-    for (index_t l = 0; l < 16; ++l)
+    for (index_t l = 0; l < kBlock; ++l)
+      ext[pre + l] = mid[i * kBlock + l];
+    float* sum = out + i * kBlock;
+    for (index_t l = 0; l < kBlock; ++l)
       sum[l] = ext[l];
     for (index_t d = 1; d <= 2 * pre; ++d)
-      for (index_t l = 0; l < 16; ++l)
+      for (index_t l = 0; l < kBlock; ++l)
         sum[l] += ext[l + d];
   }
 }
 
-// lrn_forward / lrn_backward across channels on nChw16c tensors (scale nChw16c too).
+// lrn_forward / lrn_backward across channels on blocked tensors (scale blocked too).
+template <index_t kBlock>
 void lrn_forward_blocked(Parallel& par, const LrnShape& s, const float* x, float* y, float* scale) {
-  const index_t pre = (s.size - 1) / 2, blocks = s.channels / 16, block = s.height * s.width * 16;
+  const index_t pre = (s.size - 1) / 2, blocks = s.channels / kBlock,
+                block = s.height * s.width * kBlock;
   const float alpha_over_size = s.alpha / static_cast<float>(s.size);
-  for_blocked_tiles(par, s, s.size + kCostPow, 1, [&](index_t first, index_t len, float* squares) {
-    const index_t n = len * 16;
-    for (index_t b = 0; b < blocks; ++b)
-      Array(squares + b * n, n) = ConstArray(x + first + b * block, n).square();
-    for (index_t b = 0; b < blocks; ++b) {
-      const index_t at = first + b * block;
-      blocked_window_sum(squares, blocks, len, b, pre, scale + at);
-      Array sc(scale + at, n);
-      sc = s.k + alpha_over_size * sc;
-      Array out(y + at, n);
-      pow_minus_beta(sc, s.beta, out);
-      out *= ConstArray(x + at, n);
-    }
-  });
+  for_blocked_tiles<kBlock>(
+      par, s, s.size + kCostPow, 1, [&](index_t first, index_t len, float* squares) {
+        const index_t n = len * kBlock;
+        for (index_t b = 0; b < blocks; ++b)
+          Array(squares + b * n, n) = ConstArray(x + first + b * block, n).square();
+        for (index_t b = 0; b < blocks; ++b) {
+          const index_t at = first + b * block;
+          blocked_window_sum<kBlock>(squares, blocks, len, b, pre, scale + at);
+          Array sc(scale + at, n);
+          sc = s.k + alpha_over_size * sc;
+          Array out(y + at, n);
+          pow_minus_beta(sc, s.beta, out);
+          out *= ConstArray(x + at, n);
+        }
+      });
 }
 
+template <index_t kBlock>
 void lrn_backward_blocked(Parallel& par, const LrnShape& s, const float* x, const float* y,
                           const float* scale, const float* dy, float* dx) {
-  const index_t pre = (s.size - 1) / 2, blocks = s.channels / 16, block = s.height * s.width * 16;
+  const index_t pre = (s.size - 1) / 2, blocks = s.channels / kBlock,
+                block = s.height * s.width * kBlock;
   const float coeff = 2.0f * s.alpha * s.beta / static_cast<float>(s.size);
-  for_blocked_tiles(par, s, s.size + kCostPow, 1, [&](index_t first, index_t len, float* ratios) {
-    const index_t n = len * 16;
-    // All ratios first: dx may alias dy.
-    for (index_t b = 0; b < blocks; ++b) {
-      const index_t at = first + b * block;
-      Array(ratios + b * n, n) =
-          ConstArray(dy + at, n) * ConstArray(y + at, n) / ConstArray(scale + at, n);
-    }
-    Eigen::ArrayXf window(n), powered(n);
-    for (index_t b = 0; b < blocks; ++b) {
-      const index_t at = first + b * block;
-      blocked_window_sum(ratios, blocks, len, b, pre, window.data());
-      pow_minus_beta(ConstArray(scale + at, n), s.beta, Array(powered.data(), n));
-      Array(dx + at, n) = ConstArray(dy + at, n) * powered - coeff * ConstArray(x + at, n) * window;
-    }
-  });
+  for_blocked_tiles<kBlock>(
+      par, s, s.size + kCostPow, 1, [&](index_t first, index_t len, float* ratios) {
+        const index_t n = len * kBlock;
+        // All ratios first: dx may alias dy.
+        for (index_t b = 0; b < blocks; ++b) {
+          const index_t at = first + b * block;
+          Array(ratios + b * n, n) =
+              ConstArray(dy + at, n) * ConstArray(y + at, n) / ConstArray(scale + at, n);
+        }
+        Eigen::ArrayXf window(n), powered(n);
+        for (index_t b = 0; b < blocks; ++b) {
+          const index_t at = first + b * block;
+          blocked_window_sum<kBlock>(ratios, blocks, len, b, pre, window.data());
+          pow_minus_beta(ConstArray(scale + at, n), s.beta, Array(powered.data(), n));
+          Array(dx + at, n) =
+              ConstArray(dy + at, n) * powered - coeff * ConstArray(x + at, n) * window;
+        }
+      });
 }
 
 PoolShape within_channel_pool(const LrnShape& s) {
@@ -164,7 +172,8 @@ void for_planes(Parallel& par, const LrnShape& s, index_t cost, const Body& body
 }  // namespace
 
 void lrn_forward(Parallel& par, const LrnShape& s, const float* x, float* y, float* scale) {
-  if (s.layout == Layout::nchw16c) return lrn_forward_blocked(par, s, x, y, scale);
+  if (s.layout == Layout::nchw16c) return lrn_forward_blocked<16>(par, s, x, y, scale);
+  if (s.layout == Layout::nchw8c) return lrn_forward_blocked<8>(par, s, x, y, scale);
   const index_t plane = s.height * s.width;
   if (s.region == LrnRegion::across_channels) {
     const index_t pre = (s.size - 1) / 2;
@@ -200,7 +209,8 @@ void lrn_forward(Parallel& par, const LrnShape& s, const float* x, float* y, flo
 
 void lrn_backward(Parallel& par, const LrnShape& s, const float* x, const float* y,
                   const float* scale, const float* dy, float* dx) {
-  if (s.layout == Layout::nchw16c) return lrn_backward_blocked(par, s, x, y, scale, dy, dx);
+  if (s.layout == Layout::nchw16c) return lrn_backward_blocked<16>(par, s, x, y, scale, dy, dx);
+  if (s.layout == Layout::nchw8c) return lrn_backward_blocked<8>(par, s, x, y, scale, dy, dx);
   const index_t plane = s.height * s.width;
   if (s.region == LrnRegion::across_channels) {
     const index_t pre = (s.size - 1) / 2;

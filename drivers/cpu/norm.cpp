@@ -1,9 +1,9 @@
 // BatchNorm on stored statistics, Scale and ReLU in one pass each way (norm_affine_forward
-// and norm_affine_backward, driver_calls.def), on NCHW and nChw16c. Both layouts are runs of
+// and norm_affine_backward, driver_calls.def), on NCHW, nChw16c and nChw8c. All are runs of
 // 16-float vectors whose lanes share fixed channel parameters: on NCHW a run is one channel
-// of one image (every lane the same channel), on nChw16c a run is one image's 16-channel
-// block (lane l is channel 16 b + l). Backward tasks own channels (NCHW) or blocks and walk
-// the images in order, summing each run in float vectors and the runs in double, so the
+// of one image (every lane the same channel), on the blocked layouts a run is one image's
+// block of B channels (lane l is channel B b + l % B). Backward tasks own channels (NCHW) or blocks
+// and walk the images in order, summing each run in float vectors and the runs in double, so the
 // sums are the same on any thread count.
 #include "drivers/cpu/kernels.h"  // first: see eigen.h
 
@@ -17,7 +17,8 @@ namespace {
 
 constexpr index_t kLanes = 16;
 
-// Per-lane parameters of a run: the 16 channels of a block, or one channel 16 times.
+// Per-lane parameters of a run: the B channels of a block (twice for B = 8), or one channel
+// 16 times.
 struct LaneParams {
   float shift[kLanes], inv_std[kLanes], gamma[kLanes], beta[kLanes];
 };
@@ -116,11 +117,11 @@ void backward_run(const float* dy, const float* y, const float* normalised, inde
 
 #endif
 
-// Lane l of a run that starts at channel `first`: channel first + l on nChw16c, `first`
-// itself on NCHW.
-void fill_lanes(const float* values, index_t first, bool blocked, float fallback, float* lanes) {
+// Lane l of a run that starts at channel `first`: channel first + l % block (block 1 on
+// NCHW: every lane is `first`).
+void fill_lanes(const float* values, index_t first, index_t block, float fallback, float* lanes) {
   for (index_t l = 0; l < kLanes; ++l)
-    lanes[l] = values == nullptr ? fallback : values[blocked ? first + l : first];
+    lanes[l] = values == nullptr ? fallback : values[first + l % block];
 }
 
 }  // namespace
@@ -128,17 +129,17 @@ void fill_lanes(const float* values, index_t first, bool blocked, float fallback
 void norm_affine_forward(Parallel& par, const AxisShape& s, const float* x, const float* shift,
                          const float* inv_std, const float* gamma, const float* beta, bool relu,
                          float slope, float* normalised, float* y) {
-  const bool blocked = s.layout == Layout::nchw16c;
-  const index_t groups = blocked ? s.channels / kLanes : s.channels;  // runs per image
-  const index_t length = blocked ? s.inner * kLanes : s.inner;
+  const index_t block = layout_block(s.layout);
+  const index_t groups = s.channels / block;  // runs per image
+  const index_t length = s.inner * block;
   par.for_range(s.outer * groups, length, [&](index_t first, index_t last) {
     LaneParams p;
     for (index_t r = first; r < last; ++r) {
-      const index_t channel = (r % groups) * (blocked ? kLanes : 1);
-      fill_lanes(shift, channel, blocked, 0.0f, p.shift);
-      fill_lanes(inv_std, channel, blocked, 0.0f, p.inv_std);
-      fill_lanes(gamma, channel, blocked, 0.0f, p.gamma);
-      fill_lanes(beta, channel, blocked, 0.0f, p.beta);
+      const index_t channel = (r % groups) * block;
+      fill_lanes(shift, channel, block, 0.0f, p.shift);
+      fill_lanes(inv_std, channel, block, 0.0f, p.inv_std);
+      fill_lanes(gamma, channel, block, 0.0f, p.gamma);
+      fill_lanes(beta, channel, block, 0.0f, p.beta);
       forward_run(x + r * length, length, p, relu, slope,
                   normalised != nullptr ? normalised + r * length : nullptr, y + r * length);
     }
@@ -148,15 +149,15 @@ void norm_affine_forward(Parallel& par, const AxisShape& s, const float* x, cons
 void norm_affine_backward(Parallel& par, const AxisShape& s, const float* dy, const float* y,
                           const float* normalised, const float* dx_scale, bool relu, float slope,
                           float* dgamma, float* dbeta, float* dx) {
-  const bool blocked = s.layout == Layout::nchw16c;
-  const index_t groups = blocked ? s.channels / kLanes : s.channels;
-  const index_t length = blocked ? s.inner * kLanes : s.inner;
+  const index_t block = layout_block(s.layout);
+  const index_t groups = s.channels / block;
+  const index_t length = s.inner * block;
   const bool summing = dgamma != nullptr || dbeta != nullptr;
   par.for_range(groups, s.outer * length, [&](index_t first, index_t last) {
     for (index_t g = first; g < last; ++g) {
-      const index_t channel = g * (blocked ? kLanes : 1);
+      const index_t channel = g * block;
       float scale[kLanes];
-      fill_lanes(dx_scale, channel, blocked, 0.0f, scale);
+      fill_lanes(dx_scale, channel, block, 0.0f, scale);
       LaneSums sums;
       for (index_t o = 0; o < s.outer; ++o) {
         const index_t at = (o * groups + g) * length;
@@ -166,11 +167,10 @@ void norm_affine_backward(Parallel& par, const AxisShape& s, const float* dy, co
                      dx != nullptr ? dx + at : nullptr);
       }
       if (!summing) continue;
-      // A run's lanes are its block's channels, or together its one channel.
-      const index_t channels = blocked ? kLanes : 1;
-      for (index_t k = 0; k < channels; ++k) {
+      // Channel k of the run (k < block) is lanes k, k + block, ...: on NCHW all of them.
+      for (index_t k = 0; k < block; ++k) {
         double total_dz = 0.0, total_dz_n = 0.0;
-        for (index_t l = blocked ? k : 0; l < (blocked ? k + 1 : kLanes); ++l) {
+        for (index_t l = k; l < kLanes; l += block) {
           total_dz += sums.dz[l];
           total_dz_n += sums.dz_n[l];
         }

@@ -134,9 +134,9 @@ HN_API int64_t hn_tensor_count(const hn_tensor* tensor);
  * only). A net's tensor without a gradient (no backward) has none: HN_ERROR. */
 HN_API hn_status hn_tensor_data(hn_tensor* tensor, int32_t access, float** out);
 HN_API hn_status hn_tensor_diff(hn_tensor* tensor, int32_t access, float** out);
-/* Whether the tensor's memory is in the nChw16c layout (a net's inner blobs with the net
- * option layout=blocked): hn_tensor_data and hn_tensor_diff refuse those (keep_blobs keeps
- * a blob NCHW). */
+/* Whether the tensor's memory is in a blocked layout, nChw16c or nChw8c (a net's inner
+ * blobs with the net option layout=blocked): hn_tensor_data and hn_tensor_diff refuse
+ * those (keep_blobs keeps a blob NCHW). */
 HN_API int32_t hn_tensor_is_blocked(const hn_tensor* tensor);
 
 /* ---- a layer as a kernel ------------------------------------------------------------ */
@@ -196,7 +196,7 @@ HN_API hn_status hn_layer_backward(hn_layer* layer, hn_driver* driver, hn_tensor
  *   split_file     per-layer splits saved by the tool's --split-save
  *   tune           off | once | cached (default off)
  *   tune_cache     file of the measured choices
- *   layout         nchw (default) | blocked (nChw16c between CPU layers)
+ *   layout         nchw (default) | blocked (nChw16c/8c between CPU layers)
  *   fuse           on (default) | off
  *   weights        a .caffemodel to copy weights from (comma-separated: several)
  */

@@ -425,9 +425,9 @@ hn_status host_access(hn_tensor* tensor, int32_t access, float** out, bool diff,
            fmt::format("{}: this tensor has no gradient (a net that runs no backward)", what));
     }
     if (t.layout != hn::Layout::nchw) {
-      fail(HN_ERROR, fmt::format("{}: this blob lies in the nChw16c layout inside the net (net "
+      fail(HN_ERROR, fmt::format("{}: this blob lies in the {} layout inside the net (net "
                                  "option layout=blocked); name it in keep_blobs to read it",
-                                 what));
+                                 what, hn::layout_name(t.layout)));
     }
     float* user = diff ? t.user_diff : t.user_data;
     if (user != nullptr) {

@@ -29,11 +29,12 @@ std::size_t floats(index_t n) {
   return static_cast<std::size_t>(n) * kFloat;
 }
 
-// Calls given nChw16c operands need a driver with Capabilities::blocked_layout.
+// Calls given nChw16c or nChw8c operands need a driver with Capabilities::blocked_layout.
 void check_layout_support(const Driver& driver, const char* call, bool blocked,
                           const std::string& shape) {
   HN_CHECK(!blocked || driver.capabilities().blocked_layout,
-           "{}: driver {} takes NCHW operands only, got nChw16c ({})", call, driver.name(), shape);
+           "{}: driver {} takes NCHW operands only, got blocked ones ({})", call, driver.name(),
+           shape);
 }
 
 // Softmax and its loss take NCHW only.
@@ -230,9 +231,10 @@ void check_conv(const Driver& driver, const char* call, const LoweringShape& sha
   HN_CHECK(out_channels > 0 && out_channels % shape.groups == 0,
            "{}: out_channels {} must be > 0 and divisible by groups {} ({})", call, out_channels,
            shape.groups, shape.to_string());
-  HN_CHECK(shape.out_layout == Layout::nchw || out_channels % 16 == 0,
-           "{}: out_layout nChw16c needs out_channels in multiples of 16, got {} ({})", call,
-           out_channels, shape.to_string());
+  HN_CHECK(out_channels % layout_block(shape.out_layout) == 0,
+           "{}: out_layout {} needs out_channels in multiples of {}, got {} ({})", call,
+           layout_name(shape.out_layout), layout_block(shape.out_layout), out_channels,
+           shape.to_string());
   check_layout_support(driver, call,
                        shape.layout != Layout::nchw || shape.out_layout != Layout::nchw,
                        shape.to_string());

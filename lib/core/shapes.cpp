@@ -8,21 +8,29 @@
 namespace hn {
 
 const char* layout_name(Layout layout) {
-  return layout == Layout::nchw16c ? "nChw16c" : "NCHW";
+  switch (layout) {
+    case Layout::nchw16c:
+      return "nChw16c";
+    case Layout::nchw8c:
+      return "nChw8c";
+    case Layout::nchw:
+      break;
+  }
+  return "NCHW";
 }
 
 namespace {
 
-// " layout=nChw16c" after a shape's fields when it is not NCHW.
+// " layout=nChw16c" (or nChw8c) after a shape's fields when it is not NCHW.
 std::string layout_suffix(const char* field, Layout layout) {
   return layout == Layout::nchw ? std::string() : fmt::format(" {}={}", field, layout_name(layout));
 }
 
 void check_layout(const char* call, const char* field, Layout layout, index_t channels,
                   const std::string& shape) {
-  HN_CHECK(layout == Layout::nchw || channels % 16 == 0,
-           "{}: {} nChw16c needs channels in multiples of 16, got {} ({})", call, field, channels,
-           shape);
+  HN_CHECK(channels % layout_block(layout) == 0,
+           "{}: {} {} needs channels in multiples of {}, got {} ({})", call, field,
+           layout_name(layout), layout_block(layout), channels, shape);
 }
 
 }  // namespace
@@ -108,9 +116,10 @@ void LrnShape::validate(const char* call) const {
   HN_CHECK(size > 0 && size % 2 == 1, "{}: local_size must be odd and positive ({})", call,
            to_string());
   check_layout(call, "layout", layout, channels, to_string());
-  HN_CHECK(layout == Layout::nchw || (region == LrnRegion::across_channels && size <= 33),
-           "{}: nChw16c takes ACROSS_CHANNELS windows of up to 33 channels only ({})", call,
-           to_string());
+  HN_CHECK(layout == Layout::nchw ||
+               (region == LrnRegion::across_channels && size <= 2 * layout_block(layout) + 1),
+           "{}: {} takes ACROSS_CHANNELS windows of up to {} channels only ({})", call,
+           layout_name(layout), 2 * layout_block(layout) + 1, to_string());
 }
 
 std::string AxisShape::to_string() const {

@@ -1,6 +1,7 @@
-// The Net's choice of activation layout (NetOptions::blocked_layout): a blob is kept
-// nChw16c when its producer and every consumer compute on it (Layer::blocked_layout) on the
-// Net's own driver, which must have Capabilities::blocked_layout, so the layers between
+// The Net's choice of activation layout (NetOptions::blocked_layout): a blob is kept in the
+// driver's preferred blocked layout (nChw16c or nChw8c) when its producer and every consumer
+// compute on it (Layer::blocked_layout) on the Net's own driver, which must have
+// Capabilities::blocked_layout, so the layers between
 // the edges (inputs, outputs, kept blobs, layers without a blocked kernel, split layers)
 // never reorder it.
 #include "lib/net/net_impl.h"
@@ -9,7 +10,7 @@ namespace hn {
 
 namespace {
 
-// Tensors of one pixel per channel lie the same way in both layouts.
+// Tensors of one pixel per channel lie the same way in every layout.
 bool one_pixel(const Shape& shape) {
   return shape.axes() == 4 && shape[2] * shape[3] == 1;
 }
@@ -17,7 +18,9 @@ bool one_pixel(const Shape& shape) {
 }  // namespace
 
 void Net::Impl::plan_layouts() {
-  if (!options.blocked_layout || !driver->capabilities().blocked_layout) return;
+  const Capabilities caps = driver->capabilities();
+  if (!options.blocked_layout || !caps.blocked_layout) return;
+  const Layout layout = caps.preferred_blocked_layout;
   using Support = Layer::BlockedLayout;
   const auto support = [&](int l) {
     const NetLayer& nl = layers[static_cast<std::size_t>(l)];
@@ -28,7 +31,7 @@ void Net::Impl::plan_layouts() {
   // Per data group (in-place chains and split aliases share one): whether it may be blocked.
   std::vector<bool> blocked(groups.size(), true);
   for (const BlobVersion& blob : blobs) {
-    bool ok = blob.shape.axes() == 4 && blob.shape[1] % 16 == 0 && !blob.keep &&
+    bool ok = blob.shape.axes() == 4 && blob.shape[1] % layout_block(layout) == 0 && !blob.keep &&
               support(blob.producer) != Support::none;
     for (int c : blob.consumers)
       ok = ok && support(c) != Support::none;
@@ -59,7 +62,7 @@ void Net::Impl::plan_layouts() {
   }
   for (BlobVersion& blob : blobs) {
     if (blocked[static_cast<std::size_t>(blob.data_group)] && !one_pixel(blob.shape))
-      blob.layout = Layout::nchw16c;
+      blob.layout = layout;
   }
   for (NetLayer& nl : layers) {
     if (nl.kind != Kind::compute) continue;

@@ -34,8 +34,13 @@ struct Capabilities {
   bool host_addressable = false;  // computes directly on ordinary host memory
   bool convolution = false;       // conv_* natively: preferred over lowering to GEMM
   // conv_*, pool_*, lrn_*, scale_channels, bias_forward, bias_backward and norm_affine_*
-  // take nChw16c operands (Layout in shapes.h); other drivers reject them with an hn::Error.
+  // take nChw16c and nChw8c operands (Layout in shapes.h); other drivers reject them with an
+  // hn::Error.
   bool blocked_layout = false;
+  // The blocked layout its kernels run on without reordering, which a Net keeps between
+  // layers (NetOptions::blocked_layout): the CPU driver's is nChw16c with AVX-512, nChw8c
+  // with AVX2 only (oneDNN's block, its vector width).
+  Layout preferred_blocked_layout = Layout::nchw16c;
 };
 
 // One piece of memory a call reads or writes (Driver::*_operands).

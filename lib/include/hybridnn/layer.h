@@ -23,7 +23,7 @@ namespace hn {
 // One tensor operand of a layer call. `shape` is the whole tensor's shape (axis 0 is the
 // batch for inputs, outputs and state); `data` and `diff` point at the slice's rows on the
 // slice's driver (the whole tensor for parameters). `diff` may be null where no gradient
-// is wanted. `layout` is how data and diff lie in memory (shapes.h): nChw16c only for
+// is wanted. `layout` is how data and diff lie in memory (shapes.h): blocked only for
 // inputs and outputs of layers whose blocked_layout() is not `none`, on drivers with
 // Capabilities::blocked_layout.
 struct Operand {
@@ -105,10 +105,10 @@ class Layer {
   // False for layers whose rows depend on the whole batch (batch statistics, losses
   // normalised over the batch): they always run with begin = 0, end = batch.
   virtual bool splits_by_rows() const { return true; }
-  // Whether the layer computes on nChw16c inputs and outputs (4-D, channels in multiples
-  // of 16; Layout in shapes.h): `none`; `uniform`, all of them in one layout (the layer
-  // passes it to its driver calls); `mixed`, each in its own (convolutions). A Net keeps
-  // activations nChw16c between layers that take it (NetOptions::blocked_layout).
+  // Whether the layer computes on blocked inputs and outputs (nChw16c or nChw8c: 4-D,
+  // channels in whole blocks; Layout in shapes.h): `none`; `uniform`, all of them in one layout
+  // (the layer passes it to its driver calls); `mixed`, each in its own (convolutions). A Net keeps
+  // activations blocked between layers that take it (NetOptions::blocked_layout).
   enum class BlockedLayout { none, uniform, mixed };
   virtual BlockedLayout blocked_layout() const { return BlockedLayout::none; }
   // Called by a Net after it has chosen the layouts of the layer's inputs and outputs

@@ -67,11 +67,12 @@ struct NetOptions {
   // several (convolutions) measures them on its drivers at the first forward, or reads the
   // choice from the cache file, before it runs.
   TuneOptions tune;
-  // Keeps activations in the nChw16c layout (shapes.h) between consecutive layers that
+  // Keeps activations in the driver's blocked layout (shapes.h; the CPU driver's is nChw16c
+  // with AVX-512, nChw8c with AVX2) between consecutive layers that
   // compute on it (convolution, pooling, LRN, ReLU, concat, eltwise, the Net's splits), so
   // they are not reordered at every layer; only on a driver with
   // Capabilities::blocked_layout (the CPU driver), for 4-D blobs of channels in multiples
-  // of 16 that no split cuts among devices. Inputs, outputs and keep_blobs stay NCHW;
+  // of the block that no split cuts among devices. Inputs, outputs and keep_blobs stay NCHW;
   // BlobRef::layout says how any other blob lies. Off by default, so every blob reads as
   // NCHW; the hybridnn tool turns it on (--layout).
   bool blocked_layout = false;

@@ -17,16 +17,24 @@ enum class Transpose { no, yes };
 // group's 16 values of a pixel together: element (n, c, h, w) is at
 //   ((n * channels / 16 + c / 16) * height * width + h * width + w) * 16 + c % 16,
 // for channel counts that are multiples of 16 only (no padding: the same size as nchw,
-// and a batch slice is the same rows). Vector kernels read it without reordering; a net
-// keeps its activations so between layers that take it (NetOptions::blocked_layout).
-// Tensors with height * width == 1 lie the same way in both.
-enum class Layout { nchw, nchw16c };
+// and a batch slice is the same rows). `nchw8c` (nChw8c) is the same with groups of 8.
+// Vector kernels read them without reordering (16 floats are one AVX-512 vector, 8 one
+// AVX2 vector); a net keeps its activations in its driver's preferred one between layers
+// that take it (NetOptions::blocked_layout, Capabilities::preferred_blocked_layout).
+// Tensors with height * width == 1 lie the same way in all three.
+enum class Layout { nchw, nchw16c, nchw8c };
 const char* layout_name(Layout layout);
+// Channels per block: 16, 8, or 1 for nchw.
+constexpr index_t layout_block(Layout layout) {
+  return layout == Layout::nchw16c ? 16 : layout == Layout::nchw8c ? 8 : 1;
+}
 // Offset of element (n, c, h, w) of a [batch][channels][height][width] tensor in `layout`.
 inline index_t layout_offset(Layout layout, index_t channels, index_t height, index_t width,
                              index_t n, index_t c, index_t h, index_t w) {
   if (layout == Layout::nchw) return ((n * channels + c) * height + h) * width + w;
-  return ((n * (channels / 16) + c / 16) * height * width + h * width + w) * 16 + c % 16;
+  const index_t block = layout_block(layout);
+  return ((n * (channels / block) + c / block) * height * width + h * width + w) * block +
+         c % block;
 }
 
 // Geometry of an im2col / col2im over a slice of `batch` images.
@@ -87,7 +95,8 @@ struct LrnShape {
   index_t size = 5;
   float alpha = 1.0f, beta = 0.75f, k = 1.0f;
   LrnRegion region = LrnRegion::across_channels;
-  // Of x, y, scale and the gradients; nChw16c across channels with size <= 33 only.
+  // Of x, y, scale and the gradients; blocked across channels only, with windows of up to
+  // 2 * block + 1 channels (33 on nChw16c, 17 on nChw8c).
   Layout layout = Layout::nchw;
 
   index_t count() const { return batch * channels * height * width; }
@@ -99,8 +108,8 @@ struct LrnShape {
 // per-channel value.
 struct AxisShape {
   index_t outer = 0, channels = 0, inner = 1;
-  // scale_channels, bias_forward and bias_backward also take nChw16c, the tensor read as
-  // [outer][channels][inner pixels] images; the other calls NCHW only.
+  // scale_channels, bias_forward and bias_backward also take the blocked layouts, the tensor read
+  // as [outer][channels][inner pixels] images; the other calls NCHW only.
   Layout layout = Layout::nchw;
 
   index_t count() const { return outer * channels * inner; }

@@ -59,7 +59,7 @@ struct SolverOptions {
   int checksum_interval = 1000;  // 0: only at snapshots
   // Measured choice of algorithms in the training and test nets (NetOptions::tune).
   TuneOptions tune;
-  // nChw16c activations between the layers that take them (NetOptions::blocked_layout).
+  // Blocked activations between the layers that take them (NetOptions::blocked_layout).
   bool blocked_layout = false;
   // BatchNorm + Scale [+ ReLU] chains run as one layer (NetOptions::fuse_layers).
   bool fuse_layers = true;
