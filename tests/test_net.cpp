@@ -254,6 +254,61 @@ TEST_CASE(
   CHECK(test_phase.algorithms.at("scale2") == "fused: BatchNorm 'bn2' + Scale + ReLU 'relu2'");
 }
 
+// conv1's weights are frozen (lr_mult 0) and its bias is not: its backward computes the
+// bias gradient alone, from its output's gradient in whatever layout that blob is kept.
+constexpr const char* kFrozenNet = R"(
+name: "frozen"
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 3 dim: 16 dim: 6 dim: 5 } } }
+layer { name: "conv1" type: "Convolution" bottom: "x" top: "c1"
+        param { lr_mult: 0 } param { lr_mult: 1 }
+        convolution_param { num_output: 16 kernel_size: 3 pad: 1
+                            weight_filler { type: "gaussian" std: 0.2 }
+                            bias_filler { type: "gaussian" std: 0.2 } } }
+layer { name: "relu1" type: "ReLU" bottom: "c1" top: "c1" }
+layer { name: "conv2" type: "Convolution" bottom: "c1" top: "c2"
+        convolution_param { num_output: 8 kernel_size: 3 pad: 1
+                            weight_filler { type: "gaussian" std: 0.2 } } }
+)";
+
+TEST_CASE(
+    "A convolution with frozen weights learns its bias from blocked output gradients as "
+    "from NCHW ones",
+    "[net][layout]") {
+  const auto run = [](const char* device, bool blocked, Layout* c1_layout) {
+    Runtime runtime;
+    Driver& driver = runtime.add(Device::parse(device));
+    NetOptions options;
+    options.force_backward = true;
+    options.blocked_layout = blocked;
+    auto net = Net::from_text(kFrozenNet, "frozen.prototxt", runtime, driver, options);
+    const BlobRef x = net->blob("x");
+    const std::vector<float> v = test::random_floats(static_cast<std::size_t>(x.count()), 21);
+    std::copy(v.begin(), v.end(), x.host_data_mut());
+    net->forward();
+    const BlobRef y = net->blob("c2");
+    const std::vector<float> dy = test::random_floats(static_cast<std::size_t>(y.count()), 22);
+    std::copy(dy.begin(), dy.end(), y.host_diff_mut());
+    net->clear_param_diffs();
+    net->backward();
+    if (c1_layout != nullptr) *c1_layout = net->blob("c1").layout;
+    for (const NetParam& p : net->learnable_params()) {
+      if (p.layer == "conv1" && p.index == 1)
+        return std::vector<float>(p.tensor->host_diff(), p.tensor->host_diff() + 16);
+    }
+    return std::vector<float>();
+  };
+  const std::vector<float> expected = run("reference", false, nullptr);
+  REQUIRE(expected.size() == 16);
+  CHECK(std::any_of(expected.begin(), expected.end(), [](float g) { return g != 0.0f; }));
+  for (const bool blocked : {false, true}) {
+    INFO((blocked ? "blocked" : "NCHW"));
+    Layout layout = Layout::nchw;
+    const std::vector<float> got = run("cpu", blocked, &layout);
+    CHECK((layout != Layout::nchw) == blocked);
+    CHECK(test::max_scaled_diff(expected, got) <= 1e-4);
+  }
+}
+
 TEST_CASE("A fused BatchNorm + Scale + ReLU net's gradients match finite differences",
           "[net][fusion]") {
   const bool fuse = GENERATE(true, false);
