@@ -504,8 +504,19 @@ void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
           choice[static_cast<std::size_t>(d)] = l;
         }
       }
-      tuner.record(driver, key(d), hn::lowering_name(choice[static_cast<std::size_t>(d)]));
     }
+  }
+  // Under data parallelism every rank takes rank 0's choice (TuneOptions::agree).
+  for (ConvDirection d : kDirections) {
+    Lowering& mine = choice[static_cast<std::size_t>(d)];
+    const std::string agreed = tuner.agree(hn::lowering_name(mine));
+    const auto known = std::find_if(options.begin(), options.end(),
+                                    [&](Lowering l) { return agreed == hn::lowering_name(l); });
+    HN_CHECK(known != options.end(),
+             "{}: the {} algorithm agreed on, '{}', is not one that {} has for this shape",
+             describe(), direction_name(d), agreed, driver.name());
+    if (!cached || *known != mine) tuner.record(driver, key(d), agreed);
+    mine = *known;
   }
   chosen_[driver.name()] = choice;
   TuneReport report;

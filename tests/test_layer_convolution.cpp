@@ -602,6 +602,54 @@ TEST_CASE(
              Contains("'sometimes'") && Contains("off, once, cached"));
 }
 
+TEST_CASE(
+    "Convolution tune takes the agreed choice (TuneOptions::agree, rank 0's under data "
+    "parallelism) over its own, records it, and names a choice it does not have",
+    "[layer][convolution][tune]") {
+  const hn::test::TempDir dir;
+  const auto cpu = hn::make_driver(hn::Device{"cpu", 0});
+  const Shape input{4, 16, 10, 10};
+  const ConvolutionParams params = square(24, 1, 1, 0);  // 1x1: four candidates on the CPU
+  for (const hn::TuneMode mode : {hn::TuneMode::once, hn::TuneMode::cached}) {
+    INFO(hn::tune_mode_name(mode));
+    hn::TuneOptions options;
+    options.mode = mode;
+    options.cache_path = dir.file("tune.txt");
+    std::vector<std::string> asked;
+    options.agree = [&](const std::string& mine) {
+      asked.push_back(mine);
+      return std::string("type3");
+    };
+    {
+      hn::Tuner tuner(options);
+      hn::ConvolutionLayer layer("c1", params);
+      layer.setup({input});
+      layer.tune(*cpu, 4, tuner);
+      tuner.save();
+      CHECK(asked.size() == 3);  // one per direction, measured or cached
+      CHECK(layer.algorithm(*cpu) == "type3");
+    }
+    // What was used is what the cache holds.
+    hn::TuneOptions plain = options;
+    plain.mode = hn::TuneMode::cached;
+    plain.agree = nullptr;
+    hn::Tuner tuner(plain);
+    hn::ConvolutionLayer layer("c1", params);
+    layer.setup({input});
+    layer.tune(*cpu, 4, tuner);
+    CHECK(layer.algorithm(*cpu) == "type3");
+  }
+  hn::TuneOptions options;
+  options.mode = hn::TuneMode::once;
+  options.cache_path = "none";
+  options.agree = [](const std::string&) { return std::string("winograd"); };
+  hn::Tuner tuner(options);
+  hn::ConvolutionLayer layer("c1", params);
+  layer.setup({input});
+  CHECK_THAT(hn::test::error_of([&] { layer.tune(*cpu, 4, tuner); }),
+             Contains("c1") && Contains("'winograd'") && Contains("cpu"));
+}
+
 TEST_CASE("Convolution and InnerProduct count their forward FLOPs by hand's formula",
           "[layer][convolution]") {
   // CaffeNet's conv2: 96 -> 256 channels, 5x5, pad 2, group 2, on 27x27: 27x27 outputs.

@@ -126,6 +126,18 @@ std::vector<std::string> split_commas(const std::string& text) {
   }
 }
 
+// The nets' tuning under data parallelism: every rank takes rank 0's choice of algorithm
+// (a broadcast per choice, at set-up), so that the ranks compute alike whatever each one
+// measured or had cached, and the gradients they average are those of one model.
+TuneOptions agreed_tune(const TuneOptions& tune, Communicator& comm, Driver& driver) {
+  TuneOptions agreed = tune;
+  if (comm.size() <= 1 || tune.mode == TuneMode::off || tune.agree) return agreed;
+  agreed.agree = [&comm, &driver](const std::string& choice) {
+    return broadcast_text_host(comm, driver, choice, 0);
+  };
+  return agreed;
+}
+
 }  // namespace
 
 struct Solver::Impl {
@@ -253,7 +265,7 @@ void Solver::Impl::build_nets() {
   train_options.seed = seed;
   train_options.split = options.split;
   train_options.layer_splits = options.layer_splits;
-  train_options.tune = options.tune;
+  train_options.tune = agreed_tune(options.tune, *comm, *driver);
   train_options.blocked_layout = options.blocked_layout;
   train_options.fuse_layers = options.fuse_layers;
   train_options.data_shard = comm->rank();
@@ -295,7 +307,7 @@ void Solver::Impl::build_nets() {
     test_options.data_source = options.test_data;
     test_options.mean_file = options.mean_file;
     test_options.seed = seed;
-    test_options.tune = options.tune;
+    test_options.tune = agreed_tune(options.tune, *comm, *driver);
     test_options.blocked_layout = options.blocked_layout;
     test_options.fuse_layers = options.fuse_layers;
     std::unique_ptr<Net> test_net;

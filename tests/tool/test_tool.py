@@ -1216,6 +1216,35 @@ def mpi_ranks_with_different_nets_fail_at_start(ctx):
 
 
 @case
+def mpi_ranks_take_rank_0s_tuning(ctx):
+    """Ranks whose tuning caches disagree compute with rank 0's choices (broadcast at set-up),
+    so the run is that of one model: rank 1 records rank 0's choices in its own cache."""
+    solver, _, _ = setup_training(ctx, max_iter=4, snapshot=0, display=1, test_interval=4)
+    first = ctx.path("rank0.txt")
+    ctx.run("train", "--solver", solver, "--tune", "once", "--tune-cache", first,
+            "--threads", 1)
+
+    def choices(path):
+        with open(path) as f:
+            rows = [line.rstrip("\n").rsplit("\t", 1) for line in f if not line.startswith("#")]
+        return {key: choice for key, choice in rows}
+
+    mine = choices(first)
+    check(mine, f"nothing tuned into {first}")
+    # Rank 1's cache: the same shapes, every choice another candidate of every convolution.
+    other = {key: "type1" if choice != "type1" else "type3" for key, choice in mine.items()}
+    second = write(ctx, "rank1.txt", "".join(f"{k}\t{v}\n" for k, v in other.items()))
+    command = (mpirun(ctx, 1) + [ctx.tool, "train", "--solver", solver, "--threads", "1",
+                                 "--tune-cache", first, ":", "-np", "1", ctx.tool, "train",
+                                 "--solver", solver, "--threads", "1", "--tune-cache", second])
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ctx.work,
+                         env=mpi_env())
+    check(run.returncode == 0, f"2 ranks exited {run.returncode}:\n{run.stderr[-3000:]}")
+    check(choices(first) == mine, f"rank 0's cache changed:\n{choices(first)}\n{mine}")
+    check(choices(second) == mine, f"rank 1 kept its own choices:\n{choices(second)}\n{mine}")
+
+
+@case
 def mpi_time_reports_overlap_and_writes_a_timeline(ctx):
     net = os.path.join(ctx.repo, "examples", "fashion_mnist", "lenet_train_test.prototxt")
     trace = ctx.path("trace.json")

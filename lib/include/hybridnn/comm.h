@@ -88,6 +88,9 @@ void allreduce_host(Communicator& comm, Driver& driver, std::vector<float>& valu
                     ReduceOp op = ReduceOp::sum);
 std::vector<float> allgather_host(Communicator& comm, Driver& driver,
                                   const std::vector<float>& values);
+// `root`'s text on every rank (a collective: every rank calls it).
+std::string broadcast_text_host(Communicator& comm, Driver& driver, const std::string& text,
+                                int root);
 // The backend to use when none is named: "ring" when an MPI launcher (mpirun, srun with
 // PMI) started this process as one of several, else "local". Throws hn::Error when a
 // launcher started several processes but this build has no MPI.

@@ -50,6 +50,11 @@ struct TuneOptions {
   std::string cache_path;  // empty: default_tune_cache_path(); "none": no file
   // Called for each layer as it has chosen (may be empty).
   std::function<void(const TuneReport&)> on_layer;
+  // Given this process's choice (measured or cached), the choice to use: under data
+  // parallelism the Solver sets it to rank 0's, broadcast (a collective: every rank's nets
+  // choose in the same order), so that every rank computes alike and a run repeats
+  // bitwise whatever each rank measured. Empty: this process's own.
+  std::function<std::string(const std::string& choice)> agree;
 };
 
 // The measurements of one Net (or of a program running layers as kernels) and their
@@ -76,6 +81,10 @@ class Tuner {
                      double give_up_after = 0.5);
 
   void report(const TuneReport& report) const;
+  // TuneOptions::agree on `choice`, or `choice` itself.
+  std::string agree(const std::string& choice) const {
+    return options_.agree ? options_.agree(choice) : choice;
+  }
 
  private:
   std::string entry_key(const Driver& driver, const std::string& key) const;
