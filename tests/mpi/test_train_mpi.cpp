@@ -122,13 +122,17 @@ TEST_CASE("N ranks at batch B train as one process at batch N x B", "[mpi][train
     CHECK(std::fabs(ranks.losses[i] - one.losses[i]) <= 1e-4 * std::fabs(one.losses[i]));
   }
   check_identical_across_ranks(*comm, ranks.weights());
-  CHECK(max_relative_difference(ranks.weights(), one.weights()) < 1e-4);
+  // Batch B and N x B run oneDNN kernels that sum in other orders. Without AVX-512 (8-channel
+  // blocks, no Winograd) they drift further: clang's ASan build on an AVX2 EPYC ended 20
+  // iterations 3.2e-4 apart, with one test image of 600 in another class.
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  CHECK(max_relative_difference(ranks.weights(), one.weights()) < (avx512 ? 1e-4 : 2e-3));
   // Tests cover the whole test set across the ranks: the same means as one process's.
   const auto mine = ranks.solver->test(0), alone = one.solver->test(0);
   REQUIRE(mine.size() == alone.size());
   for (std::size_t k = 0; k < mine.size(); ++k) {
     INFO(mine[k].first);
-    CHECK(mine[k].second == Approx(alone[k].second).epsilon(1e-4));
+    CHECK(mine[k].second == Approx(alone[k].second).epsilon(1e-4).margin(avx512 ? 0.0 : 0.005));
   }
 }
 
