@@ -519,10 +519,14 @@ bool DirectConvolution::available() {
 }
 
 Layout DirectConvolution::preferred_layout() {
-  // The ISA values are bit sets: AVX2 with VNNI is above avx512_core numerically.
-  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-  const auto avx512 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
-  return (isa & avx512) == avx512 ? Layout::nchw16c : Layout::nchw8c;
+  // Asked once: Capabilities (which reports it) is read on every layer call.
+  static const Layout layout = [] {
+    // The ISA values are bit sets: AVX2 with VNNI is above avx512_core numerically.
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto avx512 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
+    return (isa & avx512) == avx512 ? Layout::nchw16c : Layout::nchw8c;
+  }();
+  return layout;
 }
 
 DirectConvolution::DirectConvolution() = default;
