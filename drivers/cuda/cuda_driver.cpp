@@ -164,23 +164,46 @@ struct ConvPlan {
 constexpr std::size_t kMaxConvPlans = 64;
 using ConvKey = std::array<index_t, 14>;
 
-// Of cuDNN's heuristic ranking, the first algorithm that runs in full FP32 (no TF32) and is
-// deterministic (a run must be reproducible), else the first FP32 one, else the first.
+// Algorithms that sum the products as a GEMM does. FFT and Winograd transform the operands
+// first: their results are 1e-4 to 1e-3 from the CPU's relative to the largest value (an H200
+// measured 7e-4 on CIFAR-10 quick's conv1 weight gradient), too far for a split whose slices
+// must agree with the CPU driver's to float rounding.
+bool sums_directly(cudnnConvolutionFwdAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_GEMM || a == CUDNN_CONVOLUTION_FWD_ALGO_DIRECT;
+}
+bool sums_directly(cudnnConvolutionBwdDataAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+}
+bool sums_directly(cudnnConvolutionBwdFilterAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
+}
+
+// Of cuDNN's heuristic ranking, the first algorithm that runs in full FP32 (no TF32), sums
+// directly and is deterministic (a run must be reproducible); else the first that is FP32 and
+// sums directly; else the first FP32 one; else the first.
 template <class Perf>
 const Perf& pick_algorithm(const Perf* results, int count) {
+  const Perf* direct = nullptr;
   const Perf* fp32 = nullptr;
   for (int i = 0; i < count; ++i) {
     const Perf& r = results[i];
     if (r.status != CUDNN_STATUS_SUCCESS || r.mathType != CUDNN_FMA_MATH) continue;
-    if (r.determinism == CUDNN_DETERMINISTIC) return r;
     if (fp32 == nullptr) fp32 = &r;
+    if (!sums_directly(r.algo)) continue;
+    if (r.determinism == CUDNN_DETERMINISTIC) return r;
+    if (direct == nullptr) direct = &r;
   }
+  if (direct != nullptr) return *direct;
   return fp32 != nullptr ? *fp32 : results[0];
 }
 
-// cuDNN is used unless the environment says HYBRIDNN_CUDNN=0, but not for depthwise
-// convolutions, which run our own kernels unless it says HYBRIDNN_CUDNN=all (read when the
-// driver is made).
+// cuDNN is used unless the environment says HYBRIDNN_CUDNN=0; depthwise convolutions too,
+// unless it says HYBRIDNN_CUDNN=own-depthwise, which gives them our own kernels (read when
+// the driver is made). On an H200, cuDNN ran MobileNet v1's depthwise layers (forward and
+// backward, batch 32) 5x faster than our kernels: 12.5 ms against 66.
 bool cudnn_wanted() {
   const char* value = std::getenv("HYBRIDNN_CUDNN");
   return value == nullptr || std::strcmp(value, "0") != 0;
@@ -188,7 +211,7 @@ bool cudnn_wanted() {
 
 bool cudnn_for_depthwise() {
   const char* value = std::getenv("HYBRIDNN_CUDNN");
-  return value != nullptr && std::strcmp(value, "all") == 0;
+  return value == nullptr || std::strcmp(value, "own-depthwise") != 0;
 }
 
 bool fits_int(index_t value) {
@@ -262,7 +285,7 @@ class CudaDriver final : public Driver {
       cudnn_depthwise_ = cudnn_for_depthwise();
       description_ += fmt::format(
           ", cuDNN {} (softmax, cross-channel LRN, convolution{})", cudnnGetVersion(),
-          cudnn_depthwise_ ? ", depthwise too: HYBRIDNN_CUDNN=all" : " except depthwise");
+          cudnn_depthwise_ ? ", depthwise too" : " except depthwise: HYBRIDNN_CUDNN=own-depthwise");
     } else {
       description_ += ", cuDNN off (HYBRIDNN_CUDNN=0)";
     }
@@ -503,6 +526,29 @@ class CudaDriver final : public Driver {
     activate();
     launched(cuda::launch_scale_channels(stream(), shape, scale, x, y), "scale_channels", "{}",
              shape.to_string());
+  }
+  // The generic sequence (Driver::do_norm_affine_backward) with its two intermediates in
+  // this driver's scratch: the generic ones are allocations, a cudaMalloc and a cudaFree
+  // (which waits for the device) each per call, 2.4 of ResNet-50 scale_conv1's 2.8 ms
+  // backward on an H200.
+  void do_norm_affine_backward(const AxisShape& shape, const float* dy, const float* y,
+                               const float* normalised, const float* dx_scale, bool relu,
+                               float slope, float* dgamma, float* dbeta, float* dx) override {
+    activate();
+    const index_t count = shape.count();
+    float* dz = scratch(float_bytes(count) * (dgamma != nullptr ? 2 : 1));
+    if (relu) {
+      do_relu_backward(count, slope, y, dy, dz);
+    } else {
+      do_copy(dz, dy, float_bytes(count));
+    }
+    if (dbeta != nullptr) do_bias_backward(shape, dz, 1.0f, dbeta);
+    if (dgamma != nullptr) {
+      float* product = dz + count;
+      do_mul(count, dz, normalised, product);
+      do_bias_backward(shape, product, 1.0f, dgamma);
+    }
+    if (dx != nullptr) do_scale_channels(shape, dx_scale, dz, dx);
   }
   void do_max_accumulate(index_t n, const float* x, std::int32_t index, float* y,
                          std::int32_t* mask) override {
@@ -853,7 +899,8 @@ class CudaDriver final : public Driver {
     return stream_.get();
   }
 
-  // Depthwise shapes run kernels/depthwise.cuh unless HYBRIDNN_CUDNN=all gave them to cuDNN.
+  // Depthwise shapes run kernels/depthwise.cuh without cuDNN or with
+  // HYBRIDNN_CUDNN=own-depthwise.
   bool own_depthwise(const LoweringShape& shape, index_t out_channels) const {
 #if HYBRIDNN_WITH_CUDNN
     if (cudnn_ && cudnn_depthwise_) return false;
@@ -954,7 +1001,8 @@ class CudaDriver final : public Driver {
           call, bytes);
   }
 
-  // Device scratch for calls whose output aliases an input; grown on demand.
+  // Device scratch for calls whose output aliases an input or that need an intermediate
+  // (one call at a time); grown on demand.
   float* scratch(std::size_t bytes) {
     if (scratch_bytes_ < bytes) {
       scratch_.reset();  // cudaFree waits for kernels still using the old scratch
@@ -1187,7 +1235,7 @@ class CudaDriver final : public Driver {
   BlasHandle blas_;
 #if HYBRIDNN_WITH_CUDNN
   CudnnHandle cudnn_;
-  bool cudnn_depthwise_ = false;  // HYBRIDNN_CUDNN=all: cuDNN runs depthwise convolutions too
+  bool cudnn_depthwise_ = false;  // cuDNN runs depthwise convolutions too (the default)
   std::map<ConvKey, ConvPlan> conv_plans_;
   std::vector<ConvKey> conv_plan_order_;  // insertion order, for eviction
 #endif
