@@ -134,6 +134,54 @@ TEST_CASE("layers split alike keep their activations on the device that computed
   CHECK(stats.within == 0);
 }
 
+TEST_CASE(
+    "a blob's gradients from several consumers on the device are summed there, not on the host",
+    "[split]") {
+  // conv's output feeds a and b: the Net's Split sums their two gradients for conv's backward.
+  const char* fan_out = R"(
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 4 dim: 2 dim: 6 dim: 6 } } }
+layer { name: "conv" type: "Convolution" bottom: "x" top: "c"
+        convolution_param { num_output: 3 kernel_size: 3 weight_filler { type: "xavier" } } }
+layer { name: "a" type: "Convolution" bottom: "c" top: "a"
+        convolution_param { num_output: 3 kernel_size: 1 weight_filler { type: "xavier" } } }
+layer { name: "b" type: "Convolution" bottom: "c" top: "b"
+        convolution_param { num_output: 3 kernel_size: 1 weight_filler { type: "xavier" } } }
+layer { name: "sum" type: "Eltwise" bottom: "a" bottom: "b" top: "s" }
+layer { name: "ip" type: "InnerProduct" bottom: "s" top: "out" loss_weight: 1
+        inner_product_param { num_output: 2 weight_filler { type: "xavier" } } }
+)";
+  TwoDrivers d;
+  NetOptions on_device;
+  on_device.split = Split::parse("reference:1");  // every layer on the device
+  auto net = Net::from_text(fan_out, "fan_out.prototxt", d.runtime, *d.host, on_device);
+  auto plain = Net::from_text(fan_out, "fan_out.prototxt", d.runtime, *d.host, NetOptions{});
+  const std::vector<float> x = test::random_floats(4 * 2 * 6 * 6, 91);
+  for (Net* n : {net.get(), plain.get()})
+    std::copy(x.begin(), x.end(), n->blob("x").host_data_mut());
+  net->forward_backward();  // the first also copies the parameters and their gradients
+  net->forward();
+  d.device->reset_transfer_stats();
+  net->backward();
+  // Copied: only the loss weight onto the device (the Net fills out's gradient on the host).
+  // Summed on the host, the two gradients of c would come back (2 x 4x3x4x4 floats) and the
+  // sum go out again.
+  const TransferStats& stats = d.device->transfer_stats();
+  CHECK(stats.to_host_bytes == 0);
+  CHECK(stats.to_device_bytes == 4 * 2 * sizeof(float));
+  // And the gradients are the unsplit net's.
+  plain->clear_param_diffs();
+  CHECK(net->forward_backward() == Approx(plain->forward_backward()).epsilon(1e-6));
+  net->clear_param_diffs();
+  net->forward_backward();
+  for (std::size_t p = 0; p < plain->learnable_params().size(); ++p) {
+    Tensor& a = *plain->learnable_params()[p].tensor;
+    Tensor& b = *net->learnable_params()[p].tensor;
+    const std::vector<float> want(a.host_diff(), a.host_diff() + a.count());
+    const std::vector<float> got(b.host_diff(), b.host_diff() + b.count());
+    CHECK(test::max_scaled_diff(want, got) <= 1e-6);
+  }
+}
+
 TEST_CASE("a split naming a device without a driver is an error naming the layer", "[split]") {
   TwoDrivers d;
   NetOptions options;
