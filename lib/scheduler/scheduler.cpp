@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <limits>
 #include <new>
 #include <numeric>
 
@@ -443,20 +444,53 @@ void Scheduler::reduce_partials(const LayerCall& call, std::vector<SliceRun>& ru
 
 double Scheduler::probe(const LayerCall& call, bool with_backward, Driver& on, index_t rows) {
   Layer& layer = *call.layer;
+  // Twice, the second timed: the first run of a shape sets it up (a GPU driver makes its
+  // cuDNN plans and workspace per shape, which took tens of ms on an H200 and made the
+  // GPU look slower than the CPU).
   double seconds = 0.0;
-  SliceRun run;
-  run.on = &on;
-  run.end = rows;
-  run.slice = prepare(call, on, 0, rows, false, nullptr, nullptr);
-  run_on(on, [&] { compute(layer, run, false); });
-  seconds += run.busy;
-  if (with_backward) {
-    SyncedMemory scratch(probe_scratch_bytes(call));
-    run.slice = prepare(call, on, 0, rows, true, nullptr, &scratch);
-    run_on(on, [&] { compute(layer, run, true); });
+  for (int pass = 0; pass < 2; ++pass) {
+    seconds = 0.0;
+    SliceRun run;
+    run.on = &on;
+    run.end = rows;
+    run.slice = prepare(call, on, 0, rows, false, nullptr, nullptr);
+    run_on(on, [&] { compute(layer, run, false); });
     seconds += run.busy;
+    if (with_backward) {
+      SyncedMemory scratch(probe_scratch_bytes(call));
+      run.slice = prepare(call, on, 0, rows, true, nullptr, &scratch);
+      run_on(on, [&] { compute(layer, run, true); });
+      seconds += run.busy;
+    }
   }
   return seconds;
+}
+
+Scheduler::SplitTiming Scheduler::time_split(const LayerCall& call, bool with_backward,
+                                             const Split& split) {
+  // As it will run: slices side by side, then the parameter gradients merged. Twice, the
+  // second timed (the first sets up the slices' shapes).
+  SplitTiming timing;
+  for (int pass = 0; pass < 2; ++pass) {
+    timing = SplitTiming{};
+    timing.busy.assign(split.shares().size(), 0.0);
+    timing.rows.assign(split.shares().size(), 0);
+    const auto start = Clock::now();
+    for (const bool backward : {false, true}) {
+      if (backward && !with_backward) break;
+      std::vector<SliceRun> runs = run_slices(call, backward, split, true);
+      if (backward) reduce_partials(call, runs);
+      for (const SliceRun& run : runs) {
+        for (std::size_t d = 0; d < split.shares().size(); ++d) {
+          if (split.shares()[d].device != run.on->device()) continue;
+          timing.busy[d] += run.busy;
+          timing.rows[d] = run.end - run.begin;
+        }
+      }
+    }
+    timing.wall = seconds_since(start);
+  }
+  return timing;
 }
 
 Split Scheduler::calibrate(const LayerCall& call, bool with_backward,
@@ -474,8 +508,7 @@ Split Scheduler::calibrate(const LayerCall& call, bool with_backward,
   const index_t batch = call.rows();
   // Rows per second of each device, first alone: slices double until one takes a few
   // milliseconds (or is the whole batch), since small slices underuse a GPU and the
-  // CPU's batched lowering. The first probe also warms the driver up (workspace,
-  // copies) and is not counted unless it took long enough for that not to matter.
+  // CPU's batched lowering.
   std::vector<double> speed;
   for (const Device& device : devices) {
     if (devices.size() == 1) {
@@ -485,7 +518,6 @@ Split Scheduler::calibrate(const LayerCall& call, bool with_backward,
     Driver& on = driver(device);
     index_t rows = 1;
     double seconds = probe(call, with_backward, on, rows);
-    if (seconds < 0.05) seconds = probe(call, with_backward, on, rows);
     while (seconds < 0.005 && rows < batch) {
       rows = std::min(batch, rows * 2);
       seconds = probe(call, with_backward, on, rows);
@@ -505,35 +537,46 @@ Split Scheduler::calibrate(const LayerCall& call, bool with_backward,
     return Split(std::move(shares));
   };
   Split measured = split_for();
-  // Then side by side, as they will run: devices sharing cores or memory bandwidth, or a
-  // thread waiting for a GPU, slow each other down. Each device's speed is re-measured
-  // with its slice of the split until the rows stop changing (at most a few rounds).
-  for (int round = 0; round < 3 && speed.size() > 1; ++round) {
-    std::vector<double> busy(speed.size(), 0.0);
-    std::vector<index_t> rows(speed.size(), 0);
-    for (const bool backward : {false, true}) {
-      if (backward && !with_backward) break;
-      for (const SliceRun& run : run_slices(call, backward, measured, true)) {
-        for (std::size_t d = 0; d < speed.size(); ++d) {
-          if (devices[d] != run.on->device()) continue;
-          busy[d] += run.busy;
-          rows[d] = run.end - run.begin;
-        }
+  Split best = measured;
+  double best_wall = std::numeric_limits<double>::infinity();
+  if (speed.size() > 1) {
+    // Then side by side, as they will run: devices sharing cores or memory bandwidth, or a
+    // thread waiting for a GPU, slow each other down. Each device's speed is re-measured
+    // with its slice of the split until the rows stop changing (at most a few rounds).
+    for (int round = 0; round < 3; ++round) {
+      const SplitTiming timing = time_split(call, with_backward, measured);
+      if (timing.wall < best_wall) {
+        best = measured;
+        best_wall = timing.wall;
       }
+      for (std::size_t d = 0; d < speed.size(); ++d) {
+        if (timing.rows[d] > 0)
+          speed[d] = static_cast<double>(timing.rows[d]) / std::max(timing.busy[d], 1e-9);
+      }
+      const Split next = split_for();
+      if (next.partition(batch) == measured.partition(batch)) break;
+      measured = next;
     }
-    for (std::size_t d = 0; d < speed.size(); ++d) {
-      if (rows[d] > 0) speed[d] = static_cast<double>(rows[d]) / std::max(busy[d], 1e-9);
+    // A split pays for what proportional shares do not show: copies of the slices, the
+    // parameter gradients merged across devices, a device slower at few rows. The fastest
+    // device with the whole batch is a candidate too, timed the same way; it wins ties.
+    const auto fastest =
+        static_cast<std::size_t>(std::max_element(speed.begin(), speed.end()) - speed.begin());
+    std::vector<SplitShare> alone;
+    for (std::size_t d = 0; d < devices.size(); ++d)
+      alone.push_back(SplitShare{devices[d], d == fastest ? 1.0 : 0.0});
+    const Split single(std::move(alone));
+    if (single.partition(batch) != best.partition(batch)) {
+      const SplitTiming timing = time_split(call, with_backward, single);
+      if (timing.wall <= best_wall) best = single;
     }
-    const Split next = split_for();
-    if (next.partition(batch) == measured.partition(batch)) break;
-    measured = next;
   }
   for (std::size_t p = 0; p < call.params.size(); ++p) {
     if (call.params[p].diff == nullptr) continue;
     float* diff = static_cast<float*>(call.params[p].diff->host_overwrite());
     std::copy(kept[p].begin(), kept[p].end(), diff);
   }
-  return measured;
+  return best;
 }
 
 }  // namespace hn::detail

@@ -85,7 +85,9 @@ class Scheduler {
   Driver& driver(const Device& device) const;
 
   // Measures `call` on `devices`, first each alone on growing slices, then side by side
-  // until the rows settle, and returns the split; parameter gradients are as before.
+  // until the rows settle, and returns the fastest split measured side by side, or the
+  // fastest device alone (the others at fraction 0) where that is as fast; parameter
+  // gradients are as before.
   Split calibrate(const LayerCall& call, bool with_backward, const std::vector<Device>& devices);
 
  private:
@@ -94,13 +96,21 @@ class Scheduler {
   LayerSlice prepare(const LayerCall& call, Driver& on, index_t begin, index_t end, bool backward,
                      SyncedMemory* partial, SyncedMemory* scratch);
   // The slices per the call's split, run at the same time. A probe sends input gradients
-  // to scratch memory and leaves the partials unreduced.
+  // to scratch memory; the partials are left for reduce_partials.
   std::vector<SliceRun> run_slices(const LayerCall& call, bool backward, const Split& split,
                                    bool probe);
   void reduce_partials(const LayerCall& call, std::vector<SliceRun>& runs);
   // Runs `task` on `on`'s thread (the calling thread for home) and waits.
   void run_on(Driver& on, const std::function<void()>& task);
   double probe(const LayerCall& call, bool with_backward, Driver& on, index_t rows);
+  // A split's wall time (forward, backward and the merge of parameter gradients) and each
+  // share's busy seconds and rows, as the second of two runs.
+  struct SplitTiming {
+    double wall = 0.0;
+    std::vector<double> busy;
+    std::vector<index_t> rows;
+  };
+  SplitTiming time_split(const LayerCall& call, bool with_backward, const Split& split);
   Pointer workspace(Driver& on, std::size_t bytes);
 
   Runtime* runtime_;
