@@ -277,12 +277,19 @@ int run_time(const Args& args) {
                   json_number(allreduce_ms), json_number(exposed_ms),
                   json_number(total_ms / n - exposed_ms), json_number(overlap))
             : std::string();
-    fmt::print(R"({{"total":true,"model":{},"phase":"{}","device":{},"batch":{},"iterations":{},)"
+    // With a split, "device" is the Net's driver (losses and whole-batch layers) and "split_spec"
+    // says how the rest was cut.
+    const std::string split_field =
+        !split ? std::string()
+               : fmt::format(R"(,"split_spec":{})",
+                             json_string(args.has("split") ? args.text("split")
+                                                           : "file " + args.text("split-file")));
+    fmt::print(R"({{"total":true,"model":{},"phase":"{}","device":{}{},"batch":{},"iterations":{},)"
                R"("forward_ms":{},"backward_ms":{},"forward_backward_ms":{},"peak_rss_bytes":{},)"
                R"("param_bytes":{},"activation_bytes":{}{}}})"
                "\n",
                json_string(model), phase == Phase::train ? "train" : "test",
-               json_string(driver.name()), net.batch_size(), iterations,
+               json_string(driver.name()), split_field, net.batch_size(), iterations,
                json_number(forward_total / n), json_number(backward_total / n),
                json_number(total_ms / n), peak_rss, param_bytes, activation_bytes, comm_fields);
     return 0;
@@ -330,7 +337,8 @@ Command time_command() {
       "The backward is complete, data gradients included (Caffe's force_backward), unless\n"
       "--no-force-backward. --json prints one line per layer {\"layer\",\"type\",\n"
       "\"forward_ms\",\"backward_ms\"} (convolutions add \"algorithm\", convolutions and\n"
-      "inner products \"forward_flops\") and a total line {\"total\":true,...,\n"
+      "inner products \"forward_flops\") and a total line {\"total\":true,...,\"device\"\n"
+      "(the Net's driver), \"split_spec\" (with --split: its SPEC; --split-file F: \"file F\"),\n"
       "\"forward_ms\",\"backward_ms\",\"forward_backward_ms\",\"peak_rss_bytes\",\"param_bytes\",\n"
       "\"activation_bytes\"}.\n"
       "\n"

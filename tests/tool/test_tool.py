@@ -272,6 +272,7 @@ def split_spec(ctx):
     check(chosen and all(r["split_spec"] == "cpu:1.0" or "cuda" in r["split_spec"]
                          for r in chosen), f"--split auto chose {chosen}")
     check(json_lines(run.stdout)[-1]["device"] == "cpu", f"--split auto:\n{run.stdout}")
+    check(json_lines(run.stdout)[-1].get("split_spec") == "auto", f"--split auto:\n{run.stdout}")
     for spec, needle in [("cpu:0.5", "sum to 0.5"), ("tpu:1", "unknown device 'tpu:1'"),
                          ("cpu:0.5,cpu:0.5", "appears twice"), ("cpu:-1", "'cpu:-1'"),
                          ("", "an empty entry"), ("auto:cpu,cpu", "appears twice"),
@@ -966,6 +967,7 @@ def time_split_reports_each_device(ctx):
     run = time_lenet(ctx, batch, "--split", "cpu:0.5,reference:0.5", "--json")
     records = json_lines(run.stdout)
     check(records[-1].get("total") and records[-1]["device"] == "cpu", f"last: {records[-1]}")
+    check(records[-1].get("split_spec") == "cpu:0.5,reference:0.5", f"last: {records[-1]}")
     by_layer = device_lines(records)
     for name in LENET_SPLIT_LAYERS:
         lines = by_layer.get(name, [])
