@@ -1,5 +1,5 @@
 // Split specs: the grammar, validation with clear errors, the rounding of fractions to rows
-// against the exact shares, and the file of per-layer splits.
+// against the exact shares, and the file of per-layer splits; comma-separated lists.
 #include <stdlib.h>
 #include <catch2/catch.hpp>
 
@@ -8,16 +8,32 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "hybridnn/error.h"
 #include "hybridnn/runtime.h"
 #include "hybridnn/split.h"
+#include "lib/core/text.h"
 #include "tests/support.h"
 
 namespace hn {
 namespace {
 
 namespace fs = std::filesystem;
+
+TEST_CASE("split_commas gives the items between commas, keeping or dropping empty ones") {
+  using detail::EmptyItems;
+  using detail::split_commas;
+  using List = std::vector<std::string>;
+  CHECK(split_commas("", EmptyItems::keep).empty());
+  CHECK(split_commas("", EmptyItems::drop).empty());
+  CHECK(split_commas("a", EmptyItems::keep) == List{"a"});
+  CHECK(split_commas("a,bc,,d", EmptyItems::keep) == List{"a", "bc", "", "d"});
+  CHECK(split_commas("a,bc,,d", EmptyItems::drop) == List{"a", "bc", "d"});
+  CHECK(split_commas(",a,", EmptyItems::keep) == List{"", "a", ""});
+  CHECK(split_commas(",a,", EmptyItems::drop) == List{"a"});
+  CHECK(split_commas(",", EmptyItems::drop).empty());
+}
 using test::TempDir;
 
 std::string contents(const std::string& path) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "hybridnn/net.h"
+#include "lib/core/text.h"
 #include "tools/tool.h"
 
 namespace hn::tool {
@@ -24,7 +25,7 @@ int run_test(const Args& args) {
   // Layers with weights that no file provided: they test with their initial values.
   std::set<std::string> untouched;
   bool first = true;
-  for (const std::string& path : split_commas(weights)) {
+  for (const std::string& path : detail::split_commas(weights, detail::EmptyItems::keep)) {
     const std::vector<std::string> missing = net.copy_trained_layers_from(path);
     std::set<std::string> now(missing.begin(), missing.end());
     if (!first) {

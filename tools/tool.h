@@ -90,9 +90,6 @@ std::string loss_note(float weight, float value);
 // "1h02m03s", "4m05s", "12s".
 std::string format_duration(double seconds);
 
-// "a,b,,c" -> {"a", "b", "", "c"}; "" -> {}.
-std::vector<std::string> split_commas(const std::string& text);
-
 // Creates the directory that will hold files named `prefix`* (a snapshot prefix or an
 // output path); does nothing when it exists or the prefix has no directory part.
 void create_parent_directory(const std::string& prefix);

@@ -25,6 +25,7 @@
 #include "hybridnn/split.h"
 #include "hybridnn/version.h"
 #include "lib/core/philox.h"
+#include "lib/core/text.h"
 #include "lib/net/filler.h"
 #include "lib/net/layer_factory.h"
 #include "lib/proto/prototxt.h"
@@ -102,17 +103,6 @@ std::string joined(const std::vector<std::string>& names) {
   return text;
 }
 
-std::vector<std::string> split_commas(const std::string& text) {
-  std::vector<std::string> parts;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    const std::size_t comma = std::min(text.find(',', start), text.size());
-    if (comma > start) parts.push_back(text.substr(start, comma - start));
-    start = comma + 1;
-  }
-  return parts;
-}
-
 bool on_off(const std::string& key, const std::string& value) {
   if (value == "on" || value == "true" || value == "1") return true;
   if (value == "off" || value == "false" || value == "0") return false;
@@ -145,7 +135,7 @@ void check_file(const std::string& path, const char* what) {
 // Copies weights into `net` from each .caffemodel of a comma-separated list, a missing
 // file being HN_ERROR_NOT_FOUND.
 void copy_weights(hn::Net& net, const std::string& paths, const char* what) {
-  for (const std::string& path : split_commas(paths)) {
+  for (const std::string& path : hn::detail::split_commas(paths, hn::detail::EmptyItems::drop)) {
     check_file(path, what);
     net.copy_trained_layers_from(path);
   }
@@ -309,7 +299,8 @@ hn_status hn_runtime_add_driver(hn_runtime* runtime, const char* device, const c
     hn::Driver* driver = box.runtime.find(parsed);
     if (driver == nullptr) {
       hn::DriverOptions driver_options;
-      for (const std::string& item : split_commas(options != nullptr ? options : "")) {
+      for (const std::string& item : hn::detail::split_commas(options != nullptr ? options : "",
+                                                              hn::detail::EmptyItems::drop)) {
         const std::size_t equals = item.find('=');
         if (equals == std::string::npos || equals == 0) {
           fail(HN_ERROR_INVALID_ARGUMENT,
@@ -942,7 +933,7 @@ hn_status hn_net_options_set(hn_net_options* options, const char* key, const cha
     } else if (k == "level") {
       n.state.level = static_cast<int>(integer(k, v, -(1 << 30), 1 << 30));
     } else if (k == "stage") {
-      n.state.stages = split_commas(v);
+      n.state.stages = hn::detail::split_commas(v, hn::detail::EmptyItems::drop);
     } else if (k == "batch") {
       n.batch_size = static_cast<int>(integer(k, v, 0, 1 << 30));
     } else if (k == "data") {
@@ -954,7 +945,7 @@ hn_status hn_net_options_set(hn_net_options* options, const char* key, const cha
     } else if (k == "reuse_memory") {
       n.reuse_memory = on_off(k, v);
     } else if (k == "keep_blobs") {
-      n.keep_blobs = split_commas(v);
+      n.keep_blobs = hn::detail::split_commas(v, hn::detail::EmptyItems::drop);
     } else if (k == "seed") {
       n.seed = static_cast<std::uint64_t>(integer(k, v, 0, (1LL << 62)));
     } else if (k == "weights") {
@@ -1286,7 +1277,7 @@ hn_status hn_solver_restore(hn_solver* solver, const char* solverstate_path) {
 hn_status hn_solver_copy_weights(hn_solver* solver, const char* caffemodel_paths) {
   return guarded([&] {
     const std::string paths = checked_text(caffemodel_paths, "hn_solver_copy_weights");
-    for (const std::string& path : split_commas(paths))
+    for (const std::string& path : hn::detail::split_commas(paths, hn::detail::EmptyItems::drop))
       check_file(path, "hn_solver_copy_weights");
     solver_of(solver, "hn_solver_copy_weights").copy_weights(paths);
   });

@@ -15,6 +15,7 @@
 
 #include "lib/core/check.h"
 #include "lib/core/philox.h"
+#include "lib/core/text.h"
 
 namespace hn::detail {
 
@@ -415,17 +416,6 @@ std::unique_ptr<RecordSource> open_synthetic(const std::string& spec, const std:
   return std::make_unique<SyntheticSource>(spec, RecordShape{channels, height, width}, classes);
 }
 
-std::vector<std::string> split_commas(const std::string& text) {
-  std::vector<std::string> parts;
-  std::size_t begin = 0;
-  for (;;) {
-    const std::size_t comma = text.find(',', begin);
-    parts.push_back(text.substr(begin, comma - begin));
-    if (comma == std::string::npos) return parts;
-    begin = comma + 1;
-  }
-}
-
 std::unique_ptr<RecordSource> open_database(const std::string& dir, const SourceOptions& options) {
   const std::string& context = options.context;
   const bool lmdb = fs::exists(fs::path(dir) / "data.mdb");
@@ -451,7 +441,7 @@ std::unique_ptr<RecordSource> open_record_source(const std::string& source,
 
   std::error_code error;
   if (source.find(',') != std::string::npos && !fs::exists(source, error)) {
-    return open_cifar(source, split_commas(source), context);
+    return open_cifar(source, split_commas(source, EmptyItems::keep), context);
   }
   const fs::file_status status = fs::status(source, error);
   HN_CHECK(fs::exists(status), "{}: data source '{}' does not exist", context, source);

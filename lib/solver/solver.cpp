@@ -29,6 +29,7 @@
 
 #include "lib/core/check.h"
 #include "lib/core/philox.h"
+#include "lib/core/text.h"
 #include "lib/proto/prototxt.h"
 #include "lib/solver/gradient_sync.h"
 
@@ -112,18 +113,6 @@ std::string text_of(const google::protobuf::Message& net) {
   std::string text;
   google::protobuf::TextFormat::PrintToString(net, &text);
   return text;
-}
-
-std::vector<std::string> split_commas(const std::string& text) {
-  std::vector<std::string> parts;
-  std::size_t begin = 0;
-  for (;;) {
-    const std::size_t comma = text.find(',', begin);
-    std::string part = text.substr(begin, comma - begin);
-    if (!part.empty()) parts.push_back(std::move(part));
-    if (comma == std::string::npos) return parts;
-    begin = comma + 1;
-  }
 }
 
 // The nets' tuning under data parallelism: every rank takes rank 0's choice of algorithm
@@ -858,7 +847,8 @@ void Solver::on_event(std::function<void(const SolverEvent&)> callback) {
 }
 
 void Solver::copy_weights(const std::string& caffemodel_paths) {
-  const std::vector<std::string> paths = split_commas(caffemodel_paths);
+  const std::vector<std::string> paths =
+      detail::split_commas(caffemodel_paths, detail::EmptyItems::drop);
   HN_CHECK(!paths.empty(), "copy_weights: no .caffemodel path given ('{}')", caffemodel_paths);
   for (const std::string& path : paths)
     impl_->net->copy_trained_layers_from(path);
