@@ -9,6 +9,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <numeric>
@@ -488,6 +489,32 @@ TEST_CASE("cuda bias_backward body equals the reference, also for outer == 0", "
       ref->bias_backward(shape, dy.data(), beta, expected.data());
       device_bias_backward(shape, dy.data(), beta, actual.data());
       REQUIRE(max_rel_diff(actual, expected) <= 1e-6);
+    }
+  }
+}
+
+TEST_CASE(
+    "cuda bias_backward body gives each thread the sum of its terms in index order, bitwise, "
+    "for inner sizes below, at and above the block",
+    "[cuda-bodies]") {
+  for (const AxisShape shape :
+       {AxisShape{5, 3, 100}, AxisShape{2, 2, 300}, AxisShape{33, 2, 7}, AxisShape{1000, 2, 1},
+        AxisShape{3, 2, 256}, AxisShape{2, 3, 3001}, AxisShape{1, 1, 5}}) {
+    INFO(shape.to_string());
+    const auto dy = random_floats(size_of(shape.count()), 53);
+    const index_t terms = shape.outer * shape.inner;
+    for (index_t c = 0; c < shape.channels; ++c) {
+      for (int t = 0; t < cuda::kReduceThreads; ++t) {
+        // Term j of channel c is dy[o][c][i] with (o, i) = (j / inner, j % inner).
+        double expected = 0.0;
+        for (index_t j = t; j < terms; j += cuda::kReduceThreads) {
+          const index_t o = j / shape.inner, i = j % shape.inner;
+          expected += static_cast<double>(
+              dy[static_cast<std::size_t>((o * shape.channels + c) * shape.inner + i)]);
+        }
+        const double got = cuda::bias_backward_partial(c, t, shape, dy.data());
+        CHECK(std::memcmp(&got, &expected, sizeof(double)) == 0);
+      }
     }
   }
 }
