@@ -529,8 +529,8 @@ class CudaDriver final : public Driver {
   }
   // The generic sequence (Driver::do_norm_affine_backward) with its two intermediates in
   // this driver's scratch: the generic ones are allocations, a cudaMalloc and a cudaFree
-  // (which waits for the device) each per call, 2.4 of ResNet-50 scale_conv1's 2.8 ms
-  // backward on an H200.
+  // (which waits for the device) each per call. On an H200 ResNet-50's Scale layers went
+  // from 42 to 23 ms of an iteration (batch 32, forward and backward).
   void do_norm_affine_backward(const AxisShape& shape, const float* dy, const float* y,
                                const float* normalised, const float* dx_scale, bool relu,
                                float slope, float* dgamma, float* dbeta, float* dx) override {
