@@ -72,6 +72,14 @@ HN_HOST_DEVICE inline double bias_backward_partial(index_t c, int thread, const 
   const index_t plane = shape.channels * inner;
   const float* channel = dy + c * inner;
   index_t o = thread / inner, r = thread % inner;
+  const auto next = [&] {  // (o, r) of j + kReduceThreads
+    o += step_o;
+    r += step_r;
+    if (r >= inner) {
+      r -= inner;
+      ++o;
+    }
+  };
   double sum = 0.0;
   index_t j = thread;
   for (; j + (kBiasUnroll - 1) * index_t{kReduceThreads} < terms;
@@ -79,24 +87,14 @@ HN_HOST_DEVICE inline double bias_backward_partial(index_t c, int thread, const 
     float values[kBiasUnroll];
     for (int u = 0; u < kBiasUnroll; ++u) {
       values[u] = channel[o * plane + r];
-      o += step_o;
-      r += step_r;
-      if (r >= inner) {
-        r -= inner;
-        ++o;
-      }
+      next();
     }
     for (int u = 0; u < kBiasUnroll; ++u)
       sum += static_cast<double>(values[u]);
   }
   for (; j < terms; j += kReduceThreads) {
     sum += static_cast<double>(channel[o * plane + r]);
-    o += step_o;
-    r += step_r;
-    if (r >= inner) {
-      r -= inner;
-      ++o;
-    }
+    next();
   }
   return sum;
 }
