@@ -9,7 +9,7 @@
 #
 # Then, from the repository root on the GPU machine: `bash .gpu/run.sh` runs the GPU suite
 # first, then times CaffeNet, ResNet-50 and MobileNet v1 (batch 32, forward + backward) on
-# cuda:0 and with --split auto, and with --data trains LeNet on Fashion-MNIST with --gpu 0.
+# cuda:0, with --split auto and with both, and with --data trains LeNet on Fashion-MNIST with --gpu 0.
 # Logs and JSON lines go to $OUT (default .gpu/out). The binaries run on a newer glibc than
 # Debian 12's; the GPU machine's x86-64 must be this one's. .gpu/ is not committed.
 set -euo pipefail
@@ -73,9 +73,9 @@ echo "exit \$?"
 grep -E "FAILED|SKIPPED|test cases|assertions|All tests passed" "\$OUT/cuda-tests.log" | tail -n 12
 \$B/hybridnn device_query | grep -E "^(available|cuda)"
 for net in bvlc_reference_caffenet resnet50 mobilenet_v1; do
-  for how in "--device cuda:0" "--split auto"; do
+  for how in "--device cuda:0" "--split auto" "--device cuda:0 --split auto"; do
     echo "== \$net \$how"
-    log=\$OUT/\$net-\$(echo "\${how##* }" | tr -d :).jsonl  # names without ':' come back
+    log=\$OUT/\$net\$(echo "\$how" | tr -d ': -').jsonl  # names without ':' come back
     timeout 120 \$B/hybridnn time --model \$M/\${net}_deploy.prototxt \$how --iterations 10 \\
       --batch 32 --json >"\$log" 2>&1
     grep '"total"' "\$log" | grep -o '"forward_backward_ms":[0-9.]*'

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iterator>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -428,8 +429,10 @@ TEST_CASE("an automatic split measures every layer and leaves the net's state as
                         param.tensor->host_diff() + param.tensor->count());
   }
   std::vector<std::string> heard;
+  std::vector<Split> measured;
   net.calibrate_splits([&](const std::string& layer, const Split& split) {
     heard.push_back(layer);
+    measured.push_back(split);
     CHECK(split.shares().size() == 2);
   });
   CHECK_FALSE(net.needs_split_calibration());
@@ -437,17 +440,47 @@ TEST_CASE("an automatic split measures every layer and leaves the net's state as
   // Every layer that can be cut by rows was measured, in net order; the loss was not.
   CHECK(heard ==
         std::vector<std::string>{"conv1", "pool1", "conv2", "pool2", "ip1", "relu1", "ip2"});
-  const LayerSplits splits = net.layer_splits();
-  REQUIRE(splits.size() == heard.size());
-  for (const auto& [layer, split] : splits) {
-    INFO(layer << ": " << split.to_string());
+  REQUIRE(measured.size() == heard.size());
+  for (std::size_t l = 0; l < measured.size(); ++l) {
+    INFO(heard[l] << ": " << measured[l].to_string());
     double total = 0.0;
-    for (const SplitShare& share : split.shares())
+    for (const SplitShare& share : measured[l].shares())
       total += share.fraction;
     CHECK(total == Approx(1.0).epsilon(1e-9));
   }
   // relu1 computes in place on ip1's output and follows ip1.
-  CHECK(splits[5].second.to_string() == splits[4].second.to_string());
+  CHECK(measured[5].to_string() == measured[4].to_string());
+  // The whole net was timed with the measured splits and with one device alone, unless
+  // every layer came out on one and the same device; the faster was kept.
+  std::set<std::string> holding;  // devices given rows by some layer
+  for (const Split& split : measured) {
+    const auto rows = split.partition(net.batch_size());
+    for (std::size_t s = 0; s < rows.size(); ++s)
+      if (rows[s].second > rows[s].first) holding.insert(split.shares()[s].device.name());
+  }
+  const Net::SplitCheck check = net.split_check();
+  CHECK(check.checked == (holding.size() > 1));
+  if (check.checked) {
+    CHECK(check.measured_seconds > 0.0);
+    CHECK(check.alone_seconds > 0.0);
+    CHECK(holding.count(check.alone.name()) == 1);
+    CHECK(check.kept_measured == (check.measured_seconds < 0.97 * check.alone_seconds));
+  }
+  const LayerSplits splits = net.layer_splits();
+  if (!check.checked || check.kept_measured) {
+    REQUIRE(splits.size() == heard.size());
+    for (std::size_t l = 0; l < splits.size(); ++l)
+      CHECK(splits[l].second.to_string() == measured[l].to_string());
+  } else if (check.alone == net.driver().device()) {
+    CHECK(splits.empty());  // the Net's own driver alone: the unsplit path
+  } else {
+    REQUIRE(splits.size() == heard.size());
+    for (const auto& [layer, split] : splits) {
+      INFO(layer << ": " << split.to_string());
+      for (const SplitShare& share : split.shares())
+        CHECK(share.fraction == (share.device == check.alone ? 1.0 : 0.0));
+    }
+  }
   std::size_t k = 0;
   for (const NetParam& param : net.learnable_params()) {
     const float* data = param.tensor->host_data();

@@ -10,6 +10,7 @@
 #include "lib/net/net_impl.h"
 
 #include <algorithm>
+#include <chrono>
 
 namespace hn {
 
@@ -435,6 +436,98 @@ void Net::calibrate_splits(
   }
   impl_->on_calibrated = nullptr;
   seek_data(position);
+  check_splits_whole(position);
+}
+
+void Net::check_splits_whole(std::uint64_t position) {
+  Impl& net = *impl_;
+  net.split_check = SplitCheck{};
+  // The device with most of the automatic layers' work (forward flops by fraction).
+  std::vector<std::pair<Device, double>> work;
+  std::vector<int> automatic;
+  for (std::size_t l = 0; l < net.layers.size(); ++l) {
+    const NetLayer& nl = net.layers[l];
+    if (!nl.automatic || nl.split.empty()) continue;
+    automatic.push_back(static_cast<int>(l));
+    const double flops = std::max(1.0, layer_forward_flops(static_cast<int>(l)));
+    for (const SplitShare& share : nl.split.shares()) {
+      auto found = std::find_if(work.begin(), work.end(),
+                                [&](const auto& entry) { return entry.first == share.device; });
+      if (found == work.end()) found = work.insert(work.end(), {share.device, 0.0});
+      found->second += flops * share.fraction;
+    }
+  }
+  if (work.empty()) return;
+  const Device alone = std::max_element(work.begin(), work.end(), [](const auto& a, const auto& b) {
+                         return a.second < b.second;
+                       })->first;
+  std::vector<Split> measured, single;
+  bool differs = false;
+  for (int l : automatic) {
+    const Split& split = net.layers[l].split;
+    std::vector<SplitShare> shares = split.shares();
+    for (SplitShare& share : shares)
+      share.fraction = share.device == alone ? 1.0 : 0.0;
+    measured.push_back(split);
+    differs = differs || Split(shares).partition(net.batch) != split.partition(net.batch);
+    // The Net's own driver alone is the unsplit path.
+    single.push_back(alone == net.driver->device() ? Split() : Split(std::move(shares)));
+  }
+  if (!differs) return;
+  // Timing runs change the parameters' gradients and running statistics: keep them.
+  std::vector<std::vector<float>> kept;
+  for (const NetParam& param : net.learnable) {
+    const float* data = param.tensor->host_data();
+    const float* diff = param.tensor->host_diff();
+    kept.emplace_back(data, data + param.tensor->count());
+    kept.emplace_back(diff, diff + param.tensor->count());
+  }
+  auto use = [&](const std::vector<Split>& splits) {
+    for (std::size_t a = 0; a < automatic.size(); ++a)
+      net.layers[automatic[a]].split = splits[a];
+  };
+  auto iteration_seconds = [&] {
+    // Twice, the second timed: the first sets up the slices' shapes.
+    double seconds = 0.0;
+    for (int pass = 0; pass < 2; ++pass) {
+      seek_data(position);
+      const auto start = std::chrono::steady_clock::now();
+      forward();
+      backward();
+      net.driver->synchronize();
+      for (const auto& entry : work)
+        net.scheduler->driver(entry.first).synchronize();
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    return seconds;
+  };
+  SplitCheck check;
+  check.checked = true;
+  check.alone = alone;
+  try {
+    check.measured_seconds = iteration_seconds();
+    use(single);
+    check.alone_seconds = iteration_seconds();
+  } catch (...) {
+    use(measured);
+    seek_data(position);
+    throw;
+  }
+  // The measured splits must win by more than noise to be worth their copies.
+  check.kept_measured = check.measured_seconds < 0.97 * check.alone_seconds;
+  use(check.kept_measured ? measured : single);
+  seek_data(position);
+  std::size_t k = 0;
+  for (const NetParam& param : net.learnable) {
+    std::copy(kept[k].begin(), kept[k].end(), param.tensor->host_data_mut());
+    std::copy(kept[k + 1].begin(), kept[k + 1].end(), param.tensor->host_diff_mut());
+    k += 2;
+  }
+  net.split_check = check;
+}
+
+Net::SplitCheck Net::split_check() const {
+  return impl_->split_check;
 }
 
 std::vector<LayerProfile> Net::profile() const {

@@ -145,6 +145,7 @@ struct Net::Impl {
   std::string algorithm_of(int index) const;
   const Split& upstream_split(int blob) const;
   std::function<void(const std::string&, const Split&)> on_calibrated;
+  Net::SplitCheck split_check;
 
   std::unique_ptr<detail::Scheduler> scheduler;
   std::unique_ptr<Tuner> tuner;        // made at the first layer that tunes

@@ -1014,9 +1014,16 @@ def time_split_reports_each_device(ctx):
 def time_split_auto_saves_and_reuses(ctx):
     saved = ctx.path("splits", "lenet.txt")
     run = time_lenet(ctx, 10, "--split", "auto:cpu,reference", "--split-save", saved)
+    measured = {}
     for name in LENET_SPLIT_LAYERS:
-        check(re.search(rf"^Measuring the split of {name}\.\.\. cpu:\S+,reference:\S+$",
-                        run.stdout, re.MULTILINE), f"no measurement of {name}:\n{run.stdout}")
+        found = re.search(rf"^Measuring the split of {name}\.\.\. (cpu:\S+,reference:\S+)$",
+                          run.stdout, re.MULTILINE)
+        check(found, f"no measurement of {name}:\n{run.stdout}")
+        measured[name] = found.group(1)
+    # Then the whole net, with the measured splits and with one device alone.
+    whole = re.search(r"^Whole net: [0-9.]+ ms per forward \+ backward with the measured splits, "
+                      r"[0-9.]+ ms with (cpu|reference) alone; keeping (.*)$", run.stdout,
+                      re.MULTILINE)
     chosen = run.stdout[run.stdout.find("Chosen split:"):]
     check(chosen, f"no 'Chosen split:' block:\n{run.stdout}")
     check(os.path.exists(saved), f"--split-save did not write {saved}")
@@ -1024,17 +1031,30 @@ def time_split_auto_saves_and_reuses(ctx):
         text = f.read()
     check(text.startswith("#") and "--split-file" in text, f"no header comment:\n{text}")
     splits = dict(line.split() for line in text.splitlines() if line and not line[0] == "#")
-    check(sorted(splits) == sorted(LENET_SPLIT_LAYERS), f"saved layers {sorted(splits)}")
-    for name, spec in splits.items():
-        check(re.search(rf"^\s*{name} {re.escape(spec)}$", chosen, re.MULTILINE),
-              f"{name} {spec} is not in the printed choice:\n{chosen}")
-        check(abs(sum(float(e.rsplit(":", 1)[1]) for e in spec.split(",")) - 1) <= 1e-6, spec)
+    if whole and whole.group(2) == "cpu alone":
+        # cpu is the Net's own device: every layer runs unsplit, and nothing is saved.
+        check(chosen.startswith("Chosen split: none, every layer on cpu"), chosen)
+        check(splits == {}, f"saved {splits} for an unsplit choice")
+    else:
+        if whole:
+            check(whole.group(2) in ("the measured splits", f"{whole.group(1)} alone"),
+                  whole.group(0))
+        check(sorted(splits) == sorted(LENET_SPLIT_LAYERS), f"saved layers {sorted(splits)}")
+        for name, spec in splits.items():
+            check(re.search(rf"^\s*{name} {re.escape(spec)}$", chosen, re.MULTILINE),
+                  f"{name} {spec} is not in the printed choice:\n{chosen}")
+            check(abs(sum(float(e.rsplit(":", 1)[1]) for e in spec.split(",")) - 1) <= 1e-6,
+                  spec)
+        if not whole or whole.group(2) == "the measured splits":
+            check(splits == measured, f"saved {splits}, measured {measured}")
 
-    # The saved file runs the same per-layer splits, measuring nothing.
-    run = time_lenet(ctx, 10, "--split-file", saved, "--json")
+    # A file of the measured splits runs them, measuring nothing.
+    reused = write(ctx, "measured.txt",
+                   "".join(f"{name} {spec}\n" for name, spec in measured.items()))
+    run = time_lenet(ctx, 10, "--split-file", reused, "--json")
     check("Measuring" not in run.stderr, f"--split-file measured again:\n{run.stderr}")
     by_layer = device_lines(json_lines(run.stdout))
-    for name, spec in splits.items():
+    for name, spec in measured.items():
         rows = [r["rows"] for r in by_layer.get(name, [])]
         check(rows == partition(spec, 10), f"{name} ran {rows} rows, {spec} gives "
               f"{partition(spec, 10)}")
@@ -1042,7 +1062,10 @@ def time_split_auto_saves_and_reuses(ctx):
     # --json: the choice as JSON lines on stdout, the progress on stderr.
     run = time_lenet(ctx, 10, "--split", "auto:cpu,reference", "--json")
     chosen = {r["layer"]: r["split_spec"] for r in json_lines(run.stdout) if r.get("split")}
-    check(sorted(chosen) == sorted(LENET_SPLIT_LAYERS), f"JSON choice {chosen}")
+    if "keeping cpu alone" in run.stderr:
+        check(chosen == {}, f"JSON choice {chosen} for cpu alone")
+    else:
+        check(sorted(chosen) == sorted(LENET_SPLIT_LAYERS), f"JSON choice {chosen}")
     check("Measuring the split of conv1..." in run.stderr, f"no progress on stderr:\n{run.stderr}")
 
     # train measures its net's splits before the first iteration, and saves them.

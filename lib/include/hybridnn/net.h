@@ -208,8 +208,22 @@ class Net {
   // together. Layers computed in place follow the layer before them. Parameter values and
   // gradients are left as they were and the data layers are rewound.
   // `on_layer` (may be empty) hears each layer's choice as it is made.
+  // Then the whole net is timed (a forward and a backward, the second of two runs) with the
+  // measured splits and with every automatic layer on the one device that got most of the
+  // work, and the faster is kept (split_check()): per-layer timings do not show the copies
+  // between layers cut differently, nor a slow slice holding up every layer after it.
   void calibrate_splits(
       const std::function<void(const std::string& layer, const Split& split)>& on_layer = {});
+  // What calibrate_splits' whole-net check measured; `checked` is false before
+  // calibrate_splits, and when every automatic layer came out on one device anyway.
+  struct SplitCheck {
+    bool checked = false;
+    double measured_seconds = 0.0;  // forward + backward with the measured splits
+    double alone_seconds = 0.0;     // the same with every automatic layer on `alone`
+    Device alone;
+    bool kept_measured = true;
+  };
+  SplitCheck split_check() const;
   // Per-layer timing of the compute layers since construction or the last reset.
   std::vector<LayerProfile> profile() const;
   void reset_profile();
@@ -220,6 +234,8 @@ class Net {
   std::size_t activation_bytes_without_reuse() const;
 
  private:
+  // calibrate_splits' whole-net check, the data rewound to `position` after.
+  void check_splits_whole(std::uint64_t position);
   struct Impl;  // lib/net/net_impl.h
   Net(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
