@@ -8,8 +8,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
+#include <numeric>
 #include <thread>
+#include <utility>
 
+#include "comm/collectives.h"
 #include "comm/mpi_communicator.h"
 #include "lib/core/check.h"
 
@@ -182,6 +185,66 @@ void MpiCommunicator::allgather(Driver& driver, const float* sent, std::size_t c
   check_mpi(MPI_Iallgather(in.get(), n, MPI_FLOAT, out.get(), n, MPI_FLOAT, comm_, request.data()),
             "MPI_Iallgather");
   wait_all(request, "allgather", seq);
+  out.write_back();
+}
+
+namespace {
+
+// MPI's int counts and displacements of the blocks; throws when the whole is more than one
+// MPI call carries.
+std::pair<std::vector<int>, std::vector<int>> mpi_blocks(const std::vector<std::size_t>& counts,
+                                                         const char* what) {
+  std::vector<int> lengths, displacements;
+  std::size_t offset = 0;
+  for (const std::size_t count : counts) {
+    lengths.push_back(as_count(count, what));
+    displacements.push_back(as_count(offset, what));
+    offset += count;
+  }
+  as_count(offset, what);
+  return {lengths, displacements};
+}
+
+}  // namespace
+
+void MpiCommunicator::allgatherv(Driver& driver, const float* sent,
+                                 const std::vector<std::size_t>& counts, float* received) {
+  const std::uint64_t seq = next_sequence();
+  check_block_counts(*this, "allgatherv", counts);
+  const auto [lengths, displacements] = mpi_blocks(counts, "allgatherv");
+  const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+  HostFloats out(driver, received, total, true);
+  HostFloats in(driver, const_cast<float*>(sent), counts[static_cast<std::size_t>(rank_)]);
+  std::vector<MPI_Request> request(1);
+  check_mpi(
+      MPI_Iallgatherv(in.get(), lengths[static_cast<std::size_t>(rank_)], MPI_FLOAT, out.get(),
+                      lengths.data(), displacements.data(), MPI_FLOAT, comm_, request.data()),
+      "MPI_Iallgatherv");
+  wait_all(request, "allgatherv", seq);
+  out.write_back();
+}
+
+void MpiCommunicator::reduce_scatterv(Driver& driver, const float* data,
+                                      const std::vector<std::size_t>& counts, float* received,
+                                      ReduceOp op) {
+  const std::uint64_t seq = next_sequence();
+  check_block_counts(*this, "reduce_scatterv", counts);
+  const auto lengths = mpi_blocks(counts, "reduce_scatterv").first;
+  const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+  const std::size_t own = counts[static_cast<std::size_t>(rank_)];
+  HostFloats in(driver, const_cast<float*>(data), total);
+  HostFloats out(driver, received, own, true);
+  std::vector<MPI_Request> request(1);
+  check_mpi(MPI_Ireduce_scatter(in.get(), out.get(), lengths.data(), MPI_FLOAT, MPI_SUM, comm_,
+                                request.data()),
+            "MPI_Ireduce_scatter");
+  wait_all(request, "reduce_scatterv", seq);
+  if (op == ReduceOp::average) {
+    const float scale = 1.0f / static_cast<float>(size_);
+    float* values = out.get();
+    for (std::size_t i = 0; i < own; ++i)
+      values[i] *= scale;
+  }
   out.write_back();
 }
 

@@ -41,6 +41,10 @@ class MpiCommunicator : public Communicator {
   void allreduce(Driver& driver, float* data, std::size_t count, ReduceOp op) override;
   void broadcast(Driver& driver, float* data, std::size_t count, int root) override;
   void allgather(Driver& driver, const float* sent, std::size_t count, float* received) override;
+  void allgatherv(Driver& driver, const float* sent, const std::vector<std::size_t>& counts,
+                  float* received) override;
+  void reduce_scatterv(Driver& driver, const float* data, const std::vector<std::size_t>& counts,
+                       float* received, ReduceOp op) override;
   void barrier() override;
   [[noreturn]] void abort(int exit_code) noexcept override;
 

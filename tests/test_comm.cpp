@@ -34,6 +34,13 @@ TEST_CASE("the local communicator is rank 0 of 1 and its collectives keep the da
   local->barrier();
   CHECK(data == std::vector<float>{1.5f, -2.0f, 3.25f});
   CHECK(gathered == data);
+  std::vector<float> blocks(3, 0.0f), block(3, 0.0f);
+  local->allgatherv(driver, data.data(), {3}, blocks.data());
+  local->reduce_scatterv(driver, data.data(), {3}, block.data(), ReduceOp::average);
+  CHECK(blocks == data);
+  CHECK(block == data);
+  CHECK_THROWS_WITH(local->allgatherv(driver, data.data(), {1, 2}, blocks.data()),
+                    Catch::Contains("allgatherv on rank 0 got 2 block counts for 1 ranks"));
   CHECK(communicator_backends().front() == "local");
   CHECK(make_communicator("local")->name() == "local");
   CHECK_THROWS_WITH(

@@ -1,14 +1,17 @@
 // The MPI communicators under mpirun (ctest runs this binary with 2, 3 and 4 ranks): exact
 // sums against the known answer, ring against MPI_Allreduce, bitwise reproducibility, the
 // other collectives. Every rank runs every case; a failure on any rank fails the run.
+#include <fmt/format.h>
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hybridnn/comm.h"
@@ -153,6 +156,96 @@ TEST_CASE("broadcast, allgather and barrier on both MPI backends, device memory 
       comm->barrier();
     }
     CHECK_THROWS_WITH(comm->broadcast(host, nullptr, 0, n), Contains("broadcast from rank"));
+  }
+}
+
+// A backend with only the equal-block collectives: allgatherv and reduce_scatterv are
+// Communicator's defaults over `inner`'s allgather and allreduce.
+class EqualBlocksOnly final : public Communicator {
+ public:
+  explicit EqualBlocksOnly(std::unique_ptr<Communicator> inner) : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string name() const override { return "defaults over " + inner_->name(); }
+  void allreduce(Driver& driver, float* data, std::size_t count, ReduceOp op) override {
+    inner_->allreduce(driver, data, count, op);
+  }
+  void broadcast(Driver& driver, float* data, std::size_t count, int root) override {
+    inner_->broadcast(driver, data, count, root);
+  }
+  void allgather(Driver& driver, const float* sent, std::size_t count, float* received) override {
+    inner_->allgather(driver, sent, count, received);
+  }
+  void barrier() override { inner_->barrier(); }
+  [[noreturn]] void abort(int exit_code) noexcept override {
+    inner_->abort(exit_code);
+    std::_Exit(exit_code);  // not reached
+  }
+
+ private:
+  std::unique_ptr<Communicator> inner_;
+};
+
+TEST_CASE("allgatherv and reduce_scatterv of unequal blocks give exact blocks and sums", "[mpi]") {
+  Runtime runtime;
+  DriverOptions separate;
+  separate.set("separate_memory", true);
+  Driver& host = runtime.add(Device::parse("reference"));
+  Driver& device = runtime.add(Device::parse("reference:1"), separate);
+  for (const std::string backend : {"ring", "mpi", "defaults"}) {
+    const std::unique_ptr<Communicator> comm =
+        backend == "defaults" ? std::make_unique<EqualBlocksOnly>(make("mpi")) : make(backend);
+    const int n = comm->size(), r = comm->rank();
+    // Rank 1's block is empty; the others differ in length.
+    std::vector<std::size_t> counts, offsets;
+    std::size_t total = 0;
+    for (int other = 0; other < n; ++other) {
+      counts.push_back(other == 1 ? 0 : static_cast<std::size_t>(3 * other + 2));
+      offsets.push_back(total);
+      total += counts.back();
+    }
+    const std::size_t own = counts[static_cast<std::size_t>(r)];
+    for (Driver* driver : {&host, &device}) {
+      INFO(comm->name() << " rank " << r << " of " << n << " on " << driver->name());
+      std::vector<float> mine(own);
+      for (std::size_t i = 0; i < own; ++i)
+        mine[i] = static_cast<float>(r * 1000 + static_cast<int>(i));
+      Buffer sent(*driver, std::max<std::size_t>(own, 1) * sizeof(float));
+      Buffer gathered(*driver, total * sizeof(float));
+      driver->copy_from_host(sent.address(), mine.data(), own * sizeof(float));
+      comm->allgatherv(*driver, sent.as<float>(), counts, gathered.as<float>());
+      std::vector<float> all(total);
+      driver->copy_to_host(all.data(), gathered.address(), total * sizeof(float));
+      std::vector<float> want;
+      for (int other = 0; other < n; ++other)
+        for (std::size_t i = 0; i < counts[static_cast<std::size_t>(other)]; ++i)
+          want.push_back(static_cast<float>(other * 1000 + static_cast<int>(i)));
+      CHECK(all == want);
+
+      std::vector<float> data(total);
+      for (std::size_t i = 0; i < total; ++i)
+        data[i] = value(r, i);
+      Buffer whole(*driver, total * sizeof(float));
+      Buffer block(*driver, std::max<std::size_t>(own, 1) * sizeof(float));
+      driver->copy_from_host(whole.address(), data.data(), total * sizeof(float));
+      for (const ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
+        comm->reduce_scatterv(*driver, whole.as<float>(), counts, block.as<float>(), op);
+        std::vector<float> got(own), expected(own);
+        driver->copy_to_host(got.data(), block.address(), own * sizeof(float));
+        for (std::size_t i = 0; i < own; ++i) {
+          // Every rank's value at the block's position: (rank + 1) * k, summed over ranks.
+          const int k = static_cast<int>((offsets[static_cast<std::size_t>(r)] + i) % 97 + 1);
+          const float sum = static_cast<float>(n * (n + 1) / 2 * k);
+          expected[i] = op == ReduceOp::sum ? sum : sum * (1.0f / static_cast<float>(n));
+        }
+        CHECK(got == expected);
+      }
+    }
+    const std::vector<std::size_t> short_counts(static_cast<std::size_t>(n) - 1, 1);
+    CHECK_THROWS_WITH(comm->allgatherv(host, nullptr, short_counts, nullptr),
+                      Contains("allgatherv") && Contains(fmt::format("{} block counts", n - 1)));
+    CHECK_THROWS_WITH(comm->reduce_scatterv(host, nullptr, short_counts, nullptr),
+                      Contains("reduce_scatterv") && Contains(fmt::format("for {} ranks", n)));
   }
 }
 

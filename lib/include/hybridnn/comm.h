@@ -57,6 +57,17 @@ class Communicator {
   // `received` (size() * count floats) gets every rank's `sent` (count floats), rank r's
   // at r * count.
   virtual void allgather(Driver& driver, const float* sent, std::size_t count, float* received) = 0;
+  // Blocks of different lengths: rank r sends counts[r] floats (counts has size() entries,
+  // the same on every rank), and `received` (their sum) gets rank r's at the sum of the
+  // counts before r. The default pads every block to the largest and calls allgather.
+  virtual void allgatherv(Driver& driver, const float* sent, const std::vector<std::size_t>& counts,
+                          float* received);
+  // The inverse: `data` holds the sum of the counts on every rank, block r at the sum of
+  // the counts before r; rank r's `received` (counts[r] floats) gets the sum (or mean) over
+  // the ranks of block r. The default allreduces a copy of `data` and keeps block r.
+  virtual void reduce_scatterv(Driver& driver, const float* data,
+                               const std::vector<std::size_t>& counts, float* received,
+                               ReduceOp op = ReduceOp::sum);
   // Returns once every rank has called it.
   virtual void barrier() = 0;
   // Ends the whole run at once: this process and every other rank's exit with `exit_code`
