@@ -97,6 +97,10 @@ detail::LayerCall Net::Impl::call_of(int index, bool backward) {
 
 void Net::Impl::run_compute(int index, bool backward) {
   NetLayer& nl = layers[index];
+  if (!nl.parts.empty()) {
+    run_output_cut(index, backward);
+    return;
+  }
   if (nl.automatic && !nl.calibrated && !backward) calibrate_layer(index);
   if (!nl.tuned && !backward) tune_layer(index);
   scheduler->run(call_of(index, backward), backward, &profiles[index]);
@@ -300,8 +304,8 @@ float Net::loss() const {
 
 void Net::clear_param_diffs() {
   for (const NetParam& param : impl_->learnable) {
-    impl_->driver->fill(param.tensor->count(), 0.0f,
-                        static_cast<float*>(param.tensor->diff().overwrite(*impl_->driver)));
+    Driver& on = param.driver != nullptr ? *param.driver : *impl_->driver;
+    on.fill(param.tensor->count(), 0.0f, static_cast<float*>(param.tensor->diff().overwrite(on)));
   }
 }
 

@@ -204,6 +204,14 @@ void Net::Impl::build(pb::NetParameter net) {
             nl.auto_devices.push_back(present->device());
         }
         nl.split = Split();  // the fractions are measured at the first forward
+        HN_CHECK(nl.param.split_axis() != pb::LayerParameter::OUTPUT,
+                 "split_axis: OUTPUT needs the fractions given, not measured (auto)");
+        continue;
+      }
+      if (nl.param.split_axis() == pb::LayerParameter::OUTPUT) {
+        HN_CHECK(!nl.split.empty(), "split_axis: OUTPUT without a split to cut the outputs by");
+        nl.output_cut = nl.split;  // the parts run whole batches (net_output_cut.cpp)
+        nl.split = Split();
         continue;
       }
     } catch (const Error& error) {
@@ -225,6 +233,7 @@ void Net::Impl::build(pb::NetParameter net) {
              kept);
     blobs[it->second].keep = true;
   }
+  set_up_output_cuts();
   decide_backward();
   set_up_params();
   plan_layouts();
@@ -489,6 +498,10 @@ void Net::Impl::set_up_params() {
   for (std::size_t l = 0; l < layers.size(); ++l) {
     NetLayer& nl = layers[l];
     if (!nl.layer) continue;
+    if (!nl.parts.empty()) {
+      set_up_cut_params(static_cast<int>(l));
+      continue;
+    }
     std::vector<Tensor>& own = nl.layer->params();
     const bool batch_norm = std::string(nl.layer->type()) == "BatchNorm";
     HN_CHECK(nl.param.param_size() <= static_cast<int>(own.size()),

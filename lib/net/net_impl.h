@@ -76,6 +76,19 @@ struct NetLayer {
   // Fusion (net_fusion.cpp): a layer whose work another runs has fused_into = that layer
   // and does nothing itself; a Scale that runs its BatchNorm has fused_norm = its index.
   int fused_into = -1, fused_norm = -1;
+  // A layer cut by outputs (split_axis: OUTPUT, net_output_cut.cpp): one part per device
+  // with outputs, each an InnerProduct of its columns with its own parameters; `layer` is
+  // the whole one, for shapes only. `output_cut` is the split as given.
+  struct Part {
+    Device device;
+    index_t begin = 0, end = 0;  // outputs
+    std::unique_ptr<Layer> layer;
+    std::vector<Tensor*> params;  // resolved: its own, or shared from another net's part
+    Tensor output;                // data and gradient of its columns, [rows x width]
+    Tensor input_diff;            // its share of the input's gradient, summed in device order
+  };
+  std::vector<Part> parts;
+  Split output_cut;
 };
 
 struct Group {
@@ -115,6 +128,9 @@ struct Net::Impl {
   int add_top(int layer_index, const std::string& top, const Shape& shape, int in_place_bottom);
   void decide_backward();
   void set_up_params();
+  void set_up_output_cuts();                      // net_output_cut.cpp
+  void set_up_cut_params(int index);              // net_output_cut.cpp
+  void run_output_cut(int index, bool backward);  // net_output_cut.cpp
   void plan_layouts();
   void plan_fusion();
   void plan_memory();

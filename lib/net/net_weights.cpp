@@ -13,6 +13,23 @@ void Net::share_trained_layers_with(const Net& other) {
     if (!nl.layer) continue;
     for (const NetLayer& source : other.impl_->layers) {
       if (source.param.name() != nl.param.name() || !source.layer) continue;
+      if (!nl.parts.empty() || !source.parts.empty()) {
+        HN_CHECK(!nl.parts.empty() && !source.parts.empty() &&
+                     nl.output_cut.to_string() == source.output_cut.to_string(),
+                 "sharing weights of layer '{}': it is cut by outputs {} here but {} in net '{}'",
+                 nl.param.name(), nl.parts.empty() ? "nowhere" : nl.output_cut.to_string(),
+                 source.parts.empty() ? "nowhere" : source.output_cut.to_string(), other.name());
+        for (std::size_t k = 0; k < nl.parts.size(); ++k) {
+          for (std::size_t p = 0; p < nl.parts[k].params.size(); ++p) {
+            Tensor* old = nl.parts[k].params[p];
+            Tensor* shared = source.parts[k].params[p];
+            nl.parts[k].params[p] = shared;
+            for (NetParam& np : impl_->learnable)
+              if (np.tensor == old) np.tensor = shared;
+          }
+        }
+        continue;
+      }
       HN_CHECK(source.params.size() == nl.params.size(),
                "sharing weights of layer '{}': {} parameters here, {} in net '{}'", nl.param.name(),
                nl.params.size(), source.params.size(), other.name());
@@ -42,17 +59,22 @@ std::vector<std::string> Net::copy_trained_layers_from(const std::string& caffem
       if (nl.param.name() != layer_name || !nl.layer) continue;
       if (blobs.empty()) continue;
       copied.insert(layer_name);
-      HN_CHECK(blobs.size() == static_cast<int>(nl.params.size()),
+      const bool cut = !nl.parts.empty();
+      const std::size_t params = cut ? nl.owns_param.size() : nl.params.size();
+      HN_CHECK(blobs.size() == static_cast<int>(params),
                "{}: layer '{}' has {} parameter blobs in the file but {} in the net",
-               caffemodel_path, layer_name, blobs.size(), nl.params.size());
+               caffemodel_path, layer_name, blobs.size(), params);
       for (int p = 0; p < blobs.size(); ++p) {
         const pb::BlobProto& blob = blobs[p];
-        Tensor& tensor = *nl.params[p];
-        HN_CHECK(detail::blob_shape_matches(blob, tensor.shape()),
+        // A layer cut by outputs reads the whole parameter, then gives each part its rows.
+        const Shape& shape = cut ? nl.layer->params()[static_cast<std::size_t>(p)].shape()
+                                 : nl.params[static_cast<std::size_t>(p)]->shape();
+        HN_CHECK(detail::blob_shape_matches(blob, shape),
                  "{}: layer '{}' parameter {} is {} in the file but {} in the net", caffemodel_path,
-                 layer_name, p, detail::blob_shape(blob).to_string(), tensor.shape().to_string());
-        const index_t count = tensor.count();
-        float* data = tensor.host_data_mut();
+                 layer_name, p, detail::blob_shape(blob).to_string(), shape.to_string());
+        const index_t count = shape.count();
+        std::vector<float> whole(cut ? static_cast<std::size_t>(count) : 0);
+        float* data = cut ? whole.data() : nl.params[static_cast<std::size_t>(p)]->host_data_mut();
         if (blob.double_data_size() > 0) {
           HN_CHECK(blob.double_data_size() == count,
                    "{}: layer '{}' parameter {} holds {} values, its shape needs {}",
@@ -64,6 +86,11 @@ std::vector<std::string> Net::copy_trained_layers_from(const std::string& caffem
                    "{}: layer '{}' parameter {} holds {} values, its shape needs {}",
                    caffemodel_path, layer_name, p, blob.data_size(), count);
           std::copy(blob.data().begin(), blob.data().end(), data);
+        }
+        if (!cut) continue;
+        for (const NetParam& np : impl_->learnable) {
+          if (np.layer == layer_name && np.index == p)
+            whole_to_shard(np, whole.data(), np.tensor->host_data_mut());
         }
       }
     }
@@ -108,6 +135,25 @@ void Net::save(const std::string& caffemodel_path, bool write_diff) const {
     pb::LayerParameter* layer = model.add_layer();
     *layer = nl.param;
     layer->clear_blobs();
+    if (!nl.parts.empty()) {
+      // Cut by outputs: each parameter whole, from the parts' rows.
+      for (std::size_t p = 0; p < nl.owns_param.size(); ++p) {
+        const Shape& shape = nl.layer->params()[p].shape();
+        pb::BlobProto* blob = layer->add_blobs();
+        for (index_t d : shape.dims())
+          blob->mutable_shape()->add_dim(d);
+        std::vector<float> data(static_cast<std::size_t>(shape.count()));
+        std::vector<float> diff(write_diff ? data.size() : 0);
+        for (const NetParam& np : impl_->learnable) {
+          if (np.layer != nl.param.name() || np.index != static_cast<int>(p)) continue;
+          shard_to_whole(np, np.tensor->host_data(), data.data());
+          if (write_diff) shard_to_whole(np, np.tensor->host_diff(), diff.data());
+        }
+        blob->mutable_data()->Add(data.begin(), data.end());
+        if (write_diff) blob->mutable_diff()->Add(diff.begin(), diff.end());
+      }
+      continue;
+    }
     for (Tensor* param : nl.params) {
       pb::BlobProto* blob = layer->add_blobs();
       for (index_t d : param->shape().dims())

@@ -522,12 +522,17 @@ void Solver::Impl::check_weights_agree(const char* when) {
 
 void Solver::Impl::apply_update(float rate) {
   const std::vector<NetParam>& params = net->learnable_params();
-  Driver& d = *driver;
+  // Each parameter on the driver that holds it: the Net's, or a device's rows of a layer cut
+  // by outputs, which never leave it, nor does their history.
+  auto driver_of = [&](const NetParam& np) -> Driver& {
+    return np.driver != nullptr ? *np.driver : *driver;
+  };
   // Caffe's ClipGradients: one L2 norm over every raw (accumulated) gradient.
   float grad_scale = 1.0f;
   if (param.clip_gradients() >= 0.0f) {
     double sumsq = 0.0;
     for (const NetParam& np : params) {
+      Driver& d = driver_of(np);
       const float* diff = np.tensor->diff_read(d);
       sumsq += d.dot(np.tensor->count(), diff, diff);
     }
@@ -553,6 +558,7 @@ void Solver::Impl::apply_update(float rate) {
   }
   for (std::size_t i = 0; i < params.size(); ++i) {
     Tensor& tensor = *params[i].tensor;
+    Driver& d = driver_of(params[i]);
     u.lr = rate * params[i].lr_mult;
     if (type == UpdateType::adam) u.lr *= correction;
     u.decay = param.weight_decay() * params[i].decay_mult;
@@ -740,17 +746,23 @@ std::string Solver::Impl::snapshot() {
   state.set_iter(iter);
   state.set_learned_net(model);
   state.set_current_step(current_step);
-  auto add = [&](Tensor& tensor) {
-    pb::BlobProto* blob = state.add_history();
-    for (index_t d : tensor.shape().dims())
-      blob->mutable_shape()->add_dim(d);
-    const float* data = tensor.host_data();
-    blob->mutable_data()->Add(data, data + tensor.count());
+  // Caffe's layout: one blob per whole parameter, the shards of a layer cut by outputs
+  // joined.
+  const std::vector<NetParam>& params = net->learnable_params();
+  auto add = [&](std::vector<std::unique_ptr<Tensor>>& arrays) {
+    if (arrays.empty()) return;  // a solver without a second history
+    for (const WholeParam& whole : whole_params(params)) {
+      pb::BlobProto* blob = state.add_history();
+      for (index_t d : whole.shape.dims())
+        blob->mutable_shape()->add_dim(d);
+      std::vector<float> values(static_cast<std::size_t>(whole.shape.count()));
+      for (std::size_t i = whole.first; i < whole.last; ++i)
+        shard_to_whole(params[i], arrays[i]->host_data(), values.data());
+      blob->mutable_data()->Add(values.begin(), values.end());
+    }
   };
-  for (auto& h : history)
-    add(*h);
-  for (auto& h : history2)
-    add(*h);
+  add(history);
+  add(history2);
   detail::write_binary_proto(base + ".solverstate", state);
   SolverEvent e = event(Phase::train);
   e.loss = smoothed_loss;
@@ -869,16 +881,18 @@ void Solver::restore(const std::string& solverstate_path) {
 
   // Check everything before changing anything.
   const std::vector<NetParam>& params = s.net->learnable_params();
-  const std::size_t expected = params.size() * (s.history2.empty() ? 1 : 2);
+  // One blob per whole parameter (the shards of a layer cut by outputs joined).
+  const std::vector<WholeParam> wholes = whole_params(params);
+  const std::size_t expected = wholes.size() * (s.history2.empty() ? 1 : 2);
   HN_CHECK(static_cast<std::size_t>(state.history_size()) == expected,
            "{}: holds {} history blobs, but the {} solver of net '{}' keeps {} ({} learnable "
            "parameters{}); was it written for another net or solver type?",
            solverstate_path, state.history_size(), update_type_name(s.type), s.net->name(),
-           expected, params.size(), s.history2.empty() ? "" : " x 2");
+           expected, wholes.size(), s.history2.empty() ? "" : " x 2");
   for (int i = 0; i < state.history_size(); ++i) {
     const pb::BlobProto& blob = state.history(i);
-    const NetParam& np = params[static_cast<std::size_t>(i) % params.size()];
-    const Shape& shape = np.tensor->shape();
+    const NetParam& np = params[wholes[static_cast<std::size_t>(i) % wholes.size()].first];
+    const Shape& shape = wholes[static_cast<std::size_t>(i) % wholes.size()].shape;
     HN_CHECK(detail::blob_shape_matches(blob, shape),
              "{}: history blob {} has shape {}, but parameter '{}' of layer '{}' is {}",
              solverstate_path, i, detail::blob_shape(blob).to_string(), np.name, np.layer,
@@ -905,16 +919,17 @@ void Solver::restore(const std::string& solverstate_path) {
   if (!model.empty()) s.net->copy_trained_layers_from(model);
   for (int i = 0; i < state.history_size(); ++i) {
     const pb::BlobProto& blob = state.history(i);
-    const std::size_t index = static_cast<std::size_t>(i) % params.size();
-    Tensor& tensor =
-        static_cast<std::size_t>(i) < params.size() ? *s.history[index] : *s.history2[index];
-    float* data = tensor.host_data_mut();
+    const WholeParam& whole = wholes[static_cast<std::size_t>(i) % wholes.size()];
+    auto& arrays = static_cast<std::size_t>(i) < wholes.size() ? s.history : s.history2;
+    std::vector<float> data(static_cast<std::size_t>(whole.shape.count()));
     if (blob.double_data_size() > 0) {
       for (int k = 0; k < blob.double_data_size(); ++k)
-        data[k] = static_cast<float>(blob.double_data(k));
+        data[static_cast<std::size_t>(k)] = static_cast<float>(blob.double_data(k));
     } else {
-      std::copy(blob.data().begin(), blob.data().end(), data);
+      std::copy(blob.data().begin(), blob.data().end(), data.begin());
     }
+    for (std::size_t p = whole.first; p < whole.last; ++p)
+      whole_to_shard(params[p], data.data(), arrays[p]->host_data_mut());
   }
   s.iter = state.iter();
   s.current_step = state.current_step();

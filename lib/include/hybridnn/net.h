@@ -110,7 +110,28 @@ struct NetParam {
   Tensor* tensor = nullptr;
   float lr_mult = 1.0f;
   float decay_mult = 1.0f;
+  // The driver whose memory holds it and updates it; null: the Net's.
+  Driver* driver = nullptr;
+  // A layer cut by outputs (split_axis: OUTPUT) has one NetParam per device for each of its
+  // parameters, in device order: `tensor` holds outputs [begin, end) along `axis` of the
+  // whole parameter, of shape `whole`. axis < 0: the parameter is whole.
+  struct Shard {
+    int axis = -1;
+    index_t begin = 0, end = 0;
+    Shape whole;
+  } shard;
 };
+
+// Caffe files (.caffemodel, .solverstate) hold every parameter whole: the shards of
+// learnable_params() [first, last) form one, of shape `shape`.
+struct WholeParam {
+  std::size_t first = 0, last = 0;
+  Shape shape;
+};
+std::vector<WholeParam> whole_params(const std::vector<NetParam>& params);
+// Copies between a whole parameter's values and its shard's (params[i].shard).
+void whole_to_shard(const NetParam& shard, const float* whole, float* values);
+void shard_to_whole(const NetParam& shard, const float* values, float* whole);
 
 class Net {
  public:

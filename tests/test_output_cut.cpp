@@ -1,0 +1,294 @@
+// InnerProduct layers cut by outputs (split_axis: OUTPUT) between two reference drivers, one
+// with memory of its own: the cut net against the uncut one built from the same prototxt and
+// seed (initial weights, loss, every gradient, training with SGD and Adam), each device
+// holding only its rows, snapshots that are the uncut model, and resumes across the cut.
+#include <fmt/format.h>
+#include <unistd.h>
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "hybridnn/error.h"
+#include "hybridnn/net.h"
+#include "hybridnn/runtime.h"
+#include "hybridnn/solver.h"
+#include "tests/net_runs.h"
+#include "tests/support.h"
+
+namespace hn {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TwoDrivers {
+  Runtime runtime;
+  Driver* host;
+  Driver* device;
+  TwoDrivers() {
+    host = &runtime.add(Device::parse("reference"));
+    DriverOptions separate;
+    separate.set("separate_memory", true);
+    device = &runtime.add(Device::parse("reference:1"), separate);
+  }
+};
+
+// `split { ... } split_axis: OUTPUT` giving reference `first` of the outputs and reference:1
+// the rest; empty when first is negative (the uncut layer).
+std::string cut(double first) {
+  if (first < 0.0) return "";
+  return fmt::format(
+      "split {{ device: \"reference\" fraction: {} }} split {{ device: \"reference:1\" fraction: "
+      "{} }} split_axis: OUTPUT",
+      first, 1.0 - first);
+}
+
+// DummyData -> InnerProduct (cut or not) -> EuclideanLoss against a DummyData target.
+std::string one_layer(int outputs, bool transpose, bool bias, double first) {
+  return fmt::format(R"(
+name: "one"
+force_backward: true
+layer {{ name: "data" type: "DummyData" top: "data" top: "target"
+        dummy_data_param {{ shape {{ dim: 4 dim: 3 dim: 2 dim: 5 }} shape {{ dim: 4 dim: {} }}
+                           data_filler {{ type: "gaussian" std: 1 }} }} }}
+layer {{ name: "ip" type: "InnerProduct" bottom: "data" top: "y"
+        inner_product_param {{ num_output: {} transpose: {} bias_term: {}
+                              weight_filler {{ type: "gaussian" std: 0.5 }}
+                              bias_filler {{ type: "gaussian" std: 0.5 }} }} {} }}
+layer {{ name: "loss" type: "EuclideanLoss" bottom: "y" bottom: "target" top: "loss" }}
+)",
+                     outputs, outputs, transpose, bias, cut(first));
+}
+
+// Every parameter whole (the shards of a cut one joined), values or gradients, in order.
+std::vector<std::vector<float>> whole_values(Net& net, bool diff) {
+  const std::vector<NetParam>& params = net.learnable_params();
+  std::vector<std::vector<float>> values;
+  for (const WholeParam& whole : whole_params(params)) {
+    values.emplace_back(static_cast<std::size_t>(whole.shape.count()));
+    for (std::size_t i = whole.first; i < whole.last; ++i) {
+      Tensor& tensor = *params[i].tensor;
+      shard_to_whole(params[i], diff ? tensor.host_diff() : tensor.host_data(),
+                     values.back().data());
+    }
+  }
+  return values;
+}
+
+TEST_CASE("an InnerProduct cut by outputs computes the uncut layer: output, every gradient",
+          "[split]") {
+  struct Case {
+    int outputs;
+    double first;
+  };
+  // 1:1, 3:1, an odd num_output, one output on one device, none on one device.
+  const Case cases[] = {{8, 0.5}, {8, 0.75}, {7, 0.5}, {5, 0.8}, {6, 1.0}, {6, 0.0}};
+  for (const Case& c : cases) {
+    for (const bool transpose : {false, true}) {
+      for (const bool bias : {true, false}) {
+        INFO("num_output " << c.outputs << ", reference's share " << c.first << ", transpose "
+                           << transpose << ", bias " << bias);
+        TwoDrivers d;
+        const auto plain_net = Net::from_text(one_layer(c.outputs, transpose, bias, -1.0), "plain",
+                                              d.runtime, *d.host);
+        const auto cut_net = Net::from_text(one_layer(c.outputs, transpose, bias, c.first), "cut",
+                                            d.runtime, *d.host);
+        Net& plain = *plain_net;
+        Net& split = *cut_net;
+        // The same initial weights: the cut layer draws the whole parameter and keeps rows.
+        CHECK(whole_values(split, false) == whole_values(plain, false));
+        plain.clear_param_diffs();
+        split.clear_param_diffs();
+        const float want = plain.forward_backward();
+        const float got = split.forward_backward();
+        CHECK(got == Approx(want).epsilon(1e-6));
+        const BlobRef py = plain.blob("y"), sy = split.blob("y");
+        const std::vector<float> y0(py.host_data(), py.host_data() + py.count());
+        const std::vector<float> y1(sy.host_data(), sy.host_data() + sy.count());
+        CHECK(test::max_scaled_diff(y0, y1) <= 1e-6);
+        const BlobRef pd = plain.blob("data"), sd = split.blob("data");
+        CHECK(test::max_scaled_diff(
+                  std::vector<float>(pd.host_diff(), pd.host_diff() + pd.count()),
+                  std::vector<float>(sd.host_diff(), sd.host_diff() + sd.count())) <= 1e-5);
+        const auto want_grads = whole_values(plain, true);
+        const auto got_grads = whole_values(split, true);
+        REQUIRE(got_grads.size() == want_grads.size());
+        for (std::size_t p = 0; p < want_grads.size(); ++p)
+          CHECK(test::max_scaled_diff(want_grads[p], got_grads[p]) <= 1e-5);
+      }
+    }
+  }
+}
+
+TEST_CASE("each device holds only its rows of a layer cut by outputs, and reruns are bitwise equal",
+          "[split]") {
+  TwoDrivers d;
+  auto run = [&] {
+    const auto made = Net::from_text(one_layer(10, false, true, 0.3), "cut", d.runtime, *d.host);
+    Net& net = *made;
+    const std::vector<NetParam>& params = net.learnable_params();
+    REQUIRE(params.size() == 4);  // weights on each device, then bias on each
+    CHECK(params[0].tensor->shape() == Shape{3, 30});
+    CHECK(params[1].tensor->shape() == Shape{7, 30});
+    CHECK(params[2].tensor->shape() == Shape{3});
+    CHECK(params[3].tensor->shape() == Shape{7});
+    CHECK(params[0].driver == d.host);
+    CHECK(params[1].driver == d.device);
+    CHECK(params[1].shard.begin == 3);
+    CHECK(params[1].shard.end == 10);
+    CHECK(params[1].shard.whole == Shape{10, 30});
+    net.clear_param_diffs();
+    net.forward_backward();
+    // reference:1's gradients were computed in its memory and never copied to the host.
+    const MemorySpace own = d.device->memory_space();
+    CHECK(params[1].tensor->diff().current_on(own));
+    CHECK_FALSE(params[1].tensor->diff().current_on(d.host->memory_space()));
+    return whole_values(net, true);
+  };
+  const auto first = run();
+  const auto second = run();
+  REQUIRE(first.size() == second.size());
+  for (std::size_t p = 0; p < first.size(); ++p)
+    CHECK(std::memcmp(first[p].data(), second[p].data(), first[p].size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("a layer cut by outputs is refused where it cannot be, naming the layer", "[split]") {
+  TwoDrivers d;
+  const std::string conv = R"(
+name: "bad"
+layer { name: "data" type: "DummyData" top: "data"
+        dummy_data_param { shape { dim: 2 dim: 1 dim: 4 dim: 4 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
+        convolution_param { num_output: 2 kernel_size: 3 } )" +
+                           cut(0.5) + " }\n";
+  CHECK_THROWS_WITH(Net::from_text(conv, "bad.prototxt", d.runtime, *d.host),
+                    Catch::Contains("bad.prototxt") && Catch::Contains("'conv'") &&
+                        Catch::Contains("a Convolution layer cannot be cut"));
+  const std::string bare = one_layer(4, false, true, 0.5);
+  const std::string without = bare.substr(0, bare.find("split {")) + "split_axis: OUTPUT }\n" +
+                              bare.substr(bare.find("layer { name: \"loss\""));
+  CHECK_THROWS_WITH(Net::from_text(without, "none.prototxt", d.runtime, *d.host),
+                    Catch::Contains("'ip'") && Catch::Contains("without a split"));
+  NetOptions automatic;
+  automatic.layer_splits = {{"ip", Split::parse("auto")}};
+  CHECK_THROWS_WITH(Net::from_text(bare, "auto.prototxt", d.runtime, *d.host, automatic),
+                    Catch::Contains("'ip'") && Catch::Contains("not measured (auto)"));
+}
+
+// ---- training ----------------------------------------------------------------------------
+
+fs::path scratch(const std::string& name) {
+  const fs::path dir =
+      fs::temp_directory_path() / fmt::format("hybridnn_test_output_cut_{}_{}", name, ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+void write_file(const fs::path& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+// Data -> ip1 (8 outputs) -> ReLU -> Dropout -> ip2 (3 outputs) -> SoftmaxWithLoss, the two
+// InnerProducts cut by outputs when `cut_layers`.
+std::string training_net(bool cut_layers) {
+  return fmt::format(R"(
+name: "generated"
+layer {{ name: "data" type: "Data" top: "data" top: "label"
+        transform_param {{ scale: 0.00390625 }}
+        data_param {{ source: "synthetic:1x4x4:3" batch_size: 5 }} }}
+layer {{ name: "ip1" type: "InnerProduct" bottom: "data" top: "h"
+        inner_product_param {{ num_output: 8 weight_filler {{ type: "xavier" }}
+                              bias_filler {{ type: "constant" value: 0.1 }} }} {} }}
+layer {{ name: "relu" type: "ReLU" bottom: "h" top: "h" }}
+layer {{ name: "drop" type: "Dropout" bottom: "h" top: "h" dropout_param {{ dropout_ratio: 0.5 }} }}
+layer {{ name: "ip2" type: "InnerProduct" bottom: "h" top: "logits"
+        inner_product_param {{ num_output: 3 weight_filler {{ type: "gaussian" std: 0.3 }}
+                              bias_filler {{ type: "constant" value: 0.2 }} }} {} }}
+layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "logits" bottom: "label" top: "loss" }}
+)",
+                     cut_layers ? cut(0.5) : "", cut_layers ? cut(0.34) : "");
+}
+
+fs::path write_solver(const fs::path& dir, bool cut_layers, const std::string& type) {
+  const std::string net = cut_layers ? "cut.prototxt" : "plain.prototxt";
+  write_file(dir / net, training_net(cut_layers));
+  const fs::path solver = dir / (cut_layers ? "cut_solver.prototxt" : "plain_solver.prototxt");
+  write_file(
+      solver,
+      fmt::format("net: \"{}\"\ntype: \"{}\"\nbase_lr: 0.05\nmomentum: 0.9\n"
+                  "weight_decay: 0.0005\nlr_policy: \"fixed\"\nmax_iter: 10\n"
+                  "display: 1\nsnapshot: 5\nrandom_seed: 7\nsnapshot_prefix: \"{}\"\n",
+                  (dir / net).string(), type, (dir / (cut_layers ? "cut" : "plain")).string()));
+  return solver;
+}
+
+TEST_CASE(
+    "training with layers cut by outputs tracks the uncut net, its snapshots are the uncut "
+    "model and resume across the cut",
+    "[split]") {
+  for (const std::string type : {"SGD", "Adam"}) {
+    INFO(type);
+    const fs::path dir = scratch(type);
+    std::map<bool, std::map<int, float>> losses;
+    std::map<bool, std::vector<std::vector<float>>> weights;
+    for (const bool cut_layers : {false, true}) {
+      TwoDrivers d;
+      Solver solver(write_solver(dir, cut_layers, type).string(), d.runtime, *d.host);
+      solver.on_event([&, cut_layers](const SolverEvent& e) {
+        if (e.snapshot.empty() && e.phase == Phase::train) losses[cut_layers][e.iter] = e.loss;
+      });
+      solver.solve();
+      if (cut_layers) {
+        // The second device's rows were updated where they live (the snapshots read them).
+        const NetParam& shard = solver.net().learnable_params()[1];
+        REQUIRE(shard.driver == d.device);
+        CHECK(shard.tensor->data().current_on(d.device->memory_space()));
+      }
+      weights[cut_layers] = whole_values(solver.net(), false);
+    }
+    REQUIRE(losses[true].size() == losses[false].size());
+    for (const auto& [iter, loss] : losses[false]) {
+      INFO("iteration " << iter);
+      CHECK(losses[true].at(iter) == Approx(loss).epsilon(1e-5));
+    }
+    REQUIRE(weights[true].size() == weights[false].size());
+    for (std::size_t p = 0; p < weights[false].size(); ++p)
+      CHECK(test::max_scaled_diff(weights[false][p], weights[true][p]) <= 1e-5);
+
+    // The cut run's model file is the uncut model: an uncut net reads it.
+    {
+      TwoDrivers d;
+      Net plain((dir / "plain.prototxt").string(), d.runtime, *d.host);
+      CHECK(plain.copy_trained_layers_from((dir / "cut_iter_10.caffemodel").string()).empty());
+      const auto read = whole_values(plain, false);
+      for (std::size_t p = 0; p < read.size(); ++p)
+        CHECK(read[p] == weights[true][p]);
+    }
+    // Resumes across the cut: the uncut run from the cut run's snapshot and the other way
+    // round continue as the uninterrupted runs.
+    for (const bool cut_layers : {false, true}) {
+      INFO("resuming " << (cut_layers ? "cut" : "uncut") << " from the other's snapshot");
+      TwoDrivers d;
+      Solver solver(write_solver(dir, cut_layers, type).string(), d.runtime, *d.host);
+      std::map<int, float> resumed;
+      solver.on_event([&](const SolverEvent& e) {
+        if (e.snapshot.empty() && e.phase == Phase::train) resumed[e.iter] = e.loss;
+      });
+      solver.restore(
+          (dir / fmt::format("{}_iter_5.solverstate", cut_layers ? "plain" : "cut")).string());
+      solver.step(5);
+      for (int iter = 5; iter < 10; ++iter) {
+        INFO("iteration " << iter);
+        CHECK(resumed.at(iter) == Approx(losses[false].at(iter)).epsilon(1e-5));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hn
