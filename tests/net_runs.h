@@ -15,6 +15,20 @@
 
 namespace hn::test {
 
+// The reference driver, and a second one with memory of its own (every access copies), so
+// that a split between them shows its copies without a GPU.
+struct TwoDrivers {
+  Runtime runtime;
+  Driver* host;
+  Driver* device;
+  TwoDrivers() {
+    host = &runtime.add(Device::parse("reference"));
+    DriverOptions separate;
+    separate.set("separate_memory", true);
+    device = &runtime.add(Device::parse("reference:1"), separate);
+  }
+};
+
 struct NetGradients {
   float loss = 0.0f;
   std::vector<std::vector<float>> gradients;  // every parameter's, then the data's

@@ -30,17 +30,7 @@
 namespace hn {
 namespace {
 
-struct TwoDrivers {
-  Runtime runtime;
-  Driver* host;
-  Driver* device;
-  TwoDrivers() {
-    host = &runtime.add(Device::parse("reference"));
-    DriverOptions separate;
-    separate.set("separate_memory", true);
-    device = &runtime.add(Device::parse("reference:1"), separate);
-  }
-};
+using test::TwoDrivers;
 
 // Caffe's LeNet (train phase) from ../shared/models.
 std::string lenet_path() {

@@ -25,17 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct TwoDrivers {
-  Runtime runtime;
-  Driver* host;
-  Driver* device;
-  TwoDrivers() {
-    host = &runtime.add(Device::parse("reference"));
-    DriverOptions separate;
-    separate.set("separate_memory", true);
-    device = &runtime.add(Device::parse("reference:1"), separate);
-  }
-};
+using test::TwoDrivers;
 
 // `split { ... } split_axis: OUTPUT` giving reference `first` of the outputs and reference:1
 // the rest; empty when first is negative (the uncut layer).

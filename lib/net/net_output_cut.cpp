@@ -4,7 +4,7 @@
 // own rows of the weights and bias, which never leave its memory. Forward gathers the
 // columns into the top on the Net's driver; backward hands each part its columns of the
 // top's gradient and sums the parts' input gradients in device order (deterministic). The
-// parts run one after the other.
+// parts run at the same time, each on its device's thread (Scheduler::run_parts).
 #include "lib/net/layer_factory.h"
 #include "lib/net/net_impl.h"
 
@@ -169,9 +169,15 @@ void Net::Impl::run_output_cut(int index, bool backward) {
     if (part.device != home.device()) call.split = Split({SplitShare{part.device, 1.0}});
     return call;
   };
-  if (!backward) {
+  std::vector<detail::LayerCall> calls;
+  auto run_parts = [&] {
+    calls.clear();
     for (NetLayer::Part& part : nl.parts)
-      scheduler->run(call_for(part), false, &profiles[index]);
+      calls.push_back(call_for(part));
+    scheduler->run_parts(calls, backward, &profiles[index]);
+  };
+  if (!backward) {
+    run_parts();
     // The gather: disjoint columns, copied.
     float* y = static_cast<float*>(data_of(top).overwrite(home));
     for (NetLayer::Part& part : nl.parts) {
@@ -186,8 +192,7 @@ void Net::Impl::run_output_cut(int index, bool backward) {
     home.copy_strided(rows, width, dy + part.begin, columns,
                       static_cast<float*>(part.output.diff().overwrite(home)), width);
   }
-  for (NetLayer::Part& part : nl.parts)
-    scheduler->run(call_for(part), true, &profiles[index]);
+  run_parts();
   if (!input_gradient) return;
   // The input's gradient: the parts' shares added in device order.
   const index_t count = blobs[bottom].shape.count();

@@ -305,7 +305,15 @@ std::vector<SliceRun> Scheduler::run_slices(const LayerCall& call, bool backward
     runs[0].busy = seconds_since(start);
     return runs;
   }
-  for (SliceRun& run : runs) {
+  execute(runs, std::vector<Layer*>(runs.size(), &layer), backward, call.where);
+  return runs;
+}
+
+void Scheduler::execute(std::vector<SliceRun>& runs, const std::vector<Layer*>& layers,
+                        bool backward, std::string_view where) {
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    SliceRun& run = runs[r];
+    Layer& layer = *layers[r];
     if (run.on != &home_)
       RuntimeThreads::of(*runtime_, *run.on).submit([&layer, &run, backward] {
         compute(layer, run, backward);
@@ -313,13 +321,13 @@ std::vector<SliceRun> Scheduler::run_slices(const LayerCall& call, bool backward
   }
   std::exception_ptr error;
   const Driver* failed_on = nullptr;
-  for (SliceRun& run : runs) {
-    if (run.on != &home_) continue;
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    if (runs[r].on != &home_) continue;
     try {
-      compute(layer, run, backward);
+      compute(*layers[r], runs[r], backward);
     } catch (...) {
       error = std::current_exception();
-      failed_on = run.on;
+      failed_on = runs[r].on;
     }
   }
   // Every thread is waited for before anything is rethrown: they use `runs`.
@@ -335,14 +343,61 @@ std::vector<SliceRun> Scheduler::run_slices(const LayerCall& call, bool backward
     try {
       std::rethrow_exception(error);
     } catch (const Error& failure) {
-      fail("{}: {} on {}: {}", call.where, backward ? "backward" : "forward", failed_on->name(),
+      fail("{}: {} on {}: {}", where, backward ? "backward" : "forward", failed_on->name(),
            failure.what());
     } catch (const std::bad_alloc&) {
-      fail("{}: {} on {}: out of memory (std::bad_alloc)", call.where,
-           backward ? "backward" : "forward", failed_on->name());
+      fail("{}: {} on {}: out of memory (std::bad_alloc)", where, backward ? "backward" : "forward",
+           failed_on->name());
     }
   }
-  return runs;
+}
+
+void Scheduler::run_parts(const std::vector<LayerCall>& calls, bool backward,
+                          LayerProfile* profile) {
+  const auto start = Clock::now();
+  std::vector<SliceRun> runs;
+  std::vector<Layer*> layers;
+  TransferTally& tally = transfer_tally();
+  for (const LayerCall& call : calls) {
+    HN_CHECK(call.split.shares().size() <= 1, "{}: a part runs on one device, not on {}",
+             call.where, call.split.to_string());
+    Driver& on = call.split.empty() ? home_ : driver(call.split.shares()[0].device);
+    SliceRun run;
+    run.on = &on;
+    run.end = call.rows();
+    const TransferTally before = tally;
+    run.slice = prepare(call, on, 0, run.end, backward, nullptr, nullptr);
+    run.copy_bytes = tally.bytes - before.bytes;
+    run.copy_seconds = tally.seconds - before.seconds;
+    runs.push_back(std::move(run));
+    layers.push_back(call.layer);
+  }
+  if (!calls.empty()) execute(runs, layers, backward, calls[0].where);
+  if (profile != nullptr) record(*profile, runs, backward, seconds_since(start), nullptr);
+}
+
+void Scheduler::record(LayerProfile& profile, const std::vector<SliceRun>& runs, bool backward,
+                       double wall, const Split* cut) {
+  (backward ? profile.backward_calls : profile.forward_calls) += 1;
+  (backward ? profile.backward_seconds : profile.forward_seconds) += wall;
+  if (cut != nullptr) {
+    for (const SplitShare& share : cut->shares())
+      profile_of(profile, share.device).rows = 0;
+  }
+  for (const SliceRun& run : runs) {
+    SliceProfile& slice = profile_of(profile, run.on->device());
+    slice.rows = run.end - run.begin;
+    (backward ? slice.backward_busy : slice.forward_busy) += run.busy;
+    slice.copy_seconds += run.copy_seconds;
+    slice.copy_bytes += run.copy_bytes;
+    slice.waiting += std::max(0.0, wall - run.busy - run.copy_seconds);
+  }
+  if (cut != nullptr) {
+    for (const SplitShare& share : cut->shares()) {
+      SliceProfile& slice = profile_of(profile, share.device);
+      if (slice.rows == 0) slice.waiting += wall;
+    }
+  }
 }
 
 void Scheduler::run(const LayerCall& call, bool backward, LayerProfile* profile) {
@@ -351,29 +406,9 @@ void Scheduler::run(const LayerCall& call, bool backward, LayerProfile* profile)
   std::vector<SliceRun> runs = run_slices(call, backward, cut ? call.split : Split(), false);
   // 3. Parameter gradients: the partials added in device order.
   reduce_partials(call, runs);
-  if (profile == nullptr) return;
   // 4. What each device did.
-  const double wall = seconds_since(layer_start);
-  (backward ? profile->backward_calls : profile->forward_calls) += 1;
-  (backward ? profile->backward_seconds : profile->forward_seconds) += wall;
-  if (cut) {
-    for (const SplitShare& share : call.split.shares())
-      profile_of(*profile, share.device).rows = 0;
-  }
-  for (const SliceRun& run : runs) {
-    SliceProfile& slice = profile_of(*profile, run.on->device());
-    slice.rows = run.end - run.begin;
-    (backward ? slice.backward_busy : slice.forward_busy) += run.busy;
-    slice.copy_seconds += run.copy_seconds;
-    slice.copy_bytes += run.copy_bytes;
-    slice.waiting += std::max(0.0, wall - run.busy - run.copy_seconds);
-  }
-  if (cut) {
-    for (const SplitShare& share : call.split.shares()) {
-      SliceProfile& slice = profile_of(*profile, share.device);
-      if (slice.rows == 0) slice.waiting += wall;
-    }
-  }
+  if (profile != nullptr)
+    record(*profile, runs, backward, seconds_since(layer_start), cut ? &call.split : nullptr);
 }
 
 void Scheduler::reduce_partials(const LayerCall& call, std::vector<SliceRun>& runs) {

@@ -77,6 +77,11 @@ class Scheduler {
   // in a slice are rethrown once every slice has finished, naming call.where, the pass and
   // the device. With `profile`, adds what each device did.
   void run(const LayerCall& call, bool backward, LayerProfile* profile = nullptr);
+  // Runs each call whole on its device (its split's one share, or home when it has none),
+  // all at the same time, each on its driver's thread; the calls must write disjoint memory
+  // (the parts of a layer cut by outputs). Errors as run's.
+  void run_parts(const std::vector<LayerCall>& calls, bool backward,
+                 LayerProfile* profile = nullptr);
 
   // Lets the layer measure its algorithms (Layer::tune) on each device of the call's split,
   // for the rows that device gets, on the device's thread.
@@ -100,6 +105,14 @@ class Scheduler {
   std::vector<SliceRun> run_slices(const LayerCall& call, bool backward, const Split& split,
                                    bool probe);
   void reduce_partials(const LayerCall& call, std::vector<SliceRun>& runs);
+  // Runs prepared runs (runs[i] of layers[i]) at the same time, each on its driver's thread,
+  // home's on this one, waits for all, then rethrows the first error naming `where`.
+  void execute(std::vector<SliceRun>& runs, const std::vector<Layer*>& layers, bool backward,
+               std::string_view where);
+  // Adds what each device did in `runs` (`wall` seconds) to `profile`; `cut`: the split,
+  // whose devices without rows waited the whole time.
+  void record(LayerProfile& profile, const std::vector<SliceRun>& runs, bool backward, double wall,
+              const Split* cut);
   // Runs `task` on `on`'s thread (the calling thread for home) and waits.
   void run_on(Driver& on, const std::function<void()>& task);
   double probe(const LayerCall& call, bool with_backward, Driver& on, index_t rows);
