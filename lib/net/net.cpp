@@ -486,6 +486,14 @@ void Net::check_splits_whole(std::uint64_t position) {
     kept.emplace_back(data, data + param.tensor->count());
     kept.emplace_back(diff, diff + param.tensor->count());
   }
+  auto restore = [&] {
+    std::size_t k = 0;
+    for (const NetParam& param : net.learnable) {
+      std::copy(kept[k].begin(), kept[k].end(), param.tensor->host_data_mut());
+      std::copy(kept[k + 1].begin(), kept[k + 1].end(), param.tensor->host_diff_mut());
+      k += 2;
+    }
+  };
   auto use = [&](const std::vector<Split>& splits) {
     for (std::size_t a = 0; a < automatic.size(); ++a)
       net.layers[automatic[a]].split = splits[a];
@@ -515,18 +523,14 @@ void Net::check_splits_whole(std::uint64_t position) {
   } catch (...) {
     use(measured);
     seek_data(position);
+    restore();
     throw;
   }
   // The measured splits must win by more than noise to be worth their copies.
   check.kept_measured = check.measured_seconds < 0.97 * check.alone_seconds;
   use(check.kept_measured ? measured : single);
   seek_data(position);
-  std::size_t k = 0;
-  for (const NetParam& param : net.learnable) {
-    std::copy(kept[k].begin(), kept[k].end(), param.tensor->host_data_mut());
-    std::copy(kept[k + 1].begin(), kept[k + 1].end(), param.tensor->host_diff_mut());
-    k += 2;
-  }
+  restore();
   net.split_check = check;
 }
 
