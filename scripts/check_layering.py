@@ -20,7 +20,7 @@ ALLOWED = {
     "comm": ["core"],
     "data": ["core", "proto"],
     "scheduler": ["core", "layers"],
-    "net": ["core", "layers", "scheduler", "proto", "data"],
+    "net": ["core", "layers", "scheduler", "proto", "data", "comm"],
     "solver": ["core", "layers", "scheduler", "net", "proto", "data", "comm"],
     "api": ["core", "layers", "scheduler", "net", "solver", "comm", "proto"],
 }

@@ -247,7 +247,15 @@ std::vector<FlagSpec> comm_flags() {
       {"comm-timeout", FlagKind::text, "SECONDS",
        "how long a collective waits for the other ranks before every rank fails (default 300)"},
       {"bucket-mb", FlagKind::text, "MB", "gradient bucket size for the allreduce (default 25)"},
+      {"model-parallel", FlagKind::text, "LAYERS",
+       "InnerProduct layers to cut across the ranks by their outputs, comma-separated (e.g. "
+       "fc6,fc7,fc8): each rank holds its share of their weights, and activations move "
+       "instead of their gradients"},
   };
+}
+
+std::vector<std::string> chosen_model_parallel(const Args& args) {
+  return detail::split_commas(args.text("model-parallel"), detail::EmptyItems::drop);
 }
 
 namespace {

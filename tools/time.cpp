@@ -149,6 +149,8 @@ int run_time(const Args& args) {
   // allreduce as in training; rank 0 reports.
   Communicator& comm = chosen_communicator(args);
   const bool ranks = comm.size() > 1;
+  options.communicator = &comm;
+  options.model_parallel = chosen_model_parallel(args);
   Runtime runtime;
   Driver& driver = add_chosen_driver(runtime, args);
   Net net(model, runtime, driver, options);
@@ -178,6 +180,7 @@ int run_time(const Args& args) {
   }
   driver.synchronize();
   net.reset_profile();  // the split profile leaves out the warm-up
+  net.reset_comm_bytes();
   const bool split = splits_chosen(args);
 
   if (!json) fmt::print("*** Benchmark begins ***\nTesting for {} iterations.\n", iterations);
@@ -234,6 +237,10 @@ int run_time(const Args& args) {
   const double allreduce_ms = comm_stats.allreduce_seconds * 1e3 / iterations;
   const double exposed_ms = comm_stats.exposed_seconds * 1e3 / iterations;
   const double overlap = allreduce_ms > 0 ? 1.0 - exposed_ms / allreduce_ms : 0.0;
+  // Bytes this rank sent per iteration: the gradients' allreduce, and the layers cut across
+  // ranks.
+  const double allreduce_sent = static_cast<double>(comm_stats.sent_bytes) / iterations;
+  const double model_parallel_sent = static_cast<double>(net.comm_bytes()) / iterations;
   if (tracing) {
     std::vector<std::string> names;
     for (int i = 0; i < layers; ++i)
@@ -271,11 +278,14 @@ int run_time(const Args& args) {
         ranks
             ? fmt::format(
                   R"(,"ranks":{},"comm":"{}","buckets":{},"allreduce_bytes":{},"allreduce_ms":{},)"
-                  R"("exposed_comm_ms":{},"compute_ms":{},"overlap_efficiency":{})",
+                  R"("exposed_comm_ms":{},"compute_ms":{},"overlap_efficiency":{},)"
+                  R"("allreduce_sent_bytes":{},"model_parallel_sent_bytes":{},"comm_bytes":{})",
                   comm.size(), comm.name(), sync->num_buckets(),
                   comm_stats.bytes / static_cast<std::size_t>(iterations),
                   json_number(allreduce_ms), json_number(exposed_ms),
-                  json_number(total_ms / n - exposed_ms), json_number(overlap))
+                  json_number(total_ms / n - exposed_ms), json_number(overlap),
+                  json_number(allreduce_sent), json_number(model_parallel_sent),
+                  json_number(allreduce_sent + model_parallel_sent))
             : std::string();
     // With a split, "device" is the Net's driver (losses and whole-batch layers) and "split_spec"
     // says how the rest was cut.
@@ -316,6 +326,11 @@ int run_time(const Args& args) {
         comm.size(), total_ms / n - exposed_ms, allreduce_ms,
         static_cast<double>(comm_stats.bytes) / iterations / 1e6, sync->num_buckets(), exposed_ms,
         overlap);
+    fmt::print(
+        "Bytes sent per iteration by rank 0: {:.2f} MB (allreduce {:.2f} MB, layers cut across "
+        "ranks {:.2f} MB)\n",
+        (allreduce_sent + model_parallel_sent) / 1e6, allreduce_sent / 1e6,
+        model_parallel_sent / 1e6);
   }
   if (tracing) fmt::print("Timeline written to {}\n", timeline_path);
   fmt::print("Total Time: {:.3f} ms.\n*** Benchmark ends ***\n", total_ms);

@@ -51,6 +51,8 @@ Split chosen_split(const Args& args);
 // The per-layer splits of --split-file (empty without the flag); hn::Error names the file
 // and line of a malformed entry.
 LayerSplits chosen_layer_splits(const Args& args);
+// --model-parallel's layer names (NetOptions::model_parallel).
+std::vector<std::string> chosen_model_parallel(const Args& args);
 // Whether --split or --split-file cuts layers among devices.
 bool splits_chosen(const Args& args);
 

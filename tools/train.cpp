@@ -160,10 +160,13 @@ class Reporter {
                     peak_resident_bytes());
     if (train && solver_.communicator().size() > 1 && event.train_seconds > 0) {
       line.pop_back();
-      line +=
-          fmt::format(R"(,"ranks":{},"allreduce_s":{},"exposed_comm_s":{},"train_s":{}}})",
-                      solver_.communicator().size(), json_number(event.allreduce_seconds),
-                      json_number(event.exposed_comm_seconds), json_number(event.train_seconds));
+      line += fmt::format(
+          R"(,"ranks":{},"allreduce_s":{},"exposed_comm_s":{},"train_s":{}{}}})",
+          solver_.communicator().size(), json_number(event.allreduce_seconds),
+          json_number(event.exposed_comm_seconds), json_number(event.train_seconds),
+          event.comm_bytes_per_iteration > 0
+              ? ",\"comm_bytes_per_iter\":" + json_number(event.comm_bytes_per_iteration)
+              : std::string());
     }
     metrics_.write(line);
   }
@@ -202,6 +205,7 @@ int run_train(const Args& args) {
   options.seed = static_cast<std::uint64_t>(args.integer("seed", 0, 0, LLONG_MAX));
   options.split = chosen_split(args);
   options.layer_splits = chosen_layer_splits(args);
+  options.model_parallel = chosen_model_parallel(args);
 
   // Under mpirun: one rank of a data-parallel run. Rank 0 alone prints (chosen_communicator
   // quiets the others), writes metrics and snapshots.

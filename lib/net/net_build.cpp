@@ -144,6 +144,11 @@ Split split_of(const google::protobuf::RepeatedPtrField<pb::SplitEntry>& entries
 
 void Net::Impl::build(pb::NetParameter net) {
   scheduler = std::make_unique<detail::Scheduler>(runtime, *driver);
+  if (options.communicator != nullptr && options.communicator->size() > 1) {
+    comm = options.communicator;
+    ranks = comm->size();
+    rank = comm->rank();
+  }
   name = net.name();
   upgrade_legacy_inputs(net, origin);
   HN_CHECK(net.layers_size() == 0,
@@ -178,6 +183,15 @@ void Net::Impl::build(pb::NetParameter net) {
              layer_name);
     named[layer_name] = layer_split;
   }
+  std::set<std::string> model_parallel;
+  for (const std::string& layer_name : options.model_parallel) {
+    const bool known = std::any_of(
+        net.layer().begin(), net.layer().end(),
+        [&name = layer_name](const pb::LayerParameter& param) { return param.name() == name; });
+    HN_CHECK(known, "{}: model parallelism is asked for layer '{}', which the net does not have",
+             origin, layer_name);
+    model_parallel.insert(layer_name);
+  }
   Split net_split = options.split;
   if (net_split.empty()) {
     try {
@@ -196,6 +210,21 @@ void Net::Impl::build(pb::NetParameter net) {
         nl.split = nl.param.split_size() > 0 ? split_of(nl.param.split()) : net_split;
       }
       nl.split.check_devices(*runtime);  // an automatic split's devices too
+      if (ranks > 1 && (nl.param.model_parallel() || model_parallel.count(nl.param.name()) > 0)) {
+        // Cut across ranks: the rows of every rank, whole; the rank's outputs cut among its
+        // devices by an OUTPUT split of the layer's own, and the net-wide batch split left
+        // to the other layers.
+        nl.across_ranks = true;
+        const bool own = nl.param.split_size() > 0 || named.count(nl.param.name()) > 0;
+        HN_CHECK(!own || nl.param.split_axis() == pb::LayerParameter::OUTPUT,
+                 "a layer cut across ranks (model_parallel) runs every rank's rows whole; its "
+                 "own split can cut its outputs (split_axis: OUTPUT), not its batch");
+        HN_CHECK(!own || !nl.split.is_automatic(),
+                 "split_axis: OUTPUT needs the fractions given, not measured (auto)");
+        nl.output_cut = own ? nl.split : Split();
+        nl.split = Split();
+        continue;
+      }
       if (nl.split.is_automatic()) {
         nl.automatic = true;
         nl.auto_devices = nl.split.automatic_devices();

@@ -14,6 +14,8 @@
 
 #include "hybridnn/net.h"
 
+#include "hybridnn/comm.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -89,6 +91,15 @@ struct NetLayer {
   };
   std::vector<Part> parts;
   Split output_cut;
+  // A layer cut across ranks (NetOptions::model_parallel, net_model_parallel.cpp): the parts
+  // hold this rank's outputs [rank_begin, rank_end) and run on every rank's input rows,
+  // gathered rank by rank into `gathered` (its diff: the parts' input gradients summed, to
+  // be scattered back). `exchange` holds every rank's outputs forward (block by block) and
+  // every rank's output gradient backward; `rank_output` this rank's outputs of every row
+  // when several parts hold them.
+  bool across_ranks = false;
+  index_t rank_begin = 0, rank_end = 0;
+  Tensor gathered, exchange, rank_output;
 };
 
 struct Group {
@@ -131,6 +142,15 @@ struct Net::Impl {
   void set_up_output_cuts();                      // net_output_cut.cpp
   void set_up_cut_params(int index);              // net_output_cut.cpp
   void run_output_cut(int index, bool backward);  // net_output_cut.cpp
+  // Runs the parts of a cut layer on `input` (its gradient shares into each part's
+  // input_diff).
+  void run_cut_parts(int index, bool backward, SyncedMemory& input, const Shape& input_shape);
+  // Writes the sum of the parts' input_diff, in device order, to `dx`.
+  void add_input_diffs(int index, float* dx);
+  void run_rank_cut(int index, bool backward);  // net_model_parallel.cpp
+  Communicator* comm = nullptr;  // options.communicator with more than one rank, else null
+  int ranks = 1, rank = 0;
+  std::size_t comm_bytes = 0;
   void plan_layouts();
   void plan_fusion();
   void plan_memory();

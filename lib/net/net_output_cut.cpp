@@ -69,14 +69,19 @@ void shard_to_whole(const NetParam& shard, const float* values, float* whole) {
               whole + (o * b.length + shard.shard.begin) * b.inner);
 }
 
+std::pair<index_t, index_t> rank_outputs(index_t outputs, int rank, int ranks) {
+  return {outputs * rank / ranks, outputs * (rank + 1) / ranks};
+}
+
 void Net::Impl::set_up_output_cuts() {
   for (std::size_t l = 0; l < layers.size(); ++l) {
     NetLayer& nl = layers[l];
-    if (nl.output_cut.empty()) continue;
+    if (nl.output_cut.empty() && !nl.across_ranks) continue;
     const std::string at = where(static_cast<int>(l));
+    const char* how = nl.across_ranks ? "model_parallel" : "split_axis: OUTPUT";
     HN_CHECK(nl.param.type() == "InnerProduct",
-             "{}: split_axis: OUTPUT cuts an InnerProduct's outputs; a {} layer cannot be cut so",
-             at, nl.param.type());
+             "{}: {} cuts an InnerProduct's outputs; a {} layer cannot be cut so", at, how,
+             nl.param.type());
     for (const pb::ParamSpec& spec : nl.param.param()) {
       HN_CHECK(spec.name().empty(),
                "{}: parameter '{}' is shared by name, and a layer cut by outputs cannot share "
@@ -85,24 +90,53 @@ void Net::Impl::set_up_output_cuts() {
     }
     const BlobVersion& input = blobs[nl.bottoms[0]];
     const index_t outputs = static_cast<index_t>(nl.param.inner_product_param().num_output());
-    const auto columns = nl.output_cut.partition(outputs);
+    // Across ranks: this rank's outputs, computed for every rank's rows.
+    Shape input_shape = input.shape;
+    index_t first = 0, last = outputs;
+    if (nl.across_ranks) {
+      int axis = nl.param.inner_product_param().axis();
+      if (axis < 0) axis += input.shape.axes();
+      HN_CHECK(axis >= 1,
+               "{}: model_parallel gathers the ranks' rows along axis 0, and the layer's axis "
+               "is 0 (one row of {})",
+               at, input.shape.to_string());
+      HN_CHECK(outputs >= ranks,
+               "{}: model_parallel cuts its {} outputs among {} ranks; every rank needs one", at,
+               outputs, ranks);
+      std::vector<index_t> dims = input.shape.dims();
+      dims[0] *= ranks;
+      input_shape = Shape(std::move(dims));
+      std::tie(first, last) = rank_outputs(outputs, rank, ranks);
+      nl.rank_begin = first;
+      nl.rank_end = last;
+      nl.gathered = Tensor(input_shape);
+    }
+    const Split cut =
+        nl.output_cut.empty() ? Split({SplitShare{driver->device(), 1.0}}) : nl.output_cut;
+    const auto columns = cut.partition(last - first);
     for (std::size_t d = 0; d < columns.size(); ++d) {
-      const auto [begin, end] = columns[d];
+      const index_t begin = first + columns[d].first, end = first + columns[d].second;
       if (end == begin) continue;
       NetLayer::Part part;
-      part.device = nl.output_cut.shares()[d].device;
+      part.device = cut.shares()[d].device;
       part.begin = begin;
       part.end = end;
       pb::LayerParameter param = nl.param;
       param.mutable_inner_product_param()->set_num_output(static_cast<std::uint32_t>(end - begin));
       try {
         part.layer = detail::make_layer(param);
-        part.output = Tensor(part.layer->setup({input.shape}).at(0));
+        part.output = Tensor(part.layer->setup({input_shape}).at(0));
       } catch (const Error& error) {
         detail::fail("{}: the part on {}: {}", at, part.device.name(), error.what());
       }
-      part.input_diff = Tensor(input.shape);
+      part.input_diff = Tensor(input_shape);
       nl.parts.push_back(std::move(part));
+    }
+    if (nl.across_ranks) {
+      const index_t rows =
+          nl.parts.empty() ? 0 : nl.parts[0].output.count() / (nl.parts[0].end - nl.parts[0].begin);
+      nl.exchange = Tensor(Shape{rows * outputs});
+      if (nl.parts.size() > 1) nl.rank_output = Tensor(Shape{rows * (last - first)});
     }
   }
 }
@@ -137,6 +171,7 @@ void Net::Impl::set_up_cut_params(int index) {
       np.shard.begin = part.begin;
       np.shard.end = part.end;
       np.shard.whole = shape;
+      np.shard.ranks = nl.across_ranks ? ranks : 1;
       whole_to_shard(np, values.data(), np.tensor->host_data_mut());
       learnable.push_back(np);
     }
@@ -144,19 +179,17 @@ void Net::Impl::set_up_cut_params(int index) {
   }
 }
 
-void Net::Impl::run_output_cut(int index, bool backward) {
+void Net::Impl::run_cut_parts(int index, bool backward, SyncedMemory& input,
+                              const Shape& input_shape) {
   NetLayer& nl = layers[index];
-  const int bottom = nl.bottoms[0], top = nl.tops[0];
-  const Shape& out = blobs[top].shape;
-  const index_t columns = out[out.axes() - 1];
-  const index_t rows = out.count() / std::max<index_t>(columns, 1);
-  Driver& home = *driver;
+  const int bottom = nl.bottoms[0];
   const bool input_gradient = backward && nl.propagate_down[0];
-  auto call_for = [&](NetLayer::Part& part) {
+  std::vector<detail::LayerCall> calls;
+  for (NetLayer::Part& part : nl.parts) {
     detail::LayerCall call;
     call.layer = part.layer.get();
     call.where = nl.where;
-    call.inputs.push_back(detail::CallTensor{blobs[bottom].shape, &data_of(bottom),
+    call.inputs.push_back(detail::CallTensor{input_shape, &input,
                                              input_gradient ? &part.input_diff.data() : nullptr,
                                              blobs[bottom].layout});
     call.outputs.push_back(detail::CallTensor{part.output.shape(), &part.output.data(),
@@ -166,18 +199,26 @@ void Net::Impl::run_output_cut(int index, bool backward) {
     if (backward) call.propagate_down = nl.propagate_down;
     call.phase = options.state.phase;
     call.seed = detail::mix_seeds(iteration_seed, static_cast<std::uint64_t>(index));
-    if (part.device != home.device()) call.split = Split({SplitShare{part.device, 1.0}});
-    return call;
-  };
-  std::vector<detail::LayerCall> calls;
-  auto run_parts = [&] {
-    calls.clear();
-    for (NetLayer::Part& part : nl.parts)
-      calls.push_back(call_for(part));
-    scheduler->run_parts(calls, backward, &profiles[index]);
-  };
+    if (part.device != driver->device()) call.split = Split({SplitShare{part.device, 1.0}});
+    calls.push_back(std::move(call));
+  }
+  scheduler->run_parts(calls, backward, &profiles[index]);
+}
+
+void Net::Impl::run_output_cut(int index, bool backward) {
+  NetLayer& nl = layers[index];
+  if (nl.across_ranks) {
+    run_rank_cut(index, backward);
+    return;
+  }
+  const int bottom = nl.bottoms[0], top = nl.tops[0];
+  const Shape& out = blobs[top].shape;
+  const index_t columns = out[out.axes() - 1];
+  const index_t rows = out.count() / std::max<index_t>(columns, 1);
+  Driver& home = *driver;
+  const bool input_gradient = backward && nl.propagate_down[0];
   if (!backward) {
-    run_parts();
+    run_cut_parts(index, false, data_of(bottom), blobs[bottom].shape);
     // The gather: disjoint columns, copied.
     float* y = static_cast<float*>(data_of(top).overwrite(home));
     for (NetLayer::Part& part : nl.parts) {
@@ -192,17 +233,22 @@ void Net::Impl::run_output_cut(int index, bool backward) {
     home.copy_strided(rows, width, dy + part.begin, columns,
                       static_cast<float*>(part.output.diff().overwrite(home)), width);
   }
-  run_parts();
+  run_cut_parts(index, true, data_of(bottom), blobs[bottom].shape);
   if (!input_gradient) return;
+  add_input_diffs(index, static_cast<float*>(diff_of(bottom).overwrite(home)));
+}
+
+void Net::Impl::add_input_diffs(int index, float* dx) {
   // The input's gradient: the parts' shares added in device order.
-  const index_t count = blobs[bottom].shape.count();
-  float* dx = static_cast<float*>(diff_of(bottom).overwrite(home));
+  NetLayer& nl = layers[index];
+  Driver& home = *driver;
   for (std::size_t p = 0; p < nl.parts.size(); ++p) {
-    const float* share = static_cast<const float*>(nl.parts[p].input_diff.data().read(home));
+    Tensor& share = nl.parts[p].input_diff;
+    const float* values = static_cast<const float*>(share.data().read(home));
     if (p == 0)
-      home.copy(dx, share, static_cast<std::size_t>(count) * sizeof(float));
+      home.copy(dx, values, static_cast<std::size_t>(share.count()) * sizeof(float));
     else
-      home.axpy(count, 1.0f, share, dx);
+      home.axpy(share.count(), 1.0f, values, dx);
   }
 }
 

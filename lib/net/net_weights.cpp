@@ -130,27 +130,31 @@ std::vector<std::string> Net::copy_trained_layers_from(const std::string& caffem
 void Net::save(const std::string& caffemodel_path, bool write_diff) const {
   pb::NetParameter model;
   model.set_name(impl_->name);
+  const std::vector<WholeParam> wholes = whole_params(impl_->learnable);
   for (const NetLayer& nl : impl_->layers) {
     if (nl.kind == Kind::split) continue;
     pb::LayerParameter* layer = model.add_layer();
     *layer = nl.param;
     layer->clear_blobs();
-    if (!nl.parts.empty()) {
-      // Cut by outputs: each parameter whole, from the parts' rows.
-      for (std::size_t p = 0; p < nl.owns_param.size(); ++p) {
-        const Shape& shape = nl.layer->params()[p].shape();
+    if (!nl.parts.empty() || nl.across_ranks) {
+      // Cut by outputs: each parameter whole, from the parts' rows (and across ranks, the
+      // other ranks' rows).
+      for (const WholeParam& whole : wholes) {
+        const NetParam& first = impl_->learnable[whole.first];
+        if (first.layer != nl.param.name()) continue;
         pb::BlobProto* blob = layer->add_blobs();
-        for (index_t d : shape.dims())
+        for (index_t d : whole.shape.dims())
           blob->mutable_shape()->add_dim(d);
-        std::vector<float> data(static_cast<std::size_t>(shape.count()));
-        std::vector<float> diff(write_diff ? data.size() : 0);
-        for (const NetParam& np : impl_->learnable) {
-          if (np.layer != nl.param.name() || np.index != static_cast<int>(p)) continue;
-          shard_to_whole(np, np.tensor->host_data(), data.data());
-          if (write_diff) shard_to_whole(np, np.tensor->host_diff(), diff.data());
+        for (const bool diff : {false, true}) {
+          if (diff && !write_diff) break;
+          std::vector<const float*> values;
+          for (std::size_t i = whole.first; i < whole.last; ++i) {
+            Tensor& tensor = *impl_->learnable[i].tensor;
+            values.push_back(diff ? tensor.host_diff() : tensor.host_data());
+          }
+          const std::vector<float> joined = whole_values(whole, values);
+          (diff ? blob->mutable_diff() : blob->mutable_data())->Add(joined.begin(), joined.end());
         }
-        blob->mutable_data()->Add(data.begin(), data.end());
-        if (write_diff) blob->mutable_diff()->Add(diff.begin(), diff.end());
       }
       continue;
     }
@@ -166,6 +170,7 @@ void Net::save(const std::string& caffemodel_path, bool write_diff) const {
       }
     }
   }
+  if (impl_->rank != 0 && model_parallel_ranks() > 1) return;  // across ranks: rank 0 writes
   detail::write_binary_proto(caffemodel_path, model);
 }
 

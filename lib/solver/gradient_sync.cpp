@@ -30,6 +30,10 @@ GradientSync::GradientSync(Net& net, Communicator& communicator, std::size_t buc
   // of the list is the order in which gradients become final.
   for (std::size_t k = params.size(); k-- > 0;) {
     const NetParam& param = params[k];
+    if (param.shard.ranks > 1) {  // each rank's own rows of a layer cut across ranks
+      sharded_.push_back(k);
+      continue;
+    }
     const auto owner = layer_index.find(param.layer);
     HN_CHECK(owner != layer_index.end(), "net '{}': parameter '{}' names no layer ('{}')",
              net.name(), param.name, param.layer);
@@ -77,6 +81,9 @@ void GradientSync::backward(
   host[1] = stop ? 1.0f : 0.0f;
   int next = 0;
   for (int l = net_.num_layers() - 1; l >= 0; --l) {
+    // A layer cut across ranks runs collectives of its own: the communication thread's
+    // first (one caller of the communicator at a time).
+    if (net_.layer_communicates(l) && net_.layer_needs_backward(l)) drain();
     const Clock::time_point start = Clock::now();
     net_.backward_layer(l);
     if (on_layer && net_.layer_needs_backward(l)) on_layer(l, start, Clock::now());
@@ -86,6 +93,11 @@ void GradientSync::backward(
   while (next < num_buckets())
     issue(next++);
   enqueue(kLossJob);
+}
+
+void GradientSync::drain() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_.wait(lock, [this] { return finished_ == issued_; });
 }
 
 void GradientSync::issue(int index) {
@@ -154,6 +166,8 @@ void GradientSync::run_thread() {
         records_.push_back(record);
         stats_.allreduce_seconds += seconds_between(record.start, record.end);
         stats_.bytes += record.bytes;
+        const auto ranks = static_cast<std::size_t>(comm_.size());
+        stats_.sent_bytes += 2 * (ranks - 1) * record.bytes / ranks;
       }
       ++finished_;
     }
@@ -181,6 +195,14 @@ GradientSync::Result GradientSync::wait() {
       driver_.copy(tensor.diff_write(driver_), bucket.data + bucket.offsets[i],
                    static_cast<std::size_t>(tensor.count()) * sizeof(float));
     }
+  }
+  // The rows of layers cut across ranks hold the gradient of every rank's loss: the mean's
+  // is 1/R of it, as the allreduce gives for the others.
+  const float mean = 1.0f / static_cast<float>(comm_.size());
+  for (const std::size_t k : sharded_) {
+    const NetParam& param = params[k];
+    Driver& holder = param.driver != nullptr ? *param.driver : driver_;
+    holder.scale(param.tensor->count(), mean, param.tensor->diff_write(holder));
   }
   const float* reduced = loss_.host_data();
   return {reduced[0], reduced[1] > 0.0f};

@@ -13,6 +13,11 @@
 // loss of the global batch, and whether this rank was asked to stop, so that all stop
 // after the same iteration.
 //
+// Parameters of layers cut across ranks (NetOptions::model_parallel) are in no bucket: each
+// rank holds its own rows, whose gradients already sum every rank's loss, and wait() divides
+// them by the ranks. Before such a layer's backward (which runs collectives of its own) the
+// buckets in flight are waited for.
+//
 // Only the communication thread calls the communicator while buckets are in flight; between
 // wait() and the next backward the caller may use it (MPI_THREAD_SERIALIZED suffices).
 #pragma once
@@ -48,6 +53,7 @@ class GradientSync {
     double allreduce_seconds = 0.0;  // the communication thread's busy time
     double exposed_seconds = 0.0;    // the caller's time blocked in wait()
     std::size_t bytes = 0;           // allreduced per rank
+    std::size_t sent_bytes = 0;      // sent by this rank: 2(R-1)/R of `bytes`, as the ring
     int iterations = 0;
   };
 
@@ -92,6 +98,7 @@ class GradientSync {
     float* data = nullptr;           // what the thread reduces
   };
 
+  void drain();  // waits until the communication thread has finished every job issued
   void issue(int bucket);
   void enqueue(int job);
   void run_thread();
@@ -100,7 +107,8 @@ class GradientSync {
   Communicator& comm_;
   Driver& driver_;
   std::vector<Bucket> buckets_;
-  Tensor loss_{Shape{2}};  // on the net's driver, as the communicator wants
+  std::vector<std::size_t> sharded_;  // parameters cut across ranks: scaled, not reduced
+  Tensor loss_{Shape{2}};             // on the net's driver, as the communicator wants
   float* loss_data_ = nullptr;
 
   std::mutex mutex_;

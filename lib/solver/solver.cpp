@@ -166,6 +166,7 @@ struct Solver::Impl {
   // snapshots excluded), so images/s and the time remaining measure training.
   double train_seconds = 0.0;
   double allreduce_seconds = 0.0, exposed_comm_seconds = 0.0;
+  double comm_bytes = 0.0;  // sent since the last display
   int iterations_since_display = 0;
   bool first_display = true;  // the first iteration of a run pays one-off setup: not timed
 
@@ -259,6 +260,8 @@ void Solver::Impl::build_nets() {
   train_options.fuse_layers = options.fuse_layers;
   train_options.data_shard = comm->rank();
   train_options.data_shards = comm->size();
+  train_options.communicator = comm;
+  train_options.model_parallel = options.model_parallel;
   if (p.has_net() || p.has_train_net()) {
     const std::string path = resolve_beside(p.has_net() ? p.net() : p.train_net(), origin);
     net = std::make_unique<Net>(path, *runtime, *driver, train_options);
@@ -299,6 +302,7 @@ void Solver::Impl::build_nets() {
     test_options.tune = agreed_tune(options.tune, *comm, *driver);
     test_options.blocked_layout = options.blocked_layout;
     test_options.fuse_layers = options.fuse_layers;
+    test_options.communicator = comm;
     std::unique_ptr<Net> test_net;
     if (i < p.test_net_param_size()) {
       test_net = Net::from_text(text_of(p.test_net_param(i)),
@@ -310,6 +314,7 @@ void Solver::Impl::build_nets() {
     } else {
       // The training net's own prototxt in the test phase: its per-layer splits apply too.
       test_options.layer_splits = options.layer_splits;
+      test_options.model_parallel = options.model_parallel;
       if (p.has_net()) {
         test_net =
             std::make_unique<Net>(resolve_beside(p.net(), origin), *runtime, *driver, test_options);
@@ -418,6 +423,8 @@ void Solver::Impl::train_iteration() {
     const detail::GradientSync::Stats stats = sync->take_stats();
     allreduce_seconds += stats.allreduce_seconds;
     exposed_comm_seconds += stats.exposed_seconds;
+    comm_bytes += static_cast<double>(stats.sent_bytes + net->comm_bytes());
+    net->reset_comm_bytes();
   }
   loss /= static_cast<float>(iter_size);
   if (!std::isfinite(loss)) {
@@ -431,8 +438,10 @@ void Solver::Impl::train_iteration() {
 
 void Solver::Impl::broadcast_weights() {
   if (weights_broadcast || comm->size() == 1) return;
-  for (const NetParam& np : net->learnable_params())
+  for (const NetParam& np : net->learnable_params()) {
+    if (np.shard.ranks > 1) continue;  // each rank's own rows of a layer cut across ranks
     comm->broadcast(*driver, np.tensor->data_write(*driver), np.tensor->count(), 0);
+  }
   weights_broadcast = true;
 }
 
@@ -490,7 +499,12 @@ void Solver::Impl::check_ranks_agree() {
                      params.size());
   std::uint64_t shapes = fnv1a("shapes");
   for (const NetParam& np : params) {
-    shapes = fnv1a(np.layer + "/" + np.name + ":" + np.tensor->shape().to_string(), shapes);
+    // A layer cut across ranks: each rank's rows differ, the whole does not.
+    const std::string shape =
+        np.shard.ranks > 1
+            ? fmt::format("{} cut among {} ranks", np.shard.whole.to_string(), np.shard.ranks)
+            : np.tensor->shape().to_string();
+    shapes = fnv1a(np.layer + "/" + np.name + ":" + shape, shapes);
   }
   items.emplace_back("parameter shapes", shapes);
   std::vector<std::uint64_t> fingerprints;
@@ -510,6 +524,7 @@ void Solver::Impl::check_weights_agree(const char* when) {
   if (ranks == 1) return;
   std::uint64_t hash = fnv1a("weights");
   for (const NetParam& np : net->learnable_params()) {
+    if (np.shard.ranks > 1) continue;  // each rank's own rows
     hash = fnv1a(np.tensor->host_data(),
                  static_cast<std::size_t>(np.tensor->count()) * sizeof(float), hash);
   }
@@ -530,12 +545,18 @@ void Solver::Impl::apply_update(float rate) {
   // Caffe's ClipGradients: one L2 norm over every raw (accumulated) gradient.
   float grad_scale = 1.0f;
   if (param.clip_gradients() >= 0.0f) {
-    double sumsq = 0.0;
+    double sumsq = 0.0, sharded = 0.0;
     for (const NetParam& np : params) {
       Driver& d = driver_of(np);
       const float* diff = np.tensor->diff_read(d);
-      sumsq += d.dot(np.tensor->count(), diff, diff);
+      (np.shard.ranks > 1 ? sharded : sumsq) += d.dot(np.tensor->count(), diff, diff);
     }
+    if (net->model_parallel_ranks() > 1) {  // the other ranks' rows of the cut layers
+      std::vector<float> parts{static_cast<float>(sharded)};
+      allreduce_host(*comm, *driver, parts, ReduceOp::sum);
+      sharded = parts[0];
+    }
+    sumsq += sharded;
     const float norm = static_cast<float>(std::sqrt(sumsq));
     if (norm > param.clip_gradients()) grad_scale = param.clip_gradients() / norm;
   }
@@ -620,7 +641,9 @@ void Solver::Impl::display(float rate) {
   e.train_seconds = train_seconds;
   e.allreduce_seconds = allreduce_seconds;
   e.exposed_comm_seconds = exposed_comm_seconds;
-  train_seconds = allreduce_seconds = exposed_comm_seconds = 0.0;
+  if (iterations_since_display > 0)
+    e.comm_bytes_per_iteration = comm_bytes / iterations_since_display;
+  train_seconds = allreduce_seconds = exposed_comm_seconds = comm_bytes = 0.0;
   iterations_since_display = 0;
   first_display = false;
   emit(e);
@@ -650,12 +673,18 @@ std::optional<std::vector<std::pair<std::string, float>>> Solver::Impl::run_test
   // collectives, so only a single process interrupts a test.
   interruptible = interruptible && ranks == 1;
   test_net.set_iteration_seed(test_seed(seed, index));
-  for (int i = rank; i < passes; i += ranks) {
+  // A net with layers cut across ranks runs collectives in its forward: every rank runs as
+  // many, and a rank past the last pass runs one more and counts nothing of it.
+  const bool in_step = test_net.model_parallel_ranks() > 1;
+  const int rounds = in_step ? (passes + ranks - 1) / ranks * ranks : passes;
+  for (int i = rank; i < rounds; i += ranks) {
     if (interruptible && stop.load()) return std::nullopt;
     if (test_net.data_position() != static_cast<std::uint64_t>(i)) {
       test_net.seek_data(static_cast<std::uint64_t>(i));
     }
-    loss_sum += test_net.forward();
+    const float pass_loss = test_net.forward();
+    if (i >= passes) continue;
+    loss_sum += pass_loss;
     std::size_t at = 0;
     for (const auto& [name, weight] : outputs) {
       static_cast<void>(weight);
@@ -740,7 +769,10 @@ std::string Solver::Impl::snapshot() {
   const std::string base = fmt::format("{}_iter_{}", prefix(), iter);
   const std::string model = base + ".caffemodel";
   check_weights_agree("snapshot");
-  if (comm->rank() != 0) return model;  // rank 0 writes it
+  // Rank 0 writes them; with layers cut across ranks every rank takes part in gathering
+  // their rows first.
+  const bool gathered = net->model_parallel_ranks() > 1;
+  if (comm->rank() != 0 && !gathered) return model;
   net->save(model, param.snapshot_diff());
   pb::SolverState state;
   state.set_iter(iter);
@@ -755,14 +787,16 @@ std::string Solver::Impl::snapshot() {
       pb::BlobProto* blob = state.add_history();
       for (index_t d : whole.shape.dims())
         blob->mutable_shape()->add_dim(d);
-      std::vector<float> values(static_cast<std::size_t>(whole.shape.count()));
+      std::vector<const float*> shards;
       for (std::size_t i = whole.first; i < whole.last; ++i)
-        shard_to_whole(params[i], arrays[i]->host_data(), values.data());
+        shards.push_back(arrays[i]->host_data());
+      const std::vector<float> values = net->whole_values(whole, shards);
       blob->mutable_data()->Add(values.begin(), values.end());
     }
   };
   add(history);
   add(history2);
+  if (comm->rank() != 0) return model;
   detail::write_binary_proto(base + ".solverstate", state);
   SolverEvent e = event(Phase::train);
   e.loss = smoothed_loss;

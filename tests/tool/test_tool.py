@@ -1209,6 +1209,41 @@ def mpi_two_ranks_train_as_one_process_at_twice_the_batch(ctx):
 
 
 @case
+def mpi_model_parallel_train_and_time(ctx):
+    # ip1 and ip2 cut across 2 ranks: the losses of one process at twice the batch, the
+    # bytes sent in the metrics and in `time`, a whole snapshot, a clear error for a layer
+    # the net lacks.
+    solvers = batch16_and_32(ctx)
+    ctx.run("train", "--solver", solvers[32], "--metrics", ctx.path("one.jsonl"))
+    run_mpi(ctx, 2, "train", "--solver", solvers[16], "--model-parallel", "ip1,ip2",
+            "--metrics", ctx.path("cut.jsonl"))
+    one, cut = train_losses(ctx.path("one.jsonl")), train_losses(ctx.path("cut.jsonl"))
+    check(len(one) == len(cut) == 41, f"{len(one)} and {len(cut)} train lines")
+    for (i, a), (j, b) in zip(one, cut):
+        check(i == j and abs(a - b) <= 1e-4 * max(abs(a), 1e-2),
+              f"iteration {i}: loss {a} alone, {b} with ip1,ip2 cut across 2 ranks")
+    sent = [m["comm_bytes_per_iter"] for m in read_metrics(ctx.path("cut.jsonl"))
+            if m["phase"] == "train" and "comm_bytes_per_iter" in m]
+    check(sent and all(b > 0 for b in sent), f"no bytes sent in the metrics: {sent}")
+    # The snapshot is the whole model: one process loads it.
+    ctx.run("test", "--model", ctx.path("net16.prototxt"), "--weights",
+            ctx.path("snapshots16", "tiny_iter_40.caffemodel"), "--iterations", 5)
+    times = {}
+    for name, extra in (("data", []), ("cut", ["--model-parallel", "ip1,ip2"])):
+        run = run_mpi(ctx, 2, "time", "--model", ctx.path("net16.prototxt"), "--json",
+                      "--iterations", 3, *extra)
+        times[name] = [json.loads(line) for line in run.stdout.splitlines()
+                       if line.startswith("{") and '"total"' in line][0]
+    check(times["data"]["model_parallel_sent_bytes"] == 0 and
+          times["cut"]["model_parallel_sent_bytes"] > 0, f"bytes: {times}")
+    check(times["cut"]["allreduce_bytes"] < times["data"]["allreduce_bytes"],
+          f"ip1 and ip2 are still allreduced: {times}")
+    run = run_mpi(ctx, 2, "train", "--solver", solvers[16], "--model-parallel", "ip9", code=1)
+    check("model parallelism is asked for layer 'ip9', which the net does not have"
+          in run.stderr + run.stdout, run.stderr)
+
+
+@case
 def mpi_snapshot_of_four_ranks_resumes_on_two(ctx):
     solvers = batch16_and_32(ctx)
     run_mpi(ctx, 4, "train", "--solver", solvers[16], "--max-iter", 20, "--threads", 1)

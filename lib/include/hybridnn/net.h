@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hybridnn/layer.h"
@@ -17,6 +18,8 @@
 #include "hybridnn/tune.h"
 
 namespace hn {
+
+class Communicator;
 
 // Caffe's NetState: selects the layers whose include/exclude rules match.
 struct NetState {
@@ -82,6 +85,18 @@ struct NetOptions {
   // Net's driver. Results equal the unfused layers' up to float rounding; the fused
   // BatchNorm and ReLU report no time of their own (layer_algorithm names the fusion).
   bool fuse_layers = true;
+  // Model parallelism across ranks: InnerProduct layers, named here or marked
+  // `model_parallel: true` in the prototxt, are cut by their outputs among the ranks of
+  // `communicator` (not owned; null or one rank: no cut). Rank r holds outputs
+  // [N*r/R, N*(r+1)/R) of the weights and bias; forward gathers every rank's input rows and
+  // returns this rank's rows of every output, backward scatters the input's gradient back
+  // (allgather, allgatherv and reduce_scatterv), so that the layer computes on the batch of
+  // all ranks, as one process would. Every rank builds the same net and runs it in step:
+  // forward and backward of such a layer are collectives. Its parameters' gradients are
+  // those of the sum of every rank's loss (the Solver divides them by the ranks, as it
+  // averages the others). Naming a layer the prototxt lacks is an error.
+  Communicator* communicator = nullptr;
+  std::vector<std::string> model_parallel;
 };
 
 // A named blob of a net: its shape and its data and gradient memory. A blob whose memory is
@@ -115,10 +130,13 @@ struct NetParam {
   // A layer cut by outputs (split_axis: OUTPUT) has one NetParam per device for each of its
   // parameters, in device order: `tensor` holds outputs [begin, end) along `axis` of the
   // whole parameter, of shape `whole`. axis < 0: the parameter is whole.
+  // With a layer cut across ranks (NetOptions::model_parallel), `ranks` > 1 and this
+  // rank's shards cover its outputs only.
   struct Shard {
     int axis = -1;
     index_t begin = 0, end = 0;
     Shape whole;
+    int ranks = 1;
   } shard;
 };
 
@@ -132,6 +150,9 @@ std::vector<WholeParam> whole_params(const std::vector<NetParam>& params);
 // Copies between a whole parameter's values and its shard's (params[i].shard).
 void whole_to_shard(const NetParam& shard, const float* whole, float* values);
 void shard_to_whole(const NetParam& shard, const float* values, float* whole);
+// The outputs [begin, end) of `outputs` that rank `rank` of `ranks` holds in a layer cut
+// across ranks.
+std::pair<index_t, index_t> rank_outputs(index_t outputs, int rank, int ranks);
 
 class Net {
  public:
@@ -205,8 +226,25 @@ class Net {
   // error naming the layer and both shapes, and so is a file none of whose layers is one
   // of this net's (the weights of another net).
   std::vector<std::string> copy_trained_layers_from(const std::string& caffemodel_path);
-  // Writes the weights as a .caffemodel (through a temporary file and a rename).
+  // Writes the weights as a .caffemodel (through a temporary file and a rename). With
+  // layers cut across ranks, a collective: every rank calls it, and rank 0 writes.
   void save(const std::string& caffemodel_path, bool write_diff = false) const;
+  // The whole parameter `whole` of learnable_params() from its shards' values
+  // (values[i - whole.first], host memory, each the shape of its shard's tensor). For a
+  // layer cut across ranks, a collective that gathers the other ranks' rows: every rank
+  // calls it for the same parameters in the same order, and every rank gets the whole.
+  std::vector<float> whole_values(const WholeParam& whole,
+                                  const std::vector<const float*>& values) const;
+
+  // Model parallelism across ranks: how many ranks the net's layers are cut among (1: none),
+  // and whether layer `index` runs collectives in its forward and backward.
+  int model_parallel_ranks() const;
+  bool layer_communicates(int index) const;
+  // Bytes this rank sent to the others in the collectives of its layers cut across ranks
+  // since construction or the last reset, counted as the ring algorithms send them:
+  // times its block for an allgather, (R-1)/R of the data for a reduce-scatter.
+  std::size_t comm_bytes() const;
+  void reset_comm_bytes();
 
   // The next forward's data layers produce batch number `batch` of their sources (each
   // source counts its own batches from 0; the net starts at 0). Deterministic: random

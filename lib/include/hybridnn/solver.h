@@ -54,7 +54,15 @@ struct SolverOptions {
   //  - every `checksum_interval` iterations and at every snapshot the ranks compare a
   //    checksum of their weights and fail naming the first rank that differs;
   //  - only rank 0 writes snapshots.
+  //  With InnerProduct layers cut across the ranks (model_parallel below, or
+  //  `model_parallel: true` in the prototxt), each rank holds and updates only its outputs'
+  //  rows of their weights and history: those gradients are divided by the ranks instead
+  //  of averaged, and neither broadcast nor compared; snapshots gather them, so they stay
+  //  whole Caffe files; every rank runs every test pass's forwards in step.
   Communicator* communicator = nullptr;
+  // Layers cut across the ranks by name (NetOptions::model_parallel), in the training net
+  // and in the test nets built from the same prototxt.
+  std::vector<std::string> model_parallel;
   std::size_t bucket_bytes = std::size_t{25} << 20;
   int checksum_interval = 1000;  // 0: only at snapshots
   // Measured choice of algorithms in the training and test nets (NetOptions::tune).
@@ -83,6 +91,10 @@ struct SolverEvent {
   double allreduce_seconds = 0.0;
   double exposed_comm_seconds = 0.0;
   double train_seconds = 0.0;  // forward, backward and update, for the shares
+  // Bytes this rank sent to the others per iteration since the previous display: the
+  // gradient allreduce (2(R-1)/R of the bytes reduced, as the ring sends them) and the
+  // collectives of layers cut across ranks (Net::comm_bytes).
+  double comm_bytes_per_iteration = 0.0;
 };
 
 class Solver {
