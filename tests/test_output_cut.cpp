@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -144,6 +145,99 @@ TEST_CASE("each device holds only its rows of a layer cut by outputs, and reruns
   REQUIRE(first.size() == second.size());
   for (std::size_t p = 0; p < first.size(); ++p)
     CHECK(std::memcmp(first[p].data(), second[p].data(), first[p].size() * sizeof(float)) == 0);
+}
+
+// CaffeNet (shared/models' deploy prototxt) made trainable at a small size: 67x67 inputs
+// (pool5 1x1), fillers for every layer, fc6 and fc7 of 64 outputs and fc8 of 10, a
+// SoftmaxWithLoss; fc6, fc7 and fc8 cut by outputs with `cuts` (uncut when empty).
+std::string small_caffenet(const std::vector<double>& cuts) {
+  std::ifstream file(HYBRIDNN_MODELS_DIR "/bvlc_reference_caffenet_deploy.prototxt");
+  REQUIRE(file);
+  std::stringstream text;
+  text << file.rdbuf();
+  std::string net = text.str();
+  const auto replace_all = [&net](const std::string& from, const std::string& to) {
+    int count = 0;
+    for (std::size_t at = net.find(from); at != std::string::npos;
+         at = net.find(from, at + to.size())) {
+      net.replace(at, from.size(), to);
+      ++count;
+    }
+    REQUIRE(count > 0);
+  };
+  replace_all("name: \"CaffeNet\"", "name: \"CaffeNet\"\nforce_backward: true");
+  replace_all(
+      "type: \"Input\"\n  top: \"data\"\n  input_param { shape: { dim: 10 dim: 3 dim: 227 dim: "
+      "227 } }",
+      "type: \"DummyData\"\n  top: \"data\"\n  top: \"label\"\n  dummy_data_param { shape { dim: 4 "
+      "dim: 3 dim: 67 dim: 67 } shape { dim: 4 } data_filler { type: \"gaussian\" std: 1 } "
+      "data_filler { type: \"constant\" value: 3 } }");
+  const std::string fillers =
+      " weight_filler { type: \"gaussian\" std: 0.05 } bias_filler { type: \"gaussian\" std: 0.1 }";
+  replace_all("convolution_param {", "convolution_param {" + fillers);
+  replace_all("inner_product_param {", "inner_product_param {" + fillers);
+  int fc = 0;
+  const auto cut_fc = [&](const std::string& from, int outputs) {
+    const std::size_t at = net.find(from);
+    REQUIRE(at != std::string::npos);
+    const std::string split = cuts.empty() ? "" : cut(cuts[static_cast<std::size_t>(fc)]);
+    net.replace(at, from.size(), fmt::format("num_output: {}\n  }}\n  {}", outputs, split));
+    ++fc;
+  };
+  cut_fc("num_output: 4096\n  }", 64);
+  cut_fc("num_output: 4096\n  }", 64);
+  cut_fc("num_output: 1000\n  }", 10);
+  replace_all("type: \"Softmax\"\n  bottom: \"fc8\"\n  top: \"prob\"",
+              "type: \"SoftmaxWithLoss\"\n  bottom: \"fc8\"\n  bottom: \"label\"\n  top: \"loss\"");
+  return net;
+}
+
+TEST_CASE(
+    "CaffeNet's fc6-fc8 cut by outputs inside a net whose convolutions are batch-split "
+    "compute the unsplit net",
+    "[split]") {
+  TwoDrivers d;
+  NetOptions plain_options;
+  plain_options.state.phase = Phase::train;  // dropout on: the same masks cut or not
+  const auto plain_net =
+      Net::from_text(small_caffenet({}), "caffenet", d.runtime, *d.host, plain_options);
+  NetOptions split_options = plain_options;
+  split_options.split = Split::parse("reference:0.5,reference:1:0.5");
+  auto run = [&] {
+    auto net = Net::from_text(small_caffenet({0.5, 0.75, 0.3}), "caffenet cut", d.runtime, *d.host,
+                              split_options);
+    // Two shards each of fc6's, fc7's and fc8's weights and biases.
+    CHECK(net->learnable_params().size() == 16 + 6);
+    net->clear_param_diffs();
+    const float loss = net->forward_backward();
+    auto grads = whole_values(*net, true);
+    const BlobRef data = net->blob("data");
+    grads.emplace_back(data.host_diff(), data.host_diff() + data.count());
+    return std::make_pair(loss, grads);
+  };
+  Net& plain = *plain_net;
+  plain.clear_param_diffs();
+  const float want = plain.forward_backward();
+  auto want_grads = whole_values(plain, true);
+  const BlobRef data = plain.blob("data");
+  want_grads.emplace_back(data.host_diff(), data.host_diff() + data.count());
+  // The gradients reach the data through every layer.
+  CHECK(test::max_scaled_diff(want_grads.back(),
+                              std::vector<float>(want_grads.back().size(), 0.0f)) > 1e-3);
+  const auto [got, got_grads] = run();
+  CHECK(got == Approx(want).epsilon(1e-5));
+  REQUIRE(got_grads.size() == want_grads.size());
+  for (std::size_t p = 0; p < want_grads.size(); ++p) {
+    INFO("gradient " << p << " of " << want_grads.size() << " (the last: the data's)");
+    CHECK(test::max_scaled_diff(want_grads[p], got_grads[p]) <= 1e-5);
+  }
+  // Bitwise reproducible run to run.
+  const auto [again, again_grads] = run();
+  CHECK(std::memcmp(&again, &got, sizeof(float)) == 0);
+  for (std::size_t p = 0; p < got_grads.size(); ++p) {
+    CHECK(std::memcmp(again_grads[p].data(), got_grads[p].data(),
+                      got_grads[p].size() * sizeof(float)) == 0);
+  }
 }
 
 TEST_CASE("a layer cut by outputs is refused where it cannot be, naming the layer", "[split]") {
