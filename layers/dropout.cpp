@@ -50,7 +50,18 @@ void DropoutLayer::forward(const LayerSlice& slice) {
   const Operand& x = slice.inputs[0];
   const Operand& y = slice.outputs[0];
   const index_t n = detail::slice_count(x.shape, slice.rows());
-  if (slice.phase == Phase::train) {
+  if (slice.phase == Phase::train && slice.columns > 0) {
+    // A column block: each row's elements are counted where they lie in the whole blob's
+    // row, so a layer cut by outputs draws the uncut mask.
+    const index_t width = detail::slice_count(x.shape, 1);
+    for (index_t r = 0; r < slice.rows(); ++r) {
+      const auto offset =
+          static_cast<std::uint64_t>((slice.begin + r) * slice.columns + slice.column_begin);
+      slice.driver->dropout_forward(width, param_.dropout_ratio, mask_seed(slice.seed), offset,
+                                    x.x() + r * width, y.mutable_x() + r * width,
+                                    slice.state[0].mutable_x() + r * width);
+    }
+  } else if (slice.phase == Phase::train) {
     // Counting from the slice's first element makes a split draw the whole-batch mask.
     const auto offset = static_cast<std::uint64_t>(detail::slice_count(x.shape, slice.begin));
     slice.driver->dropout_forward(n, param_.dropout_ratio, mask_seed(slice.seed), offset, x.x(),

@@ -208,6 +208,13 @@ TEST_CASE(
                               split_options);
     // Two shards each of fc6's, fc7's and fc8's weights and biases.
     CHECK(net->learnable_params().size() == 16 + 6);
+    // fc7 and fc8 read the columns where fc6 and fc7 left them: ReLU and Dropout run on
+    // each device's columns, and nothing is gathered in between.
+    for (int l = 0; l < net->num_layers(); ++l) {
+      const std::string& name = net->layer_name(l);
+      if (name == "relu6" || name == "drop6") CHECK(net->layer_algorithm(l) == "fused into 'fc6'");
+      if (name == "relu7" || name == "drop7") CHECK(net->layer_algorithm(l) == "fused into 'fc7'");
+    }
     net->clear_param_diffs();
     const float loss = net->forward_backward();
     auto grads = whole_values(*net, true);

@@ -267,6 +267,7 @@ void Net::Impl::build(pb::NetParameter net) {
   set_up_params();
   plan_layouts();
   plan_fusion();
+  plan_column_chains();
   plan_memory();
   profiles.resize(layers.size());
   for (std::size_t l = 0; l < layers.size(); ++l) {

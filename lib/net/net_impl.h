@@ -88,9 +88,21 @@ struct NetLayer {
     std::vector<Tensor*> params;  // resolved: its own, or shared from another net's part
     Tensor output;                // data and gradient of its columns, [rows x width]
     Tensor input_diff;            // its share of the input's gradient, summed in device order
+    // Consecutive cut layers: the chain's element-wise layers on this part's columns; and,
+    // in the layer reading the columns, its whole input assembled on its device, and a
+    // block of columns of the input's gradient.
+    std::vector<std::unique_ptr<Layer>> chain_layers;
+    Tensor input, scratch;
   };
   std::vector<Part> parts;
   Split output_cut;
+  // Consecutive layers cut by outputs (fc6 -> relu6 -> drop6 -> fc7, net_output_cut.cpp):
+  // `chain` lists the in-place element-wise layers that run on this layer's parts, each on
+  // its part's columns on its device (fused_into this layer), and `columns_to` the next cut
+  // layer, which reads the parts' columns itself (its `columns_from`), so the columns are
+  // never gathered into the blob on the Net's driver.
+  std::vector<int> chain;
+  int columns_to = -1, columns_from = -1;
   // A layer cut across ranks (NetOptions::model_parallel, net_model_parallel.cpp): the parts
   // hold this rank's outputs [rank_begin, rank_end) and run on every rank's input rows,
   // gathered rank by rank into `gathered` (its diff: the parts' input gradients summed, to
@@ -142,9 +154,12 @@ struct Net::Impl {
   void set_up_output_cuts();                      // net_output_cut.cpp
   void set_up_cut_params(int index);              // net_output_cut.cpp
   void run_output_cut(int index, bool backward);  // net_output_cut.cpp
+  void plan_column_chains();                      // net_output_cut.cpp
+  void run_chain(int index, bool backward);       // net_output_cut.cpp
   // Runs the parts of a cut layer on `input` (its gradient shares into each part's
   // input_diff).
-  void run_cut_parts(int index, bool backward, SyncedMemory& input, const Shape& input_shape);
+  // (`input` null: each part's own `input`.)
+  void run_cut_parts(int index, bool backward, SyncedMemory* input, const Shape& input_shape);
   // Writes the sum of the parts' input_diff, in device order, to `dx`.
   void add_input_diffs(int index, float* dx);
   void run_rank_cut(int index, bool backward);  // net_model_parallel.cpp

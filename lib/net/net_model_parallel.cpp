@@ -50,7 +50,7 @@ void Net::Impl::run_rank_cut(int index, bool backward) {
                       static_cast<std::size_t>(input_count),
                       static_cast<float*>(nl.gathered.data().overwrite(home)));
       comm_bytes += float_bytes(input_count) * static_cast<std::size_t>(ranks - 1);
-      run_cut_parts(index, false, nl.gathered.data(), nl.gathered.shape());
+      run_cut_parts(index, false, &nl.gathered.data(), nl.gathered.shape());
       // This rank's outputs of every row, the parts' columns side by side.
       const float* mine = nullptr;
       if (nl.parts.size() == 1) {
@@ -94,7 +94,7 @@ void Net::Impl::run_rank_cut(int index, bool backward) {
       home.copy_strided(all_rows, part_width, gradients + part.begin, outputs,
                         static_cast<float*>(part.output.diff().overwrite(home)), part_width);
     }
-    run_cut_parts(index, true, nl.gathered.data(), nl.gathered.shape());
+    run_cut_parts(index, true, &nl.gathered.data(), nl.gathered.shape());
     if (!nl.propagate_down[0]) return;
     // This rank's share of every row's input gradient; each rank gets the sum of its rows'.
     float* shares = static_cast<float*>(nl.gathered.diff().overwrite(home));

@@ -179,7 +179,84 @@ void Net::Impl::set_up_cut_params(int index) {
   }
 }
 
-void Net::Impl::run_cut_parts(int index, bool backward, SyncedMemory& input,
+void Net::Impl::plan_column_chains() {
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    NetLayer& first = layers[l];
+    if (first.parts.empty() || first.across_ranks) continue;
+    // In-place element-wise layers on the top, each its blob's only consumer, then a layer
+    // cut by outputs in the same process.
+    std::vector<int> chain;
+    int next = -1;
+    for (int version = first.tops[0];;) {
+      const BlobVersion& blob = blobs[static_cast<std::size_t>(version)];
+      if (blob.keep || blob.consumers.size() != 1) break;
+      const int consumer = blob.consumers[0];
+      const NetLayer& cl = layers[static_cast<std::size_t>(consumer)];
+      if (!cl.parts.empty()) {
+        if (!cl.across_ranks && cl.bottoms.size() == 1) next = consumer;
+        break;
+      }
+      const std::string& type = cl.param.type();
+      bool no_loss = true;
+      for (float weight : cl.loss_weights)
+        no_loss = no_loss && weight == 0.0f;
+      const bool element_wise = (type == "ReLU" || type == "Dropout") && cl.kind == Kind::compute &&
+                                cl.bottoms.size() == 1 && cl.tops.size() == 1 &&
+                                cl.param.top(0) == cl.param.bottom(0) && !cl.automatic &&
+                                cl.fused_into < 0 && no_loss;
+      if (!element_wise) break;
+      chain.push_back(consumer);
+      version = cl.tops[0];
+    }
+    if (next < 0) continue;
+    NetLayer& last = layers[static_cast<std::size_t>(next)];
+    first.chain = chain;
+    first.columns_to = next;
+    last.columns_from = static_cast<int>(l);
+    for (int e : chain)
+      layers[static_cast<std::size_t>(e)].fused_into = static_cast<int>(l);
+    for (NetLayer::Part& part : first.parts) {
+      for (int e : chain) {
+        part.chain_layers.push_back(detail::make_layer(layers[static_cast<std::size_t>(e)].param));
+        part.chain_layers.back()->setup({part.output.shape()});
+      }
+      part.scratch = Tensor(part.output.shape());
+    }
+    for (NetLayer::Part& part : last.parts)
+      part.input = Tensor(blobs[static_cast<std::size_t>(last.bottoms[0])].shape);
+  }
+}
+
+void Net::Impl::run_chain(int index, bool backward) {
+  NetLayer& nl = layers[index];
+  const Shape& out = blobs[nl.tops[0]].shape;
+  const index_t columns = out[out.axes() - 1];
+  const std::size_t count = nl.chain.size();
+  for (std::size_t step = 0; step < count; ++step) {
+    const std::size_t k = backward ? count - 1 - step : step;
+    const int element_wise = nl.chain[k];
+    std::vector<detail::LayerCall> calls;
+    for (NetLayer::Part& part : nl.parts) {
+      detail::LayerCall call;
+      call.layer = part.chain_layers[k].get();
+      call.where = layers[static_cast<std::size_t>(element_wise)].where;
+      const detail::CallTensor block{part.output.shape(), &part.output.data(),
+                                     backward ? &part.output.diff() : nullptr};
+      call.inputs.push_back(block);
+      call.outputs.push_back(block);
+      if (backward) call.propagate_down = {true};
+      call.phase = options.state.phase;
+      call.seed = detail::mix_seeds(iteration_seed, static_cast<std::uint64_t>(element_wise));
+      call.column_begin = part.begin;
+      call.columns = columns;
+      if (part.device != driver->device()) call.split = Split({SplitShare{part.device, 1.0}});
+      calls.push_back(std::move(call));
+    }
+    scheduler->run_parts(calls, backward, &profiles[static_cast<std::size_t>(element_wise)]);
+  }
+}
+
+void Net::Impl::run_cut_parts(int index, bool backward, SyncedMemory* input,
                               const Shape& input_shape) {
   NetLayer& nl = layers[index];
   const int bottom = nl.bottoms[0];
@@ -189,9 +266,9 @@ void Net::Impl::run_cut_parts(int index, bool backward, SyncedMemory& input,
     detail::LayerCall call;
     call.layer = part.layer.get();
     call.where = nl.where;
-    call.inputs.push_back(detail::CallTensor{input_shape, &input,
-                                             input_gradient ? &part.input_diff.data() : nullptr,
-                                             blobs[bottom].layout});
+    call.inputs.push_back(detail::CallTensor{
+        input_shape, input != nullptr ? input : &part.input.data(),
+        input_gradient ? &part.input_diff.data() : nullptr, blobs[bottom].layout});
     call.outputs.push_back(detail::CallTensor{part.output.shape(), &part.output.data(),
                                               backward ? &part.output.diff() : nullptr});
     for (Tensor* param : part.params)
@@ -217,8 +294,29 @@ void Net::Impl::run_output_cut(int index, bool backward) {
   const index_t rows = out.count() / std::max<index_t>(columns, 1);
   Driver& home = *driver;
   const bool input_gradient = backward && nl.propagate_down[0];
+  // After another cut layer: each part's whole input, from that layer's parts' columns.
+  NetLayer* before =
+      nl.columns_from >= 0 ? &layers[static_cast<std::size_t>(nl.columns_from)] : nullptr;
+  SyncedMemory* input = before != nullptr ? nullptr : &data_of(bottom);
+  const index_t in_columns = before != nullptr ? blobs[bottom].shape[-1] : 0;
+  const index_t in_rows = before != nullptr ? blobs[bottom].shape.count() / in_columns : 0;
   if (!backward) {
-    run_cut_parts(index, false, data_of(bottom), blobs[bottom].shape);
+    if (before != nullptr) {
+      for (NetLayer::Part& part : nl.parts) {
+        Driver& on = scheduler->driver(part.device);
+        float* x = static_cast<float*>(part.input.data().overwrite(on));
+        for (NetLayer::Part& block : before->parts) {
+          const index_t width = block.end - block.begin;
+          on.copy_strided(in_rows, width, block.output.data_read(on), width, x + block.begin,
+                          in_columns);
+        }
+      }
+    }
+    run_cut_parts(index, false, input, blobs[bottom].shape);
+    if (nl.columns_to >= 0) {  // the columns stay with the parts
+      run_chain(index, false);
+      return;
+    }
     // The gather: disjoint columns, copied.
     float* y = static_cast<float*>(data_of(top).overwrite(home));
     for (NetLayer::Part& part : nl.parts) {
@@ -227,15 +325,40 @@ void Net::Impl::run_output_cut(int index, bool backward) {
     }
     return;
   }
-  const float* dy = static_cast<const float*>(diff_of(top).read(home));
-  for (NetLayer::Part& part : nl.parts) {
-    const index_t width = part.end - part.begin;
-    home.copy_strided(rows, width, dy + part.begin, columns,
-                      static_cast<float*>(part.output.diff().overwrite(home)), width);
+  if (nl.columns_to >= 0) {
+    // The next cut layer left each part its columns of the gradient.
+    run_chain(index, true);
+  } else {
+    const float* dy = static_cast<const float*>(diff_of(top).read(home));
+    for (NetLayer::Part& part : nl.parts) {
+      const index_t width = part.end - part.begin;
+      home.copy_strided(rows, width, dy + part.begin, columns,
+                        static_cast<float*>(part.output.diff().overwrite(home)), width);
+    }
   }
-  run_cut_parts(index, true, data_of(bottom), blobs[bottom].shape);
+  run_cut_parts(index, true, input, blobs[bottom].shape);
   if (!input_gradient) return;
-  add_input_diffs(index, static_cast<float*>(diff_of(bottom).overwrite(home)));
+  if (before == nullptr) {
+    add_input_diffs(index, static_cast<float*>(diff_of(bottom).overwrite(home)));
+    return;
+  }
+  // Each of the layer before's parts gets its columns of the input's gradient, the parts'
+  // shares added in device order on its device.
+  for (NetLayer::Part& block : before->parts) {
+    Driver& on = scheduler->driver(block.device);
+    const index_t width = block.end - block.begin;
+    float* dx = static_cast<float*>(block.output.diff().overwrite(on));
+    for (std::size_t p = 0; p < nl.parts.size(); ++p) {
+      const float* share = nl.parts[p].input_diff.data_read(on) + block.begin;
+      if (p == 0) {
+        on.copy_strided(in_rows, width, share, in_columns, dx, width);
+      } else {
+        float* columns_of = static_cast<float*>(block.scratch.data().overwrite(on));
+        on.copy_strided(in_rows, width, share, in_columns, columns_of, width);
+        on.axpy(in_rows * width, 1.0f, columns_of, dx);
+      }
+    }
+  }
 }
 
 void Net::Impl::add_input_diffs(int index, float* dx) {

@@ -133,6 +133,8 @@ LayerSlice Scheduler::prepare(const LayerCall& call, Driver& on, index_t begin, 
   slice.seed = call.seed;
   slice.begin = begin;
   slice.end = end;
+  slice.column_begin = call.column_begin;
+  slice.columns = call.columns;
   slice.workspace = workspace(on, layer.workspace_bytes(on, end - begin));
   // In place: an output that shares an input's memory is read and written, not overwritten.
   auto shares_input_data = [&](const CallTensor& output) {

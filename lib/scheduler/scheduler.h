@@ -44,6 +44,7 @@ struct LayerCall {
   // (end < 0: to the end of the batch).
   Split split;
   index_t begin = 0, end = -1;
+  index_t column_begin = 0, columns = 0;  // LayerSlice's: a column block of a cut blob
 
   // The batch: axis 0 of the first input (of the first output for layers without inputs).
   index_t rows() const;

@@ -52,6 +52,12 @@ struct LayerSlice {
   std::vector<Operand> state;        // the layer's state tensors, same rows as inputs
   std::vector<bool> propagate_down;  // backward: compute inputs[i].diff (overwritten)
   Pointer workspace;                 // scratch of at least workspace_bytes(rows()) bytes
+  // A column block of a blob whose columns (its last axis) are cut among devices (a layer
+  // cut by outputs, then element-wise layers on each device's block): when columns > 0,
+  // the operands hold columns [column_begin, column_begin + width) of the `columns` of each
+  // row, compact. Element-wise layers compute as on whole rows; Dropout draws the mask of
+  // those elements of the whole blob.
+  index_t column_begin = 0, columns = 0;
 
   index_t rows() const { return end - begin; }
 };
