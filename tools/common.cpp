@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "hybridnn/error.h"
+#include "hybridnn/solver.h"
 #include "lib/core/text.h"
 #include "tools/tool.h"
 
@@ -191,8 +192,26 @@ bool splits_chosen(const Args& args) {
   return args.has("split") || args.has("split-file");
 }
 
-Driver& add_chosen_driver(Runtime& runtime, const Args& args) {
-  // Every device: the Net's own first, then those of the splits.
+std::vector<Device> net_file_devices(const std::string& path) {
+  try {
+    return prototxt_split_devices(path);
+  } catch (const Error&) {
+    return {};  // building the net says what is wrong with the file
+  }
+}
+
+std::vector<Device> solver_file_devices(const std::string& path) {
+  try {
+    return solver_split_devices(path);
+  } catch (const Error&) {
+    return {};  // making the solver says what is wrong with the files
+  }
+}
+
+Driver& add_chosen_driver(Runtime& runtime, const Args& args,
+                          const std::vector<Device>& prototxt_devices) {
+  // Every device: the Net's own first, then those of the splits, then those the prototxt's
+  // own split entries name.
   std::vector<Device> devices{chosen_device(args)};
   for (const Device& device : chosen_split(args).devices())
     devices.push_back(device);
@@ -200,6 +219,7 @@ Driver& add_chosen_driver(Runtime& runtime, const Args& args) {
     for (const Device& device : split.devices())
       devices.push_back(device);
   }
+  devices.insert(devices.end(), prototxt_devices.begin(), prototxt_devices.end());
   std::vector<Device> distinct;
   for (const Device& device : devices) {
     if (std::find(distinct.begin(), distinct.end(), device) == distinct.end())

@@ -20,7 +20,7 @@ int run_test(const Args& args) {
   const NetOptions options = net_options(args, Phase::test);
 
   Runtime runtime;
-  Driver& driver = add_chosen_driver(runtime, args);
+  Driver& driver = add_chosen_driver(runtime, args, net_file_devices(model));
   Net net(model, runtime, driver, options);
   // Layers with weights that no file provided: they test with their initial values.
   std::set<std::string> untouched;

@@ -152,7 +152,7 @@ int run_time(const Args& args) {
   options.communicator = &comm;
   options.model_parallel = chosen_model_parallel(args);
   Runtime runtime;
-  Driver& driver = add_chosen_driver(runtime, args);
+  Driver& driver = add_chosen_driver(runtime, args, net_file_devices(model));
   Net net(model, runtime, driver, options);
   const int layers = net.num_layers();
   std::unique_ptr<detail::GradientSync> sync;

@@ -218,7 +218,7 @@ int run_train(const Args& args) {
   options.fuse_layers = chosen_fuse_layers(args);
 
   Runtime runtime;
-  Driver& driver = add_chosen_driver(runtime, args);
+  Driver& driver = add_chosen_driver(runtime, args, solver_file_devices(solver_path));
   MetricsFile metrics(root ? args.text("metrics") : std::string());
   StopSignals signals;
 

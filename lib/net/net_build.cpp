@@ -611,4 +611,8 @@ void Net::Impl::set_up_params() {
   }
 }
 
+std::vector<Device> prototxt_split_devices(const std::string& prototxt_path) {
+  return detail::split_devices(detail::read_net_prototxt(prototxt_path));
+}
+
 }  // namespace hn

@@ -7,6 +7,7 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/text_format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -79,6 +80,26 @@ void parse_text_proto(const std::string& text, const std::string& path,
     if (errors.first()) throw Error(*errors.first());
     fail("{}: not a valid {} in text format", path, message.GetTypeName());
   }
+}
+
+std::vector<Device> split_devices(const hybridnn::proto::NetParameter& net) {
+  std::vector<Device> devices;
+  const auto add = [&devices](const hybridnn::proto::SplitEntry& entry) {
+    try {
+      const Device device = Device::parse(entry.device());
+      if (std::find(devices.begin(), devices.end(), device) == devices.end())
+        devices.push_back(device);
+    } catch (const Error&) {
+      // Building the net names the layer and the entry.
+    }
+  };
+  for (const hybridnn::proto::SplitEntry& entry : net.split())
+    add(entry);
+  for (const hybridnn::proto::LayerParameter& layer : net.layer()) {
+    for (const hybridnn::proto::SplitEntry& entry : layer.split())
+      add(entry);
+  }
+  return devices;
 }
 
 hybridnn::proto::NetParameter read_net_prototxt(const std::string& path) {

@@ -4,7 +4,10 @@
 
 #include <string>
 
+#include <vector>
+
 #include "hybridnn.pb.h"
+#include "hybridnn/device.h"
 #include "hybridnn/tensor.h"
 
 namespace hn::detail {
@@ -15,6 +18,10 @@ hybridnn::proto::NetParameter read_net_prototxt(const std::string& path);
 // The same from text in memory; `origin` takes the file's place in errors.
 hybridnn::proto::NetParameter parse_net_prototxt(const std::string& text,
                                                  const std::string& origin);
+
+// The devices the net's `split` entries name (the net's, then its layers'), each once, in
+// order of appearance; entries that name no device are left to building the net to report.
+std::vector<Device> split_devices(const hybridnn::proto::NetParameter& net);
 
 // Parses a text-format SolverParameter; errors as for read_net_prototxt.
 hybridnn::proto::SolverParameter read_solver_prototxt(const std::string& path);

@@ -1062,4 +1062,26 @@ Net& Solver::test_net(int index) {
   return *impl_->test_nets[index];
 }
 
+std::vector<Device> solver_split_devices(const std::string& solver_path) {
+  const pb::SolverParameter p = detail::read_solver_prototxt(solver_path);
+  std::vector<pb::NetParameter> nets;
+  if (p.has_net()) nets.push_back(detail::read_net_prototxt(resolve_beside(p.net(), solver_path)));
+  if (p.has_train_net())
+    nets.push_back(detail::read_net_prototxt(resolve_beside(p.train_net(), solver_path)));
+  if (p.has_net_param()) nets.push_back(p.net_param());
+  if (p.has_train_net_param()) nets.push_back(p.train_net_param());
+  for (const std::string& test_net : p.test_net())
+    nets.push_back(detail::read_net_prototxt(resolve_beside(test_net, solver_path)));
+  for (const pb::NetParameter& test_net : p.test_net_param())
+    nets.push_back(test_net);
+  std::vector<Device> devices;
+  for (const pb::NetParameter& net : nets) {
+    for (const Device& device : detail::split_devices(net)) {
+      if (std::find(devices.begin(), devices.end(), device) == devices.end())
+        devices.push_back(device);
+    }
+  }
+  return devices;
+}
+
 }  // namespace hn

@@ -252,6 +252,24 @@ def help_and_usage_errors(ctx):
 
 
 @case
+def split_written_in_the_prototxt_finds_its_drivers(ctx):
+    # ip1 cut by outputs between cpu and reference in the prototxt alone: train, test and
+    # time give the reference device a driver without --split.
+    solver, net, prefix = setup_training(ctx, max_iter=5, snapshot=5)
+    text = open(net).read()
+    cut = text.replace('name: "ip1" type: "InnerProduct" bottom: "pool1" top: "ip1"',
+                       'name: "ip1" type: "InnerProduct" bottom: "pool1" top: "ip1" '
+                       'split { device: "cpu" fraction: 0.5 } '
+                       'split { device: "reference" fraction: 0.5 } split_axis: OUTPUT')
+    check(cut != text, "the tiny net's ip1 line changed: update this test")
+    write(ctx, "net.prototxt", cut)
+    ctx.run("train", "--solver", solver)
+    ctx.run("test", "--model", net, "--weights", prefix + "_iter_5.caffemodel", "--iterations", 2)
+    run = ctx.run("time", "--model", net, "--iterations", 2)
+    check("ip1" in run.stdout, run.stdout)
+
+
+@case
 def split_spec(ctx):
     solver, net, prefix = setup_training(ctx)
     # An integer after a bare device kind is a device index ("cpu:1" is the device cpu:1);

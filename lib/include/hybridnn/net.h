@@ -300,6 +300,10 @@ class Net {
   std::unique_ptr<Impl> impl_;
 };
 
+// The devices a net prototxt's `split` entries name (the net's and its layers'), each once:
+// a program gives each a driver in the Runtime before building the net from the file.
+std::vector<Device> prototxt_split_devices(const std::string& prototxt_path);
+
 // The Caffe type strings a net accepts: layers and data layers.
 std::vector<std::string> known_layer_types();
 

@@ -151,4 +151,9 @@ class Solver {
   std::unique_ptr<Impl> impl_;
 };
 
+// The devices the `split` entries of a solver's nets name (net, train_net and test_net
+// files, found as the Solver finds them, and the inline nets), each once: a program gives
+// each a driver in the Runtime before making the Solver.
+std::vector<Device> solver_split_devices(const std::string& solver_path);
+
 }  // namespace hn
