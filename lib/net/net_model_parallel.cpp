@@ -40,8 +40,10 @@ void Net::Impl::run_rank_cut(int index, bool backward) {
   const index_t all_rows = rows * ranks;
   const index_t input_count = blobs[bottom].shape.count();  // this rank's
   const index_t width = nl.rank_end - nl.rank_begin;
+  // A failed collective names the layer and stays a CommunicatorError, so that the Solver
+  // adds the iteration and the tool ends every rank.
   const auto rank_fails = [&](const Error& error) {
-    detail::fail("{}: rank {} of {}: {}", where(index), rank, ranks, error.what());
+    throw CommunicatorError(fmt::format("{}: {}", where(index), error.what()));
   };
   if (!backward) {
     try {

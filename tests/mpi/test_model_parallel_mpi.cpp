@@ -17,9 +17,12 @@
 #include "hybridnn/runtime.h"
 #include "hybridnn/solver.h"
 #include "lib/solver/gradient_sync.h"
+#include "tests/mpi/mpi_runs.h"
 #include "tests/support.h"
 
 using namespace hn;
+using test::max_relative_difference;
+using test::ring;
 
 namespace {
 
@@ -47,12 +50,6 @@ std::string cifar_quick(int batch, bool devices = false) {
             "split { device: \"reference\" fraction: 0.5 } split_axis: OUTPUT");
   }
   return net;
-}
-
-std::unique_ptr<Communicator> ring() {
-  CommOptions options;
-  options.timeout_seconds = 120;
-  return make_communicator("ring", options);
 }
 
 struct Run {
@@ -102,16 +99,6 @@ struct Run {
     return all;
   }
 };
-
-double max_relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double scale = 0.0, difference = 0.0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    scale = std::max(scale, static_cast<double>(std::fabs(a[i])));
-    difference = std::max(difference, static_cast<double>(std::fabs(a[i] - b[i])));
-  }
-  return scale > 0.0 ? difference / scale : difference;
-}
 
 }  // namespace
 

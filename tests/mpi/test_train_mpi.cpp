@@ -15,10 +15,13 @@
 #include "hybridnn/error.h"
 #include "hybridnn/runtime.h"
 #include "hybridnn/solver.h"
+#include "tests/mpi/mpi_runs.h"
 #include "tests/support.h"
 
 using Catch::Matchers::Contains;
 using namespace hn;
+using test::max_relative_difference;
+using test::ring;
 
 namespace {
 
@@ -79,12 +82,6 @@ struct Run {
   }
 };
 
-std::unique_ptr<Communicator> ring() {
-  CommOptions options;
-  options.timeout_seconds = 120;
-  return make_communicator("ring", options);
-}
-
 // Every rank's `values` equal rank 0's, bit for bit.
 void check_identical_across_ranks(Communicator& comm, const std::vector<float>& values) {
   const std::unique_ptr<Driver> host = make_driver(Device::parse("reference"));
@@ -95,16 +92,6 @@ void check_identical_across_ranks(Communicator& comm, const std::vector<float>& 
     CHECK(std::memcmp(all.data(), all.data() + r * values.size(), values.size() * sizeof(float)) ==
           0);
   }
-}
-
-double max_relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double scale = 0.0, difference = 0.0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    scale = std::max(scale, static_cast<double>(std::fabs(a[i])));
-    difference = std::max(difference, static_cast<double>(std::fabs(a[i] - b[i])));
-  }
-  return scale > 0.0 ? difference / scale : difference;
 }
 
 }  // namespace
