@@ -158,6 +158,9 @@ struct Net::Impl {
   void run_chain(int index, bool backward);       // net_output_cut.cpp
   // Runs the parts of a cut layer on `input` (its gradient shares into each part's
   // input_diff).
+  // A call of `layer` on `part`'s device, as layer `index` (its where, seed and phase);
+  // operands left to the caller.
+  detail::LayerCall part_call(const NetLayer::Part& part, Layer& layer, int index);
   // (`input` null: each part's own `input`.)
   void run_cut_parts(int index, bool backward, SyncedMemory* input, const Shape& input_shape);
   // Writes the sum of the parts' input_diff, in device order, to `dx`.

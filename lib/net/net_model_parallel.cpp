@@ -18,7 +18,8 @@ std::size_t float_bytes(index_t count) {
   return static_cast<std::size_t>(count) * sizeof(float);
 }
 
-// The blocks of every rank's outputs: [rows x w_q] for rank q.
+// The blocks of every rank's outputs, [rows x w_q] floats for rank q (w_q: its outputs);
+// for a parameter, `rows` is the values per output.
 std::vector<std::size_t> output_blocks(index_t outputs, index_t rows, int ranks) {
   std::vector<std::size_t> counts;
   for (int q = 0; q < ranks; ++q) {
@@ -152,14 +153,8 @@ std::vector<float> Net::whole_values(const WholeParam& whole,
     relative.shard.whole = own_shape;
     shard_to_whole(relative, values[i - whole.first], own.data());
   }
-  std::vector<std::size_t> counts;
-  std::size_t total = 0;
-  for (int q = 0; q < ranks; ++q) {
-    const NetParam theirs = shard_of_rank(q);
-    counts.push_back(
-        static_cast<std::size_t>(per_output * (theirs.shard.end - theirs.shard.begin)));
-    total += counts.back();
-  }
+  const std::vector<std::size_t> counts = output_blocks(outputs, per_output, ranks);
+  const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
   Driver& home = *impl_->driver;
   Tensor sent(Shape{std::max<index_t>(static_cast<index_t>(own.size()), 1)});
   std::copy(own.begin(), own.end(), sent.host_data_mut());

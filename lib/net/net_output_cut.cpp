@@ -227,6 +227,16 @@ void Net::Impl::plan_column_chains() {
   }
 }
 
+detail::LayerCall Net::Impl::part_call(const NetLayer::Part& part, Layer& layer, int index) {
+  detail::LayerCall call;
+  call.layer = &layer;
+  call.where = layers[static_cast<std::size_t>(index)].where;
+  call.phase = options.state.phase;
+  call.seed = detail::mix_seeds(iteration_seed, static_cast<std::uint64_t>(index));
+  if (part.device != driver->device()) call.split = Split({SplitShare{part.device, 1.0}});
+  return call;
+}
+
 void Net::Impl::run_chain(int index, bool backward) {
   NetLayer& nl = layers[index];
   const Shape& out = blobs[nl.tops[0]].shape;
@@ -237,19 +247,14 @@ void Net::Impl::run_chain(int index, bool backward) {
     const int element_wise = nl.chain[k];
     std::vector<detail::LayerCall> calls;
     for (NetLayer::Part& part : nl.parts) {
-      detail::LayerCall call;
-      call.layer = part.chain_layers[k].get();
-      call.where = layers[static_cast<std::size_t>(element_wise)].where;
+      detail::LayerCall call = part_call(part, *part.chain_layers[k], element_wise);
       const detail::CallTensor block{part.output.shape(), &part.output.data(),
                                      backward ? &part.output.diff() : nullptr};
       call.inputs.push_back(block);
       call.outputs.push_back(block);
       if (backward) call.propagate_down = {true};
-      call.phase = options.state.phase;
-      call.seed = detail::mix_seeds(iteration_seed, static_cast<std::uint64_t>(element_wise));
       call.column_begin = part.begin;
       call.columns = columns;
-      if (part.device != driver->device()) call.split = Split({SplitShare{part.device, 1.0}});
       calls.push_back(std::move(call));
     }
     scheduler->run_parts(calls, backward, &profiles[static_cast<std::size_t>(element_wise)]);
@@ -263,9 +268,7 @@ void Net::Impl::run_cut_parts(int index, bool backward, SyncedMemory* input,
   const bool input_gradient = backward && nl.propagate_down[0];
   std::vector<detail::LayerCall> calls;
   for (NetLayer::Part& part : nl.parts) {
-    detail::LayerCall call;
-    call.layer = part.layer.get();
-    call.where = nl.where;
+    detail::LayerCall call = part_call(part, *part.layer, index);
     call.inputs.push_back(detail::CallTensor{
         input_shape, input != nullptr ? input : &part.input.data(),
         input_gradient ? &part.input_diff.data() : nullptr, blobs[bottom].layout});
@@ -274,9 +277,6 @@ void Net::Impl::run_cut_parts(int index, bool backward, SyncedMemory* input,
     for (Tensor* param : part.params)
       call.params.push_back(detail::CallTensor{param->shape(), &param->data(), &param->diff()});
     if (backward) call.propagate_down = nl.propagate_down;
-    call.phase = options.state.phase;
-    call.seed = detail::mix_seeds(iteration_seed, static_cast<std::uint64_t>(index));
-    if (part.device != driver->device()) call.split = Split({SplitShare{part.device, 1.0}});
     calls.push_back(std::move(call));
   }
   scheduler->run_parts(calls, backward, &profiles[index]);
