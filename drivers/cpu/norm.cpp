@@ -4,10 +4,11 @@
 // of one image (every lane the same channel), on the blocked layouts a run is one image's
 // block of B channels (lane l is channel B b + l % B). Backward tasks own channels (NCHW) or blocks
 // and walk the images in order, summing each run in float vectors and the runs in double, so the
-// sums are the same on any thread count.
+// sums are the same on any thread count. AVX-512 runs a vector of 16 lanes at once, AVX2
+// two halves of 8 (the tail of a run scalar); the plain C++ fallback is scalar.
 #include "drivers/cpu/kernels.h"  // first: see eigen.h
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -85,6 +86,90 @@ void backward_run(const float* dy, const float* y, const float* normalised, inde
       sums->dz[l] += a[l];
       sums->dz_n[l] += b[l];
     }
+  }
+}
+
+#elif defined(__AVX2__) && defined(__FMA__)
+
+// AVX2: a 16-lane vector is two 8-float halves; the tail of a run (under 16 floats) is
+// scalar, with the same per-lane formulas.
+void forward_run(const float* x, index_t length, const LaneParams& p, bool relu, float slope,
+                 float* normalised, float* y) {
+  const __m256 shift[2] = {_mm256_loadu_ps(p.shift), _mm256_loadu_ps(p.shift + 8)};
+  const __m256 inv_std[2] = {_mm256_loadu_ps(p.inv_std), _mm256_loadu_ps(p.inv_std + 8)};
+  const __m256 gamma[2] = {_mm256_loadu_ps(p.gamma), _mm256_loadu_ps(p.gamma + 8)};
+  const __m256 beta[2] = {_mm256_loadu_ps(p.beta), _mm256_loadu_ps(p.beta + 8)};
+  const __m256 slopes = _mm256_set1_ps(slope), zero = _mm256_setzero_ps();
+  index_t i = 0;
+  for (; i + kLanes <= length; i += kLanes) {
+    for (int h = 0; h < 2; ++h) {
+      const index_t at = i + 8 * h;
+      const __m256 n = _mm256_mul_ps(_mm256_add_ps(_mm256_loadu_ps(x + at), shift[h]), inv_std[h]);
+      if (normalised != nullptr) _mm256_storeu_ps(normalised + at, n);
+      __m256 v = _mm256_add_ps(_mm256_mul_ps(n, gamma[h]), beta[h]);
+      if (relu) {
+        const __m256 positive = _mm256_cmp_ps(v, zero, _CMP_GT_OQ);
+        v = _mm256_blendv_ps(_mm256_mul_ps(v, slopes), v, positive);
+      }
+      _mm256_storeu_ps(y + at, v);
+    }
+  }
+  for (; i < length; ++i) {
+    const index_t l = i % kLanes;
+    const float n = (x[i] + p.shift[l]) * p.inv_std[l];
+    if (normalised != nullptr) normalised[i] = n;
+    float v = n * p.gamma[l] + p.beta[l];
+    if (relu && !(v > 0.0f)) v *= slope;
+    y[i] = v;
+  }
+}
+
+// As the AVX-512 version: float sums over chunks of 64 16-lane vectors, doubles over chunks.
+void backward_run(const float* dy, const float* y, const float* normalised, index_t length,
+                  const float* dx_scale, bool relu, float slope, LaneSums* sums, float* dx) {
+  constexpr index_t kChunk = 64 * kLanes;
+  const __m256 zero = _mm256_setzero_ps(), slopes = _mm256_set1_ps(slope);
+  const __m256 scale[2] = {dx_scale != nullptr ? _mm256_loadu_ps(dx_scale) : zero,
+                           dx_scale != nullptr ? _mm256_loadu_ps(dx_scale + 8) : zero};
+  const index_t whole = length - length % kLanes;
+  for (index_t start = 0; start < whole; start += kChunk) {
+    const index_t end = std::min(whole, start + kChunk);
+    __m256 sum_dz[2] = {zero, zero}, sum_dz_n[2] = {zero, zero};
+    for (index_t i = start; i < end; i += kLanes) {
+      for (int h = 0; h < 2; ++h) {
+        const index_t at = i + 8 * h;
+        __m256 dz = _mm256_loadu_ps(dy + at);
+        if (relu) {
+          const __m256 positive = _mm256_cmp_ps(_mm256_loadu_ps(y + at), zero, _CMP_GT_OQ);
+          dz = _mm256_blendv_ps(_mm256_mul_ps(dz, slopes), dz, positive);
+        }
+        if (sums != nullptr) {
+          sum_dz[h] = _mm256_add_ps(sum_dz[h], dz);
+          if (normalised != nullptr)
+            sum_dz_n[h] = _mm256_fmadd_ps(dz, _mm256_loadu_ps(normalised + at), sum_dz_n[h]);
+        }
+        if (dx != nullptr) _mm256_storeu_ps(dx + at, _mm256_mul_ps(dz, scale[h]));
+      }
+    }
+    if (sums == nullptr) continue;
+    alignas(32) float a[kLanes], b[kLanes];
+    for (int h = 0; h < 2; ++h) {
+      _mm256_store_ps(a + 8 * h, sum_dz[h]);
+      _mm256_store_ps(b + 8 * h, sum_dz_n[h]);
+    }
+    for (index_t l = 0; l < kLanes; ++l) {
+      sums->dz[l] += a[l];
+      sums->dz_n[l] += b[l];
+    }
+  }
+  for (index_t i = whole; i < length; ++i) {
+    const index_t l = i % kLanes;
+    const float dz = relu && !(y[i] > 0.0f) ? dy[i] * slope : dy[i];
+    if (sums != nullptr) {
+      sums->dz[l] += dz;
+      if (normalised != nullptr) sums->dz_n[l] += static_cast<double>(dz) * normalised[i];
+    }
+    if (dx != nullptr) dx[i] = dz * dx_scale[l];
   }
 }
 
