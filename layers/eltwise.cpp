@@ -15,6 +15,18 @@ static_assert(sizeof(float) == sizeof(std::int32_t), "MAX keeps int32 indices in
 EltwiseLayer::EltwiseLayer(std::string name, EltwiseParams params)
     : Layer(std::move(name)), param_(std::move(params)) {}
 
+void EltwiseLayer::fuse_relu(std::optional<FusedRelu> fused) {
+  HN_CHECK(!fused || (can_fuse_relu() && fused->slope >= 0.0f),
+           "{}: only a SUM can take in a ReLU, and only one with a negative_slope >= 0 (got "
+           "{})",
+           describe(), fused ? fused->slope : 0.0f);
+  fused_ = std::move(fused);
+}
+
+std::string EltwiseLayer::algorithm(const Driver&) const {
+  return fused_ ? fmt::format("fused: Eltwise + ReLU '{}'", fused_->relu) : "";
+}
+
 float EltwiseLayer::coeff(std::size_t input) const {
   return param_.coeff.empty() ? 1.0f : param_.coeff[input];
 }
@@ -46,17 +58,27 @@ void EltwiseLayer::forward(const LayerSlice& slice) {
   const index_t n = detail::slice_count(in[0].shape, slice.rows());
   float* y = slice.outputs[0].mutable_x();
   switch (param_.operation) {
-    case EltwiseOp::sum:
-      // The first two inputs in one pass, any others added to that.
+    case EltwiseOp::sum: {
+      // The first two inputs in one pass, any others added to that; a fused ReLU runs in
+      // the pass that adds the last input.
+      const auto relu_at = [&](std::size_t i) { return fused_ && i + 1 == in.size(); };
       if (in.size() == 1) {
         driver.axpby(n, coeff(0), in[0].x(), 0.0f, y);
+        if (fused_) driver.relu_forward(n, fused_->slope, y, y);
+      } else if (relu_at(1)) {
+        driver.lincomb_relu(n, coeff(0), in[0].x(), coeff(1), in[1].x(), fused_->slope, y);
       } else {
         driver.lincomb(n, coeff(0), in[0].x(), coeff(1), in[1].x(), y);
       }
       for (std::size_t i = 2; i < in.size(); ++i) {
-        driver.axpy(n, coeff(i), in[i].x(), y);
+        if (relu_at(i)) {
+          driver.lincomb_relu(n, 1.0f, y, coeff(i), in[i].x(), fused_->slope, y);
+        } else {
+          driver.axpy(n, coeff(i), in[i].x(), y);
+        }
       }
       break;
+    }
     case EltwiseOp::prod:
       driver.mul(n, in[0].x(), in[1].x(), y);
       for (std::size_t i = 2; i < in.size(); ++i) {
@@ -79,6 +101,26 @@ void EltwiseLayer::backward(const LayerSlice& slice) {
   const auto& in = slice.inputs;
   const Operand& out = slice.outputs[0];
   const index_t n = detail::slice_count(in[0].shape, slice.rows());
+  if (fused_) {
+    // The ReLU's gradient dz = dy * (y > 0 ? 1 : slope), computed once into the first input
+    // that takes a gradient; input i's is coeff(i) * dz, the others' taken from it first.
+    std::size_t first = 0;
+    while (first < in.size() && !slice.propagate_down[first])
+      ++first;
+    if (first == in.size()) return;
+    float* dz = in[first].mutable_dx();
+    driver.relu_backward(n, fused_->slope, out.x(), out.dx(), dz);
+    for (std::size_t i = first + 1; i < in.size(); ++i) {
+      if (!slice.propagate_down[i]) continue;
+      if (coeff(i) == 1.0f) {
+        detail::copy_floats(driver, n, dz, in[i].mutable_dx());
+      } else {
+        driver.axpby(n, coeff(i), dz, 0.0f, in[i].mutable_dx());
+      }
+    }
+    if (coeff(first) != 1.0f) driver.scale(n, coeff(first), dz);
+    return;
+  }
   for (std::size_t i = 0; i < in.size(); ++i) {
     if (!slice.propagate_down[i]) continue;
     float* dx = in[i].mutable_dx();

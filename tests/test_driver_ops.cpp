@@ -707,8 +707,10 @@ TEST_CASE("convolution calls on alternating shapes and fresh buffers match the r
 
 // ---- element-wise and reductions ----------------------------------------------------
 
-TEST_CASE("fill, scale, axpy, axpby, lincomb and mul match the reference on every driver",
-          "[driver_ops][elementwise]") {
+TEST_CASE(
+    "fill, scale, axpy, axpby, lincomb, lincomb_relu and mul match the reference on every "
+    "driver",
+    "[driver_ops][elementwise]") {
   const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
   DYNAMIC_SECTION(config.label) {
     const Drivers drivers(config);
@@ -752,6 +754,21 @@ TEST_CASE("fill, scale, axpy, axpby, lincomb and mul match the reference on ever
         run_both(drivers,
                  [&](hn::Driver& d, Side s) { d.lincomb(n, 0.5f, a[s], -3.0f, b[s], out[s]); });
         check_close(out, kElementwiseTolerance);
+      }
+      for (const float slope : {0.0f, 0.1f}) {
+        for (const int target : {0, 1, 2}) {
+          INFO("lincomb_relu slope " << slope << " into "
+                                     << (target == 0   ? "y"
+                                         : target == 1 ? "a"
+                                                       : "b"));
+          const TwinArray a(drivers, x_values), b(drivers, y_values);
+          const TwinArray y(drivers, constant(n, -7777.0f), constant(n, kNaN));
+          const TwinArray& out = target == 0 ? y : target == 1 ? a : b;
+          run_both(drivers, [&](hn::Driver& d, Side s) {
+            d.lincomb_relu(n, 1.0f, a[s], 0.5f, b[s], slope, out[s]);
+          });
+          check_close(out, kElementwiseTolerance);
+        }
       }
       {
         INFO("mul");

@@ -164,7 +164,9 @@ layer { name: "conv3" type: "Convolution" bottom: "c2" top: "c3"
 layer { name: "bn3" type: "BatchNorm" bottom: "c3" top: "c3"
         batch_norm_param { use_global_stats: true } }
 layer { name: "scale3" type: "Scale" bottom: "c3" top: "c3" }
-layer { name: "sum" type: "Eltwise" bottom: "c3" bottom: "c1" top: "s" }
+layer { name: "sum" type: "Eltwise" bottom: "c3" bottom: "c1" top: "s"
+        eltwise_param { coeff: 1 coeff: 0.5 } }
+layer { name: "relu_sum" type: "ReLU" bottom: "s" top: "s" relu_param { negative_slope: 0.05 } }
 layer { name: "bn4" type: "BatchNorm" bottom: "s" top: "n4"
         batch_norm_param { use_global_stats: true } }
 layer { name: "scale4" type: "Scale" bottom: "n4" top: "n4" scale_param { bias_term: true } }
@@ -225,8 +227,9 @@ NormRun run_norm_net(const Device& device, bool fuse, bool blocked, Phase phase)
 }
 
 TEST_CASE(
-    "Net fuses in-place BatchNorm (stored statistics) + Scale (+ ReLU) chains and computes "
-    "what the unfused layers do, NCHW and blocked, on the CPU and reference drivers",
+    "Net fuses in-place BatchNorm (stored statistics) + Scale (+ ReLU) and Eltwise SUM + ReLU "
+    "chains and computes what the unfused layers do, NCHW and blocked, on the CPU and "
+    "reference drivers",
     "[net][fusion]") {
   const char* device = GENERATE("cpu", "reference");
   const bool blocked = GENERATE(false, true);
@@ -242,7 +245,10 @@ TEST_CASE(
   CHECK(fused.algorithms.at("bn3") == "fused into 'scale3'");
   CHECK(fused.algorithms.at("scale3") == "fused: BatchNorm 'bn3' + Scale");
   CHECK(fused.algorithms.at("bn4").empty());  // not in place
+  CHECK(fused.algorithms.at("relu_sum") == "fused into 'sum'");
+  CHECK(fused.algorithms.at("sum") == "fused: Eltwise + ReLU 'relu_sum'");
   CHECK(plain.algorithms.at("scale1").empty());
+  CHECK(plain.algorithms.at("sum").empty());
   CHECK(std::fabs(fused.loss - plain.loss) <= 1e-5 * std::max(1.0f, std::fabs(plain.loss)));
   REQUIRE(fused.gradients.size() == plain.gradients.size());
   for (std::size_t g = 0; g < plain.gradients.size(); ++g) {
@@ -730,10 +736,10 @@ void check_zoo_net(const char* file) {
     const ZooRun cpu = run_zoo_net(file, Device::parse("cpu"), blocked);
     CHECK((cpu.blocked_blobs > 0) == blocked);
     CHECK(cpu.preferred_block);
-    // ResNet-50: 53 BatchNorm + Scale chains, 33 with a ReLU (the other 16 ReLUs follow the
-    // Eltwise sums); MobileNet: 27, every one with a ReLU.
+    // ResNet-50: 53 BatchNorm + Scale chains, 33 with a ReLU, and the 16 Eltwise sums each
+    // with its ReLU; MobileNet: 27, every one with a ReLU.
     const std::string name = file;
-    if (name.rfind("resnet", 0) == 0) CHECK(cpu.fused_layers == 53 + 33);
+    if (name.rfind("resnet", 0) == 0) CHECK(cpu.fused_layers == 53 + 33 + 16);
     if (name.rfind("mobilenet", 0) == 0) CHECK(cpu.fused_layers == 2 * 27);
     // Float sums in other orders (Winograd among them) over tens of layers: 1e-3. Max pooling
     // adds a discontinuity: where two inputs of a window differ only by rounding, the drivers
@@ -799,7 +805,7 @@ TEST_CASE(
 TEST_CASE(
     "ResNet-50 from Caffe's zoo computes on the CPU driver what it computes on the reference "
     "driver, forward and backward at batch 2 (1 under AddressSanitizer), with NCHW and blocked "
-    "activations and BatchNorm + Scale + ReLU fused",
+    "activations and BatchNorm + Scale + ReLU and Eltwise + ReLU fused",
     "[zoo]") {
   check_zoo_net("resnet50_deploy.prototxt");
 }

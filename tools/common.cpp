@@ -84,8 +84,8 @@ std::vector<FlagSpec> tune_flags() {
        "between the CPU layers that "
        "take it, reordered only at the edges) or nchw (every blob NCHW)"},
       {"fuse", FlagKind::text, "on|off",
-       "run each in-place BatchNorm (stored statistics) + Scale [+ ReLU] as one layer, one "
-       "pass each way (default on)"},
+       "run each in-place BatchNorm (stored statistics) + Scale [+ ReLU], and each Eltwise "
+       "SUM + in-place ReLU, as one layer (default on)"},
   };
 }
 

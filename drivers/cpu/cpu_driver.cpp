@@ -122,6 +122,10 @@ class CpuDriver final : public Driver {
                   float* y) override {
     cpu::lincomb(parallel_, n, alpha, a, beta, b, y);
   }
+  void do_lincomb_relu(index_t n, float alpha, const float* a, float beta, const float* b,
+                       float slope, float* y) override {
+    cpu::lincomb_relu(parallel_, n, alpha, a, beta, b, slope, y);
+  }
   void do_axpby(index_t n, float alpha, const float* x, float beta, float* y) override {
     cpu::axpby(parallel_, n, alpha, x, beta, y);
   }

@@ -265,6 +265,14 @@ void relu_backward_run(index_t n, float slope, const float* x, const float* dy, 
     dx[i] = dy[i] * (x[i] > 0.0f ? 1.0f : slope);
 }
 
+void lincomb_relu_run(index_t n, float alpha, const float* a, float beta, const float* b,
+                      float slope, float* y) {
+  for (index_t i = 0; i < n; ++i) {
+    const float v = alpha * a[i] + beta * b[i];
+    y[i] = v > 0.0f ? v : slope * v;
+  }
+}
+
 // Bitwise identical on every driver: keep = u >= ratio and y = x * s, the reference's float
 // expressions.
 void dropout_forward_run(index_t first, index_t n, float ratio, float s, std::uint64_t seed,
@@ -292,6 +300,13 @@ void relu_backward(Parallel& par, index_t n, float slope, const float* x, const 
                    float* dx) {
   for_chunks(par, n, kCostArith,
              [&](index_t i, index_t len) { relu_backward_run(len, slope, x + i, dy + i, dx + i); });
+}
+
+void lincomb_relu(Parallel& par, index_t n, float alpha, const float* a, float beta, const float* b,
+                  float slope, float* y) {
+  for_chunks(par, n, kCostArith, [&](index_t i, index_t len) {
+    lincomb_relu_run(len, alpha, a + i, beta, b + i, slope, y + i);
+  });
 }
 
 void sigmoid_forward(Parallel& par, index_t n, const float* x, float* y) {

@@ -326,6 +326,11 @@ DriverOperands Driver::lincomb_operands(index_t n, float, const float* a, float,
   return per_element("lincomb", n, {{"a", a}, {"b", b}}, {{"y", y}});
 }
 
+DriverOperands Driver::lincomb_relu_operands(index_t n, float, const float* a, float,
+                                             const float* b, float, float* y) const {
+  return per_element("lincomb_relu", n, {{"a", a}, {"b", b}}, {{"y", y}});
+}
+
 DriverOperands Driver::axpby_operands(index_t n, float, const float* x, float, float* y) const {
   return per_element("axpby", n, {{"x", x}}, {{"y", y}});
 }

@@ -209,6 +209,12 @@ void Driver::do_lincomb(index_t n, float alpha, const float* a, float beta, cons
   }
 }
 
+void Driver::do_lincomb_relu(index_t n, float alpha, const float* a, float beta, const float* b,
+                             float slope, float* y) {
+  lincomb(n, alpha, a, beta, b, y);
+  relu_forward(n, slope, y, y);
+}
+
 // BatchNorm's, Scale's and ReLU's own calls in sequence (normalised, or y, as the
 // intermediate).
 void Driver::do_norm_affine_forward(const AxisShape& shape, const float* x, const float* shift,

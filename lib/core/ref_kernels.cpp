@@ -248,6 +248,13 @@ void lincomb(index_t n, float alpha, const float* a, float beta, const float* b,
   for (index_t i = 0; i < n; ++i)
     y[i] = alpha * a[i] + beta * b[i];
 }
+void lincomb_relu(index_t n, float alpha, const float* a, float beta, const float* b, float slope,
+                  float* y) {
+  for (index_t i = 0; i < n; ++i) {
+    const float v = alpha * a[i] + beta * b[i];
+    y[i] = v > 0.0f ? v : slope * v;
+  }
+}
 void axpby(index_t n, float alpha, const float* x, float beta, float* y) {
   for (index_t i = 0; i < n; ++i) {
     // beta == 0 must not read y.

@@ -2,7 +2,9 @@
 // stored statistics -> Scale per channel [-> ReLU] runs as the Scale's calls
 // (ScaleLayer::fuse_norm), one pass over the blob each way. In ResNet-50 and MobileNet v1
 // every convolution but the last is followed by such a chain, and the three layers apart
-// read and write each activation about eight times per iteration.
+// read and write each activation about eight times per iteration. An Eltwise SUM followed
+// by a ReLU in place on its output (the end of every residual block) runs as the Eltwise's
+// calls (EltwiseLayer::fuse_relu).
 //
 // The chain must be in place on one blob (so the Scale's operands are the BatchNorm's input
 // and the ReLU's output, the same memory) with each version consumed only by the next layer
@@ -11,6 +13,7 @@
 // BatchNorm and the ReLU, so running their work there changes no other layer's inputs.
 #include "layers/activation.h"
 #include "layers/batch_norm.h"
+#include "layers/eltwise.h"
 #include "layers/scale.h"
 #include "lib/net/net_impl.h"
 
@@ -20,15 +23,21 @@ void Net::Impl::plan_fusion() {
   for (NetLayer& nl : layers) {
     nl.fused_into = nl.fused_norm = -1;
     if (auto* scale = dynamic_cast<ScaleLayer*>(nl.layer.get())) scale->fuse_norm(std::nullopt);
+    if (auto* eltwise = dynamic_cast<EltwiseLayer*>(nl.layer.get()))
+      eltwise->fuse_relu(std::nullopt);
   }
   if (!options.fuse_layers) return;
-  const auto plain = [&](int l) {
+  // A layer that computes one top, whole on the Net's driver, with no loss weight.
+  const auto runs_alone = [&](int l) {
     const NetLayer& nl = layers[static_cast<std::size_t>(l)];
     bool no_loss = true;
     for (float weight : nl.loss_weights)
       no_loss = no_loss && weight == 0.0f;
     return nl.kind == Kind::compute && nl.split.empty() && !nl.automatic && no_loss &&
-           nl.bottoms.size() == 1 && nl.tops.size() == 1;
+           nl.tops.size() == 1;
+  };
+  const auto plain = [&](int l) {
+    return runs_alone(l) && layers[static_cast<std::size_t>(l)].bottoms.size() == 1;
   };
   // The layer after `l` in an in-place chain: the only consumer of its top, in place too.
   const auto next_in_place = [&](int l) {
@@ -70,6 +79,18 @@ void Net::Impl::plan_fusion() {
     scale->fuse_norm(fused);
     layers[l].fused_into = scale_index;
     scale_layer.fused_norm = bn_index;
+  }
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    auto* eltwise = dynamic_cast<EltwiseLayer*>(layers[l].layer.get());
+    if (eltwise == nullptr || !eltwise->can_fuse_relu() || !runs_alone(static_cast<int>(l)))
+      continue;
+    const int relu_index = next_in_place(static_cast<int>(l));
+    NetLayer* relu_layer = relu_index < 0 ? nullptr : &layers[static_cast<std::size_t>(relu_index)];
+    const auto* relu =
+        relu_layer == nullptr ? nullptr : dynamic_cast<const ReluLayer*>(relu_layer->layer.get());
+    if (relu == nullptr || relu->negative_slope() < 0.0f) continue;
+    eltwise->fuse_relu(EltwiseLayer::FusedRelu{relu_layer->param.name(), relu->negative_slope()});
+    relu_layer->fused_into = static_cast<int>(l);
   }
 }
 

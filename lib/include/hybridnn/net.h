@@ -82,7 +82,9 @@ struct NetOptions {
   // Runs each in-place chain BatchNorm (on stored statistics: use_global_stats, or the test
   // phase) -> Scale (per channel) [-> ReLU] as one layer, one pass over the blob each way
   // instead of about eight (Driver::norm_affine_*), where the three run unsplit on the
-  // Net's driver. Results equal the unfused layers' up to float rounding; the fused
+  // Net's driver; likewise each Eltwise SUM -> ReLU in place on its output
+  // (Driver::lincomb_relu forward, the ReLU's gradient written straight into the inputs'
+  // backward). Results equal the unfused layers' up to float rounding; the fused
   // BatchNorm and ReLU report no time of their own (layer_algorithm names the fusion).
   bool fuse_layers = true;
   // Model parallelism across ranks: InnerProduct layers, named here or marked

@@ -69,7 +69,8 @@ struct SolverOptions {
   TuneOptions tune;
   // Blocked activations between the layers that take them (NetOptions::blocked_layout).
   bool blocked_layout = false;
-  // BatchNorm + Scale [+ ReLU] chains run as one layer (NetOptions::fuse_layers).
+  // BatchNorm + Scale [+ ReLU] and Eltwise SUM + ReLU chains run as one layer
+  // (NetOptions::fuse_layers).
   bool fuse_layers = true;
 };
 
