@@ -558,6 +558,15 @@ TEST_CASE(
   const std::string text = read_text(cache);
   CHECK_THAT(text, Contains("Convolution 4x16x10x10 out 24 kernel 1x1") && Contains("forward") &&
                        Contains("backward_weights"));
+#if defined(__x86_64__)
+  // The machine names the widest vector extension (here from CPUID, the cache reads
+  // /proc/cpuinfo): AVX-512 and AVX2 machines of one model name tune apart.
+  const char* isa = __builtin_cpu_supports("avx512f") ? " (avx512f), hybridnn"
+                    : __builtin_cpu_supports("avx2")  ? " (avx2), hybridnn"
+                    : __builtin_cpu_supports("avx")   ? " (avx), hybridnn"
+                                                      : " (sse4_2), hybridnn";
+  CHECK_THAT(text, Contains(isa));
+#endif
 
   // cached: read back, not measured; the file decides (rewritten to type1 everywhere).
   options.mode = hn::TuneMode::cached;

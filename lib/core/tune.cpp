@@ -1,6 +1,8 @@
 // The tuning cache: one line per measured choice, "machine<TAB>driver<TAB>key<TAB>choice",
-// where machine is the CPU model and the library version, and driver is the driver's
-// description (its thread count, BLAS, GPU).
+// where machine is the CPU model, its widest vector extension and the library version, and
+// driver is the driver's description (its thread count, BLAS, GPU). The model name alone
+// does not tell the machine: "AMD EPYC" is the model of EPYCs with AVX-512 and without,
+// whose fastest algorithms differ (no Winograd without AVX-512).
 #include "hybridnn/tune.h"
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -58,19 +61,32 @@ constexpr char kHeader[] =
     "# hybridnn tuning cache: the fastest algorithm measured per machine, driver and shape.\n"
     "# Delete this file (or run with --tune once) to measure again.\n";
 
-std::string cpu_model() {
+// The value of the first "<name> : value" line of /proc/cpuinfo ("" when none).
+std::string cpuinfo_field(const std::string& name) {
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string line;
   while (std::getline(cpuinfo, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      if (colon != std::string::npos) {
-        const auto start = line.find_first_not_of(' ', colon + 1);
-        return start == std::string::npos ? "" : line.substr(start);
-      }
-    }
+    if (line.rfind(name, 0) != 0) continue;
+    const auto colon = line.find(':');
+    if (colon == std::string::npos || line.find_first_not_of(" \t", name.size()) != colon) continue;
+    const auto start = line.find_first_not_of(' ', colon + 1);
+    return start == std::string::npos ? "" : line.substr(start);
   }
-  return "unknown cpu";
+  return "";
+}
+
+// "AMD EPYC (avx2)": the CPU's model and the widest of the vector extensions the CPU
+// driver's kernels choose between.
+std::string cpu_model() {
+  std::string model = cpuinfo_field("model name");
+  if (model.empty()) model = "unknown cpu";
+  std::istringstream flags(" " + cpuinfo_field("flags") + " ");
+  std::vector<std::string> have{std::istream_iterator<std::string>(flags),
+                                std::istream_iterator<std::string>()};
+  for (const char* isa : {"avx512f", "avx2", "avx", "sse4_2"}) {
+    if (std::find(have.begin(), have.end(), isa) != have.end()) return model + " (" + isa + ")";
+  }
+  return model;
 }
 
 bool printable(const std::string& field) {
