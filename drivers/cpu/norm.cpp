@@ -28,6 +28,38 @@ struct LaneSums {
   double dz[kLanes] = {}, dz_n[kLanes] = {};
 };
 
+#if !defined(__AVX512F__)
+
+// Elements [first, last) of a run, one at a time: the plain fallback's whole run, the tail
+// of AVX2's.
+void forward_elements(const float* x, index_t first, index_t last, const LaneParams& p, bool relu,
+                      float slope, float* normalised, float* y) {
+  for (index_t i = first; i < last; ++i) {
+    const index_t l = i % kLanes;
+    const float n = (x[i] + p.shift[l]) * p.inv_std[l];
+    if (normalised != nullptr) normalised[i] = n;
+    float v = n * p.gamma[l] + p.beta[l];
+    if (relu && !(v > 0.0f)) v *= slope;
+    y[i] = v;
+  }
+}
+
+void backward_elements(const float* dy, const float* y, const float* normalised, index_t first,
+                       index_t last, const float* dx_scale, bool relu, float slope, LaneSums* sums,
+                       float* dx) {
+  for (index_t i = first; i < last; ++i) {
+    const index_t l = i % kLanes;
+    const float dz = relu && !(y[i] > 0.0f) ? dy[i] * slope : dy[i];
+    if (sums != nullptr) {
+      sums->dz[l] += dz;
+      if (normalised != nullptr) sums->dz_n[l] += static_cast<double>(dz) * normalised[i];
+    }
+    if (dx != nullptr) dx[i] = dz * dx_scale[l];
+  }
+}
+
+#endif
+
 #if defined(__AVX512F__)
 
 __mmask16 tail_mask(index_t left) {
@@ -114,14 +146,7 @@ void forward_run(const float* x, index_t length, const LaneParams& p, bool relu,
       _mm256_storeu_ps(y + at, v);
     }
   }
-  for (; i < length; ++i) {
-    const index_t l = i % kLanes;
-    const float n = (x[i] + p.shift[l]) * p.inv_std[l];
-    if (normalised != nullptr) normalised[i] = n;
-    float v = n * p.gamma[l] + p.beta[l];
-    if (relu && !(v > 0.0f)) v *= slope;
-    y[i] = v;
-  }
+  forward_elements(x, i, length, p, relu, slope, normalised, y);
 }
 
 // As the AVX-512 version: float sums over chunks of 64 16-lane vectors, doubles over chunks.
@@ -162,42 +187,19 @@ void backward_run(const float* dy, const float* y, const float* normalised, inde
       sums->dz_n[l] += b[l];
     }
   }
-  for (index_t i = whole; i < length; ++i) {
-    const index_t l = i % kLanes;
-    const float dz = relu && !(y[i] > 0.0f) ? dy[i] * slope : dy[i];
-    if (sums != nullptr) {
-      sums->dz[l] += dz;
-      if (normalised != nullptr) sums->dz_n[l] += static_cast<double>(dz) * normalised[i];
-    }
-    if (dx != nullptr) dx[i] = dz * dx_scale[l];
-  }
+  backward_elements(dy, y, normalised, whole, length, dx_scale, relu, slope, sums, dx);
 }
 
 #else
 
 void forward_run(const float* x, index_t length, const LaneParams& p, bool relu, float slope,
                  float* normalised, float* y) {
-  for (index_t i = 0; i < length; ++i) {
-    const index_t l = i % kLanes;
-    const float n = (x[i] + p.shift[l]) * p.inv_std[l];
-    if (normalised != nullptr) normalised[i] = n;
-    float v = n * p.gamma[l] + p.beta[l];
-    if (relu && !(v > 0.0f)) v *= slope;
-    y[i] = v;
-  }
+  forward_elements(x, 0, length, p, relu, slope, normalised, y);
 }
 
 void backward_run(const float* dy, const float* y, const float* normalised, index_t length,
                   const float* dx_scale, bool relu, float slope, LaneSums* sums, float* dx) {
-  for (index_t i = 0; i < length; ++i) {
-    const index_t l = i % kLanes;
-    const float dz = relu && !(y[i] > 0.0f) ? dy[i] * slope : dy[i];
-    if (sums != nullptr) {
-      sums->dz[l] += dz;
-      if (normalised != nullptr) sums->dz_n[l] += static_cast<double>(dz) * normalised[i];
-    }
-    if (dx != nullptr) dx[i] = dz * dx_scale[l];
-  }
+  backward_elements(dy, y, normalised, 0, length, dx_scale, relu, slope, sums, dx);
 }
 
 #endif
