@@ -89,7 +89,7 @@ LayersOptions parse_layers(const std::vector<std::string>& args) {
       const std::string& value = args[++i];
       bool known = false;
       for (const Lowering l : {Lowering::automatic, Lowering::type1, Lowering::type3,
-                               Lowering::direct_1x1, Lowering::direct}) {
+                               Lowering::direct_1x1, Lowering::direct, Lowering::direct_plain}) {
         if (value == lowering_name(l)) {
           options.lowering = l;
           known = true;

@@ -26,7 +26,7 @@ const char* const kUsage =
     "      as GFLOP/s and as a ratio to the best sgemm of any BLAS on this machine.\n"
     "      --threads: 0 (default) = every core; --blas: default = the build's default\n"
     "  layers [--net caffenet|lenet] [--threads N] [--blas NAME] [--batch B] [--only NAME,...]\n"
-    "         [--chunk-bytes N] [--lowering automatic|type1|type3|direct_1x1]\n"
+    "         [--chunk-bytes N] [--lowering automatic|type1|type3|direct_1x1|direct|direct_plain]\n"
     "      CaffeNet's layers (conv1..conv5, pooling, LRN, ReLU, fc6..fc8), or Caffe's LeNet\n"
     "      at batch 64 with --net lenet, forward and backward on the CPU driver, one JSON\n"
     "      line per layer with the ratio of the\n"

@@ -30,6 +30,8 @@ const char* lowering_name(Lowering lowering) {
       return "direct_1x1";
     case Lowering::direct:
       return "direct";
+    case Lowering::direct_plain:
+      return "direct_plain";
   }
   return "unknown";
 }
@@ -198,6 +200,7 @@ std::vector<Shape> ConvolutionLayer::setup(const std::vector<Shape>& inputs) {
     case Lowering::type1:
     case Lowering::automatic:
     case Lowering::direct:
+    case Lowering::direct_plain:
       break;
   }
   lowering_ = p.lowering;
@@ -313,6 +316,7 @@ std::size_t ConvolutionLayer::workspace_for(Lowering lowering, index_t rows) con
     case Lowering::direct_1x1:
     case Lowering::automatic:
     case Lowering::direct:
+    case Lowering::direct_plain:
       break;
   }
   return 0;
@@ -332,13 +336,27 @@ void ConvolutionLayer::use_layouts(const std::vector<Layout>& inputs,
   for (const std::vector<Layout>* list : {&inputs, &outputs})
     for (Layout layout : *list)
       if (layout != Layout::nchw) blocked_ = layout;
+  in_layout_ = inputs.empty() ? Layout::nchw : inputs[0];
+  out_layout_ = outputs.empty() ? Layout::nchw : outputs[0];
+}
+
+bool ConvolutionLayer::blocked_on(const Driver& driver) const {
+  return blocked_ != Layout::nchw && driver.capabilities().blocked_layout;
 }
 
 Lowering ConvolutionLayer::lowering_for(const Driver& driver, ConvDirection direction) const {
-  if (blocked_ != Layout::nchw && driver.capabilities().blocked_layout) return Lowering::direct;
   const auto chosen = chosen_.find(driver.name());
+  if (blocked_on(driver)) {
+    // Blocked operands go to the driver's convolution, on them or on NCHW copies.
+    if (lowering_ == Lowering::direct_plain) return Lowering::direct_plain;
+    if (chosen != chosen_.end() &&
+        chosen->second[static_cast<std::size_t>(direction)] == Lowering::direct_plain) {
+      return Lowering::direct_plain;
+    }
+    return Lowering::direct;
+  }
   if (chosen != chosen_.end()) return chosen->second[static_cast<std::size_t>(direction)];
-  if (lowering_ == Lowering::direct) return Lowering::direct;
+  if (lowering_ == Lowering::direct || lowering_ == Lowering::direct_plain) return lowering_;
   if (config_.lowering == Lowering::automatic && driver.capabilities().convolution) {
     return Lowering::direct;
   }
@@ -347,8 +365,13 @@ Lowering ConvolutionLayer::lowering_for(const Driver& driver, ConvDirection dire
 
 std::vector<Lowering> ConvolutionLayer::candidates(const Driver& driver) const {
   if (config_.lowering != Lowering::automatic) return {lowering_for(driver)};
+  // The driver's kernels on the blocked operands, or on NCHW copies of them.
+  if (blocked_on(driver)) return {Lowering::direct, Lowering::direct_plain};
   std::vector<Lowering> result;
   if (driver.capabilities().convolution) result.push_back(Lowering::direct);
+  // A driver with blocked kernels may also run NCHW ones (oneDNN's GEMM-based).
+  if (driver.capabilities().convolution && driver.capabilities().blocked_layout)
+    result.push_back(Lowering::direct_plain);
   result.push_back(Lowering::type1);
   if (config_.group == 1) result.push_back(Lowering::type3);
   if (kernel_h_ == 1 && kernel_w_ == 1 && stride_h_ == 1 && stride_w_ == 1 && pad_h_ == 0 &&
@@ -380,15 +403,17 @@ double ConvolutionLayer::forward_flops(index_t rows) const {
 }
 
 std::string ConvolutionLayer::algorithm(const Driver& driver) const {
-  if (blocked_ != Layout::nchw && driver.capabilities().blocked_layout)
-    return fmt::format("direct ({})", layout_name(blocked_));
+  const bool blocked = blocked_on(driver);
+  const auto name = [&](Lowering l) -> std::string {
+    if (blocked && l == Lowering::direct) return fmt::format("direct ({})", layout_name(blocked_));
+    return hn::lowering_name(l);
+  };
   const Lowering forward = lowering_for(driver, ConvDirection::forward);
   const Lowering data = lowering_for(driver, ConvDirection::backward_data);
   const Lowering weights = lowering_for(driver, ConvDirection::backward_weights);
-  if (forward == data && data == weights) return hn::lowering_name(forward);
-  return fmt::format("forward {}, backward data {}, backward weights {}",
-                     hn::lowering_name(forward), hn::lowering_name(data),
-                     hn::lowering_name(weights));
+  if (forward == data && data == weights) return name(forward);
+  return fmt::format("forward {}, backward data {}, backward weights {}", name(forward), name(data),
+                     name(weights));
 }
 
 namespace {
@@ -424,8 +449,7 @@ Buffer tune_buffer(Driver& driver, index_t count, std::uint32_t seed) {
 
 void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
   if (tuner.mode() == TuneMode::off || rows <= 0) return;
-  if (blocked_ != Layout::nchw && driver.capabilities().blocked_layout)
-    return;  // one candidate: direct
+  const bool blocked = blocked_on(driver);
   std::vector<Lowering> options = candidates(driver);
   options.erase(
       std::remove_if(options.begin(), options.end(),
@@ -438,7 +462,11 @@ void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
       rows, channels_, height_, width_, config_.num_output, kernel_h_, kernel_w_, stride_h_,
       stride_w_, pad_h_, pad_w_, dilation_h_, dilation_w_, config_.group,
       config_.bias_term ? 1 : 0);
-  const auto key = [&](ConvDirection d) { return shape + " " + direction_name(d); };
+  // Blocked operands: their layouts (input, output) are part of the shape.
+  const std::string layouts =
+      blocked ? fmt::format(" layout {}/{}", layout_name(in_layout_), layout_name(out_layout_))
+              : std::string();
+  const auto key = [&](ConvDirection d) { return shape + layouts + " " + direction_name(d); };
   std::array<Lowering, 3> choice{};
   bool cached = true;
   for (ConvDirection d : kDirections) {
@@ -461,8 +489,10 @@ void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
     std::size_t scratch = 0;
     for (Lowering l : options)
       scratch = std::max(scratch, workspace_for(l, rows));
-    const Buffer x = tune_buffer(driver, in_count, 1), dx = tune_buffer(driver, in_count, 0);
-    const Buffer y = tune_buffer(driver, out_count, 0), dy = tune_buffer(driver, out_count, 2);
+    // y and dx are only written (by different directions): they share one buffer, which
+    // keeps the measurements' memory below the net's own for its largest layers.
+    const Buffer x = tune_buffer(driver, in_count, 1), dy = tune_buffer(driver, out_count, 2);
+    const Buffer written = tune_buffer(driver, std::max(in_count, out_count), 0);
     const Buffer w = tune_buffer(driver, weight_count, 3),
                  dw = tune_buffer(driver, weight_count, 0);
     const Buffer b = tune_buffer(driver, bias_count, 4), db = tune_buffer(driver, bias_count, 0);
@@ -470,9 +500,10 @@ void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
     LayerSlice slice;
     slice.driver = &driver;
     slice.end = rows;
-    slice.inputs = {Operand{Shape{rows, channels_, height_, width_}, x.pointer(), dx.pointer()}};
-    slice.outputs = {
-        Operand{Shape{rows, config_.num_output, out_h_, out_w_}, y.pointer(), dy.pointer()}};
+    slice.inputs = {Operand{Shape{rows, channels_, height_, width_}, x.pointer(), written.pointer(),
+                            blocked ? in_layout_ : Layout::nchw}};
+    slice.outputs = {Operand{Shape{rows, config_.num_output, out_h_, out_w_}, written.pointer(),
+                             dy.pointer(), blocked ? out_layout_ : Layout::nchw}};
     slice.params = {Operand{params_[0].shape(), w.pointer(), dw.pointer()}};
     if (config_.bias_term)
       slice.params.push_back(Operand{params_[1].shape(), b.pointer(), db.pointer()});
@@ -531,21 +562,24 @@ void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
 
 // ---- direct: the driver's own convolution ----------------------------------------------
 
-LoweringShape ConvolutionLayer::direct_shape(const LayerSlice& slice) const {
+LoweringShape ConvolutionLayer::direct_shape(const LayerSlice& slice, bool plain_kernel) const {
   LoweringShape shape = lowering_shape(slice.rows());
   shape.layout = slice.inputs[0].layout;
   shape.out_layout = slice.outputs[0].layout;
+  shape.plain_kernel = plain_kernel;
   return shape;
 }
 
-void ConvolutionLayer::forward_driver_conv(const LayerSlice& slice) const {
+void ConvolutionLayer::forward_driver_conv(const LayerSlice& slice, bool plain_kernel) const {
   const float* bias = config_.bias_term ? slice.params[1].x() : nullptr;
-  slice.driver->conv_forward(direct_shape(slice), config_.num_output, slice.inputs[0].x(),
-                             slice.params[0].x(), bias, slice.outputs[0].mutable_x());
+  slice.driver->conv_forward(direct_shape(slice, plain_kernel), config_.num_output,
+                             slice.inputs[0].x(), slice.params[0].x(), bias,
+                             slice.outputs[0].mutable_x());
 }
 
-void ConvolutionLayer::backward_driver_conv(const LayerSlice& slice, Wanted want) const {
-  const LoweringShape shape = direct_shape(slice);
+void ConvolutionLayer::backward_driver_conv(const LayerSlice& slice, Wanted want,
+                                            bool plain_kernel) const {
+  const LoweringShape shape = direct_shape(slice, plain_kernel);
   const Operand& weights = slice.params[0];
   float* dbias = want.db ? slice.params[1].mutable_dx() : nullptr;
   if (want.dw && want.dx) {
@@ -574,18 +608,24 @@ bool blocked_operands(const LayerSlice& slice) {
 
 }  // namespace
 
+// The lowerings take NCHW only; blocked operands go to the driver's convolution (which
+// rejects them where the driver has no blocked_layout capability), on them or on NCHW copies.
+Lowering ConvolutionLayer::for_operands(const LayerSlice& slice, ConvDirection direction) const {
+  const Lowering chosen = lowering_for(*slice.driver, direction);
+  if (!blocked_operands(slice) || chosen == Lowering::direct_plain) return chosen;
+  return Lowering::direct;
+}
+
 void ConvolutionLayer::forward(const LayerSlice& slice) {
   if (slice.rows() == 0) return;
-  // The lowerings take NCHW only; blocked operands go to the driver's convolution (which
-  // rejects them where the driver has no blocked_layout capability).
-  run_forward(slice, blocked_operands(slice) ? Lowering::direct
-                                             : lowering_for(*slice.driver, ConvDirection::forward));
+  run_forward(slice, for_operands(slice, ConvDirection::forward));
 }
 
 void ConvolutionLayer::run_forward(const LayerSlice& slice, Lowering lowering) const {
   switch (lowering) {
     case Lowering::direct:
-      forward_driver_conv(slice);
+    case Lowering::direct_plain:
+      forward_driver_conv(slice, lowering == Lowering::direct_plain);
       break;
     case Lowering::type1:
       forward_type1(slice);
@@ -624,9 +664,8 @@ ConvolutionLayer::Wanted ConvolutionLayer::wanted(const LayerSlice& slice) const
 void ConvolutionLayer::backward(const LayerSlice& slice) {
   if (slice.rows() == 0) return;
   const Wanted want = wanted(slice);
-  if (blocked_operands(slice)) return run_backward(slice, Lowering::direct, want);
-  const Lowering data = lowering_for(*slice.driver, ConvDirection::backward_data);
-  const Lowering params = lowering_for(*slice.driver, ConvDirection::backward_weights);
+  const Lowering data = for_operands(slice, ConvDirection::backward_data);
+  const Lowering params = for_operands(slice, ConvDirection::backward_weights);
   if (data == params || !want.dx || !(want.dw || want.db)) {
     run_backward(slice, want.dx ? data : params, want);
     return;
@@ -639,7 +678,9 @@ void ConvolutionLayer::run_backward(const LayerSlice& slice, Lowering lowering, 
   if (!want.dx && !want.dw && !want.db) return;
   switch (lowering) {
     case Lowering::direct:
-      backward_driver_conv(slice, want);  // adds the bias gradient itself
+    case Lowering::direct_plain:
+      // adds the bias gradient itself
+      backward_driver_conv(slice, want, lowering == Lowering::direct_plain);
       return;
     case Lowering::type1:
       backward_type1(slice, want);  // adds the bias gradient chunk by chunk

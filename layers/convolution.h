@@ -59,6 +59,9 @@ class ConvolutionLayer final : public Layer {
   struct Wanted {
     bool dx, dw, db;
   };
+  // Whether this layer's operands are blocked on `driver` (use_layouts and the driver's
+  // blocked_layout capability): then only direct and direct_plain can run it.
+  bool blocked_on(const Driver& driver) const;
   LoweringShape lowering_shape(index_t images) const;
   std::size_t lowered_bytes_per_image(Lowering lowering) const;
   index_t chunk_for(Lowering lowering, index_t rows, std::size_t target) const;
@@ -66,6 +69,9 @@ class ConvolutionLayer final : public Layer {
   index_t backward_chunk(Lowering lowering, index_t rows) const;
   std::size_t workspace_for(Lowering lowering, index_t rows) const;
   Wanted wanted(const LayerSlice& slice) const;
+  // What runs `direction` on the slice: lowering_for, or direct where its operands are
+  // blocked and the choice was a lowering.
+  Lowering for_operands(const LayerSlice& slice, ConvDirection direction) const;
   void run_forward(const LayerSlice& slice, Lowering lowering) const;
   void run_backward(const LayerSlice& slice, Lowering lowering, Wanted want) const;
   void add_bias(const LayerSlice& slice, index_t first, index_t images) const;
@@ -76,17 +82,18 @@ class ConvolutionLayer final : public Layer {
   void backward_type1(const LayerSlice& slice, Wanted want) const;
   void backward_type3(const LayerSlice& slice, Wanted want) const;
   void backward_direct(const LayerSlice& slice, Wanted want) const;
-  LoweringShape direct_shape(const LayerSlice& slice) const;
-  void forward_driver_conv(const LayerSlice& slice) const;
-  void backward_driver_conv(const LayerSlice& slice, Wanted want) const;
+  LoweringShape direct_shape(const LayerSlice& slice, bool plain_kernel) const;
+  void forward_driver_conv(const LayerSlice& slice, bool plain_kernel) const;
+  void backward_driver_conv(const LayerSlice& slice, Wanted want, bool plain_kernel) const;
 
   ConvolutionParams config_;
   Lowering lowering_ = Lowering::automatic;
   // What tune() chose, per driver name, indexed by ConvDirection.
   std::map<std::string, std::array<Lowering, 3>> chosen_;
   // Set by use_layouts: the input or the output is blocked (nChw16c or nChw8c), so every
-  // direction is direct.
+  // direction is direct or direct_plain.
   Layout blocked_ = Layout::nchw;  // the blocked one of them, else nchw
+  Layout in_layout_ = Layout::nchw, out_layout_ = Layout::nchw;  // of input 0 and output 0
   // Resolved geometry (set by setup()).
   index_t channels_ = 0, height_ = 0, width_ = 0;
   index_t kernel_h_ = 0, kernel_w_ = 0, stride_h_ = 1, stride_w_ = 1;

@@ -1853,8 +1853,9 @@ std::vector<float> relaid(const std::vector<float>& values, index_t batch, index
 }
 
 TEST_CASE(
-    "nChw16c and nChw8c convolutions, pooling and LRN give the reference's NCHW results on "
-    "drivers with blocked_layout, and the others reject them",
+    "nChw16c and nChw8c convolutions (on blocked kernels or, with plain_kernel, NCHW ones), "
+    "pooling and LRN give the reference's NCHW results on drivers with blocked_layout, and the "
+    "others reject them",
     "[driver_ops][layout]") {
   using hn::Layout;
   // Both blocked layouts on any machine (the CPU driver prefers one, and takes either).
@@ -1886,10 +1887,11 @@ TEST_CASE(
     for (const auto& conv : convs) {
       const auto& base = conv.first;
       const auto out_channels = conv.second;
-      for (int mix = 1; mix < 4; ++mix) {
+      for (int mix = 1; mix < 8; ++mix) {
         hn::LoweringShape shape = base;
         shape.layout = (mix & 1) != 0 && base.channels % block == 0 ? blocked : Layout::nchw;
         shape.out_layout = (mix & 2) != 0 ? blocked : Layout::nchw;
+        shape.plain_kernel = (mix & 4) != 0;
         if (shape.layout == Layout::nchw && shape.out_layout == Layout::nchw) continue;
         INFO(shape.to_string() << " out_channels=" << out_channels);
         const index_t oh = shape.out_h(), ow = shape.out_w();
@@ -1906,6 +1908,7 @@ TEST_CASE(
         };
         hn::LoweringShape plain = shape;
         plain.layout = plain.out_layout = Layout::nchw;
+        plain.plain_kernel = false;
         const index_t x_count = shape.image_count(), y_count = shape.batch * out_channels * oh * ow;
         const index_t w_count = conv_weight_count(shape, out_channels);
         const std::vector<float> xv = random_floats(x_count, seed++),

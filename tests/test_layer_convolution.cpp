@@ -117,7 +117,8 @@ std::vector<Case> cases() {
 // Every lowering a case can be forced to, plus automatic.
 std::vector<Lowering> lowerings_for(const Case& c) {
   const Geometry g = geometry_of(c.params);
-  std::vector<Lowering> list = {Lowering::automatic, Lowering::type1, Lowering::direct};
+  std::vector<Lowering> list = {Lowering::automatic, Lowering::type1, Lowering::direct,
+                                Lowering::direct_plain};
   if (c.params.group == 1) list.push_back(Lowering::type3);
   if (g.kernel_h == 1 && g.kernel_w == 1 && g.stride_h == 1 && g.stride_w == 1 && g.pad_h == 0 &&
       g.pad_w == 0) {
@@ -506,6 +507,45 @@ TEST_CASE("Convolution choose rejects a lowering the shape does not allow, namin
 }
 
 TEST_CASE(
+    "A convolution on blocked operands tunes the driver's blocked kernels against its NCHW ones, "
+    "keyed by the layouts, and a driver without blocked kernels keeps every candidate",
+    "[layer][convolution][tune]") {
+  const auto cpu = hn::make_driver(hn::Device{"cpu", 0});
+  const auto reference = hn::make_driver(hn::Device{"reference", 0});
+  const hn::Layout blocked = cpu->capabilities().preferred_blocked_layout;
+  hn::ConvolutionLayer layer("conv_b", square(16, 3, 1, 1));
+  layer.setup({Shape{2, 16, 6, 6}});
+  layer.use_layouts({hn::Layout::nchw}, {blocked});
+  CHECK(layer.candidates(*cpu) == std::vector<Lowering>{Lowering::direct, Lowering::direct_plain});
+  CHECK(layer.candidates(*reference) ==
+        std::vector<Lowering>{Lowering::direct, Lowering::type1, Lowering::type3});
+  CHECK_THAT(
+      hn::test::error_of([&] { layer.choose(*cpu, hn::ConvDirection::forward, Lowering::type1); }),
+      Contains("conv_b") && Contains("type1"));
+  const std::string direct = std::string("direct (") + hn::layout_name(blocked) + ")";
+  CHECK(layer.algorithm(*cpu) == direct);
+  layer.choose(*cpu, hn::ConvDirection::backward_weights, Lowering::direct_plain);
+  CHECK(layer.lowering_for(*cpu, hn::ConvDirection::backward_weights) == Lowering::direct_plain);
+  CHECK(layer.algorithm(*cpu) ==
+        "forward " + direct + ", backward data " + direct + ", backward weights direct_plain");
+
+  const hn::test::TempDir dir;
+  hn::TuneOptions options;
+  options.mode = hn::TuneMode::once;
+  options.cache_path = dir.file("tune.txt");
+  std::vector<hn::TuneReport> reports;
+  options.on_layer = [&](const hn::TuneReport& r) { reports.push_back(r); };
+  hn::Tuner tuner(options);
+  layer.tune(*cpu, 2, tuner);
+  tuner.save();
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].measured);
+  CHECK(reports[0].algorithm == layer.algorithm(*cpu));
+  CHECK_THAT(read_text(options.cache_path),
+             Contains(std::string(" layout NCHW/") + hn::layout_name(blocked) + " forward"));
+}
+
+TEST_CASE(
     "Convolution tune measures every candidate, records the fastest, and a cached run reads it "
     "back without measuring",
     "[layer][convolution][tune]") {
@@ -513,7 +553,7 @@ TEST_CASE(
   const std::string cache = dir.file("sub/tune.txt");  // the directory is made on save
   const auto cpu = hn::make_driver(hn::Device{"cpu", 0});
   const Shape input{4, 16, 10, 10};
-  const ConvolutionParams params = square(24, 1, 1, 0);  // 1x1: four candidates on the CPU
+  const ConvolutionParams params = square(24, 1, 1, 0);  // 1x1: five candidates on the CPU
   std::vector<hn::TuneReport> reports;
   hn::TuneOptions options;
   options.cache_path = cache;
@@ -540,7 +580,9 @@ TEST_CASE(
     hn::ConvolutionLayer layer("c1", params);
     layer.setup({input});
     const std::vector<Lowering> candidates = layer.candidates(*cpu);
-    CHECK(candidates.size() == 4);
+    CHECK(candidates == std::vector<Lowering>{Lowering::direct, Lowering::direct_plain,
+                                              Lowering::type1, Lowering::type3,
+                                              Lowering::direct_1x1});
     layer.tune(*cpu, 4, tuner);
     REQUIRE(reports.size() == 1);
     CHECK(reports[0].measured);
@@ -618,7 +660,7 @@ TEST_CASE(
   const hn::test::TempDir dir;
   const auto cpu = hn::make_driver(hn::Device{"cpu", 0});
   const Shape input{4, 16, 10, 10};
-  const ConvolutionParams params = square(24, 1, 1, 0);  // 1x1: four candidates on the CPU
+  const ConvolutionParams params = square(24, 1, 1, 0);  // 1x1: five candidates on the CPU
   for (const hn::TuneMode mode : {hn::TuneMode::once, hn::TuneMode::cached}) {
     INFO(hn::tune_mode_name(mode));
     hn::TuneOptions options;

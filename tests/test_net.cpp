@@ -181,7 +181,10 @@ struct NormRun {
   std::map<std::string, std::string> algorithms;
 };
 
-NormRun run_norm_net(const Device& device, bool fuse, bool blocked, Phase phase) {
+// `conv_choice`: the algorithm every convolution takes in every direction (measured, then
+// overridden through TuneOptions::agree as rank 0's choice would be); empty: no tuning.
+NormRun run_norm_net(const Device& device, bool fuse, bool blocked, Phase phase,
+                     const std::string& conv_choice = "") {
   Runtime runtime;
   Driver& driver = runtime.add(device);
   NetOptions options;
@@ -189,6 +192,11 @@ NormRun run_norm_net(const Device& device, bool fuse, bool blocked, Phase phase)
   options.fuse_layers = fuse;
   options.blocked_layout = blocked;
   options.state.phase = phase;
+  if (!conv_choice.empty()) {
+    options.tune.mode = TuneMode::once;
+    options.tune.cache_path = "none";
+    options.tune.agree = [conv_choice](const std::string&) { return conv_choice; };
+  }
   auto net = Net::from_text(kNormNet, "norms.prototxt", runtime, driver, options);
   std::uint32_t seed = 40;
   for (const NetParam& p : net->learnable_params()) {
@@ -258,6 +266,38 @@ TEST_CASE(
   // In the test phase bn2 normalises with its stored statistics too: its chain fuses.
   const NormRun test_phase = run_norm_net(Device::parse(device), true, blocked, Phase::test);
   CHECK(test_phase.algorithms.at("scale2") == "fused: BatchNorm 'bn2' + Scale + ReLU 'relu2'");
+}
+
+TEST_CASE(
+    "Convolutions on blocked activations computed by the driver's NCHW kernels (direct_plain, a "
+    "tuning candidate) equal the reference driver's, as the blocked kernels do",
+    "[net][layout][tune]") {
+  const NormRun reference = run_norm_net(Device::parse("reference"), false, false, Phase::train);
+  const std::string blocked_name = fmt::format(
+      "direct ({})",
+      layout_name(make_driver(Device::parse("cpu"))->capabilities().preferred_blocked_layout));
+  for (const char* choice : {"direct", "direct_plain"}) {
+    INFO(choice);
+    const NormRun cpu = run_norm_net(Device::parse("cpu"), true, true, Phase::train, choice);
+    // The Net keeps conv1's input and output NCHW here; conv2 and conv3 compute on blocked
+    // activations.
+    CHECK(cpu.algorithms.at("conv1") == choice);
+    for (const char* conv : {"conv2", "conv3"}) {
+      INFO(conv);
+      CHECK(cpu.algorithms.at(conv) ==
+            (std::string(choice) == "direct" ? blocked_name : std::string(choice)));
+    }
+    CHECK(std::fabs(cpu.loss - reference.loss) <= 1e-5 * std::max(1.0f, std::fabs(reference.loss)));
+    REQUIRE(cpu.gradients.size() == reference.gradients.size());
+    for (std::size_t g = 0; g < reference.gradients.size(); ++g) {
+      INFO("gradient " << g);
+      CHECK(test::max_scaled_diff(reference.gradients[g], cpu.gradients[g]) <= 1e-5);
+    }
+  }
+  // A lowering cannot run blocked operands: the agreed choice names what the layer has.
+  CHECK_THAT(
+      test::error_of([] { run_norm_net(Device::parse("cpu"), true, true, Phase::train, "type1"); }),
+      Catch::Contains("conv2") && Catch::Contains("'type1'"));
 }
 
 // conv1's weights are frozen (lr_mult 0) and its bias is not: its backward computes the

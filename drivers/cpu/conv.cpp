@@ -53,7 +53,7 @@ const char* call_name(Call call) {
 // and made its primitive again (1.5 s per iteration became 2.2 s).
 constexpr std::size_t kMaxCachedShapes = 1024;
 
-using Key = std::array<index_t, 18>;
+using Key = std::array<index_t, 19>;
 
 Key make_key(Call call, const LoweringShape& s, index_t out_channels, bool has_bias) {
   return {static_cast<index_t>(call),
@@ -73,7 +73,8 @@ Key make_key(Call call, const LoweringShape& s, index_t out_channels, bool has_b
           out_channels,
           has_bias ? 1 : 0,
           static_cast<index_t>(s.layout),
-          static_cast<index_t>(s.out_layout)};
+          static_cast<index_t>(s.out_layout),
+          s.plain_kernel ? 1 : 0};
 }
 
 // One tensor of a call: `user` wraps the caller's buffer (address set per call),
@@ -407,8 +408,11 @@ struct DirectConvolution::Impl {
 
   // The primitive on oneDNN's preferred (blocked) layouts, unless their channel padding
   // wastes much: then channels-last where that wastes less and oneDNN has a direct kernel
-  // for it, else plain NCHW (the data gradient: the driver's own lowering).
+  // for it, else plain NCHW (the data gradient: the driver's own lowering). Plain NCHW too
+  // when the caller asks for it (LoweringShape::plain_kernel, a candidate the tuner times).
   Entry create(Call call, const LoweringShape& s, index_t out_channels, bool has_bias) const {
+    if (s.plain_kernel)
+      return build(call, Geometry(s, out_channels, has_bias), has_bias, Inner::plain);
     const index_t in_per_group = s.channels / s.groups, out_per_group = out_channels / s.groups;
     // A group of blocked activations is a view only when its channels fill whole blocks.
     const bool views = in_per_group % layout_block(s.layout) == 0 &&

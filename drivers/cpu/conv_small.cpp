@@ -265,10 +265,10 @@ void gradient_images(const LoweringShape& s, index_t out_channels, const float* 
 }  // namespace
 
 bool small_conv_supported(const LoweringShape& s) {
-  return s.layout == Layout::nchw && s.out_layout == Layout::nchw && s.groups == 1 &&
-         s.channels <= kMaxChannels && s.stride_h == 1 && s.stride_w == 1 && s.dilation_h == 1 &&
-         s.dilation_w == 1 && s.kernel_w <= kMaxKernelW && s.kernel_h <= kMaxKernelH &&
-         s.out_w() >= kLanes / 2;
+  return s.layout == Layout::nchw && s.out_layout == Layout::nchw && !s.plain_kernel &&
+         s.groups == 1 && s.channels <= kMaxChannels && s.stride_h == 1 && s.stride_w == 1 &&
+         s.dilation_h == 1 && s.dilation_w == 1 && s.kernel_w <= kMaxKernelW &&
+         s.kernel_h <= kMaxKernelH && s.out_w() >= kLanes / 2;
 }
 
 void small_conv_forward(Parallel& par, const LoweringShape& s, index_t out_channels, const float* x,

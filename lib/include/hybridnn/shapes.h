@@ -55,6 +55,10 @@ struct LoweringShape {
   // Of x and dx (`layout`) and of y and dy (`out_layout`) in the direct convolution calls;
   // the lowering calls take nchw only.
   Layout layout = Layout::nchw, out_layout = Layout::nchw;
+  // Direct convolution calls: compute on NCHW even where x or y are blocked (the driver
+  // reorders them in and out), so the tuner can measure a plain-layout kernel against the
+  // blocked one (Lowering::direct_plain). A driver with one layout of its own ignores it.
+  bool plain_kernel = false;
 
   index_t out_h() const;
   index_t out_w() const;

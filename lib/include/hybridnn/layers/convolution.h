@@ -20,6 +20,10 @@ enum class Lowering {
   type3,       // GEMM on the NHWC input with the kernel, then lift (CcT type 3; group 1)
   direct_1x1,  // 1x1 kernel, stride 1, no padding: the input already is the lowered matrix
   direct,      // the driver's own convolution (oneDNN on the CPU, cuDNN on CUDA): no lowering
+  // The driver's own convolution computed on NCHW: where the Net keeps the activations
+  // blocked, the driver reorders them in and out (oneDNN's GEMM-based kernels on the CPU).
+  // The same as direct on drivers with one layout.
+  direct_plain,
 };
 const char* lowering_name(Lowering lowering);
 
