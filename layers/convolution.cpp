@@ -332,16 +332,16 @@ std::size_t ConvolutionLayer::workspace_bytes(const Driver& driver, index_t rows
 
 void ConvolutionLayer::use_layouts(const std::vector<Layout>& inputs,
                                    const std::vector<Layout>& outputs) {
-  blocked_ = Layout::nchw;
-  for (const std::vector<Layout>* list : {&inputs, &outputs})
-    for (Layout layout : *list)
-      if (layout != Layout::nchw) blocked_ = layout;
   in_layout_ = inputs.empty() ? Layout::nchw : inputs[0];
   out_layout_ = outputs.empty() ? Layout::nchw : outputs[0];
 }
 
+Layout ConvolutionLayer::blocked_layout_used() const {
+  return out_layout_ != Layout::nchw ? out_layout_ : in_layout_;
+}
+
 bool ConvolutionLayer::blocked_on(const Driver& driver) const {
-  return blocked_ != Layout::nchw && driver.capabilities().blocked_layout;
+  return blocked_layout_used() != Layout::nchw && driver.capabilities().blocked_layout;
 }
 
 Lowering ConvolutionLayer::lowering_for(const Driver& driver, ConvDirection direction) const {
@@ -405,7 +405,8 @@ double ConvolutionLayer::forward_flops(index_t rows) const {
 std::string ConvolutionLayer::algorithm(const Driver& driver) const {
   const bool blocked = blocked_on(driver);
   const auto name = [&](Lowering l) -> std::string {
-    if (blocked && l == Lowering::direct) return fmt::format("direct ({})", layout_name(blocked_));
+    if (blocked && l == Lowering::direct)
+      return fmt::format("direct ({})", layout_name(blocked_layout_used()));
     return hn::lowering_name(l);
   };
   const Lowering forward = lowering_for(driver, ConvDirection::forward);

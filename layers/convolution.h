@@ -62,6 +62,9 @@ class ConvolutionLayer final : public Layer {
   // Whether this layer's operands are blocked on `driver` (use_layouts and the driver's
   // blocked_layout capability): then only direct and direct_plain can run it.
   bool blocked_on(const Driver& driver) const;
+  // The blocked one of the input's and output's layouts (the output's when both are), else
+  // nchw.
+  Layout blocked_layout_used() const;
   LoweringShape lowering_shape(index_t images) const;
   std::size_t lowered_bytes_per_image(Lowering lowering) const;
   index_t chunk_for(Lowering lowering, index_t rows, std::size_t target) const;
@@ -90,10 +93,9 @@ class ConvolutionLayer final : public Layer {
   Lowering lowering_ = Lowering::automatic;
   // What tune() chose, per driver name, indexed by ConvDirection.
   std::map<std::string, std::array<Lowering, 3>> chosen_;
-  // Set by use_layouts: the input or the output is blocked (nChw16c or nChw8c), so every
-  // direction is direct or direct_plain.
-  Layout blocked_ = Layout::nchw;  // the blocked one of them, else nchw
-  Layout in_layout_ = Layout::nchw, out_layout_ = Layout::nchw;  // of input 0 and output 0
+  // Set by use_layouts: the layouts of the input and the output. Where either is blocked
+  // (nChw16c or nChw8c), every direction is direct or direct_plain.
+  Layout in_layout_ = Layout::nchw, out_layout_ = Layout::nchw;
   // Resolved geometry (set by setup()).
   index_t channels_ = 0, height_ = 0, width_ = 0;
   index_t kernel_h_ = 0, kernel_w_ = 0, stride_h_ = 1, stride_w_ = 1;
