@@ -153,9 +153,10 @@ TEST_CASE(
     }
   }
   // One process at the global batch: its convolutions round differently (see
-  // test_train_mpi.cpp), 2e-3 apart without AVX-512.
-  CHECK(max_relative_difference(whole, one.weights()) <
-        (__builtin_cpu_supports("avx512f") ? 1e-4 : 2e-3));
+  // test_train_mpi.cpp), and 20 iterations grow that by a factor that depends on the
+  // machine's kernels: 4.6e-4 apart with 2 ranks on an AVX-512 EPYC, 2e-3 without AVX-512.
+  // A wrong merge differs at the first iteration already (the losses above).
+  CHECK(max_relative_difference(whole, one.weights()) < 3e-3);
 
   // Each rank holds its outputs' rows of ip1 and ip2 and nothing else of them; every rank
   // holds the same convolutions.
@@ -238,14 +239,16 @@ TEST_CASE("a snapshot of a run cut across ranks is the whole model, and runs res
     Run data(batch, comm.get());
     data.solver->restore(state);
     data.train(10);
-    CHECK(max_relative_difference(data.weights(), uninterrupted) < 1e-4);
+    // Only ip1's and ip2's sums run in another order: 1.7e-4 apart after 10 iterations with
+    // 4 ranks on an AVX-512 EPYC, under 1e-4 on an AVX-512 Xeon.
+    CHECK(max_relative_difference(data.weights(), uninterrupted) < 1e-3);
     const std::string data_snapshot =
         broadcast_text_host(*comm, *data.driver, data.solver->snapshot(), 0);
     data.train(5);
     Run cut(batch, comm.get(), kCut);
     cut.solver->restore(data_snapshot.substr(0, data_snapshot.size() - 11) + ".solverstate");
     cut.train(5);
-    CHECK(max_relative_difference(cut.weights(), data.weights()) < 1e-4);
+    CHECK(max_relative_difference(cut.weights(), data.weights()) < 1e-3);
   }
 }
 
