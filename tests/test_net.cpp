@@ -793,11 +793,17 @@ void check_zoo_net(const char* file) {
     // kernels (8-channel blocks, other summation orders and Winograd choices) move more:
     // on an AVX2 EPYC, up to 52 % of CaffeNet's conv1-conv3 gradients differ by 1e-3 to
     // 1e-2 and 0.3 % by more, so there the bound is 1e-2 for at most 2 %, or 2 elements of a
-    // small parameter (clang's build under ASan: 12.5 % of one of GoogLeNet's).
-    const bool avx512 = __builtin_cpu_supports("avx512f");
+    // small parameter (clang's build under ASan: 12.5 % of one of GoogLeNet's). clang's
+    // ASan build moves more on AVX-512 too: on an AVX-512 EPYC its CPU driver's GoogLeNet
+    // gradients were 3-4 times further from the reference's than GCC's build's (conv1's
+    // weight gradient 3.2e-3 at worst, 21 % of it beyond 1e-3, against 7.6e-4 and none at
+    // batch 1 with GCC; the reference's bits and the algorithms chosen were the same in both
+    // builds, the OpenMP runtime not: LLVM's libomp there). So the tight bound holds for
+    // AVX-512 outside the sanitizer build only.
+    const bool tight = __builtin_cpu_supports("avx512f") && kZooBatch == 2;
     const double tolerance = 1e-3;
-    const double gradient_tolerance = avx512 ? 1e-3 : 1e-2;
-    const double gradient_fraction = avx512 ? 0.10 : 0.02;
+    const double gradient_tolerance = tight ? 1e-3 : 1e-2;
+    const double gradient_fraction = tight ? 0.10 : 0.02;
     const auto check_gradient = [&](const std::vector<float>& expected,
                                     const std::vector<float>& got) {
       CHECK(test::max_scaled_diff(expected, got) <= 5e-2);
