@@ -54,6 +54,8 @@ class TanhLayer final : public Layer {
 // like the input) comes from the driver's counter-based generator, keyed by the slice's
 // seed mixed with a hash of the layer name (so two dropout layers draw differently) and
 // counted from the slice's first element (so any batch split draws the whole-batch mask).
+// On blocked activations each element draws the counter of its NCHW position, so the mask
+// is the NCHW one, relaid.
 class DropoutLayer final : public Layer {
  public:
   explicit DropoutLayer(std::string name, DropoutParams params = {});
@@ -62,6 +64,9 @@ class DropoutLayer final : public Layer {
   void forward(const LayerSlice& slice) override;
   void backward(const LayerSlice& slice) override;
   bool allows_in_place() const override { return true; }
+  // Element by element (Driver::dropout_forward_layout): any layout, the same for input,
+  // output and mask.
+  BlockedLayout blocked_layout() const override { return BlockedLayout::uniform; }
   // The generator key of this layer for a slice seed (exposed for tests and tools).
   std::uint64_t mask_seed(std::uint64_t slice_seed) const;
 

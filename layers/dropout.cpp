@@ -64,8 +64,16 @@ void DropoutLayer::forward(const LayerSlice& slice) {
   } else if (slice.phase == Phase::train) {
     // Counting from the slice's first element makes a split draw the whole-batch mask.
     const auto offset = static_cast<std::uint64_t>(detail::slice_count(x.shape, slice.begin));
-    slice.driver->dropout_forward(n, param_.dropout_ratio, mask_seed(slice.seed), offset, x.x(),
-                                  y.mutable_x(), slice.state[0].mutable_x());
+    if (x.layout == Layout::nchw) {
+      slice.driver->dropout_forward(n, param_.dropout_ratio, mask_seed(slice.seed), offset, x.x(),
+                                    y.mutable_x(), slice.state[0].mutable_x());
+    } else {
+      // Blocked images: each element draws its NCHW position's counter.
+      const AxisShape shape{slice.rows(), x.shape[1], x.shape.count(2, x.shape.axes()), x.layout};
+      slice.driver->dropout_forward_layout(shape, param_.dropout_ratio, mask_seed(slice.seed),
+                                           offset, x.x(), y.mutable_x(),
+                                           slice.state[0].mutable_x());
+    }
   } else {
     detail::copy_floats(*slice.driver, n, x.x(), y.mutable_x());
   }

@@ -1385,6 +1385,31 @@ TEST_CASE("dropout of elements a..n at offset a equals the tail of the full run 
   }
 }
 
+TEST_CASE("dropout_forward_layout on NCHW images draws dropout_forward's mask on every driver",
+          "[driver_ops][dropout]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    for (const hn::AxisShape& shape : {hn::test::axis(3, 5, 7), hn::test::axis(2, 16, 1)}) {
+      for (const std::uint64_t offset : {std::uint64_t{0}, kHighCounter}) {
+        INFO(shape.to_string() << " offset=" << offset);
+        const index_t n = shape.count();
+        const std::vector<float> x_values = random_floats(n, 1900);
+        const DeviceArray full_x(*drivers.oracle, x_values), full_y(*drivers.oracle, n),
+            full_mask(*drivers.oracle, n);
+        drivers.oracle->dropout_forward(n, 0.4f, 99, offset, full_x.data(), full_y.data(),
+                                        full_mask.data());
+        const DeviceArray x(*drivers.driver, x_values), y(*drivers.driver, constant(n, kNaN)),
+            mask(*drivers.driver, constant(n, kNaN));
+        drivers.driver->dropout_forward_layout(shape, 0.4f, 99, offset, x.data(), y.data(),
+                                               mask.data());
+        check_identical(y.host(), full_y.host());
+        check_identical(mask.host(), full_mask.host());
+      }
+    }
+  }
+}
+
 // ---- losses -------------------------------------------------------------------------
 
 struct LabelCase {
@@ -1724,6 +1749,11 @@ TEST_CASE("misuse errors name the call and the sizes on every driver", "[driver_
                Contains("dropout_forward") && Contains("ratio") && Contains("got 1"));
     CHECK_THAT(error_of([&] { d.dropout_backward(8, -0.5f, a.data(), b.data(), c.data()); }),
                Contains("dropout_backward") && Contains("ratio") && Contains("got -0.5"));
+    CHECK_THAT(error_of([&] {
+                 d.dropout_forward_layout(hn::test::axis(2, 2, 2), 1.5f, 1, 0, a.data(), c.data(),
+                                          e.data());
+               }),
+               Contains("dropout_forward_layout") && Contains("ratio") && Contains("got 1.5"));
 
     CHECK_THAT(error_of([&] { d.fill(-1, 0.0f, c.data()); }),
                Contains("fill") && Contains("n must be >= 0, got -1"));
@@ -1854,8 +1884,8 @@ std::vector<float> relaid(const std::vector<float>& values, index_t batch, index
 
 TEST_CASE(
     "nChw16c and nChw8c convolutions (on blocked kernels or, with plain_kernel, NCHW ones), "
-    "pooling and LRN give the reference's NCHW results on drivers with blocked_layout, and the "
-    "others reject them",
+    "pooling, LRN, per-channel calls and dropout give the reference's NCHW results on drivers "
+    "with blocked_layout, and the others reject them",
     "[driver_ops][layout]") {
   using hn::Layout;
   // Both blocked layouts on any machine (the CPU driver prefers one, and takes either).
@@ -1873,6 +1903,13 @@ TEST_CASE(
       CHECK_THAT(
           error_of([&] { d.pool_avg_forward(pool, x.data(), y.data()); }),
           Contains("pool_avg_forward") && Contains("NCHW operands only") && Contains(d.name()));
+      hn::AxisShape images = hn::test::axis(1, 16, 16);
+      images.layout = blocked;
+      const DeviceArray mask(d, images.count());
+      CHECK_THAT(error_of([&] {
+                   d.dropout_forward_layout(images, 0.5f, 1, 0, x.data(), x.data(), mask.data());
+                 }),
+                 Contains("dropout_forward_layout") && Contains("NCHW operands only"));
       return;
     }
     // Convolutions: every mix of input and output layouts, grouped and depthwise too.
@@ -2033,6 +2070,18 @@ TEST_CASE(
       d.bias_backward(shape, y[Side::tested], 0.5f, sums[Side::tested]);
       check_close(lay(y.tested(), blocked, Layout::nchw), y.oracle(), kElementwiseTolerance);
       check_close(sums.tested(), sums.oracle(), kReductionTolerance);
+      // Dropout: the mask and output of the NCHW draw, relaid, from a slice's offset too.
+      for (const std::uint64_t offset : {std::uint64_t{0}, kHighCounter}) {
+        INFO("dropout, offset " << offset);
+        const TwinArray mask(drivers, constant(count, -7777.0f), constant(count, kNaN));
+        const TwinArray dropped(drivers, constant(count, -7777.0f), constant(count, kNaN));
+        drivers.oracle->dropout_forward(count, 0.3f, 77, offset, x[Side::oracle],
+                                        dropped[Side::oracle], mask[Side::oracle]);
+        d.dropout_forward_layout(shape, 0.3f, 77, offset, x[Side::tested], dropped[Side::tested],
+                                 mask[Side::tested]);
+        check_identical(lay(mask.tested(), blocked, Layout::nchw), mask.oracle());
+        check_identical(lay(dropped.tested(), blocked, Layout::nchw), dropped.oracle());
+      }
     }
     // Channels that do not fill blocks, wider LRN windows, lowering and softmax: errors.
     hn::PoolShape odd = hn::test::pooling(1, 20, 4, 4, 2, 2, 2, 2, 0, 0);

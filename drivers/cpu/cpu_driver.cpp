@@ -245,6 +245,11 @@ class CpuDriver final : public Driver {
                           const float* x, float* y, float* mask) override {
     cpu::dropout_forward(parallel_, n, ratio, seed, offset, x, y, mask);
   }
+  void do_dropout_forward_layout(const AxisShape& shape, float ratio, std::uint64_t seed,
+                                 std::uint64_t offset, const float* x, float* y,
+                                 float* mask) override {
+    cpu::dropout_forward_layout(parallel_, shape, ratio, seed, offset, x, y, mask);
+  }
   void do_dropout_backward(index_t n, float ratio, const float* mask, const float* dy,
                            float* dx) override {
     cpu::dropout_backward(parallel_, n, ratio, mask, dy, dx);

@@ -284,6 +284,21 @@ void dropout_forward_run(index_t first, index_t n, float ratio, float s, std::ui
   }
 }
 
+// One plane of blocked channels: `inner` pixels of `block` channels each, channel q's
+// counters running along the pixels from base + q * inner.
+void dropout_plane_run(index_t inner, index_t block, float ratio, float s, std::uint64_t seed,
+                       std::uint64_t base, const float* x, float* y, float* mask) {
+  for (index_t i = 0; i < inner; ++i) {
+    for (index_t q = 0; q < block; ++q) {
+      const index_t at = i * block + q;
+      const bool keep =
+          philox_uniform(seed, base + static_cast<std::uint64_t>(q * inner + i)) >= ratio;
+      mask[at] = keep ? 1.0f : 0.0f;
+      y[at] = keep ? x[at] * s : 0.0f;
+    }
+  }
+}
+
 void dropout_backward_run(index_t n, float s, const float* mask, const float* dy, float* dx) {
   for (index_t i = 0; i < n; ++i)
     dx[i] = mask[i] != 0.0f ? dy[i] * s : 0.0f;
@@ -340,6 +355,28 @@ void dropout_forward(Parallel& par, index_t n, float ratio, std::uint64_t seed,
   for_chunks(par, n, kCostPhilox, [&](index_t i, index_t len) {
     dropout_forward_run(i, len, ratio, s, seed, offset, x, y, mask);
   });
+}
+
+void dropout_forward_layout(Parallel& par, const AxisShape& shape, float ratio, std::uint64_t seed,
+                            std::uint64_t offset, const float* x, float* y, float* mask) {
+  if (shape.layout == Layout::nchw) {
+    dropout_forward(par, shape.count(), ratio, seed, offset, x, y, mask);
+    return;
+  }
+  // Blocked: plane p = o * (channels / block) + b holds channels b * block .. + block of
+  // image o, pixel by pixel; its channel q draws from offset + (o * channels + b * block +
+  // q) * inner, which is offset + (p * block + q) * inner.
+  const index_t block = layout_block(shape.layout);
+  const index_t plane = shape.inner * block;
+  const float s = 1.0f / (1.0f - ratio);
+  par.for_range(shape.outer * (shape.channels / block), plane * kCostPhilox,
+                [&](index_t first, index_t last) {
+                  for (index_t p = first; p < last; ++p) {
+                    const auto base = offset + static_cast<std::uint64_t>(p * plane);
+                    dropout_plane_run(shape.inner, block, ratio, s, seed, base, x + p * plane,
+                                      y + p * plane, mask + p * plane);
+                  }
+                });
 }
 
 void dropout_backward(Parallel& par, index_t n, float ratio, const float* mask, const float* dy,

@@ -71,6 +71,8 @@ void tanh_forward(Parallel& par, index_t n, const float* x, float* y);
 void tanh_backward(Parallel& par, index_t n, const float* y, const float* dy, float* dx);
 void dropout_forward(Parallel& par, index_t n, float ratio, std::uint64_t seed,
                      std::uint64_t offset, const float* x, float* y, float* mask);
+void dropout_forward_layout(Parallel& par, const AxisShape& shape, float ratio, std::uint64_t seed,
+                            std::uint64_t offset, const float* x, float* y, float* mask);
 void dropout_backward(Parallel& par, index_t n, float ratio, const float* mask, const float* dy,
                       float* dx);
 

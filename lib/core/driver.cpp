@@ -623,6 +623,22 @@ DriverOperands Driver::dropout_forward_operands(index_t n, float ratio, std::uin
   return ops;
 }
 
+DriverOperands Driver::dropout_forward_layout_operands(const AxisShape& shape, float ratio,
+                                                       std::uint64_t, std::uint64_t, const float* x,
+                                                       float* y, float* mask) const {
+  DriverOperands ops;
+  shape.validate("dropout_forward_layout");
+  check_layout_support(*this, "dropout_forward_layout", shape.layout != Layout::nchw,
+                       shape.to_string());
+  HN_CHECK(ratio >= 0.0f && ratio < 1.0f, "dropout_forward_layout: ratio must be in [0, 1), got {}",
+           ratio);
+  ops.read("x", x, floats(shape.count()));
+  ops.update("y", y, floats(shape.count()));
+  ops.update("mask", mask, floats(shape.count()));
+  ops.work = shape.count() > 0;
+  return ops;
+}
+
 DriverOperands Driver::dropout_backward_operands(index_t n, float ratio, const float* mask,
                                                  const float* dy, float* dx) const {
   DriverOperands ops;

@@ -335,6 +335,23 @@ void dropout_forward(index_t n, float ratio, std::uint64_t seed, std::uint64_t o
   }
 }
 
+void dropout_forward_layout(const AxisShape& shape, float ratio, std::uint64_t seed,
+                            std::uint64_t offset, const float* x, float* y, float* mask) {
+  const float s = 1.0f / (1.0f - ratio);
+  for (index_t o = 0; o < shape.outer; ++o) {
+    for (index_t c = 0; c < shape.channels; ++c) {
+      for (index_t i = 0; i < shape.inner; ++i) {
+        const auto counter =
+            offset + static_cast<std::uint64_t>((o * shape.channels + c) * shape.inner + i);
+        const index_t at = layout_offset(shape.layout, shape.channels, shape.inner, 1, o, c, i, 0);
+        const bool keep = detail::philox_uniform(seed, counter) >= ratio;
+        mask[at] = keep ? 1.0f : 0.0f;
+        y[at] = keep ? x[at] * s : 0.0f;
+      }
+    }
+  }
+}
+
 void dropout_backward(index_t n, float ratio, const float* mask, const float* dy, float* dx) {
   const float s = 1.0f / (1.0f - ratio);
   for (index_t i = 0; i < n; ++i)
