@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hybridnn/memory.h"
@@ -181,6 +182,28 @@ struct NormRun {
   std::map<std::string, std::string> algorithms;
 };
 
+// One forward + backward of a net with inputs "x" (random values from `seed`) and "label"
+// (classes 0, 1, 2 for its 3 images).
+NormRun run_labelled(Net& net, std::uint32_t seed) {
+  const BlobRef x = net.blob("x");
+  const std::vector<float> values = test::random_floats(static_cast<std::size_t>(x.count()), seed);
+  std::copy(values.begin(), values.end(), x.host_data_mut());
+  float* label = net.blob("label").host_data_mut();
+  for (int i = 0; i < 3; ++i)
+    label[i] = static_cast<float>(i);
+  net.clear_param_diffs();
+  NormRun run;
+  run.loss = net.forward_backward();
+  for (const NetParam& p : net.learnable_params()) {
+    const float* diff = p.tensor->host_diff();
+    run.gradients.emplace_back(diff, diff + p.tensor->count());
+  }
+  run.gradients.emplace_back(x.host_diff(), x.host_diff() + x.count());
+  for (int l = 0; l < net.num_layers(); ++l)
+    run.algorithms[net.layer_name(l)] = net.layer_algorithm(l);
+  return run;
+}
+
 // `conv_choice`: the algorithm every convolution takes in every direction (measured, then
 // overridden through TuneOptions::agree as rank 0's choice would be); empty: no tuning.
 NormRun run_norm_net(const Device& device, bool fuse, bool blocked, Phase phase,
@@ -215,23 +238,7 @@ NormRun run_norm_net(const Device& device, bool fuse, bool blocked, Phase phase,
       }
     }
   }
-  const BlobRef x = net->blob("x");
-  const std::vector<float> values = test::random_floats(static_cast<std::size_t>(x.count()), 9);
-  std::copy(values.begin(), values.end(), x.host_data_mut());
-  float* label = net->blob("label").host_data_mut();
-  for (int i = 0; i < 3; ++i)
-    label[i] = static_cast<float>(i);
-  net->clear_param_diffs();
-  NormRun run;
-  run.loss = net->forward_backward();
-  for (const NetParam& p : net->learnable_params()) {
-    const float* diff = p.tensor->host_diff();
-    run.gradients.emplace_back(diff, diff + p.tensor->count());
-  }
-  run.gradients.emplace_back(x.host_diff(), x.host_diff() + x.count());
-  for (int l = 0; l < net->num_layers(); ++l)
-    run.algorithms[net->layer_name(l)] = net->layer_algorithm(l);
-  return run;
+  return run_labelled(*net, 9);
 }
 
 TEST_CASE(
@@ -378,11 +385,7 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "logits" bottom: "label" to
 TEST_CASE(
     "Dropout on blocked activations keeps the NCHW mask: the net equals the reference driver's",
     "[net][layout]") {
-  struct DropoutRun {
-    float loss = 0.0f;
-    std::vector<std::vector<float>> gradients;  // every parameter's, then the input's
-    Layout layout = Layout::nchw;               // of c1, where the Dropout runs
-  };
+  // The run, and the layout of c1, where the Dropout runs.
   const auto run = [](const char* device, bool blocked) {
     Runtime runtime;
     Driver& driver = runtime.add(Device::parse(device));
@@ -391,24 +394,11 @@ TEST_CASE(
     options.blocked_layout = blocked;
     options.state.phase = Phase::train;
     auto net = Net::from_text(kDropoutNet, "dropout.prototxt", runtime, driver, options);
-    const BlobRef x = net->blob("x");
-    const std::vector<float> v = test::random_floats(static_cast<std::size_t>(x.count()), 31);
-    std::copy(v.begin(), v.end(), x.host_data_mut());
-    float* label = net->blob("label").host_data_mut();
-    for (int i = 0; i < 3; ++i)
-      label[i] = static_cast<float>(i);
-    net->clear_param_diffs();
-    DropoutRun r;
-    r.loss = net->forward_backward();
-    for (const NetParam& p : net->learnable_params())
-      r.gradients.emplace_back(p.tensor->host_diff(), p.tensor->host_diff() + p.tensor->count());
-    r.gradients.emplace_back(x.host_diff(), x.host_diff() + x.count());
-    r.layout = net->blob("c1").layout;
-    return r;
+    return std::make_pair(run_labelled(*net, 31), net->blob("c1").layout);
   };
-  const DropoutRun reference = run("reference", false);
-  const DropoutRun cpu = run("cpu", true);
-  CHECK(cpu.layout != Layout::nchw);
+  const NormRun reference = run("reference", false).first;
+  const auto [cpu, cpu_layout] = run("cpu", true);
+  CHECK(cpu_layout != Layout::nchw);
   CHECK(std::fabs(cpu.loss - reference.loss) <= 1e-5 * std::max(1.0f, std::fabs(reference.loss)));
   REQUIRE(cpu.gradients.size() == reference.gradients.size());
   for (std::size_t g = 0; g < reference.gradients.size(); ++g) {
@@ -418,8 +408,8 @@ TEST_CASE(
   // A mask drawn in memory order instead of the NCHW positions' order moves the loss by
   // 0.065 and the gradients by up to 0.9 of their largest element (checked). The NCHW run
   // on the same driver agrees too.
-  const DropoutRun nchw = run("cpu", false);
-  CHECK(nchw.layout == Layout::nchw);
+  const auto [nchw, nchw_layout] = run("cpu", false);
+  CHECK(nchw_layout == Layout::nchw);
   CHECK(std::fabs(cpu.loss - nchw.loss) <= 1e-5 * std::max(1.0f, std::fabs(nchw.loss)));
 }
 
