@@ -34,6 +34,16 @@ struct NetGradients {
   std::vector<std::vector<float>> gradients;  // every parameter's, then the data's
 };
 
+// Every learnable parameter's gradient, in the Net's order.
+inline std::vector<std::vector<float>> param_gradients(const Net& net) {
+  std::vector<std::vector<float>> gradients;
+  for (const NetParam& param : net.learnable_params()) {
+    const float* diff = param.tensor->host_diff();
+    gradients.emplace_back(diff, diff + param.tensor->count());
+  }
+  return gradients;
+}
+
 // `file` in HYBRIDNN_MODELS_DIR on `source` at `batch`, on `main` with `split` ("" = none).
 inline NetGradients net_gradients(Runtime& runtime, Driver& main, const std::string& file,
                                   const std::string& source, int batch, const std::string& split,
@@ -49,10 +59,7 @@ inline NetGradients net_gradients(Runtime& runtime, Driver& main, const std::str
   net.clear_param_diffs();
   NetGradients result;
   result.loss = net.forward_backward();
-  for (const NetParam& param : net.learnable_params()) {
-    const float* diff = param.tensor->host_diff();
-    result.gradients.emplace_back(diff, diff + param.tensor->count());
-  }
+  result.gradients = param_gradients(net);
   const BlobRef data = net.blob("data");
   result.gradients.emplace_back(data.host_diff(), data.host_diff() + data.count());
   return result;

@@ -194,10 +194,7 @@ NormRun run_labelled(Net& net, std::uint32_t seed) {
   net.clear_param_diffs();
   NormRun run;
   run.loss = net.forward_backward();
-  for (const NetParam& p : net.learnable_params()) {
-    const float* diff = p.tensor->host_diff();
-    run.gradients.emplace_back(diff, diff + p.tensor->count());
-  }
+  run.gradients = test::param_gradients(net);
   run.gradients.emplace_back(x.host_diff(), x.host_diff() + x.count());
   for (int l = 0; l < net.num_layers(); ++l)
     run.algorithms[net.layer_name(l)] = net.layer_algorithm(l);
@@ -815,10 +812,7 @@ ZooRun run_zoo_net(const std::string& file, const Device& device, bool blocked_l
   std::copy(dy.begin(), dy.end(), out.host_diff_mut());
   net.backward();
   run.input_gradient.assign(data.host_diff(), data.host_diff() + data.count());
-  for (const NetParam& p : net.learnable_params()) {
-    const float* diff = p.tensor->host_diff();
-    run.gradients.emplace_back(diff, diff + p.tensor->count());
-  }
+  run.gradients = test::param_gradients(net);
   return run;
 }
 
