@@ -60,6 +60,15 @@ class MpiCommunicator : public Communicator {
   int wait_any(std::vector<MPI_Request>& requests, const char* what, std::uint64_t seq,
                int peer = -1) const;
   [[noreturn]] void timed_out(const char* what, std::uint64_t seq, int peer) const;
+  // Throws a CommunicatorError naming the collective `what` (#seq), its `count` floats and
+  // this rank unless every rank passes the same `count` (and `shape`, a digest of per-rank
+  // block counts, for the v-forms): ranks that disagree would fail inside MPI or, where a
+  // receive expects more than is sent, finish with wrong sums. One 16-byte allreduce.
+  void agree_count(const char* what, std::uint64_t seq, std::size_t count,
+                   std::uint64_t shape = 0) const;
+  // Throws a CommunicatorError naming `call`, the collective `what` (#seq) and this rank
+  // unless `code` is MPI_SUCCESS (the communicator returns MPI's errors, never aborts).
+  void check(int code, const char* call, const char* what, std::uint64_t seq) const;
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;

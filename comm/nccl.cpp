@@ -67,6 +67,7 @@ class NcclCommunicator final : public MpiCommunicator {
 
   void allreduce(Driver& driver, float* data, std::size_t count, ReduceOp op) override {
     const std::uint64_t seq = next_sequence();
+    agree_count("allreduce", seq, count);
     if (count == 0) return;
     driver.synchronize();  // the gradients are final on the driver's stream
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");

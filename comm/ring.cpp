@@ -45,6 +45,7 @@ class RingCommunicator final : public MpiCommunicator {
 
   void allreduce(Driver& driver, float* data, std::size_t count, ReduceOp op) override {
     const std::uint64_t seq = next_sequence();
+    agree_count("allreduce", seq, count);
     HostFloats host(driver, data, count);
     if (size_ > 1 && count > 0) ring(host.get(), count, seq);
     if (op == ReduceOp::average && size_ > 1) {
@@ -114,14 +115,14 @@ void RingCommunicator::ring(float* buffer, std::size_t count, std::uint64_t seq)
       wait_all(s.sends, "allreduce", seq, right);
       s.sends.clear();
     }
-    check_mpi(MPI_Irecv(destination, static_cast<int>(to.size()), MPI_FLOAT, left,
-                        tag(s.chunk, s.step), comm_, &receives[static_cast<std::size_t>(i)]),
-              "MPI_Irecv");
+    check(MPI_Irecv(destination, static_cast<int>(to.size()), MPI_FLOAT, left, tag(s.chunk, s.step),
+                    comm_, &receives[static_cast<std::size_t>(i)]),
+          "MPI_Irecv", "allreduce", seq);
     const Range from = chunk_range(segment_of(s.step, true), s.chunk);
     s.sends.emplace_back();
-    check_mpi(MPI_Isend(buffer + from.begin, static_cast<int>(from.size()), MPI_FLOAT, right,
-                        tag(s.chunk, s.step), comm_, &s.sends.back()),
-              "MPI_Isend");
+    check(MPI_Isend(buffer + from.begin, static_cast<int>(from.size()), MPI_FLOAT, right,
+                    tag(s.chunk, s.step), comm_, &s.sends.back()),
+          "MPI_Isend", "allreduce", seq);
   };
 
   std::size_t next_chunk = 0;

@@ -3,6 +3,8 @@
 // scale_channels. Training forward also updates Caffe's three statistics blobs.
 #include "layers/batch_norm.h"
 
+#include <cmath>
+
 #include "layers/common.h"
 #include "layers/loss_support.h"
 #include "lib/core/check.h"
@@ -18,6 +20,12 @@ std::vector<Shape> BatchNormLayer::setup(const std::vector<Shape>& inputs) {
   HN_CHECK(x.axes() >= 1, "{}: input {} needs at least a batch axis", describe(), x.to_string());
   channels_ = x.axes() == 1 ? 1 : x[1];
   HN_CHECK(channels_ > 0, "{}: input {} has no channels", describe(), x.to_string());
+  // Negative eps makes 1 / sqrt(variance + eps) NaN wherever a channel's variance is below it.
+  HN_CHECK(std::isfinite(param_.eps) && param_.eps >= 0.0f,
+           "{}: eps must be >= 0 and finite, got {}", describe(), param_.eps);
+  HN_CHECK(std::isfinite(param_.moving_average_fraction),
+           "{}: moving_average_fraction must be finite, got {}", describe(),
+           param_.moving_average_fraction);
   input_shape_ = x;
 
   // The statistics blobs start at zero and keep their values while the channels stay.

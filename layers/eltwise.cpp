@@ -38,8 +38,10 @@ std::vector<Shape> EltwiseLayer::setup(const std::vector<Shape>& inputs) {
              "{}: inputs must have the same shape; input 0 is {}, input {} is {}", describe(),
              inputs[0].to_string(), i, inputs[i].to_string());
   }
-  HN_CHECK(param_.coeff.empty() || param_.operation == EltwiseOp::sum,
-           "{}: coeff is for SUM only (input {})", describe(), inputs[0].to_string());
+  // Caffe rejects coefficients for PROD only; MAX ignores them.
+  HN_CHECK(param_.coeff.empty() || param_.operation != EltwiseOp::prod,
+           "{}: coeff is for SUM (and ignored by MAX), not PROD (input {})", describe(),
+           inputs[0].to_string());
   HN_CHECK(param_.coeff.empty() || param_.coeff.size() == inputs.size(),
            "{}: {} coefficients for {} inputs (input 0 is {})", describe(), param_.coeff.size(),
            inputs.size(), inputs[0].to_string());

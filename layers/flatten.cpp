@@ -14,8 +14,9 @@ std::vector<Shape> FlattenLayer::setup(const std::vector<Shape>& inputs) {
   const Shape& in = inputs[0];
   const int begin = detail::canonical_axis(describe(), "axis", param_.axis, in);
   const int end = detail::canonical_axis(describe(), "end_axis", param_.end_axis, in);
-  HN_CHECK(begin <= end, "{}: axis {} comes after end_axis {} (input {})", describe(), begin, end,
-           in.to_string());
+  // end_axis == axis - 1 inserts an axis of 1 (Caffe's count(axis, end_axis + 1)).
+  HN_CHECK(begin <= end + 1, "{}: axis {} comes after end_axis {} + 1 (input {})", describe(),
+           begin, end, in.to_string());
   const auto& dims = in.dims();
   std::vector<index_t> out(dims.begin(), dims.begin() + begin);
   out.push_back(in.count(begin, end + 1));

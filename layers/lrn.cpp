@@ -1,6 +1,7 @@
 // LRN layer: checks Caffe's constraints in setup, then one driver call per direction.
 #include "layers/lrn.h"
 
+#include <cmath>
 #include <utility>
 
 #include "layers/common.h"
@@ -20,6 +21,16 @@ std::vector<Shape> LrnLayer::setup(const std::vector<Shape>& inputs) {
   HN_CHECK(param_.local_size > 0 && param_.local_size % 2 == 1,
            "{}: local_size must be odd and positive, got {} (input {})", describe(),
            param_.local_size, in.to_string());
+  // The scale k + alpha/size * sum(x^2) is raised to -beta: with alpha < 0 it can reach 0 or
+  // below, and with k <= 0 (ACROSS_CHANNELS) it is 0 on every all-zero window (ReLU
+  // outputs): NaN or inf where Caffe would silently give them too.
+  HN_CHECK(std::isfinite(param_.alpha) && param_.alpha >= 0.0f && std::isfinite(param_.beta),
+           "{}: alpha must be >= 0 and alpha, beta finite, got alpha {} beta {} (input {})",
+           describe(), param_.alpha, param_.beta, in.to_string());
+  HN_CHECK(param_.norm_region != LrnRegion::across_channels ||
+               (std::isfinite(param_.k) && param_.k > 0.0f),
+           "{}: k must be > 0 (ACROSS_CHANNELS), got {} (input {})", describe(), param_.k,
+           in.to_string());
   shape_ = LrnShape{};
   shape_.batch = in[0];
   shape_.channels = in[1];

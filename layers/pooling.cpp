@@ -2,7 +2,10 @@
 // one driver call per direction on the slice's images.
 #include "layers/pooling.h"
 
+#include <fmt/format.h>
+
 #include <cstdint>
+#include <optional>
 #include <utility>
 
 #include "layers/common.h"
@@ -14,20 +17,22 @@ static_assert(sizeof(float) == sizeof(std::int32_t), "MAX keeps int32 indices in
 
 namespace {
 
-// One of Caffe's field pairs: the square form, or the _h/_w form when either is set.
 struct Pair {
   index_t h, w;
 };
 
+// One of Caffe's field pairs: the square form, or the _h/_w form when it is set (both
+// fields; 0 is a value there).
 Pair resolve_pair(const std::string& who, const char* square_name, const char* base, index_t square,
-                  index_t h, index_t w, index_t square_default) {
-  if (h == 0 && w == 0) return {square, square};
+                  const std::optional<index_t>& h, const std::optional<index_t>& w,
+                  index_t square_default) {
+  if (!h && !w) return {square, square};
   HN_CHECK(square == square_default,
            "{}: set {} OR {}_h and {}_w, not both (got {} {}, {}_h {}, {}_w {})", who, square_name,
-           base, base, square_name, square, base, h, base, w);
-  HN_CHECK(h != 0 && w != 0, "{}: {}_h and {}_w must both be set (got {}_h {}, {}_w {})", who, base,
-           base, base, h, base, w);
-  return {h, w};
+           base, base, square_name, square, base, h.value_or(0), base, w.value_or(0));
+  HN_CHECK(h && w, "{}: {}_h and {}_w must both be set (got {}_h {}, {}_w {})", who, base, base,
+           base, h ? fmt::to_string(*h) : "unset", base, w ? fmt::to_string(*w) : "unset");
+  return {*h, *w};
 }
 
 }  // namespace
@@ -48,13 +53,13 @@ std::vector<Shape> PoolingLayer::setup(const std::vector<Shape>& inputs) {
 
   Pair kernel{};
   if (p.global_pooling) {
-    HN_CHECK(p.kernel_size == 0 && p.kernel_h == 0 && p.kernel_w == 0,
-             "{}: global_pooling takes the kernel from the input; kernel_size {}, kernel_h {}, "
-             "kernel_w {} must not be set (input {})",
-             who, p.kernel_size, p.kernel_h, p.kernel_w, in.to_string());
+    HN_CHECK(p.kernel_size == 0 && !p.kernel_h && !p.kernel_w,
+             "{}: global_pooling takes the kernel from the input; kernel_size, kernel_h and "
+             "kernel_w must not be set (input {})",
+             who, in.to_string());
     kernel = {height, width};
   } else {
-    HN_CHECK(p.kernel_size != 0 || p.kernel_h != 0 || p.kernel_w != 0,
+    HN_CHECK(p.kernel_size != 0 || p.kernel_h || p.kernel_w,
              "{}: needs kernel_size, or kernel_h and kernel_w, or global_pooling (input {})", who,
              in.to_string());
     kernel = resolve_pair(who, "kernel_size", "kernel", p.kernel_size, p.kernel_h, p.kernel_w, 0);
@@ -76,9 +81,6 @@ std::vector<Shape> PoolingLayer::setup(const std::vector<Shape>& inputs) {
   HN_CHECK(pad.h < kernel.h && pad.w < kernel.w,
            "{}: pad {}x{} must be smaller than the kernel {}x{} (input {})", who, pad.h, pad.w,
            kernel.h, kernel.w, in.to_string());
-  HN_CHECK(kernel.h <= height + 2 * pad.h && kernel.w <= width + 2 * pad.w,
-           "{}: kernel {}x{} larger than the padded input {}x{} (input {})", who, kernel.h,
-           kernel.w, height + 2 * pad.h, width + 2 * pad.w, in.to_string());
 
   shape_ = PoolShape{};
   shape_.batch = in[0];
@@ -91,6 +93,13 @@ std::vector<Shape> PoolingLayer::setup(const std::vector<Shape>& inputs) {
   shape_.stride_w = stride.w;
   shape_.pad_h = pad.h;
   shape_.pad_w = pad.w;
+  shape_.ceil_mode = p.ceil_mode;
+  // Caffe clips a kernel larger than the padded input to it (2x2 input, kernel 3, stride 2:
+  // one window); no window at all is an error.
+  HN_CHECK(shape_.out_h() > 0 && shape_.out_w() > 0,
+           "{}: kernel {}x{} stride {}x{} leaves no window on the padded input {}x{} (input {})",
+           who, kernel.h, kernel.w, stride.h, stride.w, height + 2 * pad.h, width + 2 * pad.w,
+           in.to_string());
   const Shape out{in[0], in[1], shape_.out_h(), shape_.out_w()};
 
   if (p.pool == PoolMethod::max) {

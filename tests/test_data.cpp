@@ -26,6 +26,7 @@
 
 #include "hybridnn.pb.h"
 #include "hybridnn/error.h"
+#include "hybridnn/memory.h"
 #include "lib/core/philox.h"
 #include "lib/data/data.h"
 #include "lib/data/lmdb_check.h"
@@ -1011,6 +1012,53 @@ TEST_CASE("bad sources give errors naming the layer and the path and where the d
     CHECK(fs::file_size(path) < (std::size_t{1} << 20));
     CHECK_THAT(error_of(open(path)), Contains(path) && Contains("inflates to more than the 48 "
                                                                 "bytes"));
+  }
+  SECTION("a gzip IDX header claiming more than the memory limit allows") {
+    // 2^31 images of 1000x1000 claimed (2 PB): refused from the header, before inflating
+    // what the file holds (64 MiB of zeros here; 3.9 GB resident in the report).
+    std::vector<std::uint8_t> bytes = {0, 0, 8,    3,    0x80, 0, 0,    0,
+                                       0, 0, 0x03, 0xe8, 0,    0, 0x03, 0xe8};
+    bytes.resize(std::size_t{64} << 20, 0);
+    const std::string path = dir.file("claims-images-idx3-ubyte.gz");
+    write_gzip(path, bytes);
+    const std::size_t peak_before = hn::peak_resident_bytes();
+    CHECK_THAT(error_of(open(path)), Contains(layer_name) && Contains(path) &&
+                                         Contains("2147483648x1000x1000") &&
+                                         Contains("host memory limit"));
+    if (peak_before > 0) CHECK(hn::peak_resident_bytes() < peak_before + (std::size_t{32} << 20));
+    // Under a limit of 1 MiB, a header within reach that the file overruns stops at the limit.
+    hn::set_host_memory_limit(std::size_t{1} << 20);
+    const std::string honest = dir.file("big-images-idx3-ubyte.gz");
+    std::vector<std::uint8_t> many = {0, 0, 8, 3, 0, 0, 0x10, 0, 0, 0, 0, 32, 0, 0, 0, 32};
+    many.resize(16 + 4096 * 1024, 1);
+    write_gzip(honest, many);
+    const std::string error = error_of(open(honest));
+    hn::set_host_memory_limit(0);
+    CHECK_THAT(error, Contains(honest) && Contains("host memory limit of 1.0 MiB"));
+  }
+  SECTION("a symlink loop as the source") {
+    const std::string loop = dir.file("loop");
+    fs::create_symlink(loop, loop);
+    CHECK_THAT(error_of(open(loop)),
+               Contains(layer_name) && Contains(loop) && Contains("symbolic links"));
+  }
+  SECTION("an LMDB directory whose data.mdb is a FIFO") {
+    const std::string lmdb = dir.file("fifo_lmdb");
+    fs::create_directories(lmdb);
+    REQUIRE(mkfifo((lmdb + "/data.mdb").c_str(), 0600) == 0);
+    // liblmdb would block opening it for reading.
+    CHECK_THAT(error_of(open(lmdb)),
+               Contains(layer_name) && Contains("data.mdb") && Contains("a FIFO"));
+  }
+  SECTION("a batch too large for memory") {
+    hn::set_host_memory_limit(std::size_t{1} << 30);
+    const std::string error = error_of([&] {
+      hn::detail::open_data_feed(data_layer("synthetic:3x32x32", 10000000),
+                                 options_for(hn::Phase::test, 1));
+    });
+    hn::set_host_memory_limit(0);
+    CHECK_THAT(error,
+               Contains(layer_name) && Contains("batch 10000000") && Contains("host memory limit"));
   }
   SECTION("a FIFO or a directory as the source") {
     const std::string fifo = dir.file("pipe-images-idx3-ubyte");

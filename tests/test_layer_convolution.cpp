@@ -1,6 +1,7 @@
 // Convolution layer: forward and backward against a naive direct convolution written here
 // (double accumulation) on every driver and with every lowering forced; row slices against
 // the whole-batch run; finite-difference gradients; setup errors.
+#include <sys/stat.h>
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -699,6 +700,29 @@ TEST_CASE(
   layer.setup({input});
   CHECK_THAT(hn::test::error_of([&] { layer.tune(*cpu, 4, tuner); }),
              Contains("c1") && Contains("'winograd'") && Contains("cpu"));
+}
+
+TEST_CASE("A tuning cache that is a FIFO or holds a binary line is refused, quoted briefly",
+          "[tune]") {
+  const hn::test::TempDir dir;
+  hn::TuneOptions options;
+  options.mode = hn::TuneMode::cached;
+  options.cache_path = dir.file("fifo.txt");
+  REQUIRE(mkfifo(options.cache_path.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH(hn::Tuner(options), Contains("fifo.txt") && Contains("a FIFO"));
+  // A 1 MB line of binary bytes: at most 80 characters of it, escaped, in the message.
+  options.cache_path = dir.file("binary.txt");
+  std::string line(1 << 20, '\x01');
+  line[5] = '\t';
+  std::ofstream(options.cache_path) << line << "\n";
+  try {
+    hn::Tuner tuner(options);
+    FAIL("a malformed cache line was accepted");
+  } catch (const hn::Error& error) {
+    const std::string message = error.what();
+    CHECK_THAT(message, Contains("line 1") && Contains("\\x01") && Contains("1048576 bytes"));
+    CHECK(message.size() < 1000);
+  }
 }
 
 TEST_CASE("Convolution and InnerProduct count their forward FLOPs by hand's formula",

@@ -238,6 +238,27 @@ TEST_CASE("Pooling fields map: methods, global_pooling, _h/_w forms and Caffe's 
   CHECK_THROWS_WITH(hn::detail::make_layer(parse_layer(R"(name: "p" type: "Pooling"
       pooling_param { pool: STOCHASTIC kernel_size: 2 })")),
                     Contains("STOCHASTIC is not supported"));
+  // 0 is a value in the _h/_w form (Caffe accepts pad_h: 2 pad_w: 0), and a padded axis
+  // drops the other axis's last window too: Caffe and PyTorch give 4 x 7.
+  CHECK(setup(R"(name: "p" type: "Pooling" pooling_param {
+                   kernel_h: 4 kernel_w: 1 stride: 2 pad_h: 2 pad_w: 0 })",
+              {Shape{1, 1, 6, 14}}) == std::vector<Shape>{Shape{1, 1, 4, 7}});
+  // round_mode FLOOR: floor((6 - 3) / 2) + 1 = 2, CEIL's 3.
+  CHECK(setup(R"(name: "p" type: "Pooling" pooling_param {
+                   kernel_size: 3 stride: 2 round_mode: FLOOR })",
+              {Shape{1, 1, 6, 6}}) == std::vector<Shape>{Shape{1, 1, 2, 2}});
+}
+
+TEST_CASE("LRN refuses a negative alpha and k <= 0, which make its scale 0 or negative",
+          "[factory]") {
+  for (const char* bad : {"alpha: -1", "k: 0", "k: -2"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH(setup(std::string(R"(name: "n" type: "LRN" lrn_param { )") + bad + " }",
+                            {Shape{1, 3, 2, 2}}),
+                      Contains("'n'") && (Contains("alpha") || Contains("k must be > 0")));
+  }
+  CHECK(setup(R"(name: "n" type: "LRN" lrn_param { norm_region: WITHIN_CHANNEL k: 0 })",
+              {Shape{1, 3, 2, 2}}) == std::vector<Shape>{Shape{1, 3, 2, 2}});
 }
 
 TEST_CASE("LRN fields map: WITHIN_CHANNEL, local_size, alpha, beta", "[factory]") {
@@ -278,6 +299,12 @@ TEST_CASE("Slice, Concat, Split, Flatten and Reshape fields map", "[factory]") {
   CHECK(setup(R"(name: "r" type: "Reshape"
                  reshape_param { shape { dim: 2 dim: 2 } axis: 1 num_axes: 1 })",
               {Shape{3, 4, 5}}) == std::vector<Shape>{Shape{3, 2, 2, 5}});
+  // As Caffe: no shape is no dimensions (here: the input unchanged), and Flatten with
+  // end_axis = axis - 1 inserts an axis of 1 (count(1, 1)).
+  CHECK(setup(R"(name: "r" type: "Reshape" reshape_param { axis: 1 num_axes: 0 })",
+              {Shape{2, 3}}) == std::vector<Shape>{Shape{2, 3}});
+  CHECK(setup(R"(name: "f" type: "Flatten" flatten_param { axis: 1 end_axis: 0 })",
+              {Shape{2, 3}}) == std::vector<Shape>{Shape{2, 1, 3}});
 }
 
 TEST_CASE("InnerProduct, BatchNorm and Scale fields map", "[factory]") {
@@ -293,6 +320,10 @@ TEST_CASE("InnerProduct, BatchNorm and Scale fields map", "[factory]") {
   CHECK_FALSE(global->updates_params_in_forward());
   const auto batch = hn::detail::make_layer(parse_layer(R"(name: "bn" type: "BatchNorm")"));
   CHECK_FALSE(batch->splits_by_rows());
+  // A negative eps gave NaN for every channel whose variance is below it.
+  CHECK_THROWS_WITH(
+      setup(R"(name: "bn" type: "BatchNorm" batch_norm_param { eps: -1 })", {Shape{2, 3}}),
+      Contains("'bn'") && Contains("eps must be >= 0"));
 
   const auto scale = hn::detail::make_layer(parse_layer(R"(name: "sc" type: "Scale"
       scale_param { bias_term: true filler { value: 3 } bias_filler { type: "constant" value: 2 } })"));
@@ -334,6 +365,15 @@ TEST_CASE("Activation, Dropout and Eltwise fields map", "[factory]") {
   const auto max = hn::detail::make_layer(
       parse_layer(R"(name: "e" type: "Eltwise" eltwise_param { operation: MAX })"));
   CHECK(forward(*max, {Shape{2}, Shape{2}}, {{1, 9}, {5, 7}})[0] == std::vector<float>{5.0f, 9.0f});
+  // Caffe ignores MAX's coefficients (and refuses PROD's).
+  const auto max_coeff = hn::detail::make_layer(parse_layer(
+      R"(name: "e" type: "Eltwise" eltwise_param { operation: MAX coeff: 3 coeff: 3 })"));
+  CHECK(forward(*max_coeff, {Shape{2}, Shape{2}}, {{1, 9}, {5, 7}})[0] ==
+        std::vector<float>{5.0f, 9.0f});
+  CHECK_THROWS_WITH(setup(R"(name: "e" type: "Eltwise" eltwise_param { operation: PROD coeff: 1
+                                                                      coeff: 1 })",
+                          {Shape{2}, Shape{2}}),
+                    Contains("not PROD"));
 }
 
 TEST_CASE("Softmax, loss and Accuracy fields map", "[factory]") {

@@ -37,9 +37,11 @@ struct Geometry {
   index_t kh, kw, sh, sw, ph, pw;
 };
 
-index_t caffe_pooled(index_t in, index_t k, index_t s, index_t p) {
+// Caffe's PoolingLayer::Reshape (round_mode CEIL): the last window is dropped on both axes
+// when either is padded (`if (pad_h_ || pad_w_)`).
+index_t caffe_pooled(index_t in, index_t k, index_t s, index_t p, bool padded) {
   index_t out = static_cast<index_t>(std::ceil(static_cast<double>(in + 2 * p - k) / s)) + 1;
-  if (p > 0 && (out - 1) * s >= in + p) --out;
+  if (padded && (out - 1) * s >= in + p) --out;
   return out;
 }
 
@@ -53,8 +55,8 @@ NaivePool naive_pool(PoolMethod method, const Shape& in, const Geometry& g,
                      const std::vector<float>& x, const std::vector<float>& dy) {
   const index_t planes = in[0] * in[1], height = in[2], width = in[3];
   NaivePool r;
-  r.out_h = caffe_pooled(height, g.kh, g.sh, g.ph);
-  r.out_w = caffe_pooled(width, g.kw, g.sw, g.pw);
+  r.out_h = caffe_pooled(height, g.kh, g.sh, g.ph, g.ph > 0 || g.pw > 0);
+  r.out_w = caffe_pooled(width, g.kw, g.sw, g.pw, g.ph > 0 || g.pw > 0);
   r.y.assign(static_cast<std::size_t>(planes * r.out_h * r.out_w), 0.0f);
   r.dx.assign(x.size(), 0.0f);
   for (index_t p = 0; p < planes; ++p) {
@@ -155,6 +157,20 @@ std::vector<Case> forward_cases() {
     global.pool = m;
     global.global_pooling = true;
     cases.push_back({name + " global 5x7", Shape{3, 2, 5, 7}, global, {5, 7, 1, 1, 0, 0}});
+    // A kernel past the input is clipped to it, as Caffe does: ceil(-0.5) + 1 = 1 window.
+    cases.push_back({name + " 2x2 k3 s2 (kernel past the input)",
+                     Shape{3, 2, 2, 2},
+                     square(m, 3, 2, 0),
+                     {3, 3, 2, 2, 0, 0}});
+    // One axis padded: the unpadded axis loses its last window too (a window starting at
+    // column 14 of 14 without the drop).
+    PoolingParams unequal = rectangular(m);
+    unequal.kernel_h = 4;
+    unequal.kernel_w = 1;
+    unequal.stride_h = unequal.stride_w = 2;
+    unequal.pad_h = 2;
+    unequal.pad_w = 0;
+    cases.push_back({name + " 6x14 k4x1 s2 p2x0", Shape{3, 2, 6, 14}, unequal, {4, 1, 2, 2, 2, 0}});
   }
   return cases;
 }
@@ -169,6 +185,14 @@ TEST_CASE("Pooling output sizes follow Caffe: round up, drop a window starting i
     index_t out_h, out_w;
   };
   const PoolingParams rect = rectangular(PoolMethod::max);
+  PoolingParams unequal_pads = rect;
+  unequal_pads.kernel_h = 4;
+  unequal_pads.kernel_w = 1;
+  unequal_pads.stride_h = unequal_pads.stride_w = 2;
+  unequal_pads.pad_h = 2;
+  unequal_pads.pad_w = 0;
+  PoolingParams floor_mode = square(PoolMethod::max, 3, 2, 0);
+  floor_mode.ceil_mode = false;
   PoolingParams global;
   global.pool = PoolMethod::ave;
   global.global_pooling = true;
@@ -180,6 +204,9 @@ TEST_CASE("Pooling output sizes follow Caffe: round up, drop a window starting i
       {Shape{2, 3, 7, 9}, rect, 4, 4},
       {Shape{2, 3, 5, 7}, global, 1, 1},
       {Shape{2, 3, 4, 4}, square(PoolMethod::max, 4, 1, 0), 1, 1},  // kernel == input
+      // Caffe and PyTorch: 4x7 (the last column window is dropped as pad_h is set).
+      {Shape{1, 1, 6, 14}, unequal_pads, 4, 7},
+      {Shape{2, 3, 6, 6}, floor_mode, 2, 2},  // floor(1.5) + 1
   };
   for (const Size& s : sizes) {
     INFO("input " << s.input.to_string());
@@ -233,11 +260,11 @@ TEST_CASE("Pooling gradients match finite differences", "[layer][pooling][gradie
 
 TEST_CASE("Pooling setup errors name the layer and the shapes", "[layer][pooling]") {
   const Shape input{2, 8, 3, 3};
-  SECTION("kernel larger than the padded input") {
+  SECTION("no window on the padded input") {
     hn::PoolingLayer layer("pool1", square(PoolMethod::max, 5, 1, 0));
     CHECK_THROWS_WITH(layer.setup({input}), Contains("layer 'pool1' (Pooling)") &&
-                                                Contains("kernel 5x5 larger than the padded "
-                                                         "input 3x3") &&
+                                                Contains("kernel 5x5 stride 1x1 leaves no window "
+                                                         "on the padded input 3x3") &&
                                                 Contains("2x8x3x3"));
   }
   SECTION("pad not smaller than the kernel") {

@@ -22,6 +22,8 @@
 namespace hn {
 namespace {
 
+using Catch::Matchers::Contains;
+
 // Two fully connected layers sharing their weights, an in-place TanH, a blob consumed
 // twice (split), a loss weight on a consumed blob and a softmax loss.
 const char* kSmallNet = R"(
@@ -470,6 +472,144 @@ TEST_CASE("Net without memory reuse computes the same losses and gradients") {
                                 const_cast<Tensor&>(ta).host_diff() + ta.count());
     CHECK(std::equal(da.begin(), da.end(), const_cast<Tensor&>(tb).host_diff()));
   }
+}
+
+// Caffe's DummyData fills constant tops once, at setup: the memory plan's zero-filled slots
+// must not count as filled. Half the mean squared difference of 1s and 0.25s over 2 rows:
+// 0.5 * 6 * 0.75^2 / 2.
+TEST_CASE("Net DummyData constant fillers give their value from the first forward on") {
+  const char* text = R"(
+layer { name: "a" type: "DummyData" top: "a" dummy_data_param { shape { dim: 2 dim: 3 }
+        data_filler { type: "constant" value: 1 } } }
+layer { name: "b" type: "DummyData" top: "b" dummy_data_param { shape { dim: 2 dim: 3 }
+        data_filler { type: "constant" value: 0.25 } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "a" bottom: "b" top: "loss" }
+)";
+  for (const char* device : {"reference", "cpu"}) {
+    CAPTURE(device);
+    Fixture f{Device::parse(device)};
+    auto net = Net::from_text(text, "dummy.prototxt", f.runtime, *f.driver);
+    const double expected = 0.5 * 6 * 0.75 * 0.75 / 2;
+    CHECK(net->forward() == Approx(expected).epsilon(1e-6));
+    CHECK(net->forward() == Approx(expected).epsilon(1e-6));
+    CHECK(net->blob("b").host_data()[5] == 0.25f);
+  }
+}
+
+// s = ReLU(a + b) in place, y = sum(s) through a loss weight on an InnerProduct of ones:
+// Caffe's diff(s) is the ReLU's masked gradient, 1 0 1 0 for a = [1, -1, 2, -2], b = 0.
+// Fused (the default), the Eltwise writes the ReLU's gradient into its inputs' and never
+// into s: reading it must fail; keep_blobs keeps the pair apart and gives Caffe's value.
+TEST_CASE("Net gradient of a fused Eltwise + ReLU output is Caffe's or an error naming it",
+          "[net][fusion]") {
+  const char* text = R"(
+force_backward: true
+layer { name: "in" type: "Input" top: "a" top: "b" input_param { shape { dim: 1 dim: 4 } } }
+layer { name: "sum" type: "Eltwise" bottom: "a" bottom: "b" top: "s" }
+layer { name: "relu" type: "ReLU" bottom: "s" top: "s" }
+layer { name: "y" type: "InnerProduct" bottom: "s" top: "y" loss_weight: 1
+        inner_product_param { num_output: 1 bias_term: false
+                              weight_filler { type: "constant" value: 1 } } }
+)";
+  for (const bool keep : {false, true}) {
+    CAPTURE(keep);
+    Fixture f;
+    NetOptions options;
+    if (keep) options.keep_blobs = {"s"};
+    auto net = Net::from_text(text, "fused.prototxt", f.runtime, *f.driver, options);
+    const float a[] = {1, -1, 2, -2};
+    std::copy(a, a + 4, net->blob("a").host_data_mut());
+    std::fill_n(net->blob("b").host_data_mut(), 4, 0.0f);
+    CHECK(net->forward() == Approx(3.0));
+    net->backward();
+    const std::vector<float> da(net->blob("a").host_diff(), net->blob("a").host_diff() + 4);
+    CHECK(da == std::vector<float>{1, 0, 1, 0});
+    if (keep) {
+      CHECK(net->layer_algorithm(1).empty());  // not fused
+      const float* ds = net->blob("s").host_diff();
+      CHECK(std::vector<float>(ds, ds + 4) == std::vector<float>{1, 0, 1, 0});
+    } else {
+      CHECK(net->layer_algorithm(1) == "fused: Eltwise + ReLU 'relu'");
+      CHECK_THROWS_WITH(net->blob("s").host_diff(),
+                        Contains("'s'") && Contains("fused") && Contains("keep_blobs"));
+    }
+  }
+}
+
+// A blob whose memory the plan gave to a later blob reads as an error naming keep_blobs,
+// through BlobRef as through the C ABI; before its memory is taken it reads its own values.
+TEST_CASE("Net refuses to read a blob whose memory a later blob reused", "[net]") {
+  const char* text = R"(
+layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 8 } } }
+layer { name: "a" type: "TanH" bottom: "x" top: "a" }
+layer { name: "b" type: "TanH" bottom: "a" top: "b" }
+layer { name: "c" type: "TanH" bottom: "b" top: "c" }
+layer { name: "d" type: "TanH" bottom: "c" top: "d" }
+)";
+  Fixture f;
+  NetOptions options;
+  options.state.phase = Phase::test;
+  auto net = Net::from_text(text, "chain.prototxt", f.runtime, *f.driver, options);
+  const std::vector<float> x = test::random_floats(16, 3);
+  std::copy(x.begin(), x.end(), net->blob("x").host_data_mut());
+  net->forward_layer(0);
+  net->forward_layer(1);
+  // 'a' holds tanh(x) until 'c' takes its memory (a and c are never live together).
+  CHECK(net->blob("a").host_data()[0] == Approx(std::tanh(x[0])));
+  net->forward_layer(2);
+  net->forward_layer(3);
+  CHECK_THROWS_WITH(net->blob("a").host_data(),
+                    Contains("'a'") && Contains("'c'") && Contains("keep_blobs"));
+  net->forward_layer(4);
+  CHECK(net->blob("d").host_data()[0] ==
+        Approx(std::tanh(std::tanh(std::tanh(std::tanh(x[0]))))).epsilon(1e-5));
+}
+
+// Caffe's shape and parameter rules that the net enforces (checked against Caffe's source:
+// net.cpp, upgrade_proto.cpp, batch_norm_layer.cpp, input_layer.hpp).
+TEST_CASE("Net follows Caffe's rules on param specs, propagate_down, inputs and legacy inputs",
+          "[net]") {
+  Fixture f;
+  const auto build = [&](const std::string& text) {
+    return Net::from_text(text, "rules.prototxt", f.runtime, *f.driver);
+  };
+  const std::string input =
+      R"(layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+)";
+  // BatchNorm's statistics cannot be learnable (three specs are an old net's, upgraded).
+  CHECK_THROWS_WITH(build(input + R"(layer { name: "bn" type: "BatchNorm" bottom: "x" top: "y"
+                                             param { lr_mult: 1 } })"),
+                    Contains("'bn'") && Contains("lr_mult"));
+  CHECK_NOTHROW(build(input + R"(layer { name: "bn" type: "BatchNorm" bottom: "x" top: "y"
+      param { lr_mult: 1 } param { lr_mult: 1 } param { lr_mult: 1 } })"));
+  // propagate_down: 0 or once per bottom.
+  CHECK_THROWS_WITH(build(input + R"(layer { name: "in2" type: "Input" top: "z"
+                                             input_param { shape { dim: 2 dim: 3 } } }
+      layer { name: "e" type: "Eltwise" bottom: "x" bottom: "z" top: "y" propagate_down: false })"),
+                    Contains("'e'") && Contains("propagate_down"));
+  // Shared parameters: multipliers set twice must agree; one set later applies.
+  const std::string shared = input + R"(
+layer { name: "ip1" type: "InnerProduct" bottom: "x" top: "h" param { name: "w" LR1 }
+        inner_product_param { num_output: 3 bias_term: false } }
+layer { name: "ip2" type: "InnerProduct" bottom: "h" top: "y" param { name: "w" LR2 }
+        inner_product_param { num_output: 3 bias_term: false } })";
+  const auto with = [&](const std::string& first, const std::string& second) {
+    std::string text = shared;
+    text.replace(text.find("LR1"), 3, first);
+    text.replace(text.find("LR2"), 3, second);
+    return text;
+  };
+  CHECK_THROWS_WITH(build(with("lr_mult: 1", "lr_mult: 2")),
+                    Contains("'w'") && Contains("lr_mult 2") && Contains("'ip1'"));
+  CHECK(build(with("", "lr_mult: 0"))->learnable_params().at(0).lr_mult == 0.0f);
+  // Input takes no bottom.
+  CHECK_THROWS_WITH(build(input + R"(layer { name: "in2" type: "Input" bottom: "x" top: "z"
+                                             input_param { shape { dim: 1 } } })"),
+                    Contains("'in2'") && Contains("no bottom"));
+  // Legacy inputs: input_shape wins over input_dim, as Caffe's UpgradeNetInput reads.
+  const auto legacy = build(R"(input: "data" input_shape { dim: 1 dim: 3 dim: 8 dim: 8 }
+                               input_dim: 1 input_dim: 1 input_dim: 1 input_dim: 1)");
+  CHECK(*legacy->blob("data").shape == Shape{1, 3, 8, 8});
 }
 
 TEST_CASE("Net include and exclude rules select layers by phase level and stage") {

@@ -1,6 +1,7 @@
 // Split specs: the grammar, validation with clear errors, the rounding of fractions to rows
 // against the exact shares, and the file of per-layer splits; comma-separated lists.
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -234,6 +235,11 @@ TEST_CASE("Layer splits file reads back the fractions exactly as Split to_string
 
 TEST_CASE("Layer splits file errors name the file and line and what is wrong") {
   TempDir dir("hybridnn-split");
+  // A FIFO would block the reader until a writer comes: refused from its type.
+  const std::string fifo = dir.write("fifo.txt", "");
+  std::filesystem::remove(fifo);
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH(read_layer_splits(fifo), Catch::Contains(fifo) && Catch::Contains("a FIFO"));
   const std::string missing = dir.write("missing.txt", "# splits\nconv1 cpu:1.0\npool1\n");
   CHECK_THROWS_WITH(read_layer_splits(missing),
                     Catch::Contains(missing + ":3") && Catch::Contains("pool1 has no split"));

@@ -60,8 +60,13 @@ int run(int argc, char** argv, std::string& label) {
       return 0;
     }
     const Command* command = find_command(all, words[1]);
-    if (command == nullptr || words.size() > 2) {
+    if (command == nullptr) {
       fmt::print(stderr, "hybridnn help: unknown command '{}'\n\n{}", words[1], overview(all));
+      return 2;
+    }
+    if (words.size() > 2) {
+      fmt::print(stderr, "hybridnn help: takes one command; '{}' after '{}' is extra\n", words[2],
+                 words[1]);
       return 2;
     }
     std::fputs(usage(*command).c_str(), stdout);

@@ -245,9 +245,10 @@ class Layer {
     std::vector<std::vector<int64_t>> dims;
     for (int32_t i = 0; i < outputs; ++i) {
       int32_t axes = 0;
-      int64_t at[HN_MAX_AXES] = {};
-      c_api::check(hn_layer_output_dims(handle_.get(), i, &axes, at));
-      dims.emplace_back(at, at + axes);
+      c_api::check(hn_layer_output_shape(handle_.get(), i, &axes, nullptr, 0));
+      std::vector<int64_t> at(static_cast<std::size_t>(axes));
+      c_api::check(hn_layer_output_shape(handle_.get(), i, &axes, at.data(), axes));
+      dims.push_back(std::move(at));
     }
     return dims;
   }

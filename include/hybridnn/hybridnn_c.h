@@ -58,6 +58,7 @@ typedef int32_t hn_status;
 #define HN_ERROR_OUT_OF_MEMORY 3
 #define HN_ERROR_NOT_FOUND 4 /* a blob, layer, file or device that does not exist */
 #define HN_ERROR_TIMEOUT 5   /* a collective whose ranks did not all arrive in time */
+#define HN_ERROR_CAPACITY 6  /* the caller's array is too small (nothing was written to it) */
 
 /* The message of the calling thread's last failed call ("" when none failed yet). */
 HN_API const char* hn_last_error(void);
@@ -125,7 +126,8 @@ HN_API hn_status hn_tensor_wrap(int32_t axes, const int64_t* dims, float* data, 
                                 hn_driver* driver, hn_tensor** out);
 HN_API void hn_tensor_destroy(hn_tensor* tensor);
 HN_API int32_t hn_tensor_axes(const hn_tensor* tensor);
-/* Copies the tensor's axes (at most `capacity`) into `dims`. */
+/* Copies the tensor's dimensions into `dims`, an array of `capacity` entries:
+ * HN_ERROR_CAPACITY, writing nothing, when it has fewer than hn_tensor_axes(). */
 HN_API hn_status hn_tensor_dims(const hn_tensor* tensor, int64_t* dims, int32_t capacity);
 HN_API int64_t hn_tensor_count(const hn_tensor* tensor);
 /* Host pointers to the data or the gradient for `access` (HN_READ, HN_WRITE,
@@ -156,6 +158,13 @@ HN_API hn_status hn_layer_set_phase(hn_layer* layer, int32_t phase);
  * used) and reports how many outputs it has. Called again when the input shapes change. */
 HN_API hn_status hn_layer_setup(hn_layer* layer, int32_t num_inputs, hn_tensor* const* inputs,
                                 int32_t* num_outputs);
+/* Output `output`'s number of axes into *axes and its dimensions into `dims`, an array of
+ * `capacity` entries: HN_ERROR_CAPACITY, with *axes set and nothing written to dims, when
+ * it is too small (dims NULL with capacity 0 asks for *axes only). An output may have more
+ * than HN_MAX_AXES axes (a Reshape's). */
+HN_API hn_status hn_layer_output_shape(const hn_layer* layer, int32_t output, int32_t* axes,
+                                       int64_t* dims, int32_t capacity);
+/* hn_layer_output_shape with capacity HN_MAX_AXES (dims holds HN_MAX_AXES entries). */
 HN_API hn_status hn_layer_output_dims(const hn_layer* layer, int32_t output, int32_t* axes,
                                       int64_t* dims /* HN_MAX_AXES */);
 /* The layer's parameters (weights, bias): count, and a tensor handle of parameter i (the

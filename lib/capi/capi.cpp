@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -95,6 +96,29 @@ void set_out(T* out, T value, const char* what) {
   if (out == nullptr) fail(HN_ERROR_INVALID_ARGUMENT, fmt::format("{}: NULL output", what));
   *out = value;
 }
+// A new handle: freed, not leaked, when `out` is NULL.
+template <class T>
+std::unique_ptr<T> owned(T* handle) {
+  return std::unique_ptr<T>(handle);
+}
+template <class T>
+void set_out(T** out, std::unique_ptr<T> value, const char* what) {
+  if (out == nullptr) fail(HN_ERROR_INVALID_ARGUMENT, fmt::format("{}: NULL output", what));
+  *out = value.release();
+}
+
+// A shape into the caller's array of `capacity` entries, or HN_ERROR_CAPACITY writing
+// nothing when it does not fit.
+void copy_dims(const hn::Shape& shape, int64_t* dims, int32_t capacity, const std::string& what) {
+  if (capacity < shape.axes()) {
+    fail(HN_ERROR_CAPACITY, fmt::format("{}: the shape {} has {} axes; the array holds {}", what,
+                                        shape.to_string(), shape.axes(), capacity));
+  }
+  if (dims == nullptr && shape.axes() > 0)
+    fail(HN_ERROR_INVALID_ARGUMENT, fmt::format("{}: NULL dims", what));
+  for (int i = 0; i < shape.axes(); ++i)
+    dims[i] = shape[i];
+}
 
 std::string joined(const std::vector<std::string>& names) {
   std::string text;
@@ -143,6 +167,7 @@ void copy_weights(hn::Net& net, const std::string& paths, const char* what) {
 
 struct RuntimeBox {
   hn::Runtime runtime;
+  std::map<std::string, std::vector<std::string>> options;  // per device: what it was added with
 };
 
 }  // namespace
@@ -174,6 +199,9 @@ struct hn_tensor {
   float* user_diff = nullptr;
   hn::Driver* user_driver = nullptr;
   std::shared_ptr<RuntimeBox> user_box;  // keeps user_driver alive
+  // A net's blob: throws when the net's memory plan has reused its memory since it was
+  // written (argument: the gradient rather than the values).
+  std::function<void(bool)> check_holds;
 
   // The caller's arrays hold the current values (before the library uses the tensor).
   void adopt_user() const {
@@ -212,7 +240,10 @@ hn_tensor* tensor_of(std::shared_ptr<void> keep, hn::Tensor& tensor) {
 }
 
 hn::Shape shape_from(int32_t axes, const int64_t* dims, const char* what) {
-  if (axes < 0 || axes > HN_MAX_AXES || (axes > 0 && dims == nullptr)) {
+  if (axes > 0 && dims == nullptr) {
+    fail(HN_ERROR_INVALID_ARGUMENT, fmt::format("{}: NULL dims for {} axes", what, axes));
+  }
+  if (axes < 0 || axes > HN_MAX_AXES) {
     fail(HN_ERROR_INVALID_ARGUMENT,
          fmt::format("{}: {} axes (0 to {}, with dims)", what, axes, HN_MAX_AXES));
   }
@@ -250,6 +281,8 @@ const char* hn_status_name(hn_status status) {
       return "not found";
     case HN_ERROR_TIMEOUT:
       return "timeout";
+    case HN_ERROR_CAPACITY:
+      return "capacity too small";
     default:
       return "unknown status";
   }
@@ -282,7 +315,7 @@ hn_status hn_runtime_create(hn_runtime** out) {
   return guarded([&] {
     auto runtime = std::make_unique<hn_runtime>();
     runtime->box = std::make_shared<RuntimeBox>();
-    set_out(out, runtime.release(), "hn_runtime_create");
+    set_out(out, std::move(runtime), "hn_runtime_create");
   });
 }
 
@@ -297,10 +330,22 @@ hn_status hn_runtime_add_driver(hn_runtime* runtime, const char* device, const c
     const hn::Device parsed =
         hn::Device::parse(checked_text(device, "hn_runtime_add_driver: device"));
     hn::Driver* driver = box.runtime.find(parsed);
+    std::vector<std::string> items =
+        hn::detail::split_commas(options != nullptr ? options : "", hn::detail::EmptyItems::drop);
+    std::sort(items.begin(), items.end());
+    if (driver != nullptr && !items.empty() && items != box.options[parsed.name()]) {
+      // A driver's options are fixed when it is made; dropping these silently would run
+      // with others than the caller asked for.
+      const std::vector<std::string>& had = box.options[parsed.name()];
+      fail(HN_ERROR_INVALID_ARGUMENT,
+           fmt::format("hn_runtime_add_driver: {} is already in this runtime with options '{}'; "
+                       "add it with the same options or none to get it, or add another "
+                       "instance (e.g. cpu:1) for '{}'",
+                       parsed.name(), joined(had), options));
+    }
     if (driver == nullptr) {
       hn::DriverOptions driver_options;
-      for (const std::string& item : hn::detail::split_commas(options != nullptr ? options : "",
-                                                              hn::detail::EmptyItems::drop)) {
+      for (const std::string& item : items) {
         const std::size_t equals = item.find('=');
         if (equals == std::string::npos || equals == 0) {
           fail(HN_ERROR_INVALID_ARGUMENT,
@@ -319,13 +364,14 @@ hn_status hn_runtime_add_driver(hn_runtime* runtime, const char* device, const c
                          joined(names)));
       }
       driver = &box.runtime.add(parsed, driver_options);
+      box.options[parsed.name()] = items;
     }
     auto handle = std::make_unique<hn_driver>();
     handle->box = runtime->box;
     handle->driver = driver;
     handle->name = driver->name();
     handle->description = driver->description();
-    set_out(out, handle.release(), "hn_runtime_add_driver");
+    set_out(out, std::move(handle), "hn_runtime_add_driver");
   });
 }
 
@@ -357,9 +403,9 @@ const char* hn_driver_description(const hn_driver* driver) {
 hn_status hn_tensor_create(int32_t axes, const int64_t* dims, hn_tensor** out) {
   return guarded([&] {
     auto own = std::make_shared<hn::Tensor>(shape_from(axes, dims, "hn_tensor_create"));
-    hn_tensor* tensor = tensor_of(nullptr, *own);
+    std::unique_ptr<hn_tensor> tensor(tensor_of(nullptr, *own));
     tensor->own = std::move(own);
-    set_out(out, tensor, "hn_tensor_create");
+    set_out(out, std::move(tensor), "hn_tensor_create");
   });
 }
 
@@ -377,7 +423,7 @@ hn_status hn_tensor_wrap(int32_t axes, const int64_t* dims, float* data, float* 
       tensor->user_box = driver->box;
     }
     tensor->adopt_user();
-    set_out(out, tensor.release(), "hn_tensor_wrap");
+    set_out(out, std::move(tensor), "hn_tensor_wrap");
   });
 }
 
@@ -391,11 +437,7 @@ int32_t hn_tensor_axes(const hn_tensor* tensor) {
 
 hn_status hn_tensor_dims(const hn_tensor* tensor, int64_t* dims, int32_t capacity) {
   return guarded([&] {
-    const hn::Shape& shape = *checked(tensor, "hn_tensor_dims").shape;
-    if (dims == nullptr && capacity > 0)
-      fail(HN_ERROR_INVALID_ARGUMENT, "hn_tensor_dims: NULL dims");
-    for (int32_t i = 0; i < std::min<int32_t>(capacity, shape.axes()); ++i)
-      dims[i] = shape[i];
+    copy_dims(*checked(tensor, "hn_tensor_dims").shape, dims, capacity, "hn_tensor_dims");
   });
 }
 
@@ -419,6 +461,12 @@ hn_status host_access(hn_tensor* tensor, int32_t access, float** out, bool diff,
       fail(HN_ERROR, fmt::format("{}: this blob lies in the {} layout inside the net (net "
                                  "option layout=blocked); name it in keep_blobs to read it",
                                  what, hn::layout_name(t.layout)));
+    }
+    if (t.check_holds) t.check_holds(diff);
+    if (memory->bytes() == 0 && t.shape->count() > 0) {
+      fail(HN_ERROR, fmt::format("{}: this blob has no gradient: nothing in the net computes or "
+                                 "reads it (e.g. a label or a blob no backward reaches)",
+                                 what));
     }
     float* user = diff ? t.user_diff : t.user_data;
     if (user != nullptr) {
@@ -596,7 +644,7 @@ hn_status hn_layer_create(const char* layer_prototxt, hn_layer** out) {
     box->where = fmt::format("layer '{}' ({})", box->param.name(), box->param.type());
     auto handle = std::make_unique<hn_layer>();
     handle->box = std::move(box);
-    set_out(out, handle.release(), "hn_layer_create");
+    set_out(out, std::move(handle), "hn_layer_create");
   });
 }
 
@@ -677,21 +725,25 @@ hn_status hn_layer_setup(hn_layer* layer, int32_t num_inputs, hn_tensor* const* 
   });
 }
 
-hn_status hn_layer_output_dims(const hn_layer* layer, int32_t output, int32_t* axes,
-                               int64_t* dims) {
+hn_status hn_layer_output_shape(const hn_layer* layer, int32_t output, int32_t* axes, int64_t* dims,
+                                int32_t capacity) {
   return guarded([&] {
-    const LayerBox& box = *checked(layer, "hn_layer_output_dims").box;
+    const char* what = "hn_layer_output_shape";
+    const LayerBox& box = *checked(layer, what).box;
     if (!box.set_up || output < 0 || output >= static_cast<int32_t>(box.outputs.size())) {
-      fail(HN_ERROR_INVALID_ARGUMENT,
-           fmt::format("hn_layer_output_dims: {}: no output {} ({} after setup)", box.where, output,
-                       box.outputs.size()));
+      fail(HN_ERROR_INVALID_ARGUMENT, fmt::format("{}: {}: no output {} ({} after setup)", what,
+                                                  box.where, output, box.outputs.size()));
     }
     const hn::Shape& shape = box.outputs[static_cast<std::size_t>(output)];
-    set_out(axes, static_cast<int32_t>(shape.axes()), "hn_layer_output_dims");
-    if (dims == nullptr) fail(HN_ERROR_INVALID_ARGUMENT, "hn_layer_output_dims: NULL dims");
-    for (int i = 0; i < shape.axes(); ++i)
-      dims[i] = shape[i];
+    set_out(axes, static_cast<int32_t>(shape.axes()), what);
+    if (dims == nullptr && capacity == 0) return;
+    copy_dims(shape, dims, capacity, fmt::format("{}: {} output {}", what, box.where, output));
   });
+}
+
+hn_status hn_layer_output_dims(const hn_layer* layer, int32_t output, int32_t* axes,
+                               int64_t* dims) {
+  return hn_layer_output_shape(layer, output, axes, dims, HN_MAX_AXES);
 }
 
 int32_t hn_layer_num_params(const hn_layer* layer) {
@@ -709,10 +761,11 @@ hn_status hn_layer_param(hn_layer* layer, int32_t index, hn_tensor** out) {
     }
     auto it = box.params.find(index);
     if (it != box.params.end()) {
-      set_out(out, new hn_tensor(*it->second), "hn_layer_param");
+      set_out(out, owned(new hn_tensor(*it->second)), "hn_layer_param");
       return;
     }
-    set_out(out, tensor_of(layer->box, params[static_cast<std::size_t>(index)]), "hn_layer_param");
+    set_out(out, owned(tensor_of(layer->box, params[static_cast<std::size_t>(index)])),
+            "hn_layer_param");
   });
 }
 
@@ -893,7 +946,7 @@ hn_status make_net(hn_runtime* runtime, hn_driver* driver, const std::string& or
     box->net = net.get();
     box->name = net->name();
     box->own = std::move(net);
-    set_out(out, new hn_net{std::move(box)}, what);
+    set_out(out, owned(new hn_net{std::move(box)}), what);
   });
 }
 
@@ -914,7 +967,7 @@ const char* layer_text(const hn_net* net, int32_t index, const char* what,
 extern "C" {
 
 hn_status hn_net_options_create(hn_net_options** out) {
-  return guarded([&] { set_out(out, new hn_net_options, "hn_net_options_create"); });
+  return guarded([&] { set_out(out, owned(new hn_net_options), "hn_net_options_create"); });
 }
 
 void hn_net_options_destroy(hn_net_options* options) {
@@ -1074,7 +1127,9 @@ hn_status hn_net_blob(hn_net* net, const char* name, hn_tensor** out) {
                                            n.name(), blob, joined(n.blob_names())));
     }
     const hn::BlobRef ref = n.blob(blob);
-    set_out(out, synced_tensor(net->box, ref.shape, ref.data, ref.diff, ref.layout), "hn_net_blob");
+    hn_tensor* tensor = synced_tensor(net->box, ref.shape, ref.data, ref.diff, ref.layout);
+    tensor->check_holds = [&n, blob](bool diff) { n.check_blob_holds(blob, diff); };
+    set_out(out, owned(tensor), "hn_net_blob");
   });
 }
 
@@ -1107,7 +1162,7 @@ const char* hn_net_param_name(const hn_net* net, int32_t index) {
 hn_status hn_net_param(hn_net* net, int32_t index, hn_tensor** out) {
   return guarded([&] {
     const hn::NetParam& param = net_param(net, index, "hn_net_param");
-    set_out(out, tensor_of(net->box, *param.tensor), "hn_net_param");
+    set_out(out, owned(tensor_of(net->box, *param.tensor)), "hn_net_param");
   });
 }
 
@@ -1174,7 +1229,7 @@ hn::Solver& solver_of(const hn_solver* solver, const char* what) {
 extern "C" {
 
 hn_status hn_solver_options_create(hn_solver_options** out) {
-  return guarded([&] { set_out(out, new hn_solver_options, "hn_solver_options_create"); });
+  return guarded([&] { set_out(out, owned(new hn_solver_options), "hn_solver_options_create"); });
 }
 
 void hn_solver_options_destroy(hn_solver_options* options) {
@@ -1234,7 +1289,7 @@ hn_status hn_solver_create(hn_runtime* runtime, hn_driver* driver, const char* s
     box->comm = chosen.comm;
     box->solver =
         std::make_unique<hn::Solver>(path, runtime_box.runtime, *home.driver, chosen.options);
-    set_out(out, new hn_solver{std::move(box)}, "hn_solver_create");
+    set_out(out, owned(new hn_solver{std::move(box)}), "hn_solver_create");
   });
 }
 
@@ -1298,7 +1353,7 @@ float hn_solver_learning_rate(const hn_solver* solver) {
 hn_status hn_solver_net(hn_solver* solver, hn_net** out) {
   return guarded([&] {
     hn::Net& net = solver_of(solver, "hn_solver_net").net();
-    set_out(out, net_handle(solver->box, net), "hn_solver_net");
+    set_out(out, owned(net_handle(solver->box, net)), "hn_solver_net");
   });
 }
 
@@ -1314,7 +1369,7 @@ hn_status hn_solver_test_net(hn_solver* solver, int32_t index, hn_net** out) {
                                                   "nets, not {}",
                                                   s.num_test_nets(), index));
     }
-    set_out(out, net_handle(solver->box, s.test_net(index)), "hn_solver_test_net");
+    set_out(out, owned(net_handle(solver->box, s.test_net(index))), "hn_solver_test_net");
   });
 }
 
@@ -1413,7 +1468,7 @@ hn_status hn_comm_create(const char* backend, double timeout_seconds, hn_comm** 
     auto box = std::make_shared<CommBox>();
     box->comm = hn::make_communicator(name, options);
     box->name = box->comm->name();
-    set_out(out, new hn_comm{std::move(box)}, "hn_comm_create");
+    set_out(out, owned(new hn_comm{std::move(box)}), "hn_comm_create");
   });
 }
 

@@ -6,10 +6,71 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 
 #include "lib/core/check.h"
 
 namespace hn::detail {
+
+namespace {
+
+std::string kind_name(std::filesystem::file_type type) {
+  switch (type) {
+    case std::filesystem::file_type::fifo:
+      return "a FIFO";
+    case std::filesystem::file_type::socket:
+      return "a socket";
+    case std::filesystem::file_type::block:
+    case std::filesystem::file_type::character:
+      return "a device";
+    default:
+      return "not a regular file";
+  }
+}
+
+}  // namespace
+
+void check_input_path(const std::string& path, std::string_view who, InputKind kind) {
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);
+  if (error || !std::filesystem::exists(status)) {
+    const bool missing = !error || error == std::errc::no_such_file_or_directory;
+    fail("{}: cannot read '{}': {}", who, path,
+         missing ? "no such file or directory" : error.message());
+  }
+  if (std::filesystem::is_directory(status)) {
+    HN_CHECK(kind != InputKind::file, "{}: '{}' is a directory, not a file", who, path);
+    return;
+  }
+  HN_CHECK(std::filesystem::is_regular_file(status),
+           "{}: '{}' is {}, not a {}: reading it could block or never end", who, path,
+           kind_name(status.type()), kind == InputKind::directory ? "directory" : "regular file");
+  HN_CHECK(kind != InputKind::directory, "{}: '{}' is a file, not a directory", who, path);
+}
+
+bool input_exists(const std::string& path) {
+  std::error_code error;
+  const auto status = std::filesystem::symlink_status(path, error);
+  return !error && std::filesystem::exists(status);
+}
+
+std::ifstream open_input_file(const std::string& path, std::string_view who) {
+  check_input_path(path, who, InputKind::file);
+  std::ifstream file(path, std::ios::binary);
+  HN_CHECK(file.is_open(), "{}: cannot open '{}' for reading: {}", who, path, std::strerror(errno));
+  return file;
+}
+
+std::string special_file_kind(const std::string& path) {
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);
+  if (error || !std::filesystem::exists(status) || std::filesystem::is_regular_file(status) ||
+      std::filesystem::is_directory(status)) {
+    return "";
+  }
+  return kind_name(status.type());
+}
 
 void replace_file(const std::string& path, std::string_view bytes, std::string_view who) {
   const std::string temporary = fmt::format("{}.tmp.{}", path, static_cast<long>(::getpid()));

@@ -68,27 +68,30 @@ void LoweringShape::validate(const char* call) const {
 
 namespace {
 
-// Caffe's pooled size: round up, then drop a last window starting in the padding.
-index_t pooled_size(index_t in, index_t kernel, index_t stride, index_t pad) {
-  index_t out =
-      static_cast<index_t>(std::ceil(static_cast<double>(in + 2 * pad - kernel) / stride)) + 1;
-  if (pad > 0 && (out - 1) * stride >= in + pad) --out;
+// Caffe's pooled size (PoolingLayer::Reshape): round up (or down), then, when either axis
+// is padded, drop a last window that would start in the padding, on both axes.
+index_t pooled_size(index_t in, index_t kernel, index_t stride, index_t pad, bool padded,
+                    bool ceil_mode) {
+  const double windows = static_cast<double>(in + 2 * pad - kernel) / static_cast<double>(stride);
+  index_t out = static_cast<index_t>(ceil_mode ? std::ceil(windows) : std::floor(windows)) + 1;
+  if (padded && (out - 1) * stride >= in + pad) --out;
   return out;
 }
 
 }  // namespace
 
 index_t PoolShape::out_h() const {
-  return pooled_size(height, kernel_h, stride_h, pad_h);
+  return pooled_size(height, kernel_h, stride_h, pad_h, pad_h > 0 || pad_w > 0, ceil_mode);
 }
 index_t PoolShape::out_w() const {
-  return pooled_size(width, kernel_w, stride_w, pad_w);
+  return pooled_size(width, kernel_w, stride_w, pad_w, pad_h > 0 || pad_w > 0, ceil_mode);
 }
 
 std::string PoolShape::to_string() const {
-  return fmt::format("batch={} channels={} height={} width={} kernel={}x{} stride={}x{} pad={}x{}",
-                     batch, channels, height, width, kernel_h, kernel_w, stride_h, stride_w, pad_h,
-                     pad_w) +
+  return fmt::format(
+             "batch={} channels={} height={} width={} kernel={}x{} stride={}x{} pad={}x{}{}", batch,
+             channels, height, width, kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w,
+             ceil_mode ? "" : " round=FLOOR") +
          layout_suffix("layout", layout);
 }
 
@@ -99,8 +102,8 @@ void PoolShape::validate(const char* call) const {
            "{}: kernel and stride must be > 0 ({})", call, to_string());
   HN_CHECK(pad_h >= 0 && pad_w >= 0 && pad_h < kernel_h && pad_w < kernel_w,
            "{}: pad must be >= 0 and smaller than the kernel ({})", call, to_string());
-  HN_CHECK(kernel_h <= height + 2 * pad_h && kernel_w <= width + 2 * pad_w,
-           "{}: kernel larger than the padded input ({})", call, to_string());
+  HN_CHECK(out_h() > 0 && out_w() > 0, "{}: no window fits the padded input ({})", call,
+           to_string());
   check_layout(call, "layout", layout, channels, to_string());
 }
 

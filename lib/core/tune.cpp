@@ -22,6 +22,7 @@
 #include "hybridnn/version.h"
 #include "lib/core/check.h"
 #include "lib/core/files.h"
+#include "lib/core/text.h"
 
 namespace hn {
 
@@ -103,12 +104,8 @@ std::string sanitized(std::string field) {
 // error naming the file and line.
 std::map<std::string, std::string> read_cache(const std::string& path) {
   std::map<std::string, std::string> entries;
-  std::ifstream file(path);
-  if (!file.is_open()) {
-    HN_CHECK(!std::filesystem::exists(path), "tuning cache '{}' cannot be read: {}", path,
-             std::strerror(errno));
-    return entries;
-  }
+  if (!detail::input_exists(path)) return entries;
+  std::ifstream file = detail::open_input_file(path, "tuning cache");
   std::string line;
   for (int number = 1; std::getline(file, line); ++number) {
     if (line.empty() || line[0] == '#') continue;
@@ -117,7 +114,7 @@ std::map<std::string, std::string> read_cache(const std::string& path) {
     HN_CHECK(tabs == 3 && last_tab + 1 < line.size(),
              "tuning cache '{}' line {}: expected 'machine<TAB>driver<TAB>shape<TAB>choice', got "
              "'{}' (delete the file to measure again)",
-             path, number, line);
+             path, number, detail::excerpt(line));
     entries[line.substr(0, last_tab)] = line.substr(last_tab + 1);
   }
   HN_CHECK(!file.bad(), "tuning cache '{}': read error", path);

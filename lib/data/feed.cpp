@@ -7,9 +7,11 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <new>
 #include <system_error>
 #include <thread>
 
+#include "hybridnn/memory.h"
 #include "lib/core/check.h"
 #include "lib/data/data.h"
 #include "lib/data/source.h"
@@ -32,9 +34,23 @@ class Feed final : public DataFeed {
         labels_(labels),
         image_count_(transform_.output_shape().count()) {
     slots_.resize(static_cast<std::size_t>(std::max(options.prefetch, 0)));
-    for (Slot& slot : slots_) {
-      slot.data.resize(static_cast<std::size_t>(batch_) * image_count_);
-      if (labels_) slot.labels.resize(static_cast<std::size_t>(batch_));
+    // Sized by the batch a caller or prototxt asks for: checked, and named when too large.
+    const std::size_t floats = static_cast<std::size_t>(batch_) *
+                               (static_cast<std::size_t>(image_count_) + (labels_ ? 1 : 0));
+    const auto describe = [&] {
+      return fmt::format("{}: {} prefetch slot{} of batch {} ({} floats an image{})", context_,
+                         slots_.size(), slots_.size() == 1 ? "" : "s", batch_, image_count_,
+                         labels_ ? ", and labels" : "");
+    };
+    check_host_bytes(sizeof(float) * floats * slots_.size(), describe);
+    try {
+      for (Slot& slot : slots_) {
+        slot.data.resize(static_cast<std::size_t>(batch_) * image_count_);
+        if (labels_) slot.labels.resize(static_cast<std::size_t>(batch_));
+      }
+    } catch (const std::bad_alloc&) {
+      fail("{}: out of memory ({})", describe(),
+           format_bytes(sizeof(float) * floats * slots_.size()));
     }
     start(0);
   }

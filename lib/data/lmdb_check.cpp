@@ -256,7 +256,9 @@ LmdbLayout check_lmdb_image(const std::uint8_t* bytes, std::size_t size, const s
 
 void check_lmdb_file(const std::string& dir, const std::string& context) {
   const std::string path = dir + "/data.mdb";
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Non-blocking: were data.mdb swapped for a FIFO after the source's check, opening it
+  // here still returns at once (and fstat refuses it).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return;  // liblmdb says why
   struct stat info {};
   if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode) || info.st_size == 0) {

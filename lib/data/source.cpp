@@ -2,6 +2,7 @@
 // Fashion-MNIST, raw or gzip), CIFAR-10 binary files and generated ("synthetic") images.
 #include "lib/data/source.h"
 
+#include <fmt/ranges.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -11,9 +12,12 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <new>
 #include <vector>
 
+#include "hybridnn/memory.h"
 #include "lib/core/check.h"
+#include "lib/core/files.h"
 #include "lib/core/philox.h"
 #include "lib/core/text.h"
 
@@ -43,22 +47,12 @@ std::uint32_t read_be32(const std::uint8_t* p) {
 std::vector<std::uint8_t> read_whole_file(const std::string& path, const std::string& context) {
   // Regular files only: opening a FIFO would block until a writer comes, and a directory
   // has no size to read.
-  std::error_code status_error;
-  const auto status = std::filesystem::status(path, status_error);
-  if (!status_error && std::filesystem::exists(status)) {
-    HN_CHECK(std::filesystem::is_regular_file(status), "{}: '{}' is {}, not a data file", context,
-             path,
-             std::filesystem::is_directory(status) ? "a directory"
-                                                   : "not a regular file (a FIFO, "
-                                                     "socket or device)");
-  }
-  std::ifstream file(path, std::ios::binary | std::ios::ate);
-  if (!file.is_open()) {
-    const int error = errno;
-    fail("{}: cannot open '{}': {}", context, path, std::strerror(error));
-  }
+  std::ifstream file = open_input_file(path, context);
+  file.seekg(0, std::ios::end);
   const std::streamoff size = file.tellg();
   HN_CHECK(size >= 0, "{}: cannot read the size of '{}'", context, path);
+  check_host_bytes(static_cast<std::size_t>(size),
+                   [&] { return fmt::format("{}: reading data file '{}'", context, path); });
   std::vector<std::uint8_t> bytes(static_cast<std::size_t>(size));
   file.seekg(0);
   file.read(reinterpret_cast<char*>(bytes.data()), size);
@@ -104,7 +98,14 @@ std::vector<std::uint8_t> gunzip(const std::vector<std::uint8_t>& in, const std:
     const std::uint8_t* t = in.data() + in.size() - 4;
     const std::size_t trailer = std::uint32_t{t[0]} | (std::uint32_t{t[1]} << 8) |
                                 (std::uint32_t{t[2]} << 16) | (std::uint32_t{t[3]} << 24);
-    out.reserve(std::min({trailer, saturating_mul(in.size(), 1032), limit}));
+    const std::size_t guess = std::min({trailer, saturating_mul(in.size(), 1032), limit});
+    if (guess <= host_memory_limit()) {
+      try {
+        out.reserve(guess);
+      } catch (const std::bad_alloc&) {
+        // Grown as it inflates instead, each step checked.
+      }
+    }
   }
   std::vector<std::uint8_t> chunk(std::size_t{1} << 18);
   constexpr std::size_t kMaxInput = std::size_t{1} << 30;  // avail_in is 32-bit
@@ -117,7 +118,17 @@ std::vector<std::uint8_t> gunzip(const std::vector<std::uint8_t>& in, const std:
     stream.avail_out = static_cast<uInt>(chunk.size());
     const int rc = inflate(&stream, Z_NO_FLUSH);
     in_pos += in_chunk - stream.avail_in;
-    out.insert(out.end(), chunk.data(), chunk.data() + (chunk.size() - stream.avail_out));
+    const std::size_t produced = chunk.size() - stream.avail_out;
+    check_host_bytes(out.size() + produced, [&] {
+      return fmt::format("{}: inflating gzip file '{}' (at compressed byte offset {})", context,
+                         path, in_pos);
+    });
+    try {
+      out.insert(out.end(), chunk.data(), chunk.data() + produced);
+    } catch (const std::bad_alloc&) {
+      fail("{}: out of memory inflating gzip file '{}' past {} bytes", context, path,
+           format_bytes(out.size() + produced));
+    }
     if (out.size() > limit) {
       if (prefix) {
         out.resize(limit);
@@ -201,6 +212,12 @@ LoadedIdx parse_idx(const std::string& path, std::vector<std::uint8_t> file, std
     if (!looks_like_idx(head) || head.size() < claimed.header_bytes) {
       loaded.bytes = head;  // enough for the errors below
     } else {
+      // The whole file is held decompressed: a header claiming more than memory allows is
+      // refused before inflating anything.
+      check_host_bytes(claimed.expected_bytes, [&] {
+        return fmt::format("{}: gzip IDX file '{}' ({}s of {}, as its header claims)", context,
+                           path, item, fmt::join(claimed.dims, "x"));
+      });
       loaded.bytes = gunzip(loaded.bytes, path, context, claimed.expected_bytes);
     }
   }
@@ -418,8 +435,8 @@ std::unique_ptr<RecordSource> open_synthetic(const std::string& spec, const std:
 
 std::unique_ptr<RecordSource> open_database(const std::string& dir, const SourceOptions& options) {
   const std::string& context = options.context;
-  const bool lmdb = fs::exists(fs::path(dir) / "data.mdb");
-  const bool leveldb = fs::exists(fs::path(dir) / "CURRENT");
+  const bool lmdb = input_exists(dir + "/data.mdb");
+  const bool leveldb = input_exists(dir + "/CURRENT");
   if (options.leveldb_backend || (leveldb && !lmdb)) {
     fail(
         "{}: '{}' is {}: LevelDB is not supported by this build; `hybridnn convert` writes an "
@@ -428,6 +445,8 @@ std::unique_ptr<RecordSource> open_database(const std::string& dir, const Source
         options.leveldb_backend ? "a database with backend LEVELDB" : "a LevelDB database");
   }
   HN_CHECK(lmdb, "{}: directory '{}' is not an LMDB database: it holds no data.mdb", context, dir);
+  // liblmdb opens data.mdb itself: a FIFO there would block it.
+  check_input_path(dir + "/data.mdb", fmt::format("{}: LMDB", context), InputKind::file);
   return open_lmdb_source(dir, context);
 }
 
@@ -443,9 +462,9 @@ std::unique_ptr<RecordSource> open_record_source(const std::string& source,
   if (source.find(',') != std::string::npos && !fs::exists(source, error)) {
     return open_cifar(source, split_commas(source, EmptyItems::keep), context);
   }
-  const fs::file_status status = fs::status(source, error);
-  HN_CHECK(fs::exists(status), "{}: data source '{}' does not exist", context, source);
-  if (fs::is_directory(status)) return open_database(source, options);
+  // A symlink loop, a missing path, a FIFO each say so.
+  check_input_path(source, fmt::format("{}: data source", context), InputKind::file_or_directory);
+  if (fs::is_directory(fs::status(source, error))) return open_database(source, options);
 
   std::vector<std::uint8_t> bytes = read_whole_file(source, context);
   // Content decides; the ".bin" of CIFAR-10's file names only breaks ties. Datasets ship

@@ -220,13 +220,6 @@ LayerPtr make_pooling(const pb::LayerParameter& p) {
   HN_CHECK((!q.has_stride() && q.has_stride_h() && q.has_stride_w()) ||
                (!q.has_stride_h() && !q.has_stride_w()),
            "{}: stride is stride OR stride_h and stride_w", who(p));
-  // An explicit 0 in an _h/_w form would read as "unset" in PoolingParams.
-  HN_CHECK(!q.has_kernel_h() || (q.kernel_h() > 0 && q.kernel_w() > 0),
-           "{}: kernel_h {} and kernel_w {} must be > 0", who(p), q.kernel_h(), q.kernel_w());
-  HN_CHECK(!q.has_stride_h() || (q.stride_h() > 0 && q.stride_w() > 0),
-           "{}: stride_h {} and stride_w {} must be > 0", who(p), q.stride_h(), q.stride_w());
-  HN_CHECK(q.round_mode() == pb::PoolingParameter::CEIL,
-           "{}: round_mode FLOOR is not supported (Caffe's CEIL is)", who(p));
 
   PoolingParams params;
   switch (q.pool()) {
@@ -240,15 +233,16 @@ LayerPtr make_pooling(const pb::LayerParameter& p) {
       fail("{}: pool STOCHASTIC is not supported (MAX and AVE are)", who(p));
   }
   params.global_pooling = q.global_pooling();
+  params.ceil_mode = q.round_mode() == pb::PoolingParameter::CEIL;
   params.kernel_size = q.kernel_size();
-  params.kernel_h = q.kernel_h();
-  params.kernel_w = q.kernel_w();
+  if (q.has_kernel_h()) params.kernel_h = q.kernel_h();
+  if (q.has_kernel_w()) params.kernel_w = q.kernel_w();
   params.stride = q.stride();
-  params.stride_h = q.stride_h();
-  params.stride_w = q.stride_w();
+  if (q.has_stride_h()) params.stride_h = q.stride_h();
+  if (q.has_stride_w()) params.stride_w = q.stride_w();
   params.pad = q.pad();
-  params.pad_h = q.pad_h();
-  params.pad_w = q.pad_w();
+  if (q.has_pad_h()) params.pad_h = q.pad_h();
+  if (q.has_pad_w()) params.pad_w = q.pad_w();
   return std::make_unique<PoolingLayer>(p.name(), params);
 }
 
@@ -260,7 +254,7 @@ LayerPtr make_relu(const pb::LayerParameter& p) {
 
 LayerPtr make_reshape(const pb::LayerParameter& p) {
   const pb::ReshapeParameter& r = p.reshape_param();
-  HN_CHECK(r.has_shape(), "{}: reshape_param.shape is required", who(p));
+  // No shape: no dimensions, as in Caffe (axis and num_axes then remove axes).
   ReshapeParams params;
   params.shape = to_indices(r.shape().dim());
   params.axis = r.axis();

@@ -30,6 +30,7 @@ void Net::Impl::fill_dummy(NetLayer& nl) {
 
 void Net::Impl::forward_layer(int index) {
   NetLayer& nl = layers[index];
+  mark_written(starts[static_cast<std::size_t>(index)].forward);
   if (nl.fused_into >= 0) return;  // the layer it is fused into does its work
   switch (nl.kind) {
     case Kind::feed: {
@@ -50,7 +51,8 @@ void Net::Impl::forward_layer(int index) {
       bool constant = true;
       for (const auto& filler : nl.dummy_fillers)
         constant = constant && filler.type() == "constant";
-      if (!constant || !data_of(nl.tops[0]).current_on(driver->memory_space())) fill_dummy(nl);
+      if (!constant || !nl.dummy_filled) fill_dummy(nl);
+      nl.dummy_filled = true;
       return;
     }
     case Kind::split:
@@ -177,6 +179,7 @@ void Net::Impl::calibrate_layer(int index) {
 
 void Net::Impl::backward_layer(int index) {
   NetLayer& nl = layers[index];
+  mark_written(starts[static_cast<std::size_t>(index)].backward);
   if (!nl.needs_backward || nl.fused_into >= 0) return;
   // Gradients of loss outputs start at the loss weight (Caffe's convention).
   for (std::size_t t = 0; t < nl.tops.size(); ++t) {
@@ -357,8 +360,52 @@ BlobRef Net::blob(const std::string& name) const {
                  fmt::join(blob_names(), ", "));
   }
   BlobVersion& blob = impl_->blobs[it->second];
-  return BlobRef{&blob.name, &blob.shape, &impl_->data_of(it->second), &impl_->diff_of(it->second),
-                 blob.layout};
+  return BlobRef{&blob.name,  &blob.shape, &impl_->data_of(it->second), &impl_->diff_of(it->second),
+                 blob.layout, this};
+}
+
+const float* BlobRef::host_data() const {
+  if (net != nullptr) net->check_blob_holds(*name, false);
+  return static_cast<const float*>(data->host_read());
+}
+float* BlobRef::host_data_mut() const {
+  if (net != nullptr) net->check_blob_holds(*name, false);
+  return static_cast<float*>(data->host_write());
+}
+const float* BlobRef::host_diff() const {
+  if (net != nullptr) net->check_blob_holds(*name, true);
+  return static_cast<const float*>(diff->host_read());
+}
+float* BlobRef::host_diff_mut() const {
+  if (net != nullptr) net->check_blob_holds(*name, true);
+  return static_cast<float*>(diff->host_write());
+}
+
+void Net::check_blob_holds(const std::string& name, bool diff) const {
+  const BlobVersion& blob = impl_->blobs[static_cast<std::size_t>(impl_->latest.at(name))];
+  if (diff && !blob.gradient_fused_by.empty()) {
+    detail::fail(
+        "net '{}' ({}): the gradient of blob '{}' is not stored: its Eltwise and ReLU '{}' run "
+        "fused (fuse_layers), the ReLU's gradient going straight into the Eltwise's inputs; name "
+        "'{}' in keep_blobs (or turn fuse_layers off) to read it",
+        impl_->name, impl_->origin, name, blob.gradient_fused_by, name);
+  }
+  const int group = diff ? blob.diff_group : blob.data_group;
+  const int holder = impl_->slot_holder[static_cast<std::size_t>(impl_->groups[group].slot)];
+  if (holder < 0 || holder == group) return;
+  // Name a blob whose values the memory holds now.
+  std::string other = "another blob";
+  for (const BlobVersion& b : impl_->blobs) {
+    if (b.data_group == holder || b.diff_group == holder) {
+      other = fmt::format("the {} of '{}'", b.diff_group == holder ? "gradient" : "values", b.name);
+      break;
+    }
+  }
+  detail::fail(
+      "net '{}' ({}): the {} of blob '{}' are gone: the memory plan reused their memory for {} "
+      "(blobs share memory where their lifetimes allow); name '{}' in keep_blobs (or turn "
+      "reuse_memory off) to read them after forward and backward",
+      impl_->name, impl_->origin, diff ? "gradient" : "values", name, other, name);
 }
 
 std::vector<std::string> Net::output_blob_names() const {

@@ -46,7 +46,8 @@ void upgrade_legacy_inputs(pb::NetParameter& net, const std::string& origin) {
   pb::LayerParameter input;
   input.set_name("input");
   input.set_type("Input");
-  const bool dims = net.input_dim_size() > 0;
+  // input_shape first, as Caffe's UpgradeNetInput reads it.
+  const bool dims = net.input_shape_size() == 0 && net.input_dim_size() > 0;
   HN_CHECK(dims ? net.input_dim_size() == 4 * net.input_size()
                 : net.input_shape_size() == net.input_size(),
            "{}: {} legacy net inputs need {} input_shape entries or 4 input_dim each", origin,
@@ -210,7 +211,13 @@ void Net::Impl::build(pb::NetParameter net) {
         nl.split = nl.param.split_size() > 0 ? split_of(nl.param.split()) : net_split;
       }
       nl.split.check_devices(*runtime);  // an automatic split's devices too
-      if (ranks > 1 && (nl.param.model_parallel() || model_parallel.count(nl.param.name()) > 0)) {
+      const bool cut_across_ranks =
+          nl.param.model_parallel() || model_parallel.count(nl.param.name()) > 0;
+      // Checked with one rank too, so that a net that fails under mpirun fails alone.
+      HN_CHECK(!cut_across_ranks || nl.param.type() == "InnerProduct",
+               "model_parallel cuts an InnerProduct's outputs; a {} layer cannot be cut so",
+               nl.param.type());
+      if (ranks > 1 && cut_across_ranks) {
         // Cut across ranks: the rows of every rank, whole; the rank's outputs cut among its
         // devices by an OUTPUT split of the layer's own, and the net-wide batch split left
         // to the other layers.
@@ -311,6 +318,14 @@ void Net::Impl::add_layer(const pb::LayerParameter& source) {
   for (int i = 0; i < index; ++i) {
     HN_CHECK(layers[i].param.name() != param.name(), "{}: two layers are named '{}'", origin,
              param.name());
+  }
+  HN_CHECK(param.propagate_down_size() == 0 || param.propagate_down_size() == param.bottom_size(),
+           "{}: propagate_down must be given 0 or {} times (once per bottom), got {}", where(index),
+           param.bottom_size(), param.propagate_down_size());
+  if (type == "Input" || type == "DummyData") {
+    HN_CHECK(param.bottom_size() == 0 && param.top_size() > 0,
+             "{}: a {} layer takes no bottom and at least one top, got {} and {}", where(index),
+             type, param.bottom_size(), param.top_size());
   }
 
   // Bottoms: the latest version of each name.
@@ -523,6 +538,8 @@ void Net::Impl::set_up_params() {
   struct Owner {
     int layer;
     int index;
+    std::size_t learnable;   // its entry in `learnable`
+    bool has_lr, has_decay;  // whether a spec set the multiplier yet (Caffe's rule)
   };
   std::map<std::string, Owner> shared;
   for (std::size_t l = 0; l < layers.size(); ++l) {
@@ -540,7 +557,14 @@ void Net::Impl::set_up_params() {
     for (std::size_t p = 0; p < own.size(); ++p) {
       pb::ParamSpec spec;
       if (static_cast<int>(p) < nl.param.param_size()) spec = nl.param.param(p);
-      if (batch_norm) {  // Caffe keeps BatchNorm's statistics out of the solver.
+      if (batch_norm) {
+        // Caffe keeps BatchNorm's statistics out of the solver: old nets' three specs are
+        // upgraded to 0 (UpgradeNetBatchNorm); otherwise a non-zero lr_mult is an error.
+        HN_CHECK(static_cast<int>(p) >= nl.param.param_size() || nl.param.param_size() == 3 ||
+                     spec.lr_mult() == 0.0f,
+                 "{}: BatchNorm's statistics are not learnable parameters: param {} has lr_mult "
+                 "{} (give 0, or no param)",
+                 where(static_cast<int>(l)), p, spec.lr_mult());
         spec.set_lr_mult(0.0f);
         spec.set_decay_mult(0.0f);
       }
@@ -558,8 +582,29 @@ void Net::Impl::set_up_params() {
               source->shape().to_string(), layers[it->second.layer].param.name());
           tensor = source;
           owner = false;
+          // Multipliers: a spec that sets one must agree with the one set before, and sets
+          // it when none was (Caffe's Net::AppendParam).
+          Owner& first = it->second;
+          NetParam& shared_param = learnable[first.learnable];
+          if (spec.has_lr_mult()) {
+            HN_CHECK(!first.has_lr || spec.lr_mult() == shared_param.lr_mult,
+                     "{}: shared parameter '{}' has lr_mult {} here but {} in layer '{}'",
+                     where(static_cast<int>(l)), spec.name(), spec.lr_mult(), shared_param.lr_mult,
+                     layers[first.layer].param.name());
+            shared_param.lr_mult = spec.lr_mult();
+            first.has_lr = true;
+          }
+          if (spec.has_decay_mult()) {
+            HN_CHECK(!first.has_decay || spec.decay_mult() == shared_param.decay_mult,
+                     "{}: shared parameter '{}' has decay_mult {} here but {} in layer '{}'",
+                     where(static_cast<int>(l)), spec.name(), spec.decay_mult(),
+                     shared_param.decay_mult, layers[first.layer].param.name());
+            shared_param.decay_mult = spec.decay_mult();
+            first.has_decay = true;
+          }
         } else {
-          shared[spec.name()] = Owner{static_cast<int>(l), static_cast<int>(p)};
+          shared[spec.name()] = Owner{static_cast<int>(l), static_cast<int>(p), learnable.size(),
+                                      spec.has_lr_mult(), spec.has_decay_mult()};
         }
       }
       nl.params.push_back(tensor);

@@ -20,6 +20,8 @@
 namespace hn {
 
 void Net::Impl::plan_fusion() {
+  for (BlobVersion& blob : blobs)
+    blob.gradient_fused_by.clear();
   for (NetLayer& nl : layers) {
     nl.fused_into = nl.fused_norm = -1;
     if (auto* scale = dynamic_cast<ScaleLayer*>(nl.layer.get())) scale->fuse_norm(std::nullopt);
@@ -89,6 +91,11 @@ void Net::Impl::plan_fusion() {
     const auto* relu =
         relu_layer == nullptr ? nullptr : dynamic_cast<const ReluLayer*>(relu_layer->layer.get());
     if (relu == nullptr || relu->negative_slope() < 0.0f) continue;
+    // The blob's gradient would be left unrectified: a blob the caller asked to read (an
+    // output or keep_blobs) keeps the two layers apart, so that it holds Caffe's.
+    BlobVersion& rectified = blobs[static_cast<std::size_t>(relu_layer->tops[0])];
+    if (rectified.keep) continue;
+    rectified.gradient_fused_by = relu_layer->param.name();
     eltwise->fuse_relu(EltwiseLayer::FusedRelu{relu_layer->param.name(), relu->negative_slope()});
     relu_layer->fused_into = static_cast<int>(l);
   }

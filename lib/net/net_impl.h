@@ -55,6 +55,10 @@ struct BlobVersion {
   bool under_loss = false;
   bool keep = false;             // net output or asked for: its memory is never reused
   Layout layout = Layout::nchw;  // of data and diff (net_layout.cpp)
+  // The ReLU whose gradient a fused Eltwise + ReLU writes straight into the Eltwise's
+  // inputs (net_fusion.cpp): this blob's gradient memory holds the unrectified gradient, so
+  // reading it is an error.
+  std::string gradient_fused_by;
 };
 
 struct NetLayer {
@@ -67,6 +71,9 @@ struct NetLayer {
   std::vector<Tensor*> params;      // resolved: own or shared
   std::vector<bool> owns_param;     // false when shared from another layer
   std::vector<pb::FillerParameter> dummy_fillers;
+  // A DummyData layer whose fillers are all constant fills its tops once (Caffe's rule);
+  // this says it has (the memory plan's zero-filled slots are current but not filled).
+  bool dummy_filled = false;
   std::vector<bool> propagate_down;
   bool needs_backward = false;
   Split split;  // resolved: empty = the whole batch on the Net's driver
@@ -121,6 +128,13 @@ struct Group {
   int slot = -1;
 };
 
+// Which group's values a shared slot holds: groups that start (are first written) at a
+// layer's forward or backward, so that a blob read after its memory was reused fails
+// instead of returning the later blob's numbers (Net::check_blob_holds).
+struct GroupStarts {
+  std::vector<int> forward, backward;
+};
+
 }  // namespace detail
 
 using detail::BlobVersion;
@@ -139,6 +153,8 @@ struct Net::Impl {
   std::map<std::string, int> latest;  // blob name -> latest version
   std::vector<Group> groups;
   std::vector<std::unique_ptr<SyncedMemory>> slots;
+  std::vector<int> slot_holder;             // per slot: the group last written there; -1: none
+  std::vector<detail::GroupStarts> starts;  // per layer
   std::vector<NetParam> learnable;
   index_t batch = 0;
   std::uint64_t iteration_seed = 0;
@@ -184,6 +200,10 @@ struct Net::Impl {
                        layers[layer].param.type());
   }
 
+  void mark_written(const std::vector<int>& started) {
+    for (int g : started)
+      slot_holder[static_cast<std::size_t>(groups[g].slot)] = g;
+  }
   SyncedMemory& data_of(int blob) { return *slots[groups[blobs[blob].data_group].slot]; }
   SyncedMemory& diff_of(int blob) { return *slots[groups[blobs[blob].diff_group].slot]; }
 

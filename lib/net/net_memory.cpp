@@ -117,6 +117,29 @@ void Net::Impl::plan_memory() {
   for (Group& group : groups) {
     if (group.slot < 0) group.slot = unused;
   }
+  // Each group begins with a write: its producer's forward, a consumer's backward, or the
+  // loss weight its producer's backward sets (step 2n).
+  starts.assign(layers.size(), {});
+  slot_holder.assign(plan.size(), -1);
+  std::vector<int> loss_writer(groups.size(), -1);
+  for (const NetLayer& nl : layers) {
+    for (std::size_t t = 0; t < nl.tops.size(); ++t) {
+      const int group = blobs[static_cast<std::size_t>(nl.tops[t])].diff_group;
+      if (nl.loss_weights[t] != 0.0f && group >= 0)
+        loss_writer[static_cast<std::size_t>(group)] = static_cast<int>(&nl - layers.data());
+    }
+  }
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const int first = groups[g].last >= 0 ? groups[g].first : -1;
+    if (first < 0) continue;
+    if (first < 2 * n) {
+      starts[static_cast<std::size_t>(first / 2)].forward.push_back(static_cast<int>(g));
+    } else if (first == 2 * n && loss_writer[g] >= 0) {
+      starts[static_cast<std::size_t>(loss_writer[g])].backward.push_back(static_cast<int>(g));
+    } else if (first > 2 * n) {
+      starts[static_cast<std::size_t>(bwd(0) - first) / 2].backward.push_back(static_cast<int>(g));
+    }
+  }
   for (const Slot& slot : plan) {
     slots.push_back(std::make_unique<SyncedMemory>(slot.bytes));
     bytes_with_reuse += slot.bytes;

@@ -4,6 +4,7 @@
 
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/io/zero_copy_stream_impl.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/text_format.h>
 
@@ -26,13 +27,8 @@ namespace {
 // empty or garbled message and a FIFO would block; and nothing past protobuf's 2 GiB limit
 // (its sizes are ints), refused before reading it.
 std::string read_file(const std::string& path) {
+  check_input_path(path, "read", InputKind::file);
   std::error_code error;
-  const auto status = std::filesystem::status(path, error);
-  HN_CHECK(!error && std::filesystem::exists(status), "cannot open '{}' for reading: {}", path,
-           error ? error.message() : "no such file");
-  HN_CHECK(!std::filesystem::is_directory(status), "'{}' is a directory, not a file", path);
-  HN_CHECK(std::filesystem::is_regular_file(status),
-           "'{}' is not a regular file (a FIFO, socket or device); give a file", path);
   const auto size = std::filesystem::file_size(path, error);
   HN_CHECK(!error, "cannot read the size of '{}': {}", path, error.message());
   HN_CHECK(size <= static_cast<std::uintmax_t>(std::numeric_limits<int>::max()),
@@ -68,7 +64,18 @@ class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
 }  // namespace
 
 void read_text_proto(const std::string& path, google::protobuf::Message& message) {
-  parse_text_proto(read_file(path), path, message);
+  // Streamed: a huge file that is not text fails at its first bad token, not after it was
+  // read whole.
+  std::ifstream file = open_input_file(path, "read");
+  google::protobuf::io::IstreamInputStream stream(&file);
+  FirstErrorCollector errors(path);
+  google::protobuf::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.Parse(&stream, &message)) {
+    HN_CHECK(!file.bad(), "error while reading '{}'", path);
+    if (errors.first()) throw Error(*errors.first());
+    fail("{}: not a valid {} in text format", path, message.GetTypeName());
+  }
 }
 
 void parse_text_proto(const std::string& text, const std::string& path,

@@ -254,8 +254,7 @@ void write_layer_splits(const std::string& path, const LayerSplits& splits) {
 }
 
 LayerSplits read_layer_splits(const std::string& path) {
-  std::ifstream file(path);
-  HN_CHECK(file.is_open(), "read_layer_splits: cannot read '{}': {}", path, std::strerror(errno));
+  std::ifstream file = detail::open_input_file(path, "read_layer_splits");
   LayerSplits splits;
   std::map<std::string, int> first_line;  // of each layer
   std::string line;

@@ -478,3 +478,126 @@ TEST_CASE("C ABI: the local communicator", "[capi]") {
   comm.barrier();
   CHECK_THROWS_WITH(hn::Communicator("carrier-pigeon"), Contains("carrier-pigeon"));
 }
+
+// Hostile use (issue 33): every call that fills a caller's array takes its capacity and fails
+// when it is too small; no call returns OK without a usable result; a blob whose memory the
+// net reused reads as an error, never another blob's values.
+TEST_CASE("C ABI: arrays of the caller are filled only when their capacity holds the shape",
+          "[capi]") {
+  // A Reshape to 20 axes: more than HN_MAX_AXES (this wrote past dims[8] before).
+  std::string dims_text;
+  for (int i = 0; i < 20; ++i)
+    dims_text += i == 0 ? "dim: 0 " : "dim: 1 ";
+  hn_layer* layer = nullptr;
+  REQUIRE(
+      hn_layer_create(
+          ("name: \"r\" type: \"Reshape\" reshape_param { shape { " + dims_text + "} }").c_str(),
+          &layer) == HN_OK);
+  hn::Tensor input({6});
+  hn_tensor* inputs[] = {input.get()};
+  int32_t outputs = 0;
+  REQUIRE(hn_layer_setup(layer, 1, inputs, &outputs) == HN_OK);
+  int64_t guard[HN_MAX_AXES + 4];
+  std::fill(std::begin(guard), std::end(guard), -7);
+  int32_t axes = 0;
+  CHECK(hn_layer_output_dims(layer, 0, &axes, guard) == HN_ERROR_CAPACITY);
+  CHECK(axes == 20);
+  CHECK_THAT(std::string(hn_last_error()), Contains("20 axes") && Contains("holds 8"));
+  CHECK(std::all_of(std::begin(guard), std::end(guard), [](int64_t v) { return v == -7; }));
+  CHECK(hn_layer_output_shape(layer, 0, &axes, nullptr, 0) == HN_OK);
+  CHECK(axes == 20);
+  std::vector<int64_t> all(20);
+  CHECK(hn_layer_output_shape(layer, 0, &axes, all.data(), 19) == HN_ERROR_CAPACITY);
+  REQUIRE(hn_layer_output_shape(layer, 0, &axes, all.data(), 20) == HN_OK);
+  CHECK(all[0] == 6);
+  CHECK(std::count(all.begin(), all.end(), 1) == 19);
+  hn_layer_destroy(layer);
+  // The C++ API asks for the count first.
+  hn::Layer reshape("name: \"r\" type: \"Reshape\" reshape_param { shape { " + dims_text + "} }");
+  const auto shapes = reshape.setup({&input});
+  REQUIRE(shapes.size() == 1);
+  CHECK(shapes[0].size() == 20);
+
+  // hn_tensor_dims: a shorter array is an error, not a truncated shape.
+  hn::Tensor three({2, 3, 4});
+  int64_t two[2] = {-7, -7};
+  CHECK(hn_tensor_dims(three.get(), two, 2) == HN_ERROR_CAPACITY);
+  CHECK(two[0] == -7);
+  CHECK(std::string(hn_status_name(HN_ERROR_CAPACITY)) == "capacity too small");
+  // NULL dims are blamed as such, not the axis count.
+  hn_tensor* none = nullptr;
+  CHECK(hn_tensor_create(2, nullptr, &none) == HN_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(std::string(hn_last_error()), Contains("NULL dims"));
+}
+
+TEST_CASE("C ABI: a label's gradient, a reused blob and a re-added driver are errors, not results",
+          "[capi]") {
+  hn::Runtime runtime;
+  hn::Driver cpu = runtime.add("cpu", "threads=1");
+  // Adding the same device with other options would drop them silently.
+  hn_driver* again = nullptr;
+  CHECK(hn_runtime_add_driver(runtime.get(), "cpu", "threads=2", &again) ==
+        HN_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(std::string(hn_last_error()), Contains("already") && Contains("threads=1"));
+  CHECK(hn_runtime_add_driver(runtime.get(), "cpu", "threads=1", &again) == HN_OK);
+  hn_driver_destroy(again);
+  CHECK(hn_runtime_add_driver(runtime.get(), "cpu", "", &again) == HN_OK);
+  hn_driver_destroy(again);
+
+  // The label blob's gradient: nothing computes it, so it has no memory (OK with NULL before).
+  const char* classifier = R"(
+name: "c"
+force_backward: true
+layer { name: "in" type: "Input" top: "x" top: "label"
+        input_param { shape { dim: 2 dim: 3 } shape { dim: 2 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "x" top: "ip" inner_product_param { num_output: 3 } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+)";
+  hn::Net net = hn::Net::from_text(runtime, cpu, classifier, hn::NetOptions(), "c.prototxt");
+  net.forward();
+  net.backward();
+  hn::Tensor label = net.blob("label");
+  float* address = nullptr;
+  CHECK(hn_tensor_diff(label.get(), HN_READ, &address) == HN_ERROR);
+  CHECK_THAT(std::string(hn_last_error()), Contains("no gradient"));
+  CHECK_THROWS_WITH(label.gradient(), Contains("no gradient"));
+
+  // Input -> Convolution -> ReLU -> InnerProduct -> Sigmoid -> InnerProduct: 'conv' shares its
+  // memory with a later blob. After forward its values are another blob's: an error naming
+  // keep_blobs; with keep_blobs they are the convolution's.
+  const char* chain = R"(
+name: "chain"
+layer { name: "in" type: "Input" top: "data" input_param { shape { dim: 2 dim: 1 dim: 6 dim: 6 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 2 kernel_size: 3 weight_filler { type: "gaussian" std: 1 } } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
+layer { name: "ip1" type: "InnerProduct" bottom: "conv" top: "ip1"
+        inner_product_param { num_output: 32 weight_filler { type: "gaussian" std: 1 } } }
+layer { name: "sig" type: "Sigmoid" bottom: "ip1" top: "sig" }
+layer { name: "ip2" type: "InnerProduct" bottom: "sig" top: "ip2"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 1 } } }
+)";
+  const std::vector<float> images = pattern(72, 7, 0.5f);
+  const auto run = [&](const std::string& options) {
+    hn::NetOptions net_options;
+    net_options.set("phase", "test");
+    if (!options.empty()) net_options.set("keep_blobs", options);
+    hn::Net n = hn::Net::from_text(runtime, cpu, chain, net_options, "chain.prototxt");
+    n.blob("data").set_values(images);
+    n.forward();
+    return n;
+  };
+  hn::Net reused = run("");
+  CHECK_THROWS_WITH(reused.blob("conv").values(),
+                    Contains("'conv'") && Contains("keep_blobs") && Contains("reused"));
+  hn::Net kept = run("conv");
+  const std::vector<float> conv = kept.blob("conv").values();
+  // ReLU(conv) at output (image 0, channel 0, 0, 0) from the weights: a hand loop.
+  const std::vector<float> w = kept.param(0).values(), b = kept.param(1).values();
+  double sum = b[0];
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j)
+      sum += static_cast<double>(w[i * 3 + j]) * images[i * 6 + j];
+  CHECK(conv[0] == Approx(std::max(0.0, sum)).margin(1e-5));
+  CHECK(reused.blob("ip2").values() == kept.blob("ip2").values());
+}

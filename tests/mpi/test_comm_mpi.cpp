@@ -249,6 +249,36 @@ TEST_CASE("allgatherv and reduce_scatterv of unequal blocks give exact blocks an
   }
 }
 
+// Unequal counts used to end the job in MPI_ERRORS_ARE_FATAL (MPI_ERR_TRUNCATE) or, where a
+// rank receives less than it posted (the ring), leave it wrong sums. Now every rank throws,
+// naming the collective and the sizes, and the communicator stays usable.
+TEST_CASE("collectives with different sizes on different ranks fail on every rank, naming them",
+          "[mpi]") {
+  const std::unique_ptr<Driver> driver = host_driver();
+  for (const std::string backend : {"ring", "mpi"}) {
+    const std::unique_ptr<Communicator> comm = make(backend);
+    const int r = comm->rank(), n = comm->size();
+    INFO(backend << " rank " << r << " of " << n);
+    const std::size_t count = r == 0 ? 10 : 12;
+    std::vector<float> data(12, 1.0f);
+    CHECK_THROWS_WITH(comm->allreduce(*driver, data.data(), count),
+                      Contains("allreduce") && Contains("different sizes") &&
+                          Contains(fmt::format("rank {} of {}", r, n)) && Contains("10 to 12"));
+    CHECK_THROWS_WITH(comm->broadcast(*driver, data.data(), count, 0), Contains("broadcast"));
+    std::vector<float> gathered(12 * static_cast<std::size_t>(n));
+    CHECK_THROWS_WITH(comm->allgather(*driver, data.data(), count, gathered.data()),
+                      Contains("allgather"));
+    std::vector<std::size_t> blocks(static_cast<std::size_t>(n), 1);
+    blocks[0] = r == 0 ? 1 : 2;  // the same total on two ranks would not tell them apart
+    CHECK_THROWS_WITH(comm->allgatherv(*driver, data.data(), blocks, gathered.data()),
+                      Contains("allgatherv") && Contains("different sizes"));
+    // Still in step: an equal allreduce afterwards gives the exact sum.
+    std::vector<float> ones(5, 1.0f);
+    comm->allreduce(*driver, ones.data(), ones.size());
+    CHECK(ones == std::vector<float>(5, static_cast<float>(n)));
+  }
+}
+
 TEST_CASE("every built backend is listed and an unknown one is an error naming them", "[mpi]") {
   const std::vector<std::string> backends = communicator_backends();
   // nccl too where the build found CUDA and NCCL.

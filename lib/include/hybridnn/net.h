@@ -104,6 +104,8 @@ struct NetOptions {
 // A named blob of a net: its shape and its data and gradient memory. A blob whose memory is
 // reused holds its values only until a later layer overwrites them; in a net that runs no
 // backward, gradients have no memory (diff is empty).
+class Net;
+
 struct BlobRef {
   const std::string* name = nullptr;
   const Shape* shape = nullptr;
@@ -111,12 +113,15 @@ struct BlobRef {
   SyncedMemory* diff = nullptr;
   Layout layout = Layout::nchw;  // of data and diff (NetOptions::blocked_layout)
 
+  const Net* net = nullptr;  // checks that the memory still holds this blob's values
+
   index_t count() const { return shape->count(); }
-  const float* host_data() const { return static_cast<const float*>(data->host_read()); }
-  float* host_data_mut() const { return static_cast<float*>(data->host_write()); }
-  const float* host_diff() const { return static_cast<const float*>(diff->host_read()); }
+  // These throw when the memory plan has since reused the memory for another blob.
+  const float* host_data() const;
+  float* host_data_mut() const;
+  const float* host_diff() const;
   // The gradient to write (an output's, before backward: where the backward starts from).
-  float* host_diff_mut() const { return static_cast<float*>(diff->host_write()); }
+  float* host_diff_mut() const;
 };
 
 // A learnable parameter of the net, listed once even when several layers share it.
@@ -208,6 +213,9 @@ class Net {
   std::vector<std::string> blob_names() const;
   bool has_blob(const std::string& name) const;
   BlobRef blob(const std::string& name) const;  // throws listing the blobs
+  // Throws, naming keep_blobs, when the memory of blob `name`'s values (diff: gradient) now
+  // holds another blob's, reused by the memory plan since the blob was written.
+  void check_blob_holds(const std::string& name, bool diff) const;
   // Blobs no layer consumes (Caffe's net outputs) and the Input layers' tops.
   std::vector<std::string> output_blob_names() const;
   std::vector<std::string> input_blob_names() const;

@@ -78,6 +78,7 @@ struct PoolShape {
   index_t kernel_h = 1, kernel_w = 1;
   index_t stride_h = 1, stride_w = 1;
   index_t pad_h = 0, pad_w = 0;
+  bool ceil_mode = true;         // Caffe's round_mode: CEIL (true) or FLOOR
   Layout layout = Layout::nchw;  // of x, y and their gradients
 
   index_t out_h() const;

@@ -1,9 +1,11 @@
 // Pooling layer with Caffe's semantics: MAX and AVE, global_pooling, kernel/stride/pad in
 // the square (kernel_size, stride, pad) or the _h/_w forms, and Caffe's output size (round
-// up, then drop a last window that would start in the padding).
+// up, or down with round_mode FLOOR, then drop a last window that would start in the
+// padding).
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,17 +15,19 @@ namespace hn {
 
 enum class PoolMethod { max, ave };
 
-// Caffe's PoolingParameter. The square forms apply unless an _h/_w form is set (nonzero);
-// setting both forms of one field is an error, as in Caffe.
+// Caffe's PoolingParameter. The square forms apply unless an _h/_w form is set (both of
+// its fields, as in Caffe; 0 is a value there, e.g. pad_h: 1 pad_w: 0); setting both forms
+// of one field is an error, as in Caffe.
 struct PoolingParams {
   PoolMethod pool = PoolMethod::max;
   index_t kernel_size = 0;
-  index_t kernel_h = 0, kernel_w = 0;
+  std::optional<index_t> kernel_h, kernel_w;
   index_t stride = 1;
-  index_t stride_h = 0, stride_w = 0;
+  std::optional<index_t> stride_h, stride_w;
   index_t pad = 0;
-  index_t pad_h = 0, pad_w = 0;
+  std::optional<index_t> pad_h, pad_w;
   bool global_pooling = false;  // kernel = the input's height x width; no kernel fields
+  bool ceil_mode = true;        // Caffe's round_mode CEIL (the default); false: FLOOR
 };
 
 // Input N x C x H x W -> output N x C x out_h x out_w. MAX keeps, per output, the index
