@@ -612,6 +612,25 @@ layer { name: "ip2" type: "InnerProduct" bottom: "h" top: "y" param { name: "w" 
   CHECK(*legacy->blob("data").shape == Shape{1, 3, 8, 8});
 }
 
+TEST_CASE("Net errors name the layer: a label out of range, model_parallel on a convolution",
+          "[net]") {
+  Fixture f{Device::parse("cpu")};
+  auto net = Net::from_text(kSmallNet, "small.prototxt", f.runtime, *f.driver);
+  set_inputs(*net);
+  net->blob("label").host_data_mut()[2] = 7.0f;  // 3 classes
+  CHECK_THROWS_WITH(net->forward(),
+                    Contains("small.prototxt") && Contains("'loss'") && Contains("label 7"));
+  // Refused with one rank as under mpirun (it was ignored alone).
+  NetOptions options;
+  options.model_parallel = {"conv"};
+  CHECK_THROWS_WITH(Net::from_text(R"(layer { name: "in" type: "Input" top: "x"
+                                input_param { shape { dim: 1 dim: 1 dim: 4 dim: 4 } } }
+                        layer { name: "conv" type: "Convolution" bottom: "x" top: "y"
+                                convolution_param { num_output: 2 kernel_size: 3 } })",
+                                   "mp.prototxt", f.runtime, *f.driver, options),
+                    Contains("'conv'") && Contains("model_parallel") && Contains("InnerProduct"));
+}
+
 TEST_CASE("Net include and exclude rules select layers by phase level and stage") {
   const char* text = R"(
 layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }

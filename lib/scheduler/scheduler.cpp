@@ -299,10 +299,17 @@ std::vector<SliceRun> Scheduler::run_slices(const LayerCall& call, bool backward
   if (runs.size() == 1 && runs[0].on == &home_ && !probe) {
     // The unsplit path: no hand-off, and no synchronisation the caller did not ask for.
     const auto start = Clock::now();
-    if (backward) {
-      layer.backward(runs[0].slice);
-    } else {
-      layer.forward(runs[0].slice);
+    try {
+      if (backward) {
+        layer.backward(runs[0].slice);
+      } else {
+        layer.forward(runs[0].slice);
+      }
+    } catch (const Error& failure) {
+      // A driver's error (a label out of range) names the call; this names the layer too.
+      const std::string named = "layer '" + layer.name() + "'";
+      if (std::string_view(failure.what()).find(named) != std::string_view::npos) throw;
+      fail("{}: {}: {}", call.where, backward ? "backward" : "forward", failure.what());
     }
     runs[0].busy = seconds_since(start);
     return runs;

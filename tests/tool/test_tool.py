@@ -231,6 +231,10 @@ def help_and_usage_errors(ctx):
               f"no usage for {command}")
     ctx.run(code=2)
     ctx.run("frobnicate", code=2)
+    # An extra word after the command is named as such, not as an unknown command.
+    run = ctx.run("help", "train", "extra", code=2)
+    check("'extra'" in run.stderr and "unknown command" not in run.stderr,
+          f"`hybridnn help train extra` blames the wrong word:\n{run.stderr}")
     usage_errors = [
         (["train"], "needs --solver"),
         (["train", "--solver", "s.prototxt", "--bogus", "1"], "unknown flag '--bogus'"),

@@ -169,6 +169,40 @@ def test_net_forward_and_backward_match_numpy(cpu, tmp_path):
     np.testing.assert_array_equal(again.param(0).data, net.param(0).data)
 
 
+# Input -> Convolution -> ReLU -> InnerProduct -> Sigmoid -> InnerProduct: the memory plan
+# gives 'conv' to 'sig' in a test-phase net.
+CHAIN = """
+name: "chain"
+layer { name: "in" type: "Input" top: "data" input_param { shape { dim: 2 dim: 1 dim: 6 dim: 6 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 2 kernel_size: 3 weight_filler { type: "gaussian" std: 1 } } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
+layer { name: "ip1" type: "InnerProduct" bottom: "conv" top: "ip1"
+        inner_product_param { num_output: 32 weight_filler { type: "gaussian" std: 1 } } }
+layer { name: "sig" type: "Sigmoid" bottom: "ip1" top: "sig" }
+layer { name: "ip2" type: "InnerProduct" bottom: "sig" top: "ip2"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 1 } } }
+"""
+
+
+def test_a_reused_blob_is_an_error_naming_keep_blobs_not_another_blobs_values(cpu):
+    runtime, driver = cpu
+    x = np.linspace(-1, 1, 72, dtype=np.float32).reshape(2, 1, 6, 6)
+    net = hn.Net.from_text(runtime, driver, CHAIN, phase="test")
+    net.blob("data").data[:] = x
+    net.forward()
+    with pytest.raises(hn.Error, match="keep_blobs"):
+        net.blob("conv").data
+    kept = hn.Net.from_text(runtime, driver, CHAIN, phase="test", keep_blobs="conv")
+    kept.blob("data").data[:] = x
+    kept.forward()
+    w = kept.param(0).data.astype(np.float64)
+    b = kept.param(1).data.astype(np.float64)
+    # The convolution at output (0, 0, 0, 0) by hand, after the ReLU.
+    want = max(0.0, float((w[0, 0] * x[0, 0, :3, :3]).sum() + b[0]))
+    assert kept.blob("conv").data[0, 0, 0, 0] == pytest.approx(want, rel=1e-5, abs=1e-6)
+
+
 def test_solver_trains_reports_snapshots_and_restores(cpu, tiny_solver, tmp_path):
     runtime, driver = cpu
     solver = hn.Solver(runtime, driver, str(tiny_solver), max_iter=30)

@@ -38,8 +38,9 @@ SEED = 20240611
 FORWARD_TOLERANCE = 1e-4  # max |got - want| / max |want|
 GRADIENT_TOLERANCE = 1e-3  # ||got - want||_2 / ||want||_2
 TINY = 1e-12  # floor of the denominators, so an all-zero reference needs an exact zero
-SENTINEL = 7.0  # input diffs start here: backward must overwrite them, or leave them alone
-# (Caffe) where propagate_down is false
+# Input diffs start at SENTINEL: backward must overwrite them where propagate_down is true
+# and, as Caffe does, leave them alone where it is false.
+SENTINEL = 7.0
 FLT_MIN = float(np.finfo(np.float32).tiny)
 
 
@@ -321,8 +322,9 @@ def gen_inner_product(rng):
 
 def gen_lrn(rng):
     size = int(rng.choice([1, 3, 5, 7]))
-    alpha, beta, k = (round(float(rng.uniform(1e-3, 2.0)), 4), round(float(rng.uniform(0.3, 1.2)), 4),
-                      round(float(rng.uniform(0.5, 2.5)), 4))
+    alpha = round(float(rng.uniform(1e-3, 2.0)), 4)
+    beta = round(float(rng.uniform(0.3, 1.2)), 4)
+    k = round(float(rng.uniform(0.5, 2.5)), 4)
     within = bool(rng.rand() < 0.4)
     shape = (int(rng.randint(1, 4)), int(rng.randint(1, 9))) + pair(rng, 1, 6, square=0.3)
     fields = [f"local_size: {size}", f"alpha: {number(alpha)}", f"beta: {number(beta)}"]
@@ -355,7 +357,8 @@ def gen_relu(rng):
     in_place = bool(rng.rand() < 0.3)
     # In place Caffe's backward reads the output, whose sign is the input's only for a
     # slope >= 0.
-    slope = 0.0 if rng.rand() < 0.4 else round(float(rng.uniform(0.0 if in_place else -0.5, 0.5)), 3)
+    low = 0.0 if in_place else -0.5
+    slope = 0.0 if rng.rand() < 0.4 else round(float(rng.uniform(low, 0.5)), 3)
     text = f" relu_param {{ negative_slope: {number(slope)} }}" if slope != 0.0 else ""
 
     # Caffe: y = max(x, 0) + negative_slope * min(x, 0).
@@ -774,9 +777,11 @@ def class_layout(rng, min_axis):
     classes, inner, label shape). Caffe's LossLayer also wants the labels' first dimension
     to be the scores' (loss layers take min_axis 1)."""
     axes = int(rng.randint(max(2, min_axis + 1), 5))
-    shape = random_shape(rng, axes)
+    shape = list(random_shape(rng, axes))
     start = int(rng.randint(min_axis, axes))
     axis = start - axes if rng.rand() < 0.3 else start
+    shape[start] = max(2, shape[start])  # one class: a loss of 0 whatever the scores
+    shape = tuple(shape)
     outer, classes, inner = prod(shape[:start]), shape[start], prod(shape[start + 1:])
     if start >= 1 and rng.rand() < 0.5:
         label_shape = (shape[0], outer * inner // shape[0])
@@ -1043,37 +1048,47 @@ def compare(run, case, got, want, propagate):
     """The errors of one run against the reference, as readable lines."""
     errors = []
 
-    def check(what, error, tolerance):
+    def check(what, error, tolerance, g, w):
         if not error <= tolerance:
-            errors.append(f"{run}: {what}: relative error {error:.3g} > {tolerance:g}")
+            g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+            scale = (f"max |got - want| {np.max(np.abs(g - w)):.3g}, max |want| "
+                     f"{np.max(np.abs(w)):.3g}" if tolerance == FORWARD_TOLERANCE else
+                     f"|got - want| {np.linalg.norm(g - w):.3g}, |want| {np.linalg.norm(w):.3g}")
+            errors.append(f"{run}: {what}: relative error {error:.3g} > {tolerance:g} "
+                          f"({scale})" if g.shape == w.shape and g.size else
+                          f"{run}: {what}: shape {g.shape}, the reference's {w.shape}")
 
     outputs, input_grads, param_grads = want
     for i, (g, w) in enumerate(zip(got["outputs"], outputs)):
-        check(f"output {i}", forward_error(g, w), FORWARD_TOLERANCE)
+        check(f"output {i}", forward_error(g, w), FORWARD_TOLERANCE, g, w)
     if case.params_after is not None:
         for i, (g, w) in enumerate(zip(got["params_after"], case.params_after(
                 [torch.tensor(x, dtype=torch.float64) for x in case.inputs]))):
-            check(f"parameter {i} after forward", forward_error(g, w), FORWARD_TOLERANCE)
+            check(f"parameter {i} after forward", forward_error(g, w), FORWARD_TOLERANCE, g, w)
     if not case.backward:
         return errors
     for i, (g, w) in enumerate(zip(got["input_grads"], input_grads)):
         if case.in_place and i == 0:
-            check(f"input {i} gradient (in place)", gradient_error(g, w), GRADIENT_TOLERANCE)
+            check(f"input {i} gradient (in place)", gradient_error(g, w), GRADIENT_TOLERANCE,
+                  g, w)
         elif propagate[i]:
-            check(f"input {i} gradient", gradient_error(g, w), GRADIENT_TOLERANCE)
+            check(f"input {i} gradient", gradient_error(g, w), GRADIENT_TOLERANCE, g, w)
         elif not (g == SENTINEL).all():
             errors.append(f"{run}: input {i} diff written with propagate_down false "
                           "(Caffe leaves it alone)")
     for i, (g, w) in enumerate(zip(got["param_grads"], param_grads)):
-        check(f"parameter {i} gradient", gradient_error(g, w), GRADIENT_TOLERANCE)
+        check(f"parameter {i} gradient", gradient_error(g, w), GRADIENT_TOLERANCE, g, w)
     return errors
 
 
 def describe(layer_type, index, case, split, wrapped_params):
     shapes = ", ".join(str(tuple(x.shape)) for x in case.inputs)
+    params = ""
+    if case.params:
+        params = ("; parameters wrapped (set_param)" if wrapped_params else
+                  "; the layer's own parameters")
     return (f"{layer_type} config {index}: {case.prototxt}\n"
-            f"  inputs {shapes}; phase {case.phase}; split {split}; "
-            f"parameters {'wrapped (set_param)' if wrapped_params else 'the layer own'}"
+            f"  inputs {shapes}; phase {case.phase}; split {split}{params}"
             f"{'; in place' if case.in_place else ''}"
             f"{f'; propagate_down {case.propagate}' if case.propagate else ''}")
 
