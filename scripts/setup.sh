@@ -17,6 +17,9 @@ set -euo pipefail
 # with the library; python3-pytest runs their tests; python3-venv lets `pip install
 # ./bindings/python` go into a virtual environment; python3-matplotlib draws the training
 # curves (python3 -m hybridnn.plot).
+# python3-torch: the standing differential test of every layer against PyTorch
+# (bindings/python/tests/test_differential_pytorch.py) and the PyTorch layer example; it is
+# Debian's PyTorch 1.13 (about 180 MB installed), CPU only.
 packages=(
   build-essential cmake ninja-build pkg-config git python3
   libopenblas-dev libdnnl-dev ocl-icd-opencl-dev libeigen3-dev libtbb-dev libfmt-dev catch2
@@ -25,6 +28,7 @@ packages=(
   dataset-fashion-mnist
   openmpi-bin libopenmpi-dev
   python3-dev pybind11-dev python3-numpy python3-pytest python3-venv python3-matplotlib
+  python3-torch
 )
 
 # clang and its runtimes build the sanitizer and fuzzing trees (libclang-rt-14-dev: the

@@ -882,8 +882,8 @@ TEST_CASE("max_accumulate outputs and masks and max_select are identical on ever
     std::uint32_t seed = 680;
     for (const index_t n : kVectorSizes) {
       INFO("n=" << n);
-      // Four inputs drawn from eight values, so ties between inputs are frequent: the first
-      // input holding the maximum must win everywhere.
+      // Four inputs drawn from eight values, so ties between inputs are frequent: every
+      // driver must break them as Caffe does (input 1 over 0, then the earlier input).
       std::vector<std::vector<float>> inputs;
       for (int k = 0; k < 4; ++k) {
         std::vector<float> v = random_floats(n, seed++, 0.0f, 8.0f);

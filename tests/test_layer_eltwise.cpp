@@ -1,5 +1,6 @@
-// Eltwise layer: SUM with coefficients, PROD (both gradient forms) and MAX (first maximum
-// wins) against naive loops on every driver, split runs, gradients and the setup errors.
+// Eltwise layer: SUM with coefficients, PROD (both gradient forms) and MAX (Caffe's ties:
+// input 1 over input 0, then the earlier input) against naive loops on every driver, split runs,
+// gradients and the setup errors.
 #include <catch2/catch.hpp>
 
 #include <random>
@@ -72,8 +73,10 @@ NaiveEltwise naive(const EltwiseParams& p, const HostValues& x, const std::vecto
         break;
       }
       case EltwiseOp::max: {
-        std::size_t best = 0;
-        for (std::size_t i = 1; i < inputs; ++i)
+        // Caffe's EltwiseLayer::Forward_cpu: `a > b ? 0 : 1` for the first two inputs, then
+        // strictly greater for each later one.
+        std::size_t best = x[0][e] > x[1][e] ? 0 : 1;
+        for (std::size_t i = 2; i < inputs; ++i)
           if (x[i][e] > x[best][e]) best = i;
         r.y[e] = x[best][e];
         r.dx[best][e] = dy[e];
@@ -153,7 +156,7 @@ TEST_CASE("Eltwise SUM, PROD and MAX equal naive loops on every driver", "[layer
   }
 }
 
-TEST_CASE("Eltwise MAX gives ties to the first input, forward and backward", "[layer][eltwise]") {
+TEST_CASE("Eltwise MAX breaks ties as Caffe does, forward and backward", "[layer][eltwise]") {
   const auto config = GENERATE(from_range(hn::test::driver_configs()));
   DYNAMIC_SECTION(config.label) {
     const auto driver = hn::make_driver(config.device, config.options);
@@ -162,9 +165,11 @@ TEST_CASE("Eltwise MAX gives ties to the first input, forward and backward", "[l
     const HostValues x = {{1, 2, 3, -1, 0, 5}, {1, 1, 4, -1, 0, 5}, {0, 2, 4, -2, 0, 6}};
     const std::vector<float> dy = {10, 20, 30, 40, 50, 60};
     const auto run = run_layer(layer, *driver, {shape, shape, shape}, x, {dy});
+    // Caffe: input 1 takes ties with input 0 (elements 0, 3, 4, 5), input 2 only where it is
+    // greater (element 5), not on its tie at element 1 (with input 0) or 2 (with input 1).
     CHECK(run.outputs[0] == std::vector<float>{1, 2, 4, -1, 0, 6});
-    CHECK(run.input_diffs[0] == std::vector<float>{10, 20, 0, 40, 50, 0});
-    CHECK(run.input_diffs[1] == std::vector<float>{0, 0, 30, 0, 0, 0});
+    CHECK(run.input_diffs[0] == std::vector<float>{0, 20, 0, 0, 0, 0});
+    CHECK(run.input_diffs[1] == std::vector<float>{10, 0, 30, 40, 50, 0});
     CHECK(run.input_diffs[2] == std::vector<float>{0, 0, 0, 0, 0, 60});
   }
 }

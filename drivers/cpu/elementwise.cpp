@@ -153,11 +153,13 @@ void scale_channels(Parallel& par, const AxisShape& s, const float* scale, const
 
 namespace {
 
-// Caffe's Eltwise MAX: strict >, so the first input holding the maximum keeps it.
+// Caffe's Eltwise MAX: input 1 takes input 0's place unless input 0 is greater (ties go to
+// 1, as `a > b ? 0 : 1`); later inputs only where strictly greater.
 void max_accumulate_run(index_t n, const float* x, std::int32_t index, float* y,
                         std::int32_t* mask) {
+  const bool second = index == 1;
   for (index_t i = 0; i < n; ++i) {
-    const bool greater = x[i] > y[i];
+    const bool greater = second ? !(y[i] > x[i]) : x[i] > y[i];
     y[i] = greater ? x[i] : y[i];
     mask[i] = greater ? index : mask[i];
   }

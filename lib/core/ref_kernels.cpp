@@ -294,7 +294,8 @@ void scale_channels(const AxisShape& shape, const float* scale, const float* x, 
 }
 void max_accumulate(index_t n, const float* x, std::int32_t index, float* y, std::int32_t* mask) {
   for (index_t i = 0; i < n; ++i) {
-    if (index == 0 || x[i] > y[i]) {  // strict: the first maximum wins
+    // Caffe's rule: input 1 wins ties with input 0; later inputs need to be greater.
+    if (index == 0 || (index == 1 ? !(y[i] > x[i]) : x[i] > y[i])) {
       y[i] = x[i];
       mask[i] = index;
     }

@@ -64,11 +64,12 @@ HN_HOST_DEVICE inline void scale_channels_element(index_t i, const AxisShape& s,
   y[i] = x[i] * scale[(i / s.inner) % s.channels];
 }
 
-// Eltwise MAX: index 0 starts the running maximum (y and mask not read); a later input
-// replaces it only where strictly greater, so the first input holding the maximum wins.
+// Eltwise MAX as Caffe's: index 0 starts the running maximum (y and mask not read); index 1
+// replaces it unless input 0 is greater (ties go to input 1: Caffe's `a > b ? 0 : 1`); a
+// later input only where strictly greater.
 HN_HOST_DEVICE inline void max_accumulate_element(index_t i, const float* x, std::int32_t index,
                                                   float* y, std::int32_t* mask) {
-  if (index == 0 || x[i] > y[i]) {
+  if (index == 0 || (index == 1 ? !(y[i] > x[i]) : x[i] > y[i])) {
     y[i] = x[i];
     mask[i] = index;
   }
