@@ -6,6 +6,15 @@ tool, printed as JSON lines with the ratio hybridnn / PyTorch's best.
   bench/vs_pytorch.py [--build build] [--iterations N] [--threads 1,2]
                       [--only lenet|caffenet|memory]
   bench/vs_pytorch.py --accuracy     # PyTorch LeNet, 10,000 iterations, test accuracy
+  bench/vs_pytorch.py --only load     # LeNet idle and beside a process that keeps a core busy
+
+Under load (--only load): LeNet's training throughput with the default threads (2, as the
+tool and PyTorch take on this machine), first on the idle machine, then while a competing
+process spins on one core, so that both threads of each library share the cores with it.
+Each side's `kept` is its idle time over its loaded time (the share of its own idle
+throughput it keeps; 0.5 would be a fair share of one core in two); the ratio of hybridnn's
+kept share to PyTorch's is the figure (>= 1: hybridnn degrades no worse). The means over all
+chunks count here, not the best chunk, since the competitor takes its time throughout.
 
 Memory: CaffeNet at batch 32, forward + full backward and training with SGD and momentum
 (the solver's history included), each in a process of its own so that its peak resident
@@ -25,6 +34,7 @@ Needs Debian's python3-torch (CPU); without it the script says so, prints
 """
 
 import argparse
+import contextlib
 import functools
 import gzip
 import json
@@ -427,6 +437,59 @@ def hybridnn_time(tool, threads, iterations):
 
 
 # ---------------------------------------------------------------------------------------------
+# Under load: a competing process that keeps one core busy
+
+class BusyCore:
+    """A process spinning on one core while the block runs (not pinned: the scheduler
+    shares the cores among it and the measured threads)."""
+
+    def __enter__(self):
+        self.process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        time.sleep(0.5)  # running before the measurement starts
+        return self
+
+    def __exit__(self, *exc):
+        self.process.kill()
+        self.process.wait()
+        return False
+
+
+def load_comparison(torch, tool, threads, layouts, iterations, chunks):
+    """LeNet idle and under a busy core, PyTorch (its faster layout idle) and hybridnn."""
+    failed = False
+    layout = min(layouts, key=lambda l: pytorch_lenet(torch, threads, l, iterations, chunks)[1])
+    figures = {}
+    for loaded in (False, True):
+        with BusyCore() if loaded else contextlib.nullcontext():
+            _, mean = pytorch_lenet(torch, threads, layout, iterations, chunks)
+            figures[("pytorch", loaded)] = mean
+            emit({"bench": "lenet_under_load", "impl": "pytorch", "threads": threads,
+                  "layout": layout, "busy_core": loaded, "iterations": iterations,
+                  "ms_per_iter_mean": round(mean, 3)})
+            if tool:
+                try:
+                    with tempfile.TemporaryDirectory(prefix="hybridnn-bench-") as tmp:
+                        _, mean, _ = hybridnn_lenet(tool, threads, iterations, chunks, tmp)
+                    figures[("hybridnn", loaded)] = mean
+                    emit({"bench": "lenet_under_load", "impl": "hybridnn", "threads": threads,
+                          "busy_core": loaded, "iterations": iterations,
+                          "ms_per_iter_mean": round(mean, 3)})
+                except (RuntimeError, OSError, ValueError) as error:
+                    note(f"hybridnn LeNet under load failed: {error}")
+                    failed = True
+    kept = {impl: figures[(impl, False)] / figures[(impl, True)]
+            for impl in ("pytorch", "hybridnn") if (impl, True) in figures}
+    record = {"bench": "lenet_under_load", "threads": threads}
+    record.update({f"kept_{impl}": round(share, 3) for impl, share in kept.items()})
+    if len(kept) == 2:
+        record["ratio_kept_hybridnn_to_pytorch"] = round(kept["hybridnn"] / kept["pytorch"], 3)
+        record["ratio_loaded_ms_hybridnn_to_pytorch"] = round(
+            figures[("hybridnn", True)] / figures[("pytorch", True)], 3)
+    emit(record)
+    return failed
+
+
+# ---------------------------------------------------------------------------------------------
 # Peak resident memory, one process per case
 
 MEMORY_ITERATIONS = 3
@@ -572,7 +635,8 @@ def main():
                         help="thread counts, PyTorch's and hybridnn's (1,2)")
     parser.add_argument("--layouts", default="nchw,channels_last",
                         help="PyTorch memory formats tried; the best counts (nchw,channels_last)")
-    parser.add_argument("--only", choices=["lenet", "caffenet", "memory"], default=None)
+    parser.add_argument("--only", choices=["lenet", "caffenet", "memory", "load"], default=None,
+                        help="one comparison; load (LeNet beside a busy core) runs only so")
     parser.add_argument("--memory-child", choices=["fwd_bwd", "train"], default=None,
                         help=argparse.SUPPRESS)  # one PyTorch memory case (memory_comparison)
     parser.add_argument("--accuracy", action="store_true",
@@ -612,6 +676,10 @@ def main():
         note(f"no hybridnn tool at {os.path.join(args.build, 'bin', 'hybridnn')}; build it "
              "(cmake --build build) for the comparison; printing PyTorch's figures only")
     failed = False
+
+    if args.only == "load":
+        return 1 if load_comparison(torch, tool, max(threads), layouts, lenet_iterations,
+                                    args.chunks) else 0
 
     if args.only in (None, "lenet"):
         best = None

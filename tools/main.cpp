@@ -1,9 +1,11 @@
 // `hybridnn`: the command-line tool, as Caffe's `caffe` (train, test, time, device_query)
 // plus convert. Dispatches to a command; library errors exit 1, usage errors exit 2.
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
 #include <vector>
@@ -12,6 +14,22 @@
 #include "tools/tool.h"
 
 namespace {
+
+// OpenMP's idle threads (libgomp, under oneDNN and the CPU driver's loops) spin about
+// 300,000 times before they sleep. On an idle machine that saves a wake-up between the
+// small parallel regions of a training step; on a shared one the spinning takes the time a
+// competing process, or this process's own other thread, needs: LeNet training beside a
+// process that keeps one of 2 cores busy ran at 1,600-2,500 images/s against 3,300-3,400
+// with 1,000 spins (7,200 idle either way; docs/benchmarks.md, "Under load"). libgomp
+// reads GOMP_SPINCOUNT once, when it is loaded, before main (and an environment set from
+// .preinit_array is replaced by libc's own right after): so the tool runs itself again with
+// it set. A user's OMP_WAIT_POLICY or GOMP_SPINCOUNT is left alone.
+void bound_openmp_spinning(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) return;
+  if (setenv("GOMP_SPINCOUNT", "1000", 0) != 0) return;
+  execv("/proc/self/exe", argv);
+  // Not reached unless exec failed: run on with OpenMP's default.
+}
 
 using hn::tool::Command;
 
@@ -47,6 +65,7 @@ const Command* find_command(const std::vector<Command>& all, std::string name) {
 }
 
 int run(int argc, char** argv, std::string& label) {
+  bound_openmp_spinning(argv);
   const std::vector<Command> all = commands();
   std::vector<std::string> words(argv + 1, argv + argc);
   if (words.empty()) {
