@@ -161,6 +161,19 @@ def main():
     put("split_file", "saved",
         "# hybridnn layer splits\nconv1 cpu:0.75,reference:0.25\nip1 reference:1\n")
 
+    # The C ABI's text entry points: a first line of input shapes [|split] (capi_layer) or
+    # net options (capi_net), then a layer snippet or a net.
+    put('capi_layer', 'batch_norm', '4x3x2x2|reference:0.25,reference:1\nname: "b" type: "BatchNorm" batch_norm_param { eps: 0.001 moving_average_fraction: 0.9 }\n')
+    put('capi_layer', 'convolution', '2x3x8x8|reference:0.5,reference:1:0.5\nname: "c" type: "Convolution" convolution_param { num_output: 4 kernel_size: 3 pad: 1 group: 1 weight_filler { type: "gaussian" std: 0.1 } bias_filler { type: "constant" value: 0.2 } }\n')
+    put('capi_layer', 'eltwise', '2x3x2x2;2x3x2x2;2x3x2x2\nname: "e" type: "Eltwise" eltwise_param { operation: MAX }\n')
+    put('capi_layer', 'lrn', '2x5x3x3\nname: "n" type: "LRN" lrn_param { local_size: 3 alpha: 0.1 beta: 0.75 k: 2 }\n')
+    put('capi_layer', 'pooling', '2x3x6x14\nname: "p" type: "Pooling" pooling_param { pool: AVE kernel_h: 4 kernel_w: 1 stride: 2 pad_h: 2 pad_w: 0 }\n')
+    put('capi_layer', 'reshape', '6\nname: "r" type: "Reshape" reshape_param { shape { dim: 0 dim: 1 dim: 1 dim: 1 dim: 1 dim: 1 dim: 1 dim: 1 dim: 1 dim: 1 dim: 1 } }\n')
+    put('capi_layer', 'softmax_loss', '4x5;4\nname: "l" type: "SoftmaxWithLoss" loss_param { ignore_label: 2 normalization: VALID }\n')
+    put('capi_net', 'chain', 'phase=test;reuse_memory=1\nname: "chain"\nlayer { name: "in" type: "Input" top: "data" input_param { shape { dim: 2 dim: 1 dim: 6 dim: 6 } } }\nlayer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_param { num_output: 2 kernel_size: 3 weight_filler { type: "gaussian" std: 1 } } }\nlayer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }\nlayer { name: "ip1" type: "InnerProduct" bottom: "conv" top: "ip1" inner_product_param { num_output: 32 weight_filler { type: "gaussian" std: 1 } } }\nlayer { name: "sig" type: "Sigmoid" bottom: "ip1" top: "sig" }\nlayer { name: "ip2" type: "InnerProduct" bottom: "sig" top: "ip2" inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 1 } } }\n')
+    put('capi_net', 'residual', 'force_backward=1;keep_blobs=s;phase=train\nname: "res"\nlayer { name: "in" type: "DummyData" top: "x" top: "label" dummy_data_param { shape { dim: 2 dim: 4 dim: 5 dim: 5 } shape { dim: 2 } data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 1 } } }\nlayer { name: "c1" type: "Convolution" bottom: "x" top: "c1" convolution_param { num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } } }\nlayer { name: "bn" type: "BatchNorm" bottom: "c1" top: "c1" batch_norm_param { use_global_stats: true } }\nlayer { name: "sc" type: "Scale" bottom: "c1" top: "c1" scale_param { bias_term: true } }\nlayer { name: "r1" type: "ReLU" bottom: "c1" top: "c1" }\nlayer { name: "sum" type: "Eltwise" bottom: "x" bottom: "c1" top: "s" }\nlayer { name: "r2" type: "ReLU" bottom: "s" top: "s" }\nlayer { name: "pool" type: "Pooling" bottom: "s" top: "p" pooling_param { pool: MAX kernel_size: 3 stride: 2 } }\nlayer { name: "ip" type: "InnerProduct" bottom: "p" top: "ip" inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }\nlayer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }\n')
+    put("capi_net", "fuzz_net.prototxt", "batch=2;force_backward=1\n" + train_net_text())
+
 
 if __name__ == "__main__":
     main()

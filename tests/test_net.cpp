@@ -610,6 +610,29 @@ layer { name: "ip2" type: "InnerProduct" bottom: "h" top: "y" param { name: "w" 
   const auto legacy = build(R"(input: "data" input_shape { dim: 1 dim: 3 dim: 8 dim: 8 }
                                input_dim: 1 input_dim: 1 input_dim: 1 input_dim: 1)");
   CHECK(*legacy->blob("data").shape == Shape{1, 3, 8, 8});
+  // DummyData's legacy fields count one by one: 1 or once per top (Caffe accepts this).
+  const auto dummy = build(R"(layer { name: "d" type: "DummyData" top: "a" top: "b"
+      dummy_data_param { num: 10 channels: 3 channels: 1 height: 1 width: 1 } })");
+  CHECK(*dummy->blob("a").shape == Shape{10, 3, 1, 1});
+  CHECK(*dummy->blob("b").shape == Shape{10, 1, 1, 1});
+  CHECK_THROWS_WITH(build(R"(layer { name: "d" type: "DummyData" top: "a"
+                                     dummy_data_param { shape { dim: 2 } channels: 3 } })"),
+                    Contains("either as shape or as num"));
+  // A loss layer with no top still gives the loss (Caffe's anonymous top, weight 1): the
+  // half squared distance of 1s and 0s over 2 rows of 3.
+  const auto loss = build(R"(
+layer { name: "a" type: "DummyData" top: "a" dummy_data_param { shape { dim: 2 dim: 3 }
+        data_filler { type: "constant" value: 1 } } }
+layer { name: "b" type: "DummyData" top: "b" dummy_data_param { shape { dim: 2 dim: 3 } } }
+layer { name: "l" type: "EuclideanLoss" bottom: "a" bottom: "b" })");
+  CHECK(loss->forward() == Approx(1.5));
+  // Convolution's axis -3 is axis 1 of its 4-D input.
+  CHECK(*build(R"(layer { name: "in" type: "Input" top: "x"
+                          input_param { shape { dim: 1 dim: 3 dim: 8 dim: 8 } } }
+                  layer { name: "c" type: "Convolution" bottom: "x" top: "y"
+                          convolution_param { axis: -3 num_output: 4 kernel_size: 3 } })")
+             ->blob("y")
+             .shape == Shape{1, 4, 6, 6});
 }
 
 TEST_CASE("Net errors name the layer: a label out of range, model_parallel on a convolution",

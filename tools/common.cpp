@@ -407,6 +407,14 @@ std::string format_duration(double seconds) {
   return fmt::format("{}s", secs);
 }
 
+void note_if_fifo(const std::string& flag, const std::string& path) {
+  std::error_code error;
+  if (std::filesystem::is_fifo(std::filesystem::status(path, error)) && !error) {
+    fmt::print(stderr, "hybridnn: {} '{}' is a FIFO: writing waits until a reader opens it\n", flag,
+               path);
+  }
+}
+
 void create_parent_directory(const std::string& prefix) {
   const std::filesystem::path parent = std::filesystem::path(prefix).parent_path();
   if (parent.empty()) return;

@@ -66,6 +66,7 @@ class Timeline {
     padded.resize(width, 0.0f);
     const std::vector<float> all = allgather_host(comm, driver, padded);
     if (comm.rank() != 0) return;
+    note_if_fifo("--timeline", path);
     std::FILE* file = std::fopen(path.c_str(), "w");
     if (file == nullptr) throw Error(fmt::format("--timeline: cannot write '{}'", path));
     static const char* const kRows[] = {"forward", "backward", "allreduce"};

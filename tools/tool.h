@@ -102,5 +102,8 @@ std::string format_duration(double seconds);
 // Creates the directory that will hold files named `prefix`* (a snapshot prefix or an
 // output path); does nothing when it exists or the prefix has no directory part.
 void create_parent_directory(const std::string& prefix);
+// Says on stderr when an output file the tool is about to open is a FIFO (`flag` names it):
+// opening it for writing waits until a reader opens the other end.
+void note_if_fifo(const std::string& flag, const std::string& path);
 
 }  // namespace hn::tool

@@ -77,6 +77,7 @@ class MetricsFile {
   explicit MetricsFile(const std::string& path) : path_(path) {
     if (path.empty()) return;
     create_parent_directory(path);
+    note_if_fifo("--metrics", path);
     file_.reset(std::fopen(path.c_str(), "w"));
     if (!file_) throw Error(fmt::format("--metrics: cannot write '{}'", path));
   }

@@ -118,7 +118,9 @@ LayerPtr make_concat(const pb::LayerParameter& p) {
 
 LayerPtr make_convolution(const pb::LayerParameter& p) {
   const pb::ConvolutionParameter& c = p.convolution_param();
-  HN_CHECK(c.axis() == 1, "{}: axis {} is not supported (channels must be axis 1)", who(p),
+  // Inputs are N x C x H x W: axis -3 is axis 1 (Caffe's CanonicalAxisIndex).
+  HN_CHECK(c.axis() == 1 || c.axis() == -3,
+           "{}: axis {} is not supported (channels must be axis 1 of the 4-D input)", who(p),
            c.axis());
   ConvolutionParams params;
   params.num_output = c.num_output();

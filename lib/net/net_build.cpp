@@ -383,26 +383,38 @@ void Net::Impl::add_layer(const pb::LayerParameter& source) {
     nl.kind = Kind::dummy;
     const pb::DummyDataParameter& dummy = param.dummy_data_param();
     const int tops = param.top_size();
-    const int legacy = dummy.num_size();
-    HN_CHECK(dummy.shape_size() == 0 || legacy == 0,
+    // Caffe's DummyDataLayer: the legacy form when any of num/channels/height/width is
+    // given, each of them once or once per top.
+    const bool legacy = dummy.num_size() > 0 || dummy.channels_size() > 0 ||
+                        dummy.height_size() > 0 || dummy.width_size() > 0;
+    HN_CHECK(dummy.shape_size() == 0 || !legacy,
              "{}: give DummyData shapes either as shape or as num/channels/height/width",
              where(index));
-    const int shapes = dummy.shape_size() > 0 ? dummy.shape_size() : legacy;
-    HN_CHECK(shapes == 1 || shapes == tops, "{}: {} tops need 1 or {} shapes, got {}", where(index),
-             tops, tops, shapes);
+    const auto legacy_field = [&](const char* field, int count) {
+      HN_CHECK(count == 1 || count == tops, "{}: {} tops need 1 or {} values of {}, got {}",
+               where(index), tops, tops, field, count);
+    };
+    if (legacy) {
+      legacy_field("num", dummy.num_size());
+      legacy_field("channels", dummy.channels_size());
+      legacy_field("height", dummy.height_size());
+      legacy_field("width", dummy.width_size());
+    } else {
+      HN_CHECK(dummy.shape_size() == 1 || dummy.shape_size() == tops,
+               "{}: {} tops need 1 or {} shapes, got {}", where(index), tops, tops,
+               dummy.shape_size());
+    }
     HN_CHECK(dummy.data_filler_size() <= 1 || dummy.data_filler_size() == tops,
              "{}: {} tops need 0, 1 or {} data_fillers, got {}", where(index), tops, tops,
              dummy.data_filler_size());
     for (int i = 0; i < tops; ++i) {
-      const int s = shapes == 1 ? 0 : i;
+      const auto at = [i](int count) { return count == 1 ? 0 : i; };
       Shape shape;
-      if (dummy.shape_size() > 0) {
-        shape = detail::shape_of(dummy.shape(s));
+      if (!legacy) {
+        shape = detail::shape_of(dummy.shape(at(dummy.shape_size())));
       } else {
-        HN_CHECK(dummy.channels_size() == legacy && dummy.height_size() == legacy &&
-                     dummy.width_size() == legacy,
-                 "{}: num, channels, height and width need the same count", where(index));
-        shape = Shape({dummy.num(s), dummy.channels(s), dummy.height(s), dummy.width(s)});
+        shape = Shape({dummy.num(at(dummy.num_size())), dummy.channels(at(dummy.channels_size())),
+                       dummy.height(at(dummy.height_size())), dummy.width(at(dummy.width_size()))});
       }
       top_shapes.push_back(with_batch(shape));
       pb::FillerParameter filler;  // Caffe's default: constant 0
@@ -426,6 +438,10 @@ void Net::Impl::add_layer(const pb::LayerParameter& source) {
     } catch (const Error& error) {
       detail::fail("{}: {}", origin, error.what());
     }
+    // A loss layer with no top gets one (Caffe's AutoTopBlobs: an anonymous top holding the
+    // loss, with loss weight 1), so that its loss counts; no later layer can name it.
+    if (nl.layer->is_loss() && param.top_size() == 0)
+      nl.param.add_top(fmt::format("{} (automatic)", param.name()));
     std::vector<bool> in_place;
     for (int i = 0; i < param.top_size(); ++i)
       in_place.push_back(i < param.bottom_size() && param.top(i) == param.bottom(i));

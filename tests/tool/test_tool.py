@@ -548,6 +548,23 @@ def snapshot_prefix_on_read_only_disk_fails_at_start(ctx):
 # ---- training, testing, resuming ---------------------------------------------------------
 
 @case
+def metrics_into_a_fifo_says_it_waits_for_a_reader(ctx):
+    solver, net, prefix = setup_training(ctx, display=5)
+    fifo = ctx.path("metrics.fifo")
+    os.mkfifo(fifo)
+    lines = []
+    # The reader opens the FIFO after the tool does; the tool says why it waits.
+    reader = threading.Thread(target=lambda: lines.extend(open(fifo).read().splitlines()))
+    reader.start()
+    run = ctx.run("train", "--solver", solver, "--metrics", fifo)
+    reader.join(timeout=60)
+    check("--metrics" in run.stderr and "is a FIFO" in run.stderr and "reader" in run.stderr,
+          f"no word of the FIFO on stderr:\n{run.stderr}")
+    check(any(json.loads(line).get("phase") == "train" for line in lines if line.strip()),
+          f"the reader got no metrics: {lines[:3]}")
+
+
+@case
 def metrics_lines(ctx):
     solver, net, prefix = setup_training(ctx, display=5)
     metrics = ctx.path("out", "metrics.jsonl")
