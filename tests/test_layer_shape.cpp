@@ -348,8 +348,9 @@ TEST_CASE("Shape layer setup errors name the layer and the shapes",
     CHECK_THROWS_WITH(uneven.setup({Shape{2, 6, 3}}),
                       Contains("slice5") && Contains("evenly") && Contains("2x6x3"));
   }
-  SECTION("Flatten with axis after end_axis") {
-    hn::FlattenLayer layer("flat1", {2, 1});
+  SECTION("Flatten with axis after end_axis + 1") {
+    // {2, 1} is Caffe's count(2, 2): an axis of 1 inserted.
+    hn::FlattenLayer layer("flat1", {2, 0});
     CHECK_THROWS_WITH(layer.setup({Shape{2, 3, 4}}), Contains("flat1") && Contains("2x3x4"));
   }
   SECTION("Reshape with two -1, an impossible count, or a 0 beyond the input") {

@@ -383,7 +383,7 @@ TEST_CASE("reference add_scalar, powx, copy_strided and scale_channels", "[refer
   }
 }
 
-TEST_CASE("reference max_accumulate keeps the first maximum, and max_select routes dy by the mask",
+TEST_CASE("reference max_accumulate breaks ties as Caffe, and max_select routes dy by the mask",
           "[reference]") {
   auto driver = make_reference(GENERATE(false, true));
   DeviceArray a(*driver, std::vector<float>{1, 5, 3, -2});
@@ -395,9 +395,10 @@ TEST_CASE("reference max_accumulate keeps the first maximum, and max_select rout
   check_close(y.host(), {1, 5, 3, -2});
   CHECK(mask.host() == std::vector<std::int32_t>{0, 0, 0, 0});
   driver->max_accumulate(4, b.data(), 1, y.data(), mask.data());
-  // 2 > 1 and -1 > -2 replace; 5 == 5 is a tie and stays with input 0; 1 < 3.
+  // 2 > 1 and -1 > -2 replace; 5 == 5 is a tie, which input 1 takes (Caffe's
+  // `a > b ? 0 : 1`); 1 < 3.
   check_close(y.host(), {2, 5, 3, -1});
-  CHECK(mask.host() == std::vector<std::int32_t>{1, 0, 0, 1});
+  CHECK(mask.host() == std::vector<std::int32_t>{1, 1, 0, 1});
   driver->max_accumulate(4, c.data(), 2, y.data(), mask.data());
   // Only 6 > 5 replaces; 3 == 3 and -1 == -1 are ties.
   check_close(y.host(), {2, 6, 3, -1});
