@@ -32,7 +32,8 @@ std::vector<std::vector<std::int64_t>> parse_shapes(const std::string& text) {
   std::vector<std::vector<std::int64_t>> shapes(1);
   std::int64_t value = -1;
   const auto end_dim = [&] {
-    if (value >= 0 && shapes.back().size() < 4) shapes.back().push_back(std::min<std::int64_t>(value, 16));
+    if (value >= 0 && shapes.back().size() < 4)
+      shapes.back().push_back(std::min<std::int64_t>(value, 16));
     value = -1;
   };
   for (const char c : text) {

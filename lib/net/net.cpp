@@ -390,6 +390,13 @@ void Net::check_blob_holds(const std::string& name, bool diff) const {
         "'{}' in keep_blobs (or turn fuse_layers off) to read it",
         impl_->name, impl_->origin, name, blob.gradient_fused_by, name);
   }
+  if (!blob.columns_of.empty()) {
+    detail::fail(
+        "net '{}' ({}): blob '{}' is never gathered: the layers cut by outputs from '{}' on "
+        "pass it as each part's columns; name '{}' in keep_blobs (or make it a net output) to "
+        "read it",
+        impl_->name, impl_->origin, name, blob.columns_of, name);
+  }
   const int group = diff ? blob.diff_group : blob.data_group;
   const int holder = impl_->slot_holder[static_cast<std::size_t>(impl_->groups[group].slot)];
   if (holder < 0 || holder == group) return;

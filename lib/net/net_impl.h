@@ -59,6 +59,9 @@ struct BlobVersion {
   // inputs (net_fusion.cpp): this blob's gradient memory holds the unrectified gradient, so
   // reading it is an error.
   std::string gradient_fused_by;
+  // The first of consecutive layers cut by outputs that pass this blob as each part's
+  // columns (plan_column_chains): neither its values nor its gradient are ever gathered.
+  std::string columns_of;
 };
 
 struct NetLayer {

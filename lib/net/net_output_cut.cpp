@@ -212,6 +212,10 @@ void Net::Impl::plan_column_chains() {
     NetLayer& last = layers[static_cast<std::size_t>(next)];
     first.chain = chain;
     first.columns_to = next;
+    blobs[static_cast<std::size_t>(first.tops[0])].columns_of = first.param.name();
+    for (int e : chain)
+      blobs[static_cast<std::size_t>(layers[static_cast<std::size_t>(e)].tops[0])].columns_of =
+          first.param.name();
     last.columns_from = static_cast<int>(l);
     for (int e : chain)
       layers[static_cast<std::size_t>(e)].fused_into = static_cast<int>(l);
