@@ -14,8 +14,9 @@ then the timed iterations, each between two CUDA events (the median, min and mea
 stdout as a `pytorch NET MODE` line), then a few iterations under torch.profiler
 (ProfilerActivity.CPU and CUDA): the top kernels by CUDA time go to stdout, and to
 DIR (--out, default .) pytorch-times.jsonl (a line per net and mode), pytorch-kernels.jsonl
-(every kernel) and pytorch-ops.jsonl (every op per input shapes: count, CUDA time of its
-own kernels and with its children's, CPU time), times in ms per iteration.
+(per net and mode, the kernels' total, then every kernel) and pytorch-ops.jsonl (every op
+per input shapes: calls, CUDA time of its own kernels and with its children's, CPU time),
+times in ms per iteration. A profiler failure leaves the timings and the other mode.
 
 Without PyTorch, or without CUDA (--device cuda), it prints `SKIPPED: PyTorch profile:
 REASON` and exits 0. A net whose twin cannot be built (ResNet-50 needs torchvision) prints
@@ -75,16 +76,40 @@ def device_total_us(event):
 
 
 def tf32_flags(torch):
-    return {"cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
-            "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-            "cudnn_benchmark": bool(torch.backends.cudnn.benchmark)}
+    """The TF32 switches as they stand: the legacy allow_tf32 flags and, from PyTorch 2.9,
+    the fp32_precision settings that replace them (what is not there is left out)."""
+    getters = {"cudnn_allow_tf32": lambda: torch.backends.cudnn.allow_tf32,
+               "matmul_allow_tf32": lambda: torch.backends.cuda.matmul.allow_tf32,
+               "cudnn_benchmark": lambda: torch.backends.cudnn.benchmark,
+               "cudnn_conv_fp32_precision": lambda: torch.backends.cudnn.conv.fp32_precision,
+               "matmul_fp32_precision": lambda: torch.backends.cuda.matmul.fp32_precision}
+    flags = {}
+    for name, get in getters.items():
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                value = get()
+        except Exception:  # noqa: BLE001 (an older or newer PyTorch without it)
+            continue
+        flags[name] = value if isinstance(value, str) else bool(value)
+    return flags
 
 
 def set_mode(torch, mode, defaults):
-    """fp32: TF32 off for cuDNN and cuBLAS; default: the flags as PyTorch started."""
+    """fp32: TF32 off for cuDNN and cuBLAS; default: the flags as PyTorch started. Through
+    the allow_tf32 flags, or fp32_precision where a PyTorch refuses those."""
     tf32 = mode == "default"
-    torch.backends.cudnn.allow_tf32 = defaults["cudnn_allow_tf32"] if tf32 else False
-    torch.backends.cuda.matmul.allow_tf32 = defaults["matmul_allow_tf32"] if tf32 else False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 2.9's notice that allow_tf32 is to be deprecated
+        try:
+            torch.backends.cudnn.allow_tf32 = tf32 and defaults.get("cudnn_allow_tf32", True)
+            torch.backends.cuda.matmul.allow_tf32 = tf32 and defaults.get("matmul_allow_tf32",
+                                                                          False)
+        except Exception:  # noqa: BLE001
+            torch.backends.cudnn.conv.fp32_precision = (
+                defaults.get("cudnn_conv_fp32_precision", "tf32") if tf32 else "ieee")
+            torch.backends.cuda.matmul.fp32_precision = (
+                defaults.get("matmul_fp32_precision", "ieee") if tf32 else "ieee")
 
 
 def input_shape(spec, models, batch):
@@ -148,6 +173,41 @@ def profile(torch, clock, step, iterations, cuda):
     return kernels, ops
 
 
+def profile_tables(torch, clock, step, spec, mode, args, files):
+    """Profiles a few steps; prints the top kernels, writes the kernel and op tables."""
+    cuda = args.device == "cuda"
+    kernels, ops = profile(torch, clock, step, args.profile_iterations, cuda)
+    per = 1e3 * args.profile_iterations  # us over the profile -> ms per iteration
+    kernels.sort(key=device_self_us, reverse=True)
+    kernel_ms = sum(device_self_us(k) for k in kernels) / per
+    emit(files["kernels"], {"net": spec.key, "mode": mode, "profile_iterations":
+                            args.profile_iterations, "kernels": len(kernels),
+                            "kernel_ms": round(kernel_ms, 4)})
+    if cuda:
+        print(f"  top kernels by CUDA time ({kernel_ms:.2f} ms of kernels per iteration, "
+              f"{len(kernels)} kinds):", flush=True)
+    for rank, k in enumerate(kernels):
+        ms = device_self_us(k) / per
+        emit(files["kernels"], {"net": spec.key, "mode": mode, "rank": rank + 1,
+                                "kernel": k.key, "calls": k.count / args.profile_iterations,
+                                "cuda_ms": round(ms, 4)})
+        if rank < args.top:
+            share = ms / kernel_ms if kernel_ms else 0.0
+            print(f"  {ms:8.3f} ms {share:6.1%} x{k.count // args.profile_iterations:<4} "
+                  f"{k.key[:NAME_WIDTH]}", flush=True)
+    ops.sort(key=lambda e: (device_self_us(e), microseconds(e, "self_cpu_time_total")),
+             reverse=True)
+    for e in ops:
+        emit(files["ops"], {
+            "net": spec.key, "mode": mode, "op": e.key,
+            "input_shapes": str(getattr(e, "input_shapes", "") or ""),
+            "calls": e.count / args.profile_iterations,
+            "self_cuda_ms": round(device_self_us(e) / per, 4),
+            "cuda_ms": round(device_total_us(e) / per, 4),
+            "self_cpu_ms": round(microseconds(e, "self_cpu_time_total") / per, 4),
+            "cpu_ms": round(microseconds(e, "cpu_time_total") / per, 4)})
+
+
 def run_net(torch, spec, shape, args, defaults, files):
     cuda = args.device == "cuda"
     device = torch.device(args.device)
@@ -167,44 +227,19 @@ def run_net(torch, spec, shape, args, defaults, files):
         for _ in range(args.warmup):
             step()
         each, mean = clock.time(step, args.iterations)
-        kernels, ops = profile(torch, clock, step, args.profile_iterations, cuda)
-        per = 1e3 * args.profile_iterations  # us over the profile -> ms per iteration
-        kernels.sort(key=device_self_us, reverse=True)
-        kernel_ms = sum(device_self_us(k) for k in kernels) / per
         record = {"net": spec.key, "mode": mode, "batch": shape[0], "device": args.device,
                   "iterations": args.iterations, "median_ms": round(statistics.median(each), 3),
-                  "min_ms": round(min(each), 3), "mean_ms": round(mean, 3),
-                  "profiled_kernel_ms": round(kernel_ms, 3) if cuda else None,
-                  "kernels": len(kernels), **tf32_flags(torch)}
+                  "min_ms": round(min(each), 3), "mean_ms": round(mean, 3), **tf32_flags(torch)}
         emit(files["times"], record)
-        busy = f", kernels {kernel_ms:.2f} ms busy" if cuda else ""
         print(f"pytorch {spec.key:9} {mode:7} fb_ms={record['median_ms']:.2f} (median of "
-              f"{args.iterations}; min {record['min_ms']:.2f}, mean {record['mean_ms']:.2f}"
-              f"{busy}; cudnn tf32 {record['cudnn_allow_tf32']}, matmul tf32 "
-              f"{record['matmul_allow_tf32']})", flush=True)
-        for rank, k in enumerate(kernels):
-            ms = device_self_us(k) / per
-            emit(files["kernels"], {"net": spec.key, "mode": mode, "rank": rank + 1,
-                                    "kernel": k.key, "calls": k.count / args.profile_iterations,
-                                    "cuda_ms": round(ms, 4)})
-            if rank < args.top:
-                share = ms / kernel_ms if kernel_ms else 0.0
-                print(f"  {ms:8.3f} ms {share:6.1%} x{k.count // args.profile_iterations:<4} "
-                      f"{k.key[:NAME_WIDTH]}", flush=True)
-        ops.sort(key=lambda e: (device_self_us(e), microseconds(e, "self_cpu_time_total")),
-                 reverse=True)
-        for e in ops:
-            emit(files["ops"], {
-                "net": spec.key, "mode": mode, "op": e.key,
-                "input_shapes": str(getattr(e, "input_shapes", "") or ""),
-                "calls": e.count / args.profile_iterations,
-                "self_cuda_ms": round(device_self_us(e) / per, 4),
-                "cuda_ms": round(device_total_us(e) / per, 4),
-                "self_cpu_ms": round(microseconds(e, "self_cpu_time_total") / per, 4),
-                "cpu_ms": round(microseconds(e, "cpu_time_total") / per, 4)})
-    del net, data
-    if cuda:
-        torch.cuda.empty_cache()
+              f"{args.iterations}; min {record['min_ms']:.2f}, mean {record['mean_ms']:.2f}; "
+              f"cudnn tf32 {record.get('cudnn_allow_tf32')}, matmul tf32 "
+              f"{record.get('matmul_allow_tf32')})", flush=True)
+        try:
+            profile_tables(torch, clock, step, spec, mode, args, files)
+        except Exception as error:  # noqa: BLE001 (the timings stand; the other mode runs)
+            print(f"FAILED: PyTorch profile {spec.key} {mode}: torch.profiler: "
+                  f"{type(error).__name__}: {error}", flush=True)
 
 
 def main():
@@ -236,7 +271,7 @@ def main():
     try:
         import torch
         import torch.profiler  # noqa: F401
-    except ImportError as error:
+    except Exception as error:  # noqa: BLE001 (ImportError, or a library torch cannot load)
         return skipped(f"no PyTorch for {sys.executable} ({error})")
     if args.device == "cuda" and not torch.cuda.is_available():
         return skipped(f"torch {torch.__version__} sees no CUDA device "
@@ -266,8 +301,8 @@ def main():
             failed = True
             print(f"FAILED: PyTorch profile {key}: {type(error).__name__}: {error}", flush=True)
             emit(files["times"], {"net": key, "failed": f"{type(error).__name__}: {error}"})
-            if args.device == "cuda":
-                torch.cuda.empty_cache()
+        if args.device == "cuda":
+            torch.cuda.empty_cache()  # the net's memory, before the next one
     for handle in files.values():
         handle.close()
     return 1 if failed else 0

@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
 # Packs the GPU suite for a machine that has an NVIDIA GPU, its driver and CUDA 13's cuBLAS and
 # cuDNN (a CUDA image, a PyTorch install) but none of this project's own dependencies, and
-# nothing to build with: the CUDA test binary, the hybridnn tool, the shared libraries they
-# need that such a machine lacks (oneDNN, OpenBLAS, protobuf, fmt, LMDB, Open MPI's client
-# libraries), ../shared/models and, with --data, Fashion-MNIST.
+# nothing to build with: the CUDA test binary, the hybridnn tool (and hybridnn-bench where
+# built), the shared libraries they need that such a machine lacks (oneDNN, OpenBLAS,
+# protobuf, fmt, LMDB, Open MPI's client libraries), ../shared/models, bench/gpu_profile.py
+# with the zoo.py and vs_pytorch.py whose PyTorch twins it imports and, with --data, Fashion-MNIST.
 #
 #   scripts/gpu-bundle.sh [--build DIR] [--data]   # writes .gpu/bundle.tar.xz and .gpu/run.sh
 #
-# Then, from the repository root on the GPU machine: `bash .gpu/run.sh` runs the GPU suite
-# first, then times CaffeNet, ResNet-50 and MobileNet v1 (batch 32, forward + backward) on
-# cuda:0, with --split auto and with both, and with --data trains LeNet on Fashion-MNIST with --gpu 0.
-# Logs and JSON lines go to $OUT (default .gpu/out). The binaries run on a newer glibc than
-# Debian 12's; the GPU machine's x86-64 must be this one's. .gpu/ is not committed.
+# Then, from the repository root on the GPU machine, `bash .gpu/run.sh` (about 7 minutes on
+# an H100; every step under `timeout` and within RUN_BUDGET_S, default 480 s, past which the
+# steps left print SKIPPED) runs the GPU suite, then on CaffeNet, ResNet-50 and MobileNet v1
+# (batch 32, forward + backward): `hybridnn time` on cuda:0 (its per-layer tables kept), with
+# --split auto and with both; bench/gpu_profile.py, PyTorch's twins in FP32 with TF32 off
+# and with its defaults, CUDA-event times, torch.profiler's top kernels and per-op table
+# (SKIPPED without PyTorch or CUDA); the CPU alone (--device cpu, every core); the fixed
+# splits cuda:0:0.9,cpu:0.1 and cuda:0:0.8,cpu:0.2; then hybridnn-bench gemm (the CPU's
+# sgemm GFLOP/s) and, with --data, LeNet trained on Fashion-MNIST with --gpu 0. Logs and JSON
+# lines go to $OUT (default .gpu/out); a summary (a line per net and configuration) prints at
+# the end and stays in $OUT/summary.txt. The binaries run on a newer glibc than Debian 12's;
+# the GPU machine's x86-64 must be this one's. .gpu/ is not committed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=build
@@ -20,7 +28,7 @@ while (($#)); do
   case $1 in
     --build) build=${2:?--build needs a directory}; shift ;;
     --data) data=1 ;;
-    -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-bundle: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -31,63 +39,195 @@ for binary in hybridnn-tests-cuda hybridnn; do
     exit 1
   }
 done
+binaries=("$build/bin/hybridnn-tests-cuda" "$build/bin/hybridnn")
+[[ -x $build/bin/hybridnn-bench ]] && binaries+=("$build/bin/hybridnn-bench")
 models=$PWD/../shared/models  # as the build wrote it into the tests (HYBRIDNN_MODELS_DIR)
 [[ -d $models ]] || { echo "gpu-bundle: no $models" >&2; exit 1; }
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-mkdir -p "$stage/bin" "$stage/lib" "$stage/models" .gpu
-cp "$build/bin/hybridnn-tests-cuda" "$build/bin/hybridnn" "$stage/bin/"
+mkdir -p "$stage/bin" "$stage/lib" "$stage/models" "$stage/py" .gpu
+cp "${binaries[@]}" "$stage/bin/"
 strip "$stage/bin/"*
-# Every library the two need but the C and C++ runtimes, and CUDA's own (the GPU machine's
+# Every library they need but the C and C++ runtimes, and CUDA's own (the GPU machine's
 # cuBLAS and cuDNN match its driver).
-ldd "$build/bin/hybridnn-tests-cuda" "$build/bin/hybridnn" | awk '$3 ~ /^\// { print $3 }' |
+ldd "${binaries[@]}" | awk '$3 ~ /^\// { print $3 }' |
   sort -u |
   grep -v -E '/(libc|libm|libstdc\+\+|libgcc_s|libdl|libpthread|librt|libcudnn[a-z_]*|libnccl|libcublas[A-Za-z]*)\.so' |
   xargs -I{} cp -L {} "$stage/lib/"
 cp "$models"/*.prototxt "$stage/models/"
-(cd "$stage" && tar cf - bin lib models) | xz -T0 -6 >.gpu/bundle.tar.xz
+cp bench/gpu_profile.py bench/zoo.py bench/vs_pytorch.py "$stage/py/"
+(cd "$stage" && tar cf - bin lib models py) | xz -T0 -6 >.gpu/bundle.tar.xz
 rm -rf .gpu/fashion
 if ((data)); then
   mkdir -p .gpu/fashion
   cp /usr/share/datasets/fashion-mnist/*.gz .gpu/fashion/
 fi
-cat >.gpu/run.sh <<EOF
-#!/usr/bin/env bash
-# Written by scripts/gpu-bundle.sh at $(git rev-parse --short HEAD); run from the repository root.
+revision=$(git rev-parse --short HEAD)
+git diff --quiet HEAD -- 2>/dev/null || revision+=" with uncommitted changes"
+{
+  printf '#!/usr/bin/env bash\n'
+  printf '# Written by scripts/gpu-bundle.sh at %s; run from the repository root.\n' "$revision"
+  printf '# The tests read the models where the build put ../shared/models.\n'
+  printf 'MODELS_DIR=%q\n' "$models"
+  cat <<'EOF'
 set -u -o pipefail
-OUT=\${OUT:-.gpu/out}
-mkdir -p "\$OUT" /tmp/hybridnn-gpu
-tar xJf .gpu/bundle.tar.xz -C /tmp/hybridnn-gpu
+OUT=${OUT:-.gpu/out}
+# Every step runs under `timeout`, limited further to what is left of RUN_BUDGET_S (less 15 s
+# for the summary); a step that would get less than its minimum prints SKIPPED instead. No
+# step's failure stops the others.
+BUDGET=${RUN_BUDGET_S:-480}
+mkdir -p "$OUT" /tmp/hybridnn-gpu
+: >"$OUT/summary.txt"
+# note: a line on stdout and in the summary.
+note() { printf '%s\n' "$*" | tee -a "$OUT/summary.txt"; }
+# step NAME MAX MIN COMMAND...: COMMAND under `timeout` for MAX seconds or what the budget has
+# left; SKIPPED (rc 125) when that is under MIN. Redirections apply to COMMAND's output; the
+# SKIPPED and timed-out lines go to fd 3 (stdout) and the summary.
+exec 3>&1
+step() {
+  local name=$1 max=$2 min=$3 rc left
+  shift 3
+  left=$((BUDGET - SECONDS - 15))
+  ((left < max)) && max=$left
+  if ((max < min)); then
+    note "SKIPPED: $name: ${left}s left of the ${BUDGET}s budget" >&3
+    return 125
+  fi
+  timeout -k 10 "$max" "$@"
+  rc=$?
+  ((rc == 124 || rc == 137)) && note "TIMED OUT: $name after ${max}s" >&3
+  return $rc
+}
+# field JSONL KEY: KEY's value in the log's "total" line.
+field() { grep '"total"' "$1" 2>/dev/null | tail -n 1 | grep -o "\"$2\":[-0-9.eE+]*" | cut -d: -f2; }
+# layers JSONL: hybridnn time --json's per-layer lines as a table, slowest first.
+layers() {
+  awk -F'"' '/^\{"layer"/ && !/"device":/ {
+    f = b = 0; a = ""
+    if (match($0, /"forward_ms":[-0-9.eE+]+/)) f = substr($0, RSTART + 13, RLENGTH - 13)
+    if (match($0, /"backward_ms":[-0-9.eE+]+/)) b = substr($0, RSTART + 14, RLENGTH - 14)
+    if (match($0, /"algorithm":"[^"]*"/)) a = substr($0, RSTART + 13, RLENGTH - 14)
+    printf "%9.3f %9.3f %9.3f  %-22s %-18s %s\n", f + b, f, b, $4, $8, a }' "$1" | sort -rn
+}
+# time_net NET ITERATIONS MAX MIN ARGS...: `hybridnn time` batch 32, forward + backward, its
+# JSON lines in $OUT/NET<ARGS without ':, -'>.jsonl (names without ':' come back), a summary line.
+time_net() {
+  local net=$1 iterations=$2 max=$3 min=$4 log ms rc why
+  shift 4
+  log=$OUT/$net$(echo "$*" | tr -d ':, -').jsonl
+  step "$net $*" "$max" "$min" $B/hybridnn time --model "$M/${net}_deploy.prototxt" "$@" \
+    --iterations "$iterations" --batch 32 --json >"$log" 2>&1
+  rc=$?
+  ((rc == 125)) && return
+  ms=$(field "$log" forward_backward_ms)
+  if [[ -n $ms ]]; then
+    note "$(printf '%-24s %-32s fb_ms=%-8.2f (fwd %.2f, bwd %.2f)' "$net" "$*" "$ms" \
+      "$(field "$log" forward_ms)" "$(field "$log" backward_ms)")"
+  else
+    why=$(grep -v '^{' "$log" | tail -n 1)
+    note "$(printf '%-24s %-32s FAILED: exit %s: %s' "$net" "$*" "$rc" "${why:0:100}")"
+  fi
+}
+nets="bvlc_reference_caffenet resnet50 mobilenet_v1"
+
+echo "== setup"
+ORIG_LD_LIBRARY_PATH=${LD_LIBRARY_PATH-}
+step "unpacking the bundle" 120 10 tar xJf .gpu/bundle.tar.xz -C /tmp/hybridnn-gpu
 B=/tmp/hybridnn-gpu/bin M=/tmp/hybridnn-gpu/models
-# The tests read the models where the build put ../shared/models.
-mkdir -p "$models" && cp \$M/*.prototxt "$models/"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-dirs=\$(for n in libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libcudnn_ops.so.9 libnccl.so.2; do
-  find /usr/local /opt /usr/lib -name "\$n" 2>/dev/null | head -n 1
+mkdir -p "$MODELS_DIR" && cp $M/*.prototxt "$MODELS_DIR/"
+note "gpu: $(timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -n 1)"
+note "cpu: $(nproc) cores, $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1)$(grep -q avx512f /proc/cpuinfo && echo ', AVX-512')"
+dirs=$(for n in libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libcudnn_ops.so.9 libnccl.so.2; do
+  timeout 60 find /usr/local /opt /usr/lib -name "$n" 2>/dev/null | head -n 1
 done | xargs -r -n 1 dirname | sort -u | paste -sd:)
-export LD_LIBRARY_PATH=/tmp/hybridnn-gpu/lib:\$dirs HYBRIDNN_TUNE_CACHE=none
-ldd \$B/hybridnn-tests-cuda \$B/hybridnn | grep "not found"
+export LD_LIBRARY_PATH=/tmp/hybridnn-gpu/lib:$dirs HYBRIDNN_TUNE_CACHE=none
+ldd $B/* | grep "not found"
+timeout 60 $B/hybridnn device_query | grep -E "^(available|cuda|cpu)"
+
 echo "== the GPU suite"
-timeout 300 \$B/hybridnn-tests-cuda --durations yes >"\$OUT/cuda-tests.log" 2>&1
-echo "exit \$?"
-grep -E "FAILED|SKIPPED|test cases|assertions|All tests passed" "\$OUT/cuda-tests.log" | tail -n 12
-\$B/hybridnn device_query | grep -E "^(available|cuda)"
-for net in bvlc_reference_caffenet resnet50 mobilenet_v1; do
+step "the GPU suite" 300 30 $B/hybridnn-tests-cuda --durations yes >"$OUT/cuda-tests.log" 2>&1
+rc=$?
+if ((rc != 125)); then
+  grep -E "FAILED|SKIPPED|test cases|assertions|All tests passed" "$OUT/cuda-tests.log" | tail -n 12
+  note "GPU suite: exit $rc; $(grep -E 'test cases' "$OUT/cuda-tests.log" | tail -n 1)"
+fi
+
+echo "== hybridnn on cuda:0 and --split auto (10 iterations)"
+for net in $nets; do
   for how in "--device cuda:0" "--split auto" "--device cuda:0 --split auto"; do
-    echo "== \$net \$how"
-    log=\$OUT/\$net\$(echo "\$how" | tr -d ': -').jsonl  # names without ':' come back
-    timeout 120 \$B/hybridnn time --model \$M/\${net}_deploy.prototxt \$how --iterations 10 \\
-      --batch 32 --json >"\$log" 2>&1
-    grep '"total"' "\$log" | grep -o '"forward_backward_ms":[0-9.]*'
+    # shellcheck disable=SC2086  # $how: its words are the arguments
+    time_net "$net" 10 120 20 $how
+  done
+  # Per-layer times on cuda:0 (each layer synchronised), slowest first.
+  log=$OUT/${net}devicecuda0.jsonl table=$OUT/hybridnn-layers-$net-cuda0.txt
+  if [[ -s $log ]]; then
+    { echo "    fb_ms    fwd_ms    bwd_ms  layer                  type               algorithm"
+      layers "$log"; } >"$table"
+    echo "-- $net on cuda:0, slowest layers (all: $table)"
+    head -n 6 "$table"
+  fi
+done
+
+echo "== PyTorch per-op profile (bench/gpu_profile.py)"
+# Python runs with the machine's own library path, not the bundle's.
+if [[ -n $ORIG_LD_LIBRARY_PATH ]]; then orig_env=(env LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH")
+else orig_env=(env -u LD_LIBRARY_PATH); fi
+py="" why="no python3 on PATH" seen=""
+for candidate in python3 /usr/bin/python3; do
+  path=$(command -v "$candidate") || continue
+  [[ $(readlink -f "$path") == "$seen" ]] && continue
+  seen=$(readlink -f "$path")
+  if why=$(step "import torch ($path)" 90 20 "${orig_env[@]}" "$path" -c 'import torch
+assert torch.cuda.is_available(), f"torch {torch.__version__} sees no CUDA device"' 2>&1); then
+    py=$path
+    break
+  fi
+  why="$path: $(printf '%s\n' "$why" | tail -n 1)"
+done
+if [[ -z $py ]]; then
+  note "SKIPPED: PyTorch profile: $why"
+else
+  step "PyTorch profile" 240 60 "${orig_env[@]}" "$py" /tmp/hybridnn-gpu/py/gpu_profile.py --out "$OUT" \
+    --models "$M" --batch 32 --warmup 5 --iterations 20 --profile-iterations 3 --top 5 \
+    >"$OUT/pytorch-profile.log" 2>&1
+  rc=$?
+  grep -E '^(pytorch |  |SKIPPED|FAILED)' "$OUT/pytorch-profile.log"
+  grep -E '^(pytorch [a-z]|SKIPPED|FAILED)' "$OUT/pytorch-profile.log" | grep -v '^pytorch setup' |
+    sed 's/ (median of .*$//' >>"$OUT/summary.txt"
+  ((rc == 0 || rc == 125)) || note "PyTorch profile: exit $rc (last lines: $OUT/pytorch-profile.log)"
+fi
+
+echo "== the CPU alone, every core (2-3 iterations)"
+time_net bvlc_reference_caffenet 3 90 20 --device cpu
+time_net resnet50 2 150 30 --device cpu
+time_net mobilenet_v1 3 90 20 --device cpu
+
+echo "== fixed splits (5 iterations)"
+for net in $nets; do
+  for split in cuda:0:0.9,cpu:0.1 cuda:0:0.8,cpu:0.2; do
+    time_net "$net" 5 120 20 --split "$split"
   done
 done
+
+if [[ -x $B/hybridnn-bench ]]; then
+  echo "== the CPU's GEMM (hybridnn-bench gemm, every core)"
+  step "hybridnn-bench gemm" 60 20 $B/hybridnn-bench gemm >"$OUT/cpu-gemm.jsonl" 2>&1
+  peak=$(grep -o '"gflops":[0-9.eE+]*' "$OUT/cpu-gemm.jsonl" | cut -d: -f2 | sort -g | tail -n 1)
+  [[ -n $peak ]] && note "cpu sgemm peak: $peak GFLOP/s (hybridnn-bench gemm; $OUT/cpu-gemm.jsonl)"
+fi
+
 if [[ -d .gpu/fashion ]]; then
   echo "== LeNet on Fashion-MNIST, --gpu 0"
   mkdir -p /usr/share/datasets/fashion-mnist && cp .gpu/fashion/*.gz /usr/share/datasets/fashion-mnist/
-  timeout 200 \$B/hybridnn train --solver examples/fashion_mnist/lenet_solver.prototxt --gpu 0 \\
-    --metrics "\$OUT/metrics.jsonl" >"\$OUT/train.log" 2>&1
-  echo "exit \$?"
-  tail -n 3 "\$OUT/train.log"
+  step "LeNet on Fashion-MNIST" 200 30 $B/hybridnn train --solver examples/fashion_mnist/lenet_solver.prototxt \
+    --gpu 0 --metrics "$OUT/metrics.jsonl" >"$OUT/train.log" 2>&1
+  rc=$?
+  tail -n 3 "$OUT/train.log"
+  ((rc == 125)) || note "LeNet on Fashion-MNIST, --gpu 0: exit $rc; $(tail -n 1 "$OUT/train.log")"
 fi
+
+echo "== summary ($SECONDS s of the ${BUDGET} s budget; logs and JSON lines in $OUT)"
+cat "$OUT/summary.txt"
 EOF
+} >.gpu/run.sh
 echo "gpu-bundle: .gpu/bundle.tar.xz ($(du -h .gpu/bundle.tar.xz | cut -f1)) and .gpu/run.sh; on the GPU machine: bash .gpu/run.sh"
