@@ -18,8 +18,8 @@
 #endif
 
 #include "bench/bench_common.h"
-#include "hybridnn/comm.h"
-#include "hybridnn/runtime.h"
+#include "lib/comm/comm.h"
+#include "lib/core/runtime.h"
 
 namespace hn::bench {
 

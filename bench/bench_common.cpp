@@ -18,7 +18,7 @@
 #include <cblas.h>
 #endif
 
-#include "hybridnn/net.h"
+#include "lib/net/net.h"
 
 namespace hn::bench {
 

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "bench/bench_common.h"
-#include "hybridnn/memory.h"
-#include "hybridnn/runtime.h"
+#include "lib/core/memory.h"
+#include "lib/core/runtime.h"
 
 namespace hn::bench {
 

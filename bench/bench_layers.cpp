@@ -12,22 +12,22 @@
 #include <vector>
 
 #include "bench/bench_common.h"
-#include "hybridnn/layer.h"
-#include "hybridnn/memory.h"
-#include "hybridnn/runtime.h"
-#include "layers/convolution.h"
-#include "layers/inner_product.h"
+#include "lib/core/memory.h"
+#include "lib/core/runtime.h"
+#include "lib/layers/convolution_layer.h"
+#include "lib/layers/inner_product_layer.h"
+#include "lib/layers/layer.h"
 
-#if __has_include("hybridnn/layers/pooling.h")
-#include "layers/pooling.h"
+#if __has_include("lib/layers/pooling.h")
+#include "lib/layers/pooling_layer.h"
 #define HYBRIDNN_BENCH_POOLING 1
 #endif
-#if __has_include("hybridnn/layers/lrn.h")
-#include "layers/lrn.h"
+#if __has_include("lib/layers/lrn.h")
+#include "lib/layers/lrn_layer.h"
 #define HYBRIDNN_BENCH_LRN 1
 #endif
-#if __has_include("hybridnn/layers/activation.h")
-#include "layers/activation.h"
+#if __has_include("lib/layers/activation.h")
+#include "lib/layers/activation_layer.h"
 #define HYBRIDNN_BENCH_RELU 1
 #endif
 

@@ -12,10 +12,10 @@
 
 #include "bench/bench_common.h"
 #include "hybridnn/error.h"
-#include "hybridnn/memory.h"
-#include "hybridnn/net.h"
-#include "hybridnn/runtime.h"
-#include "hybridnn/solver.h"
+#include "lib/core/memory.h"
+#include "lib/core/runtime.h"
+#include "lib/net/net.h"
+#include "lib/solver/solver.h"
 
 namespace hn::bench {
 

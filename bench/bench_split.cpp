@@ -15,9 +15,9 @@
 
 #include "bench/bench_common.h"
 #include "hybridnn/error.h"
-#include "hybridnn/net.h"
-#include "hybridnn/runtime.h"
-#include "hybridnn/split.h"
+#include "lib/core/runtime.h"
+#include "lib/net/net.h"
+#include "lib/scheduler/split.h"
 
 namespace hn::bench {
 

@@ -4,8 +4,8 @@
 #include <string>
 
 #include "fuzz/fuzz.h"
-#include "hybridnn/net.h"
-#include "hybridnn/runtime.h"
+#include "lib/core/runtime.h"
+#include "lib/net/net.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static hn::Runtime runtime;

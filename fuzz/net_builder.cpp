@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "fuzz/fuzz.h"
-#include "hybridnn/memory.h"
-#include "hybridnn/net.h"
-#include "hybridnn/runtime.h"
+#include "lib/core/memory.h"
+#include "lib/core/runtime.h"
+#include "lib/net/net.h"
 
 namespace {
 

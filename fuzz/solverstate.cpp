@@ -5,8 +5,8 @@
 #include <string>
 
 #include "fuzz/fuzz.h"
-#include "hybridnn/runtime.h"
-#include "hybridnn/solver.h"
+#include "lib/core/runtime.h"
+#include "lib/solver/solver.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static hn::Runtime runtime;

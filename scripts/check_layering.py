@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
 """Checks that no #include runs against the architecture's order (docs/architecture.md).
 
-Every source and header of the library belongs to one component; a component may include
-only itself and the components listed for it below. The C++ API's headers
-(lib/include/hybridnn/) belong to the component they declare; include/hybridnn/ holds the
-stable C ABI and the header-only C++ API over it (the "api" component, lib/capi/). Exits 1 listing each include out of order, with the
-file and line; run by CI and by ctest (test 'layering').
+The library's tree is lib/, one folder per component, bottom to top as the floors; a
+component may include only itself, the installed headers (include/hybridnn/: the stable C
+ABI and the header-only C++ API, which include nothing of lib/) and the components listed
+for it below. The tools see the installed headers and the C++ API's umbrella,
+lib/capi/hybridnn.h, plus what TOOLS_MAY_USE names. Exits 1 listing each include out of
+order, with the file and line; run by CI and by ctest (test 'layering').
 """
 import pathlib
 import re
 import sys
 
-# Bottom to top. A component sees itself and what is listed here.
+# Bottom to top. A component sees itself, "public" and what is listed here.
 ALLOWED = {
+    "public": [],
     "core": [],
     "drivers": ["core"],
     "layers": ["core"],
@@ -22,61 +24,40 @@ ALLOWED = {
     "scheduler": ["core", "layers"],
     "net": ["core", "layers", "scheduler", "proto", "data", "comm"],
     "solver": ["core", "layers", "scheduler", "net", "proto", "data", "comm"],
-    "api": ["core", "layers", "scheduler", "net", "solver", "comm", "proto"],
+    "api": ["core", "drivers", "layers", "scheduler", "net", "solver", "comm", "proto", "data"],
+    "tools": ["api"],
 }
 
-# Where each component lives: path prefixes, longest match wins.
+# Where each component lives: folders only, longest match wins.
 PLACES = {
+    "include/": "public",
     "lib/core/": "core",
-    "lib/include/hybridnn/device.h": "core",
-    "lib/include/hybridnn/driver.h": "core",
-    "lib/include/hybridnn/driver_registry.h": "core",
-    "include/hybridnn/error.h": "core",
-    "include/hybridnn/hybridnn_c.h": "api",
-    "include/hybridnn/hybridnn.hpp": "api",
-    "lib/capi/": "api",
-    "lib/include/hybridnn/memory.h": "core",
-    "lib/include/hybridnn/phase.h": "core",
-    "lib/include/hybridnn/version.h": "core",
-    "lib/include/hybridnn/runtime.h": "core",
-    "lib/include/hybridnn/shapes.h": "core",
-    "lib/include/hybridnn/solver_update.h": "core",
-    "lib/include/hybridnn/driver_calls.def": "core",
-    "lib/include/hybridnn/tensor.h": "core",
-    "lib/include/hybridnn/tune.h": "core",
-    "drivers/": "drivers",
-    "layers/": "layers",
-    "lib/include/hybridnn/layer.h": "layers",
-    "lib/include/hybridnn/layers.h": "layers",
-    "lib/include/hybridnn/layers/": "layers",
+    "lib/drivers/": "drivers",
+    "lib/layers/": "layers",
     "lib/proto/": "proto",
-    "hybridnn.pb.h": "proto",  # generated from lib/proto/hybridnn.proto
-    "comm/": "comm",
-    "lib/include/hybridnn/comm.h": "comm",
+    "lib/comm/": "comm",
     "lib/data/": "data",
     "lib/scheduler/": "scheduler",
-    "lib/include/hybridnn/split.h": "scheduler",
     "lib/net/": "net",
-    "lib/include/hybridnn/net.h": "net",
     "lib/solver/": "solver",
-    "lib/include/hybridnn/solver.h": "solver",
-    "lib/include/hybridnn/hybridnn.h": "api",
+    "lib/capi/": "api",
+    "tools/": "tools",
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
-SOURCES = ("lib", "drivers", "comm", "layers", "include")
-SUFFIXES = {".h", ".hpp", ".cpp", ".cu", ".cuh"}
+SOURCES = ("lib", "include", "tools")
+SUFFIXES = {".h", ".hpp", ".cpp", ".cu", ".cuh", ".def"}
 
 
 def component(path):
     """The component of a repository path or include name, or None (outside the library)."""
     if path.startswith("hybridnn/"):
-        public = ("hybridnn/error.h", "hybridnn/hybridnn_c.h", "hybridnn/hybridnn.hpp")
-        path = ("include/" if path in public else "lib/include/") + path
+        path = "include/" + path
+    elif path == "hybridnn.pb.h":  # generated from lib/proto/hybridnn.proto
+        path = "lib/proto/" + path
     best = None
     for prefix, name in PLACES.items():
-        if (path == prefix or (prefix.endswith("/") and path.startswith(prefix))) and (
-                best is None or len(prefix) > len(best[0])):
+        if path.startswith(prefix) and (best is None or len(prefix) > len(best[0])):
             best = (prefix, name)
     return best[1] if best else None
 
@@ -99,7 +80,7 @@ def check(root):
                 if not match:
                     continue
                 target = component(match.group(1))
-                if target is None or target == owner or target in ALLOWED[owner]:
+                if target in (None, owner, "public") or target in ALLOWED[owner]:
                     continue
                 errors.append(f"{path}:{number}: {owner} includes {match.group(1)} ({target}); "
                               f"{owner} may use only {', '.join(ALLOWED[owner]) or 'itself'}")
@@ -112,16 +93,16 @@ def self_test():
     with tempfile.TemporaryDirectory() as temp:
         root = pathlib.Path(temp)
         files = {
-            "lib/core/tensor.cpp": '#include "hybridnn/tensor.h"\n#include "lib/core/check.h"\n',
-            "layers/relu.cpp": '#include "hybridnn/layer.h"\n#include "lib/core/check.h"\n',
-            "drivers/cpu/gemm.cpp": '#include "lib/net/graph.h"\n',
+            "lib/core/tensor.cpp": '#include "hybridnn/error.h"\n#include "lib/core/check.h"\n',
+            "lib/layers/relu.cpp": '#include "lib/layers/layer.h"\n#include "lib/core/check.h"\n',
+            "lib/drivers/cpu/gemm.cpp": '#include "lib/net/graph.h"\n',
             "lib/misc/thing.cpp": "\n",
         }
         for path, text in files.items():
             (root / path).parent.mkdir(parents=True, exist_ok=True)
             (root / path).write_text(text)
         errors, _ = check(root)
-    expected = ["drivers/cpu/gemm.cpp:1: drivers includes lib/net/graph.h (net)",
+    expected = ["lib/drivers/cpu/gemm.cpp:1: drivers includes lib/net/graph.h (net)",
                 "lib/misc/thing.cpp: belongs to no component"]
     ok = len(errors) == 2 and all(any(e.startswith(x) for e in errors) for x in expected)
     print(f"layering self-test: {'passed' if ok else 'FAILED'}: {errors}")

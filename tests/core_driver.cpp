@@ -6,8 +6,8 @@
 #include <cstring>
 #include <memory>
 
-#include "hybridnn/driver_registry.h"
 #include "hybridnn/error.h"
+#include "lib/core/driver_registry.h"
 
 namespace hn::test {
 

@@ -10,7 +10,7 @@
 #include <mutex>
 #include <string>
 
-#include "hybridnn/driver.h"
+#include "lib/core/driver.h"
 
 namespace hn::test {
 
@@ -34,7 +34,7 @@ class CoreDriver : public Driver {
 
 #define HN_CORE(RET, NAME, PARAMS, ARGS) RET do_##NAME PARAMS override;
 #define HN_OPTIONAL(RET, NAME, PARAMS, ARGS)
-#include "hybridnn/driver_calls.def"
+#include "lib/core/driver_calls.def"
 
  private:
   const bool separate_memory_;

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "hybridnn/layer.h"
-#include "hybridnn/tensor.h"
+#include "lib/core/tensor.h"
+#include "lib/layers/layer.h"
 #include "tests/layer_support.h"
 #include "tests/support.h"
 

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "hybridnn/layer.h"
-#include "hybridnn/tensor.h"
+#include "lib/core/tensor.h"
+#include "lib/layers/layer.h"
 
 namespace hn::test {
 

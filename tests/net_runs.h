@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "hybridnn/net.h"
-#include "hybridnn/runtime.h"
+#include "lib/core/runtime.h"
+#include "lib/net/net.h"
 
 namespace hn::test {
 

@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/memory.h"
-#include "hybridnn/runtime.h"
-#include "hybridnn/shapes.h"
+#include "lib/core/memory.h"
+#include "lib/core/runtime.h"
+#include "lib/core/shapes.h"
 
 namespace hn::test {
 

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "hybridnn/comm.h"
 #include "hybridnn/error.h"
-#include "hybridnn/runtime.h"
-#include "hybridnn/solver.h"
+#include "lib/comm/comm.h"
+#include "lib/core/runtime.h"
+#include "lib/solver/solver.h"
 #include "tests/support.h"
 
 namespace hn {

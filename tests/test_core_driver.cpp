@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "hybridnn/runtime.h"
-#include "hybridnn/solver.h"
+#include "lib/core/runtime.h"
+#include "lib/solver/solver.h"
 #include "tests/core_driver.h"
 #include "tests/support.h"
 

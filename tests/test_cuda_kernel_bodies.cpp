@@ -1,4 +1,4 @@
-// Host tests of the CUDA kernel bodies (drivers/cuda/kernels/*.cuh): every body runs over its
+// Host tests of the CUDA kernel bodies (lib/drivers/cuda/kernels/*.cuh): every body runs over its
 // whole index space, in a shuffled order (a GPU promises no order), on random inputs with odd
 // and prime sizes, and is compared with the reference driver. Built with or without CUDA:
 // it includes only the g++-compilable bodies, so CI checks the kernels' indexing and
@@ -16,18 +16,18 @@
 #include <random>
 #include <vector>
 
-#include "drivers/cuda/kernels/activations.cuh"
-#include "drivers/cuda/kernels/depthwise.cuh"
-#include "drivers/cuda/kernels/dropout.cuh"
-#include "drivers/cuda/kernels/elementwise.cuh"
-#include "drivers/cuda/kernels/losses.cuh"
-#include "drivers/cuda/kernels/lowering.cuh"
-#include "drivers/cuda/kernels/lrn.cuh"
-#include "drivers/cuda/kernels/pooling.cuh"
-#include "drivers/cuda/kernels/reductions.cuh"
-#include "drivers/cuda/kernels/softmax.cuh"
-#include "drivers/cuda/kernels/solver_update.cuh"
-#include "hybridnn/runtime.h"
+#include "lib/core/runtime.h"
+#include "lib/drivers/cuda/kernels/activations.cuh"
+#include "lib/drivers/cuda/kernels/depthwise.cuh"
+#include "lib/drivers/cuda/kernels/dropout.cuh"
+#include "lib/drivers/cuda/kernels/elementwise.cuh"
+#include "lib/drivers/cuda/kernels/losses.cuh"
+#include "lib/drivers/cuda/kernels/lowering.cuh"
+#include "lib/drivers/cuda/kernels/lrn.cuh"
+#include "lib/drivers/cuda/kernels/pooling.cuh"
+#include "lib/drivers/cuda/kernels/reductions.cuh"
+#include "lib/drivers/cuda/kernels/softmax.cuh"
+#include "lib/drivers/cuda/kernels/solver_update.cuh"
 #include "tests/support.h"
 
 namespace {

@@ -26,8 +26,9 @@
 
 #include "hybridnn.pb.h"
 #include "hybridnn/error.h"
-#include "hybridnn/memory.h"
+#include "lib/core/memory.h"
 #include "lib/core/philox.h"
+#include "lib/data/convert.h"
 #include "lib/data/data.h"
 #include "lib/data/lmdb_check.h"
 #include "lib/data/lmdb_store.h"

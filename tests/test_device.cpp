@@ -1,8 +1,8 @@
 // Device names: parsing, printing and errors.
 #include <catch2/catch.hpp>
 
-#include "hybridnn/device.h"
 #include "hybridnn/error.h"
+#include "lib/core/device.h"
 
 using hn::Device;
 

@@ -19,12 +19,12 @@
 #include <utility>
 #include <vector>
 
-#include "hybridnn/driver.h"
 #include "hybridnn/error.h"
-#include "hybridnn/memory.h"
-#include "hybridnn/runtime.h"
-#include "hybridnn/shapes.h"
+#include "lib/core/driver.h"
+#include "lib/core/memory.h"
 #include "lib/core/philox.h"
+#include "lib/core/runtime.h"
+#include "lib/core/shapes.h"
 #include "tests/core_driver.h"
 #include "tests/support.h"
 

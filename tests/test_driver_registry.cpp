@@ -4,9 +4,9 @@
 
 #include <algorithm>
 
-#include "hybridnn/driver_registry.h"
 #include "hybridnn/error.h"
-#include "hybridnn/runtime.h"
+#include "lib/core/driver_registry.h"
+#include "lib/core/runtime.h"
 
 using Catch::Matchers::Contains;
 using namespace hn;

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/runtime.h"
-#include "layers/accuracy.h"
+#include "lib/core/runtime.h"
+#include "lib/layers/accuracy_layer.h"
 #include "tests/layer_runs.h"
 #include "tests/support.h"
 

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/runtime.h"
-#include "layers/activation.h"
 #include "lib/core/philox.h"
+#include "lib/core/runtime.h"
+#include "lib/layers/activation_layer.h"
 #include "tests/layer_runs.h"
 #include "tests/layer_support.h"
 #include "tests/support.h"

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/runtime.h"
-#include "layers/batch_norm.h"
+#include "lib/core/runtime.h"
+#include "lib/layers/batch_norm_layer.h"
 #include "tests/layer_runs.h"
 #include "tests/support.h"
 

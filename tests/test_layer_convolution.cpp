@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/layers/inner_product.h"
-#include "hybridnn/runtime.h"
-#include "hybridnn/tune.h"
-#include "layers/convolution.h"
+#include "lib/core/runtime.h"
+#include "lib/core/tune.h"
+#include "lib/layers/convolution_layer.h"
+#include "lib/layers/inner_product.h"
 #include "tests/layer_runs.h"
 #include "tests/layer_support.h"
 #include "tests/support.h"

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/layer.h"
-#include "hybridnn/runtime.h"
+#include "lib/core/runtime.h"
+#include "lib/layers/layer.h"
 #include "lib/net/layer_factory.h"
 #include "lib/proto/prototxt.h"
 #include "tests/layer_support.h"

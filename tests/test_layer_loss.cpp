@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/runtime.h"
-#include "layers/loss.h"
+#include "lib/core/runtime.h"
+#include "lib/layers/loss_layer.h"
 #include "tests/layer_runs.h"
 #include "tests/support.h"
 

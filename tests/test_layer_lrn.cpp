@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/runtime.h"
-#include "layers/lrn.h"
+#include "lib/core/runtime.h"
+#include "lib/layers/lrn_layer.h"
 #include "tests/layer_runs.h"
 #include "tests/layer_support.h"
 #include "tests/support.h"

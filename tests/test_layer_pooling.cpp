@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/runtime.h"
-#include "layers/pooling.h"
+#include "lib/core/runtime.h"
+#include "lib/layers/pooling_layer.h"
 #include "tests/layer_runs.h"
 #include "tests/layer_support.h"
 #include "tests/support.h"

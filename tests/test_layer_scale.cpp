@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/runtime.h"
-#include "layers/scale.h"
+#include "lib/core/runtime.h"
+#include "lib/layers/scale_layer.h"
 #include "tests/layer_runs.h"
 #include "tests/support.h"
 

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/runtime.h"
-#include "layers/shape.h"
+#include "lib/core/runtime.h"
+#include "lib/layers/shape_layer.h"
 #include "tests/layer_runs.h"
 #include "tests/layer_support.h"
 #include "tests/support.h"

@@ -13,9 +13,9 @@
 #include <utility>
 #include <vector>
 
-#include "hybridnn/memory.h"
-#include "hybridnn/net.h"
-#include "hybridnn/runtime.h"
+#include "lib/core/memory.h"
+#include "lib/core/runtime.h"
+#include "lib/net/net.h"
 #include "tests/net_runs.h"
 #include "tests/support.h"
 

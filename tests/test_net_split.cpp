@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/net.h"
-#include "hybridnn/runtime.h"
-#include "hybridnn/solver.h"
+#include "lib/core/runtime.h"
 #include "lib/core/worker.h"
+#include "lib/net/net.h"
+#include "lib/solver/solver.h"
 #include "tests/core_driver.h"
 #include "tests/net_runs.h"
 #include "tests/support.h"

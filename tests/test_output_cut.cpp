@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/net.h"
-#include "hybridnn/runtime.h"
-#include "hybridnn/solver.h"
+#include "lib/core/runtime.h"
+#include "lib/net/net.h"
+#include "lib/solver/solver.h"
 #include "tests/net_runs.h"
 #include "tests/support.h"
 

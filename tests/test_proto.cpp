@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/memory.h"
+#include "lib/core/memory.h"
 #include "lib/proto/prototxt.h"
 
 using Catch::Matchers::Contains;

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/memory.h"
+#include "lib/core/memory.h"
 #include "lib/core/philox.h"
 #include "tests/support.h"
 

@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/memory.h"
-#include "hybridnn/runtime.h"
-#include "hybridnn/tensor.h"
+#include "lib/core/memory.h"
+#include "lib/core/runtime.h"
+#include "lib/core/tensor.h"
 
 using namespace hn;
 using Catch::Matchers::Contains;

@@ -18,10 +18,10 @@
 
 #include "hybridnn.pb.h"
 #include "hybridnn/error.h"
-#include "hybridnn/net.h"
-#include "hybridnn/runtime.h"
-#include "hybridnn/solver.h"
+#include "lib/core/runtime.h"
+#include "lib/net/net.h"
 #include "lib/proto/prototxt.h"
+#include "lib/solver/solver.h"
 #include "tests/support.h"
 
 namespace hn {

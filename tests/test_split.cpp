@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/runtime.h"
-#include "hybridnn/split.h"
+#include "lib/core/runtime.h"
 #include "lib/core/text.h"
+#include "lib/scheduler/split.h"
 #include "tests/support.h"
 
 namespace hn {

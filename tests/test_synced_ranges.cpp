@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/runtime.h"
-#include "hybridnn/tensor.h"
+#include "lib/core/runtime.h"
+#include "lib/core/tensor.h"
 
 namespace hn {
 namespace {

@@ -12,8 +12,6 @@
 #include <thread>
 
 #include "hybridnn/error.h"
-#include "hybridnn/solver.h"
-#include "lib/core/text.h"
 #include "tools/tool.h"
 
 namespace hn::tool {

@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <cstdio>
 
-#include "lib/data/data.h"
 #include "tools/tool.h"
 
 namespace hn::tool {

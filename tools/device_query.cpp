@@ -6,7 +6,7 @@
 
 #include <thread>
 
-#include "hybridnn/hybridnn.h"
+#include "lib/capi/hybridnn.h"
 #include "tools/tool.h"
 
 namespace hn::tool {

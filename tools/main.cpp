@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "hybridnn/hybridnn.h"
+#include "lib/capi/hybridnn.h"
 #include "tools/tool.h"
 
 namespace {

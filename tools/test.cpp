@@ -6,8 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "hybridnn/net.h"
-#include "lib/core/text.h"
 #include "tools/tool.h"
 
 namespace hn::tool {

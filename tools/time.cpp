@@ -13,9 +13,6 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/memory.h"
-#include "hybridnn/net.h"
-#include "lib/solver/gradient_sync.h"
 #include "tools/tool.h"
 
 namespace hn::tool {

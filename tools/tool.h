@@ -9,11 +9,7 @@
 #include <cstddef>
 #include <memory>
 
-#include "hybridnn/comm.h"
-#include "hybridnn/device.h"
-#include "hybridnn/net.h"
-#include "hybridnn/runtime.h"
-#include "hybridnn/split.h"
+#include "lib/capi/hybridnn.h"
 #include "tools/flags.h"
 
 namespace hn::tool {
@@ -32,7 +28,7 @@ std::vector<FlagSpec> net_flags();
 NetOptions net_options(const Args& args, Phase phase);
 
 // --tune, --tune-cache, --layout, --fuse: the measured choice of algorithms
-// (hybridnn/tune.h), the activations' layout (NetOptions::blocked_layout) and the fusion of
+// (lib/core/tune.h), the activations' layout (NetOptions::blocked_layout) and the fusion of
 // layers (NetOptions::fuse_layers).
 std::vector<FlagSpec> tune_flags();
 // TuneOptions of --tune (default cached) and --tune-cache; measured choices are reported on

@@ -13,9 +13,6 @@
 #include <string>
 
 #include "hybridnn/error.h"
-#include "hybridnn/memory.h"
-#include "hybridnn/solver.h"
-#include "lib/proto/prototxt.h"
 #include "tools/tool.h"
 
 namespace hn::tool {
@@ -227,9 +224,7 @@ int run_train(const Args& args) {
   signals.attach(solver);
   // Caffe fails at the first snapshot when the prefix's directory is missing; create it.
   if (root) {
-    create_parent_directory(options.snapshot_prefix.empty()
-                                ? detail::read_solver_prototxt(solver_path).snapshot_prefix()
-                                : options.snapshot_prefix);
+    create_parent_directory(solver.snapshot_prefix());
   }
 
   const index_t batch = solver.net().batch_size();

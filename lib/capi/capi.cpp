@@ -18,19 +18,19 @@
 #include <utility>
 #include <vector>
 
-#include "hybridnn/comm.h"
-#include "hybridnn/memory.h"
-#include "hybridnn/net.h"
-#include "hybridnn/runtime.h"
-#include "hybridnn/solver.h"
-#include "hybridnn/split.h"
-#include "hybridnn/version.h"
+#include "lib/comm/comm.h"
+#include "lib/core/memory.h"
 #include "lib/core/philox.h"
+#include "lib/core/runtime.h"
 #include "lib/core/text.h"
+#include "lib/core/version.h"
 #include "lib/net/filler.h"
 #include "lib/net/layer_factory.h"
+#include "lib/net/net.h"
 #include "lib/proto/prototxt.h"
 #include "lib/scheduler/scheduler.h"
+#include "lib/scheduler/split.h"
+#include "lib/solver/solver.h"
 
 namespace {
 

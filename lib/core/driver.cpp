@@ -1,7 +1,7 @@
 // The non-virtual front of every Driver call: argument validation, address checks and
 // transfer counting, shared by all drivers. The compute calls' checking wrappers are
 // generated from driver_calls.def; what each call reads and writes is its *_operands.
-#include "hybridnn/driver.h"
+#include "lib/core/driver.h"
 
 #include <cmath>
 #include <initializer_list>
@@ -762,6 +762,6 @@ DriverOperands& DriverOperands::add(const char* name, const void* address, std::
     return do_##NAME ARGS;                                              \
   }
 #define HN_OPTIONAL HN_CORE
-#include "hybridnn/driver_calls.def"
+#include "lib/core/driver_calls.def"
 
 }  // namespace hn

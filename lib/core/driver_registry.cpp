@@ -1,12 +1,11 @@
 // The driver registry's table, device names, and typed driver options.
-#include "hybridnn/driver_registry.h"
+#include "lib/core/driver_registry.h"
 
 #include <charconv>
 #include <mutex>
 
-#include "hybridnn/device.h"
 #include "lib/core/check.h"
-#include "lib/core/driver_registry_internal.h"
+#include "lib/core/device.h"
 
 namespace hn {
 namespace {
@@ -26,21 +25,16 @@ void add_locked(Registry& registry, DriverKind kind) {
   registry.kinds.push_back(std::move(kind));
 }
 
-// Filled on first use by one explicit call (no static-initialiser registration, which
-// static linking would drop).
 Registry& registry() {
   static Registry table;
-  static std::once_flag filled;
-  std::call_once(filled, [] {
-    std::vector<DriverKind> builtin;
-    detail::register_builtin_drivers(builtin);
-    for (DriverKind& kind : builtin)
-      add_locked(table, std::move(kind));
-  });
   return table;
 }
 
 std::string kind_list(const std::vector<DriverKind>& kinds) {
+  // Empty only in a program linked without the built-in drivers' object (CMake links it
+  // with the library: lib/drivers/CMakeLists.txt).
+  if (kinds.empty())
+    return "none (the built-in drivers, lib/drivers/builtin.cpp, are not linked in)";
   std::string names;
   for (const DriverKind& kind : kinds)
     names += (names.empty() ? "" : ", ") + kind.name;

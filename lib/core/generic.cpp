@@ -12,8 +12,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "hybridnn/driver.h"
 #include "lib/core/check.h"
+#include "lib/core/driver.h"
 #include "lib/core/ref_kernels.h"
 
 namespace hn {
@@ -147,7 +147,7 @@ class Ones : public Scratch {
     HostStage stage(*this, NAME##_operands ARGS); \
     return staged(stage, &ref::NAME) ARGS;        \
   }
-#include "hybridnn/driver_calls.def"
+#include "lib/core/driver_calls.def"
 
 // ---- composed from core calls ------------------------------------------------------
 

@@ -1,5 +1,5 @@
 // Buffer, Pointer and View.
-#include "hybridnn/memory.h"
+#include "lib/core/memory.h"
 
 #include <sys/resource.h>
 #include <sys/sysinfo.h>
@@ -11,8 +11,8 @@
 #include <limits>
 #include <utility>
 
-#include "hybridnn/runtime.h"
 #include "lib/core/check.h"
+#include "lib/core/runtime.h"
 #include "lib/core/transfer.h"
 
 namespace hn {

@@ -6,13 +6,13 @@
 
 #include <cstdint>
 
-#include "hybridnn/driver.h"
-#include "hybridnn/shapes.h"
+#include "lib/core/driver.h"
+#include "lib/core/shapes.h"
 
 namespace hn::ref {
 
 #define HN_CORE(RET, NAME, PARAMS, ARGS) RET NAME PARAMS;
 #define HN_OPTIONAL HN_CORE
-#include "hybridnn/driver_calls.def"
+#include "lib/core/driver_calls.def"
 
 }  // namespace hn::ref

@@ -1,6 +1,6 @@
 // Runtime: the driver table, making drivers from the registry, and copies between memory
 // spaces.
-#include "hybridnn/runtime.h"
+#include "lib/core/runtime.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,5 +1,5 @@
 // Validation and derived sizes of the driver parameter structs.
-#include "hybridnn/shapes.h"
+#include "lib/core/shapes.h"
 
 #include <cmath>
 

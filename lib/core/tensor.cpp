@@ -1,5 +1,5 @@
 // Shape, SyncedMemory and Tensor.
-#include "hybridnn/tensor.h"
+#include "lib/core/tensor.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -5,7 +5,7 @@
 
 #include <cstddef>
 
-#include "hybridnn/driver.h"
+#include "lib/core/driver.h"
 
 namespace hn::detail {
 

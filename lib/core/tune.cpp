@@ -3,7 +3,7 @@
 // driver is the driver's description (its thread count, BLAS, GPU). The model name alone
 // does not tell the machine: "AMD EPYC" is the model of EPYCs with AVX-512 and without,
 // whose fastest algorithms differ (no Winograd without AVX-512).
-#include "hybridnn/tune.h"
+#include "lib/core/tune.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -18,11 +18,11 @@
 #include <utility>
 #include <vector>
 
-#include "hybridnn/driver.h"
-#include "hybridnn/version.h"
 #include "lib/core/check.h"
+#include "lib/core/driver.h"
 #include "lib/core/files.h"
 #include "lib/core/text.h"
+#include "lib/core/version.h"
 
 namespace hn {
 

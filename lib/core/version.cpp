@@ -1,5 +1,5 @@
 // The library version, set by CMake from project(VERSION).
-#include "hybridnn/version.h"
+#include "lib/core/version.h"
 
 namespace hn {
 

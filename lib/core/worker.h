@@ -12,7 +12,7 @@
 #include <thread>
 #include <utility>
 
-#include "hybridnn/runtime.h"
+#include "lib/core/runtime.h"
 
 namespace hn::detail {
 

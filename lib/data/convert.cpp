@@ -9,6 +9,7 @@
 #include "hybridnn.pb.h"
 #include "lib/core/check.h"
 #include "lib/core/philox.h"
+#include "lib/data/convert.h"
 #include "lib/data/data.h"
 #include "lib/data/lmdb_store.h"
 #include "lib/data/source.h"

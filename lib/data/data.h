@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "hybridnn.pb.h"
-#include "hybridnn/phase.h"
-#include "hybridnn/tensor.h"
+#include "lib/core/phase.h"
+#include "lib/core/tensor.h"
 
 namespace hn::detail {
 
@@ -52,18 +52,5 @@ class DataFeed {
 // a missing or mis-shaped mean file, or a crop larger than the image.
 std::unique_ptr<DataFeed> open_data_feed(const hybridnn::proto::LayerParameter& layer,
                                          const FeedOptions& options);
-
-// `hybridnn convert`: writes the records of `source` (IDX images file with its labels beside
-// it, or CIFAR-10 binary files, comma-separated) into a new LMDB directory of Datum
-// records with keys "%08d". Shuffles with `seed` when shuffle is set. Calls progress(done,
-// total) now and then. Refuses to overwrite an existing non-empty directory.
-struct ConvertOptions {
-  bool shuffle = false;
-  std::uint64_t seed = 1;
-  std::string mean_file;  // non-empty: also writes the mean image as a .binaryproto
-  std::function<void(std::uint64_t, std::uint64_t)> progress;
-};
-void convert_to_lmdb(const std::string& source, const std::string& lmdb_path,
-                     const ConvertOptions& options = {});
 
 }  // namespace hn::detail

@@ -11,8 +11,8 @@
 #include <system_error>
 #include <thread>
 
-#include "hybridnn/memory.h"
 #include "lib/core/check.h"
+#include "lib/core/memory.h"
 #include "lib/data/data.h"
 #include "lib/data/source.h"
 #include "lib/data/transform.h"

@@ -15,9 +15,9 @@
 #include <new>
 #include <vector>
 
-#include "hybridnn/memory.h"
 #include "lib/core/check.h"
 #include "lib/core/files.h"
+#include "lib/core/memory.h"
 #include "lib/core/philox.h"
 #include "lib/core/text.h"
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "hybridnn.pb.h"
-#include "hybridnn/tensor.h"
+#include "lib/core/tensor.h"
 
 namespace hn::detail {
 

@@ -12,19 +12,19 @@
 #include <string_view>
 #include <utility>
 
-#include "layers/accuracy.h"
-#include "layers/activation.h"
-#include "layers/batch_norm.h"
-#include "layers/convolution.h"
-#include "layers/eltwise.h"
-#include "layers/inner_product.h"
-#include "layers/loss.h"
-#include "layers/lrn.h"
-#include "layers/pooling.h"
-#include "layers/scale.h"
-#include "layers/shape.h"
-#include "layers/softmax.h"
 #include "lib/core/check.h"
+#include "lib/layers/accuracy_layer.h"
+#include "lib/layers/activation_layer.h"
+#include "lib/layers/batch_norm_layer.h"
+#include "lib/layers/convolution_layer.h"
+#include "lib/layers/eltwise_layer.h"
+#include "lib/layers/inner_product_layer.h"
+#include "lib/layers/loss_layer.h"
+#include "lib/layers/lrn_layer.h"
+#include "lib/layers/pooling_layer.h"
+#include "lib/layers/scale_layer.h"
+#include "lib/layers/shape_layer.h"
+#include "lib/layers/softmax_layer.h"
 
 namespace hn::detail {
 namespace {

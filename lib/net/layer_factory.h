@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "hybridnn.pb.h"
-#include "hybridnn/layer.h"
+#include "lib/layers/layer.h"
 
 namespace hn::detail {
 

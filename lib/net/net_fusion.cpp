@@ -11,10 +11,10 @@
 // of the chain and no loss weight, and every layer of it unsplit on the Net's driver. The
 // fused Scale runs where the Scale would; nothing else reads the chain's blob between the
 // BatchNorm and the ReLU, so running their work there changes no other layer's inputs.
-#include "layers/activation.h"
-#include "layers/batch_norm.h"
-#include "layers/eltwise.h"
-#include "layers/scale.h"
+#include "lib/layers/activation_layer.h"
+#include "lib/layers/batch_norm_layer.h"
+#include "lib/layers/eltwise_layer.h"
+#include "lib/layers/scale_layer.h"
 #include "lib/net/net_impl.h"
 
 namespace hn {

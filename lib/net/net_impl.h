@@ -12,9 +12,9 @@
 // forward-then-backward schedule, and groups whose intervals do not overlap share memory.
 #pragma once
 
-#include "hybridnn/net.h"
+#include "lib/net/net.h"
 
-#include "hybridnn/comm.h"
+#include "lib/comm/comm.h"
 
 #include <fmt/format.h>
 

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "hybridnn.pb.h"
-#include "hybridnn/device.h"
-#include "hybridnn/tensor.h"
+#include "lib/core/device.h"
+#include "lib/core/tensor.h"
 
 namespace hn::detail {
 

@@ -4,8 +4,8 @@
 
 #include <string>
 
-#include "hybridnn/layer.h"
 #include "lib/core/check.h"
+#include "lib/layers/layer.h"
 #include "lib/scheduler/scheduler.h"
 
 namespace hn {

@@ -18,9 +18,9 @@
 #include <string_view>
 #include <vector>
 
-#include "hybridnn/layer.h"
-#include "hybridnn/runtime.h"
-#include "hybridnn/split.h"
+#include "lib/core/runtime.h"
+#include "lib/layers/layer.h"
+#include "lib/scheduler/split.h"
 
 namespace hn::detail {
 

@@ -1,6 +1,6 @@
 // Split: parsing, validation, the rounding of fractions to rows, and the file of per-layer
 // splits that `--split-save` writes and `--split-file` reads.
-#include "hybridnn/split.h"
+#include "lib/scheduler/split.h"
 
 #include <fmt/format.h>
 
@@ -14,9 +14,9 @@
 #include <map>
 #include <optional>
 
-#include "hybridnn/runtime.h"
 #include "lib/core/check.h"
 #include "lib/core/files.h"
+#include "lib/core/runtime.h"
 
 namespace hn {
 

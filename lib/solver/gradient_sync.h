@@ -33,8 +33,8 @@
 #include <thread>
 #include <vector>
 
-#include "hybridnn/comm.h"
-#include "hybridnn/net.h"
+#include "lib/comm/comm.h"
+#include "lib/net/net.h"
 
 namespace hn::detail {
 

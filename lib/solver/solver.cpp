@@ -7,9 +7,9 @@
 // training data and uses the random stream iteration_seed(seed, i, k), and the snapshot
 // holds the weights, every history array and the step of the multistep policy, so a run
 // restored at iteration i computes what the uninterrupted run computed.
-#include "hybridnn/solver.h"
+#include "lib/solver/solver.h"
 
-#include "hybridnn/version.h"
+#include "lib/core/version.h"
 
 #include <fmt/format.h>
 #include <google/protobuf/text_format.h>
@@ -743,6 +743,10 @@ std::string Solver::Impl::prefix() const {
   if (prefix.empty()) return fs::path(origin).replace_extension().string();
   if (fs::is_directory(prefix)) return (fs::path(prefix) / fs::path(origin).stem()).string();
   return prefix;
+}
+
+std::string Solver::snapshot_prefix() const {
+  return impl_->prefix();
 }
 
 void Solver::Impl::check_snapshot_prefix() const {

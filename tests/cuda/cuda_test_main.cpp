@@ -9,7 +9,7 @@
 #include <string>
 
 #include "hybridnn/error.h"
-#include "hybridnn/runtime.h"
+#include "lib/core/runtime.h"
 
 namespace {
 

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "hybridnn/memory.h"
-#include "hybridnn/runtime.h"
+#include "lib/core/memory.h"
+#include "lib/core/runtime.h"
 #include "tests/support.h"
 
 namespace {

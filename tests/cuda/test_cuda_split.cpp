@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "hybridnn/net.h"
-#include "hybridnn/runtime.h"
-#include "hybridnn/solver.h"
+#include "lib/core/runtime.h"
+#include "lib/net/net.h"
+#include "lib/solver/solver.h"
 #include "tests/net_runs.h"
 
 namespace hn {

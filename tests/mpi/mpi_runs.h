@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "hybridnn/comm.h"
+#include "lib/comm/comm.h"
 
 namespace hn::test {
 

@@ -14,8 +14,8 @@
 #include <utility>
 #include <vector>
 
-#include "hybridnn/comm.h"
-#include "hybridnn/runtime.h"
+#include "lib/comm/comm.h"
+#include "lib/core/runtime.h"
 
 using Catch::Matchers::Contains;
 using namespace hn;

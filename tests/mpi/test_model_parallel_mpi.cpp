@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "hybridnn/comm.h"
-#include "hybridnn/runtime.h"
-#include "hybridnn/solver.h"
+#include "lib/comm/comm.h"
+#include "lib/core/runtime.h"
 #include "lib/solver/gradient_sync.h"
+#include "lib/solver/solver.h"
 #include "tests/mpi/mpi_runs.h"
 #include "tests/support.h"
 

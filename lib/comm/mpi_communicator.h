@@ -1,0 +1,85 @@
+// MpiCommunicator: the base of the MPI backends (mpi.cpp). Internal to comm.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lib/comm/comm.h"
+#include "lib/core/driver.h"
+
+namespace hn::detail {
+
+// `count` floats of a driver's memory as host memory: the memory itself when the driver
+// computes on host memory (after synchronize), else a host copy (of the values, unless
+// `overwritten`), written back by write_back().
+class HostFloats {
+ public:
+  HostFloats(Driver& driver, float* data, std::size_t count, bool overwritten = false);
+  float* get() { return host_; }
+  void write_back();
+
+ private:
+  Driver& driver_;
+  float* data_;
+  std::size_t count_;
+  std::vector<float> copy_;
+  float* host_;
+};
+
+class MpiCommunicator : public Communicator {
+ public:
+  explicit MpiCommunicator(const CommOptions& options);
+  ~MpiCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "mpi"; }
+
+  void allreduce(Driver& driver, float* data, std::size_t count, ReduceOp op) override;
+  void broadcast(Driver& driver, float* data, std::size_t count, int root) override;
+  void allgather(Driver& driver, const float* sent, std::size_t count, float* received) override;
+  void allgatherv(Driver& driver, const float* sent, const std::vector<std::size_t>& counts,
+                  float* received) override;
+  void reduce_scatterv(Driver& driver, const float* data, const std::vector<std::size_t>& counts,
+                       float* received, ReduceOp op) override;
+  void barrier() override;
+  [[noreturn]] void abort(int exit_code) noexcept override;
+
+ protected:
+  // The sequence number of the collective starting now, for errors.
+  std::uint64_t next_sequence();
+  // Waits for every request, until the deadline of collective `what` (#seq); past it,
+  // throws hn::Error naming them and `peer`, the rank waited for (-1: any other rank).
+  // Completed requests become MPI_REQUEST_NULL.
+  void wait_all(std::vector<MPI_Request>& requests, const char* what, std::uint64_t seq,
+                int peer = -1) const;
+  // Index of one completed request among `requests` (MPI_Testany), waiting as wait_all.
+  int wait_any(std::vector<MPI_Request>& requests, const char* what, std::uint64_t seq,
+               int peer = -1) const;
+  [[noreturn]] void timed_out(const char* what, std::uint64_t seq, int peer) const;
+  // Throws a CommunicatorError naming the collective `what` (#seq), its `count` floats and
+  // this rank unless every rank passes the same `count` (and `shape`, a digest of per-rank
+  // block counts, for the v-forms): ranks that disagree would fail inside MPI or, where a
+  // receive expects more than is sent, finish with wrong sums. One 16-byte allreduce.
+  void agree_count(const char* what, std::uint64_t seq, std::size_t count,
+                   std::uint64_t shape = 0) const;
+  // Throws a CommunicatorError naming `call`, the collective `what` (#seq) and this rank
+  // unless `code` is MPI_SUCCESS (the communicator returns MPI's errors, never aborts).
+  void check(int code, const char* call, const char* what, std::uint64_t seq) const;
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  CommOptions options_;
+  std::uint64_t sequence_ = 0;
+};
+
+// Throws hn::Error naming `call` and MPI's message when `code` is not MPI_SUCCESS.
+void check_mpi(int code, const char* call);
+
+// The largest count one MPI call carries (an int).
+constexpr std::size_t kMpiMaxCount = 1u << 30;
+
+}  // namespace hn::detail

@@ -1,0 +1,76 @@
+// Runtime: the explicit table of drivers a program uses, made from the driver registry or
+// added by the program, and copies between memory spaces.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "lib/core/device.h"
+#include "lib/core/driver.h"
+#include "lib/core/driver_registry.h"
+#include "lib/core/memory.h"
+
+namespace hn {
+
+namespace detail {
+class DeviceWorker;
+struct RuntimeThreads;
+}  // namespace detail
+
+// Builds the driver for `device` from its registry entry (driver_registry.h). Throws
+// hn::Error when the device does not exist on this machine or this build (e.g. "cuda:0"
+// without a GPU or without the CUDA driver built), or for an option its kind lacks.
+std::unique_ptr<Driver> make_driver(const Device& device, const DriverOptions& options = {});
+
+// Devices usable now: one of each kind whose index is free ("reference", "cpu") and every
+// device of the kinds whose index names hardware ("cuda:N" for every GPU found).
+std::vector<Device> available_devices();
+// How many devices of a kind are present now: 0 when the kind is unknown, not built, or
+// finds none.
+int device_count(std::string_view kind);
+
+class Runtime {
+ public:
+  Runtime();
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // Adds a driver; throws when one for the same device is already present.
+  Driver& add(std::unique_ptr<Driver> driver);
+  Driver& add(const Device& device, const DriverOptions& options = {});
+  // Throws hn::Error listing the devices present when there is none for `device`.
+  Driver& driver(const Device& device) const;
+  Driver& driver(std::string_view name) const { return driver(Device::parse(name)); }
+  Driver* find(const Device& device) const;
+  std::vector<Driver*> drivers() const;
+
+  // The memory space a device's memory lives in ("cpu:N" is host memory even with no cpu
+  // driver added).
+  MemorySpace space_of(const Device& device) const;
+
+  // Copies between any two memory spaces: directly when one driver can address both,
+  // else through a host staging buffer. `dst`/`src` name their devices.
+  void copy(const Pointer& dst, const Pointer& src);
+
+  // Dereferences `pointer` for `driver` (see View).
+  View view(const Pointer& pointer, Driver& driver, Access access);
+
+ private:
+  // The scheduler's device threads (lib/core/worker.h).
+  friend struct detail::RuntimeThreads;
+  detail::DeviceWorker& device_thread(Driver& driver);
+
+  // The driver whose own memory holds `device`'s data; nullptr for host memory.
+  Driver* owner(const Device& device) const;
+
+  // Drivers die last: Buffers and Views they back must be gone before the Runtime is.
+  std::vector<std::unique_ptr<Driver>> drivers_;
+  // Destroyed (threads joined) before the drivers they drive.
+  std::vector<std::pair<const Driver*, std::unique_ptr<detail::DeviceWorker>>> threads_;
+};
+
+}  // namespace hn

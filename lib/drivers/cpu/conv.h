@@ -1,0 +1,49 @@
+// The CPU driver's direct convolution: oneDNN's convolution primitives on NCHW tensors and
+// plain [out][in/groups][kh][kw] weights, with primitives cached per shape (creating one
+// costs far more than running a small one).
+#pragma once
+
+#include <memory>
+
+#include "lib/core/shapes.h"
+#include "lib/drivers/cpu/blas.h"
+
+namespace hn::detail::cpu {
+
+class Parallel;  // parallel.h (kept out: kernels.h must include Eigen before TBB)
+
+class DirectConvolution {
+ public:
+  // True when this build has oneDNN; without it every call below throws hn::Error.
+  static bool available();
+  // The blocked activation layout oneDNN's kernels compute on here: nChw16c with AVX-512,
+  // nChw8c with AVX2 or less (any other takes a reorder each way per call).
+  static Layout preferred_layout();
+
+  DirectConvolution();
+  ~DirectConvolution();
+  DirectConvolution(const DirectConvolution&) = delete;
+  DirectConvolution& operator=(const DirectConvolution&) = delete;
+
+  // Layers with very few input channels (LeNet's conv1) run on conv_small.h's kernels.
+  void forward(Parallel& par, const LoweringShape& shape, index_t out_channels, const float* x,
+               const float* weights, const float* bias, float* y);
+  // Shapes whose input channels oneDNN would pad heavily (3 channels blocked by 16) are
+  // lowered instead: a GEMM per image and col2im, on `par` and `blas`.
+  void backward_data(Parallel& par, Blas blas, const LoweringShape& shape, index_t out_channels,
+                     const float* weights, const float* dy, float* dx);
+  // Adds to dweights and, when not null, to dbias.
+  void backward_weights(Parallel& par, const LoweringShape& shape, index_t out_channels,
+                        const float* x, const float* dy, float* dweights, float* dbias);
+  // Both gradients (either may be null), with dy brought into the primitives' layout once
+  // when they share it.
+  void backward(Parallel& par, Blas blas, const LoweringShape& shape, index_t out_channels,
+                const float* x, const float* weights, const float* dy, float* dx, float* dweights,
+                float* dbias);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace hn::detail::cpu

@@ -1,0 +1,322 @@
+// The fast CPU driver: host memory (64-byte aligned), GEMM through the selected BLAS, every
+// other call through the Eigen and OpenMP kernels in kernels.h, all on the driver's thread count.
+#include "lib/drivers/cpu/cpu_driver.h"
+
+#include <cstdlib>
+#include <thread>
+
+#include "lib/core/check.h"
+#include "lib/core/memory.h"
+#include "lib/drivers/cpu/blas.h"
+#include "lib/drivers/cpu/conv.h"
+#include "lib/drivers/cpu/kernels.h"
+
+namespace hn::detail {
+
+namespace {
+
+// A cache line, and the widest vector (AVX-512) the kernels may load.
+constexpr std::size_t kAlignment = 64;
+
+class CpuDriver final : public Driver {
+ public:
+  CpuDriver(const Device& device, int threads, cpu::Blas blas)
+      : Driver(device), blas_(blas), parallel_(threads) {}
+
+  Capabilities capabilities() const override {
+    Capabilities caps;
+    caps.host_addressable = true;
+    caps.convolution = cpu::DirectConvolution::available();
+    // Blocked convolutions are oneDNN's (the other calls have their own paths), and so is
+    // the choice of block.
+    caps.blocked_layout = caps.convolution;
+    if (caps.blocked_layout)
+      caps.preferred_blocked_layout = cpu::DirectConvolution::preferred_layout();
+    return caps;
+  }
+  MemorySpace memory_space() const override { return host_space(); }
+  bool owns(const void*, std::size_t) const override { return true; }
+  std::string description() const override {
+    return fmt::format("{}: {} thread{}, BLAS {}", name(), parallel_.threads(),
+                       parallel_.threads() == 1 ? "" : "s", cpu::blas_name(blas_));
+  }
+
+ protected:
+  void* do_allocate(std::size_t bytes) override {
+    check_host_bytes(bytes, [&] { return fmt::format("allocate on {}", name()); });
+    const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+    void* address = std::aligned_alloc(kAlignment, rounded);
+    HN_CHECK(address != nullptr, "allocate on {}: out of host memory ({} bytes)", name(), bytes);
+    return address;
+  }
+  void do_deallocate(void* address) noexcept override { std::free(address); }
+  void do_copy_from_host(void* dst, const void* src, std::size_t bytes) override {
+    cpu::copy_bytes(parallel_, dst, src, bytes);
+  }
+  void do_copy_to_host(void* dst, const void* src, std::size_t bytes) override {
+    cpu::copy_bytes(parallel_, dst, src, bytes);
+  }
+  void do_copy(void* dst, const void* src, std::size_t bytes) override {
+    cpu::copy_bytes(parallel_, dst, src, bytes);
+  }
+  void do_synchronize() override {}  // every call has finished when it returns
+
+  void do_gemm(Transpose trans_a, Transpose trans_b, index_t m, index_t n, index_t k, float alpha,
+               const float* a, index_t lda, const float* b, index_t ldb, float beta, float* c,
+               index_t ldc) override {
+    cpu::sgemm(blas_, parallel_.threads(), trans_a == Transpose::yes, trans_b == Transpose::yes, m,
+               n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+
+  void do_im2col(const LoweringShape& shape, const float* images, float* columns) override {
+    cpu::im2col(parallel_, shape, images, columns);
+  }
+  void do_col2im(const LoweringShape& shape, const float* columns, float* images) override {
+    cpu::col2im(parallel_, shape, columns, images);
+  }
+  void do_swap_axes(index_t d0, index_t d1, index_t inner, const float* src, float* dst) override {
+    cpu::swap_axes(parallel_, d0, d1, inner, src, dst);
+  }
+  void do_lift(const LoweringShape& shape, index_t out_channels, const float* products,
+               float* y) override {
+    cpu::lift(parallel_, shape, out_channels, products, y);
+  }
+  void do_lift_backward(const LoweringShape& shape, index_t out_channels, const float* dy,
+                        float* products_diff) override {
+    cpu::lift_backward(parallel_, shape, out_channels, dy, products_diff);
+  }
+
+  void do_conv_forward(const LoweringShape& shape, index_t out_channels, const float* x,
+                       const float* weights, const float* bias, float* y) override {
+    if (!cpu::DirectConvolution::available())
+      return Driver::do_conv_forward(shape, out_channels, x, weights, bias, y);
+    conv_.forward(parallel_, shape, out_channels, x, weights, bias, y);
+  }
+  void do_conv_backward_data(const LoweringShape& shape, index_t out_channels, const float* weights,
+                             const float* dy, float* dx) override {
+    if (!cpu::DirectConvolution::available())
+      return Driver::do_conv_backward_data(shape, out_channels, weights, dy, dx);
+    conv_.backward_data(parallel_, blas_, shape, out_channels, weights, dy, dx);
+  }
+  void do_conv_backward_weights(const LoweringShape& shape, index_t out_channels, const float* x,
+                                const float* dy, float* dweights, float* dbias) override {
+    if (!cpu::DirectConvolution::available())
+      return Driver::do_conv_backward_weights(shape, out_channels, x, dy, dweights, dbias);
+    conv_.backward_weights(parallel_, shape, out_channels, x, dy, dweights, dbias);
+  }
+  void do_conv_backward(const LoweringShape& shape, index_t out_channels, const float* x,
+                        const float* weights, const float* dy, float* dx, float* dweights,
+                        float* dbias) override {
+    if (!cpu::DirectConvolution::available()) {
+      return Driver::do_conv_backward(shape, out_channels, x, weights, dy, dx, dweights, dbias);
+    }
+    conv_.backward(parallel_, blas_, shape, out_channels, x, weights, dy, dx, dweights, dbias);
+  }
+
+  void do_fill(index_t n, float value, float* x) override { cpu::fill(parallel_, n, value, x); }
+  void do_scale(index_t n, float alpha, float* x) override { cpu::scale(parallel_, n, alpha, x); }
+  void do_axpy(index_t n, float alpha, const float* x, float* y) override {
+    cpu::axpy(parallel_, n, alpha, x, y);
+  }
+  void do_lincomb(index_t n, float alpha, const float* a, float beta, const float* b,
+                  float* y) override {
+    cpu::lincomb(parallel_, n, alpha, a, beta, b, y);
+  }
+  void do_lincomb_relu(index_t n, float alpha, const float* a, float beta, const float* b,
+                       float slope, float* y) override {
+    cpu::lincomb_relu(parallel_, n, alpha, a, beta, b, slope, y);
+  }
+  void do_axpby(index_t n, float alpha, const float* x, float beta, float* y) override {
+    cpu::axpby(parallel_, n, alpha, x, beta, y);
+  }
+  void do_add_scalar(index_t n, float alpha, float* x) override {
+    cpu::add_scalar(parallel_, n, alpha, x);
+  }
+  void do_powx(index_t n, const float* x, float exponent, float* y) override {
+    cpu::powx(parallel_, n, x, exponent, y);
+  }
+  void do_copy_strided(index_t rows, index_t cols, const float* src, index_t src_ld, float* dst,
+                       index_t dst_ld) override {
+    cpu::copy_strided(parallel_, rows, cols, src, src_ld, dst, dst_ld);
+  }
+  void do_scale_channels(const AxisShape& shape, const float* scale, const float* x,
+                         float* y) override {
+    if (shape.layout != Layout::nchw)
+      return cpu::scale_channels_blocked(parallel_, shape, scale, x, y);
+    cpu::scale_channels(parallel_, shape, scale, x, y);
+  }
+  void do_max_accumulate(index_t n, const float* x, std::int32_t index, float* y,
+                         std::int32_t* mask) override {
+    cpu::max_accumulate(parallel_, n, x, index, y, mask);
+  }
+  void do_max_select(index_t n, const std::int32_t* mask, std::int32_t index, const float* dy,
+                     float* dx) override {
+    cpu::max_select(parallel_, n, mask, index, dy, dx);
+  }
+  void do_mul(index_t n, const float* a, const float* b, float* y) override {
+    cpu::mul(parallel_, n, a, b, y);
+  }
+
+  float do_dot(index_t n, const float* x, const float* y) override {
+    return cpu::dot(parallel_, n, x, y);
+  }
+  float do_asum(index_t n, const float* x) override { return cpu::asum(parallel_, n, x); }
+  float do_sum(index_t n, const float* x) override { return cpu::sum(parallel_, n, x); }
+  void do_bias_backward(const AxisShape& shape, const float* dy, float beta,
+                        float* dbias) override {
+    if (shape.layout != Layout::nchw)
+      return cpu::bias_backward_blocked(parallel_, shape, dy, beta, dbias);
+    cpu::bias_backward(parallel_, shape, dy, beta, dbias);
+  }
+
+  void do_bias_forward(const AxisShape& shape, const float* bias, float* y) override {
+    if (shape.layout != Layout::nchw) return cpu::bias_forward_blocked(parallel_, shape, bias, y);
+    cpu::bias_forward(parallel_, shape, bias, y);
+  }
+  void do_norm_affine_forward(const AxisShape& shape, const float* x, const float* shift,
+                              const float* inv_std, const float* gamma, const float* beta,
+                              bool relu, float slope, float* normalised, float* y) override {
+    cpu::norm_affine_forward(parallel_, shape, x, shift, inv_std, gamma, beta, relu, slope,
+                             normalised, y);
+  }
+  void do_norm_affine_backward(const AxisShape& shape, const float* dy, const float* y,
+                               const float* normalised, const float* dx_scale, bool relu,
+                               float slope, float* dgamma, float* dbeta, float* dx) override {
+    cpu::norm_affine_backward(parallel_, shape, dy, y, normalised, dx_scale, relu, slope, dgamma,
+                              dbeta, dx);
+  }
+  void do_relu_forward(index_t n, float negative_slope, const float* x, float* y) override {
+    cpu::relu_forward(parallel_, n, negative_slope, x, y);
+  }
+  void do_relu_backward(index_t n, float negative_slope, const float* x, const float* dy,
+                        float* dx) override {
+    cpu::relu_backward(parallel_, n, negative_slope, x, dy, dx);
+  }
+  void do_sigmoid_forward(index_t n, const float* x, float* y) override {
+    cpu::sigmoid_forward(parallel_, n, x, y);
+  }
+  void do_sigmoid_backward(index_t n, const float* y, const float* dy, float* dx) override {
+    cpu::sigmoid_backward(parallel_, n, y, dy, dx);
+  }
+  void do_tanh_forward(index_t n, const float* x, float* y) override {
+    cpu::tanh_forward(parallel_, n, x, y);
+  }
+  void do_tanh_backward(index_t n, const float* y, const float* dy, float* dx) override {
+    cpu::tanh_backward(parallel_, n, y, dy, dx);
+  }
+
+  void do_pool_max_forward(const PoolShape& shape, const float* x, float* y,
+                           std::int32_t* mask) override {
+    if (shape.layout != Layout::nchw)
+      return cpu::pool_max_forward_blocked(parallel_, shape, x, y, mask);
+    cpu::pool_max_forward(parallel_, shape, x, y, mask);
+  }
+  void do_pool_max_backward(const PoolShape& shape, const float* dy, const std::int32_t* mask,
+                            float* dx) override {
+    if (shape.layout != Layout::nchw)
+      return cpu::pool_max_backward_blocked(parallel_, shape, dy, mask, dx);
+    cpu::pool_max_backward(parallel_, shape, dy, mask, dx);
+  }
+  void do_pool_avg_forward(const PoolShape& shape, const float* x, float* y) override {
+    if (shape.layout != Layout::nchw) return cpu::pool_avg_forward_blocked(parallel_, shape, x, y);
+    cpu::pool_avg_forward(parallel_, shape, x, y);
+  }
+  void do_pool_avg_backward(const PoolShape& shape, const float* dy, float* dx) override {
+    if (shape.layout != Layout::nchw)
+      return cpu::pool_avg_backward_blocked(parallel_, shape, dy, dx);
+    cpu::pool_avg_backward(parallel_, shape, dy, dx);
+  }
+
+  void do_lrn_forward(const LrnShape& shape, const float* x, float* y, float* scale) override {
+    cpu::lrn_forward(parallel_, shape, x, y, scale);
+  }
+  void do_lrn_backward(const LrnShape& shape, const float* x, const float* y, const float* scale,
+                       const float* dy, float* dx) override {
+    cpu::lrn_backward(parallel_, shape, x, y, scale, dy, dx);
+  }
+  void do_softmax_forward(const AxisShape& shape, const float* x, float* y) override {
+    cpu::softmax_forward(parallel_, shape, x, y);
+  }
+  void do_softmax_backward(const AxisShape& shape, const float* y, const float* dy,
+                           float* dx) override {
+    cpu::softmax_backward(parallel_, shape, y, dy, dx);
+  }
+  void do_dropout_forward(index_t n, float ratio, std::uint64_t seed, std::uint64_t offset,
+                          const float* x, float* y, float* mask) override {
+    cpu::dropout_forward(parallel_, n, ratio, seed, offset, x, y, mask);
+  }
+  void do_dropout_forward_layout(const AxisShape& shape, float ratio, std::uint64_t seed,
+                                 std::uint64_t offset, const float* x, float* y,
+                                 float* mask) override {
+    cpu::dropout_forward_layout(parallel_, shape, ratio, seed, offset, x, y, mask);
+  }
+  void do_dropout_backward(index_t n, float ratio, const float* mask, const float* dy,
+                           float* dx) override {
+    cpu::dropout_backward(parallel_, n, ratio, mask, dy, dx);
+  }
+
+  void do_softmax_loss_forward(const AxisShape& shape, const float* prob, const float* label,
+                               bool has_ignore_label, int ignore_label, float* loss,
+                               float* valid) override {
+    cpu::softmax_loss_forward(parallel_, shape, prob, label, has_ignore_label, ignore_label, loss,
+                              valid);
+  }
+  void do_softmax_loss_backward(const AxisShape& shape, const float* prob, const float* label,
+                                bool has_ignore_label, int ignore_label, float scale,
+                                float* dx) override {
+    cpu::softmax_loss_backward(parallel_, shape, prob, label, has_ignore_label, ignore_label, scale,
+                               dx);
+  }
+  void do_sigmoid_cross_entropy_forward(index_t n, const float* x, const float* target,
+                                        bool has_ignore_label, int ignore_label, float* loss,
+                                        float* valid) override {
+    cpu::sigmoid_cross_entropy_forward(parallel_, n, x, target, has_ignore_label, ignore_label,
+                                       loss, valid);
+  }
+  void do_sigmoid_cross_entropy_backward(index_t n, const float* x, const float* target,
+                                         bool has_ignore_label, int ignore_label, float scale,
+                                         float* dx) override {
+    cpu::sigmoid_cross_entropy_backward(parallel_, n, x, target, has_ignore_label, ignore_label,
+                                        scale, dx);
+  }
+
+  void do_solver_update(const SolverUpdate& u, index_t n, float* param, const float* grad,
+                        float* history, float* history2) override {
+    cpu::solver_update(parallel_, u, n, param, grad, history, history2);
+  }
+
+ private:
+  cpu::Blas blas_;
+  cpu::Parallel parallel_;
+  cpu::DirectConvolution conv_;  // oneDNN primitives cached per shape
+};
+
+}  // namespace
+
+DriverKind cpu_driver_kind() {
+  DriverKind kind;
+  kind.name = "cpu";
+  kind.summary = "GEMM through oneDNN or OpenBLAS, lowering and primitives on OpenMP";
+  kind.any_index = true;
+  kind.host_memory = true;
+  kind.count = [] { return 1; };
+  kind.make = [](const Device& device, const DriverOptions& options) -> std::unique_ptr<Driver> {
+    int threads = options.integer("threads", 0, device);
+    HN_CHECK(threads >= 0, "cpu driver {}: threads must be >= 0 (0 = every core), got {}",
+             device.name(), threads);
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    // Far more threads than cores only slows the teams down, and thousands make OpenMP's
+    // runtime abort the process when it cannot create them.
+    const int most = std::max(64, 4 * cores);
+    HN_CHECK(threads <= most,
+             "cpu driver {}: threads {} is too many for {} core{} (at most {}; 0 = one per core)",
+             device.name(), threads, cores, cores == 1 ? "" : "s", most);
+    if (threads == 0) threads = cores;
+    return std::make_unique<CpuDriver>(device, threads, cpu::parse_blas(options.text("blas")));
+  };
+  kind.options = {{"threads", "worker threads (default 0: one per core)", {}},
+                  {"blas", "the GEMM library (default: the first)", cpu::blas_names()}};
+  return kind;
+}
+
+}  // namespace hn::detail

@@ -1,0 +1,58 @@
+// The batch norm layer classes (internal): their parameters and factory functions are the
+// public API, lib/layers/batch_norm.h.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lib/layers/batch_norm.h"
+
+namespace hn {
+
+// Input N x C x ... (channels = axis 1; 1 for a 1-axis input). Parameters, as Caffe's blobs
+// (never trained: Caffe fixes their lr_mult at 0):
+//   0: mean sum (C), 1: variance sum (C), 2: moving-average factor (1).
+// Training forward updates them: factor = factor * f + 1, mean = mean * f + batch mean,
+// variance = variance * f + m / (m - 1) * batch variance (m = count / C; 1 when m == 1).
+// With global statistics the mean and variance are the blobs times 1 / factor (0 when the
+// factor is 0). y = (x - mean) / sqrt(variance + eps). In place allowed.
+class BatchNormLayer final : public Layer {
+ public:
+  explicit BatchNormLayer(std::string name, BatchNormParams params = {});
+  const char* type() const override { return "BatchNorm"; }
+  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
+  void forward(const LayerSlice& slice) override;
+  void backward(const LayerSlice& slice) override;
+  std::size_t workspace_bytes(const Driver& driver, index_t rows) const override;
+  // Only explicit global statistics split: otherwise the call may need batch statistics.
+  bool splits_by_rows() const override { return param_.use_global_stats.value_or(false); }
+  bool allows_in_place() const override { return true; }
+  // Per-channel calls and element-wise ones: blocked too, input and output alike.
+  BlockedLayout blocked_layout() const override { return BlockedLayout::uniform; }
+  // Whether calls in `phase` normalise with the stored statistics (Caffe's
+  // use_global_stats, by default the test phase): then the layer is a per-channel affine
+  // map that a Net may fuse with a Scale after it (ScaleLayer::fuse_norm).
+  bool uses_stored_statistics(Phase phase) const { return global_stats(phase); }
+  float eps() const { return param_.eps; }
+  // Forward with batch statistics updates the statistics blobs.
+  bool updates_params_in_forward() const override {
+    return !param_.use_global_stats.value_or(false);
+  }
+
+ private:
+  bool global_stats(Phase phase) const;
+  AxisShape slice_shape(index_t rows) const;
+
+  BatchNormParams param_;
+  Shape input_shape_;
+  index_t channels_ = 0;
+};
+
+// From BatchNorm's three statistics blobs (sums of means and of variances, and their
+// weight): neg_mean = -mean and inv_std = (variance + eps)^-1/2 per channel.
+void batch_norm_stored_statistics(Driver& driver, index_t channels, float eps,
+                                  const Operand& mean_sum, const Operand& variance_sum,
+                                  const Operand& weight, float* neg_mean, float* inv_std);
+
+}  // namespace hn

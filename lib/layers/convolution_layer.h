@@ -1,0 +1,106 @@
+// The convolution layer classes (internal): their parameters and factory functions are the
+// public API, lib/layers/convolution.h.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lib/layers/convolution.h"
+
+namespace hn {
+
+// The three computations of a convolution, each with its own algorithm.
+enum class ConvDirection { forward, backward_data, backward_weights };
+const char* direction_name(ConvDirection direction);
+
+// Input N x C x H x W; output N x num_output x H_out x W_out (Caffe's size rule). Params:
+// weights [num_output][C / group][kernel_h][kernel_w], then bias [num_output] when
+// bias_term. Output channel block g of num_output / group sees input channel block g.
+class ConvolutionLayer final : public Layer {
+ public:
+  ConvolutionLayer(std::string name, ConvolutionParams params);
+  const char* type() const override { return "Convolution"; }
+  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
+  void forward(const LayerSlice& slice) override;
+  void backward(const LayerSlice& slice) override;
+  std::size_t workspace_bytes(const Driver& driver, index_t rows) const override;
+
+  // The GEMM lowering setup() chose (or was told to use).
+  Lowering lowering() const { return lowering_; }
+  const char* lowering_name() const { return hn::lowering_name(lowering_); }
+  // What runs on `driver` in `direction`: the lowering tune() chose for that driver, else
+  // with Lowering::automatic the driver's direct convolution when it has one (capability
+  // `convolution`: it moves no lowered bytes, so the cost model always prefers it), else
+  // lowering().
+  Lowering lowering_for(const Driver& driver,
+                        ConvDirection direction = ConvDirection::forward) const;
+  // What tune() measures on `driver`: every lowering this layer's shape allows (one when the
+  // parameters force a lowering).
+  std::vector<Lowering> candidates(const Driver& driver) const;
+  // Runs `direction` with `lowering` (one of candidates()) on drivers named as `driver`.
+  void choose(const Driver& driver, ConvDirection direction, Lowering lowering);
+  void tune(Driver& driver, index_t rows, Tuner& tuner) override;
+  std::string algorithm(const Driver& driver) const override;
+  double forward_flops(index_t rows) const override;
+  // Blocked input and output each on its own: the driver's direct convolution only.
+  BlockedLayout blocked_layout() const override { return BlockedLayout::mixed; }
+  void use_layouts(const std::vector<Layout>& inputs, const std::vector<Layout>& outputs) override;
+  // Images lowered together by forward / backward on a slice of `rows` images (1 for
+  // direct_1x1).
+  index_t forward_chunk(index_t rows) const;
+  index_t backward_chunk(index_t rows) const;
+
+ private:
+  // The gradients one backward computes.
+  struct Wanted {
+    bool dx, dw, db;
+  };
+  // Whether this layer's operands are blocked on `driver` (use_layouts and the driver's
+  // blocked_layout capability): then only direct and direct_plain can run it.
+  bool blocked_on(const Driver& driver) const;
+  // The blocked one of the input's and output's layouts (the output's when both are), else
+  // nchw.
+  Layout blocked_layout_used() const;
+  LoweringShape lowering_shape(index_t images) const;
+  std::size_t lowered_bytes_per_image(Lowering lowering) const;
+  index_t chunk_for(Lowering lowering, index_t rows, std::size_t target) const;
+  index_t forward_chunk(Lowering lowering, index_t rows) const;
+  index_t backward_chunk(Lowering lowering, index_t rows) const;
+  std::size_t workspace_for(Lowering lowering, index_t rows) const;
+  Wanted wanted(const LayerSlice& slice) const;
+  // What runs `direction` on the slice: lowering_for, or direct where its operands are
+  // blocked and the choice was a lowering.
+  Lowering for_operands(const LayerSlice& slice, ConvDirection direction) const;
+  void run_forward(const LayerSlice& slice, Lowering lowering) const;
+  void run_backward(const LayerSlice& slice, Lowering lowering, Wanted want) const;
+  void add_bias(const LayerSlice& slice, index_t first, index_t images) const;
+  void add_bias_gradient(const LayerSlice& slice) const;
+  void forward_type1(const LayerSlice& slice) const;
+  void forward_type3(const LayerSlice& slice) const;
+  void forward_direct(const LayerSlice& slice) const;
+  void backward_type1(const LayerSlice& slice, Wanted want) const;
+  void backward_type3(const LayerSlice& slice, Wanted want) const;
+  void backward_direct(const LayerSlice& slice, Wanted want) const;
+  LoweringShape direct_shape(const LayerSlice& slice, bool plain_kernel) const;
+  void forward_driver_conv(const LayerSlice& slice, bool plain_kernel) const;
+  void backward_driver_conv(const LayerSlice& slice, Wanted want, bool plain_kernel) const;
+
+  ConvolutionParams config_;
+  Lowering lowering_ = Lowering::automatic;
+  // What tune() chose, per driver name, indexed by ConvDirection.
+  std::map<std::string, std::array<Lowering, 3>> chosen_;
+  // Set by use_layouts: the layouts of the input and the output. Where either is blocked
+  // (nChw16c or nChw8c), every direction is direct or direct_plain.
+  Layout in_layout_ = Layout::nchw, out_layout_ = Layout::nchw;
+  // Resolved geometry (set by setup()).
+  index_t channels_ = 0, height_ = 0, width_ = 0;
+  index_t kernel_h_ = 0, kernel_w_ = 0, stride_h_ = 1, stride_w_ = 1;
+  index_t pad_h_ = 0, pad_w_ = 0, dilation_h_ = 1, dilation_w_ = 1;
+  index_t out_h_ = 0, out_w_ = 0;
+};
+
+}  // namespace hn

@@ -1,0 +1,61 @@
+// EuclideanLoss (Caffe): sum of squared differences over 2N.
+#include "lib/core/check.h"
+#include "lib/layers/loss_layer.h"
+#include "lib/layers/loss_support.h"
+
+namespace hn {
+
+EuclideanLossLayer::EuclideanLossLayer(std::string name) : Layer(std::move(name)) {}
+
+std::vector<Shape> EuclideanLossLayer::setup(const std::vector<Shape>& inputs) {
+  check_input_count(inputs, 2, 2);
+  const Shape& a = inputs[0];
+  const Shape& b = inputs[1];
+  HN_CHECK(a.axes() > 0 && b.axes() > 0, "{}: inputs {} and {} need a batch axis", describe(),
+           a.to_string(), b.to_string());
+  HN_CHECK(a[0] == b[0], "{}: inputs {} and {} differ in their first dimension", describe(),
+           a.to_string(), b.to_string());
+  HN_CHECK(a.count(1, a.axes()) == b.count(1, b.axes()),
+           "{}: inputs {} and {} must have the same dimension per item", describe(), a.to_string(),
+           b.to_string());
+  input_shape_ = a;
+  return {Shape{}};
+}
+
+std::size_t EuclideanLossLayer::workspace_bytes(const Driver&, index_t rows) const {
+  static_cast<void>(rows);  // never split: always the whole batch
+  return static_cast<std::size_t>(input_shape_.count()) * sizeof(float);
+}
+
+void EuclideanLossLayer::forward(const LayerSlice& slice) {
+  Driver& driver = *slice.driver;
+  const index_t count = input_shape_.count();
+  float* diff = slice.workspace.as<float>();
+  driver.axpby(count, 1.0f, slice.inputs[0].x(), 0.0f, diff);
+  driver.axpy(count, -1.0f, slice.inputs[1].x(), diff);
+  const float squares = driver.dot(count, diff, diff);
+  const float num = static_cast<float>(input_shape_[0]);
+  // Caffe divides by num even when it is 0 (an empty batch gives NaN there); guard it.
+  const float loss = input_shape_[0] > 0 ? squares / num / 2.0f : 0.0f;
+  detail::write_scalar(driver, loss, slice.outputs[0].mutable_x());
+}
+
+void EuclideanLossLayer::backward(const LayerSlice& slice) {
+  Driver& driver = *slice.driver;
+  const index_t count = input_shape_.count();
+  if (input_shape_[0] == 0) return;
+  const float loss_weight = detail::read_scalar(driver, slice.outputs[0].dx());
+  const float num = static_cast<float>(input_shape_[0]);
+  for (int i = 0; i < 2; ++i) {
+    if (static_cast<std::size_t>(i) >= slice.propagate_down.size() || !slice.propagate_down[i]) {
+      continue;
+    }
+    // d/da = (a - b) * w / N, d/db = -(a - b) * w / N.
+    const float alpha = (i == 0 ? 1.0f : -1.0f) * loss_weight / num;
+    float* dx = slice.inputs[i].mutable_dx();
+    driver.axpby(count, alpha, slice.inputs[0].x(), 0.0f, dx);
+    driver.axpy(count, -alpha, slice.inputs[1].x(), dx);
+  }
+}
+
+}  // namespace hn

@@ -1,0 +1,26 @@
+// The Layer base class: the error-message prefix and the input-count check every layer uses.
+#include "lib/layers/layer.h"
+
+#include <fmt/format.h>
+
+#include "lib/core/check.h"
+
+namespace hn {
+
+std::string Layer::describe() const {
+  return fmt::format("layer '{}' ({})", name_, type());
+}
+
+void Layer::check_input_count(const std::vector<Shape>& inputs, int min_count,
+                              int max_count) const {
+  const int count = static_cast<int>(inputs.size());
+  if (min_count == max_count) {
+    HN_CHECK(count == min_count, "{}: takes {} input{}, got {}", describe(), min_count,
+             min_count == 1 ? "" : "s", count);
+  } else {
+    HN_CHECK(count >= min_count && count <= max_count, "{}: takes {} to {} inputs, got {}",
+             describe(), min_count, max_count, count);
+  }
+}
+
+}  // namespace hn

@@ -1,0 +1,180 @@
+// The Layer contract: written once, device-independent. A layer checks and infers shapes
+// in setup(), then computes forward and backward on a slice [begin, end) of the batch on
+// whatever driver it is given, through Pointers; it never includes device code and never
+// branches on the device. Parameters (weights, bias) and per-row state kept from forward
+// to backward (pooling masks, dropout masks, LRN scales) are Tensors the layer owns; the
+// caller (a Net, the scheduler, or a program using the layer as a kernel) resolves them on
+// the driver and passes Pointers in a LayerSlice.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lib/core/driver.h"
+#include "lib/core/memory.h"
+#include "lib/core/phase.h"
+#include "lib/core/tensor.h"
+#include "lib/core/tune.h"
+
+namespace hn {
+
+// One tensor operand of a layer call. `shape` is the whole tensor's shape (axis 0 is the
+// batch for inputs, outputs and state); `data` and `diff` point at the slice's rows on the
+// slice's driver (the whole tensor for parameters). `diff` may be null where no gradient
+// is wanted. `layout` is how data and diff lie in memory (shapes.h): blocked only for
+// inputs and outputs of layers whose blocked_layout() is not `none`, on drivers with
+// Capabilities::blocked_layout.
+struct Operand {
+  Shape shape;
+  Pointer data;
+  Pointer diff;
+  Layout layout = Layout::nchw;
+
+  const float* x() const { return data.as<const float>(); }
+  float* mutable_x() const { return data.as<float>(); }
+  const float* dx() const { return diff.as<const float>(); }
+  float* mutable_dx() const { return diff.as<float>(); }
+};
+
+// Everything one forward or backward call of a layer sees.
+struct LayerSlice {
+  Driver* driver = nullptr;
+  index_t begin = 0, end = 0;  // rows of the batch computed by this call
+  Phase phase = Phase::train;
+  std::uint64_t seed = 0;        // random stream of this iteration (dropout)
+  std::vector<Operand> inputs;   // bottoms
+  std::vector<Operand> outputs;  // tops
+  // Parameters: data = current values; diff = the gradient this call ADDS to (Caffe
+  // accumulates parameter gradients; the caller clears them between iterations).
+  std::vector<Operand> params;
+  std::vector<Operand> state;        // the layer's state tensors, same rows as inputs
+  std::vector<bool> propagate_down;  // backward: compute inputs[i].diff (overwritten)
+  Pointer workspace;                 // scratch of at least workspace_bytes(rows()) bytes
+  // A column block of a blob whose columns (its last axis) are cut among devices (a layer
+  // cut by outputs, then element-wise layers on each device's block): when columns > 0,
+  // the operands hold columns [column_begin, column_begin + width) of the `columns` of each
+  // row, compact. Element-wise layers compute as on whole rows; Dropout draws the mask of
+  // those elements of the whole blob.
+  index_t column_begin = 0, columns = 0;
+
+  index_t rows() const { return end - begin; }
+};
+
+class Layer {
+ public:
+  explicit Layer(std::string name) : name_(std::move(name)) {}
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+  virtual ~Layer() = default;
+
+  const std::string& name() const { return name_; }
+  // The Caffe type string ("Convolution", "ReLU", ...).
+  virtual const char* type() const = 0;
+
+  // Checks the input shapes and returns the output shapes; shapes the parameters (keeping
+  // their values when the shape is unchanged) and the state. Called again when the input
+  // shapes change. Throws hn::Error naming the layer, its type and the shapes at fault.
+  virtual std::vector<Shape> setup(const std::vector<Shape>& inputs) = 0;
+
+  virtual void forward(const LayerSlice& slice) = 0;
+  virtual void backward(const LayerSlice& slice) = 0;
+
+  // Scratch a slice of `rows` images needs on `driver` (lowered columns, ...).
+  virtual std::size_t workspace_bytes(const Driver& driver, index_t rows) const {
+    static_cast<void>(driver);
+    static_cast<void>(rows);
+    return 0;
+  }
+  // Layers with several algorithms measure them on `driver` for slices of `rows` rows and
+  // keep the fastest for that driver (tune.h); the others do nothing. Called before the
+  // first forward on that driver (by a Net when its TuneOptions say so); parameter values
+  // and gradients are left as they were.
+  virtual void tune(Driver& driver, index_t rows, Tuner& tuner) {
+    static_cast<void>(driver);
+    static_cast<void>(rows);
+    static_cast<void>(tuner);
+  }
+  // Floating-point operations of a forward over `rows` rows (2 per multiply-add), counted for
+  // the layers whose work is GEMM-like (convolution, inner product); 0 for the others. Their
+  // backward does twice as many (data and parameter gradients).
+  virtual double forward_flops(index_t rows) const {
+    static_cast<void>(rows);
+    return 0.0;
+  }
+  // The algorithm the layer runs with on `driver`, for reports (empty: only one).
+  virtual std::string algorithm(const Driver& driver) const {
+    static_cast<void>(driver);
+    return "";
+  }
+  // False for layers whose rows depend on the whole batch (batch statistics, losses
+  // normalised over the batch): they always run with begin = 0, end = batch.
+  virtual bool splits_by_rows() const { return true; }
+  // Whether the layer computes on blocked inputs and outputs (nChw16c or nChw8c: 4-D,
+  // channels in whole blocks; Layout in shapes.h): `none`; `uniform`, all of them in one layout
+  // (the layer passes it to its driver calls); `mixed`, each in its own (convolutions). A Net keeps
+  // activations blocked between layers that take it (NetOptions::blocked_layout).
+  enum class BlockedLayout { none, uniform, mixed };
+  virtual BlockedLayout blocked_layout() const { return BlockedLayout::none; }
+  // Called by a Net after it has chosen the layouts of the layer's inputs and outputs
+  // (before the first forward), so the layer can choose its algorithm for them.
+  virtual void use_layouts(const std::vector<Layout>& inputs, const std::vector<Layout>& outputs) {
+    (void)inputs;
+    (void)outputs;
+  }
+  // Whether output i may share memory with input i (ReLU, Dropout, ...).
+  virtual bool allows_in_place() const { return false; }
+  // Which outputs will share memory with the input at the same position, told before
+  // setup(): the Net does so from the prototxt's names; a program running the layer as a
+  // kernel on one tensor for both does so itself. A layer whose backward needs an input
+  // that running in place overwrites keeps a copy of it (Scale), as Caffe does.
+  void set_in_place(std::vector<bool> outputs) { in_place_ = std::move(outputs); }
+  bool in_place(int output) const {
+    return output >= 0 && output < static_cast<int>(in_place_.size()) && in_place_[output];
+  }
+  // Whether a gradient can flow to input i (false for labels).
+  virtual bool can_propagate_down(int input) const {
+    static_cast<void>(input);
+    return true;
+  }
+  // Loss layers return true; their single output is a scalar whose diff holds the loss
+  // weight when backward runs (Caffe's convention).
+  virtual bool is_loss() const { return false; }
+  // True when forward writes the parameters' data (BatchNorm's moving averages): the caller
+  // then resolves them for writing, so copies on other devices become stale.
+  virtual bool updates_params_in_forward() const { return false; }
+
+  std::vector<Tensor>& params() { return params_; }
+  std::vector<Tensor>& state() { return state_; }
+
+ protected:
+  // Throws unless count lies in [min_count, max_count], naming the layer.
+  void check_input_count(const std::vector<Shape>& inputs, int min_count, int max_count) const;
+  // "layer 'conv1' (Convolution)": the prefix of this layer's error messages.
+  std::string describe() const;
+
+  std::vector<Tensor> params_;
+  std::vector<Tensor> state_;
+  std::vector<bool> in_place_;
+
+ private:
+  std::string name_;
+};
+
+// Runs a layer on whole tensors on one driver, without a Net or a split: resolves every
+// tensor on the driver (copying only stale data), allocates the workspace, and calls the
+// layer for rows [begin, end) (end < 0: the whole batch). What a Net does for each layer.
+struct RunOptions {
+  Phase phase = Phase::train;
+  std::uint64_t seed = 0;
+  index_t begin = 0, end = -1;
+};
+void run_forward(Layer& layer, Driver& driver, const std::vector<Tensor*>& inputs,
+                 const std::vector<Tensor*>& outputs, const RunOptions& options = {});
+// propagate_down: per input (empty: every input the layer can propagate to).
+void run_backward(Layer& layer, Driver& driver, const std::vector<Tensor*>& inputs,
+                  const std::vector<Tensor*>& outputs, std::vector<bool> propagate_down = {},
+                  const RunOptions& options = {});
+
+}  // namespace hn

@@ -1,0 +1,66 @@
+// Layers that move data without arithmetic, with Caffe's parameters: Concat, Slice, Split,
+// Flatten and Reshape.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lib/layers/layer.h"
+
+namespace hn {
+
+struct ConcatParams {
+  int axis = 1;         // negative counts from the end
+  int concat_dim = -1;  // legacy (>= 0 when set); replaces axis, which must then stay 1
+};
+
+// Joins its inputs along `axis`; every other dimension must match. Along axis 0 (the batch
+// axis) the inputs' batches differ, so the layer then runs on the whole batch only
+// (splits_by_rows() false).
+std::unique_ptr<Layer> make_concat_layer(std::string name, ConcatParams params = {});
+
+struct SliceParams {
+  int axis = 1;        // negative counts from the end
+  int slice_dim = -1;  // legacy (>= 0 when set); replaces axis, which must then stay 1
+  // Strictly increasing positions in (0, shape[axis]) where a new output starts; empty:
+  // equal parts, one per output.
+  std::vector<index_t> slice_point;
+};
+
+// Cuts its input along `axis` into `num_outputs` outputs (Caffe takes that number from the
+// tops in the prototxt; 0 here means slice_point.size() + 1). Along axis 0 it runs on the
+// whole batch only (splits_by_rows() false).
+std::unique_ptr<Layer> make_slice_layer(std::string name, SliceParams params = {},
+                                        int num_outputs = 0);
+
+// One input to `num_outputs` identical outputs (what a Net inserts where one blob feeds
+// several layers); backward sums the outputs' gradients. Caffe shares the data; this layer
+// copies it (sharing is a Net-level optimisation for later).
+std::unique_ptr<Layer> make_split_layer(std::string name, int num_outputs = 2);
+
+struct FlattenParams {
+  int axis = 1;       // first axis flattened; negative counts from the end
+  int end_axis = -1;  // last axis flattened (inclusive)
+};
+
+// Merges axes [axis, end_axis] into one. The output holds the same values in the same
+// order; forward and backward copy them (sharing the memory is a Net-level optimisation
+// for later). Flattening the batch axis runs on the whole batch only.
+std::unique_ptr<Layer> make_flatten_layer(std::string name, FlattenParams params = {});
+
+// Caffe's ReshapeParameter: the input axes [axis, axis + num_axes) are replaced by `shape`,
+// where 0 copies the input dimension at that position and one -1 is inferred from the
+// count. axis < 0 counts from the end (-1: after the last axis); num_axes -1: to the end.
+struct ReshapeParams {
+  std::vector<index_t> shape;
+  int axis = 0;
+  int num_axes = -1;
+};
+
+// The output holds the input's values in the same order, copied (sharing the memory is a
+// Net-level optimisation for later). When the output's first dimension is not the input's
+// batch, the layer runs on the whole batch only.
+std::unique_ptr<Layer> make_reshape_layer(std::string name, ReshapeParams params);
+
+}  // namespace hn

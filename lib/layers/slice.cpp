@@ -1,0 +1,79 @@
+// Slice layer: each output is a block of columns of the input viewed as
+// [count(0, axis)][count(axis)], moved with one strided copy per output (lib/layers/common.h).
+#include <utility>
+
+#include "lib/layers/common.h"
+#include "lib/layers/shape_layer.h"
+
+namespace hn {
+
+SliceLayer::SliceLayer(std::string name, SliceParams params, int num_outputs)
+    : Layer(std::move(name)),
+      param_(std::move(params)),
+      num_outputs_(num_outputs > 0 ? num_outputs
+                                   : static_cast<int>(param_.slice_point.size()) + 1) {}
+
+std::vector<Shape> SliceLayer::setup(const std::vector<Shape>& inputs) {
+  check_input_count(inputs, 1, 1);
+  const Shape& in = inputs[0];
+  if (param_.slice_dim >= 0) {
+    HN_CHECK(param_.axis == 1, "{}: set axis ({}) or the legacy slice_dim ({}), not both",
+             describe(), param_.axis, param_.slice_dim);
+    axis_ = detail::canonical_axis(describe(), "slice_dim", param_.slice_dim, in);
+  } else {
+    axis_ = detail::canonical_axis(describe(), "axis", param_.axis, in);
+  }
+  const index_t dim = in[axis_];
+  const auto& points = param_.slice_point;
+  std::vector<index_t> sizes;
+  if (!points.empty()) {
+    HN_CHECK(static_cast<int>(points.size()) == num_outputs_ - 1,
+             "{}: {} slice points for {} outputs (input {}); need one fewer points than outputs",
+             describe(), points.size(), num_outputs_, in.to_string());
+    index_t previous = 0;
+    for (const index_t point : points) {
+      HN_CHECK(previous < point && point < dim,
+               "{}: slice points must increase strictly inside (0, {}) along axis {}; got {} "
+               "after {} (input {})",
+               describe(), dim, axis_, point, previous, in.to_string());
+      sizes.push_back(point - previous);
+      previous = point;
+    }
+    sizes.push_back(dim - previous);
+  } else {
+    HN_CHECK(dim % num_outputs_ == 0,
+             "{}: {} outputs do not evenly divide axis {} of size {} (input {})", describe(),
+             num_outputs_, axis_, dim, in.to_string());
+    sizes.assign(static_cast<std::size_t>(num_outputs_), dim / num_outputs_);
+  }
+  std::vector<Shape> outputs;
+  for (const index_t size : sizes) {
+    std::vector<index_t> dims = in.dims();
+    dims[static_cast<std::size_t>(axis_)] = size;
+    outputs.emplace_back(dims);
+  }
+  return outputs;
+}
+
+void SliceLayer::forward(const LayerSlice& slice) {
+  const Operand& x = slice.inputs[0];
+  std::vector<float*> parts;
+  for (const Operand& y : slice.outputs)
+    parts.push_back(y.mutable_x());
+  detail::scatter_parts(
+      *slice.driver, detail::axis_parts(x.shape, slice.outputs, axis_, slice.rows()), x.x(), parts);
+}
+
+// The outputs tile the input, so their diffs overwrite every element of dx.
+void SliceLayer::backward(const LayerSlice& slice) {
+  if (!slice.propagate_down[0]) return;
+  const Operand& x = slice.inputs[0];
+  std::vector<const float*> parts;
+  for (const Operand& y : slice.outputs)
+    parts.push_back(y.dx());
+  detail::gather_parts(*slice.driver,
+                       detail::axis_parts(x.shape, slice.outputs, axis_, slice.rows()), parts,
+                       x.mutable_dx());
+}
+
+}  // namespace hn

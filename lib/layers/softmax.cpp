@@ -1,0 +1,40 @@
+// Softmax layer: the input viewed as [outer][channels][inner] around Caffe's axis.
+#include "lib/layers/softmax_layer.h"
+
+#include <utility>
+
+#include "lib/core/check.h"
+#include "lib/layers/common.h"
+
+namespace hn {
+
+SoftmaxLayer::SoftmaxLayer(std::string name, SoftmaxParams params)
+    : Layer(std::move(name)), param_(params) {}
+
+std::vector<Shape> SoftmaxLayer::setup(const std::vector<Shape>& inputs) {
+  check_input_count(inputs, 1, 1);
+  const Shape& in = inputs[0];
+  axis_ = detail::canonical_axis(describe(), "axis", param_.axis, in);
+  HN_CHECK(in[axis_] > 0, "{}: the softmax axis {} is empty (input {})", describe(), axis_,
+           in.to_string());
+  return {in};
+}
+
+AxisShape SoftmaxLayer::slice_shape(const LayerSlice& slice) const {
+  const Shape& shape = slice.inputs[0].shape;
+  return AxisShape{detail::outer_rows(shape, axis_, slice.rows()), shape[axis_],
+                   shape.count(axis_ + 1, shape.axes())};
+}
+
+void SoftmaxLayer::forward(const LayerSlice& slice) {
+  slice.driver->softmax_forward(slice_shape(slice), slice.inputs[0].x(),
+                                slice.outputs[0].mutable_x());
+}
+
+void SoftmaxLayer::backward(const LayerSlice& slice) {
+  if (!slice.propagate_down[0]) return;
+  const Operand& y = slice.outputs[0];
+  slice.driver->softmax_backward(slice_shape(slice), y.x(), y.dx(), slice.inputs[0].mutable_dx());
+}
+
+}  // namespace hn
