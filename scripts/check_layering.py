@@ -17,7 +17,7 @@ ALLOWED = {
     "public": [],
     "core": [],
     "drivers": ["core"],
-    "layers": ["core"],
+    "layers": ["core", "proto"],
     "proto": ["core"],
     "comm": ["core"],
     "data": ["core", "proto"],

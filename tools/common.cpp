@@ -24,11 +24,11 @@ Split parse_split(const std::string& spec) {
     throw UsageError(fmt::format("--split '{}': {}", spec, error.what()));
   }
   if (!split.is_automatic() || !split.automatic_devices().empty()) return split;
-  // The reference driver is an oracle, far slower than any other: measuring it would only
+  // An oracle (the reference driver) is far slower than any other: measuring it would only
   // hand it a sliver of every layer.
   std::vector<Device> devices;
   for (const Device& device : available_devices()) {
-    if (device.kind != "reference") devices.push_back(device);
+    if (!driver_kind(device.kind).oracle) devices.push_back(device);
   }
   return Split::automatic(std::move(devices));
 }
@@ -164,8 +164,9 @@ Device chosen_device(const Args& args) {
   if (!device) {
     const Split split = chosen_split(args);
     const std::vector<Device> devices = split.devices();
-    const auto gpu = std::find_if(devices.begin(), devices.end(),
-                                  [](const Device& each) { return each.kind == "cuda"; });
+    const auto gpu = std::find_if(devices.begin(), devices.end(), [](const Device& each) {
+      return driver_kind(each.kind).accelerator;
+    });
     if (split.is_automatic() && gpu != devices.end())
       device = *gpu;
     else if (!devices.empty())
@@ -175,7 +176,7 @@ Device chosen_device(const Args& args) {
     const LayerSplits layer_splits = chosen_layer_splits(args);
     if (!layer_splits.empty()) device = layer_splits[0].second.devices().at(0);
   }
-  return device.value_or(Device{"cpu", 0});
+  return device ? *device : default_device();
 }
 
 Split chosen_split(const Args& args) {
@@ -235,10 +236,12 @@ Driver& add_chosen_driver(Runtime& runtime, const Args& args,
     // on that core waits for it at every barrier (16 cores beside an H200, split
     // cpu:0.25,cuda:0:0.75: CaffeNet's conv5 forward took the CPU 7.4 ms with 16 threads,
     // 1.8 with 15).
-    const auto cpus = std::count_if(distinct.begin(), distinct.end(),
-                                    [](const Device& device) { return device.kind == "cpu"; });
-    const auto gpus = std::count_if(distinct.begin(), distinct.end(),
-                                    [](const Device& device) { return device.kind == "cuda"; });
+    const auto cpus = std::count_if(distinct.begin(), distinct.end(), [](const Device& device) {
+      return driver_kind(device.kind).multithreaded;
+    });
+    const auto gpus = std::count_if(distinct.begin(), distinct.end(), [](const Device& device) {
+      return driver_kind(device.kind).accelerator;
+    });
     const auto cores = static_cast<long>(std::max(1u, std::thread::hardware_concurrency()));
     const long ranks = launched_local_ranks();
     const long sharing = static_cast<long>(cpus) * ranks;

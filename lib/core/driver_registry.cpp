@@ -70,6 +70,14 @@ DriverKind driver_kind(std::string_view name) {
                kind_list(driver_kinds()));
 }
 
+Device default_device() {
+  for (const DriverKind& kind : driver_kinds()) {
+    if (kind.host_memory && !kind.oracle && !kind.accelerator) return Device{kind.name, 0};
+  }
+  detail::fail("no driver kind computes on the host (the registered kinds are {})",
+               kind_list(driver_kinds()));
+}
+
 DriverOptions options_for(const DriverKind& kind, const DriverOptions& options) {
   DriverOptions kept;
   for (const auto& [name, value] : options.values()) {

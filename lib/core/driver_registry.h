@@ -66,6 +66,15 @@ struct DriverKind {
   bool any_index = false;
   // Devices of this kind compute on ordinary host memory whatever their options.
   bool host_memory = false;
+  // A test oracle, far slower than any other kind (reference): automatic splits and
+  // defaults leave it out.
+  bool oracle = false;
+  // Computes on hardware of its own (a GPU): the driver's thread only drives it, and takes
+  // one host core while it waits (cuda).
+  bool accelerator = false;
+  // Runs a team of host threads, one per core unless told (option `threads`): drivers of
+  // such kinds side by side divide the host's cores among them (cpu).
+  bool multithreaded = false;
   // Devices present now (any_index kinds: 1). Null or 0: none.
   std::function<int()> count;
   // Makes the driver; null when this build lacks it (then `missing` says why).
@@ -89,6 +98,9 @@ std::vector<DriverKind> driver_kinds();
 std::optional<DriverKind> find_driver_kind(std::string_view name);
 // The kind of `name`; throws hn::Error listing the registered kinds when there is none.
 DriverKind driver_kind(std::string_view name);
+// The device a program runs on when it names none: the first registered kind that computes
+// on the host and is no oracle ("cpu").
+Device default_device();
 // `options` less the names `kind` does not read (one set of options for several kinds).
 DriverOptions options_for(const DriverKind& kind, const DriverOptions& options);
 

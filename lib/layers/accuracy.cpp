@@ -1,6 +1,9 @@
 // Accuracy (Caffe): top-k classification accuracy, computed on the host (it reads every
 // score once and writes a few floats, so moving the scores is the whole cost anyway).
+#include "hybridnn.pb.h"
 #include "lib/layers/accuracy_layer.h"
+#include "lib/layers/caffe_params.h"
+#include "lib/layers/registry.h"
 
 #include <cmath>
 #include <vector>
@@ -96,6 +99,30 @@ void AccuracyLayer::backward(const LayerSlice& slice) {
     HN_CHECK(!slice.propagate_down[i], "{}: has no gradient (asked to propagate to input {})",
              describe(), i);
   }
+}
+
+// ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------
+
+namespace {
+
+using namespace detail;
+
+std::unique_ptr<Layer> make_accuracy(const pb::LayerParameter& p) {
+  const pb::AccuracyParameter& a = p.accuracy_param();
+  AccuracyParams params;
+  params.top_k = to_int(p, "top_k", a.top_k());
+  params.axis = a.axis();
+  if (a.has_ignore_label()) params.ignore_label = a.ignore_label();
+  return std::make_unique<AccuracyLayer>(p.name(), params, outputs_or(p, 1));
+}
+
+}  // namespace
+
+LayerType accuracy_layer_type() {
+  LayerType type;
+  type.name = "Accuracy";
+  type.make = make_accuracy;
+  return type;
 }
 
 }  // namespace hn

@@ -22,6 +22,7 @@ class ReluLayer final : public Layer {
   // Element by element: any layout, the same for input and output.
   BlockedLayout blocked_layout() const override { return BlockedLayout::uniform; }
   float negative_slope() const { return param_.negative_slope; }
+  std::optional<float> rectifier_slope() const override { return param_.negative_slope; }
 
  private:
   ReluParams param_;

@@ -1,7 +1,10 @@
 // BatchNorm (Caffe): per-channel normalisation composed of driver calls on the input viewed
 // as [N][C][spatial]; per-channel sums are bias_backward, broadcasts are bias_forward and
 // scale_channels. Training forward also updates Caffe's three statistics blobs.
+#include "hybridnn.pb.h"
 #include "lib/layers/batch_norm_layer.h"
+#include "lib/layers/caffe_params.h"
+#include "lib/layers/registry.h"
 
 #include <cmath>
 
@@ -167,6 +170,32 @@ void BatchNormLayer::backward(const LayerSlice& slice) {
   driver.scale(channels_, -inv_m, sum_dy);
   driver.bias_forward(shape, sum_dy, dx);
   driver.scale_channels(shape, inv_std, dx, dx);
+}
+
+// ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------
+
+namespace {
+
+using namespace detail;
+
+std::unique_ptr<Layer> make_batch_norm(const pb::LayerParameter& p) {
+  const pb::BatchNormParameter& b = p.batch_norm_param();
+  BatchNormParams params;
+  if (b.has_use_global_stats()) params.use_global_stats = b.use_global_stats();
+  params.moving_average_fraction = b.moving_average_fraction();
+  params.eps = b.eps();
+  return std::make_unique<BatchNormLayer>(p.name(), params);
+}
+
+}  // namespace
+
+LayerType batch_norm_layer_type() {
+  LayerType type;
+  type.name = "BatchNorm";
+  type.make = make_batch_norm;
+  type.statistics = true;
+  type.fusion = FusionRole::norm;
+  return type;
 }
 
 }  // namespace hn

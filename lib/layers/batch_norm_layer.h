@@ -33,8 +33,9 @@ class BatchNormLayer final : public Layer {
   // Whether calls in `phase` normalise with the stored statistics (Caffe's
   // use_global_stats, by default the test phase): then the layer is a per-channel affine
   // map that a Net may fuse with a Scale after it (ScaleLayer::fuse_norm).
-  bool uses_stored_statistics(Phase phase) const { return global_stats(phase); }
-  float eps() const { return param_.eps; }
+  std::optional<float> stored_norm_eps(Phase phase) const override {
+    return global_stats(phase) ? std::optional<float>(param_.eps) : std::nullopt;
+  }
   // Forward with batch statistics updates the statistics blobs.
   bool updates_params_in_forward() const override {
     return !param_.use_global_stats.value_or(false);

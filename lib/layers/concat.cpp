@@ -3,7 +3,10 @@
 #include <limits>
 #include <utility>
 
+#include "hybridnn.pb.h"
+#include "lib/layers/caffe_params.h"
 #include "lib/layers/common.h"
+#include "lib/layers/registry.h"
 #include "lib/layers/shape_layer.h"
 
 namespace hn {
@@ -54,6 +57,32 @@ void ConcatLayer::backward(const LayerSlice& slice) {
     parts.push_back(slice.propagate_down[i] ? slice.inputs[i].mutable_dx() : nullptr);
   detail::scatter_parts(
       *slice.driver, detail::axis_parts(y.shape, slice.inputs, axis_, slice.rows()), y.dx(), parts);
+}
+
+// ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------
+
+namespace {
+
+using namespace detail;
+
+std::unique_ptr<Layer> make_concat(const pb::LayerParameter& p) {
+  const pb::ConcatParameter& c = p.concat_param();
+  HN_CHECK(!(c.has_axis() && c.has_concat_dim()),
+           "{}: give either axis or concat_dim, not both (axis {}, concat_dim {})", who(p),
+           c.axis(), c.concat_dim());
+  ConcatParams params;
+  params.axis = c.axis();
+  if (c.has_concat_dim()) params.concat_dim = to_int(p, "concat_dim", c.concat_dim());
+  return std::make_unique<ConcatLayer>(p.name(), params);
+}
+
+}  // namespace
+
+LayerType concat_layer_type() {
+  LayerType type;
+  type.name = "Concat";
+  type.make = make_concat;
+  return type;
 }
 
 }  // namespace hn

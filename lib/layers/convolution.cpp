@@ -1,7 +1,10 @@
 // Convolution layer: Caffe's parameter rules, the lowering cost model, and the three ways to
 // turn a convolution into GEMMs (CcT lowering types 1 and 3, and the 1x1 direct case), all
 // through driver calls only.
+#include "hybridnn.pb.h"
+#include "lib/layers/caffe_params.h"
 #include "lib/layers/convolution_layer.h"
+#include "lib/layers/registry.h"
 
 #include <algorithm>
 #include <array>
@@ -904,6 +907,55 @@ void ConvolutionLayer::backward_direct(const LayerSlice& slice, Wanted want) con
       }
     }
   }
+}
+
+// ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------
+
+namespace {
+
+using namespace detail;
+
+std::unique_ptr<Layer> make_convolution(const pb::LayerParameter& p) {
+  const pb::ConvolutionParameter& c = p.convolution_param();
+  // Inputs are N x C x H x W: axis -3 is axis 1 (Caffe's CanonicalAxisIndex).
+  HN_CHECK(c.axis() == 1 || c.axis() == -3,
+           "{}: axis {} is not supported (channels must be axis 1 of the 4-D input)", who(p),
+           c.axis());
+  ConvolutionParams params;
+  params.num_output = c.num_output();
+  params.bias_term = c.bias_term();
+  params.kernel_size = to_indices(c.kernel_size());
+  params.stride = to_indices(c.stride());
+  params.pad = to_indices(c.pad());
+  params.dilation = to_indices(c.dilation());
+  // As Caffe: either of an _h/_w pair selects that form, the other taking its proto default.
+  if (c.has_kernel_h() || c.has_kernel_w()) {
+    params.kernel_h = c.kernel_h();
+    params.kernel_w = c.kernel_w();
+  }
+  if (c.has_stride_h() || c.has_stride_w()) {
+    params.stride_h = c.stride_h();
+    params.stride_w = c.stride_w();
+  }
+  if (c.has_pad_h() || c.has_pad_w()) {
+    params.pad_h = c.pad_h();
+    params.pad_w = c.pad_w();
+  }
+  params.group = c.group();
+  return std::make_unique<ConvolutionLayer>(p.name(), std::move(params));
+}
+
+}  // namespace
+
+LayerType convolution_layer_type() {
+  LayerType type;
+  type.name = "Convolution";
+  type.make = make_convolution;
+  type.filler = [](const pb::LayerParameter& p, int index) {
+    return index == 0 ? &p.convolution_param().weight_filler()
+                      : &p.convolution_param().bias_filler();
+  };
+  return type;
 }
 
 }  // namespace hn

@@ -3,9 +3,12 @@
 #include <cstdint>
 #include <utility>
 
+#include "hybridnn.pb.h"
 #include "lib/core/check.h"
 #include "lib/layers/activation_layer.h"
+#include "lib/layers/caffe_params.h"
 #include "lib/layers/common.h"
+#include "lib/layers/registry.h"
 
 namespace hn {
 
@@ -90,6 +93,28 @@ void DropoutLayer::backward(const LayerSlice& slice) {
   } else {
     detail::copy_floats(*slice.driver, n, y.dx(), x.mutable_dx());
   }
+}
+
+// ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------
+
+namespace {
+
+using namespace detail;
+
+std::unique_ptr<Layer> make_dropout(const pb::LayerParameter& p) {
+  DropoutParams params;
+  params.dropout_ratio = p.dropout_param().dropout_ratio();
+  return std::make_unique<DropoutLayer>(p.name(), params);
+}
+
+}  // namespace
+
+LayerType dropout_layer_type() {
+  LayerType type;
+  type.name = "Dropout";
+  type.make = make_dropout;
+  type.element_wise = true;
+  return type;
 }
 
 }  // namespace hn

@@ -1,6 +1,9 @@
 // Eltwise layer: SUM (lincomb/axpy with the coefficients), PROD (mul) and MAX (a running
 // maximum with the winner's index kept for backward).
+#include "hybridnn.pb.h"
+#include "lib/layers/caffe_params.h"
 #include "lib/layers/eltwise_layer.h"
+#include "lib/layers/registry.h"
 
 #include <cstdint>
 #include <limits>
@@ -157,6 +160,41 @@ void EltwiseLayer::backward(const LayerSlice& slice) {
       }
     }
   }
+}
+
+// ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------
+
+namespace {
+
+using namespace detail;
+
+std::unique_ptr<Layer> make_eltwise(const pb::LayerParameter& p) {
+  const pb::EltwiseParameter& e = p.eltwise_param();
+  EltwiseParams params;
+  switch (e.operation()) {
+    case pb::EltwiseParameter::PROD:
+      params.operation = EltwiseOp::prod;
+      break;
+    case pb::EltwiseParameter::SUM:
+      params.operation = EltwiseOp::sum;
+      break;
+    case pb::EltwiseParameter::MAX:
+      params.operation = EltwiseOp::max;
+      break;
+  }
+  params.coeff.assign(e.coeff().begin(), e.coeff().end());
+  params.stable_prod_grad = e.stable_prod_grad();
+  return std::make_unique<EltwiseLayer>(p.name(), std::move(params));
+}
+
+}  // namespace
+
+LayerType eltwise_layer_type() {
+  LayerType type;
+  type.name = "Eltwise";
+  type.make = make_eltwise;
+  type.fusion = FusionRole::sum;
+  return type;
 }
 
 }  // namespace hn

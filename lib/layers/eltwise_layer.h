@@ -26,15 +26,11 @@ class EltwiseLayer final : public Layer {
   // NetOptions::fuse_layers): the sum and the ReLU in one pass forward
   // (Driver::lincomb_relu), and backward the ReLU's gradient written straight into the
   // inputs' gradients instead of into the output's and copied from there.
-  struct FusedRelu {
-    std::string relu;  // the fused layer's name
-    float slope = 0.0f;
-  };
   // Whether a ReLU can be taken in: SUM only (the ReLU's slope must be >= 0, so that
   // y > 0 means the sum > 0 for the gradient read from y).
-  bool can_fuse_relu() const { return param_.operation == EltwiseOp::sum; }
+  bool can_fuse_relu() const override { return param_.operation == EltwiseOp::sum; }
   // Called after setup(); std::nullopt undoes it.
-  void fuse_relu(std::optional<FusedRelu> fused);
+  void fuse_relu(std::optional<FusedRelu> fused) override;
   std::string algorithm(const Driver& driver) const override;
 
  private:

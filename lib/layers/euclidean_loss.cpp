@@ -1,7 +1,10 @@
 // EuclideanLoss (Caffe): sum of squared differences over 2N.
+#include "hybridnn.pb.h"
 #include "lib/core/check.h"
+#include "lib/layers/caffe_params.h"
 #include "lib/layers/loss_layer.h"
 #include "lib/layers/loss_support.h"
+#include "lib/layers/registry.h"
 
 namespace hn {
 
@@ -56,6 +59,25 @@ void EuclideanLossLayer::backward(const LayerSlice& slice) {
     driver.axpby(count, alpha, slice.inputs[0].x(), 0.0f, dx);
     driver.axpy(count, -alpha, slice.inputs[1].x(), dx);
   }
+}
+
+// ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------
+
+namespace {
+
+using namespace detail;
+
+std::unique_ptr<Layer> make_euclidean_loss(const pb::LayerParameter& p) {
+  return std::make_unique<EuclideanLossLayer>(p.name());
+}
+
+}  // namespace
+
+LayerType euclidean_loss_layer_type() {
+  LayerType type;
+  type.name = "EuclideanLoss";
+  type.make = make_euclidean_loss;
+  return type;
 }
 
 }  // namespace hn

@@ -1,7 +1,10 @@
 // Flatten layer: merges axes [axis, end_axis] into one; the values are copied unchanged.
 #include <utility>
 
+#include "hybridnn.pb.h"
+#include "lib/layers/caffe_params.h"
 #include "lib/layers/common.h"
+#include "lib/layers/registry.h"
 #include "lib/layers/shape_layer.h"
 
 namespace hn {
@@ -33,6 +36,28 @@ void FlattenLayer::forward(const LayerSlice& slice) {
 
 void FlattenLayer::backward(const LayerSlice& slice) {
   detail::copy_output_diff_to_input(slice);
+}
+
+// ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------
+
+namespace {
+
+using namespace detail;
+
+std::unique_ptr<Layer> make_flatten(const pb::LayerParameter& p) {
+  FlattenParams params;
+  params.axis = p.flatten_param().axis();
+  params.end_axis = p.flatten_param().end_axis();
+  return std::make_unique<FlattenLayer>(p.name(), params);
+}
+
+}  // namespace
+
+LayerType flatten_layer_type() {
+  LayerType type;
+  type.name = "Flatten";
+  type.make = make_flatten;
+  return type;
 }
 
 }  // namespace hn

@@ -1,6 +1,9 @@
 // InnerProduct layer: one GEMM each way (two in backward), bias through the driver's
 // per-channel calls. The GEMM orientation follows Caffe's weight layout (transpose).
+#include "hybridnn.pb.h"
+#include "lib/layers/caffe_params.h"
 #include "lib/layers/inner_product_layer.h"
+#include "lib/layers/registry.h"
 
 #include <algorithm>
 #include <utility>
@@ -82,6 +85,49 @@ void InnerProductLayer::backward(const LayerSlice& slice) {
     d.gemm(Transpose::no, config_.transpose ? Transpose::yes : Transpose::no, m, k, n, 1.0f, dy, n,
            weights.x(), config_.transpose ? n : k, 0.0f, in.mutable_dx(), k);
   }
+}
+
+// ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------
+
+namespace {
+
+using namespace detail;
+
+std::unique_ptr<Layer> make_inner_product(const pb::LayerParameter& p) {
+  const pb::InnerProductParameter& ip = p.inner_product_param();
+  InnerProductParams params;
+  params.num_output = ip.num_output();
+  params.bias_term = ip.bias_term();
+  params.axis = ip.axis();
+  params.transpose = ip.transpose();
+  return std::make_unique<InnerProductLayer>(p.name(), params);
+}
+
+}  // namespace
+
+LayerType inner_product_layer_type() {
+  LayerType type;
+  type.name = "InnerProduct";
+  type.make = make_inner_product;
+  type.filler = [](const pb::LayerParameter& p, int index) {
+    return index == 0 ? &p.inner_product_param().weight_filler()
+                      : &p.inner_product_param().bias_filler();
+  };
+  // Outputs are columns of the top; the weights are [num_output][K] ([K][num_output]
+  // transposed) and the bias [num_output].
+  OutputCut cut;
+  cut.outputs = [](const pb::LayerParameter& p) {
+    return static_cast<index_t>(p.inner_product_param().num_output());
+  };
+  cut.set_outputs = [](pb::LayerParameter& p, index_t count) {
+    p.mutable_inner_product_param()->set_num_output(static_cast<std::uint32_t>(count));
+  };
+  cut.param_axis = [](const pb::LayerParameter& p, int index) {
+    return index == 0 && p.inner_product_param().transpose() ? 1 : 0;
+  };
+  cut.input_axis = [](const pb::LayerParameter& p) { return p.inner_product_param().axis(); };
+  type.cut = std::move(cut);
+  return type;
 }
 
 }  // namespace hn

@@ -23,4 +23,12 @@ void Layer::check_input_count(const std::vector<Shape>& inputs, int min_count,
   }
 }
 
+void Layer::fuse_norm(std::optional<FusedNorm> fused) {
+  HN_CHECK(!fused, "{}: cannot run a norm chain as its calls", describe());
+}
+
+void Layer::fuse_relu(std::optional<FusedRelu> fused) {
+  HN_CHECK(!fused, "{}: cannot run a rectifier as its calls", describe());
+}
+
 }  // namespace hn

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -144,6 +145,37 @@ class Layer {
   // True when forward writes the parameters' data (BatchNorm's moving averages): the caller
   // then resolves them for writing, so copies on other devices become stale.
   virtual bool updates_params_in_forward() const { return false; }
+
+  // ---- fusion (NetOptions::fuse_layers) -----------------------------------------------
+  // The Net plans it by the types' FusionRole (lib/layers/registry.h), then asks the layers
+  // through these calls; by default a layer takes part in none.
+  //
+  // A norm chain: a norm on stored statistics, then an affine layer, then optionally a
+  // rectifier, all in place on one blob, run as the affine layer's calls.
+  struct FusedNorm {
+    std::string batch_norm, relu;  // the fused layers' names ("" for no rectifier)
+    float eps = 1e-5f;
+    float relu_slope = 0.0f;
+  };
+  // A rectifier in place on a sum's output, run as the sum's calls.
+  struct FusedRelu {
+    std::string relu;  // the fused layer's name
+    float slope = 0.0f;
+  };
+  // FusionRole::norm: its eps when it normalises with stored statistics in `phase`.
+  virtual std::optional<float> stored_norm_eps(Phase phase) const {
+    static_cast<void>(phase);
+    return std::nullopt;
+  }
+  // FusionRole::rectifier: its negative slope.
+  virtual std::optional<float> rectifier_slope() const { return std::nullopt; }
+  // FusionRole::affine: whether it can take a norm chain in now (after setup), and taking
+  // one (std::nullopt gives it back).
+  virtual bool can_fuse_norm() const { return false; }
+  virtual void fuse_norm(std::optional<FusedNorm> fused);
+  // FusionRole::sum: the same for the rectifier after it.
+  virtual bool can_fuse_relu() const { return false; }
+  virtual void fuse_relu(std::optional<FusedRelu> fused);
 
   std::vector<Tensor>& params() { return params_; }
   std::vector<Tensor>& state() { return state_; }

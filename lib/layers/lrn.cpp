@@ -1,5 +1,8 @@
 // LRN layer: checks Caffe's constraints in setup, then one driver call per direction.
+#include "hybridnn.pb.h"
+#include "lib/layers/caffe_params.h"
 #include "lib/layers/lrn_layer.h"
+#include "lib/layers/registry.h"
 
 #include <cmath>
 #include <utility>
@@ -63,6 +66,34 @@ void LrnLayer::backward(const LayerSlice& slice) {
   const Operand& y = slice.outputs[0];
   slice.driver->lrn_backward(slice_shape(slice), x.x(), y.x(), slice.state[0].x(), y.dx(),
                              x.mutable_dx());
+}
+
+// ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------
+
+namespace {
+
+using namespace detail;
+
+std::unique_ptr<Layer> make_lrn(const pb::LayerParameter& p) {
+  const pb::LRNParameter& l = p.lrn_param();
+  LrnParams params;
+  params.local_size = l.local_size();
+  params.alpha = l.alpha();
+  params.beta = l.beta();
+  params.k = l.k();
+  params.norm_region = l.norm_region() == pb::LRNParameter::WITHIN_CHANNEL
+                           ? LrnRegion::within_channel
+                           : LrnRegion::across_channels;
+  return std::make_unique<LrnLayer>(p.name(), params);
+}
+
+}  // namespace
+
+LayerType lrn_layer_type() {
+  LayerType type;
+  type.name = "LRN";
+  type.make = make_lrn;
+  return type;
 }
 
 }  // namespace hn

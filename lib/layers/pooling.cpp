@@ -1,6 +1,9 @@
 // Pooling layer: resolves Caffe's kernel/stride/pad fields and output size in setup, then
 // one driver call per direction on the slice's images.
+#include "hybridnn.pb.h"
+#include "lib/layers/caffe_params.h"
 #include "lib/layers/pooling_layer.h"
+#include "lib/layers/registry.h"
 
 #include <fmt/format.h>
 
@@ -142,6 +145,64 @@ void PoolingLayer::backward(const LayerSlice& slice) {
   } else {
     slice.driver->pool_avg_backward(shape, dy, dx);
   }
+}
+
+// ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------
+
+namespace {
+
+using namespace detail;
+
+std::unique_ptr<Layer> make_pooling(const pb::LayerParameter& p) {
+  const pb::PoolingParameter& q = p.pooling_param();
+  // PoolingParams marks an unset _h/_w form by 0, so Caffe's presence rules are checked here.
+  if (q.global_pooling()) {
+    HN_CHECK(!(q.has_kernel_size() || q.has_kernel_h() || q.has_kernel_w()),
+             "{}: with global_pooling, kernel_size, kernel_h and kernel_w must not be set", who(p));
+  } else {
+    HN_CHECK(q.has_kernel_size() != (q.has_kernel_h() && q.has_kernel_w()),
+             "{}: kernel is kernel_size OR kernel_h and kernel_w; not both", who(p));
+    HN_CHECK(q.has_kernel_size() || (q.has_kernel_h() && q.has_kernel_w()),
+             "{}: kernel_size, or kernel_h and kernel_w, is required", who(p));
+  }
+  HN_CHECK((!q.has_pad() && q.has_pad_h() && q.has_pad_w()) || (!q.has_pad_h() && !q.has_pad_w()),
+           "{}: pad is pad OR pad_h and pad_w", who(p));
+  HN_CHECK((!q.has_stride() && q.has_stride_h() && q.has_stride_w()) ||
+               (!q.has_stride_h() && !q.has_stride_w()),
+           "{}: stride is stride OR stride_h and stride_w", who(p));
+
+  PoolingParams params;
+  switch (q.pool()) {
+    case pb::PoolingParameter::MAX:
+      params.pool = PoolMethod::max;
+      break;
+    case pb::PoolingParameter::AVE:
+      params.pool = PoolMethod::ave;
+      break;
+    case pb::PoolingParameter::STOCHASTIC:
+      fail("{}: pool STOCHASTIC is not supported (MAX and AVE are)", who(p));
+  }
+  params.global_pooling = q.global_pooling();
+  params.ceil_mode = q.round_mode() == pb::PoolingParameter::CEIL;
+  params.kernel_size = q.kernel_size();
+  if (q.has_kernel_h()) params.kernel_h = q.kernel_h();
+  if (q.has_kernel_w()) params.kernel_w = q.kernel_w();
+  params.stride = q.stride();
+  if (q.has_stride_h()) params.stride_h = q.stride_h();
+  if (q.has_stride_w()) params.stride_w = q.stride_w();
+  params.pad = q.pad();
+  if (q.has_pad_h()) params.pad_h = q.pad_h();
+  if (q.has_pad_w()) params.pad_w = q.pad_w();
+  return std::make_unique<PoolingLayer>(p.name(), params);
+}
+
+}  // namespace
+
+LayerType pooling_layer_type() {
+  LayerType type;
+  type.name = "Pooling";
+  type.make = make_pooling;
+  return type;
 }
 
 }  // namespace hn

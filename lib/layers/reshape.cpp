@@ -2,7 +2,10 @@
 // axis/num_axes select the replaced range); the values are copied unchanged.
 #include <utility>
 
+#include "hybridnn.pb.h"
+#include "lib/layers/caffe_params.h"
 #include "lib/layers/common.h"
+#include "lib/layers/registry.h"
 #include "lib/layers/shape_layer.h"
 
 namespace hn {
@@ -88,6 +91,31 @@ void ReshapeLayer::forward(const LayerSlice& slice) {
 
 void ReshapeLayer::backward(const LayerSlice& slice) {
   detail::copy_output_diff_to_input(slice);
+}
+
+// ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------
+
+namespace {
+
+using namespace detail;
+
+std::unique_ptr<Layer> make_reshape(const pb::LayerParameter& p) {
+  const pb::ReshapeParameter& r = p.reshape_param();
+  // No shape: no dimensions, as in Caffe (axis and num_axes then remove axes).
+  ReshapeParams params;
+  params.shape = to_indices(r.shape().dim());
+  params.axis = r.axis();
+  params.num_axes = r.num_axes();
+  return std::make_unique<ReshapeLayer>(p.name(), std::move(params));
+}
+
+}  // namespace
+
+LayerType reshape_layer_type() {
+  LayerType type;
+  type.name = "Reshape";
+  type.make = make_reshape;
+  return type;
 }
 
 }  // namespace hn

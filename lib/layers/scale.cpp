@@ -1,5 +1,8 @@
 // Scale (Caffe): per-channel (or any broadcast) multiply and optional bias, as one
 // scale_channels / bias_forward over the input viewed as [outer][scale][inner].
+#include "hybridnn.pb.h"
+#include "lib/layers/caffe_params.h"
+#include "lib/layers/registry.h"
 #include "lib/layers/scale_layer.h"
 
 #include <algorithm>
@@ -211,6 +214,36 @@ void ScaleLayer::fused_backward(const LayerSlice& slice, const AxisShape& shape)
   driver.norm_affine_backward(shape, slice.outputs[0].dx(), slice.outputs[0].x(),
                               slice.state[0].x(), dx_scale, !fused_->relu.empty(),
                               fused_->relu_slope, dgamma, dbeta, dx);
+}
+
+// ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------
+
+namespace {
+
+using namespace detail;
+
+std::unique_ptr<Layer> make_scale(const pb::LayerParameter& p) {
+  const pb::ScaleParameter& s = p.scale_param();
+  ScaleParams params;
+  params.axis = s.axis();
+  params.num_axes = s.num_axes();
+  params.bias_term = s.bias_term();
+  // Without a filler Caffe starts the scale at 1 and the bias at 0: the structs' defaults.
+  if (s.has_filler()) params.filler_value = constant_filler(p, "filler", s.filler());
+  if (s.has_bias_filler()) {
+    params.bias_filler_value = constant_filler(p, "bias_filler", s.bias_filler());
+  }
+  return std::make_unique<ScaleLayer>(p.name(), params);
+}
+
+}  // namespace
+
+LayerType scale_layer_type() {
+  LayerType type;
+  type.name = "Scale";
+  type.make = make_scale;
+  type.fusion = FusionRole::affine;
+  return type;
 }
 
 }  // namespace hn

@@ -38,15 +38,10 @@ class ScaleLayer final : public Layer {
   // calls then get the BatchNorm's three statistics blobs as parameters after the Scale's
   // own (read only), and the input's gradient is the BatchNorm's input's; the state keeps
   // the normalised values, the Scale's input, as it does in place anyway.
-  struct FusedNorm {
-    std::string batch_norm, relu;  // the fused layers' names ("" for no ReLU)
-    float eps = 1e-5f;
-    float relu_slope = 0.0f;
-  };
   // Whether the layer can take a BatchNorm in: a learned per-channel scale, in place.
-  bool can_fuse_norm() const { return per_channel() && in_place(0); }
+  bool can_fuse_norm() const override { return per_channel() && in_place(0); }
   // Called after setup(); std::nullopt undoes it.
-  void fuse_norm(std::optional<FusedNorm> fused);
+  void fuse_norm(std::optional<FusedNorm> fused) override;
   std::string algorithm(const Driver& driver) const override;
 
  private:

@@ -38,6 +38,9 @@ std::unique_ptr<Layer> make_slice_layer(std::string name, SliceParams params = {
 // several layers); backward sums the outputs' gradients. Caffe shares the data; this layer
 // copies it (sharing is a Net-level optimisation for later).
 std::unique_ptr<Layer> make_split_layer(std::string name, int num_outputs = 2);
+// The type of the Split layers a Net inserts where a blob feeds several layers (Caffe's
+// InsertSplits), as the registry names it.
+inline constexpr const char kSplitLayerType[] = "Split";
 
 struct FlattenParams {
   int axis = 1;       // first axis flattened; negative counts from the end

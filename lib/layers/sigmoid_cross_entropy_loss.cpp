@@ -2,9 +2,12 @@
 // with ignore_label and Caffe's normalization modes (default BATCH_SIZE).
 #include <cmath>
 
+#include "hybridnn.pb.h"
 #include "lib/core/check.h"
+#include "lib/layers/caffe_params.h"
 #include "lib/layers/loss_layer.h"
 #include "lib/layers/loss_support.h"
+#include "lib/layers/registry.h"
 
 namespace hn {
 
@@ -76,6 +79,27 @@ void SigmoidCrossEntropyLossLayer::backward(const LayerSlice& slice) {
   driver.sigmoid_cross_entropy_backward(
       input_shape_.count(), slice.inputs[0].x(), slice.inputs[1].x(), loss.ignore_label.has_value(),
       loss.ignore_label.value_or(0), scale, slice.inputs[0].mutable_dx());
+}
+
+// ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------
+
+namespace {
+
+using namespace detail;
+
+std::unique_ptr<Layer> make_sigmoid_cross_entropy_loss(const pb::LayerParameter& p) {
+  SigmoidCrossEntropyLossParams params;
+  params.loss_param = loss_params(p);
+  return std::make_unique<SigmoidCrossEntropyLossLayer>(p.name(), params);
+}
+
+}  // namespace
+
+LayerType sigmoid_cross_entropy_loss_layer_type() {
+  LayerType type;
+  type.name = "SigmoidCrossEntropyLoss";
+  type.make = make_sigmoid_cross_entropy_loss;
+  return type;
 }
 
 }  // namespace hn

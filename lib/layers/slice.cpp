@@ -2,7 +2,10 @@
 // [count(0, axis)][count(axis)], moved with one strided copy per output (lib/layers/common.h).
 #include <utility>
 
+#include "hybridnn.pb.h"
+#include "lib/layers/caffe_params.h"
 #include "lib/layers/common.h"
+#include "lib/layers/registry.h"
 #include "lib/layers/shape_layer.h"
 
 namespace hn {
@@ -74,6 +77,33 @@ void SliceLayer::backward(const LayerSlice& slice) {
   detail::gather_parts(*slice.driver,
                        detail::axis_parts(x.shape, slice.outputs, axis_, slice.rows()), parts,
                        x.mutable_dx());
+}
+
+// ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------
+
+namespace {
+
+using namespace detail;
+
+std::unique_ptr<Layer> make_slice(const pb::LayerParameter& p) {
+  const pb::SliceParameter& s = p.slice_param();
+  HN_CHECK(!(s.has_axis() && s.has_slice_dim()),
+           "{}: give either axis or slice_dim, not both (axis {}, slice_dim {})", who(p), s.axis(),
+           s.slice_dim());
+  SliceParams params;
+  params.axis = s.axis();
+  if (s.has_slice_dim()) params.slice_dim = to_int(p, "slice_dim", s.slice_dim());
+  params.slice_point = to_indices(s.slice_point());
+  return std::make_unique<SliceLayer>(p.name(), std::move(params), p.top_size());
+}
+
+}  // namespace
+
+LayerType slice_layer_type() {
+  LayerType type;
+  type.name = "Slice";
+  type.make = make_slice;
+  return type;
 }
 
 }  // namespace hn

@@ -1,4 +1,7 @@
 // Softmax layer: the input viewed as [outer][channels][inner] around Caffe's axis.
+#include "hybridnn.pb.h"
+#include "lib/layers/caffe_params.h"
+#include "lib/layers/registry.h"
 #include "lib/layers/softmax_layer.h"
 
 #include <utility>
@@ -35,6 +38,27 @@ void SoftmaxLayer::backward(const LayerSlice& slice) {
   if (!slice.propagate_down[0]) return;
   const Operand& y = slice.outputs[0];
   slice.driver->softmax_backward(slice_shape(slice), y.x(), y.dx(), slice.inputs[0].mutable_dx());
+}
+
+// ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------
+
+namespace {
+
+using namespace detail;
+
+std::unique_ptr<Layer> make_softmax(const pb::LayerParameter& p) {
+  SoftmaxParams params;
+  params.axis = p.softmax_param().axis();
+  return std::make_unique<SoftmaxLayer>(p.name(), params);
+}
+
+}  // namespace
+
+LayerType softmax_layer_type() {
+  LayerType type;
+  type.name = "Softmax";
+  type.make = make_softmax;
+  return type;
 }
 
 }  // namespace hn

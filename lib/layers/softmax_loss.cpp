@@ -4,10 +4,13 @@
 #include <algorithm>
 #include <cmath>
 
+#include "hybridnn.pb.h"
 #include "lib/core/check.h"
+#include "lib/layers/caffe_params.h"
 #include "lib/layers/common.h"
 #include "lib/layers/loss_layer.h"
 #include "lib/layers/loss_support.h"
+#include "lib/layers/registry.h"
 
 namespace hn {
 
@@ -133,6 +136,28 @@ void SoftmaxWithLossLayer::backward(const LayerSlice& slice) {
   driver.softmax_loss_backward(axis_shape(), prob, slice.inputs[1].x(),
                                loss.ignore_label.has_value(), loss.ignore_label.value_or(0), scale,
                                slice.inputs[0].mutable_dx());
+}
+
+// ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------
+
+namespace {
+
+using namespace detail;
+
+std::unique_ptr<Layer> make_softmax_with_loss(const pb::LayerParameter& p) {
+  SoftmaxWithLossParams params;
+  params.axis = p.softmax_param().axis();
+  params.loss_param = loss_params(p);
+  return std::make_unique<SoftmaxWithLossLayer>(p.name(), params, outputs_or(p, 1));
+}
+
+}  // namespace
+
+LayerType softmax_with_loss_layer_type() {
+  LayerType type;
+  type.name = "SoftmaxWithLoss";
+  type.make = make_softmax_with_loss;
+  return type;
 }
 
 }  // namespace hn

@@ -2,7 +2,10 @@
 // (in output order, as Caffe does).
 #include <utility>
 
+#include "hybridnn.pb.h"
+#include "lib/layers/caffe_params.h"
 #include "lib/layers/common.h"
+#include "lib/layers/registry.h"
 #include "lib/layers/shape_layer.h"
 
 namespace hn {
@@ -35,6 +38,25 @@ void SplitLayer::backward(const LayerSlice& slice) {
   for (std::size_t i = 1; i < slice.outputs.size(); ++i) {
     slice.driver->axpy(n, 1.0f, slice.outputs[i].dx(), x.mutable_dx());
   }
+}
+
+// ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------
+
+namespace {
+
+using namespace detail;
+
+std::unique_ptr<Layer> make_split(const pb::LayerParameter& p) {
+  return std::make_unique<SplitLayer>(p.name(), p.top_size());
+}
+
+}  // namespace
+
+LayerType split_layer_type() {
+  LayerType type;
+  type.name = kSplitLayerType;
+  type.make = make_split;
+  return type;
 }
 
 }  // namespace hn

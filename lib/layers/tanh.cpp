@@ -1,8 +1,11 @@
 // TanH layer: one driver call each way; backward reads the output only.
 #include <utility>
 
+#include "hybridnn.pb.h"
 #include "lib/layers/activation_layer.h"
+#include "lib/layers/caffe_params.h"
 #include "lib/layers/common.h"
+#include "lib/layers/registry.h"
 
 namespace hn {
 
@@ -19,6 +22,25 @@ void TanhLayer::forward(const LayerSlice& slice) {
 
 void TanhLayer::backward(const LayerSlice& slice) {
   detail::unary_backward_from_output(slice, &Driver::tanh_backward);
+}
+
+// ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------
+
+namespace {
+
+using namespace detail;
+
+std::unique_ptr<Layer> make_tanh(const pb::LayerParameter& p) {
+  return std::make_unique<TanhLayer>(p.name());
+}
+
+}  // namespace
+
+LayerType tanh_layer_type() {
+  LayerType type;
+  type.name = "TanH";
+  type.make = make_tanh;
+  return type;
 }
 
 }  // namespace hn

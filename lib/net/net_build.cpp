@@ -1,5 +1,6 @@
 // Building the Net's graph: phase rules, legacy inputs, Split insertion, layers and their
 // blobs (versions), which layers need backward, and parameters shared by name.
+#include "lib/layers/shape.h"
 #include "lib/net/net_impl.h"
 
 #include <new>
@@ -115,7 +116,7 @@ pb::NetParameter insert_splits(const pb::NetParameter& net) {
       if (count < 2) continue;
       pb::LayerParameter split;
       split.set_name(fmt::format("{}_{}_{}_split", layer->top(j), layer->name(), j));
-      split.set_type("Split");
+      split.set_type(kSplitLayerType);
       split.add_bottom(layer->top(j));
       for (int k = 0; k < count; ++k)
         split.add_top(split_name(id, k));
@@ -214,9 +215,10 @@ void Net::Impl::build(pb::NetParameter net) {
       const bool cut_across_ranks =
           nl.param.model_parallel() || model_parallel.count(nl.param.name()) > 0;
       // Checked with one rank too, so that a net that fails under mpirun fails alone.
-      HN_CHECK(!cut_across_ranks || nl.param.type() == "InnerProduct",
-               "model_parallel cuts an InnerProduct's outputs; a {} layer cannot be cut so",
-               nl.param.type());
+      HN_CHECK(!cut_across_ranks || nl.type->cut,
+               "model_parallel cuts a layer's outputs; a {} layer cannot be cut so (types that "
+               "can: {})",
+               nl.param.type(), fmt::join(detail::cuttable_layer_types(), ", "));
       if (ranks > 1 && cut_across_ranks) {
         // Cut across ranks: the rows of every rank, whole; the rank's outputs cut among its
         // devices by an OUTPUT split of the layer's own, and the net-wide batch split left
@@ -346,7 +348,7 @@ void Net::Impl::add_layer(const pb::LayerParameter& source) {
   }
 
   std::vector<Shape> top_shapes;
-  if (type == "Split") {
+  if (type == kSplitLayerType) {
     nl.kind = Kind::split;
     HN_CHECK(param.bottom_size() == 1 && param.top_size() >= 1,
              "{}: a Split takes one bottom and at least one top", where(index));
@@ -429,10 +431,9 @@ void Net::Impl::add_layer(const pb::LayerParameter& source) {
         where(index), type);
   } else {
     nl.kind = Kind::compute;
-    const std::vector<std::string> known = known_layer_types();
-    HN_CHECK(std::find(known.begin(), known.end(), type) != known.end(),
-             "{}: layer '{}': unknown layer type '{}'; known types: {}", origin, param.name(), type,
-             fmt::join(known, ", "));
+    nl.type = find_layer_type(type);
+    HN_CHECK(nl.type != nullptr, "{}: layer '{}': unknown layer type '{}'; known types: {}", origin,
+             param.name(), type, fmt::join(known_layer_types(), ", "));
     try {
       nl.layer = detail::make_layer(param);
     } catch (const Error& error) {
@@ -511,7 +512,7 @@ void Net::Impl::decide_backward() {
       for (std::size_t p = 0; p < nl.layer->params().size(); ++p) {
         float lr_mult = 1.0f;
         if (static_cast<int>(p) < nl.param.param_size()) lr_mult = nl.param.param(p).lr_mult();
-        if (std::string(nl.layer->type()) == "BatchNorm") lr_mult = 0.0f;
+        if (nl.type != nullptr && nl.type->statistics) lr_mult = 0.0f;
         needs = needs || lr_mult != 0.0f;
       }
     }
@@ -566,21 +567,21 @@ void Net::Impl::set_up_params() {
       continue;
     }
     std::vector<Tensor>& own = nl.layer->params();
-    const bool batch_norm = std::string(nl.layer->type()) == "BatchNorm";
+    const bool statistics = nl.type != nullptr && nl.type->statistics;
     HN_CHECK(nl.param.param_size() <= static_cast<int>(own.size()),
              "{}: {} param specs for {} parameters", where(static_cast<int>(l)),
              nl.param.param_size(), own.size());
     for (std::size_t p = 0; p < own.size(); ++p) {
       pb::ParamSpec spec;
       if (static_cast<int>(p) < nl.param.param_size()) spec = nl.param.param(p);
-      if (batch_norm) {
+      if (statistics) {
         // Caffe keeps BatchNorm's statistics out of the solver: old nets' three specs are
         // upgraded to 0 (UpgradeNetBatchNorm); otherwise a non-zero lr_mult is an error.
         HN_CHECK(static_cast<int>(p) >= nl.param.param_size() || nl.param.param_size() == 3 ||
                      spec.lr_mult() == 0.0f,
-                 "{}: BatchNorm's statistics are not learnable parameters: param {} has lr_mult "
-                 "{} (give 0, or no param)",
-                 where(static_cast<int>(l)), p, spec.lr_mult());
+                 "{}: a {}'s statistics are not learnable parameters: param {} has lr_mult {} "
+                 "(give 0, or no param)",
+                 where(static_cast<int>(l)), nl.param.type(), p, spec.lr_mult());
         spec.set_lr_mult(0.0f);
         spec.set_decay_mult(0.0f);
       }
@@ -632,15 +633,9 @@ void Net::Impl::set_up_params() {
                            p, tensor->shape().to_string());
       });
       // Fillers, per Caffe's layers: weights then bias.
-      const std::string& type = nl.param.type();
-      const pb::FillerParameter* filler = nullptr;
-      if (type == "Convolution") {
-        filler = p == 0 ? &nl.param.convolution_param().weight_filler()
-                        : &nl.param.convolution_param().bias_filler();
-      } else if (type == "InnerProduct") {
-        filler = p == 0 ? &nl.param.inner_product_param().weight_filler()
-                        : &nl.param.inner_product_param().bias_filler();
-      }
+      const pb::FillerParameter* filler = nl.type != nullptr && nl.type->filler
+                                              ? nl.type->filler(nl.param, static_cast<int>(p))
+                                              : nullptr;
       // Allocated here (by the filler, or zeros): running out of memory names the parameter.
       const auto describe = [&] {
         return fmt::format("{}: parameter {} ({}, {})", where(static_cast<int>(l)), p,

@@ -11,22 +11,26 @@
 // of the chain and no loss weight, and every layer of it unsplit on the Net's driver. The
 // fused Scale runs where the Scale would; nothing else reads the chain's blob between the
 // BatchNorm and the ReLU, so running their work there changes no other layer's inputs.
-#include "lib/layers/activation_layer.h"
-#include "lib/layers/batch_norm_layer.h"
-#include "lib/layers/eltwise_layer.h"
-#include "lib/layers/scale_layer.h"
+#include "lib/layers/registry.h"
 #include "lib/net/net_impl.h"
 
 namespace hn {
+
+namespace {
+
+FusionRole role(const NetLayer& nl) {
+  return nl.layer && nl.type != nullptr ? nl.type->fusion : FusionRole::none;
+}
+
+}  // namespace
 
 void Net::Impl::plan_fusion() {
   for (BlobVersion& blob : blobs)
     blob.gradient_fused_by.clear();
   for (NetLayer& nl : layers) {
     nl.fused_into = nl.fused_norm = -1;
-    if (auto* scale = dynamic_cast<ScaleLayer*>(nl.layer.get())) scale->fuse_norm(std::nullopt);
-    if (auto* eltwise = dynamic_cast<EltwiseLayer*>(nl.layer.get()))
-      eltwise->fuse_relu(std::nullopt);
+    if (role(nl) == FusionRole::affine) nl.layer->fuse_norm(std::nullopt);
+    if (role(nl) == FusionRole::sum) nl.layer->fuse_relu(std::nullopt);
   }
   if (!options.fuse_layers) return;
   // A layer that computes one top, whole on the Net's driver, with no loss weight.
@@ -51,53 +55,56 @@ void Net::Impl::plan_fusion() {
     const NetLayer& after = layers[static_cast<std::size_t>(next)];
     return blobs[static_cast<std::size_t>(after.tops[0])].data_group == top.data_group ? next : -1;
   };
+  // The rectifier's slope when layer `l` is one (y > 0 must mean x > 0 for the gradient read
+  // from y: slope >= 0).
+  const auto rectifier = [&](int l) -> std::optional<float> {
+    if (l < 0) return std::nullopt;
+    const NetLayer& nl = layers[static_cast<std::size_t>(l)];
+    if (role(nl) != FusionRole::rectifier) return std::nullopt;
+    const std::optional<float> slope = nl.layer->rectifier_slope();
+    return slope && *slope >= 0.0f ? slope : std::nullopt;
+  };
   for (std::size_t l = 0; l < layers.size(); ++l) {
-    const int bn_index = static_cast<int>(l);
-    auto* bn = dynamic_cast<BatchNormLayer*>(layers[l].layer.get());
-    if (bn == nullptr || !plain(bn_index) || !bn->uses_stored_statistics(options.state.phase) ||
-        blobs[static_cast<std::size_t>(layers[l].tops[0])].data_group !=
-            blobs[static_cast<std::size_t>(layers[l].bottoms[0])].data_group) {
+    const int norm_index = static_cast<int>(l);
+    if (role(layers[l]) != FusionRole::norm || !plain(norm_index)) continue;
+    const std::optional<float> eps = layers[l].layer->stored_norm_eps(options.state.phase);
+    if (!eps || blobs[static_cast<std::size_t>(layers[l].tops[0])].data_group !=
+                    blobs[static_cast<std::size_t>(layers[l].bottoms[0])].data_group) {
       continue;
     }
-    const int scale_index = next_in_place(bn_index);
-    if (scale_index < 0) continue;
-    NetLayer& scale_layer = layers[static_cast<std::size_t>(scale_index)];
-    auto* scale = dynamic_cast<ScaleLayer*>(scale_layer.layer.get());
-    if (scale == nullptr || !scale->can_fuse_norm()) continue;
-    ScaleLayer::FusedNorm fused;
+    const int affine_index = next_in_place(norm_index);
+    if (affine_index < 0) continue;
+    NetLayer& affine = layers[static_cast<std::size_t>(affine_index)];
+    if (role(affine) != FusionRole::affine || !affine.layer->can_fuse_norm()) continue;
+    Layer::FusedNorm fused;
     fused.batch_norm = layers[l].param.name();
-    fused.eps = bn->eps();
-    const int relu_index = next_in_place(scale_index);
-    const auto* relu = relu_index < 0
-                           ? nullptr
-                           : dynamic_cast<const ReluLayer*>(
-                                 layers[static_cast<std::size_t>(relu_index)].layer.get());
-    // y > 0 must mean x > 0 for the gradient read from y: slope >= 0.
-    if (relu != nullptr && relu->negative_slope() >= 0.0f) {
+    fused.eps = *eps;
+    const int relu_index = next_in_place(affine_index);
+    if (const std::optional<float> slope = rectifier(relu_index)) {
       fused.relu = layers[static_cast<std::size_t>(relu_index)].param.name();
-      fused.relu_slope = relu->negative_slope();
-      layers[static_cast<std::size_t>(relu_index)].fused_into = scale_index;
+      fused.relu_slope = *slope;
+      layers[static_cast<std::size_t>(relu_index)].fused_into = affine_index;
     }
-    scale->fuse_norm(fused);
-    layers[l].fused_into = scale_index;
-    scale_layer.fused_norm = bn_index;
+    affine.layer->fuse_norm(fused);
+    layers[l].fused_into = affine_index;
+    affine.fused_norm = norm_index;
   }
   for (std::size_t l = 0; l < layers.size(); ++l) {
-    auto* eltwise = dynamic_cast<EltwiseLayer*>(layers[l].layer.get());
-    if (eltwise == nullptr || !eltwise->can_fuse_relu() || !runs_alone(static_cast<int>(l)))
+    NetLayer& sum = layers[l];
+    if (role(sum) != FusionRole::sum || !sum.layer->can_fuse_relu() ||
+        !runs_alone(static_cast<int>(l)))
       continue;
     const int relu_index = next_in_place(static_cast<int>(l));
-    NetLayer* relu_layer = relu_index < 0 ? nullptr : &layers[static_cast<std::size_t>(relu_index)];
-    const auto* relu =
-        relu_layer == nullptr ? nullptr : dynamic_cast<const ReluLayer*>(relu_layer->layer.get());
-    if (relu == nullptr || relu->negative_slope() < 0.0f) continue;
+    const std::optional<float> slope = rectifier(relu_index);
+    if (!slope) continue;
+    NetLayer& relu_layer = layers[static_cast<std::size_t>(relu_index)];
     // The blob's gradient would be left unrectified: a blob the caller asked to read (an
     // output or keep_blobs) keeps the two layers apart, so that it holds Caffe's.
-    BlobVersion& rectified = blobs[static_cast<std::size_t>(relu_layer->tops[0])];
+    BlobVersion& rectified = blobs[static_cast<std::size_t>(relu_layer.tops[0])];
     if (rectified.keep) continue;
-    rectified.gradient_fused_by = relu_layer->param.name();
-    eltwise->fuse_relu(EltwiseLayer::FusedRelu{relu_layer->param.name(), relu->negative_slope()});
-    relu_layer->fused_into = static_cast<int>(l);
+    rectified.gradient_fused_by = relu_layer.param.name();
+    sum.layer->fuse_relu(Layer::FusedRelu{relu_layer.param.name(), *slope});
+    relu_layer.fused_into = static_cast<int>(l);
   }
 }
 

@@ -32,6 +32,7 @@
 #include "lib/core/transfer.h"
 #include "lib/core/worker.h"
 #include "lib/data/data.h"
+#include "lib/layers/registry.h"
 #include "lib/net/filler.h"
 #include "lib/net/layer_factory.h"
 #include "lib/proto/prototxt.h"
@@ -64,10 +65,14 @@ struct BlobVersion {
   std::string columns_of;
 };
 
+// The registered layer types whose outputs can be cut (OutputCut), sorted: for errors.
+std::vector<std::string> cuttable_layer_types();
+
 struct NetLayer {
   pb::LayerParameter param;
   Kind kind = Kind::compute;
-  std::unique_ptr<Layer> layer;  // compute layers
+  std::unique_ptr<Layer> layer;     // compute layers
+  const LayerType* type = nullptr;  // compute layers: the registry's entry, with the traits
   std::unique_ptr<detail::DataFeed> feed;
   std::vector<int> bottoms, tops;   // blob versions
   std::vector<float> loss_weights;  // per top
@@ -89,7 +94,7 @@ struct NetLayer {
   // and does nothing itself; a Scale that runs its BatchNorm has fused_norm = its index.
   int fused_into = -1, fused_norm = -1;
   // A layer cut by outputs (split_axis: OUTPUT, net_output_cut.cpp): one part per device
-  // with outputs, each an InnerProduct of its columns with its own parameters; `layer` is
+  // with outputs, each the layer computing its columns with its own parameters; `layer` is
   // the whole one, for shapes only. `output_cut` is the split as given.
   struct Part {
     Device device;

@@ -1,10 +1,11 @@
-// Layers cut by outputs (split_axis: OUTPUT, model parallelism inside a process): an
-// InnerProduct's num_output outputs are partitioned among the split's devices as its batch
-// would be (Split::partition), and each device runs an InnerProduct of its columns with its
-// own rows of the weights and bias, which never leave its memory. Forward gathers the
-// columns into the top on the Net's driver; backward hands each part its columns of the
-// top's gradient and sums the parts' input gradients in device order (deterministic). The
-// parts run at the same time, each on its device's thread (Scheduler::run_parts).
+// Layers cut by outputs (split_axis: OUTPUT, model parallelism inside a process), those
+// whose registry entry says how (OutputCut; InnerProduct's num_output): the outputs are
+// partitioned among the split's devices as its batch would be (Split::partition), and each
+// device runs the layer for its columns with its own rows of the weights and bias, which never
+// leave its memory. Forward gathers the columns into the top on the Net's driver; backward hands
+// each part its columns of the top's gradient and sums the parts' input gradients in device order
+// (deterministic). The parts run at the same time, each on its device's thread
+// (Scheduler::run_parts).
 #include "lib/net/layer_factory.h"
 #include "lib/net/net_impl.h"
 
@@ -69,6 +70,14 @@ void shard_to_whole(const NetParam& shard, const float* values, float* whole) {
               whole + (o * b.length + shard.shard.begin) * b.inner);
 }
 
+std::vector<std::string> detail::cuttable_layer_types() {
+  std::vector<std::string> names;
+  for (const std::string& name : layer_type_names()) {
+    if (find_layer_type(name)->cut) names.push_back(name);
+  }
+  return names;
+}
+
 std::pair<index_t, index_t> rank_outputs(index_t outputs, int rank, int ranks) {
   return {outputs * rank / ranks, outputs * (rank + 1) / ranks};
 }
@@ -79,9 +88,10 @@ void Net::Impl::set_up_output_cuts() {
     if (nl.output_cut.empty() && !nl.across_ranks) continue;
     const std::string at = where(static_cast<int>(l));
     const char* how = nl.across_ranks ? "model_parallel" : "split_axis: OUTPUT";
-    HN_CHECK(nl.param.type() == "InnerProduct",
-             "{}: {} cuts an InnerProduct's outputs; a {} layer cannot be cut so", at, how,
-             nl.param.type());
+    HN_CHECK(nl.type != nullptr && nl.type->cut,
+             "{}: {} cuts a layer's outputs; a {} layer cannot be cut so (types that can: {})", at,
+             how, nl.param.type(), fmt::join(detail::cuttable_layer_types(), ", "));
+    const OutputCut& how_cut = *nl.type->cut;
     for (const pb::ParamSpec& spec : nl.param.param()) {
       HN_CHECK(spec.name().empty(),
                "{}: parameter '{}' is shared by name, and a layer cut by outputs cannot share "
@@ -89,12 +99,12 @@ void Net::Impl::set_up_output_cuts() {
                at, spec.name());
     }
     const BlobVersion& input = blobs[nl.bottoms[0]];
-    const index_t outputs = static_cast<index_t>(nl.param.inner_product_param().num_output());
+    const index_t outputs = how_cut.outputs(nl.param);
     // Across ranks: this rank's outputs, computed for every rank's rows.
     Shape input_shape = input.shape;
     index_t first = 0, last = outputs;
     if (nl.across_ranks) {
-      int axis = nl.param.inner_product_param().axis();
+      int axis = how_cut.input_axis(nl.param);
       if (axis < 0) axis += input.shape.axes();
       HN_CHECK(axis >= 1,
                "{}: model_parallel gathers the ranks' rows along axis 0, and the layer's axis "
@@ -122,7 +132,7 @@ void Net::Impl::set_up_output_cuts() {
       part.begin = begin;
       part.end = end;
       pb::LayerParameter param = nl.param;
-      param.mutable_inner_product_param()->set_num_output(static_cast<std::uint32_t>(end - begin));
+      how_cut.set_outputs(param, end - begin);
       try {
         part.layer = detail::make_layer(param);
         part.output = Tensor(part.layer->setup({input_shape}).at(0));
@@ -143,7 +153,7 @@ void Net::Impl::set_up_output_cuts() {
 
 void Net::Impl::set_up_cut_params(int index) {
   NetLayer& nl = layers[index];
-  const pb::InnerProductParameter& config = nl.param.inner_product_param();
+  const OutputCut& cut = *nl.type->cut;
   const std::vector<Tensor>& whole = nl.layer->params();  // shapes only: never allocated
   for (std::size_t p = 0; p < whole.size(); ++p) {
     pb::ParamSpec spec;
@@ -154,9 +164,12 @@ void Net::Impl::set_up_cut_params(int index) {
       return fmt::format("{}: parameter {} ({})", where(index), p, shape.to_string());
     });
     std::vector<float> values(static_cast<std::size_t>(shape.count()), 0.0f);
-    detail::fill(p == 0 ? config.weight_filler() : config.bias_filler(), shape, values.data(),
-                 detail::mix_seeds(options.seed, (static_cast<std::uint64_t>(index) << 8) | p),
-                 fmt::format("{} parameter {}", where(index), p));
+    const pb::FillerParameter* filler =
+        nl.type->filler ? nl.type->filler(nl.param, static_cast<int>(p)) : nullptr;
+    if (filler != nullptr)
+      detail::fill(*filler, shape, values.data(),
+                   detail::mix_seeds(options.seed, (static_cast<std::uint64_t>(index) << 8) | p),
+                   fmt::format("{} parameter {}", where(index), p));
     for (NetLayer::Part& part : nl.parts) {
       NetParam np;
       np.name = fmt::format("{}.{}", nl.param.name(), p);
@@ -167,7 +180,7 @@ void Net::Impl::set_up_cut_params(int index) {
       np.lr_mult = spec.lr_mult();
       np.decay_mult = spec.decay_mult();
       np.driver = &scheduler->driver(part.device);
-      np.shard.axis = p == 0 && config.transpose() ? 1 : 0;
+      np.shard.axis = cut.param_axis(nl.param, static_cast<int>(p));
       np.shard.begin = part.begin;
       np.shard.end = part.end;
       np.shard.whole = shape;
@@ -196,14 +209,13 @@ void Net::Impl::plan_column_chains() {
         if (!cl.across_ranks && cl.bottoms.size() == 1) next = consumer;
         break;
       }
-      const std::string& type = cl.param.type();
       bool no_loss = true;
       for (float weight : cl.loss_weights)
         no_loss = no_loss && weight == 0.0f;
-      const bool element_wise = (type == "ReLU" || type == "Dropout") && cl.kind == Kind::compute &&
-                                cl.bottoms.size() == 1 && cl.tops.size() == 1 &&
-                                cl.param.top(0) == cl.param.bottom(0) && !cl.automatic &&
-                                cl.fused_into < 0 && no_loss;
+      const bool element_wise = cl.kind == Kind::compute && cl.type != nullptr &&
+                                cl.type->element_wise && cl.bottoms.size() == 1 &&
+                                cl.tops.size() == 1 && cl.param.top(0) == cl.param.bottom(0) &&
+                                !cl.automatic && cl.fused_into < 0 && no_loss;
       if (!element_wise) break;
       chain.push_back(consumer);
       version = cl.tops[0];

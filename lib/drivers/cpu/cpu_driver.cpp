@@ -297,6 +297,7 @@ DriverKind cpu_driver_kind() {
   DriverKind kind;
   kind.name = "cpu";
   kind.summary = "GEMM through oneDNN or OpenBLAS, lowering and primitives on OpenMP";
+  kind.multithreaded = true;
   kind.any_index = true;
   kind.host_memory = true;
   kind.count = [] { return 1; };

@@ -12,6 +12,7 @@ DriverKind cuda_driver_kind() {
   DriverKind kind;
   kind.name = "cuda";
   kind.summary = "cuBLAS, own kernels, cuDNN where found; one stream per driver";
+  kind.accelerator = true;
 #if HYBRIDNN_WITH_CUDA
   kind.count = [] { return cuda_device_count(); };
   kind.make = [](const Device& device, const DriverOptions&) { return make_cuda_driver(device); };

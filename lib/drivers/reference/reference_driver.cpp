@@ -131,6 +131,7 @@ DriverKind reference_driver_kind() {
   DriverKind kind;
   kind.name = "reference";
   kind.summary = "naive single-thread loops, the oracle of every test";
+  kind.oracle = true;
   kind.any_index = true;
   kind.count = [] { return 1; };
   kind.make = [](const Device& device, const DriverOptions& options) -> std::unique_ptr<Driver> {
