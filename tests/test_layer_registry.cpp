@@ -161,7 +161,8 @@ TEST_CASE(
                at + " split_axis: OUTPUT split { device: \"reference\" "
                     "fraction: 0.5 } split { device: \"reference:1\" "
                     "fraction: 0.5 }");
-  CHECK_THROWS_WITH(hn::Net::from_text(text, "own_layer.prototxt", d.runtime, *d.host, {}),
-                    Contains("a TestScaledCopy layer cannot be cut so (types that can: "
-                             "InnerProduct)"));
+  CHECK_THROWS_WITH(
+      hn::Net::from_text(text, "own_layer.prototxt", d.runtime, *d.host, {}),
+      Contains("a TestScaledCopy layer cannot be cut so (types that can: Convolution, "
+               "InnerProduct)"));
 }

@@ -1,7 +1,8 @@
-// InnerProduct layers cut by outputs (split_axis: OUTPUT) between two reference drivers, one
-// with memory of its own: the cut net against the uncut one built from the same prototxt and
-// seed (initial weights, loss, every gradient, training with SGD and Adam), each device
-// holding only its rows, snapshots that are the uncut model, and resumes across the cut.
+// Layers cut by outputs (split_axis: OUTPUT: InnerProduct by outputs, Convolution by output
+// channels) between two reference drivers, one with memory of its own: the cut net against the
+// uncut one built from the same prototxt and seed (initial weights, loss, every gradient,
+// training with SGD and Adam), each device holding only its rows, snapshots that are the uncut
+// model, and resumes across the cut.
 #include <fmt/format.h>
 #include <unistd.h>
 #include <catch2/catch.hpp>
@@ -111,6 +112,75 @@ TEST_CASE("an InnerProduct cut by outputs computes the uncut layer: output, ever
         for (std::size_t p = 0; p < want_grads.size(); ++p)
           CHECK(test::max_scaled_diff(want_grads[p], got_grads[p]) <= 1e-5);
       }
+    }
+  }
+}
+
+// DummyData -> conv1 -> ReLU -> conv2 -> EuclideanLoss, each convolution cut by output
+// channels (or not: first < 0). Both cut: the ReLU runs on each device's channels and conv2
+// reads them there, nothing gathered between.
+std::string two_convs(double first1, double first2) {
+  return fmt::format(R"(
+name: "convs"
+force_backward: true
+layer {{ name: "data" type: "DummyData" top: "data" top: "target"
+        dummy_data_param {{ shape {{ dim: 3 dim: 2 dim: 6 dim: 5 }}
+                           shape {{ dim: 3 dim: 4 dim: 4 dim: 3 }}
+                           data_filler {{ type: "gaussian" std: 1 }} }} }}
+layer {{ name: "conv1" type: "Convolution" bottom: "data" top: "c1"
+        convolution_param {{ num_output: 5 kernel_size: 3 pad: 1
+                            weight_filler {{ type: "gaussian" std: 0.5 }}
+                            bias_filler {{ type: "gaussian" std: 0.5 }} }} {} }}
+layer {{ name: "relu" type: "ReLU" bottom: "c1" top: "c1" }}
+layer {{ name: "conv2" type: "Convolution" bottom: "c1" top: "y"
+        convolution_param {{ num_output: 4 kernel_size: 3
+                            weight_filler {{ type: "gaussian" std: 0.5 }}
+                            bias_filler {{ type: "gaussian" std: 0.5 }} }} {} }}
+layer {{ name: "loss" type: "EuclideanLoss" bottom: "y" bottom: "target" top: "loss" }}
+)",
+                     cut(first1), cut(first2));
+}
+
+TEST_CASE("convolutions cut by output channels compute the uncut net: output, every gradient",
+          "[split]") {
+  struct Case {
+    double first1, first2;
+  };
+  // Both cut (channels chained between them), each alone, unequal shares, one device empty.
+  const Case cases[] = {{0.5, 0.5}, {0.6, 0.25}, {-1.0, 0.5}, {0.4, -1.0}, {1.0, 0.0}};
+  TwoDrivers d;
+  const auto plain_net = Net::from_text(two_convs(-1.0, -1.0), "plain", d.runtime, *d.host);
+  Net& plain = *plain_net;
+  plain.clear_param_diffs();
+  const float want = plain.forward_backward();
+  const BlobRef py = plain.blob("y"), pd = plain.blob("data");
+  const std::vector<float> want_y(py.host_data(), py.host_data() + py.count());
+  const std::vector<float> want_dx(pd.host_diff(), pd.host_diff() + pd.count());
+  const auto want_grads = whole_values(plain, true);
+  for (const Case& c : cases) {
+    INFO("reference's shares " << c.first1 << ", " << c.first2);
+    const auto cut_net = Net::from_text(two_convs(c.first1, c.first2), "cut", d.runtime, *d.host);
+    Net& split = *cut_net;
+    CHECK(whole_values(split, false) == whole_values(plain, false));
+    split.clear_param_diffs();
+    CHECK(split.forward_backward() == Approx(want).epsilon(1e-6));
+    const BlobRef sy = split.blob("y"), sd = split.blob("data");
+    CHECK(test::max_scaled_diff(
+              want_y, std::vector<float>(sy.host_data(), sy.host_data() + sy.count())) <= 1e-6);
+    CHECK(test::max_scaled_diff(
+              want_dx, std::vector<float>(sd.host_diff(), sd.host_diff() + sd.count())) <= 1e-5);
+    const auto got_grads = whole_values(split, true);
+    REQUIRE(got_grads.size() == want_grads.size());
+    for (std::size_t p = 0; p < want_grads.size(); ++p) {
+      INFO("parameter " << p);
+      CHECK(test::max_scaled_diff(want_grads[p], got_grads[p]) <= 1e-5);
+    }
+    if (c.first1 > 0.0 && c.first1 < 1.0 && c.first2 >= 0.0) {
+      // The ReLU ran on each device's channels, and conv1's top was never gathered.
+      for (int l = 0; l < split.num_layers(); ++l) {
+        if (split.layer_name(l) == "relu") CHECK(split.layer_algorithm(l) == "fused into 'conv1'");
+      }
+      CHECK_THROWS_WITH(split.blob("c1").host_data(), Catch::Contains("keep_blobs"));
     }
   }
 }
@@ -256,12 +326,23 @@ TEST_CASE("a layer cut by outputs is refused where it cannot be, naming the laye
 name: "bad"
 layer { name: "data" type: "DummyData" top: "data"
         dummy_data_param { shape { dim: 2 dim: 1 dim: 4 dim: 4 } } }
-layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
-        convolution_param { num_output: 2 kernel_size: 3 } )" +
+layer { name: "pool" type: "Pooling" bottom: "data" top: "c"
+        pooling_param { pool: MAX kernel_size: 2 } )" +
                            cut(0.5) + " }\n";
   CHECK_THROWS_WITH(Net::from_text(conv, "bad.prototxt", d.runtime, *d.host),
-                    Catch::Contains("bad.prototxt") && Catch::Contains("'conv'") &&
-                        Catch::Contains("a Convolution layer cannot be cut"));
+                    Catch::Contains("bad.prototxt") && Catch::Contains("'pool'") &&
+                        Catch::Contains("a Pooling layer cannot be cut") &&
+                        Catch::Contains("types that can: Convolution, InnerProduct"));
+  // A grouped convolution's parts would each need whole groups.
+  const std::string grouped = R"(
+name: "bad"
+layer { name: "data" type: "DummyData" top: "data"
+        dummy_data_param { shape { dim: 2 dim: 4 dim: 4 dim: 4 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
+        convolution_param { num_output: 4 kernel_size: 3 group: 2 } )" +
+                              cut(0.5) + " }\n";
+  CHECK_THROWS_WITH(Net::from_text(grouped, "grouped.prototxt", d.runtime, *d.host),
+                    Catch::Contains("'conv'") && Catch::Contains("2 groups"));
   const std::string bare = one_layer(4, false, true, 0.5);
   const std::string without = bare.substr(0, bare.find("split {")) + "split_axis: OUTPUT }\n" +
                               bare.substr(bare.find("layer { name: \"loss\""));

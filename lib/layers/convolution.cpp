@@ -955,6 +955,26 @@ LayerType convolution_layer_type() {
     return index == 0 ? &p.convolution_param().weight_filler()
                       : &p.convolution_param().bias_filler();
   };
+  // Cut by output channels: weights [num_output][C][kh][kw] and bias [num_output] by rows,
+  // each part a convolution of the same input into its channels of the output.
+  OutputCut cut;
+  cut.outputs = [](const pb::LayerParameter& p) {
+    return static_cast<index_t>(p.convolution_param().num_output());
+  };
+  cut.set_outputs = [](pb::LayerParameter& p, index_t count) {
+    p.mutable_convolution_param()->set_num_output(static_cast<std::uint32_t>(count));
+  };
+  cut.param_axis = [](const pb::LayerParameter&, int) { return 0; };
+  cut.input_axis = [](const pb::LayerParameter&) { return 1; };
+  cut.output_axis = 1;
+  cut.across_ranks = false;
+  cut.refusal = [](const pb::LayerParameter& p) {
+    return p.convolution_param().group() == 1
+               ? std::string()
+               : fmt::format("its {} groups would need each part to hold whole groups",
+                             p.convolution_param().group());
+  };
+  type.cut = std::move(cut);
   return type;
 }
 

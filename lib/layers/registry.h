@@ -46,6 +46,16 @@ struct OutputCut {
   // (InnerProduct's `axis`): rows of every rank are gathered along axis 0 and must come
   // first.
   std::function<int(const hybridnn::proto::LayerParameter&)> input_axis;
+  // The axis of the output blob the outputs lie on (negative: from the end). The values
+  // after it go with their output: a part holds, of each row (the axes before it), the
+  // outputs' blocks [begin * inner, end * inner) (InnerProduct: the last axis, inner 1;
+  // Convolution: the channels, inner H x W).
+  int output_axis = -1;
+  // Whether model_parallel may cut it across ranks too (else only split_axis: OUTPUT).
+  bool across_ranks = true;
+  // Why this layer's outputs cannot be cut (a shape or field the cut does not handle), or
+  // empty; null: always.
+  std::function<std::string(const hybridnn::proto::LayerParameter&)> refusal;
 };
 
 struct LayerType {

@@ -215,10 +215,10 @@ void Net::Impl::build(pb::NetParameter net) {
       const bool cut_across_ranks =
           nl.param.model_parallel() || model_parallel.count(nl.param.name()) > 0;
       // Checked with one rank too, so that a net that fails under mpirun fails alone.
-      HN_CHECK(!cut_across_ranks || nl.type->cut,
-               "model_parallel cuts a layer's outputs; a {} layer cannot be cut so (types that "
-               "can: {})",
-               nl.param.type(), fmt::join(detail::cuttable_layer_types(), ", "));
+      HN_CHECK(!cut_across_ranks || (nl.type->cut && nl.type->cut->across_ranks),
+               "model_parallel cuts a layer's outputs across ranks; a {} layer cannot be cut so "
+               "(types that can: {})",
+               nl.param.type(), fmt::join(detail::cuttable_layer_types(true), ", "));
       if (ranks > 1 && cut_across_ranks) {
         // Cut across ranks: the rows of every rank, whole; the rank's outputs cut among its
         // devices by an OUTPUT split of the layer's own, and the net-wide batch split left

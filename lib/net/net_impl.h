@@ -65,8 +65,9 @@ struct BlobVersion {
   std::string columns_of;
 };
 
-// The registered layer types whose outputs can be cut (OutputCut), sorted: for errors.
-std::vector<std::string> cuttable_layer_types();
+// The registered layer types whose outputs can be cut (OutputCut; across ranks too), sorted:
+// for errors.
+std::vector<std::string> cuttable_layer_types(bool across_ranks = false);
 
 struct NetLayer {
   pb::LayerParameter param;
@@ -118,6 +119,11 @@ struct NetLayer {
   // never gathered into the blob on the Net's driver.
   std::vector<int> chain;
   int columns_to = -1, columns_from = -1;
+  // Where the outputs of a layer cut by outputs lie in its top (OutputCut::output_axis, made
+  // non-negative) and how many values go with each output (the axes after it): the top is
+  // [rows][outputs * cut_inner] with rows = the product of the axes before cut_axis.
+  int cut_axis = 0;
+  index_t cut_inner = 1;
   // A layer cut across ranks (NetOptions::model_parallel, net_model_parallel.cpp): the parts
   // hold this rank's outputs [rank_begin, rank_end) and run on every rank's input rows,
   // gathered rank by rank into `gathered` (its diff: the parts' input gradients summed, to

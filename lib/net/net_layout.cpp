@@ -25,7 +25,8 @@ void Net::Impl::plan_layouts() {
   const auto support = [&](int l) {
     const NetLayer& nl = layers[static_cast<std::size_t>(l)];
     if (nl.kind == Kind::split) return Support::uniform;  // aliases and sums
-    if (nl.kind != Kind::compute || !nl.split.empty() || nl.automatic) return Support::none;
+    if (nl.kind != Kind::compute || !nl.split.empty() || nl.automatic || !nl.parts.empty())
+      return Support::none;
     return nl.layer->blocked_layout();
   };
   // Per data group (in-place chains and split aliases share one): whether it may be blocked.

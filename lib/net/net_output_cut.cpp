@@ -70,10 +70,11 @@ void shard_to_whole(const NetParam& shard, const float* values, float* whole) {
               whole + (o * b.length + shard.shard.begin) * b.inner);
 }
 
-std::vector<std::string> detail::cuttable_layer_types() {
+std::vector<std::string> detail::cuttable_layer_types(bool across_ranks) {
   std::vector<std::string> names;
   for (const std::string& name : layer_type_names()) {
-    if (find_layer_type(name)->cut) names.push_back(name);
+    const LayerType* type = find_layer_type(name);
+    if (type->cut && (!across_ranks || type->cut->across_ranks)) names.push_back(name);
   }
   return names;
 }
@@ -92,6 +93,14 @@ void Net::Impl::set_up_output_cuts() {
              "{}: {} cuts a layer's outputs; a {} layer cannot be cut so (types that can: {})", at,
              how, nl.param.type(), fmt::join(detail::cuttable_layer_types(), ", "));
     const OutputCut& how_cut = *nl.type->cut;
+    HN_CHECK(!nl.across_ranks || how_cut.across_ranks,
+             "{}: model_parallel does not cut a {} layer across ranks yet; split_axis: OUTPUT "
+             "cuts it among this process's devices",
+             at, nl.param.type());
+    if (how_cut.refusal) {
+      const std::string why = how_cut.refusal(nl.param);
+      HN_CHECK(why.empty(), "{}: {} cannot cut this layer's outputs: {}", at, how, why);
+    }
     for (const pb::ParamSpec& spec : nl.param.param()) {
       HN_CHECK(spec.name().empty(),
                "{}: parameter '{}' is shared by name, and a layer cut by outputs cannot share "
@@ -142,6 +151,12 @@ void Net::Impl::set_up_output_cuts() {
       part.input_diff = Tensor(input_shape);
       nl.parts.push_back(std::move(part));
     }
+    const Shape& top = blobs[static_cast<std::size_t>(nl.tops[0])].shape;
+    nl.cut_axis = how_cut.output_axis < 0 ? how_cut.output_axis + top.axes() : how_cut.output_axis;
+    HN_CHECK(nl.cut_axis >= 0 && nl.cut_axis < top.axes() && top[nl.cut_axis] == outputs,
+             "{}: the layer's {} outputs are not axis {} of its output {}", at, outputs,
+             how_cut.output_axis, top.to_string());
+    nl.cut_inner = top.count(nl.cut_axis + 1, top.axes());
     if (nl.across_ranks) {
       const index_t rows =
           nl.parts.empty() ? 0 : nl.parts[0].output.count() / (nl.parts[0].end - nl.parts[0].begin);
@@ -256,7 +271,7 @@ detail::LayerCall Net::Impl::part_call(const NetLayer::Part& part, Layer& layer,
 void Net::Impl::run_chain(int index, bool backward) {
   NetLayer& nl = layers[index];
   const Shape& out = blobs[nl.tops[0]].shape;
-  const index_t columns = out[out.axes() - 1];
+  const index_t columns = out.count(nl.cut_axis, out.axes());  // values per row
   const std::size_t count = nl.chain.size();
   for (std::size_t step = 0; step < count; ++step) {
     const std::size_t k = backward ? count - 1 - step : step;
@@ -269,7 +284,7 @@ void Net::Impl::run_chain(int index, bool backward) {
       call.inputs.push_back(block);
       call.outputs.push_back(block);
       if (backward) call.propagate_down = {true};
-      call.column_begin = part.begin;
+      call.column_begin = part.begin * nl.cut_inner;
       call.columns = columns;
       calls.push_back(std::move(call));
     }
@@ -306,25 +321,28 @@ void Net::Impl::run_output_cut(int index, bool backward) {
   }
   const int bottom = nl.bottoms[0], top = nl.tops[0];
   const Shape& out = blobs[top].shape;
-  const index_t columns = out[out.axes() - 1];
-  const index_t rows = out.count() / std::max<index_t>(columns, 1);
+  const index_t columns = out.count(nl.cut_axis, out.axes());  // values per row
+  const index_t rows = out.count(0, nl.cut_axis);
+  const index_t inner = nl.cut_inner;
   Driver& home = *driver;
   const bool input_gradient = backward && nl.propagate_down[0];
   // After another cut layer: each part's whole input, from that layer's parts' columns.
   NetLayer* before =
       nl.columns_from >= 0 ? &layers[static_cast<std::size_t>(nl.columns_from)] : nullptr;
   SyncedMemory* input = before != nullptr ? nullptr : &data_of(bottom);
-  const index_t in_columns = before != nullptr ? blobs[bottom].shape[-1] : 0;
-  const index_t in_rows = before != nullptr ? blobs[bottom].shape.count() / in_columns : 0;
+  const Shape& in = blobs[bottom].shape;
+  const index_t in_columns = before != nullptr ? in.count(before->cut_axis, in.axes()) : 0;
+  const index_t in_rows = before != nullptr ? in.count(0, before->cut_axis) : 0;
+  const index_t in_inner = before != nullptr ? before->cut_inner : 1;
   if (!backward) {
     if (before != nullptr) {
       for (NetLayer::Part& part : nl.parts) {
         Driver& on = scheduler->driver(part.device);
         float* x = static_cast<float*>(part.input.data().overwrite(on));
         for (NetLayer::Part& block : before->parts) {
-          const index_t width = block.end - block.begin;
-          on.copy_strided(in_rows, width, block.output.data_read(on), width, x + block.begin,
-                          in_columns);
+          const index_t width = (block.end - block.begin) * in_inner;
+          on.copy_strided(in_rows, width, block.output.data_read(on), width,
+                          x + block.begin * in_inner, in_columns);
         }
       }
     }
@@ -336,8 +354,9 @@ void Net::Impl::run_output_cut(int index, bool backward) {
     // The gather: disjoint columns, copied.
     float* y = static_cast<float*>(data_of(top).overwrite(home));
     for (NetLayer::Part& part : nl.parts) {
-      const index_t width = part.end - part.begin;
-      home.copy_strided(rows, width, part.output.data_read(home), width, y + part.begin, columns);
+      const index_t width = (part.end - part.begin) * inner;
+      home.copy_strided(rows, width, part.output.data_read(home), width, y + part.begin * inner,
+                        columns);
     }
     return;
   }
@@ -347,8 +366,8 @@ void Net::Impl::run_output_cut(int index, bool backward) {
   } else {
     const float* dy = static_cast<const float*>(diff_of(top).read(home));
     for (NetLayer::Part& part : nl.parts) {
-      const index_t width = part.end - part.begin;
-      home.copy_strided(rows, width, dy + part.begin, columns,
+      const index_t width = (part.end - part.begin) * inner;
+      home.copy_strided(rows, width, dy + part.begin * inner, columns,
                         static_cast<float*>(part.output.diff().overwrite(home)), width);
     }
   }
@@ -362,10 +381,10 @@ void Net::Impl::run_output_cut(int index, bool backward) {
   // shares added in device order on its device.
   for (NetLayer::Part& block : before->parts) {
     Driver& on = scheduler->driver(block.device);
-    const index_t width = block.end - block.begin;
+    const index_t width = (block.end - block.begin) * in_inner;
     float* dx = static_cast<float*>(block.output.diff().overwrite(on));
     for (std::size_t p = 0; p < nl.parts.size(); ++p) {
-      const float* share = nl.parts[p].input_diff.data_read(on) + block.begin;
+      const float* share = nl.parts[p].input_diff.data_read(on) + block.begin * in_inner;
       if (p == 0) {
         on.copy_strided(in_rows, width, share, in_columns, dx, width);
       } else {
