@@ -173,12 +173,46 @@ layer { name: "ip" type: "InnerProduct" bottom: "s" top: "out" loss_weight: 1
   }
 }
 
-TEST_CASE("a split naming a device without a driver is an error naming the layer", "[split]") {
+TEST_CASE(
+    "a split naming a device that has no driver and cannot get one is an error naming the "
+    "layer and why",
+    "[split]") {
   TwoDrivers d;
   NetOptions options;
   options.split = Split::parse("reference:0.5,cuda:3:0.5");
   CHECK_THROWS_WITH(lenet(d, options), Catch::Contains("conv1") && Catch::Contains("cuda:3") &&
-                                           Catch::Contains("reference:1"));
+                                           Catch::Contains("reference:1") &&
+                                           Catch::Contains("cannot make drivers: cuda:3"));
+}
+
+TEST_CASE(
+    "a net's split entries get their drivers from the registry, made at once with the "
+    "net's own, the CPU drivers dividing the cores",
+    "[split]") {
+  Runtime runtime;
+  NetOptions options;
+  options.split = Split::parse("cpu:0.5,cpu:1:0.5");
+  options.batch_size = 4;
+  const std::string model = lenet_path();
+  options.data_source = "synthetic:1x28x28";
+  Net net(model, runtime, Device::parse("cpu"), options);
+  REQUIRE(runtime.drivers().size() == 2);
+  CHECK(&net.driver() == runtime.find(Device::parse("cpu")));
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (Driver* driver : runtime.drivers()) {
+    INFO(driver->description());
+    const std::string threads = fmt::format(": {} thread", std::max(1, cores / 2));
+    CHECK(driver->description().find(threads) != std::string::npos);
+  }
+  // A driver the program made is kept as it is; the split's other device joins it.
+  Runtime mine;
+  DriverOptions one;
+  one.set("threads", 1);
+  Driver& own = mine.add(Device::parse("cpu"), one);
+  Net again(model, mine, own, options);
+  CHECK(mine.drivers().size() == 2);
+  CHECK(own.description().find(": 1 thread") != std::string::npos);
+  CHECK(std::isfinite(again.forward()));
 }
 
 // 50 SGD iterations of Caffe's LeNet (at batch 16, to keep the reference drivers quick) with
@@ -538,8 +572,9 @@ TEST_CASE("an automatic split over a device without a driver is an error naming 
           "[split]") {
   TwoDrivers d;
   NetOptions options;
-  options.split = Split::parse("auto:reference,cpu:3");
-  CHECK_THROWS_WITH(lenet(d, options), Catch::Contains("conv1") && Catch::Contains("cpu:3"));
+  // (A device the runtime can make gets its driver: cpu:3 would be a fourth CPU driver.)
+  options.split = Split::parse("auto:reference,cuda:7");
+  CHECK_THROWS_WITH(lenet(d, options), Catch::Contains("conv1") && Catch::Contains("cuda:7"));
 }
 
 // A driver may be driven by one thread and later by another: here cpu:1 computes a net on

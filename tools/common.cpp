@@ -191,73 +191,21 @@ bool splits_chosen(const Args& args) {
   return args.has("split") || args.has("split-file");
 }
 
-std::vector<Device> net_file_devices(const std::string& path) {
-  try {
-    return prototxt_split_devices(path);
-  } catch (const Error&) {
-    return {};  // building the net says what is wrong with the file
-  }
-}
-
-std::vector<Device> solver_file_devices(const std::string& path) {
-  try {
-    return solver_split_devices(path);
-  } catch (const Error&) {
-    return {};  // making the solver says what is wrong with the files
-  }
-}
-
-Driver& add_chosen_driver(Runtime& runtime, const Args& args,
-                          const std::vector<Device>& prototxt_devices) {
-  // Every device: the Net's own first, then those of the splits, then those the prototxt's
-  // own split entries name.
-  std::vector<Device> devices{chosen_device(args)};
-  for (const Device& device : chosen_split(args).devices())
-    devices.push_back(device);
-  for (const auto& [layer, split] : chosen_layer_splits(args)) {
-    for (const Device& device : split.devices())
-      devices.push_back(device);
-  }
-  devices.insert(devices.end(), prototxt_devices.begin(), prototxt_devices.end());
-  std::vector<Device> distinct;
-  for (const Device& device : devices) {
-    if (std::find(distinct.begin(), distinct.end(), device) == distinct.end())
-      distinct.push_back(device);
-  }
+void configure_runtime(Runtime& runtime, const Args& args) {
   DriverOptions options;
   if (args.has("threads"))
     options.set("threads", static_cast<int>(args.integer("threads", 0, 0, 4096)));
   if (args.has("blas")) options.set("blas", args.text("blas"));
-  if (!args.has("threads")) {
-    // CPU drivers that compute side by side share the cores: each would otherwise start a
-    // thread per core, and the oversubscribed teams wait on each other. So do the ranks
-    // that an MPI launcher started on this node. A GPU of the split takes a core too: the
-    // thread that drives it waits on it (spinning, CUDA's default), and a team with a thread
-    // on that core waits for it at every barrier (16 cores beside an H200, split
-    // cpu:0.25,cuda:0:0.75: CaffeNet's conv5 forward took the CPU 7.4 ms with 16 threads,
-    // 1.8 with 15).
-    const auto cpus = std::count_if(distinct.begin(), distinct.end(), [](const Device& device) {
-      return driver_kind(device.kind).multithreaded;
-    });
-    const auto gpus = std::count_if(distinct.begin(), distinct.end(), [](const Device& device) {
-      return driver_kind(device.kind).accelerator;
-    });
-    const auto cores = static_cast<long>(std::max(1u, std::thread::hardware_concurrency()));
-    const long ranks = launched_local_ranks();
-    const long sharing = static_cast<long>(cpus) * ranks;
-    const long free_cores = std::max(1L, cores - static_cast<long>(gpus) * ranks);
-    if (cpus > 0 && (sharing > 1 || gpus > 0))
-      options.set("threads", static_cast<int>(std::max(1L, free_cores / std::max(1L, sharing))));
-  }
   const std::string memory = args.text("reference-memory", "host");
   if (memory != "host" && memory != "separate") {
     throw UsageError(fmt::format("--reference-memory expects host or separate, got '{}'", memory));
   }
   options.set("separate_memory", memory == "separate");
-  // One set of flags for every device: each driver takes the options its kind reads.
-  for (const Device& device : distinct)
-    runtime.add(device, options_for(driver_kind(device.kind), options));
-  return runtime.driver(distinct[0]);
+  // One set of flags for every device: each driver takes the options its kind reads. The
+  // drivers are made when the net names their devices (Runtime::provide), which also shares
+  // the cores out among CPU drivers side by side and the ranks on this node.
+  runtime.set_driver_options(std::move(options));
+  runtime.set_processes_per_host(static_cast<int>(launched_local_ranks()));
 }
 
 std::vector<FlagSpec> comm_flags() {

@@ -18,8 +18,9 @@ int run_test(const Args& args) {
   const NetOptions options = net_options(args, Phase::test);
 
   Runtime runtime;
-  Driver& driver = add_chosen_driver(runtime, args, net_file_devices(model));
-  Net net(model, runtime, driver, options);
+  configure_runtime(runtime, args);
+  Net net(model, runtime, chosen_device(args), options);
+  Driver& driver = net.driver();
   // Layers with weights that no file provided: they test with their initial values.
   std::set<std::string> untouched;
   bool first = true;

@@ -150,8 +150,9 @@ int run_time(const Args& args) {
   options.communicator = &comm;
   options.model_parallel = chosen_model_parallel(args);
   Runtime runtime;
-  Driver& driver = add_chosen_driver(runtime, args, net_file_devices(model));
-  Net net(model, runtime, driver, options);
+  configure_runtime(runtime, args);
+  Net net(model, runtime, chosen_device(args), options);
+  Driver& driver = net.driver();
   const int layers = net.num_layers();
   std::unique_ptr<detail::GradientSync> sync;
   if (ranks) sync = std::make_unique<detail::GradientSync>(net, comm, chosen_bucket_bytes(args));

@@ -56,17 +56,10 @@ bool splits_chosen(const Args& args);
 // else the first device of --split, else the first device of --split-file's first layer,
 // else cpu. Throws UsageError for malformed flags.
 Device chosen_device(const Args& args);
-// Adds the driver for chosen_device() and one for every other device of --split and
-// --split-file, with --threads and --blas, to `runtime`; returns the first. Without
-// --threads, several CPU drivers share the cores out among them.
-// `prototxt_devices`: those the model's own split entries name (net_file_devices,
-// solver_file_devices), so that a split written in the prototxt finds its drivers.
-Driver& add_chosen_driver(Runtime& runtime, const Args& args,
-                          const std::vector<Device>& prototxt_devices = {});
-// The devices a net or solver prototxt's split entries name; none when it cannot be read
-// (building the net or solver reports it).
-std::vector<Device> net_file_devices(const std::string& path);
-std::vector<Device> solver_file_devices(const std::string& path);
+// --threads, --blas and --reference-memory as the options of the drivers `runtime` makes,
+// and the ranks an MPI launcher started on this node as the processes sharing its cores.
+// The Net or Solver made on chosen_device() then gives every device it names a driver.
+void configure_runtime(Runtime& runtime, const Args& args);
 
 // --comm, --comm-timeout, --bucket-mb: data parallelism under mpirun.
 std::vector<FlagSpec> comm_flags();

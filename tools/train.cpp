@@ -216,11 +216,12 @@ int run_train(const Args& args) {
   options.fuse_layers = chosen_fuse_layers(args);
 
   Runtime runtime;
-  Driver& driver = add_chosen_driver(runtime, args, solver_file_devices(solver_path));
+  configure_runtime(runtime, args);
   MetricsFile metrics(root ? args.text("metrics") : std::string());
   StopSignals signals;
 
-  Solver solver(solver_path, runtime, driver, options);
+  Solver solver(solver_path, runtime, chosen_device(args), options);
+  Driver& driver = solver.net().driver();
   signals.attach(solver);
   // Caffe fails at the first snapshot when the prefix's directory is missing; create it.
   if (root) {

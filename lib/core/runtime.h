@@ -42,6 +42,20 @@ class Runtime {
   // Adds a driver; throws when one for the same device is already present.
   Driver& add(std::unique_ptr<Driver> driver);
   Driver& add(const Device& device, const DriverOptions& options = {});
+  // Options for the drivers the Runtime makes itself (provide()): each kind takes the ones
+  // it reads (a tool's --threads, --blas).
+  void set_driver_options(DriverOptions options) { driver_options_ = std::move(options); }
+  // How many processes share this host's cores (the ranks an MPI launcher started on the
+  // node; 1 by default): provide() divides this process's share of them.
+  void set_processes_per_host(int processes);
+  // Makes, from the registry, the driver of every device in `devices` that has none yet (a
+  // net's own device and those its splits name: the Net calls it when it is built), all in
+  // one go. Unless the options fix `threads`, kinds that run teams of host threads
+  // (DriverKind::multithreaded) divide this process's share of the cores among them, less
+  // one core for each accelerator's driver thread, counting the drivers already present.
+  // Drivers already present are kept as they are. Throws hn::Error naming each device that
+  // cannot be made (no such hardware, kind not built) after making the others.
+  void provide(const std::vector<Device>& devices);
   // Throws hn::Error listing the devices present when there is none for `device`.
   Driver& driver(const Device& device) const;
   Driver& driver(std::string_view name) const { return driver(Device::parse(name)); }
@@ -69,6 +83,8 @@ class Runtime {
 
   // Drivers die last: Buffers and Views they back must be gone before the Runtime is.
   std::vector<std::unique_ptr<Driver>> drivers_;
+  DriverOptions driver_options_;
+  int processes_per_host_ = 1;
   // Destroyed (threads joined) before the drivers they drive.
   std::vector<std::pair<const Driver*, std::unique_ptr<detail::DeviceWorker>>> threads_;
 };

@@ -241,6 +241,16 @@ Net::Net(const std::string& prototxt_path, Runtime& runtime, Driver& driver,
   impl_->build(detail::read_net_prototxt(prototxt_path));
 }
 
+Net::Net(const std::string& prototxt_path, Runtime& runtime, const Device& device,
+         const NetOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->runtime = &runtime;
+  impl_->device = device;
+  impl_->options = options;
+  impl_->origin = prototxt_path;
+  impl_->build(detail::read_net_prototxt(prototxt_path));
+}
+
 std::unique_ptr<Net> Net::from_text(const std::string& prototxt_text, const std::string& origin,
                                     Runtime& runtime, Driver& driver, const NetOptions& options) {
   auto impl = std::make_unique<Impl>();
@@ -249,6 +259,17 @@ std::unique_ptr<Net> Net::from_text(const std::string& prototxt_text, const std:
   impl->options = options;
   impl->origin = origin;
   impl->build(detail::parse_net_prototxt(prototxt_text, origin));
+  return std::unique_ptr<Net>(new Net(std::move(impl)));
+}
+
+std::unique_ptr<Net> Net::from_param(const pb::NetParameter& param, const std::string& origin,
+                                     Runtime& runtime, Driver& driver, const NetOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->runtime = &runtime;
+  impl->driver = &driver;
+  impl->options = options;
+  impl->origin = origin;
+  impl->build(param);
   return std::unique_ptr<Net>(new Net(std::move(impl)));
 }
 

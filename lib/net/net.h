@@ -20,6 +20,13 @@
 namespace hn {
 
 class Communicator;
+}  // namespace hn
+
+namespace hybridnn::proto {
+class NetParameter;
+}  // namespace hybridnn::proto
+
+namespace hn {
 
 // Caffe's NetState: selects the layers whose include/exclude rules match.
 struct NetState {
@@ -165,12 +172,22 @@ class Net {
  public:
   // Builds the net for options.state from a prototxt file; runs on `driver`, which must
   // belong to `runtime` and outlive the Net. Errors name the file, line, layer and shapes.
+  // The devices the net's splits name (the options' and the file's split entries) get
+  // drivers from the registry where the runtime has none (Runtime::provide).
   Net(const std::string& prototxt_path, Runtime& runtime, Driver& driver,
+      const NetOptions& options = {});
+  // The same on `device`, whose driver the runtime makes with those of the splits when it
+  // has none, all at once (so that CPU drivers side by side divide the cores).
+  Net(const std::string& prototxt_path, Runtime& runtime, const Device& device,
       const NetOptions& options = {});
   // The same from prototxt text; `origin` names it in errors.
   static std::unique_ptr<Net> from_text(const std::string& prototxt_text, const std::string& origin,
                                         Runtime& runtime, Driver& driver,
                                         const NetOptions& options = {});
+  // The same from a parsed NetParameter (the Solver's nets, read once).
+  static std::unique_ptr<Net> from_param(const hybridnn::proto::NetParameter& param,
+                                         const std::string& origin, Runtime& runtime,
+                                         Driver& driver, const NetOptions& options = {});
   Net(const Net&) = delete;
   Net& operator=(const Net&) = delete;
   ~Net();
@@ -309,10 +326,6 @@ class Net {
   Net(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
-
-// The devices a net prototxt's `split` entries name (the net's and its layers'), each once:
-// a program gives each a driver in the Runtime before building the net from the file.
-std::vector<Device> prototxt_split_devices(const std::string& prototxt_path);
 
 // The Caffe type strings a net accepts: layers and data layers.
 std::vector<std::string> known_layer_types();

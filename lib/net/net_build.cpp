@@ -144,7 +144,33 @@ Split split_of(const google::protobuf::RepeatedPtrField<pb::SplitEntry>& entries
 
 // ---- construction ----------------------------------------------------------------------
 
+void Net::Impl::provide_devices(const pb::NetParameter& net) {
+  std::vector<Device> devices{driver != nullptr ? driver->device() : device};
+  const auto add = [&devices](const Split& split) {
+    for (const Device& named : split.devices())
+      devices.push_back(named);
+  };
+  add(options.split);
+  for (const auto& [layer, split] : options.layer_splits)
+    add(split);
+  for (const Device& named : detail::split_devices(net))
+    devices.push_back(named);
+  try {
+    runtime->provide(devices);
+  } catch (const Error& error) {
+    // The layers whose split names such a device say so (Split::check_devices), with this.
+    unmade = error.what();
+  }
+  if (driver == nullptr) {
+    HN_CHECK(runtime->find(device) != nullptr, "{}: the net's device {}: {}", origin, device.name(),
+             unmade);
+    driver = &runtime->driver(device);
+  }
+  device = driver->device();
+}
+
 void Net::Impl::build(pb::NetParameter net) {
+  provide_devices(net);
   scheduler = std::make_unique<detail::Scheduler>(runtime, *driver);
   if (options.communicator != nullptr && options.communicator->size() > 1) {
     comm = options.communicator;
@@ -211,7 +237,12 @@ void Net::Impl::build(pb::NetParameter net) {
       } else {
         nl.split = nl.param.split_size() > 0 ? split_of(nl.param.split()) : net_split;
       }
-      nl.split.check_devices(*runtime);  // an automatic split's devices too
+      try {
+        nl.split.check_devices(*runtime);  // an automatic split's devices too
+      } catch (const Error& error) {
+        if (unmade.empty()) throw;
+        detail::fail("{} ({})", error.what(), unmade);
+      }
       const bool cut_across_ranks =
           nl.param.model_parallel() || model_parallel.count(nl.param.name()) > 0;
       // Checked with one rank too, so that a net that fails under mpirun fails alone.
@@ -665,10 +696,6 @@ void Net::Impl::set_up_params() {
       learnable.push_back(np);
     }
   }
-}
-
-std::vector<Device> prototxt_split_devices(const std::string& prototxt_path) {
-  return detail::split_devices(detail::read_net_prototxt(prototxt_path));
 }
 
 }  // namespace hn

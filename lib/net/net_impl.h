@@ -159,6 +159,8 @@ using detail::NetLayer;
 struct Net::Impl {
   Runtime* runtime = nullptr;
   Driver* driver = nullptr;
+  Device device;  // the net's own device (its driver's, or made by provide_devices)
+  std::string unmade;  // why provide_devices could not make some devices' drivers
   NetOptions options;
   std::string origin;  // the prototxt path or the caller's name for the text
   std::string name;
@@ -177,6 +179,8 @@ struct Net::Impl {
   std::size_t bytes_with_reuse = 0, bytes_without_reuse = 0;
 
   void build(pb::NetParameter net);
+  // Gives every device the net names a driver (Runtime::provide), and the net its own.
+  void provide_devices(const pb::NetParameter& net);
   void add_layer(const pb::LayerParameter& param);
   int add_top(int layer_index, const std::string& top, const Shape& shape, int in_place_bottom);
   void decide_backward();

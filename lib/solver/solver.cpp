@@ -333,16 +333,29 @@ int Solver::Impl::run(int iterations) {
 Solver::Solver(const std::string& solver_prototxt_path, Runtime& runtime, Driver& driver,
                const SolverOptions& options)
     : impl_(std::make_unique<Impl>()) {
-  Impl& s = *impl_;
-  s.runtime = &runtime;
-  s.driver = &driver;
-  s.options = options;
-  if (options.communicator == nullptr) s.local_comm = make_local_communicator();
-  s.comm = options.communicator ? options.communicator : s.local_comm.get();
+  impl_->driver = &driver;
+  impl_->device = driver.device();
+  impl_->start(solver_prototxt_path, runtime, options);
+}
+
+Solver::Solver(const std::string& solver_prototxt_path, Runtime& runtime, const Device& device,
+               const SolverOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->device = device;
+  impl_->start(solver_prototxt_path, runtime, options);
+}
+
+void Solver::Impl::start(const std::string& solver_prototxt_path, Runtime& runtime_,
+                         const SolverOptions& options_) {
+  Impl& s = *this;
+  s.runtime = &runtime_;
+  s.options = options_;
+  if (s.options.communicator == nullptr) s.local_comm = make_local_communicator();
+  s.comm = s.options.communicator ? s.options.communicator : s.local_comm.get();
   s.origin = solver_prototxt_path;
   s.param = detail::read_solver_prototxt(solver_prototxt_path);
   pb::SolverParameter& p = s.param;
-  if (options.max_iter > 0) p.set_max_iter(options.max_iter);
+  if (s.options.max_iter > 0) p.set_max_iter(s.options.max_iter);
   s.type = update_type_of(p, s.origin);
   HN_CHECK(p.regularization_type() == "L2" || p.regularization_type() == "L1",
            "{}: unknown regularization_type \"{}\"; use L2 or L1", s.origin,
@@ -358,17 +371,17 @@ Solver::Solver(const std::string& solver_prototxt_path, Runtime& runtime, Driver
            "{}: snapshot, display and test_interval must be >= 0 (got {}, {}, {})", s.origin,
            p.snapshot(), p.display(), p.test_interval());
   s.check_policy();
-  if (options.seed != 0) {
-    s.seed = options.seed;
+  if (s.options.seed != 0) {
+    s.seed = s.options.seed;
   } else if (p.random_seed() >= 0) {
     s.seed = static_cast<std::uint64_t>(p.random_seed());
   }
-  HN_CHECK(options.checksum_interval >= 0, "{}: checksum_interval must be >= 0, got {}", s.origin,
-           options.checksum_interval);
+  HN_CHECK(s.options.checksum_interval >= 0, "{}: checksum_interval must be >= 0, got {}", s.origin,
+           s.options.checksum_interval);
   s.build_nets();
   if (s.comm->size() > 1) {
     s.check_ranks_agree();
-    s.sync = std::make_unique<detail::GradientSync>(*s.net, *s.comm, options.bucket_bytes);
+    s.sync = std::make_unique<detail::GradientSync>(*s.net, *s.comm, s.options.bucket_bytes);
   }
 }
 

@@ -105,6 +105,10 @@ class Solver {
   // file.
   Solver(const std::string& solver_prototxt_path, Runtime& runtime, Driver& driver,
          const SolverOptions& options = {});
+  // The same on `device`, whose driver the runtime makes with those of the training net's
+  // splits when it has none, all at once (Runtime::provide).
+  Solver(const std::string& solver_prototxt_path, Runtime& runtime, const Device& device,
+         const SolverOptions& options = {});
   Solver(const Solver&) = delete;
   Solver& operator=(const Solver&) = delete;
   ~Solver();
@@ -155,10 +159,5 @@ class Solver {
   struct Impl;  // lib/solver/solver.cpp
   std::unique_ptr<Impl> impl_;
 };
-
-// The devices the `split` entries of a solver's nets name (net, train_net and test_net
-// files, found as the Solver finds them, and the inline nets), each once: a program gives
-// each a driver in the Runtime before making the Solver.
-std::vector<Device> solver_split_devices(const std::string& solver_path);
 
 }  // namespace hn

@@ -38,7 +38,8 @@ inline std::string text_of(const google::protobuf::Message& net) {
 
 struct Solver::Impl {
   Runtime* runtime = nullptr;
-  Driver* driver = nullptr;
+  Driver* driver = nullptr;  // null until build_nets makes it for `device`
+  Device device;
   SolverOptions options;
   std::unique_ptr<Communicator> local_comm;  // when options.communicator is null
   Communicator* comm = nullptr;
@@ -77,6 +78,9 @@ struct Solver::Impl {
   int iterations_since_display = 0;
   bool first_display = true;  // the first iteration of a run pays one-off setup: not timed
 
+  // The constructors' work, once driver (or device) is set.
+  void start(const std::string& solver_prototxt_path, Runtime& runtime,
+             const SolverOptions& options);
   void build_nets();
   void check_policy() const;
   // The rate at `iter` and the multistep step it implies (Caffe's GetLearningRate, which

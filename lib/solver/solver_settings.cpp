@@ -1,5 +1,5 @@
 // The Solver's settings: the SolverParameter's update type and checks, the training and test
-// nets it names (Solver::Impl::build_nets), the learning rate policies and the split devices.
+// nets it names (Solver::Impl::build_nets) and the learning rate policies.
 #include "lib/solver/solver_impl.h"
 
 #include <fmt/format.h>
@@ -96,6 +96,31 @@ void Solver::Impl::build_nets() {
            "{}: the solver must name exactly one training net with one of net, net_param, "
            "train_net, train_net_param; it names {}",
            origin, train_sources);
+  // The training net, read once: its split entries name devices that get drivers with the
+  // solver's own (Runtime::provide) before anything runs on them.
+  pb::NetParameter train_param;
+  std::string train_origin;
+  if (p.has_net() || p.has_train_net()) {
+    train_origin = resolve_beside(p.has_net() ? p.net() : p.train_net(), origin);
+    train_param = detail::read_net_prototxt(train_origin);
+  } else {
+    train_param = p.has_net_param() ? p.net_param() : p.train_net_param();
+    train_origin =
+        fmt::format("{} ({})", origin, p.has_net_param() ? "net_param" : "train_net_param");
+  }
+  if (driver == nullptr) {
+    std::vector<Device> devices{device};
+    for (const Device& named : options.split.devices())
+      devices.push_back(named);
+    for (const auto& [layer, split] : options.layer_splits) {
+      for (const Device& named : split.devices())
+        devices.push_back(named);
+    }
+    for (const Device& named : detail::split_devices(train_param))
+      devices.push_back(named);
+    runtime->provide(devices);
+    driver = &runtime->driver(device);
+  }
   NetOptions train_options;
   train_options.state = merge_state(Phase::train, p.has_train_state() ? &p.train_state() : nullptr);
   train_options.data_source = options.train_data;
@@ -110,18 +135,8 @@ void Solver::Impl::build_nets() {
   train_options.data_shards = comm->size();
   train_options.communicator = comm;
   train_options.model_parallel = options.model_parallel;
-  if (p.has_net() || p.has_train_net()) {
-    const std::string path = resolve_beside(p.has_net() ? p.net() : p.train_net(), origin);
-    net = std::make_unique<Net>(path, *runtime, *driver, train_options);
-    if (comm->size() > 1) net_text = text_of(detail::read_net_prototxt(path));
-  } else {
-    net_text = text_of(p.has_net_param() ? p.net_param() : p.train_net_param());
-    const pb::NetParameter& inline_net = p.has_net_param() ? p.net_param() : p.train_net_param();
-    net = Net::from_text(
-        text_of(inline_net),
-        fmt::format("{} ({})", origin, p.has_net_param() ? "net_param" : "train_net_param"),
-        *runtime, *driver, train_options);
-  }
+  net = Net::from_param(train_param, train_origin, *runtime, *driver, train_options);
+  if (comm->size() > 1) net_text = text_of(train_param);
   for (const std::string& weights : p.weights())
     net->copy_trained_layers_from(weights);
 
@@ -243,28 +258,6 @@ float Solver::Impl::rate(int* step) const {
   // sigmoid
   return base_lr * (1.0f / (1.0f + std::exp(-gamma * (static_cast<float>(iter) -
                                                       static_cast<float>(p.stepsize())))));
-}
-
-std::vector<Device> solver_split_devices(const std::string& solver_path) {
-  const pb::SolverParameter p = detail::read_solver_prototxt(solver_path);
-  std::vector<pb::NetParameter> nets;
-  if (p.has_net()) nets.push_back(detail::read_net_prototxt(resolve_beside(p.net(), solver_path)));
-  if (p.has_train_net())
-    nets.push_back(detail::read_net_prototxt(resolve_beside(p.train_net(), solver_path)));
-  if (p.has_net_param()) nets.push_back(p.net_param());
-  if (p.has_train_net_param()) nets.push_back(p.train_net_param());
-  for (const std::string& test_net : p.test_net())
-    nets.push_back(detail::read_net_prototxt(resolve_beside(test_net, solver_path)));
-  for (const pb::NetParameter& test_net : p.test_net_param())
-    nets.push_back(test_net);
-  std::vector<Device> devices;
-  for (const pb::NetParameter& net : nets) {
-    for (const Device& device : detail::split_devices(net)) {
-      if (std::find(devices.begin(), devices.end(), device) == devices.end())
-        devices.push_back(device);
-    }
-  }
-  return devices;
 }
 
 }  // namespace hn
