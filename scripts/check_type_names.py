@@ -12,6 +12,8 @@ import pathlib
 import re
 import sys
 
+import source_checks
+
 # Where the names are registered, and where they must not appear.
 LAYER_ENTRIES = "lib/layers"
 KIND_ENTRIES = "lib/drivers"
@@ -83,24 +85,15 @@ def check(root):
 
 def self_test():
     """The checker itself: names in code are caught, in comments and entries they are not."""
-    import tempfile
-    with tempfile.TemporaryDirectory() as temp:
-        root = pathlib.Path(temp)
-        files = {
-            "lib/layers/relu.cpp": 'type.name = "ReLU";\n',
-            "lib/drivers/cpu/cpu_driver.cpp": 'kind.name = "cpu";\n',
-            "lib/net/net.cpp": '// a "ReLU" in a comment\nif (type == "ReLU") {}\n',
-            "tools/common.cpp": 'x = "cpu:0"; /* "cpu" */\nif (kind == "cpu") {}\n',
-        }
-        for path, text in files.items():
-            (root / path).parent.mkdir(parents=True, exist_ok=True)
-            (root / path).write_text(text)
-        _, _, errors = check(root)
+    files = {
+        "lib/layers/relu.cpp": 'type.name = "ReLU";\n',
+        "lib/drivers/cpu/cpu_driver.cpp": 'kind.name = "cpu";\n',
+        "lib/net/net.cpp": '// a "ReLU" in a comment\nif (type == "ReLU") {}\n',
+        "tools/common.cpp": 'x = "cpu:0"; /* "cpu" */\nif (kind == "cpu") {}\n',
+    }
     expected = ["lib/net/net.cpp:2: names the layer type \"ReLU\"",
                 "tools/common.cpp:2: names the device kind \"cpu\""]
-    ok = len(errors) == 2 and all(any(e.startswith(x) for e in errors) for x in expected)
-    print(f"type names self-test: {'passed' if ok else 'FAILED'}: {errors}")
-    return ok
+    return source_checks.self_test("type names", files, lambda root: check(root)[2], expected)
 
 
 def main():

@@ -519,7 +519,7 @@ TEST_CASE(
   layer.use_layouts({hn::Layout::nchw}, {blocked});
   CHECK(layer.candidates(*cpu) == std::vector<Lowering>{Lowering::direct, Lowering::direct_plain});
   CHECK(layer.candidates(*reference) ==
-        std::vector<Lowering>{Lowering::direct, Lowering::type1, Lowering::type3});
+        std::vector<Lowering>{Lowering::direct, Lowering::type3, Lowering::type1});
   CHECK_THAT(
       hn::test::error_of([&] { layer.choose(*cpu, hn::ConvDirection::forward, Lowering::type1); }),
       Contains("conv_b") && Contains("type1"));
@@ -582,8 +582,8 @@ TEST_CASE(
     layer.setup({input});
     const std::vector<Lowering> candidates = layer.candidates(*cpu);
     CHECK(candidates == std::vector<Lowering>{Lowering::direct, Lowering::direct_plain,
-                                              Lowering::type1, Lowering::type3,
-                                              Lowering::direct_1x1});
+                                              Lowering::direct_1x1, Lowering::type3,
+                                              Lowering::type1});
     layer.tune(*cpu, 4, tuner);
     REQUIRE(reports.size() == 1);
     CHECK(reports[0].measured);

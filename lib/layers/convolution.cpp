@@ -1,6 +1,6 @@
-// Convolution layer: Caffe's parameter rules, the lowering cost model, and the three ways to
-// turn a convolution into GEMMs (CcT lowering types 1 and 3, and the 1x1 direct case), all
-// through driver calls only.
+// Convolution layer: Caffe's parameter rules, the lowering cost model, the choice among the
+// algorithms (lib/layers/conv_algorithm.h, one file each) and the dispatch to them; the
+// measured choice is lib/layers/conv_tune.cpp.
 #include "hybridnn.pb.h"
 #include "lib/layers/caffe_params.h"
 #include "lib/layers/convolution_layer.h"
@@ -8,8 +8,6 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
-#include <cstdint>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -18,6 +16,7 @@
 
 #include "lib/core/check.h"
 #include "lib/layers/common.h"
+#include "lib/layers/conv_algorithm.h"
 
 namespace hn {
 
@@ -53,26 +52,10 @@ const char* direction_name(ConvDirection direction) {
 
 namespace {
 
-constexpr std::array<ConvDirection, 3> kDirections{
-    ConvDirection::forward, ConvDirection::backward_data, ConvDirection::backward_weights};
+using detail::floats_bytes;
 
-// ---- chunking and cost model ----------------------------------------------------------
+// ---- cost model ----------------------------------------------------------------------
 //
-// Chunking (type 1 and type 3): a slice is lowered a chunk of images at a time, so the
-// workspace stays bounded whatever the batch and the lowered data is read back by the
-// GEMM soon after it is written. The chunk is the largest number of images whose lowered
-// data fits kChunkTargetBytes (at least one image). 18 MiB was the best single target for
-// forward and backward over CaffeNet's conv1..conv5 at batch 32 on the development
-// machine (2 cores, 2 MiB L2 each, oneDNN sgemm; docs/layers.md): chunks of 1-2 images
-// starve the GEMMs of 13x13 layers (169 columns per image, weights repacked per call),
-// chunks beyond ~20 MiB spill the lowered matrix further out of cache.
-constexpr std::size_t kChunkTargetBytes = std::size_t{18} << 20;
-// Forward runs image by image when one image already lowers to this much (CaffeNet's conv2:
-// 7 MB, 729 columns): its GEMM is large enough alone, and chunks of two measured ~8 %
-// slower (the transpose to NCHW, and twice the lowered data out of cache). Backward keeps
-// the chunks: its weight-gradient GEMM gains from the longer inner dimension.
-constexpr std::size_t kLargeImageBytes = std::size_t{6} << 20;
-
 // Cost model for Lowering::automatic (docs/layers.md): estimated time = GEMM flops /
 // (peak * efficiency) + bytes moved by the lowering / bandwidth. Only the ratio of peak to
 // bandwidth matters: kFlopsPerByte is the machine balance, about 340 GFLOP/s of sgemm
@@ -87,35 +70,6 @@ double gemm_efficiency(index_t m, index_t n, index_t k) {
   const double d = static_cast<double>(std::min({m, n, k}));
   return d / (d + kThinDimension);
 }
-
-std::size_t floats_bytes(index_t count) {
-  return static_cast<std::size_t>(count) * sizeof(float);
-}
-
-// Workspace sub-buffers start on 64-byte boundaries (16 floats) so BLAS sees aligned rows.
-index_t aligned(index_t floats) {
-  return (floats + 15) / 16 * 16;
-}
-
-// Carves consecutive float buffers out of the slice's workspace.
-class Carver {
- public:
-  Carver(const Pointer& workspace, std::size_t needed, const std::string& who)
-      : base_(workspace.as<float>()) {
-    HN_CHECK(workspace.bytes >= needed || needed == 0,
-             "{}: workspace of {} bytes is smaller than the {} bytes the slice needs", who,
-             workspace.bytes, needed);
-  }
-  float* take(index_t floats) {
-    float* p = base_ + used_;
-    used_ += aligned(floats);
-    return p;
-  }
-
- private:
-  float* base_;
-  index_t used_ = 0;
-};
 
 // One value of a repeated Caffe field: index 0 (height) or 1 (width).
 index_t repeated(const std::string& who, const char* field, const std::vector<index_t>& values,
@@ -151,45 +105,48 @@ std::vector<Shape> ConvolutionLayer::setup(const std::vector<Shape>& inputs) {
   const Shape& in = inputs[0];
   HN_CHECK(in.axes() == 4, "{}: input must be 4-D (N x C x H x W), got {}", who, in.to_string());
   const ConvolutionParams& p = config_;
+  ConvGeometry& geo = geometry_;
   HN_CHECK(p.kernel_size.size() > 0 || p.kernel_h.has_value(),
            "{}: kernel_size (or kernel_h and kernel_w) must be given", who);
-  std::tie(kernel_h_, kernel_w_) =
+  std::tie(geo.kernel_h, geo.kernel_w) =
       resolve_pair(who, "kernel", p.kernel_size, p.kernel_h, p.kernel_w, 0);
-  std::tie(stride_h_, stride_w_) = resolve_pair(who, "stride", p.stride, p.stride_h, p.stride_w, 1);
-  std::tie(pad_h_, pad_w_) = resolve_pair(who, "pad", p.pad, p.pad_h, p.pad_w, 0);
-  dilation_h_ = repeated(who, "dilation", p.dilation, 0, 1);
-  dilation_w_ = repeated(who, "dilation", p.dilation, 1, 1);
-  HN_CHECK(kernel_h_ > 0 && kernel_w_ > 0, "{}: kernel must be > 0, got {}x{}", who, kernel_h_,
-           kernel_w_);
-  HN_CHECK(stride_h_ > 0 && stride_w_ > 0, "{}: stride must be > 0, got {}x{}", who, stride_h_,
-           stride_w_);
-  HN_CHECK(pad_h_ >= 0 && pad_w_ >= 0, "{}: pad must be >= 0, got {}x{}", who, pad_h_, pad_w_);
-  HN_CHECK(dilation_h_ > 0 && dilation_w_ > 0, "{}: dilation must be > 0, got {}x{}", who,
-           dilation_h_, dilation_w_);
+  std::tie(geo.stride_h, geo.stride_w) =
+      resolve_pair(who, "stride", p.stride, p.stride_h, p.stride_w, 1);
+  std::tie(geo.pad_h, geo.pad_w) = resolve_pair(who, "pad", p.pad, p.pad_h, p.pad_w, 0);
+  geo.dilation_h = repeated(who, "dilation", p.dilation, 0, 1);
+  geo.dilation_w = repeated(who, "dilation", p.dilation, 1, 1);
+  HN_CHECK(geo.kernel_h > 0 && geo.kernel_w > 0, "{}: kernel must be > 0, got {}x{}", who,
+           geo.kernel_h, geo.kernel_w);
+  HN_CHECK(geo.stride_h > 0 && geo.stride_w > 0, "{}: stride must be > 0, got {}x{}", who,
+           geo.stride_h, geo.stride_w);
+  HN_CHECK(geo.pad_h >= 0 && geo.pad_w >= 0, "{}: pad must be >= 0, got {}x{}", who, geo.pad_h,
+           geo.pad_w);
+  HN_CHECK(geo.dilation_h > 0 && geo.dilation_w > 0, "{}: dilation must be > 0, got {}x{}", who,
+           geo.dilation_h, geo.dilation_w);
   HN_CHECK(p.num_output > 0, "{}: num_output must be > 0, got {}", who, p.num_output);
   HN_CHECK(p.group > 0, "{}: group must be > 0, got {}", who, p.group);
 
-  if (channels_ != in[1] || height_ != in[2] || width_ != in[3]) chosen_.clear();
-  channels_ = in[1];
-  height_ = in[2];
-  width_ = in[3];
-  HN_CHECK(channels_ > 0 && height_ > 0 && width_ > 0,
+  if (geo.channels != in[1] || geo.height != in[2] || geo.width != in[3]) chosen_.clear();
+  geo.channels = in[1];
+  geo.height = in[2];
+  geo.width = in[3];
+  HN_CHECK(geo.channels > 0 && geo.height > 0 && geo.width > 0,
            "{}: input {} has an empty channel or spatial axis", who, in.to_string());
-  HN_CHECK(channels_ % p.group == 0, "{}: input channels {} not divisible by group {} (input {})",
-           who, channels_, p.group, in.to_string());
+  HN_CHECK(geo.channels % p.group == 0,
+           "{}: input channels {} not divisible by group {} (input {})", who, geo.channels, p.group,
+           in.to_string());
   HN_CHECK(p.num_output % p.group == 0, "{}: num_output {} not divisible by group {}", who,
            p.num_output, p.group);
-  const index_t extent_h = dilation_h_ * (kernel_h_ - 1) + 1;
-  const index_t extent_w = dilation_w_ * (kernel_w_ - 1) + 1;
-  HN_CHECK(extent_h <= height_ + 2 * pad_h_ && extent_w <= width_ + 2 * pad_w_,
+  const index_t extent_h = geo.dilation_h * (geo.kernel_h - 1) + 1;
+  const index_t extent_w = geo.dilation_w * (geo.kernel_w - 1) + 1;
+  HN_CHECK(extent_h <= geo.height + 2 * geo.pad_h && extent_w <= geo.width + 2 * geo.pad_w,
            "{}: kernel {}x{} (dilated {}x{}) larger than the padded input {}x{} (input {})", who,
-           kernel_h_, kernel_w_, extent_h, extent_w, height_ + 2 * pad_h_, width_ + 2 * pad_w_,
-           in.to_string());
-  out_h_ = (height_ + 2 * pad_h_ - extent_h) / stride_h_ + 1;
-  out_w_ = (width_ + 2 * pad_w_ - extent_w) / stride_w_ + 1;
+           geo.kernel_h, geo.kernel_w, extent_h, extent_w, geo.height + 2 * geo.pad_h,
+           geo.width + 2 * geo.pad_w, in.to_string());
+  geo.out_h = (geo.height + 2 * geo.pad_h - extent_h) / geo.stride_h + 1;
+  geo.out_w = (geo.width + 2 * geo.pad_w - extent_w) / geo.stride_w + 1;
 
-  const bool one_by_one = kernel_h_ == 1 && kernel_w_ == 1 && stride_h_ == 1 && stride_w_ == 1 &&
-                          pad_h_ == 0 && pad_w_ == 0;
+  const bool one_by_one = geo.one_by_one();
   switch (p.lowering) {
     case Lowering::type3:
       HN_CHECK(p.group == 1, "{}: lowering type3 needs group 1, got group {}", who, p.group);
@@ -198,7 +155,7 @@ std::vector<Shape> ConvolutionLayer::setup(const std::vector<Shape>& inputs) {
       HN_CHECK(one_by_one,
                "{}: lowering direct_1x1 needs a 1x1 kernel, stride 1 and pad 0, got kernel {}x{} "
                "stride {}x{} pad {}x{}",
-               who, kernel_h_, kernel_w_, stride_h_, stride_w_, pad_h_, pad_w_);
+               who, geo.kernel_h, geo.kernel_w, geo.stride_h, geo.stride_w, geo.pad_h, geo.pad_w);
       break;
     case Lowering::type1:
     case Lowering::automatic:
@@ -210,9 +167,9 @@ std::vector<Shape> ConvolutionLayer::setup(const std::vector<Shape>& inputs) {
   if (lowering_ == Lowering::automatic) {
     // Costs per image (see the cost model above), type 1 with the chunk a batch of 32
     // would get; the input read and output write that all lowerings share are left out.
-    const index_t rows = channels_ / p.group * kernel_h_ * kernel_w_;  // K of one group
-    const index_t m = p.num_output / p.group, out_plane = out_h_ * out_w_;
-    const index_t in_plane = height_ * width_, kernel = kernel_h_ * kernel_w_;
+    const index_t rows = geo.channels / p.group * geo.kernel_h * geo.kernel_w;  // K of one group
+    const index_t m = p.num_output / p.group, out_plane = geo.out_h * geo.out_w;
+    const index_t in_plane = geo.height * geo.width, kernel = geo.kernel_h * geo.kernel_w;
     const double flops1 = 2.0 * p.num_output * out_plane * rows;
     const index_t chunk1 = forward_chunk(32);
     const double bytes1 = 2.0 * floats_bytes(rows * p.group * out_plane) +
@@ -220,10 +177,10 @@ std::vector<Shape> ConvolutionLayer::setup(const std::vector<Shape>& inputs) {
     double best = flops1 / gemm_efficiency(m, chunk1 * out_plane, rows) + kFlopsPerByte * bytes1;
     lowering_ = Lowering::type1;
     if (p.group == 1) {
-      const double flops3 = 2.0 * in_plane * channels_ * p.num_output * kernel;
-      const double bytes3 = 2.0 * floats_bytes(in_plane * channels_) +
+      const double flops3 = 2.0 * in_plane * geo.channels * p.num_output * kernel;
+      const double bytes3 = 2.0 * floats_bytes(in_plane * geo.channels) +
                             2.0 * floats_bytes(in_plane * p.num_output * kernel);
-      const double cost3 = flops3 / gemm_efficiency(in_plane, p.num_output * kernel, channels_) +
+      const double cost3 = flops3 / gemm_efficiency(in_plane, p.num_output * kernel, geo.channels) +
                            kFlopsPerByte * bytes3;
       if (cost3 < best) {
         best = cost3;
@@ -237,98 +194,43 @@ std::vector<Shape> ConvolutionLayer::setup(const std::vector<Shape>& inputs) {
     }
   }
 
-  const Shape weight_shape{p.num_output, channels_ / p.group, kernel_h_, kernel_w_};
+  const Shape weight_shape{p.num_output, geo.channels / p.group, geo.kernel_h, geo.kernel_w};
   const std::size_t param_count = p.bias_term ? 2 : 1;
   if (params_.size() != param_count || params_[0].shape() != weight_shape) {
     params_.clear();
     params_.emplace_back(weight_shape);
     if (p.bias_term) params_.emplace_back(Shape{p.num_output});
   }
-  return {Shape{in[0], p.num_output, out_h_, out_w_}};
+  return {Shape{in[0], p.num_output, geo.out_h, geo.out_w}};
 }
 
 LoweringShape ConvolutionLayer::lowering_shape(index_t images) const {
+  const ConvGeometry& geo = geometry_;
   LoweringShape s;
   s.batch = images;
-  s.channels = channels_;
-  s.height = height_;
-  s.width = width_;
-  s.kernel_h = kernel_h_;
-  s.kernel_w = kernel_w_;
-  s.pad_h = pad_h_;
-  s.pad_w = pad_w_;
-  s.stride_h = stride_h_;
-  s.stride_w = stride_w_;
-  s.dilation_h = dilation_h_;
-  s.dilation_w = dilation_w_;
+  s.channels = geo.channels;
+  s.height = geo.height;
+  s.width = geo.width;
+  s.kernel_h = geo.kernel_h;
+  s.kernel_w = geo.kernel_w;
+  s.pad_h = geo.pad_h;
+  s.pad_w = geo.pad_w;
+  s.stride_h = geo.stride_h;
+  s.stride_w = geo.stride_w;
+  s.dilation_h = geo.dilation_h;
+  s.dilation_w = geo.dilation_w;
   s.groups = config_.group;
   return s;
 }
 
-// Per-image lowered bytes: type 1 columns, or type 3 products and NHWC input.
-std::size_t ConvolutionLayer::lowered_bytes_per_image(Lowering lowering) const {
-  return floats_bytes(lowering == Lowering::type3
-                          ? height_ * width_ *
-                                (config_.num_output * kernel_h_ * kernel_w_ + channels_)
-                          : channels_ * kernel_h_ * kernel_w_ * out_h_ * out_w_);
-}
-
-index_t ConvolutionLayer::chunk_for(Lowering lowering, index_t rows, std::size_t target) const {
-  if (lowering == Lowering::direct_1x1 || rows <= 1) return 1;
-  const index_t fit = static_cast<index_t>(target / lowered_bytes_per_image(lowering));
-  return std::clamp<index_t>(fit, 1, rows);
-}
-
-index_t ConvolutionLayer::forward_chunk(Lowering lowering, index_t rows) const {
-  if (config_.chunk_bytes > 0) return chunk_for(lowering, rows, config_.chunk_bytes);
-  if (lowered_bytes_per_image(lowering) >= kLargeImageBytes) return 1;
-  return chunk_for(lowering, rows, kChunkTargetBytes);
-}
-
-index_t ConvolutionLayer::backward_chunk(Lowering lowering, index_t rows) const {
-  return chunk_for(lowering, rows,
-                   config_.chunk_bytes > 0 ? config_.chunk_bytes : kChunkTargetBytes);
-}
-
-index_t ConvolutionLayer::forward_chunk(index_t rows) const {
-  return forward_chunk(lowering_, rows);
-}
-
-index_t ConvolutionLayer::backward_chunk(index_t rows) const {
-  return backward_chunk(lowering_, rows);
-}
-
 std::size_t ConvolutionLayer::workspace_for(Lowering lowering, index_t rows) const {
-  if (rows <= 0) return 0;
-  const index_t chunk = std::max(forward_chunk(lowering, rows), backward_chunk(lowering, rows));
-  const index_t out_plane = out_h_ * out_w_, kernel = kernel_h_ * kernel_w_;
-  switch (lowering) {
-    case Lowering::type1: {
-      // columns, plus the GEMM output / transposed dy in [C_out][chunk][plane] order
-      const index_t columns = aligned(channels_ * kernel * chunk * out_plane);
-      const index_t swapped = chunk > 1 ? aligned(config_.num_output * chunk * out_plane) : 0;
-      return floats_bytes(columns + swapped);
-    }
-    case Lowering::type3: {
-      // kernel in [C][C_out * k] order, its gradient, NHWC input, products
-      const index_t in_plane = height_ * width_;
-      const index_t weights = aligned(channels_ * config_.num_output * kernel);
-      return floats_bytes(2 * weights + aligned(chunk * in_plane * channels_) +
-                          aligned(chunk * in_plane * config_.num_output * kernel));
-    }
-    case Lowering::direct_1x1:
-    case Lowering::automatic:
-    case Lowering::direct:
-    case Lowering::direct_plain:
-      break;
-  }
-  return 0;
+  if (rows <= 0 || lowering == Lowering::automatic) return 0;
+  return detail::conv_algorithm(lowering).workspace(*this, rows);
 }
 
 std::size_t ConvolutionLayer::workspace_bytes(const Driver& driver, index_t rows) const {
   std::size_t bytes = 0;
-  for (ConvDirection direction :
-       {ConvDirection::forward, ConvDirection::backward_data, ConvDirection::backward_weights})
+  for (ConvDirection direction : kConvDirections)
     bytes = std::max(bytes, workspace_for(lowering_for(driver, direction), rows));
   return bytes;
 }
@@ -370,16 +272,10 @@ std::vector<Lowering> ConvolutionLayer::candidates(const Driver& driver) const {
   if (config_.lowering != Lowering::automatic) return {lowering_for(driver)};
   // The driver's kernels on the blocked operands, or on NCHW copies of them.
   if (blocked_on(driver)) return {Lowering::direct, Lowering::direct_plain};
+  // Otherwise every algorithm that can run this layer, in the list's order.
   std::vector<Lowering> result;
-  if (driver.capabilities().convolution) result.push_back(Lowering::direct);
-  // A driver with blocked kernels may also run NCHW ones (oneDNN's GEMM-based).
-  if (driver.capabilities().convolution && driver.capabilities().blocked_layout)
-    result.push_back(Lowering::direct_plain);
-  result.push_back(Lowering::type1);
-  if (config_.group == 1) result.push_back(Lowering::type3);
-  if (kernel_h_ == 1 && kernel_w_ == 1 && stride_h_ == 1 && stride_w_ == 1 && pad_h_ == 0 &&
-      pad_w_ == 0) {
-    result.push_back(Lowering::direct_1x1);
+  for (const detail::ConvAlgorithm* algorithm : detail::conv_algorithms()) {
+    if (algorithm->applies(*this, driver)) result.push_back(algorithm->id());
   }
   return result;
 }
@@ -392,7 +288,7 @@ void ConvolutionLayer::choose(const Driver& driver, ConvDirection direction, Low
   auto found = chosen_.find(driver.name());
   if (found == chosen_.end()) {
     std::array<Lowering, 3> current{};
-    for (ConvDirection d : kDirections)
+    for (ConvDirection d : kConvDirections)
       current[static_cast<std::size_t>(d)] = lowering_for(driver, d);
     found = chosen_.emplace(driver.name(), current).first;
   }
@@ -400,9 +296,10 @@ void ConvolutionLayer::choose(const Driver& driver, ConvDirection direction, Low
 }
 
 double ConvolutionLayer::forward_flops(index_t rows) const {
+  const ConvGeometry& geo = geometry_;
   return 2.0 * static_cast<double>(rows) * static_cast<double>(config_.num_output) *
-         static_cast<double>(out_h_ * out_w_) *
-         static_cast<double>(channels_ / config_.group * kernel_h_ * kernel_w_);
+         static_cast<double>(geo.out_h * geo.out_w) *
+         static_cast<double>(geo.channels / config_.group * geo.kernel_h * geo.kernel_w);
 }
 
 std::string ConvolutionLayer::algorithm(const Driver& driver) const {
@@ -420,189 +317,7 @@ std::string ConvolutionLayer::algorithm(const Driver& driver) const {
                      name(weights));
 }
 
-namespace {
-
-// A candidate whose scratch would exceed this is not measured (type 3 of a large early layer
-// asks for gigabytes); the cost model would not pick it either.
-constexpr std::size_t kMaxTuneWorkspace = std::size_t{512} << 20;
-
-// Deterministic values in [-1, 1) for the tensors the measurements run on.
-std::vector<float> tune_values(index_t count, std::uint32_t seed) {
-  std::vector<float> values(static_cast<std::size_t>(count));
-  std::uint32_t state = seed * 2654435761u + 1u;
-  for (float& v : values) {
-    state = state * 1664525u + 1013904223u;
-    v = static_cast<float>(state >> 8) / static_cast<float>(1u << 23) - 1.0f;
-  }
-  return values;
-}
-
-Buffer tune_buffer(Driver& driver, index_t count, std::uint32_t seed) {
-  Buffer buffer(driver, floats_bytes(count));
-  if (count == 0) return buffer;
-  if (seed == 0) {
-    driver.fill(count, 0.0f, buffer.as<float>());
-  } else {
-    const std::vector<float> values = tune_values(count, seed);
-    driver.copy_from_host(buffer.address(), values.data(), buffer.bytes());
-  }
-  return buffer;
-}
-
-}  // namespace
-
-void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
-  if (tuner.mode() == TuneMode::off || rows <= 0) return;
-  const bool blocked = blocked_on(driver);
-  std::vector<Lowering> options = candidates(driver);
-  options.erase(
-      std::remove_if(options.begin(), options.end(),
-                     [&](Lowering l) { return workspace_for(l, rows) > kMaxTuneWorkspace; }),
-      options.end());
-  if (options.size() < 2) return;
-  const std::string shape = fmt::format(
-      "Convolution {}x{}x{}x{} out {} kernel {}x{} stride {}x{} pad {}x{} dilation {}x{} group "
-      "{} bias {}",
-      rows, channels_, height_, width_, config_.num_output, kernel_h_, kernel_w_, stride_h_,
-      stride_w_, pad_h_, pad_w_, dilation_h_, dilation_w_, config_.group,
-      config_.bias_term ? 1 : 0);
-  // Blocked operands: their layouts (input, output) are part of the shape.
-  const std::string layouts =
-      blocked ? fmt::format(" layout {}/{}", layout_name(in_layout_), layout_name(out_layout_))
-              : std::string();
-  const auto key = [&](ConvDirection d) { return shape + layouts + " " + direction_name(d); };
-  std::array<Lowering, 3> choice{};
-  bool cached = true;
-  for (ConvDirection d : kDirections) {
-    const std::optional<std::string> hit = tuner.lookup(driver, key(d));
-    const auto known = std::find_if(options.begin(), options.end(), [&](Lowering l) {
-      return hit.has_value() && *hit == hn::lowering_name(l);
-    });
-    if (known == options.end()) {
-      cached = false;
-      break;
-    }
-    choice[static_cast<std::size_t>(d)] = *known;
-  }
-  const auto started = std::chrono::steady_clock::now();
-  if (!cached) {
-    const index_t in_count = rows * channels_ * height_ * width_;
-    const index_t out_count = rows * config_.num_output * out_h_ * out_w_;
-    const index_t weight_count = params_[0].shape().count();
-    const index_t bias_count = config_.bias_term ? config_.num_output : 0;
-    std::size_t scratch = 0;
-    for (Lowering l : options)
-      scratch = std::max(scratch, workspace_for(l, rows));
-    // y and dx are only written (by different directions): they share one buffer, which
-    // keeps the measurements' memory below the net's own for its largest layers.
-    const Buffer x = tune_buffer(driver, in_count, 1), dy = tune_buffer(driver, out_count, 2);
-    const Buffer written = tune_buffer(driver, std::max(in_count, out_count), 0);
-    const Buffer w = tune_buffer(driver, weight_count, 3),
-                 dw = tune_buffer(driver, weight_count, 0);
-    const Buffer b = tune_buffer(driver, bias_count, 4), db = tune_buffer(driver, bias_count, 0);
-    const Buffer workspace(driver, scratch);
-    LayerSlice slice;
-    slice.driver = &driver;
-    slice.end = rows;
-    slice.inputs = {Operand{Shape{rows, channels_, height_, width_}, x.pointer(), written.pointer(),
-                            blocked ? in_layout_ : Layout::nchw}};
-    slice.outputs = {Operand{Shape{rows, config_.num_output, out_h_, out_w_}, written.pointer(),
-                             dy.pointer(), blocked ? out_layout_ : Layout::nchw}};
-    slice.params = {Operand{params_[0].shape(), w.pointer(), dw.pointer()}};
-    if (config_.bias_term)
-      slice.params.push_back(Operand{params_[1].shape(), b.pointer(), db.pointer()});
-    slice.propagate_down = {true};
-    slice.workspace = workspace.pointer();
-    for (ConvDirection d : kDirections) {
-      double best = 0.0;
-      for (Lowering l : options) {
-        // A candidate whose warm-up alone takes 1.5 times the best is not timed again.
-        const double give_up = l == options.front() ? 0.5 : std::min(0.5, 1.5 * best);
-        const double seconds = Tuner::time(
-            driver,
-            [&] {
-              switch (d) {
-                case ConvDirection::forward:
-                  run_forward(slice, l);
-                  break;
-                case ConvDirection::backward_data:
-                  run_backward(slice, l, Wanted{true, false, false});
-                  break;
-                case ConvDirection::backward_weights:
-                  run_backward(slice, l, Wanted{false, true, config_.bias_term});
-                  break;
-              }
-            },
-            2, give_up);
-        if (l == options.front() || seconds < best) {
-          best = seconds;
-          choice[static_cast<std::size_t>(d)] = l;
-        }
-      }
-    }
-  }
-  // Under data parallelism every rank takes rank 0's choice (TuneOptions::agree).
-  for (ConvDirection d : kDirections) {
-    Lowering& mine = choice[static_cast<std::size_t>(d)];
-    const std::string agreed = tuner.agree(hn::lowering_name(mine));
-    const auto known = std::find_if(options.begin(), options.end(),
-                                    [&](Lowering l) { return agreed == hn::lowering_name(l); });
-    HN_CHECK(known != options.end(),
-             "{}: the {} algorithm agreed on, '{}', is not one that {} has for this shape",
-             describe(), direction_name(d), agreed, driver.name());
-    if (!cached || *known != mine) tuner.record(driver, key(d), agreed);
-    mine = *known;
-  }
-  chosen_[driver.name()] = choice;
-  TuneReport report;
-  report.layer = name();
-  report.device = driver.name();
-  report.algorithm = algorithm(driver);
-  report.measured = !cached;
-  report.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  tuner.report(report);
-}
-
-// ---- direct: the driver's own convolution ----------------------------------------------
-
-LoweringShape ConvolutionLayer::direct_shape(const LayerSlice& slice, bool plain_kernel) const {
-  LoweringShape shape = lowering_shape(slice.rows());
-  shape.layout = slice.inputs[0].layout;
-  shape.out_layout = slice.outputs[0].layout;
-  shape.plain_kernel = plain_kernel;
-  return shape;
-}
-
-void ConvolutionLayer::forward_driver_conv(const LayerSlice& slice, bool plain_kernel) const {
-  const float* bias = config_.bias_term ? slice.params[1].x() : nullptr;
-  slice.driver->conv_forward(direct_shape(slice, plain_kernel), config_.num_output,
-                             slice.inputs[0].x(), slice.params[0].x(), bias,
-                             slice.outputs[0].mutable_x());
-}
-
-void ConvolutionLayer::backward_driver_conv(const LayerSlice& slice, Wanted want,
-                                            bool plain_kernel) const {
-  const LoweringShape shape = direct_shape(slice, plain_kernel);
-  const Operand& weights = slice.params[0];
-  float* dbias = want.db ? slice.params[1].mutable_dx() : nullptr;
-  if (want.dw && want.dx) {
-    slice.driver->conv_backward(shape, config_.num_output, slice.inputs[0].x(), weights.x(),
-                                slice.outputs[0].dx(), slice.inputs[0].mutable_dx(),
-                                weights.mutable_dx(), dbias);
-    return;
-  }
-  if (want.dw) {
-    slice.driver->conv_backward_weights(shape, config_.num_output, slice.inputs[0].x(),
-                                        slice.outputs[0].dx(), weights.mutable_dx(), dbias);
-  } else if (want.db) {
-    add_bias_gradient(slice);
-  }
-  if (want.dx) {
-    slice.driver->conv_backward_data(shape, config_.num_output, weights.x(), slice.outputs[0].dx(),
-                                     slice.inputs[0].mutable_dx());
-  }
-}
+// ---- dispatch: what runs each direction, by conv_algorithm ------------------------------
 
 namespace {
 
@@ -626,30 +341,15 @@ void ConvolutionLayer::forward(const LayerSlice& slice) {
 }
 
 void ConvolutionLayer::run_forward(const LayerSlice& slice, Lowering lowering) const {
-  switch (lowering) {
-    case Lowering::direct:
-    case Lowering::direct_plain:
-      forward_driver_conv(slice, lowering == Lowering::direct_plain);
-      break;
-    case Lowering::type1:
-      forward_type1(slice);
-      break;
-    case Lowering::type3:
-      forward_type3(slice);
-      break;
-    case Lowering::direct_1x1:
-      forward_direct(slice);
-      break;
-    case Lowering::automatic:
-      detail::fail("{}: forward called before setup", describe());
-  }
+  HN_CHECK(lowering != Lowering::automatic, "{}: forward called before setup", describe());
+  detail::conv_algorithm(lowering).forward(*this, slice);
 }
 
 // Adds the bias to output rows [first, first + images) of the slice, right after a chunk
 // is computed, while it is still in cache.
 void ConvolutionLayer::add_bias(const LayerSlice& slice, index_t first, index_t images) const {
   if (!config_.bias_term) return;
-  const index_t plane = out_h_ * out_w_;
+  const index_t plane = geometry_.out_h * geometry_.out_w;
   slice.driver->bias_forward(AxisShape{images, config_.num_output, plane}, slice.params[1].x(),
                              slice.outputs[0].mutable_x() + first * config_.num_output * plane);
 }
@@ -678,235 +378,19 @@ void ConvolutionLayer::backward(const LayerSlice& slice) {
   run_backward(slice, data, Wanted{true, false, false});
 }
 
+// Every algorithm adds the bias gradient itself where `want` asks for it.
 void ConvolutionLayer::run_backward(const LayerSlice& slice, Lowering lowering, Wanted want) const {
   if (!want.dx && !want.dw && !want.db) return;
-  switch (lowering) {
-    case Lowering::direct:
-    case Lowering::direct_plain:
-      // adds the bias gradient itself
-      backward_driver_conv(slice, want, lowering == Lowering::direct_plain);
-      return;
-    case Lowering::type1:
-      backward_type1(slice, want);  // adds the bias gradient chunk by chunk
-      return;
-    case Lowering::type3:
-      backward_type3(slice, want);
-      break;
-    case Lowering::direct_1x1:
-      backward_direct(slice, want);
-      break;
-    case Lowering::automatic:
-      detail::fail("{}: backward called before setup", describe());
-  }
-  if (want.db) add_bias_gradient(slice);
+  HN_CHECK(lowering != Lowering::automatic, "{}: backward called before setup", describe());
+  detail::conv_algorithm(lowering).backward(*this, slice, want);
 }
 
 // Adds the bias gradient of the whole slice: dbias += sum of dy over images and positions.
 void ConvolutionLayer::add_bias_gradient(const LayerSlice& slice) const {
   // A blocked dy (a bias learned with frozen weights) is summed in its layout.
-  const AxisShape shape{slice.rows(), config_.num_output, out_h_ * out_w_, slice.outputs[0].layout};
+  const AxisShape shape{slice.rows(), config_.num_output, geometry_.out_h * geometry_.out_w,
+                        slice.outputs[0].layout};
   slice.driver->bias_backward(shape, slice.outputs[0].dx(), 1.0f, slice.params[1].mutable_dx());
-}
-
-// ---- type 1: im2col over a chunk, one GEMM per group, lift to NCHW ---------------------
-//
-// The lowered chunk is [C*kh*kw][chunk*plane]; group g's rows are the contiguous block g,
-// so group g's GEMM is weights_g [M/g x K/g] times columns_g [K/g x chunk*plane], giving
-// [C_out][chunk][plane]. With one image per chunk that already is NCHW and the GEMM writes
-// the output directly; otherwise swap_axes moves it into place.
-
-void ConvolutionLayer::forward_type1(const LayerSlice& slice) const {
-  Driver& d = *slice.driver;
-  const index_t rows = slice.rows(), chunk = forward_chunk(Lowering::type1, rows);
-  const index_t groups = config_.group, m = config_.num_output / groups;
-  const index_t k = channels_ / groups * kernel_h_ * kernel_w_;
-  const index_t out_plane = out_h_ * out_w_, in_image = channels_ * height_ * width_;
-  const index_t out_image = config_.num_output * out_plane;
-  Carver carve(slice.workspace, workspace_for(Lowering::type1, rows), describe());
-  float* columns = carve.take(k * groups * chunk * out_plane);
-  float* swapped = chunk > 1 ? carve.take(config_.num_output * chunk * out_plane) : nullptr;
-  const float* x = slice.inputs[0].x();
-  float* y = slice.outputs[0].mutable_x();
-  const float* weights = slice.params[0].x();
-  for (index_t first = 0; first < rows; first += chunk) {
-    const index_t images = std::min(chunk, rows - first);
-    const LoweringShape s = lowering_shape(images);
-    d.im2col(s, x + first * in_image, columns);
-    const index_t n = images * out_plane;
-    float* product = images > 1 ? swapped : y + first * out_image;
-    for (index_t g = 0; g < groups; ++g) {
-      d.gemm(Transpose::no, Transpose::no, m, n, k, 1.0f, weights + g * m * k, k,
-             columns + g * k * n, n, 0.0f, product + g * m * n, n);
-    }
-    if (images > 1) {
-      d.swap_axes(config_.num_output, images, out_plane, swapped, y + first * out_image);
-    }
-    add_bias(slice, first, images);
-  }
-}
-
-void ConvolutionLayer::backward_type1(const LayerSlice& slice, Wanted want) const {
-  Driver& d = *slice.driver;
-  const Operand& in = slice.inputs[0];
-  const Operand& weights = slice.params[0];
-  const auto [want_dx, want_dw, want_db] = want;
-  const index_t rows = slice.rows(), chunk = backward_chunk(Lowering::type1, rows);
-  const index_t groups = config_.group, m = config_.num_output / groups;
-  const index_t k = channels_ / groups * kernel_h_ * kernel_w_;
-  const index_t out_plane = out_h_ * out_w_, in_image = channels_ * height_ * width_;
-  const index_t out_image = config_.num_output * out_plane;
-  Carver carve(slice.workspace, workspace_for(Lowering::type1, rows), describe());
-  float* columns = carve.take(k * groups * chunk * out_plane);
-  float* swapped = chunk > 1 ? carve.take(config_.num_output * chunk * out_plane) : nullptr;
-  const float* dy = slice.outputs[0].dx();
-  for (index_t first = 0; first < rows; first += chunk) {
-    const index_t images = std::min(chunk, rows - first);
-    const LoweringShape s = lowering_shape(images);
-    const index_t n = images * out_plane;
-    const float* dy_t = dy + first * out_image;  // [C_out][images][plane]
-    if (images > 1) {
-      d.swap_axes(images, config_.num_output, out_plane, dy_t, swapped);
-      dy_t = swapped;
-    }
-    if (want_db) {  // dy_t viewed as [1][C_out][images * plane]
-      d.bias_backward(AxisShape{1, config_.num_output, n}, dy_t, 1.0f,
-                      slice.params[1].mutable_dx());
-    }
-    if (want_dw) {
-      d.im2col(s, in.x() + first * in_image, columns);
-      for (index_t g = 0; g < groups; ++g) {
-        d.gemm(Transpose::no, Transpose::yes, m, k, n, 1.0f, dy_t + g * m * n, n,
-               columns + g * k * n, n, 1.0f, weights.mutable_dx() + g * m * k, k);
-      }
-    }
-    if (want_dx) {
-      for (index_t g = 0; g < groups; ++g) {
-        d.gemm(Transpose::yes, Transpose::no, k, n, m, 1.0f, weights.x() + g * m * k, k,
-               dy_t + g * m * n, n, 0.0f, columns + g * k * n, n);
-      }
-      d.col2im(s, columns, in.mutable_dx() + first * in_image);
-    }
-  }
-}
-
-// ---- type 3: lower the kernel, lift the output (group 1) -----------------------------
-//
-// With the input in NHWC order X^T [(n,h,w)][C] and the kernel as W' [C][(co,kh,kw)], the
-// products P = X^T W' hold every kernel tap applied at every input pixel; lift sums the
-// taps that land on each output pixel. Backward: dP = lift_backward(dy), dW' += X dP,
-// dX^T = dP W'^T.
-
-void ConvolutionLayer::forward_type3(const LayerSlice& slice) const {
-  Driver& d = *slice.driver;
-  const index_t rows = slice.rows(), chunk = forward_chunk(Lowering::type3, rows);
-  const index_t c = channels_, taps = config_.num_output * kernel_h_ * kernel_w_;
-  const index_t in_plane = height_ * width_, in_image = c * in_plane;
-  const index_t out_image = config_.num_output * out_h_ * out_w_;
-  Carver carve(slice.workspace, workspace_for(Lowering::type3, rows), describe());
-  float* kernel = carve.take(c * taps);
-  carve.take(c * taps);  // the kernel gradient's place, used by backward
-  float* x_t = carve.take(chunk * in_plane * c);
-  float* products = carve.take(chunk * in_plane * taps);
-  d.swap_axes(config_.num_output, c, kernel_h_ * kernel_w_, slice.params[0].x(), kernel);
-  const float* x = slice.inputs[0].x();
-  float* y = slice.outputs[0].mutable_x();
-  for (index_t first = 0; first < rows; first += chunk) {
-    const index_t images = std::min(chunk, rows - first);
-    for (index_t i = 0; i < images; ++i) {
-      d.swap_axes(c, in_plane, 1, x + (first + i) * in_image, x_t + i * in_image);
-    }
-    d.gemm(Transpose::no, Transpose::no, images * in_plane, taps, c, 1.0f, x_t, c, kernel, taps,
-           0.0f, products, taps);
-    const LoweringShape s = lowering_shape(images);
-    d.lift(s, config_.num_output, products, y + first * out_image);
-    add_bias(slice, first, images);
-  }
-}
-
-void ConvolutionLayer::backward_type3(const LayerSlice& slice, Wanted want) const {
-  Driver& d = *slice.driver;
-  const Operand& in = slice.inputs[0];
-  const Operand& weights = slice.params[0];
-  const bool want_dx = want.dx, want_dw = want.dw;
-  if (!want_dx && !want_dw) return;
-  const index_t rows = slice.rows(), chunk = backward_chunk(Lowering::type3, rows);
-  const index_t c = channels_, kernel_taps = kernel_h_ * kernel_w_;
-  const index_t taps = config_.num_output * kernel_taps;
-  const index_t in_plane = height_ * width_, in_image = c * in_plane;
-  const index_t out_image = config_.num_output * out_h_ * out_w_;
-  Carver carve(slice.workspace, workspace_for(Lowering::type3, rows), describe());
-  float* kernel = carve.take(c * taps);
-  float* kernel_diff = carve.take(c * taps);
-  float* x_t = carve.take(chunk * in_plane * c);
-  float* products_diff = carve.take(chunk * in_plane * taps);
-  if (want_dx) d.swap_axes(config_.num_output, c, kernel_taps, weights.x(), kernel);
-  // dW accumulates: bring it into W' order, add every chunk's part, move it back.
-  if (want_dw) d.swap_axes(config_.num_output, c, kernel_taps, weights.dx(), kernel_diff);
-  const float* dy = slice.outputs[0].dx();
-  for (index_t first = 0; first < rows; first += chunk) {
-    const index_t images = std::min(chunk, rows - first);
-    const LoweringShape s = lowering_shape(images);
-    d.lift_backward(s, config_.num_output, dy + first * out_image, products_diff);
-    const index_t n = images * in_plane;
-    if (want_dw) {
-      for (index_t i = 0; i < images; ++i) {
-        d.swap_axes(c, in_plane, 1, in.x() + (first + i) * in_image, x_t + i * in_image);
-      }
-      d.gemm(Transpose::yes, Transpose::no, c, taps, n, 1.0f, x_t, c, products_diff, taps, 1.0f,
-             kernel_diff, taps);
-    }
-    if (want_dx) {
-      d.gemm(Transpose::no, Transpose::yes, n, c, taps, 1.0f, products_diff, taps, kernel, taps,
-             0.0f, x_t, c);
-      for (index_t i = 0; i < images; ++i) {
-        d.swap_axes(in_plane, c, 1, x_t + i * in_image, in.mutable_dx() + (first + i) * in_image);
-      }
-    }
-  }
-  if (want_dw) d.swap_axes(c, config_.num_output, kernel_taps, kernel_diff, weights.mutable_dx());
-}
-
-// ---- direct 1x1: each image [C][plane] already is the lowered matrix ----------------
-
-void ConvolutionLayer::forward_direct(const LayerSlice& slice) const {
-  Driver& d = *slice.driver;
-  const index_t groups = config_.group, m = config_.num_output / groups, k = channels_ / groups;
-  const index_t plane = out_h_ * out_w_;
-  const float* x = slice.inputs[0].x();
-  float* y = slice.outputs[0].mutable_x();
-  const float* weights = slice.params[0].x();
-  for (index_t i = 0; i < slice.rows(); ++i) {
-    for (index_t g = 0; g < groups; ++g) {
-      d.gemm(Transpose::no, Transpose::no, m, plane, k, 1.0f, weights + g * m * k, k,
-             x + (i * channels_ + g * k) * plane, plane, 0.0f,
-             y + (i * config_.num_output + g * m) * plane, plane);
-    }
-    add_bias(slice, i, 1);
-  }
-}
-
-void ConvolutionLayer::backward_direct(const LayerSlice& slice, Wanted want) const {
-  Driver& d = *slice.driver;
-  const Operand& in = slice.inputs[0];
-  const Operand& weights = slice.params[0];
-  const bool want_dx = want.dx, want_dw = want.dw;
-  const index_t groups = config_.group, m = config_.num_output / groups, k = channels_ / groups;
-  const index_t plane = out_h_ * out_w_;
-  const float* dy = slice.outputs[0].dx();
-  for (index_t i = 0; i < slice.rows(); ++i) {
-    for (index_t g = 0; g < groups; ++g) {
-      const float* dy_g = dy + (i * config_.num_output + g * m) * plane;
-      const index_t x_offset = (i * channels_ + g * k) * plane;
-      if (want_dw) {
-        d.gemm(Transpose::no, Transpose::yes, m, k, plane, 1.0f, dy_g, plane, in.x() + x_offset,
-               plane, 1.0f, weights.mutable_dx() + g * m * k, k);
-      }
-      if (want_dx) {
-        d.gemm(Transpose::yes, Transpose::no, k, plane, m, 1.0f, weights.x() + g * m * k, k, dy_g,
-               plane, 0.0f, in.mutable_dx() + x_offset, plane);
-      }
-    }
-  }
 }
 
 // ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------

@@ -1,5 +1,5 @@
-// The convolution layer classes (internal): their parameters and factory functions are the
-// public API, lib/layers/convolution.h.
+// The convolution layer class (internal): its parameters and factory function are the public
+// API, lib/layers/convolution.h; its algorithms are lib/layers/conv_algorithm.h.
 #pragma once
 
 #include <array>
@@ -16,6 +16,23 @@ namespace hn {
 // The three computations of a convolution, each with its own algorithm.
 enum class ConvDirection { forward, backward_data, backward_weights };
 const char* direction_name(ConvDirection direction);
+inline constexpr std::array<ConvDirection, 3> kConvDirections{
+    ConvDirection::forward, ConvDirection::backward_data, ConvDirection::backward_weights};
+
+// A convolution's geometry, resolved by ConvolutionLayer::setup() from its parameters and
+// input shape.
+struct ConvGeometry {
+  index_t channels = 0, height = 0, width = 0;
+  index_t kernel_h = 0, kernel_w = 0, stride_h = 1, stride_w = 1;
+  index_t pad_h = 0, pad_w = 0, dilation_h = 1, dilation_w = 1;
+  index_t out_h = 0, out_w = 0;
+
+  // A 1x1 kernel with stride 1 and no padding: each image already is the lowered matrix.
+  bool one_by_one() const {
+    return kernel_h == 1 && kernel_w == 1 && stride_h == 1 && stride_w == 1 && pad_h == 0 &&
+           pad_w == 0;
+  }
+};
 
 // Input N x C x H x W; output N x num_output x H_out x W_out (Caffe's size rule). Params:
 // weights [num_output][C / group][kernel_h][kernel_w], then bias [num_output] when
@@ -38,8 +55,8 @@ class ConvolutionLayer final : public Layer {
   // lowering().
   Lowering lowering_for(const Driver& driver,
                         ConvDirection direction = ConvDirection::forward) const;
-  // What tune() measures on `driver`: every lowering this layer's shape allows (one when the
-  // parameters force a lowering).
+  // What tune() measures on `driver`: every algorithm that applies to this layer there, in
+  // the order of detail::conv_algorithms() (one when the parameters force a lowering).
   std::vector<Lowering> candidates(const Driver& driver) const;
   // Runs `direction` with `lowering` (one of candidates()) on drivers named as `driver`.
   void choose(const Driver& driver, ConvDirection direction, Lowering lowering);
@@ -54,40 +71,42 @@ class ConvolutionLayer final : public Layer {
   index_t forward_chunk(index_t rows) const;
   index_t backward_chunk(index_t rows) const;
 
- private:
   // The gradients one backward computes.
   struct Wanted {
     bool dx, dw, db;
   };
+
+  // For the algorithms (lib/layers/conv_algorithm.h), valid after setup().
+  const ConvolutionParams& config() const { return config_; }
+  const ConvGeometry& geometry() const { return geometry_; }
+  using Layer::describe;
+  LoweringShape lowering_shape(index_t images) const;
+  // Images `lowering` lowers together on a slice of `rows` images.
+  index_t forward_chunk(Lowering lowering, index_t rows) const;
+  index_t backward_chunk(Lowering lowering, index_t rows) const;
+  // Adds the bias to output rows [first, first + images) of the slice.
+  void add_bias(const LayerSlice& slice, index_t first, index_t images) const;
+  // Adds the bias gradient of the whole slice: dbias += sum of dy over images and positions.
+  void add_bias_gradient(const LayerSlice& slice) const;
+
+ private:
   // Whether this layer's operands are blocked on `driver` (use_layouts and the driver's
   // blocked_layout capability): then only direct and direct_plain can run it.
   bool blocked_on(const Driver& driver) const;
   // The blocked one of the input's and output's layouts (the output's when both are), else
   // nchw.
   Layout blocked_layout_used() const;
-  LoweringShape lowering_shape(index_t images) const;
   std::size_t lowered_bytes_per_image(Lowering lowering) const;
   index_t chunk_for(Lowering lowering, index_t rows, std::size_t target) const;
-  index_t forward_chunk(Lowering lowering, index_t rows) const;
-  index_t backward_chunk(Lowering lowering, index_t rows) const;
   std::size_t workspace_for(Lowering lowering, index_t rows) const;
   Wanted wanted(const LayerSlice& slice) const;
   // What runs `direction` on the slice: lowering_for, or direct where its operands are
   // blocked and the choice was a lowering.
   Lowering for_operands(const LayerSlice& slice, ConvDirection direction) const;
+  // Run the algorithm of `lowering` (detail::conv_algorithm), which computes the bias
+  // gradient too where `want` asks for it.
   void run_forward(const LayerSlice& slice, Lowering lowering) const;
   void run_backward(const LayerSlice& slice, Lowering lowering, Wanted want) const;
-  void add_bias(const LayerSlice& slice, index_t first, index_t images) const;
-  void add_bias_gradient(const LayerSlice& slice) const;
-  void forward_type1(const LayerSlice& slice) const;
-  void forward_type3(const LayerSlice& slice) const;
-  void forward_direct(const LayerSlice& slice) const;
-  void backward_type1(const LayerSlice& slice, Wanted want) const;
-  void backward_type3(const LayerSlice& slice, Wanted want) const;
-  void backward_direct(const LayerSlice& slice, Wanted want) const;
-  LoweringShape direct_shape(const LayerSlice& slice, bool plain_kernel) const;
-  void forward_driver_conv(const LayerSlice& slice, bool plain_kernel) const;
-  void backward_driver_conv(const LayerSlice& slice, Wanted want, bool plain_kernel) const;
 
   ConvolutionParams config_;
   Lowering lowering_ = Lowering::automatic;
@@ -96,11 +115,7 @@ class ConvolutionLayer final : public Layer {
   // Set by use_layouts: the layouts of the input and the output. Where either is blocked
   // (nChw16c or nChw8c), every direction is direct or direct_plain.
   Layout in_layout_ = Layout::nchw, out_layout_ = Layout::nchw;
-  // Resolved geometry (set by setup()).
-  index_t channels_ = 0, height_ = 0, width_ = 0;
-  index_t kernel_h_ = 0, kernel_w_ = 0, stride_h_ = 1, stride_w_ = 1;
-  index_t pad_h_ = 0, pad_w_ = 0, dilation_h_ = 1, dilation_w_ = 1;
-  index_t out_h_ = 0, out_w_ = 0;
+  ConvGeometry geometry_;  // set by setup()
 };
 
 }  // namespace hn

@@ -1,0 +1,78 @@
+// The convolution algorithms (internal): one class per way to compute a convolution, each in
+// its own file (conv_direct.cpp, conv_1x1.cpp, conv_type3.cpp, conv_type1.cpp), and their list.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "lib/core/check.h"
+#include "lib/layers/convolution_layer.h"
+
+namespace hn::detail {
+
+// One algorithm of a ConvolutionLayer, named by its Lowering. Stateless: the layer (after
+// setup) gives the geometry, the slice the operands.
+class ConvAlgorithm {
+ public:
+  using Wanted = ConvolutionLayer::Wanted;
+
+  virtual ~ConvAlgorithm() = default;
+  virtual Lowering id() const = 0;
+  // Whether it can run `layer` on `driver` with NCHW operands.
+  virtual bool applies(const ConvolutionLayer& layer, const Driver& driver) const = 0;
+  // The workspace a slice of `rows` (> 0) images needs; none by default.
+  virtual std::size_t workspace(const ConvolutionLayer& layer, index_t rows) const {
+    static_cast<void>(layer);
+    static_cast<void>(rows);
+    return 0;
+  }
+  virtual void forward(const ConvolutionLayer& layer, const LayerSlice& slice) const = 0;
+  // The gradients `want` asks for, the bias gradient included.
+  virtual void backward(const ConvolutionLayer& layer, const LayerSlice& slice,
+                        Wanted want) const = 0;
+};
+
+// The algorithms, in the order they are tried: the most specialised first, ending with the
+// plainest (type 1, which runs every convolution). candidates() keeps the applicable ones.
+const std::vector<const ConvAlgorithm*>& conv_algorithms();
+// The algorithm of `lowering` (any but automatic).
+const ConvAlgorithm& conv_algorithm(Lowering lowering);
+
+// Each algorithm's one instance, defined in its file.
+const ConvAlgorithm& conv_direct();        // conv_direct.cpp
+const ConvAlgorithm& conv_direct_plain();  // conv_direct.cpp
+const ConvAlgorithm& conv_direct_1x1();    // conv_1x1.cpp
+const ConvAlgorithm& conv_type3();         // conv_type3.cpp
+const ConvAlgorithm& conv_type1();         // conv_type1.cpp
+
+inline std::size_t floats_bytes(index_t count) {
+  return static_cast<std::size_t>(count) * sizeof(float);
+}
+
+// Workspace sub-buffers start on 64-byte boundaries (16 floats) so BLAS sees aligned rows.
+inline index_t aligned(index_t floats) {
+  return (floats + 15) / 16 * 16;
+}
+
+// Carves consecutive float buffers out of the slice's workspace.
+class Carver {
+ public:
+  Carver(const Pointer& workspace, std::size_t needed, const std::string& who)
+      : base_(workspace.as<float>()) {
+    HN_CHECK(workspace.bytes >= needed || needed == 0,
+             "{}: workspace of {} bytes is smaller than the {} bytes the slice needs", who,
+             workspace.bytes, needed);
+  }
+  float* take(index_t floats) {
+    float* p = base_ + used_;
+    used_ += aligned(floats);
+    return p;
+  }
+
+ private:
+  float* base_;
+  index_t used_ = 0;
+};
+
+}  // namespace hn::detail
