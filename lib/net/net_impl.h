@@ -159,7 +159,7 @@ using detail::NetLayer;
 struct Net::Impl {
   Runtime* runtime = nullptr;
   Driver* driver = nullptr;
-  Device device;  // the net's own device (its driver's, or made by provide_devices)
+  Device device;       // the net's own device (its driver's, or made by provide_devices)
   std::string unmade;  // why provide_devices could not make some devices' drivers
   NetOptions options;
   std::string origin;  // the prototxt path or the caller's name for the text
