@@ -1,6 +1,8 @@
-// Builds hybridnn layers from Caffe's LayerParameter: an explicit table from the Caffe type
-// string to a converter of the layer's *_param message into our params struct, keeping
-// Caffe's defaults and rules. Fillers and pretrained blobs are the Net's business.
+// Builds hybridnn layers from Caffe's LayerParameter through the layer registry
+// (lib/layers/registry.h: each type's converter of its *_param message into our params
+// struct, keeping Caffe's defaults and rules, lives in the layer's own file), and knows
+// Caffe's data layer types, which the Net handles itself. Fillers and pretrained blobs are
+// the Net's business.
 #pragma once
 
 #include <memory>
