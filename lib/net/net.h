@@ -168,6 +168,14 @@ void shard_to_whole(const NetParam& shard, const float* values, float* whole);
 // across ranks.
 std::pair<index_t, index_t> rank_outputs(index_t outputs, int rank, int ranks);
 
+namespace detail {
+// Every device a net on `own` names: its own, those of `split` and `layer_splits`, and those
+// of the file's split entries (what Runtime::provide is given before the net is built).
+std::vector<Device> devices_named(const Device& own, const Split& split,
+                                  const LayerSplits& layer_splits,
+                                  const hybridnn::proto::NetParameter& net);
+}  // namespace detail
+
 class Net {
  public:
   // Builds the net for options.state from a prototxt file; runs on `driver`, which must

@@ -144,19 +144,26 @@ Split split_of(const google::protobuf::RepeatedPtrField<pb::SplitEntry>& entries
 
 // ---- construction ----------------------------------------------------------------------
 
-void Net::Impl::provide_devices(const pb::NetParameter& net) {
-  std::vector<Device> devices{driver != nullptr ? driver->device() : device};
-  const auto add = [&devices](const Split& split) {
-    for (const Device& named : split.devices())
-      devices.push_back(named);
+std::vector<Device> detail::devices_named(const Device& own, const Split& split,
+                                          const LayerSplits& layer_splits,
+                                          const pb::NetParameter& net) {
+  std::vector<Device> devices{own};
+  const auto add = [&devices](const Split& named) {
+    for (const Device& each : named.devices())
+      devices.push_back(each);
   };
-  add(options.split);
-  for (const auto& [layer, split] : options.layer_splits)
-    add(split);
-  for (const Device& named : detail::split_devices(net))
-    devices.push_back(named);
+  add(split);
+  for (const auto& [layer, layer_split] : layer_splits)
+    add(layer_split);
+  for (const Device& each : detail::split_devices(net))
+    devices.push_back(each);
+  return devices;
+}
+
+void Net::Impl::provide_devices(const pb::NetParameter& net) {
   try {
-    runtime->provide(devices);
+    runtime->provide(detail::devices_named(driver != nullptr ? driver->device() : device,
+                                           options.split, options.layer_splits, net));
   } catch (const Error& error) {
     // The layers whose split names such a device say so (Split::check_devices), with this.
     unmade = error.what();

@@ -109,16 +109,16 @@ void Solver::Impl::build_nets() {
         fmt::format("{} ({})", origin, p.has_net_param() ? "net_param" : "train_net_param");
   }
   if (driver == nullptr) {
-    std::vector<Device> devices{device};
-    for (const Device& named : options.split.devices())
-      devices.push_back(named);
-    for (const auto& [layer, split] : options.layer_splits) {
-      for (const Device& named : split.devices())
-        devices.push_back(named);
+    // A split's device that cannot be made is reported by the net, naming its layer.
+    std::string unmade;
+    try {
+      runtime->provide(
+          detail::devices_named(device, options.split, options.layer_splits, train_param));
+    } catch (const Error& error) {
+      unmade = error.what();
     }
-    for (const Device& named : detail::split_devices(train_param))
-      devices.push_back(named);
-    runtime->provide(devices);
+    HN_CHECK(runtime->find(device) != nullptr, "{}: the solver's device {}: {}", origin,
+             device.name(), unmade);
     driver = &runtime->driver(device);
   }
   NetOptions train_options;
