@@ -1,22 +1,25 @@
 #!/usr/bin/env python3
-"""PyTorch on a GPU, per op: bench/zoo.py's twins of CaffeNet, ResNet-50 and MobileNet v1,
-forward + full backward (weight and input gradients, Caffe's force_backward) at batch 32,
-in FP32 with TF32 off (cuDNN's and cuBLAS's, as hybridnn's cuda driver computes) and with
-PyTorch's own defaults, for comparing hybridnn's `time --device cuda:0` per-layer lines.
+"""PyTorch on a GPU, per op: bench/zoo.py's twins of CaffeNet, ResNet-50, MobileNet v1,
+GoogLeNet and SqueezeNet v1.1, forward + full backward (weight and input gradients, Caffe's
+force_backward) at batch 32, in FP32 with TF32 off (cuDNN's and cuBLAS's, as hybridnn's cuda
+driver computes in FP32 math), with PyTorch's own defaults (TF32 convolutions) and in BF16
+autocast with channels_last, for comparing hybridnn's `time --device cuda:0` lines in each
+--math mode.
 
-  bench/gpu_profile.py [--nets caffenet,resnet50,mobilenet] [--batch 32] [--warmup 5]
-                       [--iterations 20] [--profile-iterations 3] [--top 5]
-                       [--out DIR] [--models DIR] [--device cuda|cpu]
+  bench/gpu_profile.py [--nets caffenet,resnet50,mobilenet] [--modes fp32,default]
+                       [--batch 32] [--warmup 5] [--iterations 20] [--profile-iterations 3]
+                       [--top 5] [--out DIR] [--models DIR] [--device cuda|cpu]
 
 scripts/gpu-bundle.sh packs it with zoo.py and vs_pytorch.py (whose builders it imports)
-and its run.sh runs it on the lent GPU machine. Per net and mode (fp32, default): warm-up,
+and its run.sh runs it on the lent GPU machine. Per net and mode (fp32, default, bf16): warm-up,
 then the timed iterations, each between two CUDA events (the median, min and mean ms go to
 stdout as a `pytorch NET MODE` line), then a few iterations under torch.profiler
 (ProfilerActivity.CPU and CUDA): the top kernels by CUDA time go to stdout, and to
 DIR (--out, default .) pytorch-times.jsonl (a line per net and mode), pytorch-kernels.jsonl
 (per net and mode, the kernels' total, then every kernel) and pytorch-ops.jsonl (every op
 per input shapes: calls, CUDA time of its own kernels and with its children's, CPU time),
-times in ms per iteration. A profiler failure leaves the timings and the other mode.
+times in ms per iteration (--profile-iterations 0: no profile). A profiler failure leaves
+the timings and the other modes.
 
 Without PyTorch, or without CUDA (--device cuda), it prints `SKIPPED: PyTorch profile:
 REASON` and exits 0. A net whose twin cannot be built (ResNet-50 needs torchvision) prints
@@ -36,10 +39,11 @@ import warnings
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import zoo  # noqa: E402  (bench/zoo.py, and bench/vs_pytorch.py which it imports)
 
-NETS = ("caffenet", "resnet50", "mobilenet")
-MODES = ("fp32", "default")
+NETS = ("caffenet", "resnet50", "mobilenet", "googlenet", "squeezenet")
+MODES = ("fp32", "default", "bf16")
 # The prototxt inputs, where the models directory is not at hand.
-SHAPES = {"caffenet": (3, 227, 227), "resnet50": (3, 224, 224), "mobilenet": (3, 224, 224)}
+SHAPES = {"caffenet": (3, 227, 227), "resnet50": (3, 224, 224), "mobilenet": (3, 224, 224),
+          "googlenet": (3, 224, 224), "squeezenet": (3, 227, 227)}
 NAME_WIDTH = 90
 
 
@@ -96,9 +100,9 @@ def tf32_flags(torch):
 
 
 def set_mode(torch, mode, defaults):
-    """fp32: TF32 off for cuDNN and cuBLAS; default: the flags as PyTorch started. Through
-    the allow_tf32 flags, or fp32_precision where a PyTorch refuses those."""
-    tf32 = mode == "default"
+    """fp32: TF32 off for cuDNN and cuBLAS; default and bf16: the flags as PyTorch started.
+    Through the allow_tf32 flags, or fp32_precision where a PyTorch refuses those."""
+    tf32 = mode != "fp32"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # 2.9's notice that allow_tf32 is to be deprecated
         try:
@@ -216,14 +220,24 @@ def run_net(torch, spec, shape, args, defaults, files):
     net = zoo.caffe_phase(torch, spec.twin(torch)).to(device)
     data = torch.randn(*shape, device=device, requires_grad=True)
 
+    autocast = [False]
+
     def step():
-        loss = net(data).sum()
+        if autocast[0]:
+            with torch.autocast(device_type=args.device, dtype=torch.bfloat16):
+                loss = net(data).float().sum()
+        else:
+            loss = net(data).sum()
         net.zero_grad(set_to_none=True)
         data.grad = None
         loss.backward()  # weights and the input's gradient (Caffe's force_backward)
 
     for mode in args.modes:
         set_mode(torch, mode, defaults)
+        if mode == "bf16":  # mixed precision as PyTorch recommends it: autocast, NHWC
+            autocast[0] = True
+            net = net.to(memory_format=torch.channels_last)
+            data = data.detach().to(memory_format=torch.channels_last).requires_grad_()
         for _ in range(args.warmup):
             step()
         each, mean = clock.time(step, args.iterations)
@@ -235,6 +249,8 @@ def run_net(torch, spec, shape, args, defaults, files):
               f"{args.iterations}; min {record['min_ms']:.2f}, mean {record['mean_ms']:.2f}; "
               f"cudnn tf32 {record.get('cudnn_allow_tf32')}, matmul tf32 "
               f"{record.get('matmul_allow_tf32')})", flush=True)
+        if args.profile_iterations == 0:
+            continue
         try:
             profile_tables(torch, clock, step, spec, mode, args, files)
         except Exception as error:  # noqa: BLE001 (the timings stand; the other mode runs)
@@ -265,8 +281,10 @@ def main():
         parser.error(f"--nets takes a comma-separated list of {', '.join(NETS)}")
     if not args.modes or any(m not in MODES for m in args.modes):
         parser.error(f"--modes takes a comma-separated list of {', '.join(MODES)}")
-    if min(args.batch, args.iterations, args.profile_iterations) < 1 or args.warmup < 0:
-        parser.error("--batch, --iterations and --profile-iterations must be positive")
+    args.modes.sort(key=MODES.index)  # bf16 last: it turns the net to channels_last
+    if min(args.batch, args.iterations) < 1 or min(args.warmup, args.profile_iterations) < 0:
+        parser.error("--batch and --iterations must be positive, --warmup and "
+                     "--profile-iterations not negative")
 
     try:
         import torch

@@ -3,32 +3,44 @@
 # cuDNN (a CUDA image, a PyTorch install) but none of this project's own dependencies, and
 # nothing to build with: the CUDA test binary, the hybridnn tool (and hybridnn-bench where
 # built), the shared libraries they need that such a machine lacks (oneDNN, OpenBLAS,
-# protobuf, fmt, LMDB, Open MPI's client libraries), ../shared/models, bench/gpu_profile.py
-# with the zoo.py and vs_pytorch.py whose PyTorch twins it imports and, with --data, Fashion-MNIST.
+# protobuf, fmt, LMDB, Open MPI's client libraries), ../shared/models and SqueezeNet's
+# prototxt, bench/gpu_profile.py with the zoo.py and vs_pytorch.py whose PyTorch twins it
+# imports, bench/gpu_table.py and, with --data, Fashion-MNIST.
 #
-#   scripts/gpu-bundle.sh [--build DIR] [--data]   # writes .gpu/bundle.tar.xz and .gpu/run.sh
+#   scripts/gpu-bundle.sh [--build DIR] [--data] [--baseline BUNDLE]
+#                         # writes .gpu/bundle.tar.xz and .gpu/run.sh
 #
-# Then, from the repository root on the GPU machine, `bash .gpu/run.sh` (about 7 minutes on
-# an H100; every step under `timeout` and within RUN_BUDGET_S, default 480 s, past which the
-# steps left print SKIPPED) runs the GPU suite, then on CaffeNet, ResNet-50 and MobileNet v1
-# (batch 32, forward + backward): `hybridnn time` on cuda:0 (its per-layer tables kept), with
-# --split auto and with both; bench/gpu_profile.py, PyTorch's twins in FP32 with TF32 off
-# and with its defaults, CUDA-event times, torch.profiler's top kernels and per-op table
-# (SKIPPED without PyTorch or CUDA); the CPU alone (--device cpu, every core); the fixed
-# splits cuda:0:0.9,cpu:0.1 and cuda:0:0.8,cpu:0.2; then hybridnn-bench gemm (the CPU's
-# sgemm GFLOP/s) and, with --data, LeNet trained on Fashion-MNIST with --gpu 0. Logs and JSON
-# lines go to $OUT (default .gpu/out); a summary (a line per net and configuration) prints at
-# the end and stays in $OUT/summary.txt. The binaries run on a newer glibc than Debian 12's;
-# the GPU machine's x86-64 must be this one's. .gpu/ is not committed.
+# --baseline takes the tool of an earlier .gpu/bundle.tar.xz (into .gpu/baseline.tar.xz; it
+# stays there for later bundles until --baseline none), which run.sh times beside this one,
+# FP32 on cuda:0, for a before/after within one call.
+#
+# Then, from the repository root on the GPU machine, `bash .gpu/run.sh` (every step under
+# `timeout` and within RUN_BUDGET_S, default 480 s, past which the steps left print SKIPPED)
+# runs, in this order: the GPU suite; CaffeNet, ResNet-50, MobileNet v1, GoogLeNet and
+# SqueezeNet v1.1 (batch 32, forward + backward) with `hybridnn time` on cuda:0 in each math
+# mode (--math fp32, tf32, bf16; the FP32 per-layer tables kept); the baseline tool, if any;
+# PyTorch's twins (bench/gpu_profile.py: FP32 with TF32 off, its defaults, BF16 autocast with
+# channels_last; SKIPPED without PyTorch or CUDA); FP32 with cuDNN's heuristics instead of
+# measured algorithms; with --data, LeNet trained on Fashion-MNIST on cuda:0 in each mode;
+# ResNet-50 and GoogLeNet at batch 128 in each mode, and their twins; torch.profiler's top
+# kernels and per-op table of ResNet-50; --split auto, the CPU alone and the fixed splits
+# cuda:0:0.95,cpu:0.05 and cuda:0:0.9,cpu:0.1 (issue 36); hybridnn-bench gemm (the CPU's
+# sgemm GFLOP/s); and bench/gpu_table.py's markdown table of hybridnn against PyTorch per net,
+# batch and mode. Logs and JSON lines go to $OUT (default .gpu/out); a summary (a line per
+# net and configuration) prints at the end and stays in $OUT/summary.txt, the table in
+# $OUT/table.md. The binaries run on a newer glibc than Debian 12's; the GPU machine's
+# x86-64 must be this one's. .gpu/ is not committed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=build
 data=0
+baseline=""
 while (($#)); do
   case $1 in
     --build) build=${2:?--build needs a directory}; shift ;;
     --data) data=1 ;;
-    -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --baseline) baseline=${2:?--baseline needs an earlier bundle}; shift ;;
+    -h | --help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-bundle: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -55,7 +67,17 @@ ldd "${binaries[@]}" | awk '$3 ~ /^\// { print $3 }' |
   grep -v -E '/(libc|libm|libstdc\+\+|libgcc_s|libdl|libpthread|librt|libcudnn[a-z_]*|libnccl|libcublas[A-Za-z]*)\.so' |
   xargs -I{} cp -L {} "$stage/lib/"
 cp "$models"/*.prototxt "$stage/models/"
-cp bench/gpu_profile.py bench/zoo.py bench/vs_pytorch.py "$stage/py/"
+cp bench/models/squeezenet_v1.1_deploy.prototxt "$stage/models/"
+cp bench/gpu_profile.py bench/gpu_table.py bench/zoo.py bench/vs_pytorch.py "$stage/py/"
+[[ $baseline == none ]] && { rm -f .gpu/baseline.tar.xz; baseline=""; }
+if [[ -n $baseline ]]; then
+  # Its tool alone: the libraries it needs are this bundle's (the same machine built both).
+  [[ -f $baseline ]] || { echo "gpu-bundle: no baseline bundle $baseline" >&2; exit 1; }
+  mkdir -p "$stage/baseline"
+  tar xJf "$baseline" -C "$stage/baseline" bin/hybridnn
+  (cd "$stage/baseline" && tar cf - bin) | xz -T0 -6 >.gpu/baseline.tar.xz.new
+  mv .gpu/baseline.tar.xz.new .gpu/baseline.tar.xz
+fi
 (cd "$stage" && tar cf - bin lib models py) | xz -T0 -6 >.gpu/bundle.tar.xz
 rm -rf .gpu/fashion
 if ((data)); then
@@ -109,26 +131,30 @@ layers() {
     if (match($0, /"algorithm":"[^"]*"/)) a = substr($0, RSTART + 13, RLENGTH - 14)
     printf "%9.3f %9.3f %9.3f  %-22s %-18s %s\n", f + b, f, b, $4, $8, a }' "$1" | sort -rn
 }
-# time_net NET ITERATIONS MAX MIN ARGS...: `hybridnn time` batch 32, forward + backward, its
-# JSON lines in $OUT/NET<ARGS without ':, -'>.jsonl (names without ':' come back), a summary line.
+# time_net NET ITERATIONS MAX MIN ARGS...: `hybridnn time` forward + backward at batch 32
+# unless ARGS say --batch, its JSON lines in $OUT/[LABEL]NET<ARGS without ':, -.'>.jsonl
+# (names without ':' come back), a summary line. LABEL (baseline, heuristic) prefixes the
+# log and the line; TOOL replaces the bundle's tool (the baseline's).
 time_net() {
-  local net=$1 iterations=$2 max=$3 min=$4 log ms rc why
+  local net=$1 iterations=$2 max=$3 min=$4 log ms rc why batch=(--batch 32)
   shift 4
-  log=$OUT/$net$(echo "$*" | tr -d ':, -').jsonl
-  step "$net $*" "$max" "$min" $B/hybridnn time --model "$M/${net}_deploy.prototxt" "$@" \
-    --iterations "$iterations" --batch 32 --json >"$log" 2>&1
+  [[ " $* " == *" --batch "* ]] && batch=()
+  log=$OUT/${LABEL:-}$net$(echo "$*" | tr -d ':, .-').jsonl
+  step "${LABEL:-} $net $*" "$max" "$min" "${TOOL:-$B/hybridnn}" time --model "$M/${net}_deploy.prototxt" "$@" \
+    --iterations "$iterations" "${batch[@]}" --json >"$log" 2>&1
   rc=$?
   ((rc == 125)) && return
   ms=$(field "$log" forward_backward_ms)
   if [[ -n $ms ]]; then
-    note "$(printf '%-24s %-32s fb_ms=%-8.2f (fwd %.2f, bwd %.2f)' "$net" "$*" "$ms" \
-      "$(field "$log" forward_ms)" "$(field "$log" backward_ms)")"
+    note "$(printf '%-10s%-24s %-40s fb_ms=%-8.2f (fwd %.2f, bwd %.2f)' "${LABEL:-}" "$net" "$*" \
+      "$ms" "$(field "$log" forward_ms)" "$(field "$log" backward_ms)")"
   else
     why=$(grep -v '^{' "$log" | tail -n 1)
-    note "$(printf '%-24s %-32s FAILED: exit %s: %s' "$net" "$*" "$rc" "${why:0:100}")"
+    note "$(printf '%-10s%-24s %-40s FAILED: exit %s: %s' "${LABEL:-}" "$net" "$*" "$rc" "${why:0:100}")"
   fi
 }
 nets="bvlc_reference_caffenet resnet50 mobilenet_v1"
+zoo="$nets bvlc_googlenet squeezenet_v1.1"
 
 echo "== setup"
 ORIG_LD_LIBRARY_PATH=${LD_LIBRARY_PATH-}
@@ -152,14 +178,13 @@ if ((rc != 125)); then
   note "GPU suite: exit $rc; $(grep -E 'test cases' "$OUT/cuda-tests.log" | tail -n 1)"
 fi
 
-echo "== hybridnn on cuda:0 and --split auto (10 iterations)"
-for net in $nets; do
-  for how in "--device cuda:0" "--split auto" "--device cuda:0 --split auto"; do
-    # shellcheck disable=SC2086  # $how: its words are the arguments
-    time_net "$net" 10 120 20 $how
+echo "== the zoo on cuda:0 in each math mode (batch 32, 10 iterations)"
+for net in $zoo; do
+  for math in fp32 tf32 bf16; do
+    time_net "$net" 10 120 15 --device cuda:0 --math $math
   done
-  # Per-layer times on cuda:0 (each layer synchronised), slowest first.
-  log=$OUT/${net}devicecuda0.jsonl table=$OUT/hybridnn-layers-$net-cuda0.txt
+  # Per-layer times on cuda:0 in FP32 (CUDA events), slowest first.
+  log=$OUT/${net}devicecuda0mathfp32.jsonl table=$OUT/hybridnn-layers-$net-cuda0.txt
   if [[ -s $log ]]; then
     { echo "    fb_ms    fwd_ms    bwd_ms  layer                  type               algorithm"
       layers "$log"; } >"$table"
@@ -168,7 +193,18 @@ for net in $nets; do
   fi
 done
 
-echo "== PyTorch per-op profile (bench/gpu_profile.py)"
+if [[ -f .gpu/baseline.tar.xz ]]; then
+  echo "== the baseline build (scripts/gpu-bundle.sh --baseline), FP32 on cuda:0"
+  mkdir -p /tmp/hybridnn-gpu-baseline
+  if step "unpacking the baseline" 60 10 tar xJf .gpu/baseline.tar.xz -C /tmp/hybridnn-gpu-baseline; then
+    for net in $nets; do
+      LABEL=baseline TOOL=/tmp/hybridnn-gpu-baseline/bin/hybridnn time_net "$net" 10 120 15 \
+        --device cuda:0
+    done
+  fi
+fi
+
+echo "== PyTorch's twins: FP32 (TF32 off), its defaults (TF32 convolutions), BF16 autocast"
 # Python runs with the machine's own library path, not the bundle's.
 if [[ -n $ORIG_LD_LIBRARY_PATH ]]; then orig_env=(env LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH")
 else orig_env=(env -u LD_LIBRARY_PATH); fi
@@ -184,27 +220,70 @@ assert torch.cuda.is_available(), f"torch {torch.__version__} sees no CUDA devic
   fi
   why="$path: $(printf '%s\n' "$why" | tail -n 1)"
 done
-if [[ -z $py ]]; then
-  note "SKIPPED: PyTorch profile: $why"
-else
-  step "PyTorch profile" 240 60 "${orig_env[@]}" "$py" /tmp/hybridnn-gpu/py/gpu_profile.py --out "$OUT" \
-    --models "$M" --batch 32 --warmup 5 --iterations 20 --profile-iterations 3 --top 5 \
-    >"$OUT/pytorch-profile.log" 2>&1
+# pytorch BATCH NETS PROFILE_ITERATIONS MODES: bench/gpu_profile.py into $OUT/pytorch-bBATCH*.
+pytorch() {
+  local dir=$OUT/pytorch-b$1 rc
+  if [[ -z $py ]]; then
+    note "SKIPPED: PyTorch b$1: $why"
+    return
+  fi
+  step "PyTorch b$1 $2" 200 30 "${orig_env[@]}" "$py" /tmp/hybridnn-gpu/py/gpu_profile.py \
+    --out "$dir" --models "$M" --batch "$1" --nets "$2" --modes "$4" --warmup 5 \
+    --iterations 20 --profile-iterations "$3" --top 5 >"$dir.log" 2>&1
   rc=$?
-  grep -E '^(pytorch |  |SKIPPED|FAILED)' "$OUT/pytorch-profile.log"
-  grep -E '^(pytorch [a-z]|SKIPPED|FAILED)' "$OUT/pytorch-profile.log" | grep -v '^pytorch setup' |
-    sed 's/ (median of .*$//' >>"$OUT/summary.txt"
-  ((rc == 0 || rc == 125)) || note "PyTorch profile: exit $rc (last lines: $OUT/pytorch-profile.log)"
+  grep -E '^(pytorch |  |SKIPPED|FAILED)' "$dir.log"
+  grep -E '^(pytorch [a-z]|SKIPPED|FAILED)' "$dir.log" | grep -v '^pytorch setup' |
+    sed "s/ (median of .*\$//; s/^pytorch /pytorch b$1 /" >>"$OUT/summary.txt"
+  ((rc == 0 || rc == 125)) || note "PyTorch b$1: exit $rc (last lines: $dir.log)"
+}
+mkdir -p "$OUT/pytorch-b32" "$OUT/pytorch-b128"
+pytorch 32 caffenet,resnet50,mobilenet,googlenet,squeezenet 0 fp32,default,bf16
+
+echo "== cuDNN's heuristics instead of measured algorithms (FP32)"
+export HYBRIDNN_CUDNN_ALGO=heuristic
+for net in resnet50 bvlc_googlenet mobilenet_v1; do
+  LABEL=heuristic time_net "$net" 10 120 15 --device cuda:0
+done
+unset HYBRIDNN_CUDNN_ALGO
+
+if [[ -d .gpu/fashion ]]; then
+  echo "== LeNet on Fashion-MNIST on cuda:0 in each math mode"
+  mkdir -p /usr/share/datasets/fashion-mnist && cp .gpu/fashion/*.gz /usr/share/datasets/fashion-mnist/
+  for math in fp32 tf32 bf16; do
+    step "LeNet on Fashion-MNIST, $math" 100 20 $B/hybridnn train \
+      --solver examples/fashion_mnist/lenet_solver.prototxt --gpu 0 --math $math \
+      --metrics "$OUT/metrics-$math.jsonl" >"$OUT/train-$math.log" 2>&1
+    rc=$?
+    ((rc == 125)) || note "LeNet on Fashion-MNIST, --gpu 0 --math $math: exit $rc; $(grep 'accuracy =' "$OUT/train-$math.log" | tail -n 1 | sed 's/^ *//'); $(tail -n 1 "$OUT/train-$math.log")"
+  done
 fi
 
-echo "== the CPU alone, every core (2-3 iterations)"
+echo "== batch 128, each math mode"
+for net in resnet50 bvlc_googlenet; do
+  for math in fp32 tf32 bf16; do
+    time_net "$net" 5 120 25 --device cuda:0 --math $math --batch 128
+  done
+done
+pytorch 128 resnet50,googlenet 0 fp32,default,bf16
+
+echo "== PyTorch's profile of ResNet-50 (FP32, its defaults)"
+mkdir -p "$OUT/pytorch-profile"
+if [[ -n $py ]]; then
+  step "PyTorch profile" 120 40 "${orig_env[@]}" "$py" /tmp/hybridnn-gpu/py/gpu_profile.py \
+    --out "$OUT/pytorch-profile" --models "$M" --batch 32 --nets resnet50 --modes fp32,default \
+    --warmup 3 --iterations 5 --profile-iterations 3 --top 5 >"$OUT/pytorch-profile.log" 2>&1
+  grep -E '^(  |SKIPPED|FAILED)' "$OUT/pytorch-profile.log"
+fi
+
+echo "== --split auto and the CPU alone (issue 36; 2-3 iterations)"
+for net in $nets; do
+  time_net "$net" 5 120 20 --split auto
+done
 time_net bvlc_reference_caffenet 3 90 20 --device cpu
 time_net resnet50 2 150 30 --device cpu
 time_net mobilenet_v1 3 90 20 --device cpu
-
-echo "== fixed splits (5 iterations)"
 for net in $nets; do
-  for split in cuda:0:0.9,cpu:0.1 cuda:0:0.8,cpu:0.2; do
+  for split in cuda:0:0.95,cpu:0.05 cuda:0:0.9,cpu:0.1; do
     time_net "$net" 5 120 20 --split "$split"
   done
 done
@@ -216,14 +295,11 @@ if [[ -x $B/hybridnn-bench ]]; then
   [[ -n $peak ]] && note "cpu sgemm peak: $peak GFLOP/s (hybridnn-bench gemm; $OUT/cpu-gemm.jsonl)"
 fi
 
-if [[ -d .gpu/fashion ]]; then
-  echo "== LeNet on Fashion-MNIST, --gpu 0"
-  mkdir -p /usr/share/datasets/fashion-mnist && cp .gpu/fashion/*.gz /usr/share/datasets/fashion-mnist/
-  step "LeNet on Fashion-MNIST" 200 30 $B/hybridnn train --solver examples/fashion_mnist/lenet_solver.prototxt \
-    --gpu 0 --metrics "$OUT/metrics.jsonl" >"$OUT/train.log" 2>&1
-  rc=$?
-  tail -n 3 "$OUT/train.log"
-  ((rc == 125)) || note "LeNet on Fashion-MNIST, --gpu 0: exit $rc; $(tail -n 1 "$OUT/train.log")"
+echo "== the table (bench/gpu_table.py)"
+if [[ -n $py ]]; then
+  "${orig_env[@]}" "$py" /tmp/hybridnn-gpu/py/gpu_table.py "$OUT" | tee "$OUT/table.md"
+else
+  "${orig_env[@]}" python3 /tmp/hybridnn-gpu/py/gpu_table.py "$OUT" | tee "$OUT/table.md"
 fi
 
 echo "== summary ($SECONDS s of the ${BUDGET} s budget; logs and JSON lines in $OUT)"

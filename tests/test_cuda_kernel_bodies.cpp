@@ -24,6 +24,7 @@
 #include "lib/drivers/cuda/kernels/losses.cuh"
 #include "lib/drivers/cuda/kernels/lowering.cuh"
 #include "lib/drivers/cuda/kernels/lrn.cuh"
+#include "lib/drivers/cuda/kernels/norm_affine.cuh"
 #include "lib/drivers/cuda/kernels/pooling.cuh"
 #include "lib/drivers/cuda/kernels/reductions.cuh"
 #include "lib/drivers/cuda/kernels/softmax.cuh"
@@ -149,6 +150,34 @@ void device_bias_backward(const AxisShape& shape, const float* dy, float beta, f
     }
     cuda::bias_backward_finish(c, block_tree(values), beta, dbias);
   }
+}
+
+// Emulates norm_affine.cu's backward: every block's threads and trees, then the finish.
+void device_norm_affine_backward(const AxisShape& shape, const cuda::NormAffineBackward& p,
+                                 float* dgamma, float* dbeta) {
+  const index_t blocks = cuda::norm_blocks_per_channel(shape);
+  std::vector<double> partials(size_of(2 * shape.channels * blocks));
+  for (index_t c = 0; c < shape.channels; ++c) {
+    for (index_t b = 0; b < blocks; ++b) {
+      std::vector<double> dz(cuda::kReduceThreads), dz_normalised(cuda::kReduceThreads);
+      for (int t = 0; t < cuda::kReduceThreads; ++t) {
+        const cuda::NormSums sums = cuda::norm_affine_backward_partial(shape, p, c, b, t);
+        dz[t] = sums.dz;
+        dz_normalised[t] = sums.dz_normalised;
+      }
+      partials[size_of(2 * (c * blocks + b))] = block_tree(dz);
+      partials[size_of(2 * (c * blocks + b) + 1)] = block_tree(dz_normalised);
+    }
+  }
+  for (index_t c = 0; c < shape.channels; ++c)
+    cuda::norm_affine_backward_finish(c, blocks, partials.data(), dgamma, dbeta);
+}
+
+// Shapes for the fused normalisation: planes smaller and larger than a block, several blocks
+// per channel (outer * inner > kNormTermsPerBlock, and not a multiple of it), one channel.
+std::vector<AxisShape> norm_shapes() {
+  return {AxisShape{3, 5, 7}, AxisShape{2, 3, 300}, AxisShape{5, 2, 3001}, AxisShape{1, 1, 20011},
+          AxisShape{37, 4, 1}};
 }
 
 }  // namespace
@@ -514,6 +543,97 @@ TEST_CASE(
         }
         const double got = cuda::bias_backward_partial(c, t, shape, dy.data());
         CHECK(std::memcmp(&got, &expected, sizeof(double)) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "cuda norm_affine_forward body equals the reference's sequence of calls bitwise, with and "
+    "without beta, ReLU and normalised, in place too",
+    "[cuda-bodies]") {
+  auto ref = make_reference();
+  for (const AxisShape shape : norm_shapes()) {
+    const auto x = random_floats(size_of(shape.count()), 61, -3.0f, 3.0f);
+    const auto shift = random_floats(size_of(shape.channels), 62);
+    const auto inv_std = random_floats(size_of(shape.channels), 63, 0.5f, 2.0f);
+    const auto gamma = random_floats(size_of(shape.channels), 64);
+    const auto beta = random_floats(size_of(shape.channels), 65);
+    for (const bool with_beta : {false, true}) {
+      for (const bool relu : {false, true}) {
+        for (const bool in_place : {false, true}) {
+          INFO(shape.to_string() << " beta " << with_beta << " relu " << relu << " in place "
+                                 << in_place);
+          const float slope = relu ? 0.125f : 0.0f;
+          std::vector<float> n_expected(size_of(shape.count()), NAN), n_actual = n_expected;
+          std::vector<float> y_expected = x, y_actual = x;
+          ref->norm_affine_forward(shape, in_place ? y_expected.data() : x.data(), shift.data(),
+                                   inv_std.data(), gamma.data(), with_beta ? beta.data() : nullptr,
+                                   relu, slope, n_expected.data(), y_expected.data());
+          cuda::NormAffineForward p;
+          p.shift = shift.data();
+          p.inv_std = inv_std.data();
+          p.gamma = gamma.data();
+          p.beta = with_beta ? beta.data() : nullptr;
+          p.relu = relu;
+          p.slope = slope;
+          const float* input = in_place ? y_actual.data() : x.data();
+          for_each_index(shape.count(), [&](index_t i) {
+            cuda::norm_affine_forward_element(i, shape, p, input, n_actual.data(), y_actual.data());
+          });
+          REQUIRE(std::memcmp(y_actual.data(), y_expected.data(), y_actual.size() * 4) == 0);
+          REQUIRE(std::memcmp(n_actual.data(), n_expected.data(), n_actual.size() * 4) == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "cuda norm_affine_backward bodies equal the reference: dx bitwise, the sums accumulated, "
+    "any of dgamma, dbeta and dx null, dx on dy",
+    "[cuda-bodies]") {
+  auto ref = make_reference();
+  for (const AxisShape shape : norm_shapes()) {
+    const auto dy = random_floats(size_of(shape.count()), 71);
+    const auto y = random_floats(size_of(shape.count()), 72);
+    const auto normalised = random_floats(size_of(shape.count()), 73);
+    const auto dx_scale = random_floats(size_of(shape.channels), 74);
+    const auto prior = random_floats(size_of(shape.channels), 75);
+    for (const bool relu : {false, true}) {
+      for (int wanted = 1; wanted < 8; ++wanted) {  // bits: dgamma, dbeta, dx
+        for (const bool in_place : {false, true}) {
+          const bool want_dgamma = (wanted & 1) != 0, want_dbeta = (wanted & 2) != 0;
+          const bool want_dx = (wanted & 4) != 0;
+          if (in_place && !want_dx) continue;
+          INFO(shape.to_string() << " relu " << relu << " dgamma " << want_dgamma << " dbeta "
+                                 << want_dbeta << " dx " << want_dx << " in place " << in_place);
+          const float slope = relu ? 0.25f : 0.0f;
+          std::vector<float> g_expected = prior, g_actual = prior, b_expected = prior,
+                             b_actual = prior;
+          std::vector<float> dx_expected = dy, dx_actual = dy;
+          if (!in_place) {
+            std::fill(dx_expected.begin(), dx_expected.end(), NAN);
+            std::fill(dx_actual.begin(), dx_actual.end(), NAN);
+          }
+          ref->norm_affine_backward(
+              shape, in_place ? dx_expected.data() : dy.data(), y.data(), normalised.data(),
+              dx_scale.data(), relu, slope, want_dgamma ? g_expected.data() : nullptr,
+              want_dbeta ? b_expected.data() : nullptr, want_dx ? dx_expected.data() : nullptr);
+          cuda::NormAffineBackward p;
+          p.dy = in_place ? dx_actual.data() : dy.data();
+          p.y = relu ? y.data() : nullptr;
+          p.normalised = want_dgamma ? normalised.data() : nullptr;
+          p.dx_scale = dx_scale.data();
+          p.relu = relu;
+          p.slope = slope;
+          p.dx = want_dx ? dx_actual.data() : nullptr;
+          device_norm_affine_backward(shape, p, want_dgamma ? g_actual.data() : nullptr,
+                                      want_dbeta ? b_actual.data() : nullptr);
+          REQUIRE(std::memcmp(dx_actual.data(), dx_expected.data(), dx_actual.size() * 4) == 0);
+          REQUIRE(max_rel_diff(g_actual, g_expected) <= 1e-6);
+          REQUIRE(max_rel_diff(b_actual, b_expected) <= 1e-6);
+        }
       }
     }
   }

@@ -84,7 +84,26 @@ std::vector<FlagSpec> tune_flags() {
       {"fuse", FlagKind::text, "on|off",
        "run each in-place BatchNorm (stored statistics) + Scale [+ ReLU], and each Eltwise "
        "SUM + in-place ReLU, as one layer (default on)"},
+      {"math", FlagKind::text, "fp32|tf32|bf16",
+       "how GEMMs and convolutions may round inside a call: fp32 (full FP32), tf32 or bf16 "
+       "(tensor cores; storage stays FP32) (default: the prototxt's math, else fp32)"},
   };
+}
+
+std::optional<MathMode> chosen_math(const Args& args) {
+  if (!args.has("math")) return std::nullopt;
+  try {
+    return parse_math_mode(args.text("math"));
+  } catch (const Error& error) {
+    throw UsageError(fmt::format("--math: {}", error.what()));
+  }
+}
+
+void print_math_notes(const Net& net) {
+  const Communicator* comm = active_communicator();
+  if (comm != nullptr && comm->rank() != 0) return;
+  for (const std::string& note : net.math_notes())
+    fmt::print(stderr, "Note: {}\n", note);
 }
 
 bool chosen_fuse_layers(const Args& args) {
@@ -135,6 +154,7 @@ NetOptions net_options(const Args& args, Phase phase) {
   options.tune = chosen_tune(args);
   options.blocked_layout = chosen_blocked_layout(args);
   options.fuse_layers = chosen_fuse_layers(args);
+  options.math = chosen_math(args);
   return options;
 }
 

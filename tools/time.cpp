@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hybridnn/error.h"
@@ -153,6 +154,7 @@ int run_time(const Args& args) {
   configure_runtime(runtime, args);
   Net net(model, runtime, chosen_device(args), options);
   Driver& driver = net.driver();
+  print_math_notes(net);
   const int layers = net.num_layers();
   std::unique_ptr<detail::GradientSync> sync;
   if (ranks) sync = std::make_unique<detail::GradientSync>(net, comm, chosen_bucket_bytes(args));
@@ -188,7 +190,43 @@ int run_time(const Args& args) {
   const auto all_start = Clock::now();
   Timeline timeline(all_start);
   const bool tracing = !timeline_path.empty();
-  for (int it = 0; it < iterations; ++it) {
+  // On a driver with marks (a GPU's events) alone, the layers are timed on the device and
+  // the driver waited for once per iteration, as a training step does; else each layer is
+  // timed on the host, the driver synchronised after it.
+  std::unique_ptr<Driver::Marks> marks;
+  if (!split && !sync && !tracing) marks = driver.make_marks(2 * layers + 1);
+  for (int it = 0; it < iterations && marks; ++it) {
+    const auto iteration_start = Clock::now();
+    // Mark 0 starts the forward, mark i + 1 ends layer i's forward; then each backward's end.
+    marks->record(0);
+    for (int i = 0; i < layers; ++i) {
+      net.forward_layer(i);
+      marks->record(i + 1);
+    }
+    std::vector<std::pair<int, int>> backward_marks;  // (layer, its mark)
+    int next = layers + 1;
+    for (int i = layers - 1; i >= 0; --i) {
+      if (!net.layer_needs_backward(i)) continue;
+      net.backward_layer(i);
+      backward_marks.emplace_back(i, next);
+      marks->record(next++);
+    }
+    driver.synchronize();
+    for (int i = 0; i < layers; ++i)
+      forward_ms[i] += marks->elapsed_ms(i, i + 1);
+    int previous = layers;
+    for (const auto& [layer, mark] : backward_marks) {
+      backward_ms[layer] += marks->elapsed_ms(previous, mark);
+      previous = mark;
+    }
+    forward_total += marks->elapsed_ms(0, layers);
+    backward_total += marks->elapsed_ms(layers, previous);
+    if (!json) {
+      fmt::print("Iteration: {} forward-backward time: {:.3f} ms.\n", it + 1,
+                 milliseconds_since(iteration_start));
+    }
+  }
+  for (int it = 0; it < iterations && !marks; ++it) {
     const auto iteration_start = Clock::now();
     auto pass_start = Clock::now();
     for (int i = 0; i < layers; ++i) {
@@ -293,14 +331,16 @@ int run_time(const Args& args) {
                : fmt::format(R"(,"split_spec":{})",
                              json_string(args.has("split") ? args.text("split")
                                                            : "file " + args.text("split-file")));
-    fmt::print(R"({{"total":true,"model":{},"phase":"{}","device":{}{},"batch":{},"iterations":{},)"
+    fmt::print(R"({{"total":true,"model":{},"phase":"{}","device":{}{},"math":"{}","batch":{},)"
+               R"("iterations":{},)"
                R"("forward_ms":{},"backward_ms":{},"forward_backward_ms":{},"peak_rss_bytes":{},)"
                R"("param_bytes":{},"activation_bytes":{}{}}})"
                "\n",
                json_string(model), phase == Phase::train ? "train" : "test",
-               json_string(driver.name()), split_field, net.batch_size(), iterations,
-               json_number(forward_total / n), json_number(backward_total / n),
-               json_number(total_ms / n), peak_rss, param_bytes, activation_bytes, comm_fields);
+               json_string(driver.name()), split_field, math_mode_name(net.math_mode()),
+               net.batch_size(), iterations, json_number(forward_total / n),
+               json_number(backward_total / n), json_number(total_ms / n), peak_rss, param_bytes,
+               activation_bytes, comm_fields);
     return 0;
   }
   fmt::print("Average time per layer:\n");
@@ -347,7 +387,10 @@ Command time_command() {
       "[--json] [--data SRC] [--batch N] [flags]";
   command.details =
       "Runs one forward and backward to warm up, then times every layer's forward and\n"
-      "backward (the driver synchronised after each) and reports the means per iteration.\n"
+      "backward and reports the means per iteration: on a GPU from events on its stream,\n"
+      "waiting for it once per iteration (the total is the iteration's wall time); on a\n"
+      "CPU, with a split or with --timeline, on the host, the drivers synchronised after\n"
+      "each layer.\n"
       "The backward is complete, data gradients included (Caffe's force_backward), unless\n"
       "--no-force-backward. --json prints one line per layer {\"layer\",\"type\",\n"
       "\"forward_ms\",\"backward_ms\"} (convolutions add \"algorithm\", convolutions and\n"

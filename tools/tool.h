@@ -3,6 +3,7 @@
 // and formatting numbers for people and for JSON.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,9 +28,9 @@ std::vector<FlagSpec> device_flags();
 std::vector<FlagSpec> net_flags();
 NetOptions net_options(const Args& args, Phase phase);
 
-// --tune, --tune-cache, --layout, --fuse: the measured choice of algorithms
-// (lib/core/tune.h), the activations' layout (NetOptions::blocked_layout) and the fusion of
-// layers (NetOptions::fuse_layers).
+// --tune, --tune-cache, --layout, --fuse, --math: the measured choice of algorithms
+// (lib/core/tune.h), the activations' layout (NetOptions::blocked_layout), the fusion of
+// layers (NetOptions::fuse_layers) and the math mode (NetOptions::math).
 std::vector<FlagSpec> tune_flags();
 // TuneOptions of --tune (default cached) and --tune-cache; measured choices are reported on
 // stderr by rank 0 ("Tuned conv1 on cpu in 0.84 s: direct").
@@ -38,6 +39,10 @@ TuneOptions chosen_tune(const Args& args);
 bool chosen_blocked_layout(const Args& args);
 // Whether --fuse (default on) asks for NetOptions::fuse_layers.
 bool chosen_fuse_layers(const Args& args);
+// The --math mode (NetOptions::math; unset without the flag); and, by rank 0 on stderr, a
+// "Note: " line for each driver of `net` that computes something else in the net's mode.
+std::optional<MathMode> chosen_math(const Args& args);
+void print_math_notes(const Net& net);
 
 // Parses a --split SPEC with hn::Split::parse; throws UsageError quoting the flag. A bare
 // "auto" measures every available device but the reference driver (cpu and each cuda:N).

@@ -214,6 +214,7 @@ int run_train(const Args& args) {
   options.tune = chosen_tune(args);
   options.blocked_layout = chosen_blocked_layout(args);
   options.fuse_layers = chosen_fuse_layers(args);
+  options.math = chosen_math(args);
 
   Runtime runtime;
   configure_runtime(runtime, args);
@@ -222,6 +223,7 @@ int run_train(const Args& args) {
 
   Solver solver(solver_path, runtime, chosen_device(args), options);
   Driver& driver = solver.net().driver();
+  print_math_notes(solver.net());
   signals.attach(solver);
   // Caffe fails at the first snapshot when the prefix's directory is missing; create it.
   if (root) {

@@ -119,6 +119,18 @@ void Driver::synchronize() {
   do_synchronize();
 }
 
+std::unique_ptr<Driver::Marks> Driver::make_marks(int) {
+  return nullptr;
+}
+
+std::string Driver::math_note(MathMode mode) const {
+  if (mode == MathMode::fp32) return {};
+  return fmt::format(
+      "{} computes FP32 for {} math: it has no reduced-precision GEMM or "
+      "convolution",
+      name(), math_mode_name(mode));
+}
+
 // ---- GEMM --------------------------------------------------------------------------
 
 DriverOperands Driver::gemm_operands(Transpose trans_a, Transpose trans_b, index_t m, index_t n,

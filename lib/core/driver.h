@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "lib/core/device.h"
@@ -122,6 +123,31 @@ class Driver {
   const TransferStats& transfer_stats() const { return stats_; }
   void reset_transfer_stats() { stats_ = TransferStats{}; }
 
+  // ---- math mode ------------------------------------------------------------------------
+  // How the GEMMs and convolutions called from now on may round inside the call (MathMode,
+  // shapes.h); a Net sets its own before each layer it runs. FP32 by default.
+  void set_math_mode(MathMode mode) { math_mode_ = mode; }
+  MathMode math_mode() const { return math_mode_; }
+  // Empty when this driver computes `mode` as asked; else one line saying what it computes
+  // instead and why ("computes FP32: this CPU has no AVX512_BF16 or AMX").
+  virtual std::string math_note(MathMode mode) const;
+
+  // ---- timing on the driver's queue ----------------------------------------------------
+  // Marks recorded between calls as they are queued and read once the work is done: the
+  // time between two marks is the device's time for the calls between them, with no wait
+  // after each call (hybridnn time's per-layer table on a GPU). A driver whose calls return
+  // with their work done has none (host timers measure those): make_marks returns nullptr.
+  class Marks {
+   public:
+    virtual ~Marks() = default;
+    virtual int count() const = 0;
+    // Records mark `mark` (in [0, count())) after the calls queued so far.
+    virtual void record(int mark) = 0;
+    // Milliseconds between two recorded marks, once synchronize() has returned.
+    virtual double elapsed_ms(int from, int to) const = 0;
+  };
+  virtual std::unique_ptr<Marks> make_marks(int count);
+
   // ---- compute calls: the list, with each call's contract, is driver_calls.def ---------
 #define HN_CORE(RET, NAME, PARAMS, ARGS) RET NAME PARAMS;
 #define HN_OPTIONAL HN_CORE
@@ -158,6 +184,7 @@ class Driver {
 
   Device device_;
   TransferStats stats_;
+  MathMode math_mode_ = MathMode::fp32;
 };
 
 }  // namespace hn

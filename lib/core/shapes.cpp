@@ -1,11 +1,34 @@
 // Validation and derived sizes of the driver parameter structs.
 #include "lib/core/shapes.h"
 
+#include <cctype>
 #include <cmath>
 
 #include "lib/core/check.h"
 
 namespace hn {
+
+const char* math_mode_name(MathMode mode) {
+  switch (mode) {
+    case MathMode::tf32:
+      return "TF32";
+    case MathMode::bf16:
+      return "BF16";
+    case MathMode::fp32:
+      break;
+  }
+  return "FP32";
+}
+
+MathMode parse_math_mode(const std::string& text) {
+  std::string upper = text;
+  for (char& c : upper)
+    c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (const MathMode mode : {MathMode::fp32, MathMode::tf32, MathMode::bf16}) {
+    if (upper == math_mode_name(mode)) return mode;
+  }
+  detail::fail("math mode '{}': expected FP32, TF32 or BF16", text);
+}
 
 const char* layout_name(Layout layout) {
   switch (layout) {

@@ -12,6 +12,18 @@ using index_t = std::int64_t;
 
 enum class Transpose { no, yes };
 
+// How a driver's GEMMs and convolutions may round inside a call (Driver::set_math_mode);
+// tensors stay FP32 whatever the mode. fp32: full FP32 products and sums, the default.
+// tf32: products of TF32-rounded inputs (10-bit mantissa) summed in FP32, on tensor cores
+// (cuBLAS's and cuDNN's tensor-op math). bf16: products of BF16-rounded inputs summed in
+// FP32 (cuBLAS's FP32-storage BF16-compute GEMM; convolutions in TF32 where cuDNN has no
+// BF16 path from FP32 data; oneDNN's fpmath_mode bf16 on CPUs with AVX512_BF16 or AMX).
+// A driver without such hardware computes FP32 and says so (Driver::math_note).
+enum class MathMode { fp32, tf32, bf16 };
+const char* math_mode_name(MathMode mode);  // "FP32", "TF32", "BF16"
+// FP32, TF32 or BF16 in any case; an hn::Error naming the choices otherwise.
+MathMode parse_math_mode(const std::string& text);
+
 // How an image tensor [batch][channels][height][width] lies in memory. `nchw` is the
 // dense row-major order. `nchw16c` (oneDNN's nChw16c) groups channels by 16 and keeps each
 // group's 16 values of a pixel together: element (n, c, h, w) is at

@@ -29,6 +29,7 @@ void Net::Impl::fill_dummy(NetLayer& nl) {
 }
 
 void Net::Impl::forward_layer(int index) {
+  apply_math();
   NetLayer& nl = layers[index];
   mark_written(starts[static_cast<std::size_t>(index)].forward);
   if (nl.fused_into >= 0) return;  // the layer it is fused into does its work
@@ -178,6 +179,7 @@ void Net::Impl::calibrate_layer(int index) {
 }
 
 void Net::Impl::backward_layer(int index) {
+  apply_math();
   NetLayer& nl = layers[index];
   mark_written(starts[static_cast<std::size_t>(index)].backward);
   if (!nl.needs_backward || nl.fused_into >= 0) return;
@@ -283,6 +285,17 @@ Phase Net::phase() const {
 }
 Driver& Net::driver() const {
   return *impl_->driver;
+}
+MathMode Net::math_mode() const {
+  return impl_->math;
+}
+std::vector<std::string> Net::math_notes() const {
+  std::vector<std::string> notes;
+  for (const Driver* d : impl_->math_drivers) {
+    std::string note = d->math_note(impl_->math);
+    if (!note.empty()) notes.push_back(std::move(note));
+  }
+  return notes;
 }
 index_t Net::batch_size() const {
   return impl_->batch;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -94,6 +95,11 @@ struct NetOptions {
   // backward). Results equal the unfused layers' up to float rounding; the fused
   // BatchNorm and ReLU report no time of their own (layer_algorithm names the fusion).
   bool fuse_layers = true;
+  // How the net's GEMMs and convolutions may round inside a call (MathMode, shapes.h):
+  // unset, the prototxt's NetParameter `math` (FP32 by default). The Net sets it on its
+  // drivers before each layer; Net::math_notes says what a driver computes instead where it
+  // lacks the hardware. FP32 is bitwise the computation of a net without the setting.
+  std::optional<MathMode> math;
   // Model parallelism across ranks: InnerProduct layers, named here or marked
   // `model_parallel: true` in the prototxt, are cut by their outputs among the ranks of
   // `communicator` (not owned; null or one rank: no cut). Rank r holds outputs
@@ -203,6 +209,10 @@ class Net {
   const std::string& name() const;
   Phase phase() const;
   Driver& driver() const;
+  // NetOptions::math, else the prototxt's; and, one line per driver of the net that computes
+  // something else in that mode, what and why (Driver::math_note).
+  MathMode math_mode() const;
+  std::vector<std::string> math_notes() const;
   index_t batch_size() const;  // axis 0 of the first data (or Input) layer's first top
 
   // Runs every layer forward (data layers fetch their next batch) and returns the sum of

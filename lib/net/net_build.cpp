@@ -191,6 +191,21 @@ void Net::Impl::build(pb::NetParameter net) {
            "(or rename 'layers' to 'layer' with string types)",
            origin);
   if (net.force_backward()) options.force_backward = true;
+  if (options.math) {
+    math = *options.math;
+  } else {
+    switch (net.math()) {
+      case pb::NetParameter::TF32:
+        math = MathMode::tf32;
+        break;
+      case pb::NetParameter::BF16:
+        math = MathMode::bf16;
+        break;
+      default:
+        math = MathMode::fp32;
+    }
+  }
+  math_drivers = runtime->drivers();
   // The file's own state supplies level and stages the caller left unset (as in Caffe, the
   // phase is always the caller's).
   if (net.has_state()) {

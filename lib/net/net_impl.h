@@ -161,6 +161,8 @@ struct Net::Impl {
   Driver* driver = nullptr;
   Device device;       // the net's own device (its driver's, or made by provide_devices)
   std::string unmade;  // why provide_devices could not make some devices' drivers
+  MathMode math = MathMode::fp32;     // NetOptions::math, else the prototxt's
+  std::vector<Driver*> math_drivers;  // the Runtime's drivers when the net was built
   NetOptions options;
   std::string origin;  // the prototxt path or the caller's name for the text
   std::string name;
@@ -181,6 +183,12 @@ struct Net::Impl {
   void build(pb::NetParameter net);
   // Gives every device the net names a driver (Runtime::provide), and the net its own.
   void provide_devices(const pb::NetParameter& net);
+  // Sets the net's math mode on its drivers (before each layer: drivers may serve several
+  // nets).
+  void apply_math() const {
+    for (Driver* d : math_drivers)
+      d->set_math_mode(math);
+  }
   void add_layer(const pb::LayerParameter& param);
   int add_top(int layer_index, const std::string& top, const Shape& shape, int in_place_bottom);
   void decide_backward();

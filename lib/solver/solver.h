@@ -72,6 +72,8 @@ struct SolverOptions {
   // BatchNorm + Scale [+ ReLU] and Eltwise SUM + ReLU chains run as one layer
   // (NetOptions::fuse_layers).
   bool fuse_layers = true;
+  // The nets' math mode (NetOptions::math); unset: each net's prototxt decides.
+  std::optional<MathMode> math;
 };
 
 // What the Solver reports while it runs: one event per display interval (phase train) and

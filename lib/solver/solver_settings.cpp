@@ -131,6 +131,7 @@ void Solver::Impl::build_nets() {
   train_options.tune = agreed_tune(options.tune, *comm, *driver);
   train_options.blocked_layout = options.blocked_layout;
   train_options.fuse_layers = options.fuse_layers;
+  train_options.math = options.math;
   train_options.data_shard = comm->rank();
   train_options.data_shards = comm->size();
   train_options.communicator = comm;
@@ -165,6 +166,7 @@ void Solver::Impl::build_nets() {
     test_options.tune = agreed_tune(options.tune, *comm, *driver);
     test_options.blocked_layout = options.blocked_layout;
     test_options.fuse_layers = options.fuse_layers;
+    test_options.math = options.math;
     test_options.communicator = comm;
     std::unique_ptr<Net> test_net;
     if (i < p.test_net_param_size()) {

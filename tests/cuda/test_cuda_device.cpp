@@ -12,6 +12,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hybridnn/error.h"
@@ -69,10 +70,22 @@ void compare(Driver& gpu, Driver& ref, const std::vector<Values>& args,
              const std::vector<std::size_t>& outputs, double tolerance, Op op) {
   const auto got = run(gpu, args, op);
   const auto want = run(ref, args, op);
+  static int calls = 0;  // which comparison of a test case failed
+  INFO("comparison " << ++calls << " of this run");
   for (const std::size_t k : outputs) {
     INFO("argument " << k);
     if (tolerance == 0.0) {
-      CHECK(std::memcmp(got[k].data(), want[k].data(), got[k].size() * sizeof(float)) == 0);
+      // Bitwise; a failure says how many values differ and the first.
+      std::size_t differing = 0, first = 0;
+      for (std::size_t i = 0; i < got[k].size(); ++i) {
+        if (std::memcmp(&got[k][i], &want[k][i], sizeof(float)) == 0) continue;
+        if (differing++ == 0) first = i;
+      }
+      INFO(differing << " of " << got[k].size() << " values differ, the first at " << first << ": "
+                     << (differing ? got[k][first] : 0.0f) << " against "
+                     << (differing ? want[k][first] : 0.0f) << "; largest relative difference "
+                     << max_rel_diff(got[k], want[k]));
+      CHECK(differing == 0);
     } else {
       CHECK(max_rel_diff(got[k], want[k]) <= tolerance);
     }
@@ -239,7 +252,8 @@ TEST_CASE(
       const Values x = random_floats(n, 81, -2.0f, 2.0f), shift = random_floats(c, 82),
                    inv_std = random_floats(c, 83, 0.5f, 2.0f), gamma = random_floats(c, 84),
                    beta = random_floats(c, 85);
-      compare(*gpu, *ref, {x, shift, inv_std, gamma, beta, nans(n), nans(n)}, {5, 6}, 1e-6,
+      // Bitwise: each element rounds as the reference's unfused sequence of calls.
+      compare(*gpu, *ref, {x, shift, inv_std, gamma, beta, nans(n), nans(n)}, {5, 6}, 0.0,
               [&](Driver& d, const std::vector<float*>& p) {
                 d.norm_affine_forward(s, p[0], p[1], p[2], p[3], p[4], relu, 0.0f, p[5], p[6]);
               });
@@ -254,7 +268,7 @@ TEST_CASE(
       const Values dy = random_floats(n, 86), dx_scale = random_floats(c, 87, -2.0f, 2.0f),
                    dgamma = random_floats(c, 88), dbeta = random_floats(c, 89);
       const double sum_tolerance = 1e-5 * std::max(1.0, s.outer * s.inner / 64.0);
-      compare(*gpu, *ref, {dy, y, normalised, dx_scale, dgamma, dbeta, nans(n)}, {6}, 1e-6,
+      compare(*gpu, *ref, {dy, y, normalised, dx_scale, dgamma, dbeta, nans(n)}, {6}, 0.0,
               [&](Driver& d, const std::vector<float*>& p) {
                 d.norm_affine_backward(s, p[0], p[1], p[2], p[3], relu, 0.0f, p[4], p[5], p[6]);
               });
@@ -263,7 +277,7 @@ TEST_CASE(
                 d.norm_affine_backward(s, p[0], p[1], p[2], p[3], relu, 0.0f, p[4], p[5], p[6]);
               });
       // dx over dy, and the parameters' gradients alone.
-      compare(*gpu, *ref, {dy, y, dx_scale}, {0}, 1e-6,
+      compare(*gpu, *ref, {dy, y, dx_scale}, {0}, 0.0,
               [&](Driver& d, const std::vector<float*>& p) {
                 d.norm_affine_backward(s, p[0], p[1], nullptr, p[2], relu, 0.0f, nullptr, nullptr,
                                        p[0]);
@@ -275,6 +289,62 @@ TEST_CASE(
               });
     }
   }
+}
+
+namespace {
+
+// max |a - b| over max |b|: the error of a sum of products relative to its scale.
+double scaled_diff(const Values& a, const Values& b) {
+  double worst = 0.0, scale = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  return scale > 0.0 ? worst / scale : worst;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "cuda TF32 and BF16 math round GEMMs and convolutions within their precision of FP32, "
+    "and FP32 is bitwise FP32 again after them",
+    "[cuda]") {
+  auto gpu = make_gpu();
+  INFO(gpu->description());
+  const index_t m = 192, n = 160, k = 512;
+  const Values a = random_floats(size_of(m * k), 91), b = random_floats(size_of(k * n), 92);
+  const auto gemm = [&](Driver& d, const std::vector<float*>& p) {
+    d.gemm(Transpose::no, Transpose::no, m, n, k, 1.0f, p[0], k, p[1], n, 0.0f, p[2], n);
+  };
+  const LoweringShape s = hn::test::lowering(4, 32, 28, 28, 3, 3, 1, 1, 1, 1, 1, 1);
+  const index_t oc = 64;
+  const Values x = random_floats(size_of(s.image_count()), 93),
+               w = random_floats(size_of(oc * 32 * 9), 94);
+  const std::size_t yn = size_of(s.batch * oc * s.out_h() * s.out_w());
+  const auto conv = [&](Driver& d, const std::vector<float*>& p) {
+    d.conv_forward(s, oc, p[0], p[1], nullptr, p[2]);
+  };
+  const Values gemm_fp32 = run(*gpu, {a, b, nans(size_of(m * n))}, gemm)[2];
+  const Values conv_fp32 = run(*gpu, {x, w, nans(yn)}, conv)[2];
+  // Inputs rounded to 10 (TF32) or 7 (BF16) mantissa bits: each product is off by up to
+  // 2^-10 or 2^-7 of itself; the sums' errors partly cancel.
+  for (const auto& [mode, bound] :
+       {std::pair{hn::MathMode::tf32, 2e-3}, std::pair{hn::MathMode::bf16, 1.5e-2}}) {
+    INFO(hn::math_mode_name(mode) << " math; " << gpu->math_note(mode));
+    gpu->set_math_mode(mode);
+    const Values g = run(*gpu, {a, b, nans(size_of(m * n))}, gemm)[2];
+    const Values c = run(*gpu, {x, w, nans(yn)}, conv)[2];
+    CHECK(scaled_diff(g, gemm_fp32) <= bound);
+    // TF32 in both modes (cuDNN has no BF16); cuDNN may also find an FMA algorithm fastest.
+    CHECK(scaled_diff(c, conv_fp32) <= 2e-3);
+    // The GEMM's tensor cores did round: the result is not the FP32 one.
+    CHECK(scaled_diff(g, gemm_fp32) > 0.0);
+  }
+  gpu->set_math_mode(hn::MathMode::fp32);
+  const Values g = run(*gpu, {a, b, nans(size_of(m * n))}, gemm)[2];
+  const Values c = run(*gpu, {x, w, nans(yn)}, conv)[2];
+  CHECK(std::memcmp(g.data(), gemm_fp32.data(), g.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(c.data(), conv_fp32.data(), c.size() * sizeof(float)) == 0);
 }
 
 TEST_CASE("cuda activations equal the reference, in place too", "[cuda]") {

@@ -42,23 +42,40 @@ bool sums_directly(cudnnConvolutionBwdFilterAlgo_t a) {
          a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
 }
 
-// Of cuDNN's heuristic ranking, the first algorithm that runs in full FP32 (no TF32), sums
-// directly and is deterministic (a run must be reproducible); else the first that is FP32 and
-// sums directly; else the first FP32 one; else the first.
+// Whether an algorithm's math suits the driver's mode: in FP32 only full-FP32 (FMA) math;
+// in TF32 and BF16 tensor-op (TF32) math too.
+bool math_allowed(cudnnMathType_t math, MathMode mode) {
+  return math == CUDNN_FMA_MATH || mode != MathMode::fp32;
+}
+
+// Of cuDNN's ranking (by measured time, or its heuristics'), the first algorithm whose math
+// the mode allows, that sums directly and is deterministic (a run must be reproducible); else
+// the first allowed one that sums directly; else the first allowed one; else the first.
 template <class Perf>
-const Perf& pick_algorithm(const Perf* results, int count) {
+const Perf& pick_algorithm(const Perf* results, int count, MathMode mode) {
   const Perf* direct = nullptr;
-  const Perf* fp32 = nullptr;
+  const Perf* allowed = nullptr;
   for (int i = 0; i < count; ++i) {
     const Perf& r = results[i];
-    if (r.status != CUDNN_STATUS_SUCCESS || r.mathType != CUDNN_FMA_MATH) continue;
-    if (fp32 == nullptr) fp32 = &r;
+    if (r.status != CUDNN_STATUS_SUCCESS || !math_allowed(r.mathType, mode)) continue;
+    if (allowed == nullptr) allowed = &r;
     if (!sums_directly(r.algo)) continue;
     if (r.determinism == CUDNN_DETERMINISTIC) return r;
     if (direct == nullptr) direct = &r;
   }
   if (direct != nullptr) return *direct;
-  return fp32 != nullptr ? *fp32 : results[0];
+  return allowed != nullptr ? *allowed : results[0];
+}
+
+// True when pick_algorithm would choose an algorithm whose math the mode allows.
+template <class Perf>
+bool offers(const Perf* results, int count, MathMode mode) {
+  for (int i = 0; i < count; ++i) {
+    if (results[i].status == CUDNN_STATUS_SUCCESS && math_allowed(results[i].mathType, mode)) {
+      return true;
+    }
+  }
+  return false;
 }
 
 bool fits_int(index_t value) {
@@ -310,9 +327,10 @@ void* CudaDriver::conv_workspace(std::size_t bytes) {
 
 const ConvPlan& CudaDriver::conv_plan(const char* call, const LoweringShape& s,
                                       index_t out_channels) {
-  const ConvKey key = {s.batch,      s.channels,   s.height, s.width,     s.kernel_h,
-                       s.kernel_w,   s.pad_h,      s.pad_w,  s.stride_h,  s.stride_w,
-                       s.dilation_h, s.dilation_w, s.groups, out_channels};
+  const ConvKey key = {
+      s.batch,      s.channels,   s.height, s.width,      s.kernel_h,
+      s.kernel_w,   s.pad_h,      s.pad_w,  s.stride_h,   s.stride_w,
+      s.dilation_h, s.dilation_w, s.groups, out_channels, static_cast<index_t>(math_mode())};
   const auto found = conv_plans_.find(key);
   if (found != conv_plans_.end()) return found->second;
   ConvPlan plan = make_conv_plan(call, s, out_channels);
@@ -326,7 +344,8 @@ const ConvPlan& CudaDriver::conv_plan(const char* call, const LoweringShape& s,
 
 ConvPlan CudaDriver::make_conv_plan(const char* call, const LoweringShape& s,
                                     index_t out_channels) const {
-  const std::string what = fmt::format("{}: {} out_channels={}", call, s.to_string(), out_channels);
+  const std::string what = fmt::format("{}: {} out_channels={}, {} math", call, s.to_string(),
+                                       out_channels, math_mode_name(math_mode()));
   const index_t out_h = s.out_h(), out_w = s.out_w();
   HN_CHECK(cudnn_ != nullptr, "{}: cuDNN is off (HYBRIDNN_CUDNN=0)", what);
   HN_CHECK(fits_int(s.image_count()) && fits_int(s.batch * out_channels * out_h * out_w) &&
@@ -351,15 +370,18 @@ ConvPlan CudaDriver::make_conv_plan(const char* call, const LoweringShape& s,
   check_dnn(cudnnCreateConvolutionDescriptor(&conv), "cudnnCreateConvolutionDescriptor", "{}",
             what);
   plan.conv.reset(conv);
-  // Caffe's layers compute a cross-correlation, in FP32 (FMA math: no TF32 tensor cores).
+  // Caffe's layers compute a cross-correlation: in FP32 with FMA math (no TF32 tensor
+  // cores); in TF32 and BF16 math on tensor cores where an algorithm has them (cuDNN has no
+  // BF16 path from FP32 data: BF16 runs the convolutions in TF32).
   check_dnn(cudnnSetConvolution2dDescriptor(conv, i(s.pad_h), i(s.pad_w), i(s.stride_h),
                                             i(s.stride_w), i(s.dilation_h), i(s.dilation_w),
                                             CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
             "cudnnSetConvolution2dDescriptor", "{}", what);
   check_dnn(cudnnSetConvolutionGroupCount(conv, i(s.groups)), "cudnnSetConvolutionGroupCount", "{}",
             what);
-  check_dnn(cudnnSetConvolutionMathType(conv, CUDNN_FMA_MATH), "cudnnSetConvolutionMathType", "{}",
-            what);
+  check_dnn(cudnnSetConvolutionMathType(
+                conv, math_mode() == MathMode::fp32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH),
+            "cudnnSetConvolutionMathType", "{}", what);
   int dims[4] = {0, 0, 0, 0};
   check_dnn(cudnnGetConvolutionNdForwardOutputDim(conv, plan.x.get(), plan.w.get(), 4, dims),
             "cudnnGetConvolutionNdForwardOutputDim", "{}", what);
@@ -372,12 +394,21 @@ ConvPlan CudaDriver::make_conv_plan(const char* call, const LoweringShape& s,
   int count = 0;
   {
     cudnnConvolutionFwdAlgoPerf_t results[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    check_dnn(cudnnGetConvolutionForwardAlgorithm_v7(handle, plan.x.get(), plan.w.get(), conv,
-                                                     plan.y.get(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-                                                     &count, results),
-              "cudnnGetConvolutionForwardAlgorithm_v7", "{}", what);
+    const bool found =
+        cudnn_find_ &&
+        cudnnFindConvolutionForwardAlgorithm(handle, plan.x.get(), plan.w.get(), conv, plan.y.get(),
+                                             CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count,
+                                             results) == CUDNN_STATUS_SUCCESS &&
+        offers(results, count, math_mode());
+    if (!found) {
+      cudaGetLastError();  // a failed measurement leaves the heuristics to choose
+      check_dnn(cudnnGetConvolutionForwardAlgorithm_v7(
+                    handle, plan.x.get(), plan.w.get(), conv, plan.y.get(),
+                    CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, results),
+                "cudnnGetConvolutionForwardAlgorithm_v7", "{}", what);
+    }
     HN_CHECK(count > 0, "{}: cuDNN offers no forward algorithm", what);
-    const auto& best = pick_algorithm(results, count);
+    const auto& best = pick_algorithm(results, count, math_mode());
     plan.forward_algo = best.algo;
     check_dnn(cudnnGetConvolutionForwardWorkspaceSize(handle, plan.x.get(), plan.w.get(), conv,
                                                       plan.y.get(), best.algo, &plan.forward_bytes),
@@ -385,12 +416,21 @@ ConvPlan CudaDriver::make_conv_plan(const char* call, const LoweringShape& s,
   }
   {
     cudnnConvolutionBwdDataAlgoPerf_t results[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    check_dnn(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-                  handle, plan.w.get(), plan.y.get(), conv, plan.x.get(),
-                  CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, results),
-              "cudnnGetConvolutionBackwardDataAlgorithm_v7", "{}", what);
+    const bool found =
+        cudnn_find_ &&
+        cudnnFindConvolutionBackwardDataAlgorithm(
+            handle, plan.w.get(), plan.y.get(), conv, plan.x.get(),
+            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, results) == CUDNN_STATUS_SUCCESS &&
+        offers(results, count, math_mode());
+    if (!found) {
+      cudaGetLastError();
+      check_dnn(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                    handle, plan.w.get(), plan.y.get(), conv, plan.x.get(),
+                    CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, results),
+                "cudnnGetConvolutionBackwardDataAlgorithm_v7", "{}", what);
+    }
     HN_CHECK(count > 0, "{}: cuDNN offers no backward data algorithm", what);
-    const auto& best = pick_algorithm(results, count);
+    const auto& best = pick_algorithm(results, count, math_mode());
     plan.data_algo = best.algo;
     check_dnn(
         cudnnGetConvolutionBackwardDataWorkspaceSize(handle, plan.w.get(), plan.y.get(), conv,
@@ -399,12 +439,21 @@ ConvPlan CudaDriver::make_conv_plan(const char* call, const LoweringShape& s,
   }
   {
     cudnnConvolutionBwdFilterAlgoPerf_t results[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    check_dnn(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-                  handle, plan.x.get(), plan.y.get(), conv, plan.w.get(),
-                  CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, results),
-              "cudnnGetConvolutionBackwardFilterAlgorithm_v7", "{}", what);
+    const bool found =
+        cudnn_find_ &&
+        cudnnFindConvolutionBackwardFilterAlgorithm(
+            handle, plan.x.get(), plan.y.get(), conv, plan.w.get(),
+            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, results) == CUDNN_STATUS_SUCCESS &&
+        offers(results, count, math_mode());
+    if (!found) {
+      cudaGetLastError();
+      check_dnn(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                    handle, plan.x.get(), plan.y.get(), conv, plan.w.get(),
+                    CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, results),
+                "cudnnGetConvolutionBackwardFilterAlgorithm_v7", "{}", what);
+    }
     HN_CHECK(count > 0, "{}: cuDNN offers no backward filter algorithm", what);
-    const auto& best = pick_algorithm(results, count);
+    const auto& best = pick_algorithm(results, count, math_mode());
     plan.filter_algo = best.algo;
     check_dnn(
         cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, plan.x.get(), plan.y.get(), conv,

@@ -28,6 +28,7 @@
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "lib/core/check.h"
 #include "lib/drivers/cuda/cuda_internal.h"
@@ -50,6 +51,13 @@ constexpr std::size_t kMaxStaging = std::size_t{32} << 20;
 bool cudnn_wanted() {
   const char* value = std::getenv("HYBRIDNN_CUDNN");
   return value == nullptr || std::strcmp(value, "0") != 0;
+}
+
+// cuDNN's algorithms for a convolution shape are chosen by measuring them once
+// (cudnnFind*), unless HYBRIDNN_CUDNN_ALGO=heuristic leaves the choice to its heuristics.
+bool cudnn_measures() {
+  const char* value = std::getenv("HYBRIDNN_CUDNN_ALGO");
+  return value == nullptr || std::strcmp(value, "heuristic") != 0;
 }
 
 bool cudnn_for_depthwise() {
@@ -103,6 +111,7 @@ const Cublas& cublas() {
     resolve(t.set_stream, HN_CUBLAS_NAME(cublasSetStream));
     resolve(t.get_version, HN_CUBLAS_NAME(cublasGetVersion));
     resolve(t.sgemm, HN_CUBLAS_NAME(cublasSgemm_64));
+    resolve(t.gemm_ex, HN_CUBLAS_NAME(cublasGemmEx_64));
     resolve(t.status_name, HN_CUBLAS_NAME(cublasGetStatusName));
     resolve(t.status_string, HN_CUBLAS_NAME(cublasGetStatusString));
     return t;  // the library stays loaded for the process
@@ -152,6 +161,7 @@ CudaDriver::CudaDriver(const Device& device) : Driver(device), ordinal_(device.i
   launched(cuda::launch_reset_label_error(stream, label_error()), "label error record reset",
            "device {}", ordinal_);
 
+  compute_major_ = props.major;
   description_ = fmt::format("{}: {} (sm_{}{}, {} MiB), cuBLAS {}", name(), props.name, props.major,
                              props.minor, props.totalGlobalMem >> 20, blas_version);
 #if HYBRIDNN_WITH_CUDNN
@@ -162,9 +172,11 @@ CudaDriver::CudaDriver(const Device& device) : Driver(device), ordinal_(device.i
     cudnn_.reset(dnn);
     check_dnn(cudnnSetStream(dnn, stream), "cudnnSetStream", "driver stream");
     cudnn_depthwise_ = cudnn_for_depthwise();
+    cudnn_find_ = cudnn_measures();
     description_ += fmt::format(
-        ", cuDNN {} (softmax, cross-channel LRN, convolution{})", cudnnGetVersion(),
-        cudnn_depthwise_ ? ", depthwise too" : " except depthwise: HYBRIDNN_CUDNN=own-depthwise");
+        ", cuDNN {} (softmax, cross-channel LRN, convolution{}; {})", cudnnGetVersion(),
+        cudnn_depthwise_ ? ", depthwise too" : " except depthwise: HYBRIDNN_CUDNN=own-depthwise",
+        cudnn_find_ ? "algorithms measured" : "algorithms by heuristics: HYBRIDNN_CUDNN_ALGO");
   } else {
     description_ += ", cuDNN off (HYBRIDNN_CUDNN=0)";
   }
@@ -298,6 +310,61 @@ void CudaDriver::do_synchronize() {
   check(cudaStreamSynchronize(stream()), "synchronize: cudaStreamSynchronize", "stream of {}",
         name());
   report_label_error();
+}
+
+// ---- marks: CUDA events with timing ------------------------------------------------
+
+class CudaMarks final : public Driver::Marks {
+ public:
+  CudaMarks(CudaDriver& driver, int count) : driver_(driver), events_(count) {
+    driver_.activate();
+    for (EventHandle& event : events_) {
+      cudaEvent_t created = nullptr;
+      driver_.check(cudaEventCreate(&created), "cudaEventCreate", "{} marks", count);
+      event.reset(created);
+    }
+  }
+  int count() const override { return static_cast<int>(events_.size()); }
+  void record(int mark) override {
+    HN_CHECK(mark >= 0 && mark < count(), "{}: mark {} of {}", driver_.name(), mark, count());
+    driver_.activate();
+    driver_.check(cudaEventRecord(events_[mark].get(), driver_.stream()), "cudaEventRecord",
+                  "mark {}", mark);
+  }
+  double elapsed_ms(int from, int to) const override {
+    HN_CHECK(from >= 0 && from < count() && to >= 0 && to < count(), "{}: marks {} and {} of {}",
+             driver_.name(), from, to, count());
+    float ms = 0.0f;
+    driver_.check(cudaEventElapsedTime(&ms, events_[from].get(), events_[to].get()),
+                  "cudaEventElapsedTime", "marks {} and {}", from, to);
+    return ms;
+  }
+
+ private:
+  CudaDriver& driver_;
+  std::vector<EventHandle> events_;
+};
+
+// TF32 and BF16 tensor cores came with compute capability 8 (Ampere); older GPUs compute
+// those modes in FP32. cuDNN has no BF16 convolution of FP32 data: BF16 runs them in TF32.
+std::string CudaDriver::math_note(MathMode mode) const {
+  if (mode == MathMode::fp32) return {};
+  if (compute_major_ < 8) {
+    return fmt::format("{} computes FP32 for {} math: sm_{}x has no TF32 or BF16 tensor cores",
+                       name(), math_mode_name(mode), compute_major_);
+  }
+  if (mode == MathMode::bf16) {
+    return fmt::format(
+        "{}: BF16 math for GEMMs; convolutions in TF32 (cuDNN has no BF16 "
+        "convolution of FP32 data)",
+        name());
+  }
+  return {};
+}
+
+std::unique_ptr<Driver::Marks> CudaDriver::make_marks(int count) {
+  HN_CHECK(count >= 0, "{}: {} marks", name(), count);
+  return std::make_unique<CudaMarks>(*this, count);
 }
 
 // A thread may drive several GPUs: make this driver's GPU current before any call.

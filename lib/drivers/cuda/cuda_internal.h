@@ -47,6 +47,7 @@ struct Cublas {
   decltype(&cublasSetStream) set_stream = nullptr;
   decltype(&cublasGetVersion) get_version = nullptr;
   decltype(&cublasSgemm_64) sgemm = nullptr;
+  decltype(&cublasGemmEx_64) gemm_ex = nullptr;
   decltype(&cublasGetStatusName) status_name = nullptr;
   decltype(&cublasGetStatusString) status_string = nullptr;
 };
@@ -112,8 +113,9 @@ struct ConvPlan {
   std::size_t forward_bytes = 0, data_bytes = 0, filter_bytes = 0;
 };
 
-// A convolution shape and its output channels: the key of the plan cache (conv_plan).
-using ConvKey = std::array<index_t, 14>;
+// A convolution shape, its output channels and the math mode: the key of the plan cache
+// (conv_plan).
+using ConvKey = std::array<index_t, 15>;
 #endif
 
 inline std::size_t float_bytes(index_t n) {
@@ -130,6 +132,9 @@ class CudaDriver final : public Driver {
   MemorySpace memory_space() const override { return this; }
   std::string description() const override { return description_; }
   bool owns(const void* address, std::size_t bytes) const override;
+  // CUDA events on the driver's stream (cuda_driver.cpp).
+  std::unique_ptr<Marks> make_marks(int count) override;
+  std::string math_note(MathMode mode) const override;
 
  protected:
   // ---- cuda_driver.cpp: memory, copies, synchronize -----------------------------------
@@ -162,6 +167,9 @@ class CudaDriver final : public Driver {
                        index_t dst_ld) override;
   void do_scale_channels(const AxisShape& shape, const float* scale, const float* x,
                          float* y) override;
+  void do_norm_affine_forward(const AxisShape& shape, const float* x, const float* shift,
+                              const float* inv_std, const float* gamma, const float* beta,
+                              bool relu, float slope, float* normalised, float* y) override;
   void do_norm_affine_backward(const AxisShape& shape, const float* dy, const float* y,
                                const float* normalised, const float* dx_scale, bool relu,
                                float slope, float* dgamma, float* dbeta, float* dx) override;
@@ -223,6 +231,7 @@ class CudaDriver final : public Driver {
                         float* history, float* history2) override;
 
  private:
+  friend class CudaMarks;
   static constexpr std::size_t kReduceScratchBytes =
       cuda::kReduceMaxBlocks * sizeof(double) + sizeof(double);
 
@@ -308,6 +317,8 @@ class CudaDriver final : public Driver {
 #if HYBRIDNN_WITH_CUDNN
   CudnnHandle cudnn_;
   bool cudnn_depthwise_ = false;  // cuDNN runs depthwise convolutions too (the default)
+  bool cudnn_find_ = false;       // convolution algorithms measured (the default)
+  int compute_major_ = 0;         // the GPU's compute capability, major: TF32 from 8
   std::map<ConvKey, ConvPlan> conv_plans_;
   std::vector<ConvKey> conv_plan_order_;  // insertion order, for eviction
 #endif

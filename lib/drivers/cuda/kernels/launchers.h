@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "lib/core/shapes.h"
@@ -12,6 +13,7 @@
 #include "lib/drivers/cuda/kernels/depthwise.cuh"
 #include "lib/drivers/cuda/kernels/losses.cuh"
 #include "lib/drivers/cuda/kernels/lowering.cuh"
+#include "lib/drivers/cuda/kernels/norm_affine.cuh"
 #include "lib/drivers/cuda/kernels/pooling.cuh"
 #include "lib/drivers/cuda/kernels/reductions.cuh"
 
@@ -66,6 +68,16 @@ cudaError_t launch_reduce(cudaStream_t stream, ReduceOp op, index_t n, const flo
                           const float* y, double* partials, float* result);
 cudaError_t launch_bias_backward(cudaStream_t stream, const AxisShape& shape, const float* dy,
                                  float beta, float* dbias);
+
+// norm_affine.cu. The backward's `partials` hold norm_affine_partials_bytes(shape) of device
+// scratch; dgamma and dbeta accumulate (either may be null), dx (in p) is overwritten.
+cudaError_t launch_norm_affine_forward(cudaStream_t stream, const AxisShape& shape,
+                                       const NormAffineForward& p, const float* x,
+                                       float* normalised, float* y);
+std::size_t norm_affine_partials_bytes(const AxisShape& shape);
+cudaError_t launch_norm_affine_backward(cudaStream_t stream, const AxisShape& shape,
+                                        const NormAffineBackward& p, double* partials,
+                                        float* dgamma, float* dbeta);
 
 // activations.cu
 cudaError_t launch_bias_forward(cudaStream_t stream, const AxisShape& shape, const float* bias,
