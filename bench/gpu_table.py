@@ -9,8 +9,10 @@ PyTorch twins' OUT_DIR/pytorch-bN/pytorch-times.jsonl (bench/gpu_profile.py), an
 markdown: per net and batch, hybridnn on cuda:0 in each math mode beside PyTorch's matching
 mode (FP32 with TF32 off; TF32 against PyTorch's defaults, TF32 convolutions; BF16 against
 BF16 autocast with channels_last) and the ratio hybridnn / PyTorch (below 1: hybridnn is
-faster); then, where the call ran them, FP32 with cuDNN's heuristics and with the baseline
-build. Times are ms per iteration, forward and full backward.
+faster); then, where the call ran them, FP32 with cuDNN's algorithms measured
+(HYBRIDNN_CUDNN_ALGO=find), with non-deterministic ones allowed
+(HYBRIDNN_CUDNN_DETERMINISTIC=0) and with the baseline build. Times are ms per iteration,
+forward and full backward.
 """
 
 import glob
@@ -25,7 +27,7 @@ KEYS = {"bvlc_reference_caffenet": "caffenet", "resnet50": "resnet50",
 ORDER = ["caffenet", "googlenet", "resnet50", "mobilenet", "squeezenet"]
 # hybridnn's math mode -> the PyTorch mode it is compared with.
 PEERS = {"FP32": "fp32", "TF32": "default", "BF16": "bf16"}
-LABELS = ("baseline", "heuristic")
+LABELS = ("baseline", "find", "nondet")
 
 
 def totals(out):
@@ -96,13 +98,15 @@ def main():
         print("| " + " | ".join(cells) + " |")
     extra = sorted({(k, b) for (label, k, b, _) in ours if label})
     if extra:
-        print("\nFP32 on cuda:0: this build, with cuDNN's heuristics "
-              "(HYBRIDNN_CUDNN_ALGO=heuristic), and the baseline build\n")
-        print("| net | batch | this build | heuristics | baseline |")
-        print("|---|---|---|---|---|")
+        print("\nFP32 on cuda:0: this build; cuDNN's algorithms measured "
+              "(HYBRIDNN_CUDNN_ALGO=find); non-deterministic ones allowed "
+              "(HYBRIDNN_CUDNN_DETERMINISTIC=0); the baseline build\n")
+        print("| net | batch | this build | measured | non-deterministic | baseline |")
+        print("|---|---|---|---|---|---|")
         for key, batch in extra:
             print(f"| {key} | {batch} | {cell(ours.get(('', key, batch, 'FP32')))} | "
-                  f"{cell(ours.get(('heuristic', key, batch, 'FP32')))} | "
+                  f"{cell(ours.get(('find', key, batch, 'FP32')))} | "
+                  f"{cell(ours.get(('nondet', key, batch, 'FP32')))} | "
                   f"{cell(ours.get(('baseline', key, batch, 'FP32')))} |")
     return 0
 

@@ -20,8 +20,8 @@
 # SqueezeNet v1.1 (batch 32, forward + backward) with `hybridnn time` on cuda:0 in each math
 # mode (--math fp32, tf32, bf16; the FP32 per-layer tables kept); the baseline tool, if any;
 # PyTorch's twins (bench/gpu_profile.py: FP32 with TF32 off, its defaults, BF16 autocast with
-# channels_last; SKIPPED without PyTorch or CUDA); FP32 with cuDNN's heuristics instead of
-# measured algorithms; with --data, LeNet trained on Fashion-MNIST on cuda:0 in each mode;
+# channels_last; SKIPPED without PyTorch or CUDA); FP32 with cuDNN's algorithms measured
+# (HYBRIDNN_CUDNN_ALGO=find) and with non-deterministic ones allowed; with --data, LeNet trained on Fashion-MNIST on cuda:0 in each mode;
 # ResNet-50 and GoogLeNet at batch 128 in each mode, and their twins; torch.profiler's top
 # kernels and per-op table of ResNet-50; --split auto, the CPU alone and the fixed splits
 # cuda:0:0.95,cpu:0.05 and cuda:0:0.9,cpu:0.1 (issue 36); hybridnn-bench gemm (the CPU's
@@ -133,7 +133,7 @@ layers() {
 }
 # time_net NET ITERATIONS MAX MIN ARGS...: `hybridnn time` forward + backward at batch 32
 # unless ARGS say --batch, its JSON lines in $OUT/[LABEL]NET<ARGS without ':, -.'>.jsonl
-# (names without ':' come back), a summary line. LABEL (baseline, heuristic) prefixes the
+# (names without ':' come back), a summary line. LABEL (baseline, find, nondet) prefixes the
 # log and the line; TOOL replaces the bundle's tool (the baseline's).
 time_net() {
   local net=$1 iterations=$2 max=$3 min=$4 log ms rc why batch=(--batch 32)
@@ -239,12 +239,17 @@ pytorch() {
 mkdir -p "$OUT/pytorch-b32" "$OUT/pytorch-b128"
 pytorch 32 caffenet,resnet50,mobilenet,googlenet,squeezenet 0 fp32,default,bf16
 
-echo "== cuDNN's heuristics instead of measured algorithms (FP32)"
-export HYBRIDNN_CUDNN_ALGO=heuristic
+echo "== cuDNN's algorithms measured, and non-deterministic ones allowed (FP32)"
+export HYBRIDNN_CUDNN_ALGO=find
 for net in resnet50 bvlc_googlenet mobilenet_v1; do
-  LABEL=heuristic time_net "$net" 10 120 15 --device cuda:0
+  LABEL=find time_net "$net" 10 120 15 --device cuda:0
 done
 unset HYBRIDNN_CUDNN_ALGO
+export HYBRIDNN_CUDNN_DETERMINISTIC=0
+for net in resnet50 bvlc_googlenet mobilenet_v1; do
+  LABEL=nondet time_net "$net" 10 120 15 --device cuda:0
+done
+unset HYBRIDNN_CUDNN_DETERMINISTIC
 
 if [[ -d .gpu/fashion ]]; then
   echo "== LeNet on Fashion-MNIST on cuda:0 in each math mode"

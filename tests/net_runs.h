@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,12 +45,15 @@ inline std::vector<std::vector<float>> param_gradients(const Net& net) {
   return gradients;
 }
 
-// `file` in HYBRIDNN_MODELS_DIR on `source` at `batch`, on `main` with `split` ("" = none).
+// `file` in HYBRIDNN_MODELS_DIR on `source` at `batch`, on `main` with `split` ("" = none)
+// in math mode `math` (unset: the prototxt's).
 inline NetGradients net_gradients(Runtime& runtime, Driver& main, const std::string& file,
                                   const std::string& source, int batch, const std::string& split,
-                                  const TuneOptions& tune = {}) {
+                                  const TuneOptions& tune = {},
+                                  std::optional<MathMode> math = std::nullopt) {
   NetOptions options;
   options.tune = tune;
+  options.math = math;
   options.data_source = source;
   options.mean_file = "none";
   options.batch_size = batch;

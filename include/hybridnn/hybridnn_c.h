@@ -207,6 +207,8 @@ HN_API hn_status hn_layer_backward(hn_layer* layer, hn_driver* driver, hn_tensor
  *   tune_cache     file of the measured choices
  *   layout         nchw (default) | blocked (nChw16c/8c between CPU layers)
  *   fuse           on (default) | off
+ *   math           FP32 | TF32 | BF16: how GEMMs and convolutions may round inside a call
+ *                  (default: the prototxt's `math`, else FP32; tensors stay FP32)
  *   weights        a .caffemodel to copy weights from (comma-separated: several)
  */
 HN_API hn_status hn_net_options_create(hn_net_options** out);
@@ -258,7 +260,7 @@ HN_API hn_status hn_net_calibrate_splits(hn_net* net);
  *   max_iter               replaces the solver's
  *   seed                   the random seed
  *   split, split_file      the hybrid split of the training and test nets
- *   tune, tune_cache, layout, fuse   as the net options
+ *   tune, tune_cache, layout, fuse, math   as the net options
  *   bucket_bytes           gradient bucket size for the allreduce (default 25 MiB)
  * and a communicator (hn_solver_options_set_communicator) for data parallelism. */
 HN_API hn_status hn_solver_options_create(hn_solver_options** out);

@@ -15,6 +15,7 @@
 #include <exception>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -91,7 +92,8 @@ bool layout_of(const std::string& key, const std::string& value) {
 
 // The options a net and a solver share; false when `key` is not one of them.
 bool set_common(const std::string& key, const std::string& value, hn::Split& split,
-                hn::LayerSplits& layer_splits, hn::TuneOptions& tune, bool& blocked, bool& fuse) {
+                hn::LayerSplits& layer_splits, hn::TuneOptions& tune, bool& blocked, bool& fuse,
+                std::optional<hn::MathMode>& math) {
   if (key == "split") {
     split = value.empty() ? hn::Split() : hn::Split::parse(value);
   } else if (key == "split_file") {
@@ -104,6 +106,8 @@ bool set_common(const std::string& key, const std::string& value, hn::Split& spl
     blocked = layout_of(key, value);
   } else if (key == "fuse") {
     fuse = on_off(key, value);
+  } else if (key == "math") {
+    math = hn::parse_math_mode(value);
   } else {
     return false;
   }

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -104,7 +105,8 @@ bool on_off(const std::string& key, const std::string& value);
 long long integer(const std::string& key, const std::string& value, long long min, long long max);
 void check_file(const std::string& path, const char* what);
 bool set_common(const std::string& key, const std::string& value, hn::Split& split,
-                hn::LayerSplits& layer_splits, hn::TuneOptions& tune, bool& blocked, bool& fuse);
+                hn::LayerSplits& layer_splits, hn::TuneOptions& tune, bool& blocked, bool& fuse,
+                std::optional<hn::MathMode>& math);
 
 struct RuntimeBox {
   hn::Runtime runtime;

@@ -25,7 +25,7 @@ namespace {
 
 const char* const kNetKeys =
     "phase, level, stage, batch, data, mean_file, force_backward, reuse_memory, keep_blobs, "
-    "seed, split, split_file, tune, tune_cache, layout, fuse, weights";
+    "seed, split, split_file, tune, tune_cache, layout, fuse, math, weights";
 
 hn::Phase phase_of(const std::string& key, const std::string& value) {
   if (value == "train") return hn::Phase::train;
@@ -106,7 +106,8 @@ hn_status hn_net_options_set(hn_net_options* options, const char* key, const cha
     const std::string k = checked_text(key, "hn_net_options_set: key");
     const std::string v = checked_text(value, "hn_net_options_set: value");
     hn::NetOptions& n = o.options;
-    if (set_common(k, v, n.split, n.layer_splits, n.tune, n.blocked_layout, n.fuse_layers)) return;
+    if (set_common(k, v, n.split, n.layer_splits, n.tune, n.blocked_layout, n.fuse_layers, n.math))
+      return;
     if (k == "phase") {
       n.state.phase = phase_of(k, v);
     } else if (k == "level") {

@@ -45,7 +45,7 @@ namespace {
 
 const char* const kSolverKeys =
     "train_data, test_data, mean_file, snapshot_prefix, max_iter, seed, split, split_file, "
-    "tune, tune_cache, layout, fuse, bucket_bytes";
+    "tune, tune_cache, layout, fuse, math, bucket_bytes";
 
 struct SolverBox {
   std::shared_ptr<RuntimeBox> runtime;
@@ -84,7 +84,8 @@ hn_status hn_solver_options_set(hn_solver_options* options, const char* key, con
     hn::SolverOptions& s = checked(options, "hn_solver_options_set").options;
     const std::string k = checked_text(key, "hn_solver_options_set: key");
     const std::string v = checked_text(value, "hn_solver_options_set: value");
-    if (set_common(k, v, s.split, s.layer_splits, s.tune, s.blocked_layout, s.fuse_layers)) return;
+    if (set_common(k, v, s.split, s.layer_splits, s.tune, s.blocked_layout, s.fuse_layers, s.math))
+      return;
     if (k == "train_data") {
       s.train_data = v;
     } else if (k == "test_data") {

@@ -134,6 +134,9 @@ TEST_CASE("C ABI: errors are statuses with a message per thread, NULL handles in
   CHECK(hn_net_options_set(options, "batch", "three") == HN_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(std::string(hn_last_error()), Contains("batch") && Contains("three"));
   CHECK(hn_net_options_set(options, "phase", "tset") == HN_ERROR_INVALID_ARGUMENT);
+  CHECK(hn_net_options_set(options, "math", "fp16") != HN_OK);
+  CHECK_THAT(std::string(hn_last_error()), Contains("'fp16'") && Contains("TF32"));
+  CHECK(hn_net_options_set(options, "math", "tf32") == HN_OK);
   CHECK(hn_net_options_set(options, "split", "cpu:0.5,cpu:0.5") != HN_OK);
   CHECK_THAT(std::string(hn_last_error()), Contains("twice"));
 

@@ -973,6 +973,34 @@ def time_fuse_on_or_off(ctx):
               needles=["--fuse", "'maybe'", "on or off"])
 
 
+@case
+def time_math_modes(ctx):
+    model = shared_model(ctx, "bvlc_reference_caffenet_deploy.prototxt")
+
+    def total(*args, net=model):
+        run = ctx.run("time", "--model", net, "--batch", 1, "--iterations", 1, "--json",
+                      "--tune", "off", *args)
+        return run, next(r for r in json_lines(run.stdout) if r.get("total"))
+
+    run, record = total()
+    check(record["math"] == "FP32", f"default math: {record}")
+    check("Note:" not in run.stderr, f"FP32 needs no note: {run.stderr}")
+    for flag, name in (("tf32", "TF32"), ("BF16", "BF16")):
+        run, record = total("--math", flag)
+        check(record["math"] == name, f"--math {flag}: {record}")
+        # The CPU computes FP32 in either mode, and says so once.
+        check(run.stderr.count(f"Note: cpu computes FP32 for {name} math") == 1,
+              f"--math {flag}: stderr {run.stderr!r}")
+    # The prototxt's own `math` field, overridden by the flag.
+    with open(model) as f:
+        text = f.read()
+    tf32_model = write(ctx, "caffenet_tf32.prototxt", "math: TF32\n" + text)
+    check(total(net=tf32_model)[1]["math"] == "TF32", "the prototxt's math: TF32")
+    check(total("--math", "fp32", net=tf32_model)[1]["math"] == "FP32", "--math wins")
+    ctx.error("time", "--model", model, "--math", "fp16", code=2,
+              needles=["--math", "'fp16'", "FP32, TF32 or BF16"])
+
+
 def device_lines(records):
     """The per-(layer, device) lines of `time --split --json`, by layer, in device order."""
     keys = {"layer", "device", "rows", "forward_busy_ms", "backward_busy_ms", "waiting_ms",

@@ -48,11 +48,12 @@ bool math_allowed(cudnnMathType_t math, MathMode mode) {
   return math == CUDNN_FMA_MATH || mode != MathMode::fp32;
 }
 
-// Of cuDNN's ranking (by measured time, or its heuristics'), the first algorithm whose math
-// the mode allows, that sums directly and is deterministic (a run must be reproducible); else
-// the first allowed one that sums directly; else the first allowed one; else the first.
+// Of cuDNN's ranking (by its heuristics, or by measured time), the first algorithm whose math
+// the mode allows, that sums directly and is deterministic (a run must be reproducible), or
+// need not be (HYBRIDNN_CUDNN_DETERMINISTIC=0); else the first allowed one that sums
+// directly; else the first allowed one; else the first.
 template <class Perf>
-const Perf& pick_algorithm(const Perf* results, int count, MathMode mode) {
+const Perf& pick_algorithm(const Perf* results, int count, MathMode mode, bool deterministic) {
   const Perf* direct = nullptr;
   const Perf* allowed = nullptr;
   for (int i = 0; i < count; ++i) {
@@ -60,7 +61,7 @@ const Perf& pick_algorithm(const Perf* results, int count, MathMode mode) {
     if (r.status != CUDNN_STATUS_SUCCESS || !math_allowed(r.mathType, mode)) continue;
     if (allowed == nullptr) allowed = &r;
     if (!sums_directly(r.algo)) continue;
-    if (r.determinism == CUDNN_DETERMINISTIC) return r;
+    if (!deterministic || r.determinism == CUDNN_DETERMINISTIC) return r;
     if (direct == nullptr) direct = &r;
   }
   if (direct != nullptr) return *direct;
@@ -408,7 +409,7 @@ ConvPlan CudaDriver::make_conv_plan(const char* call, const LoweringShape& s,
                 "cudnnGetConvolutionForwardAlgorithm_v7", "{}", what);
     }
     HN_CHECK(count > 0, "{}: cuDNN offers no forward algorithm", what);
-    const auto& best = pick_algorithm(results, count, math_mode());
+    const auto& best = pick_algorithm(results, count, math_mode(), cudnn_deterministic_);
     plan.forward_algo = best.algo;
     check_dnn(cudnnGetConvolutionForwardWorkspaceSize(handle, plan.x.get(), plan.w.get(), conv,
                                                       plan.y.get(), best.algo, &plan.forward_bytes),
@@ -430,7 +431,7 @@ ConvPlan CudaDriver::make_conv_plan(const char* call, const LoweringShape& s,
                 "cudnnGetConvolutionBackwardDataAlgorithm_v7", "{}", what);
     }
     HN_CHECK(count > 0, "{}: cuDNN offers no backward data algorithm", what);
-    const auto& best = pick_algorithm(results, count, math_mode());
+    const auto& best = pick_algorithm(results, count, math_mode(), cudnn_deterministic_);
     plan.data_algo = best.algo;
     check_dnn(
         cudnnGetConvolutionBackwardDataWorkspaceSize(handle, plan.w.get(), plan.y.get(), conv,
@@ -453,7 +454,7 @@ ConvPlan CudaDriver::make_conv_plan(const char* call, const LoweringShape& s,
                 "cudnnGetConvolutionBackwardFilterAlgorithm_v7", "{}", what);
     }
     HN_CHECK(count > 0, "{}: cuDNN offers no backward filter algorithm", what);
-    const auto& best = pick_algorithm(results, count, math_mode());
+    const auto& best = pick_algorithm(results, count, math_mode(), cudnn_deterministic_);
     plan.filter_algo = best.algo;
     check_dnn(
         cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, plan.x.get(), plan.y.get(), conv,

@@ -53,11 +53,21 @@ bool cudnn_wanted() {
   return value == nullptr || std::strcmp(value, "0") != 0;
 }
 
-// cuDNN's algorithms for a convolution shape are chosen by measuring them once
-// (cudnnFind*), unless HYBRIDNN_CUDNN_ALGO=heuristic leaves the choice to its heuristics.
+// cuDNN's algorithms for a convolution shape are those its heuristics rank first, unless
+// HYBRIDNN_CUDNN_ALGO=find measures them once (cudnnFind*): on an H200 the zoo's FP32
+// iterations took the same time either way (ResNet-50 batch 32: 53.2 ms measured, 52.5 by
+// the heuristics), and measuring costs every new shape a search.
 bool cudnn_measures() {
   const char* value = std::getenv("HYBRIDNN_CUDNN_ALGO");
-  return value == nullptr || std::strcmp(value, "heuristic") != 0;
+  return value != nullptr && std::strcmp(value, "find") == 0;
+}
+
+// Only deterministic convolution algorithms, unless HYBRIDNN_CUDNN_DETERMINISTIC=0 allows
+// those that add with atomics (PyTorch's default: faster backward passes, results that
+// differ between runs in the last bits).
+bool cudnn_deterministic() {
+  const char* value = std::getenv("HYBRIDNN_CUDNN_DETERMINISTIC");
+  return value == nullptr || std::strcmp(value, "0") != 0;
 }
 
 bool cudnn_for_depthwise() {
@@ -173,10 +183,13 @@ CudaDriver::CudaDriver(const Device& device) : Driver(device), ordinal_(device.i
     check_dnn(cudnnSetStream(dnn, stream), "cudnnSetStream", "driver stream");
     cudnn_depthwise_ = cudnn_for_depthwise();
     cudnn_find_ = cudnn_measures();
+    cudnn_deterministic_ = cudnn_deterministic();
     description_ += fmt::format(
-        ", cuDNN {} (softmax, cross-channel LRN, convolution{}; {})", cudnnGetVersion(),
+        ", cuDNN {} (softmax, cross-channel LRN, convolution{}; {} algorithms{})",
+        cudnnGetVersion(),
         cudnn_depthwise_ ? ", depthwise too" : " except depthwise: HYBRIDNN_CUDNN=own-depthwise",
-        cudnn_find_ ? "algorithms measured" : "algorithms by heuristics: HYBRIDNN_CUDNN_ALGO");
+        cudnn_find_ ? "measured" : "heuristics'",
+        cudnn_deterministic_ ? "" : ", non-deterministic allowed");
   } else {
     description_ += ", cuDNN off (HYBRIDNN_CUDNN=0)";
   }

@@ -316,9 +316,10 @@ class CudaDriver final : public Driver {
   BlasHandle blas_;
 #if HYBRIDNN_WITH_CUDNN
   CudnnHandle cudnn_;
-  bool cudnn_depthwise_ = false;  // cuDNN runs depthwise convolutions too (the default)
-  bool cudnn_find_ = false;       // convolution algorithms measured (the default)
-  int compute_major_ = 0;         // the GPU's compute capability, major: TF32 from 8
+  bool cudnn_depthwise_ = false;     // cuDNN runs depthwise convolutions too (the default)
+  bool cudnn_find_ = false;          // convolution algorithms measured (HYBRIDNN_CUDNN_ALGO)
+  bool cudnn_deterministic_ = true;  // only deterministic ones (HYBRIDNN_CUDNN_DETERMINISTIC)
+  int compute_major_ = 0;            // the GPU's compute capability, major: TF32 from 8
   std::map<ConvKey, ConvPlan> conv_plans_;
   std::vector<ConvKey> conv_plan_order_;  // insertion order, for eviction
 #endif
