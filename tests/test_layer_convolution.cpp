@@ -725,6 +725,31 @@ TEST_CASE("A tuning cache that is a FIFO or holds a binary line is refused, quot
   }
 }
 
+TEST_CASE("A tuning cache keeps the choices made in each math mode apart, in the file too",
+          "[tune]") {
+  const hn::test::TempDir dir;
+  hn::TuneOptions options;
+  options.mode = hn::TuneMode::cached;
+  options.cache_path = dir.file("tune.txt");
+  const auto cpu = hn::make_driver(hn::Device{"cpu", 0});
+  {
+    hn::Tuner tuner(options);
+    cpu->set_math_mode(hn::MathMode::tf32);
+    tuner.record(*cpu, "Convolution 2x3x8x8", "type1");
+    CHECK(tuner.lookup(*cpu, "Convolution 2x3x8x8") == "type1");
+    cpu->set_math_mode(hn::MathMode::fp32);
+    CHECK_FALSE(tuner.lookup(*cpu, "Convolution 2x3x8x8"));
+    tuner.record(*cpu, "Convolution 2x3x8x8", "direct");
+    tuner.save();
+  }
+  hn::Tuner again(options);
+  CHECK(again.lookup(*cpu, "Convolution 2x3x8x8") == "direct");
+  cpu->set_math_mode(hn::MathMode::tf32);
+  CHECK(again.lookup(*cpu, "Convolution 2x3x8x8") == "type1");
+  cpu->set_math_mode(hn::MathMode::bf16);
+  CHECK_FALSE(again.lookup(*cpu, "Convolution 2x3x8x8"));
+}
+
 TEST_CASE("Convolution and InnerProduct count their forward FLOPs by hand's formula",
           "[layer][convolution]") {
   // CaffeNet's conv2: 96 -> 256 channels, 5x5, pad 2, group 2, on 27x27: 27x27 outputs.

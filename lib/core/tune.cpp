@@ -132,7 +132,12 @@ Tuner::Tuner(TuneOptions options) : options_(std::move(options)) {
 
 std::string Tuner::entry_key(const Driver& driver, const std::string& key) const {
   HN_ASSERT(printable(key));
-  return machine_ + '\t' + sanitized(driver.description()) + '\t' + key;
+  // A choice measured in one math mode is not the fastest in another (TF32 and BF16 run
+  // on tensor cores); FP32 entries keep the form they had before modes existed.
+  const std::string mode = driver.math_mode() == MathMode::fp32
+                               ? std::string()
+                               : std::string(", ") + math_mode_name(driver.math_mode()) + " math";
+  return machine_ + '\t' + sanitized(driver.description() + mode) + '\t' + key;
 }
 
 std::optional<std::string> Tuner::lookup(const Driver& driver, const std::string& key) const {
