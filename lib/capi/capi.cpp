@@ -50,28 +50,6 @@ std::string joined(const std::vector<std::string>& names) {
   return text;
 }
 
-bool on_off(const std::string& key, const std::string& value) {
-  if (value == "on" || value == "true" || value == "1") return true;
-  if (value == "off" || value == "false" || value == "0") return false;
-  fail(HN_ERROR_INVALID_ARGUMENT,
-       fmt::format("option {}: expected on or off, got '{}'", key, value));
-}
-
-long long integer(const std::string& key, const std::string& value, long long min, long long max) {
-  std::size_t used = 0;
-  long long number = 0;
-  try {
-    number = std::stoll(value, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != value.size() || number < min || number > max) {
-    fail(HN_ERROR_INVALID_ARGUMENT,
-         fmt::format("option {}: expected an integer in [{}, {}], got '{}'", key, min, max, value));
-  }
-  return number;
-}
-
 void check_file(const std::string& path, const char* what) {
   std::error_code ignored;
   if (!std::filesystem::exists(path, ignored)) {
@@ -79,39 +57,22 @@ void check_file(const std::string& path, const char* what) {
   }
 }
 
-namespace {
-
-bool layout_of(const std::string& key, const std::string& value) {
-  if (value == "blocked") return true;
-  if (value == "nchw") return false;
-  fail(HN_ERROR_INVALID_ARGUMENT,
-       fmt::format("option {}: expected nchw or blocked, got '{}'", key, value));
+// hn::set_option, a malformed value being HN_ERROR_INVALID_ARGUMENT.
+template <class Options>
+bool set_option_text(Options& options, const std::string& key, const std::string& value) {
+  try {
+    return hn::set_option(options, key, value);
+  } catch (const hn::Error& error) {
+    fail(HN_ERROR_INVALID_ARGUMENT, error.what());
+  }
 }
 
-}  // namespace
+bool set_option_text(hn::NetOptions& options, const std::string& key, const std::string& value) {
+  return set_option_text<hn::NetOptions>(options, key, value);
+}
 
-// The options a net and a solver share; false when `key` is not one of them.
-bool set_common(const std::string& key, const std::string& value, hn::Split& split,
-                hn::LayerSplits& layer_splits, hn::TuneOptions& tune, bool& blocked, bool& fuse,
-                std::optional<hn::MathMode>& math) {
-  if (key == "split") {
-    split = value.empty() ? hn::Split() : hn::Split::parse(value);
-  } else if (key == "split_file") {
-    layer_splits = value.empty() ? hn::LayerSplits() : hn::read_layer_splits(value);
-  } else if (key == "tune") {
-    tune.mode = hn::parse_tune_mode(value);
-  } else if (key == "tune_cache") {
-    tune.cache_path = value;
-  } else if (key == "layout") {
-    blocked = layout_of(key, value);
-  } else if (key == "fuse") {
-    fuse = on_off(key, value);
-  } else if (key == "math") {
-    math = hn::parse_math_mode(value);
-  } else {
-    return false;
-  }
-  return true;
+bool set_option_text(hn::SolverOptions& options, const std::string& key, const std::string& value) {
+  return set_option_text<hn::SolverOptions>(options, key, value);
 }
 
 }  // namespace hn::capi

@@ -23,6 +23,7 @@
 #include "lib/core/tune.h"
 #include "lib/net/net.h"
 #include "lib/scheduler/split.h"
+#include "lib/solver/options.h"
 
 namespace hn::capi {
 
@@ -101,12 +102,11 @@ void set_out(T** out, std::unique_ptr<T> value, const char* what) {
 // Shared by the handle types' files; defined (and described) in capi.cpp.
 void copy_dims(const hn::Shape& shape, int64_t* dims, int32_t capacity, const std::string& what);
 std::string joined(const std::vector<std::string>& names);
-bool on_off(const std::string& key, const std::string& value);
-long long integer(const std::string& key, const std::string& value, long long min, long long max);
 void check_file(const std::string& path, const char* what);
-bool set_common(const std::string& key, const std::string& value, hn::Split& split,
-                hn::LayerSplits& layer_splits, hn::TuneOptions& tune, bool& blocked, bool& fuse,
-                std::optional<hn::MathMode>& math);
+// hn::set_option (lib/solver/options.h): false for an unknown key; a malformed value is
+// HN_ERROR_INVALID_ARGUMENT naming the key.
+bool set_option_text(hn::NetOptions& options, const std::string& key, const std::string& value);
+bool set_option_text(hn::SolverOptions& options, const std::string& key, const std::string& value);
 
 struct RuntimeBox {
   hn::Runtime runtime;

@@ -23,17 +23,6 @@ struct hn_net_options {
 
 namespace {
 
-const char* const kNetKeys =
-    "phase, level, stage, batch, data, mean_file, force_backward, reuse_memory, keep_blobs, "
-    "seed, split, split_file, tune, tune_cache, layout, fuse, math, weights";
-
-hn::Phase phase_of(const std::string& key, const std::string& value) {
-  if (value == "train") return hn::Phase::train;
-  if (value == "test") return hn::Phase::test;
-  fail(HN_ERROR_INVALID_ARGUMENT,
-       fmt::format("option {}: expected train or test, got '{}'", key, value));
-}
-
 // Copies weights into `net` from each .caffemodel of a comma-separated list, a missing
 // file being HN_ERROR_NOT_FOUND.
 void copy_weights(hn::Net& net, const std::string& paths, const char* what) {
@@ -105,34 +94,14 @@ hn_status hn_net_options_set(hn_net_options* options, const char* key, const cha
     hn_net_options& o = checked(options, "hn_net_options_set");
     const std::string k = checked_text(key, "hn_net_options_set: key");
     const std::string v = checked_text(value, "hn_net_options_set: value");
-    hn::NetOptions& n = o.options;
-    if (set_common(k, v, n.split, n.layer_splits, n.tune, n.blocked_layout, n.fuse_layers, n.math))
-      return;
-    if (k == "phase") {
-      n.state.phase = phase_of(k, v);
-    } else if (k == "level") {
-      n.state.level = static_cast<int>(integer(k, v, -(1 << 30), 1 << 30));
-    } else if (k == "stage") {
-      n.state.stages = hn::detail::split_commas(v, hn::detail::EmptyItems::drop);
-    } else if (k == "batch") {
-      n.batch_size = static_cast<int>(integer(k, v, 0, 1 << 30));
-    } else if (k == "data") {
-      n.data_source = v;
-    } else if (k == "mean_file") {
-      n.mean_file = v;
-    } else if (k == "force_backward") {
-      n.force_backward = on_off(k, v);
-    } else if (k == "reuse_memory") {
-      n.reuse_memory = on_off(k, v);
-    } else if (k == "keep_blobs") {
-      n.keep_blobs = hn::detail::split_commas(v, hn::detail::EmptyItems::drop);
-    } else if (k == "seed") {
-      n.seed = static_cast<std::uint64_t>(integer(k, v, 0, (1LL << 62)));
-    } else if (k == "weights") {
+    if (k == "weights") {  // the C ABI's own: loaded after the net is built
       o.weights = v;
-    } else {
+      return;
+    }
+    if (!set_option_text(o.options, k, v)) {
       fail(HN_ERROR_INVALID_ARGUMENT,
-           fmt::format("hn_net_options_set: unknown option '{}' (options: {})", k, kNetKeys));
+           fmt::format("hn_net_options_set: unknown option '{}' (options: {}, weights)", k,
+                       hn::option_keys(hn::kNetOption)));
     }
   });
 }

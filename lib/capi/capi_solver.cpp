@@ -43,10 +43,6 @@ struct hn_solver_event {
 
 namespace {
 
-const char* const kSolverKeys =
-    "train_data, test_data, mean_file, snapshot_prefix, max_iter, seed, split, split_file, "
-    "tune, tune_cache, layout, fuse, math, bucket_bytes";
-
 struct SolverBox {
   std::shared_ptr<RuntimeBox> runtime;
   std::shared_ptr<CommBox> comm;
@@ -84,25 +80,10 @@ hn_status hn_solver_options_set(hn_solver_options* options, const char* key, con
     hn::SolverOptions& s = checked(options, "hn_solver_options_set").options;
     const std::string k = checked_text(key, "hn_solver_options_set: key");
     const std::string v = checked_text(value, "hn_solver_options_set: value");
-    if (set_common(k, v, s.split, s.layer_splits, s.tune, s.blocked_layout, s.fuse_layers, s.math))
-      return;
-    if (k == "train_data") {
-      s.train_data = v;
-    } else if (k == "test_data") {
-      s.test_data = v;
-    } else if (k == "mean_file") {
-      s.mean_file = v;
-    } else if (k == "snapshot_prefix") {
-      s.snapshot_prefix = v;
-    } else if (k == "max_iter") {
-      s.max_iter = static_cast<int>(integer(k, v, 0, 1LL << 30));
-    } else if (k == "seed") {
-      s.seed = static_cast<std::uint64_t>(integer(k, v, 0, 1LL << 62));
-    } else if (k == "bucket_bytes") {
-      s.bucket_bytes = static_cast<std::size_t>(integer(k, v, 1, 1LL << 40));
-    } else {
+    if (!set_option_text(s, k, v)) {
       fail(HN_ERROR_INVALID_ARGUMENT,
-           fmt::format("hn_solver_options_set: unknown option '{}' (options: {})", k, kSolverKeys));
+           fmt::format("hn_solver_options_set: unknown option '{}' (options: {})", k,
+                       hn::option_keys(hn::kSolverOption)));
     }
   });
 }

@@ -810,8 +810,11 @@ def check_time_json(ctx, records, layer_names):
     total = totals[0]
     for key in ["forward_ms", "backward_ms", "forward_backward_ms"]:
         check(total[key] > 0, f"total {key} is {total[key]}")
-    check(total["forward_backward_ms"] >= 0.9 * (total["forward_ms"] + total["backward_ms"]),
-          f"total {total}")
+    # The total comes from whole iterations timed apart from the per-layer ones (which wait
+    # after each layer): the same work, so near their sum (two iterations on a loaded
+    # machine vary by 2x).
+    parts = total["forward_ms"] + total["backward_ms"]
+    check(parts / 3 <= total["forward_backward_ms"] <= 3 * parts, f"total {total}")
     return layers, total
 
 
