@@ -57,78 +57,49 @@ std::vector<FlagSpec> device_flags() {
   };
 }
 
-std::vector<FlagSpec> net_flags() {
-  return {
-      {"data", FlagKind::text, "SRC",
-       "source of every Data layer: LMDB dir, IDX or CIFAR-10 file, synthetic:CxHxW[:classes]"},
-      {"mean-file", FlagKind::text, "FILE", "replace every transform_param.mean_file (none: drop)"},
-      {"batch", FlagKind::integer, "N", "replace the batch size of Data and Input layers"},
-      {"level", FlagKind::integer, "N", "net state level (Caffe's -level)"},
-      {"stage", FlagKind::text, "S[,S2]", "net state stages (Caffe's -stage)"},
-  };
+namespace {
+
+std::string flag_name(const char* key) {
+  std::string name = key;
+  std::replace(name.begin(), name.end(), '_', '-');
+  return name;
 }
 
-std::vector<FlagSpec> tune_flags() {
-  return {
-      {"tune", FlagKind::text, "off|once|cached",
-       "measure each convolution's algorithms at the first forward and keep the fastest: "
-       "once (every run), cached (default: reuse the choices of earlier runs on this machine), "
-       "off (the cost model)"},
-      {"tune-cache", FlagKind::text, "FILE",
-       "the file of cached choices (default $HYBRIDNN_TUNE_CACHE, else "
-       "~/.cache/hybridnn/tune.txt; none: no file)"},
-      {"layout", FlagKind::text, "blocked|nchw",
-       "activations between layers: blocked (default: nChw16c, or nChw8c without AVX-512, "
-       "between the CPU layers that "
-       "take it, reordered only at the edges) or nchw (every blob NCHW)"},
-      {"fuse", FlagKind::text, "on|off",
-       "run each in-place BatchNorm (stored statistics) + Scale [+ ReLU], and each Eltwise "
-       "SUM + in-place ReLU, as one layer (default on)"},
-      {"math", FlagKind::text, "fp32|tf32|bf16",
-       "how GEMMs and convolutions may round inside a call: fp32 (full FP32), tf32 or bf16 "
-       "(tensor cores; storage stays FP32) (default: the prototxt's math, else fp32)"},
-  };
+// The flag of an option of the library's table (lib/solver/options.h).
+FlagSpec table_flag(const char* key) {
+  const OptionSpec& spec = option_spec(key);
+  return {flag_name(key), std::string(spec.value_name) == "N" ? FlagKind::integer : FlagKind::text,
+          spec.value_name, spec.tool_help != nullptr ? spec.tool_help : spec.help};
 }
 
-std::optional<MathMode> chosen_math(const Args& args) {
-  if (!args.has("math")) return std::nullopt;
-  try {
-    return parse_math_mode(args.text("math"));
-  } catch (const Error& error) {
-    throw UsageError(fmt::format("--math: {}", error.what()));
+// Sets the table's options `keys`: the tool's default where it has one, then the flag's
+// value where given; a malformed value is a UsageError naming the flag.
+template <class Options>
+void set_table_options(Options& options, const Args& args,
+                       std::initializer_list<const char*> keys) {
+  for (const char* key : keys) {
+    const OptionSpec& spec = option_spec(key);
+    const std::string flag = flag_name(key);
+    if (!args.has(flag) && spec.tool_default == nullptr) continue;
+    const std::string value = args.has(flag) ? args.text(flag) : spec.tool_default;
+    try {
+      set_option(options, key, value);
+    } catch (const Error& error) {
+      // "option KEY: expected ..." -> "--FLAG: expected ..."
+      std::string message = error.what();
+      const std::string prefix = fmt::format("option {}: ", key);
+      if (message.rfind(prefix, 0) == 0) message.erase(0, prefix.size());
+      throw UsageError(fmt::format("--{}: {}", flag, message));
+    }
   }
 }
 
-void print_math_notes(const Net& net) {
-  const Communicator* comm = active_communicator();
-  if (comm != nullptr && comm->rank() != 0) return;
-  for (const std::string& note : net.math_notes())
-    fmt::print(stderr, "Note: {}\n", note);
-}
+constexpr std::initializer_list<const char*> kTuneKeys = {"tune", "tune_cache", "layout", "fuse",
+                                                          "math"};
 
-bool chosen_fuse_layers(const Args& args) {
-  const std::string fuse = args.text("fuse", "on");
-  if (fuse != "on" && fuse != "off")
-    throw UsageError(fmt::format("--fuse: expected on or off, got '{}'", fuse));
-  return fuse == "on";
-}
-
-bool chosen_blocked_layout(const Args& args) {
-  const std::string layout = args.text("layout", "blocked");
-  if (layout != "blocked" && layout != "nchw")
-    throw UsageError(fmt::format("--layout: expected blocked or nchw, got '{}'", layout));
-  return layout == "blocked";
-}
-
-TuneOptions chosen_tune(const Args& args) {
-  TuneOptions options;
-  try {
-    options.mode = parse_tune_mode(args.text("tune", "cached"));
-  } catch (const Error& error) {
-    throw UsageError(fmt::format("--tune: {}", error.what()));
-  }
-  options.cache_path = args.text("tune-cache");
-  options.on_layer = [](const TuneReport& report) {
+// Reports each measured choice on stderr, from rank 0 ("Tuned conv1 on cpu in 0.84 s: ...").
+void report_tuning(TuneOptions& tune) {
+  tune.on_layer = [](const TuneReport& report) {
     const Communicator* comm = active_communicator();
     if (comm != nullptr && comm->rank() != 0) return;
     if (!report.warning.empty()) {
@@ -138,23 +109,42 @@ TuneOptions chosen_tune(const Args& args) {
                  report.seconds, report.algorithm);
     }
   };
-  return options;
+}
+
+}  // namespace
+
+std::vector<FlagSpec> net_flags() {
+  return {table_flag("data"), table_flag("mean_file"), table_flag("batch"), table_flag("level"),
+          table_flag("stage")};
+}
+
+std::vector<FlagSpec> tune_flags() {
+  std::vector<FlagSpec> flags;
+  for (const char* key : kTuneKeys)
+    flags.push_back(table_flag(key));
+  return flags;
+}
+
+void apply_tune_flags(SolverOptions& options, const Args& args) {
+  set_table_options(options, args, kTuneKeys);
+  report_tuning(options.tune);
+}
+
+void print_math_notes(const Net& net) {
+  const Communicator* comm = active_communicator();
+  if (comm != nullptr && comm->rank() != 0) return;
+  for (const std::string& note : net.math_notes())
+    fmt::print(stderr, "Note: {}\n", note);
 }
 
 NetOptions net_options(const Args& args, Phase phase) {
   NetOptions options;
   options.state.phase = phase;
-  options.state.level = static_cast<int>(args.integer("level", 0, -(1 << 30), 1 << 30));
-  options.state.stages = detail::split_commas(args.text("stage"), detail::EmptyItems::keep);
-  options.data_source = args.text("data");
-  options.mean_file = args.text("mean-file");
-  options.batch_size = static_cast<int>(args.integer("batch", 0, 1, 1 << 30));
+  set_table_options(options, args, {"data", "mean_file", "batch", "level", "stage"});
   options.split = chosen_split(args);
   options.layer_splits = chosen_layer_splits(args);
-  options.tune = chosen_tune(args);
-  options.blocked_layout = chosen_blocked_layout(args);
-  options.fuse_layers = chosen_fuse_layers(args);
-  options.math = chosen_math(args);
+  set_table_options(options, args, kTuneKeys);
+  report_tuning(options.tune);
   return options;
 }
 

@@ -24,24 +24,17 @@ Command convert_command();
 // --device, --gpu, --split, --split-file, --split-save, --threads, --blas.
 std::vector<FlagSpec> device_flags();
 
-// --data, --mean-file, --batch, --level, --stage: how `test` and `time` build a net.
+// --data, --mean-file, --batch, --level, --stage: how `test` and `time` build a net; and
+// --tune, --tune-cache, --layout, --fuse, --math: the measured choice of algorithms, the
+// activations' layout, the fusion of layers and the math mode. Both are the library's
+// option table's (lib/solver/options.h), with the tool's defaults (tuned, cached; blocked).
+// Measured choices are reported on stderr by rank 0 ("Tuned conv1 on cpu in 0.84 s: direct").
 std::vector<FlagSpec> net_flags();
-NetOptions net_options(const Args& args, Phase phase);
-
-// --tune, --tune-cache, --layout, --fuse, --math: the measured choice of algorithms
-// (lib/core/tune.h), the activations' layout (NetOptions::blocked_layout), the fusion of
-// layers (NetOptions::fuse_layers) and the math mode (NetOptions::math).
 std::vector<FlagSpec> tune_flags();
-// TuneOptions of --tune (default cached) and --tune-cache; measured choices are reported on
-// stderr by rank 0 ("Tuned conv1 on cpu in 0.84 s: direct").
-TuneOptions chosen_tune(const Args& args);
-// Whether --layout (default blocked) asks for NetOptions::blocked_layout.
-bool chosen_blocked_layout(const Args& args);
-// Whether --fuse (default on) asks for NetOptions::fuse_layers.
-bool chosen_fuse_layers(const Args& args);
-// The --math mode (NetOptions::math; unset without the flag); and, by rank 0 on stderr, a
-// "Note: " line for each driver of `net` that computes something else in the net's mode.
-std::optional<MathMode> chosen_math(const Args& args);
+NetOptions net_options(const Args& args, Phase phase);
+void apply_tune_flags(SolverOptions& options, const Args& args);
+// By rank 0 on stderr, a "Note: " line for each driver of `net` that computes something
+// else in the net's math mode.
 void print_math_notes(const Net& net);
 
 // Parses a --split SPEC with hn::Split::parse; throws UsageError quoting the flag. A bare

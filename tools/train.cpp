@@ -211,10 +211,7 @@ int run_train(const Args& args) {
   const bool root = comm->rank() == 0;
   options.communicator = comm;
   options.bucket_bytes = chosen_bucket_bytes(args);
-  options.tune = chosen_tune(args);
-  options.blocked_layout = chosen_blocked_layout(args);
-  options.fuse_layers = chosen_fuse_layers(args);
-  options.math = chosen_math(args);
+  apply_tune_flags(options, args);
 
   Runtime runtime;
   configure_runtime(runtime, args);

@@ -24,4 +24,5 @@
 #include "lib/net/net.h"
 #include "lib/scheduler/split.h"
 #include "lib/solver/gradient_sync.h"
+#include "lib/solver/options.h"
 #include "lib/solver/solver.h"

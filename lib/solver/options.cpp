@@ -173,14 +173,23 @@ const std::vector<Entry>& entries() {
        set_split_file<NetOptions>,
        set_split_file<SolverOptions>},
       {{"tune", "off|once|cached",
-        "measure each convolution's algorithms at the first forward (default off)", kBoth},
+        "measure each convolution's algorithms at the first forward (default off)", kBoth,
+        "cached",
+        "measure each convolution's algorithms at the first forward and keep the fastest: "
+        "once (every run), cached (default: reuse the choices of earlier runs on this "
+        "machine), off (the cost model)"},
        set_tune<NetOptions>,
        set_tune<SolverOptions>},
-      {{"tune_cache", "FILE", "the file of the measured choices", kBoth},
+      {{"tune_cache", "FILE", "the file of the measured choices", kBoth, nullptr,
+        "the file of cached choices (default $HYBRIDNN_TUNE_CACHE, else "
+        "~/.cache/hybridnn/tune.txt; none: no file)"},
        set_tune_cache<NetOptions>,
        set_tune_cache<SolverOptions>},
       {{"layout", "nchw|blocked",
-        "activations between CPU layers: nchw (default) or blocked (nChw16c/8c)", kBoth},
+        "activations between CPU layers: nchw (default) or blocked (nChw16c/8c)", kBoth,
+        "blocked",
+        "activations between layers: blocked (default: nChw16c, or nChw8c without AVX-512, "
+        "between the CPU layers that take it, reordered only at the edges) or nchw"},
        set_layout<NetOptions>,
        set_layout<SolverOptions>},
       {{"fuse", "on|off",
@@ -215,6 +224,13 @@ bool set(Options& options, Setter Entry::*setter, const std::string& key,
 }
 
 }  // namespace
+
+const OptionSpec& option_spec(const std::string& key) {
+  for (const OptionSpec& spec : option_specs()) {
+    if (key == spec.key) return spec;
+  }
+  detail::fail("no option '{}' (options: {})", key, option_keys(kNetOption | kSolverOption));
+}
 
 const std::vector<OptionSpec>& option_specs() {
   static const std::vector<OptionSpec> specs = [] {

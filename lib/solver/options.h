@@ -1,8 +1,8 @@
 // One table of the options of a Net (NetOptions) and a Solver (SolverOptions) as text: each
 // option's key, the value it takes and its help, and how its text sets the struct. The C ABI
 // (hn_net_options_set, hn_solver_options_set, and through them Python's keywords) takes
-// exactly these keys and lists them in its errors and header; the hybridnn tool's flags are
-// the keys with '-' for '_'.
+// exactly these keys and lists them in its errors and header; the hybridnn tool makes its
+// flags for them from the table (the key with '-' for '_', the help, the tool's defaults).
 #pragma once
 
 #include <string>
@@ -20,10 +20,16 @@ struct OptionSpec {
   const char* value_name;  // "FILE", "on|off", ...
   const char* help;        // one line, the library's default included
   unsigned use;            // kNetOption, kSolverOption or both
+  // Where the hybridnn tool's default differs from the library's (it tunes and blocks by
+  // default): its value, set before the flags, and its help line.
+  const char* tool_default = nullptr;
+  const char* tool_help = nullptr;
 };
 
 // Every option, in the order the C ABI's header lists them.
 const std::vector<OptionSpec>& option_specs();
+// The entry of `key`; an hn::Error when there is none.
+const OptionSpec& option_spec(const std::string& key);
 // The keys of the options `use` takes, comma-separated ("phase, level, ...").
 std::string option_keys(unsigned use);
 // Sets option `key` from `value`: false, and nothing set, when the struct's kind has no such

@@ -955,7 +955,7 @@ def time_layout_blocked_or_nchw(ctx):
     plain = time_algorithms(ctx, model, "--layout", "nchw")
     check(not any("nChw" in (a or "") for a in plain.values()), f"--layout nchw: {plain}")
     ctx.error("time", "--model", model, "--layout", "nhwc", code=2,
-              needles=["--layout", "'nhwc'", "blocked or nchw"])
+              needles=["--layout", "'nhwc'", "nchw or blocked"])
 
 
 @case
