@@ -173,8 +173,7 @@ const std::vector<Entry>& entries() {
        set_split_file<NetOptions>,
        set_split_file<SolverOptions>},
       {{"tune", "off|once|cached",
-        "measure each convolution's algorithms at the first forward (default off)", kBoth,
-        "cached",
+        "measure each convolution's algorithms at the first forward (default off)", kBoth, "cached",
         "measure each convolution's algorithms at the first forward and keep the fastest: "
         "once (every run), cached (default: reuse the choices of earlier runs on this "
         "machine), off (the cost model)"},
@@ -186,8 +185,7 @@ const std::vector<Entry>& entries() {
        set_tune_cache<NetOptions>,
        set_tune_cache<SolverOptions>},
       {{"layout", "nchw|blocked",
-        "activations between CPU layers: nchw (default) or blocked (nChw16c/8c)", kBoth,
-        "blocked",
+        "activations between CPU layers: nchw (default) or blocked (nChw16c/8c)", kBoth, "blocked",
         "activations between layers: blocked (default: nChw16c, or nChw8c without AVX-512, "
         "between the CPU layers that take it, reordered only at the edges) or nchw"},
        set_layout<NetOptions>,
