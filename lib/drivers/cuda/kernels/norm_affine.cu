@@ -52,14 +52,6 @@ bool aligned16(const void* address) {
   return reinterpret_cast<std::uintptr_t>(address) % 16 == 0;
 }
 
-__device__ void block_tree(double* values) {
-  __syncthreads();
-  for (int stride = kReduceThreads / 2; stride > 0; stride /= 2) {
-    tree_step(static_cast<int>(threadIdx.x), stride, values);
-    __syncthreads();
-  }
-}
-
 // Grid (blocks per channel, channels up to 65535; more loop): partials[2 * (c * blocks + b)]
 // and the next are block b's sums of dz and dz * normalised for channel c.
 __global__ void __launch_bounds__(kReduceThreads)

@@ -10,15 +10,6 @@ namespace hn::detail::cuda {
 
 namespace {
 
-// Combines values[0, kReduceThreads) of this block into values[0].
-__device__ void block_tree(double* values) {
-  __syncthreads();
-  for (int stride = kReduceThreads / 2; stride > 0; stride /= 2) {
-    tree_step(static_cast<int>(threadIdx.x), stride, values);
-    __syncthreads();
-  }
-}
-
 __global__ void __launch_bounds__(kReduceThreads)
     reduce_partials_kernel(ReduceOp op, index_t n, const float* x, const float* y,
                            double* partials) {

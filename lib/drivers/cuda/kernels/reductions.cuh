@@ -55,6 +55,18 @@ HN_HOST_DEVICE inline void tree_step(int thread, int stride, double* values) {
   if (thread < stride) values[thread] += values[thread + stride];
 }
 
+#ifdef __CUDACC__
+// The whole tree over values[0, kReduceThreads) in shared memory, every thread of the block
+// taking part: values[0] holds the block's sum after it.
+__device__ inline void block_tree(double* values) {
+  __syncthreads();
+  for (int stride = kReduceThreads / 2; stride > 0; stride /= 2) {
+    tree_step(static_cast<int>(threadIdx.x), stride, values);
+    __syncthreads();
+  }
+}
+#endif
+
 // bias_backward, one block per channel c: thread t's share of sum_{o,i} dy[o][c][i], the
 // terms j = t, t + kReduceThreads, ... of the channel's outer * inner in that order. The
 // position (o, i) of each j advances by a fixed step instead of a 64-bit division per term,
