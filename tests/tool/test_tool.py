@@ -978,11 +978,11 @@ def time_fuse_on_or_off(ctx):
 
 @case
 def time_math_modes(ctx):
-    model = shared_model(ctx, "bvlc_reference_caffenet_deploy.prototxt")
+    model = lenet(ctx)
 
     def total(*args, net=model):
-        run = ctx.run("time", "--model", net, "--batch", 1, "--iterations", 1, "--json",
-                      "--tune", "off", *args)
+        run = ctx.run("time", "--model", net, "--data", "synthetic:1x28x28", "--batch", 1,
+                      "--iterations", 1, "--json", "--tune", "off", *args)
         return run, next(r for r in json_lines(run.stdout) if r.get("total"))
 
     run, record = total()
@@ -997,7 +997,7 @@ def time_math_modes(ctx):
     # The prototxt's own `math` field, overridden by the flag.
     with open(model) as f:
         text = f.read()
-    tf32_model = write(ctx, "caffenet_tf32.prototxt", "math: TF32\n" + text)
+    tf32_model = write(ctx, "lenet_tf32.prototxt", "math: TF32\n" + text)
     check(total(net=tf32_model)[1]["math"] == "TF32", "the prototxt's math: TF32")
     check(total("--math", "fp32", net=tf32_model)[1]["math"] == "FP32", "--math wins")
     ctx.error("time", "--model", model, "--math", "fp16", code=2,

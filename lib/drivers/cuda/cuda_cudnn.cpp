@@ -402,7 +402,9 @@ ConvPlan CudaDriver::make_conv_plan(const char* call, const LoweringShape& s,
                                              results) == CUDNN_STATUS_SUCCESS &&
         offers(results, count, math_mode());
     if (!found) {
-      cudaGetLastError();  // a failed measurement leaves the heuristics to choose
+      // A failed measurement leaves the heuristics to choose (its error cleared: only a
+      // failed cudnnFind can have set one here, the stream's work being checked at syncs).
+      if (cudnn_find_) cudaGetLastError();
       check_dnn(cudnnGetConvolutionForwardAlgorithm_v7(
                     handle, plan.x.get(), plan.w.get(), conv, plan.y.get(),
                     CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, results),
@@ -424,7 +426,7 @@ ConvPlan CudaDriver::make_conv_plan(const char* call, const LoweringShape& s,
             CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, results) == CUDNN_STATUS_SUCCESS &&
         offers(results, count, math_mode());
     if (!found) {
-      cudaGetLastError();
+      if (cudnn_find_) cudaGetLastError();
       check_dnn(cudnnGetConvolutionBackwardDataAlgorithm_v7(
                     handle, plan.w.get(), plan.y.get(), conv, plan.x.get(),
                     CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, results),
@@ -447,7 +449,7 @@ ConvPlan CudaDriver::make_conv_plan(const char* call, const LoweringShape& s,
             CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, results) == CUDNN_STATUS_SUCCESS &&
         offers(results, count, math_mode());
     if (!found) {
-      cudaGetLastError();
+      if (cudnn_find_) cudaGetLastError();
       check_dnn(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
                     handle, plan.x.get(), plan.y.get(), conv, plan.w.get(),
                     CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, results),
