@@ -140,27 +140,36 @@ void lift_backward(const LoweringShape& shape, index_t out_channels, const float
 // ---- direct convolution -------------------------------------------------------------
 
 // Calls visit(x index, weights index, y index) for every product x * w that lands in an
-// output, so the three convolution calls share one statement of the layout.
+// output, so the three convolution calls share one statement of the layout. The order is
+// that of the loops over n, co, oh, ow, ci, kh, kw; the indices advance by sums, not
+// products (under AddressSanitizer this loop was 95 % of ResNet-50's zoo test).
 template <class Visit>
 static void for_each_conv_term(const LoweringShape& s, index_t out_channels, Visit visit) {
   const index_t out_h = s.out_h(), out_w = s.out_w();
   const index_t in_per_group = s.channels / s.groups, out_per_group = out_channels / s.groups;
+  const index_t plane = s.height * s.width, kernel = s.kernel_h * s.kernel_w;
+  index_t out = 0;  // ((n * out_channels + co) * out_h + oh) * out_w + ow
   for (index_t n = 0; n < s.batch; ++n) {
     for (index_t co = 0; co < out_channels; ++co) {
       const index_t g = co / out_per_group;
+      const index_t x_group = (n * s.channels + g * in_per_group) * plane;
+      const index_t w_channel = co * in_per_group * kernel;
       for (index_t oh = 0; oh < out_h; ++oh) {
-        for (index_t ow = 0; ow < out_w; ++ow) {
-          const index_t out = ((n * out_channels + co) * out_h + oh) * out_w + ow;
+        const index_t h0 = oh * s.stride_h - s.pad_h;
+        for (index_t ow = 0; ow < out_w; ++ow, ++out) {
+          const index_t w0 = ow * s.stride_w - s.pad_w;
           for (index_t ci = 0; ci < in_per_group; ++ci) {
-            const index_t c = g * in_per_group + ci;
+            const index_t x_plane = x_group + ci * plane;
+            const index_t w_plane = w_channel + ci * kernel;
             for (index_t kh = 0; kh < s.kernel_h; ++kh) {
-              const index_t h = oh * s.stride_h - s.pad_h + kh * s.dilation_h;
+              const index_t h = h0 + kh * s.dilation_h;
               if (h < 0 || h >= s.height) continue;
+              const index_t x_row = x_plane + h * s.width;
+              const index_t w_row = w_plane + kh * s.kernel_w;
               for (index_t kw = 0; kw < s.kernel_w; ++kw) {
-                const index_t w = ow * s.stride_w - s.pad_w + kw * s.dilation_w;
+                const index_t w = w0 + kw * s.dilation_w;
                 if (w < 0 || w >= s.width) continue;
-                visit(((n * s.channels + c) * s.height + h) * s.width + w,
-                      ((co * in_per_group + ci) * s.kernel_h + kh) * s.kernel_w + kw, out);
+                visit(x_row + w, w_row + kw, out);
               }
             }
           }
@@ -186,8 +195,9 @@ void conv_forward(const LoweringShape& shape, index_t out_channels, const float*
     for (index_t i = 0; i < count; ++i)
       total[i] = bias[(i / plane) % out_channels];
   }
+  double* sums = total.data();
   for_each_conv_term(shape, out_channels, [&](index_t xi, index_t wi, index_t yi) {
-    total[yi] += static_cast<double>(x[xi]) * weights[wi];
+    sums[yi] += static_cast<double>(x[xi]) * weights[wi];
   });
   for (index_t i = 0; i < count; ++i)
     y[i] = static_cast<float>(total[i]);
@@ -197,8 +207,9 @@ void conv_backward_data(const LoweringShape& shape, index_t out_channels, const 
                         const float* dy, float* dx) {
   const index_t count = shape.image_count();
   std::vector<double> total(static_cast<std::size_t>(count), 0.0);
+  double* sums = total.data();
   for_each_conv_term(shape, out_channels, [&](index_t xi, index_t wi, index_t yi) {
-    total[xi] += static_cast<double>(dy[yi]) * weights[wi];
+    sums[xi] += static_cast<double>(dy[yi]) * weights[wi];
   });
   for (index_t i = 0; i < count; ++i)
     dx[i] = static_cast<float>(total[i]);
@@ -208,8 +219,9 @@ void conv_backward_weights(const LoweringShape& shape, index_t out_channels, con
                            const float* dy, float* dweights, float* dbias) {
   const index_t count = conv_weight_count(shape, out_channels);
   std::vector<double> total(static_cast<std::size_t>(count), 0.0);
+  double* sums = total.data();
   for_each_conv_term(shape, out_channels, [&](index_t xi, index_t wi, index_t yi) {
-    total[wi] += static_cast<double>(x[xi]) * dy[yi];
+    sums[wi] += static_cast<double>(x[xi]) * dy[yi];
   });
   for (index_t i = 0; i < count; ++i)
     dweights[i] = static_cast<float>(dweights[i] + total[i]);
