@@ -15,7 +15,6 @@
 #include <exception>
 #include <filesystem>
 #include <limits>
-#include <optional>
 #include <string>
 #include <system_error>
 #include <vector>
