@@ -537,6 +537,29 @@ TEST_CASE("an automatic split is measured by the first forward when not asked be
   CHECK(net.layer_splits().size() == 7);
 }
 
+// The same at every door: the tool's --split auto, the C ABI's split "auto" and this.
+TEST_CASE("a bare automatic split measures every available device but the reference driver",
+          "[split]") {
+  TwoDrivers d;  // two reference drivers, and no cpu driver yet
+  NetOptions options;
+  options.split = Split::parse("auto");
+  std::vector<Device> expected;
+  for (const Device& device : available_devices())
+    if (device.kind != "reference") expected.push_back(device);
+  CHECK(options.split.measured_devices() == expected);
+  Net net = lenet(d, options);
+  for (const Device& device : expected)
+    CHECK(d.runtime.find(device) != nullptr);  // made when the net named them
+  net.calibrate_splits();
+  const LayerSplits splits = net.layer_splits();
+  CHECK(splits.size() == 7);
+  for (const auto& [layer, split] : splits) {
+    INFO(layer << ": " << split.to_string());
+    for (const SplitShare& share : split.shares())
+      CHECK(share.device.kind != "reference");
+  }
+}
+
 namespace {
 // A core-only driver whose GEMM fails, as a device might mid-run.
 class FailingDriver final : public test::CoreDriver {
@@ -729,7 +752,7 @@ TEST_CASE("a solver's per-layer splits apply to its test net built from the same
                                        "lr_policy: \"fixed\"\nmax_iter: 1\n");
   TwoDrivers d;
   SolverOptions options;
-  options.train_data = options.test_data = "synthetic:1x28x28";
+  options.data = "synthetic:1x28x28";  // both nets' (the prototxt's LMDBs are not here)
   options.layer_splits = {{"conv2", Split::parse("reference:0.5,reference:1:0.5")}};
   Solver solver(solver_path, d.runtime, *d.host, options);
   REQUIRE(solver.num_test_nets() == 1);

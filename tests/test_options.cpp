@@ -24,6 +24,7 @@ std::string sample(const OptionSpec& spec) {
   const std::string name = spec.value_name;
   if (name == "on|off") return "off";
   if (name == "N") return "3";
+  if (name == "MB") return "0.5";
   if (name == "train|test") return "test";
   if (name == "FP32|TF32|BF16") return "TF32";
   if (name == "nchw|blocked") return "blocked";
@@ -83,6 +84,13 @@ TEST_CASE("every option sets the structs of its kind by its key, and no other", 
   CHECK(solver.blocked_layout);
   REQUIRE(set_option(solver, "bucket_bytes", "4096"));
   CHECK(solver.bucket_bytes == 4096u);
+  REQUIRE(set_option(solver, "bucket_mb", "1.5"));
+  CHECK(solver.bucket_bytes == 3u * 512u * 1024u);
+  REQUIRE(set_option(solver, "model_parallel", "fc6,,fc7"));
+  CHECK(solver.model_parallel == std::vector<std::string>{"fc6", "fc7"});
+  REQUIRE(set_option(solver, "data", "synthetic:1x4x4"));
+  CHECK(solver.data == "synthetic:1x4x4");
+  CHECK(solver.train_data.empty());
   CHECK(option_keys(kNetOption).rfind("phase, level, stage, batch", 0) == 0);
 }
 
@@ -96,6 +104,9 @@ TEST_CASE("a malformed option value is an error naming the key and what it takes
   CHECK_THROWS_WITH(set_option(net, "phase", "tset"), Contains("train or test"));
   SolverOptions solver;
   CHECK_THROWS_WITH(set_option(solver, "bucket_bytes", "0"), Contains("bucket_bytes"));
+  for (const char* mb : {"0", "-1", "nan", "1e9", "2x", ""})
+    CHECK_THROWS_WITH(set_option(solver, "bucket_mb", mb),
+                      Contains("bucket_mb") && Contains("MiB"));
   CHECK_THROWS_AS(set_option(solver, "split", "cpu:0.5,cpu:0.5"), Error);
 }
 

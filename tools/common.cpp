@@ -16,6 +16,57 @@
 
 namespace hn::tool {
 
+namespace {
+
+std::string flag_name(const char* key) {
+  std::string name = key;
+  std::replace(name.begin(), name.end(), '_', '-');
+  return name;
+}
+
+}  // namespace
+
+FlagSpec table_flag(const char* key) {
+  const OptionSpec& spec = option_spec(key);
+  return {flag_name(key), std::string(spec.value_name) == "N" ? FlagKind::integer : FlagKind::text,
+          spec.value_name, spec.tool_help != nullptr ? spec.tool_help : spec.help};
+}
+
+namespace {
+
+template <class Options>
+void set_table(Options& options, const Args& args, std::initializer_list<const char*> keys) {
+  for (const char* key : keys) {
+    const OptionSpec& spec = option_spec(key);
+    const std::string flag = flag_name(key);
+    if (!args.has(flag) && spec.tool_default == nullptr) continue;
+    const std::string value = args.has(flag) ? args.text(flag) : spec.tool_default;
+    try {
+      set_option(options, key, value);
+    } catch (const Error& error) {
+      // A malformed value, "option KEY: expected ...", is the command line's fault:
+      // "--FLAG: expected ...". Others (a split file that cannot be read) stay errors.
+      std::string message = error.what();
+      const std::string prefix = fmt::format("option {}: ", key);
+      if (message.rfind(prefix, 0) != 0) throw;
+      message.erase(0, prefix.size());
+      throw UsageError(fmt::format("--{}: {}", flag, message));
+    }
+  }
+}
+
+}  // namespace
+
+void set_table_options(NetOptions& options, const Args& args,
+                       std::initializer_list<const char*> keys) {
+  set_table(options, args, keys);
+}
+
+void set_table_options(SolverOptions& options, const Args& args,
+                       std::initializer_list<const char*> keys) {
+  set_table(options, args, keys);
+}
+
 Split parse_split(const std::string& spec) {
   Split split;
   try {
@@ -23,14 +74,7 @@ Split parse_split(const std::string& spec) {
   } catch (const Error& error) {
     throw UsageError(fmt::format("--split '{}': {}", spec, error.what()));
   }
-  if (!split.is_automatic() || !split.automatic_devices().empty()) return split;
-  // An oracle (the reference driver) is far slower than any other: measuring it would only
-  // hand it a sliver of every layer.
-  std::vector<Device> devices;
-  for (const Device& device : available_devices()) {
-    if (!driver_kind(device.kind).oracle) devices.push_back(device);
-  }
-  return Split::automatic(std::move(devices));
+  return split;
 }
 
 std::vector<FlagSpec> device_flags() {
@@ -39,12 +83,8 @@ std::vector<FlagSpec> device_flags() {
        "run on device D: cpu, reference, cuda:N (default: cpu, or with --split auto its first "
        "GPU)"},
       {"gpu", FlagKind::text, "N", "as Caffe's -gpu: run on cuda:N (one GPU)"},
-      {"split", FlagKind::text, "SPEC",
-       "split of each layer's batch among devices: DEVICE:FRACTION,... (e.g. "
-       "cpu:0.5,reference:0.5), or auto[:DEVICE,...] to measure the fractions (auto: cpu and "
-       "every GPU)"},
-      {"split-file", FlagKind::text, "FILE",
-       "per-layer splits saved by --split-save (they override --split for their layers)"},
+      table_flag("split"),
+      table_flag("split_file"),
       {"split-save", FlagKind::text, "FILE",
        "write the split each layer runs with (the measured fractions for auto) to FILE"},
       {"reference-memory", FlagKind::text, "host|separate",
@@ -58,41 +98,6 @@ std::vector<FlagSpec> device_flags() {
 }
 
 namespace {
-
-std::string flag_name(const char* key) {
-  std::string name = key;
-  std::replace(name.begin(), name.end(), '_', '-');
-  return name;
-}
-
-// The flag of an option of the library's table (lib/solver/options.h).
-FlagSpec table_flag(const char* key) {
-  const OptionSpec& spec = option_spec(key);
-  return {flag_name(key), std::string(spec.value_name) == "N" ? FlagKind::integer : FlagKind::text,
-          spec.value_name, spec.tool_help != nullptr ? spec.tool_help : spec.help};
-}
-
-// Sets the table's options `keys`: the tool's default where it has one, then the flag's
-// value where given; a malformed value is a UsageError naming the flag.
-template <class Options>
-void set_table_options(Options& options, const Args& args,
-                       std::initializer_list<const char*> keys) {
-  for (const char* key : keys) {
-    const OptionSpec& spec = option_spec(key);
-    const std::string flag = flag_name(key);
-    if (!args.has(flag) && spec.tool_default == nullptr) continue;
-    const std::string value = args.has(flag) ? args.text(flag) : spec.tool_default;
-    try {
-      set_option(options, key, value);
-    } catch (const Error& error) {
-      // "option KEY: expected ..." -> "--FLAG: expected ..."
-      std::string message = error.what();
-      const std::string prefix = fmt::format("option {}: ", key);
-      if (message.rfind(prefix, 0) == 0) message.erase(0, prefix.size());
-      throw UsageError(fmt::format("--{}: {}", flag, message));
-    }
-  }
-}
 
 constexpr std::initializer_list<const char*> kTuneKeys = {"tune", "tune_cache", "layout", "fuse",
                                                           "math"};
@@ -140,9 +145,8 @@ void print_math_notes(const Net& net) {
 NetOptions net_options(const Args& args, Phase phase) {
   NetOptions options;
   options.state.phase = phase;
-  set_table_options(options, args, {"data", "mean_file", "batch", "level", "stage"});
-  options.split = chosen_split(args);
-  options.layer_splits = chosen_layer_splits(args);
+  set_table_options(options, args,
+                    {"data", "mean_file", "batch", "level", "stage", "split", "split_file"});
   set_table_options(options, args, kTuneKeys);
   report_tuning(options.tune);
   return options;
@@ -225,16 +229,9 @@ std::vector<FlagSpec> comm_flags() {
        "started several ranks, else local)"},
       {"comm-timeout", FlagKind::text, "SECONDS",
        "how long a collective waits for the other ranks before every rank fails (default 300)"},
-      {"bucket-mb", FlagKind::text, "MB", "gradient bucket size for the allreduce (default 25)"},
-      {"model-parallel", FlagKind::text, "LAYERS",
-       "InnerProduct layers to cut across the ranks by their outputs, comma-separated (e.g. "
-       "fc6,fc7,fc8): each rank holds its share of their weights, and activations move "
-       "instead of their gradients"},
+      table_flag("bucket_mb"),
+      table_flag("model_parallel"),
   };
-}
-
-std::vector<std::string> chosen_model_parallel(const Args& args) {
-  return detail::split_commas(args.text("model-parallel"), detail::EmptyItems::drop);
 }
 
 namespace {
@@ -266,8 +263,9 @@ Communicator& chosen_communicator(const Args& args) {
 }
 
 std::size_t chosen_bucket_bytes(const Args& args) {
-  const double megabytes = positive_number(args, "bucket-mb", 25.0);
-  return static_cast<std::size_t>(std::max(4.0, megabytes * 1024.0 * 1024.0));
+  SolverOptions options;
+  set_table_options(options, args, {"bucket_mb"});
+  return options.bucket_bytes;
 }
 
 Communicator* active_communicator() {

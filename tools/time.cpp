@@ -142,6 +142,7 @@ int run_time(const Args& args) {
   const bool json = args.boolean("json", false);
   const Phase phase = parse_phase(args.text("phase", "train"));
   NetOptions options = net_options(args, phase);
+  set_table_options(options, args, {"model_parallel"});
   options.force_backward = args.boolean("force-backward", true);
 
   // Under mpirun: every rank times its own net, and backward overlaps the gradients'
@@ -149,7 +150,6 @@ int run_time(const Args& args) {
   Communicator& comm = chosen_communicator(args);
   const bool ranks = comm.size() > 1;
   options.communicator = &comm;
-  options.model_parallel = chosen_model_parallel(args);
   Runtime runtime;
   configure_runtime(runtime, args);
   Net net(model, runtime, chosen_device(args), options);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <cstddef>
+#include <initializer_list>
 #include <memory>
 
 #include "lib/capi/hybridnn.h"
@@ -20,6 +21,16 @@ Command test_command();
 Command time_command();
 Command device_query_command();
 Command convert_command();
+
+// The flag of an option of the library's table (lib/solver/options.h): the key with '-'
+// for '_', its value name and help (the tool's help where the table has one).
+FlagSpec table_flag(const char* key);
+// Sets the table's options `keys`: the tool's default where it has one, then the flag's
+// value where given; a malformed value is a UsageError naming the flag.
+void set_table_options(NetOptions& options, const Args& args,
+                       std::initializer_list<const char*> keys);
+void set_table_options(SolverOptions& options, const Args& args,
+                       std::initializer_list<const char*> keys);
 
 // --device, --gpu, --split, --split-file, --split-save, --threads, --blas.
 std::vector<FlagSpec> device_flags();
@@ -45,8 +56,6 @@ Split chosen_split(const Args& args);
 // The per-layer splits of --split-file (empty without the flag); hn::Error names the file
 // and line of a malformed entry.
 LayerSplits chosen_layer_splits(const Args& args);
-// --model-parallel's layer names (NetOptions::model_parallel).
-std::vector<std::string> chosen_model_parallel(const Args& args);
 // Whether --split or --split-file cuts layers among devices.
 bool splits_chosen(const Args& args);
 

@@ -188,6 +188,12 @@ class Reporter {
   std::string last_snapshot_;
 };
 
+// The flags of train's own from the library's option table (the tuning ones come with
+// apply_tune_flags).
+constexpr std::initializer_list<const char*> kSolverKeys = {
+    "data", "train_data", "test_data",  "mean_file",      "max_iter", "snapshot_prefix",
+    "seed", "split",      "split_file", "model_parallel", "bucket_mb"};
+
 int run_train(const Args& args) {
   const std::string solver_path = args.required_text("solver");
   if (args.has("weights") && args.has("snapshot")) {
@@ -195,22 +201,13 @@ int run_train(const Args& args) {
         "give --weights to fine-tune or --snapshot to resume training, not both (as Caffe)");
   }
   SolverOptions options;
-  options.train_data = args.text("train-data", args.text("data"));
-  options.test_data = args.text("test-data", args.text("data"));
-  options.mean_file = args.text("mean-file");
-  options.snapshot_prefix = args.text("snapshot-prefix");
-  options.max_iter = static_cast<int>(args.integer("max-iter", 0, 1, INT_MAX));
-  options.seed = static_cast<std::uint64_t>(args.integer("seed", 0, 0, LLONG_MAX));
-  options.split = chosen_split(args);
-  options.layer_splits = chosen_layer_splits(args);
-  options.model_parallel = chosen_model_parallel(args);
+  set_table_options(options, args, kSolverKeys);
 
   // Under mpirun: one rank of a data-parallel run. Rank 0 alone prints (chosen_communicator
   // quiets the others), writes metrics and snapshots.
   Communicator* const comm = &chosen_communicator(args);
   const bool root = comm->rank() == 0;
   options.communicator = comm;
-  options.bucket_bytes = chosen_bucket_bytes(args);
   apply_tune_flags(options, args);
 
   Runtime runtime;
@@ -306,16 +303,11 @@ Command train_command() {
       {"solver", FlagKind::text, "FILE", "the solver prototxt (required)"},
       {"weights", FlagKind::text, "W[,W2]", "fine-tune from these .caffemodel files"},
       {"snapshot", FlagKind::text, "S", "resume from this .solverstate"},
-      {"data", FlagKind::text, "SRC",
-       "data source of every Data layer: LMDB dir, IDX or CIFAR-10 file, synthetic:CxHxW"},
-      {"train-data", FlagKind::text, "SRC", "data source of the training net only"},
-      {"test-data", FlagKind::text, "SRC", "data source of the test nets only"},
-      {"mean-file", FlagKind::text, "FILE", "replace every transform_param.mean_file (none: drop)"},
       {"metrics", FlagKind::text, "FILE", "write JSON-lines metrics to FILE"},
-      {"max-iter", FlagKind::integer, "N", "replace the solver's max_iter"},
-      {"snapshot-prefix", FlagKind::text, "P", "replace the solver's snapshot_prefix"},
-      {"seed", FlagKind::integer, "N", "random seed (default: the solver's random_seed)"},
   };
+  for (const char* key :
+       {"data", "train_data", "test_data", "mean_file", "max_iter", "snapshot_prefix", "seed"})
+    command.flags.push_back(table_flag(key));
   for (FlagSpec& flag : device_flags())
     command.flags.push_back(std::move(flag));
   for (FlagSpec& flag : comm_flags())

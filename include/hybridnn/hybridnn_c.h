@@ -201,8 +201,10 @@ HN_API hn_status hn_layer_backward(hn_layer* layer, hn_driver* driver, hn_tensor
  *   reuse_memory   on (default) | off
  *   keep_blobs     comma-separated blobs whose memory is never reused
  *   seed           the net's random seed
- *   split          DEVICE:FRACTION,... or auto[:DEVICE,...] (the hybrid split)
+ *   split          DEVICE:FRACTION,... or auto[:DEVICE,...] (the hybrid split; a bare
+ *                  auto measures every available device but the reference driver)
  *   split_file     per-layer splits saved by the tool's --split-save
+ *   model_parallel comma-separated layers cut across the ranks by their outputs
  *   tune           off | once | cached (default off)
  *   tune_cache     file of the measured choices
  *   layout         nchw (default) | blocked (nChw16c/8c between CPU layers)
@@ -254,14 +256,17 @@ HN_API hn_status hn_net_calibrate_splits(hn_net* net);
 /* ---- solver -------------------------------------------------------------------------- */
 
 /* Options of a solver, as key=value strings:
- *   train_data, test_data  sources of the training and test nets' Data layers
+ *   data                   source of every Data layer of the training and test nets
+ *   train_data, test_data  sources of the training and test nets' Data layers (over data)
  *   mean_file              as the net option
  *   snapshot_prefix        replaces the solver's
  *   max_iter               replaces the solver's
  *   seed                   the random seed
  *   split, split_file      the hybrid split of the training and test nets
+ *   model_parallel         as the net option
  *   tune, tune_cache, layout, fuse, math   as the net options
- *   bucket_bytes           gradient bucket size for the allreduce (default 25 MiB)
+ *   bucket_mb              gradient bucket size for the allreduce in MiB (default 25)
+ *   bucket_bytes           the same in bytes
  * and a communicator (hn_solver_options_set_communicator) for data parallelism. */
 HN_API hn_status hn_solver_options_create(hn_solver_options** out);
 HN_API void hn_solver_options_destroy(hn_solver_options* options);

@@ -289,11 +289,7 @@ void Net::Impl::build(pb::NetParameter net) {
       }
       if (nl.split.is_automatic()) {
         nl.automatic = true;
-        nl.auto_devices = nl.split.automatic_devices();
-        if (nl.auto_devices.empty()) {
-          for (const Driver* present : runtime->drivers())
-            nl.auto_devices.push_back(present->device());
-        }
+        nl.auto_devices = nl.split.measured_devices();
         nl.split = Split();  // the fractions are measured at the first forward
         HN_CHECK(nl.param.split_axis() != pb::LayerParameter::OUTPUT,
                  "split_axis: OUTPUT needs the fractions given, not measured (auto)");

@@ -126,9 +126,18 @@ Split Split::automatic(std::vector<Device> devices) {
 }
 
 std::vector<Device> Split::devices() const {
-  std::vector<Device> devices = automatic_devices_;
+  std::vector<Device> devices = measured_devices();
   for (const SplitShare& share : shares_)
     devices.push_back(share.device);
+  return devices;
+}
+
+std::vector<Device> Split::measured_devices() const {
+  if (!automatic_ || !automatic_devices_.empty()) return automatic_devices_;
+  std::vector<Device> devices;
+  for (const Device& device : available_devices()) {
+    if (!driver_kind(device.kind).oracle) devices.push_back(device);
+  }
   return devices;
 }
 

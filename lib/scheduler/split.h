@@ -30,8 +30,8 @@ class Split {
   // 1e-6, and no device appears twice.
   explicit Split(std::vector<SplitShare> shares);
   static Split single(const Device& device) { return Split({SplitShare{device, 1.0}}); }
-  // Fractions measured at run time among `devices` (empty: every driver of the Runtime).
-  // Throws when a device appears twice.
+  // Fractions measured at run time among `devices` (empty: every available device but the
+  // oracles, see measured_devices()). Throws when a device appears twice.
   static Split automatic(std::vector<Device> devices = {});
 
   // Parses "DEVICE[:FRACTION],..." or "DEVICE=FRACTION,..." or "auto[:DEVICE,...]". An integer
@@ -43,11 +43,17 @@ class Split {
 
   bool empty() const { return shares_.empty() && !automatic_; }
   bool is_automatic() const { return automatic_; }
-  // The devices an automatic split measures (empty: every driver of the Runtime).
+  // The devices an automatic split names (empty: none named, see measured_devices()).
   const std::vector<Device>& automatic_devices() const { return automatic_devices_; }
+  // The devices an automatic split measures: those it names, else every available device
+  // (available_devices()) whose kind is not an oracle: the reference driver is far slower
+  // than any other, and measuring it would only hand it a sliver of every layer. The same
+  // at every door (the tool's --split auto, the C ABI's and Python's split "auto",
+  // Split::automatic()).
+  std::vector<Device> measured_devices() const;
   const std::vector<SplitShare>& shares() const { return shares_; }
   // Every device the split names: its shares' (in order), or those an automatic split
-  // measures.
+  // measures (measured_devices()).
   std::vector<Device> devices() const;
 
   // Rows [begin, end) of each share for a batch of `rows`, in share order. Boundary i is the

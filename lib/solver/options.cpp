@@ -2,7 +2,10 @@
 // takes it.
 #include "lib/solver/options.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 
 #include "lib/core/check.h"
@@ -44,6 +47,15 @@ Phase phase(const std::string& key, const std::string& value) {
   detail::fail("option {}: expected train or test, got '{}'", key, value);
 }
 
+// A positive number of MiB as bytes (at least 4: one float).
+std::size_t megabytes(const std::string& key, const std::string& value) {
+  char* end = nullptr;
+  const double mb = std::strtod(value.c_str(), &end);
+  HN_CHECK(end != value.c_str() && *end == '\0' && std::isfinite(mb) && mb > 0 && mb < 1e6,
+           "option {}: expected a positive number of MiB, got '{}'", key, value);
+  return static_cast<std::size_t>(std::max(4.0, mb * 1024.0 * 1024.0));
+}
+
 MathMode math(const std::string& key, const std::string& value) {
   try {
     return parse_math_mode(value);
@@ -63,16 +75,24 @@ struct Entry {
 
 // The options both structs take, through the members they share.
 template <class Options>
-void set_split(Options& o, const std::string&, const std::string& v) {
-  o.split = v.empty() ? Split() : Split::parse(v);
+void set_split(Options& o, const std::string& k, const std::string& v) {
+  try {
+    o.split = v.empty() ? Split() : Split::parse(v);
+  } catch (const Error& error) {
+    detail::fail("option {}: {}", k, error.what());
+  }
 }
 template <class Options>
 void set_split_file(Options& o, const std::string&, const std::string& v) {
   o.layer_splits = v.empty() ? LayerSplits() : read_layer_splits(v);
 }
 template <class Options>
-void set_tune(Options& o, const std::string&, const std::string& v) {
-  o.tune.mode = parse_tune_mode(v);
+void set_tune(Options& o, const std::string& k, const std::string& v) {
+  try {
+    o.tune.mode = parse_tune_mode(v);
+  } catch (const Error& error) {
+    detail::fail("option {}: {}", k, error.what());
+  }
 }
 template <class Options>
 void set_tune_cache(Options& o, const std::string&, const std::string& v) {
@@ -126,9 +146,9 @@ const std::vector<Entry>& entries() {
        nullptr},
       {{"data", "SRC",
         "source of every Data layer (LMDB dir, IDX or CIFAR-10 file, synthetic:CxHxW[:classes])",
-        kNetOption},
+        kBoth},
        [](NetOptions& o, const std::string&, const std::string& v) { o.data_source = v; },
-       nullptr},
+       [](SolverOptions& o, const std::string&, const std::string& v) { o.data = v; }},
       {{"train_data", "SRC", "source of the training net's Data layers", kSolverOption},
        nullptr,
        [](SolverOptions& o, const std::string&, const std::string& v) { o.train_data = v; }},
@@ -166,10 +186,15 @@ const std::vector<Entry>& entries() {
       {{"seed", "N", "the random seed (nets: 1701; solvers: 0, the solver's random_seed)", kBoth},
        set_seed<NetOptions>,
        set_seed<SolverOptions>},
-      {{"split", "SPEC", "DEVICE:FRACTION,... or auto[:DEVICE,...]: the hybrid split", kBoth},
+      {{"split", "SPEC", "DEVICE:FRACTION,... or auto[:DEVICE,...]: the hybrid split", kBoth,
+        nullptr,
+        "split of each layer's batch among devices: DEVICE:FRACTION,... (e.g. "
+        "cpu:0.5,reference:0.5), or auto[:DEVICE,...] to measure the fractions (auto: every "
+        "device but the reference driver)"},
        set_split<NetOptions>,
        set_split<SolverOptions>},
-      {{"split_file", "FILE", "per-layer splits saved by the tool's --split-save", kBoth},
+      {{"split_file", "FILE", "per-layer splits saved by the tool's --split-save", kBoth, nullptr,
+        "per-layer splits saved by --split-save (they override --split for their layers)"},
        set_split_file<NetOptions>,
        set_split_file<SolverOptions>},
       {{"tune", "off|once|cached",
@@ -200,6 +225,23 @@ const std::vector<Entry>& entries() {
         kBoth},
        set_math<NetOptions>,
        set_math<SolverOptions>},
+      {{"model_parallel", "L[,L2]",
+        "layers to cut across the ranks by their outputs, comma-separated (e.g. fc6,fc7,fc8): "
+        "each rank holds its share of their weights, and activations move instead of their "
+        "gradients",
+        kBoth},
+       [](NetOptions& o, const std::string&, const std::string& v) {
+         o.model_parallel = detail::split_commas(v, detail::EmptyItems::drop);
+       },
+       [](SolverOptions& o, const std::string&, const std::string& v) {
+         o.model_parallel = detail::split_commas(v, detail::EmptyItems::drop);
+       }},
+      {{"bucket_mb", "MB", "gradient bucket size for the allreduce in MiB (default 25)",
+        kSolverOption},
+       nullptr,
+       [](SolverOptions& o, const std::string& k, const std::string& v) {
+         o.bucket_bytes = megabytes(k, v);
+       }},
       {{"bucket_bytes", "N", "gradient bucket size for the allreduce (default 25 MiB)",
         kSolverOption},
        nullptr,

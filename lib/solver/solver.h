@@ -22,7 +22,9 @@ namespace hn {
 
 struct SolverOptions {
   // Data sources replacing those of the training net's and the test nets' Data layers (see
-  // NetOptions::data_source); empty keeps the prototxt's.
+  // NetOptions::data_source); empty keeps the prototxt's. `data` is both nets' where
+  // train_data or test_data is empty.
+  std::string data;
   std::string train_data;
   std::string test_data;
   std::string mean_file;  // see NetOptions::mean_file

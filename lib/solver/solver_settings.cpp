@@ -123,7 +123,7 @@ void Solver::Impl::build_nets() {
   }
   NetOptions train_options;
   train_options.state = merge_state(Phase::train, p.has_train_state() ? &p.train_state() : nullptr);
-  train_options.data_source = options.train_data;
+  train_options.data_source = options.train_data.empty() ? options.data : options.train_data;
   train_options.mean_file = options.mean_file;
   train_options.seed = seed;
   train_options.split = options.split;
@@ -160,7 +160,7 @@ void Solver::Impl::build_nets() {
     test_options.state =
         merge_state(Phase::test, p.test_state_size() > 0 ? &p.test_state(i) : nullptr);
     test_options.split = options.split;
-    test_options.data_source = options.test_data;
+    test_options.data_source = options.test_data.empty() ? options.data : options.test_data;
     test_options.mean_file = options.mean_file;
     test_options.seed = seed;
     test_options.tune = agreed_tune(options.tune, *comm, *driver);

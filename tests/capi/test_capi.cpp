@@ -395,6 +395,24 @@ TEST_CASE(
   CHECK(again.blob("ip2").values() == net.blob("ip2").values());
 }
 
+// As the tool's --split auto: a bare "auto" measures every available device but the
+// reference driver, whichever drivers the runtime held before.
+TEST_CASE("C ABI: a net's split auto measures every device but the reference driver", "[capi]") {
+  hn::Runtime runtime;
+  hn::Driver reference = runtime.add("reference");
+  hn::Net net =
+      hn::Net::from_text(runtime, reference, kMlp, hn::NetOptions().set("split", "auto"), "mlp");
+  net.calibrate_splits();
+  int named = 0;
+  for (int32_t l = 0; l < net.num_layers(); ++l) {
+    const std::string split = net.layer_split(l);
+    INFO(net.layer_name(l) << ": " << split);
+    CHECK(split.find("reference") == std::string::npos);
+    named += split.find("cpu") != std::string::npos ? 1 : 0;
+  }
+  CHECK(named > 0);
+}
+
 TEST_CASE("C ABI: handles keep what they need alive, whatever the order of destruction", "[capi]") {
   std::vector<float> got;
   {
