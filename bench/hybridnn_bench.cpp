@@ -13,6 +13,7 @@
 
 #include "bench/bench_common.h"
 #include "hybridnn/error.h"
+#include "lib/drivers/builtin.h"
 
 namespace {
 
@@ -54,6 +55,7 @@ const char* const kUsage =
 }  // namespace
 
 int main(int argc, char** argv) {
+  hn::register_builtin_drivers();
   const std::vector<std::string> args(argv + std::min(argc, 2), argv + argc);
   const std::string command = argc >= 2 ? argv[1] : "";
   try {

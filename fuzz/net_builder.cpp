@@ -16,6 +16,7 @@
 #include "fuzz/fuzz.h"
 #include "lib/core/memory.h"
 #include "lib/core/runtime.h"
+#include "lib/drivers/builtin.h"
 #include "lib/net/net.h"
 
 namespace {
@@ -69,6 +70,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  hn::register_builtin_drivers();
   static hn::Runtime runtime;
   static hn::Driver& driver = runtime.add(hn::Device::parse("reference"));
   const std::string text =

@@ -6,9 +6,11 @@
 
 #include "fuzz/fuzz.h"
 #include "lib/core/runtime.h"
+#include "lib/drivers/builtin.h"
 #include "lib/solver/solver.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  hn::register_builtin_drivers();
   static hn::Runtime runtime;
   static hn::Driver& driver = runtime.add(hn::Device::parse("reference"));
   static const std::unique_ptr<hn::Solver> solver = [] {

@@ -4,9 +4,11 @@
 #include <string_view>
 
 #include "fuzz/fuzz.h"
+#include "lib/drivers/builtin.h"
 #include "lib/scheduler/split.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  hn::register_builtin_drivers();
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   hn::fuzz::accept_errors([&] {
     const hn::Split split = hn::Split::parse(text);

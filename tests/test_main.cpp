@@ -1,3 +1,6 @@
-// Catch2's main for the unit tests.
-#define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+// The main of the C ABI's tests (the C ABI registers the built-in drivers itself).
+#include "tests/catch_impl.h"
+
+int main(int argc, char** argv) {
+  return hn::test::run_catch(argc, argv);
+}

@@ -119,6 +119,7 @@ int run(int argc, char** argv, std::string& label) {
 int main(int argc, char** argv) {
   // Progress lines reach a pipe (a test, `tee`) as they are printed.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  hn::register_builtin_drivers();
   std::string label = "hybridnn";
   try {
     return run(argc, argv, label);

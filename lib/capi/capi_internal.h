@@ -21,6 +21,7 @@
 #include "lib/core/runtime.h"
 #include "lib/core/tensor.h"
 #include "lib/core/tune.h"
+#include "lib/drivers/builtin.h"
 #include "lib/net/net.h"
 #include "lib/scheduler/split.h"
 #include "lib/solver/options.h"
@@ -55,6 +56,7 @@ inline const char* checked_text(const char* text, const char* what) {
 template <class Body>
 hn_status guarded(const Body& body) noexcept {
   try {
+    hn::register_builtin_drivers();  // once per process; the C ABI's callers never do
     body();
     return HN_OK;
   } catch (const ApiError& error) {

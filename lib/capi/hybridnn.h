@@ -19,6 +19,7 @@
 #include "lib/core/text.h"
 #include "lib/core/version.h"
 #include "lib/data/convert.h"
+#include "lib/drivers/builtin.h"
 #include "lib/layers/layer.h"
 #include "lib/layers/layers.h"
 #include "lib/net/net.h"

@@ -31,10 +31,10 @@ Registry& registry() {
 }
 
 std::string kind_list(const std::vector<DriverKind>& kinds) {
-  // Empty only in a program linked without the built-in drivers' object (CMake links it
-  // with the library: lib/drivers/CMakeLists.txt).
+  // Empty only in a C++ program that named a device before registering the built-in
+  // drivers (the C ABI registers them itself).
   if (kinds.empty())
-    return "none (the built-in drivers, lib/drivers/builtin.cpp, are not linked in)";
+    return "none (call hn::register_builtin_drivers(), lib/drivers/builtin.h, first)";
   std::string names;
   for (const DriverKind& kind : kinds)
     names += (names.empty() ? "" : ", ") + kind.name;

@@ -2,10 +2,9 @@
 // with its factory, how many devices of the kind are present, and the options its driver
 // reads. The runtime, device names, the tool's device_query and the tests enumerate it; no
 // part of the library lists the kinds itself. The built-in kinds come from the drivers'
-// floor, not from here: lib/drivers/builtin.cpp registers them when the program starts (its
-// object is linked into every program and shared library that links the library); a
-// program may register a driver of its own with register_driver_kind() before naming its
-// devices.
+// floor, not from here: its register_builtin_drivers() (lib/drivers/builtin.h), which the
+// C ABI's entry points and the C++ programs' mains call; a program may register a driver
+// of its own with register_driver_kind() before naming its devices.
 #pragma once
 
 #include <functional>

@@ -10,6 +10,7 @@
 
 #include "hybridnn/error.h"
 #include "lib/core/runtime.h"
+#include "lib/drivers/builtin.h"
 
 namespace {
 
@@ -36,6 +37,7 @@ std::string no_device_reason() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  hn::register_builtin_drivers();
   Catch::Session session;
   const int status = session.applyCommandLine(argc, argv);
   if (status != 0) return status;
