@@ -4,8 +4,9 @@
 The library's tree is lib/, one folder per component, bottom to top as the floors; a
 component may include only itself, the installed headers (include/hybridnn/: the stable C
 ABI and the header-only C++ API, which include nothing of lib/) and the components listed
-for it below. The tools see the installed headers and the C++ API's umbrella,
-lib/capi/hybridnn.h, plus what TOOLS_MAY_USE names. Exits 1 listing each include out of
+for it below. The tool's commands (lib/tool/, on top) see the installed headers and the
+C ABI's folder, whose lib/capi/hybridnn.h is the C++ API's umbrella; the executable's
+main (tools/) sees lib/tool/. Exits 1 listing each include out of
 order, with the file and line; run by CI and by ctest (test 'layering').
 """
 import pathlib
@@ -27,7 +28,8 @@ ALLOWED = {
     "net": ["core", "layers", "scheduler", "proto", "data", "comm"],
     "solver": ["core", "layers", "scheduler", "net", "proto", "data", "comm"],
     "api": ["core", "drivers", "layers", "scheduler", "net", "solver", "comm", "proto", "data"],
-    "tools": ["api"],
+    "tool": ["api"],
+    "tools": ["tool"],
 }
 
 # Where each component lives: folders only, longest match wins.
@@ -43,6 +45,7 @@ PLACES = {
     "lib/net/": "net",
     "lib/solver/": "solver",
     "lib/capi/": "api",
+    "lib/tool/": "tool",
     "tools/": "tools",
 }
 

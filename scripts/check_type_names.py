@@ -17,7 +17,8 @@ import source_checks
 # Where the names are registered, and where they must not appear.
 LAYER_ENTRIES = "lib/layers"
 KIND_ENTRIES = "lib/drivers"
-CHECKED = ("lib/net", "lib/scheduler", "lib/solver", "lib/capi", "lib/data", "lib/comm", "tools")
+CHECKED = ("lib/net", "lib/scheduler", "lib/solver", "lib/capi", "lib/data", "lib/comm", "lib/tool",
+           "tools")
 SUFFIXES = {".h", ".hpp", ".cpp", ".cu", ".cuh"}
 
 # An entry's name, or a constant naming a type (kSplitLayerType, the Net's own Split layers).
@@ -89,10 +90,10 @@ def self_test():
         "lib/layers/relu.cpp": 'type.name = "ReLU";\n',
         "lib/drivers/cpu/cpu_driver.cpp": 'kind.name = "cpu";\n',
         "lib/net/net.cpp": '// a "ReLU" in a comment\nif (type == "ReLU") {}\n',
-        "tools/common.cpp": 'x = "cpu:0"; /* "cpu" */\nif (kind == "cpu") {}\n',
+        "lib/tool/common.cpp": 'x = "cpu:0"; /* "cpu" */\nif (kind == "cpu") {}\n',
     }
     expected = ["lib/net/net.cpp:2: names the layer type \"ReLU\"",
-                "tools/common.cpp:2: names the device kind \"cpu\""]
+                "lib/tool/common.cpp:2: names the device kind \"cpu\""]
     return source_checks.self_test("type names", files, lambda root: check(root)[2], expected)
 
 

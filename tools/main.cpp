@@ -1,20 +1,16 @@
 // `hybridnn`: the command-line tool, as Caffe's `caffe` (train, test, time, device_query)
-// plus convert. Dispatches to a command; library errors exit 1, usage errors exit 2.
-#include <fmt/format.h>
+// plus convert. The commands are the library's (lib/tool/, hn_tool_main in the C ABI, which
+// `python3 -m hybridnn` calls too); the executable adds what only a program of its own may
+// do: line-buffered stdout, the OpenMP spin bound below, and ending every rank under mpirun
+// when one fails.
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <exception>
-#include <string>
-#include <vector>
 
-#include "lib/capi/hybridnn.h"
-#include "tools/tool.h"
+#include "lib/tool/tool_main.h"
 
 namespace {
-
 // OpenMP's idle threads (libgomp, under oneDNN and the CPU driver's loops) spin about
 // 300,000 times before they sleep. On an idle machine that saves a wake-up between the
 // small parallel regions of a training step; on a shared one the spinning takes the time a
@@ -31,110 +27,13 @@ void bound_openmp_spinning(char** argv) {
   // Not reached unless exec failed: run on with OpenMP's default.
 }
 
-using hn::tool::Command;
-
-std::vector<Command> commands() {
-  return {hn::tool::train_command(), hn::tool::test_command(), hn::tool::time_command(),
-          hn::tool::device_query_command(), hn::tool::convert_command()};
-}
-
-std::string overview(const std::vector<Command>& all) {
-  std::string text = fmt::format(
-      "usage: hybridnn <command> [flags]\n\n"
-      "hybridnn {}: train and run Caffe nets (prototxt, caffemodel, solverstate) on the\n"
-      "reference, cpu and cuda:N drivers.\n\ncommands:\n",
-      hn::version());
-  for (const Command& command : all) {
-    text += fmt::format("  {:<16}{}\n", command.name, command.summary);
-  }
-  text +=
-      "  help [COMMAND]  this text, or a command's flags\n\n"
-      "Flags are written as in Caffe's caffe tool: -flag or --flag, then =VALUE or VALUE.\n"
-      "Most commands take --device D (cpu, reference, cuda:N), --split SPEC, --threads N\n"
-      "and --blas NAME. `hybridnn COMMAND --help` lists a command's flags.\n";
-  return text;
-}
-
-const Command* find_command(const std::vector<Command>& all, std::string name) {
-  std::replace(name.begin(), name.end(), '-', '_');
-  if (name == "devicequery") name = "device_query";
-  for (const Command& command : all) {
-    if (command.name == name) return &command;
-  }
-  return nullptr;
-}
-
-int run(int argc, char** argv, std::string& label) {
-  bound_openmp_spinning(argv);
-  const std::vector<Command> all = commands();
-  std::vector<std::string> words(argv + 1, argv + argc);
-  if (words.empty()) {
-    std::fputs(overview(all).c_str(), stderr);
-    return 2;
-  }
-  const std::string& first = words[0];
-  if (first == "help" || first == "--help" || first == "-help" || first == "-h") {
-    if (words.size() == 1) {
-      std::fputs(overview(all).c_str(), stdout);
-      return 0;
-    }
-    const Command* command = find_command(all, words[1]);
-    if (command == nullptr) {
-      fmt::print(stderr, "hybridnn help: unknown command '{}'\n\n{}", words[1], overview(all));
-      return 2;
-    }
-    if (words.size() > 2) {
-      fmt::print(stderr, "hybridnn help: takes one command; '{}' after '{}' is extra\n", words[2],
-                 words[1]);
-      return 2;
-    }
-    std::fputs(usage(*command).c_str(), stdout);
-    return 0;
-  }
-  if (first == "--version" || first == "-version" || first == "version") {
-    fmt::print("hybridnn {}\n", hn::version());
-    return 0;
-  }
-  const Command* command = find_command(all, first);
-  if (command == nullptr) {
-    fmt::print(stderr, "hybridnn: unknown command '{}'\n\n{}", first, overview(all));
-    return 2;
-  }
-  label = "hybridnn " + command->name;
-  try {
-    const hn::tool::Args args = hn::tool::Args::parse(*command, {words.begin() + 1, words.end()});
-    if (args.help()) {
-      std::fputs(usage(*command).c_str(), stdout);
-      return 0;
-    }
-    return command->run(args);
-  } catch (const hn::tool::UsageError& error) {
-    fmt::print(stderr, "{}: {}\n\n{}", label, error.what(), usage(*command));
-    return 2;
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
+  bound_openmp_spinning(argv);
   // Progress lines reach a pipe (a test, `tee`) as they are printed.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  hn::register_builtin_drivers();
-  std::string label = "hybridnn";
-  try {
-    return run(argc, argv, label);
-  } catch (const std::exception& error) {  // hn::Error and the standard library's
-    std::fflush(stdout);
-    hn::Communicator* comm = hn::tool::active_communicator();
-    if (comm != nullptr && comm->size() > 1) {
-      // The other ranks may be waiting in a collective or computing: end them all now,
-      // rather than leave them to their deadlines.
-      fmt::print(stderr, "{}: error on rank {} of {}: {}\n", label, comm->rank(), comm->size(),
-                 error.what());
-      std::fflush(stderr);
-      comm->abort(1);
-    }
-    fmt::print(stderr, "{}: error: {}\n", label, error.what());
-  }
-  return 1;
+  // A rank that fails ends every rank at once (hn_tool_main, for other programs, leaves
+  // them to their collectives' deadlines).
+  return hn::tool::main(argc, argv, hn::tool::OnRankError::end_every_rank);
 }

@@ -339,6 +339,17 @@ HN_API hn_status hn_comm_broadcast(hn_comm* comm, hn_driver* driver, float* data
                                    int32_t root);
 HN_API hn_status hn_comm_barrier(hn_comm* comm);
 
+/* ---- the tool ------------------------------------------------------------------------ */
+
+/* The hybridnn tool's commands (train, test, time, device_query, convert, help), as the
+ * `hybridnn` executable runs them: argv[0] is the program's name, argv[1] the command, then
+ * its flags (`hn_tool_main` with "help" lists them). Prints to stdout and stderr and returns
+ * the exit status: 0, 1 for an error (printed), 2 for a usage error (printed with the
+ * command's usage). `train` turns SIGINT and SIGTERM into a snapshot and a stop while it
+ * runs, and puts the caller's handlers back after. Under mpirun a failing rank returns 1 and
+ * the others fail at their collectives' deadline (the executable ends them at once). */
+HN_API int hn_tool_main(int argc, const char* const* argv);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -144,6 +144,18 @@ PYBIND11_MODULE(_core, m) {
         "The process's peak resident memory so far, in bytes.");
   m.def("available_devices", &hn::available_devices,
         "The devices usable on this machine and build: reference, cpu, cuda:N ...");
+  m.def(
+      "tool_main",
+      [](const std::vector<std::string>& args) {
+        std::vector<const char*> argv;
+        for (const std::string& arg : args)
+          argv.push_back(arg.c_str());
+        py::gil_scoped_release release;
+        return hn_tool_main(static_cast<int>(argv.size()), argv.data());
+      },
+      py::arg("argv"),
+      "Runs the hybridnn tool's command line (hn_tool_main): argv[0] the program's name, "
+      "argv[1] the command; prints as the hybridnn executable and returns its exit status.");
 
   py::class_<hn::Driver>(m, "Driver", "A driver of a Runtime (cpu, reference, cuda:N).")
       .def_property_readonly("name", &hn::Driver::name)

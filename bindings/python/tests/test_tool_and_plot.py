@@ -1,5 +1,6 @@
 """python3 -m hybridnn (the tool's commands) and python3 -m hybridnn.plot."""
 import json
+import signal
 import struct
 import subprocess
 import sys
@@ -31,7 +32,7 @@ def test_train_writes_metrics_and_plot_draws_them(tiny_solver, tmp_path):
                  "--metrics", str(metrics), "--threads", "1")
     assert result.returncode == 0, result.stderr
     assert "Iteration 15, loss = " in result.stdout
-    assert "Optimization Done." in result.stdout
+    assert "Optimization Done" in result.stdout
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["iter"] for r in records if r["phase"] == "train"] == [0, 5, 10, 15, 20]
     assert records[-1]["loss"] < records[0]["loss"]
@@ -65,3 +66,26 @@ def test_commands_need_a_model(command):
     result = run("hybridnn", command)
     assert result.returncode == 2
     assert "--model" in result.stderr
+
+
+def test_time_is_the_tools_own_command(tiny_solver):
+    # The executable's flags and JSON lines (python -m hybridnn once had a copy of its own
+    # with neither --json nor --split).
+    net = tiny_solver.parent / "net.prototxt"
+    result = run("hybridnn", "time", "--model", str(net), "--iterations", "2", "--json",
+                 "--split", "cpu:0.5,reference:0.5", "--tune", "off")
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert lines[-1]["total"] is True
+    assert lines[-1]["split_spec"] == "cpu:0.5,reference:0.5"
+    assert {line.get("layer") for line in lines} >= {"ip", "loss"}
+
+
+def test_tool_in_process_gives_back_pythons_signal_handlers(tiny_solver):
+    from hybridnn import __main__ as tool
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    assert tool.main(["train", "--solver", str(tiny_solver), "--max-iter", "2",
+                      "--threads", "1"]) == 0
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    assert tool.main(["train", "--solver", str(tiny_solver), "--no-such-flag"]) == 2

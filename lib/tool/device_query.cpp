@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "lib/capi/hybridnn.h"
-#include "tools/tool.h"
+#include "lib/tool/tool.h"
 
 namespace hn::tool {
 namespace {

@@ -1,5 +1,5 @@
 // Parsing of Caffe-style command-line flags against a command's declared flags.
-#include "tools/flags.h"
+#include "lib/tool/flags.h"
 
 #include <fmt/format.h>
 

@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "hybridnn/error.h"
-#include "tools/tool.h"
+#include "lib/tool/tool.h"
 
 namespace hn::tool {
 

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "hybridnn/error.h"
-#include "tools/tool.h"
+#include "lib/tool/tool.h"
 
 namespace hn::tool {
 namespace {

@@ -12,7 +12,7 @@
 #include <memory>
 
 #include "lib/capi/hybridnn.h"
-#include "tools/flags.h"
+#include "lib/tool/flags.h"
 
 namespace hn::tool {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "hybridnn/error.h"
-#include "tools/tool.h"
+#include "lib/tool/tool.h"
 
 namespace hn::tool {
 namespace {

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 
-#include "tools/tool.h"
+#include "lib/tool/tool.h"
 
 namespace hn::tool {
 namespace {

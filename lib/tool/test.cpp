@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "tools/tool.h"
+#include "lib/tool/tool.h"
 
 namespace hn::tool {
 namespace {
