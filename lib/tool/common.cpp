@@ -1,6 +1,7 @@
 // What the tool's commands share: device choice from the command line, split specs and
 // split files, measuring automatic splits, and number formatting for logs and JSON lines.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -225,8 +226,9 @@ void configure_runtime(Runtime& runtime, const Args& args) {
 std::vector<FlagSpec> comm_flags() {
   return {
       {"comm", FlagKind::text, "NAME",
-       "collectives between ranks: ring, mpi, nccl (GPUs) or local (default: ring when mpirun "
-       "started several ranks, else local)"},
+       fmt::format("collectives between ranks, a backend of this build: {} (default: ring when "
+                   "mpirun started several ranks, else local)",
+                   fmt::join(communicator_backends(), ", "))},
       {"comm-timeout", FlagKind::text, "SECONDS",
        "how long a collective waits for the other ranks before every rank fails (default 300)"},
       table_flag("bucket_mb"),
