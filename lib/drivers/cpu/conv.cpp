@@ -84,6 +84,15 @@ Layout DirectConvolution::preferred_layout() {
   return layout;
 }
 
+bool DirectConvolution::bf16_available() {
+  static const bool available = [] {
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+    return (isa & bf16) == bf16;
+  }();
+  return available;
+}
+
 DirectConvolution::DirectConvolution() = default;
 DirectConvolution::~DirectConvolution() = default;
 
@@ -251,7 +260,7 @@ void DirectConvolution::forward(Parallel& par, const LoweringShape& shape, index
   }
   run(Call::forward, par.threads(), shape, out_channels, [&] {
     if (!impl_) impl_ = std::make_unique<Impl>();
-    const Entry& e = impl_->entry(Call::forward, shape, out_channels, bias != nullptr);
+    const Entry& e = impl_->entry(Call::forward, shape, out_channels, bias != nullptr, bf16_);
     execute(impl_->stream, Call::forward, e, {x, weights, bias, y}, impl_->scratch.get(),
             impl_->reserve_arena(e.inner_bytes()));
     impl_->stream.wait();
@@ -263,7 +272,7 @@ void DirectConvolution::backward_data(Parallel& par, Blas blas, const LoweringSh
                                       float* dx) {
   run(Call::backward_data, par.threads(), shape, out_channels, [&] {
     if (!impl_) impl_ = std::make_unique<Impl>();
-    const Entry& e = impl_->entry(Call::backward_data, shape, out_channels, false);
+    const Entry& e = impl_->entry(Call::backward_data, shape, out_channels, false, bf16_);
     if (e.lowered) {
       lowered_backward_data(par, blas, shape, out_channels, weights, dy, dx);
       return;
@@ -283,7 +292,8 @@ void DirectConvolution::backward_weights(Parallel& par, const LoweringShape& sha
   }
   run(Call::backward_weights, par.threads(), shape, out_channels, [&] {
     if (!impl_) impl_ = std::make_unique<Impl>();
-    const Entry& e = impl_->entry(Call::backward_weights, shape, out_channels, dbias != nullptr);
+    const Entry& e =
+        impl_->entry(Call::backward_weights, shape, out_channels, dbias != nullptr, bf16_);
     execute(impl_->stream, Call::backward_weights, e, {x, dy, dweights, dbias},
             impl_->scratch.get(), impl_->reserve_arena(e.inner_bytes()));
     impl_->stream.wait();
@@ -301,11 +311,11 @@ void DirectConvolution::backward(Parallel& par, Blas blas, const LoweringShape& 
   bool shared = false;
   run(Call::backward_data, par.threads(), shape, out_channels, [&] {
     if (!impl_) impl_ = std::make_unique<Impl>();
-    impl_->entry(Call::backward_weights, shape, out_channels, dbias != nullptr);
-    const Entry& data = impl_->entry(Call::backward_data, shape, out_channels, false);
+    impl_->entry(Call::backward_weights, shape, out_channels, dbias != nullptr, bf16_);
+    const Entry& data = impl_->entry(Call::backward_data, shape, out_channels, false, bf16_);
     // Looked up again: making the second entry may have evicted the first.
     const Entry& grads =
-        impl_->entry(Call::backward_weights, shape, out_channels, dbias != nullptr);
+        impl_->entry(Call::backward_weights, shape, out_channels, dbias != nullptr, bf16_);
     // Both primitives read dy in the same layout: reorder it once.
     if (data.lowered || data.per_group || grads.per_group || !data.b.reordered ||
         !grads.b.reordered || data.b.inner.get_desc() != grads.b.inner.get_desc()) {
@@ -339,6 +349,10 @@ bool DirectConvolution::available() {
 
 Layout DirectConvolution::preferred_layout() {
   return Layout::nchw16c;
+}
+
+bool DirectConvolution::bf16_available() {
+  return false;
 }
 
 DirectConvolution::DirectConvolution() = default;

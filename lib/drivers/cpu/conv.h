@@ -19,11 +19,20 @@ class DirectConvolution {
   // The blocked activation layout oneDNN's kernels compute on here: nChw16c with AVX-512,
   // nChw8c with AVX2 or less (any other takes a reorder each way per call).
   static Layout preferred_layout();
+  // True when oneDNN has BF16 convolution kernels on this CPU (AVX512_BF16, or AMX).
+  static bool bf16_available();
 
   DirectConvolution();
   ~DirectConvolution();
   DirectConvolution(const DirectConvolution&) = delete;
   DirectConvolution& operator=(const DirectConvolution&) = delete;
+
+  // BF16 products for the calls after it, where bf16_available() (the driver's math mode
+  // BF16): each call's inputs rounded to BF16 (x and the weights forward; the weights and
+  // dy for the data gradient; x and dy for the weight gradient), sums and results in FP32.
+  // The calls oneDNN has no fast BF16 kernel for (it would pick a reference or GEMM-based
+  // one), the lowered data gradient and conv_small.h's stay FP32.
+  void set_bf16(bool on) { bf16_ = on && bf16_available(); }
 
   // Layers with very few input channels (LeNet's conv1) run on conv_small.h's kernels.
   void forward(Parallel& par, const LoweringShape& shape, index_t out_channels, const float* x,
@@ -44,6 +53,7 @@ class DirectConvolution {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  bool bf16_ = false;
 };
 
 }  // namespace hn::detail::cpu

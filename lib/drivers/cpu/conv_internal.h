@@ -24,7 +24,7 @@ using dnnl::memory;
 enum class Call { forward, backward_data, backward_weights };
 
 // The cache's key: a call's kind and shape (make_key, conv_primitives.cpp).
-using Key = std::array<index_t, 19>;
+using Key = std::array<index_t, 20>;
 
 // One tensor of a call: `user` wraps the caller's buffer (address set per call),
 // `inner` is what the primitive reads or writes. They are the same memory when the layouts
@@ -66,6 +66,8 @@ struct Entry {
   double padding = 1.0;
   // Data gradient computed by lowered_backward_data instead of a primitive (no primitive).
   bool lowered = false;
+  // The activation layout the call asked oneDNN for (conv_primitives.cpp).
+  Inner inner_layout{};
   // Set when the groups run one after the other as convolutions of their own (for
   // Winograd): `per_group` is group 0's call, and group g's operands are group 0's
   // shifted by g * group_step floats (operands in the order of a, b, c, d).
@@ -95,8 +97,12 @@ struct DirectConvolution::Impl {
 
   char* reserve_arena(std::size_t bytes);
   void reserve_scratch(std::size_t bytes);
-  Entry& entry(Call call, const LoweringShape& s, index_t out_channels, bool has_bias);
-  Entry create(Call call, const LoweringShape& s, index_t out_channels, bool has_bias) const;
+  // `bf16`: the call's inputs as BF16 (DirectConvolution::set_bf16), where oneDNN has a
+  // fast kernel for it; else the FP32 entry.
+  Entry& entry(Call call, const LoweringShape& s, index_t out_channels, bool has_bias, bool bf16);
+  Entry create(Call call, const LoweringShape& s, index_t out_channels, bool has_bias,
+               bool bf16) const;
+  Entry create_fp32(Call call, const LoweringShape& s, index_t out_channels, bool has_bias) const;
   Entry build(Call call, const Geometry& geo, bool has_bias, Inner layout) const;
 };
 

@@ -30,8 +30,9 @@ using Tag = memory::format_tag;
 // and made its primitive again (1.5 s per iteration became 2.2 s).
 constexpr std::size_t kMaxCachedShapes = 1024;
 
-Key make_key(Call call, const LoweringShape& s, index_t out_channels, bool has_bias) {
+Key make_key(Call call, const LoweringShape& s, index_t out_channels, bool has_bias, bool bf16) {
   return {static_cast<index_t>(call),
+          bf16 ? 1 : 0,
           s.batch,
           s.channels,
           s.height,
@@ -116,16 +117,22 @@ Operand make_output(const dnnl::engine& engine, const memory::desc& plain,
 // blocked activations, plain weights and bias), plain NCHW, `any` (left to the primitive)
 // and channels-last. With `one_group`, the shape's first group as a convolution of its
 // own: the caller's activations are views into the whole tensors (the other groups are the
-// same views, shifted; blocked too, when a group's channels fill whole blocks).
+// same views, shifted; blocked too, when a group's channels fill whole blocks). With
+// `bf16`, the `any` and channels-last descriptors also come as BF16 (`*_16`), which the
+// blocked and channels-last calls ask for their inputs (descs()).
 struct Geometry {
   memory::desc src_user, dst_user;
   memory::desc src_plain, weights_plain, dst_plain, bias_plain;
   memory::desc src_any, weights_any, dst_any, bias_any;
   memory::desc src_nhwc, dst_nhwc;
+  memory::desc src_any_16, weights_any_16, dst_any_16, src_nhwc_16, dst_nhwc_16;
   index_t in_per_group, out_per_group;
   memory::dims strides, dilates, pad_l, pad_r;
+  bool bf16;
 
-  Geometry(const LoweringShape& s, index_t out_channels, bool has_bias, bool one_group = false) {
+  Geometry(const LoweringShape& s, index_t out_channels, bool has_bias, bool one_group = false,
+           bool with_bf16 = false)
+      : bf16(with_bf16) {
     const index_t g = one_group ? 1 : s.groups;
     in_per_group = s.channels / s.groups;
     out_per_group = out_channels / s.groups;
@@ -157,6 +164,14 @@ struct Geometry {
     weights_any = memory::desc(weights, f32, Tag::any);
     src_nhwc = memory::desc(src, f32, Tag::nhwc);
     dst_nhwc = memory::desc(dst, f32, Tag::nhwc);
+    if (bf16) {
+      const auto b16 = memory::data_type::bf16;
+      src_any_16 = memory::desc(src, b16, Tag::any);
+      dst_any_16 = memory::desc(dst, b16, Tag::any);
+      weights_any_16 = memory::desc(weights, b16, Tag::any);
+      src_nhwc_16 = memory::desc(src, b16, Tag::nhwc);
+      dst_nhwc_16 = memory::desc(dst, b16, Tag::nhwc);
+    }
     if (has_bias) {
       bias_plain = memory::desc({out_c}, f32, Tag::x);
       bias_any = memory::desc({out_c}, f32, Tag::any);
@@ -201,9 +216,14 @@ constexpr double kNhwcGain = 1.2;
 // output channels.
 constexpr index_t kMinGroupChannels = 16;
 
+// Elements, padding included, whatever their type (a BF16 operand has half the bytes).
+double elements(const memory::desc& desc) {
+  const auto type = static_cast<memory::data_type>(desc.data.data_type);
+  return static_cast<double>(desc.get_size()) / static_cast<double>(memory::data_type_size(type));
+}
+
 double padding(const Operand& op) {
-  return static_cast<double>(op.inner.get_desc().get_size()) /
-         static_cast<double>(op.user.get_desc().get_size());
+  return elements(op.inner.get_desc()) / elements(op.user.get_desc());
 }
 
 // `channels` rounded up to whole vectors of this machine's kernels.
@@ -213,26 +233,35 @@ index_t padded_to_vectors(index_t channels) {
 }
 
 // The descriptors a call of `layout` asks for: weights and bias stay `any` except in
-// plain calls.
+// plain calls. With geo.bf16 (blocked and channels-last calls), the call's inputs are BF16:
+// src and weights forward, weights and dst (dy) for the data gradient, src and dst (dy)
+// for the weight gradient; its output and the bias stay FP32.
 struct Descs {
   memory::desc src, weights, bias, dst;
 };
 
-Descs descs(const Geometry& geo, Inner layout) {
+Descs descs(const Geometry& geo, Inner layout, Call call) {
   switch (layout) {
     case Inner::plain:
       return {geo.src_plain, geo.weights_plain, geo.bias_plain, geo.dst_plain};
     case Inner::nhwc:
-      return {geo.src_nhwc, geo.weights_any, geo.bias_any, geo.dst_nhwc};
+      if (!geo.bf16) return {geo.src_nhwc, geo.weights_any, geo.bias_any, geo.dst_nhwc};
+      return {call == Call::backward_data ? geo.src_nhwc : geo.src_nhwc_16,
+              call == Call::backward_weights ? geo.weights_any : geo.weights_any_16, geo.bias_any,
+              call == Call::forward ? geo.dst_nhwc : geo.dst_nhwc_16};
     case Inner::blocked:
       break;
   }
-  return {geo.src_any, geo.weights_any, geo.bias_any, geo.dst_any};
+  if (!geo.bf16) return {geo.src_any, geo.weights_any, geo.bias_any, geo.dst_any};
+  return {call == Call::backward_data ? geo.src_any : geo.src_any_16,
+          call == Call::backward_weights ? geo.weights_any : geo.weights_any_16, geo.bias_any,
+          call == Call::forward ? geo.dst_any : geo.dst_any_16};
 }
 
+// The forward call's primitive descriptor, also the hint of the gradients' calls.
 dnnl::convolution_forward::primitive_desc forward_desc(const dnnl::engine& engine,
                                                        const Geometry& geo, Inner layout) {
-  const Descs d = descs(geo, layout);
+  const Descs d = descs(geo, layout, Call::forward);
   const dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_training, kAlgorithm, d.src,
                                              d.weights, d.bias, d.dst, geo.strides, geo.dilates,
                                              geo.pad_l, geo.pad_r);
@@ -285,26 +314,47 @@ void DirectConvolution::Impl::reserve_scratch(std::size_t bytes) {
 }
 
 Entry& DirectConvolution::Impl::entry(Call call, const LoweringShape& s, index_t out_channels,
-                                      bool has_bias) {
-  const Key key = make_key(call, s, out_channels, has_bias);
+                                      bool has_bias, bool bf16) {
+  const Key key = make_key(call, s, out_channels, has_bias, bf16);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   if (cache.size() >= kMaxCachedShapes) {
     cache.erase(order.front());
     order.pop_front();
   }
-  Entry made = create(call, s, out_channels, has_bias);
+  Entry made = create(call, s, out_channels, has_bias, bf16);
   reserve_scratch(scratch_bytes(made));
   order.push_back(key);
   return cache.emplace(key, std::move(made)).first->second;
+}
+
+// In BF16, the call on BF16 inputs in the layout the FP32 call chose, where that is
+// blocked or channels-last and oneDNN has a fast (JIT) kernel for it; else the FP32 call.
+Entry DirectConvolution::Impl::create(Call call, const LoweringShape& s, index_t out_channels,
+                                      bool has_bias, bool bf16) const {
+  Entry fp32 = create_fp32(call, s, out_channels, has_bias);
+  if (!bf16 || fp32.lowered || fp32.per_group || s.plain_kernel) return fp32;
+  const Inner layout = fp32.inner_layout;
+  if (layout == Inner::plain) return fp32;
+  try {
+    Entry half = build(call, Geometry(s, out_channels, has_bias, false, true), has_bias, layout);
+    const std::string& impl = half.implementation;
+    if (impl.find("jit") != std::string::npos && impl.find("gemm") == std::string::npos &&
+        impl.find("ref") == std::string::npos) {
+      return half;
+    }
+  } catch (const dnnl::error&) {
+    // no BF16 kernel for this shape and layout: FP32
+  }
+  return fp32;
 }
 
 // The primitive on oneDNN's preferred (blocked) layouts, unless their channel padding
 // wastes much: then channels-last where that wastes less and oneDNN has a direct kernel
 // for it, else plain NCHW (the data gradient: the driver's own lowering). Plain NCHW too
 // when the caller asks for it (LoweringShape::plain_kernel, a candidate the tuner times).
-Entry DirectConvolution::Impl::create(Call call, const LoweringShape& s, index_t out_channels,
-                                      bool has_bias) const {
+Entry DirectConvolution::Impl::create_fp32(Call call, const LoweringShape& s, index_t out_channels,
+                                           bool has_bias) const {
   if (s.plain_kernel)
     return build(call, Geometry(s, out_channels, has_bias), has_bias, Inner::plain);
   const index_t in_per_group = s.channels / s.groups, out_per_group = out_channels / s.groups;
@@ -363,8 +413,9 @@ Entry DirectConvolution::Impl::create(Call call, const LoweringShape& s, index_t
 Entry DirectConvolution::Impl::build(Call call, const Geometry& geo, bool has_bias,
                                      Inner layout) const {
   const auto fwd = forward_desc(engine, geo, layout);
-  const Descs want = descs(geo, layout);
+  const Descs want = descs(geo, layout, call);
   Entry e;
+  e.inner_layout = layout;
   switch (call) {
     case Call::forward: {
       e.primitive = dnnl::convolution_forward(fwd);
