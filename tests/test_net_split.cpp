@@ -263,6 +263,50 @@ TEST_CASE("LeNet training with a 1:1 split tracks the unsplit losses", "[split]"
 
 // Determinism: two runs of the same split training give bitwise identical losses and
 // weights (CPU driver instances, two threads each).
+// Issue 35: the memory plan, the scratch and the solver's history are made by the first
+// iterations; a steady-state one allocates and frees nothing on any driver (counted by
+// Driver::transfer_stats), unsplit or split across two memory spaces.
+TEST_CASE("a steady-state training iteration allocates and frees nothing, split or not",
+          "[split]") {
+  test::TempDir dir("hybridnn-steady-state");
+  std::string net;
+  {
+    std::ifstream in(lenet_path());
+    net.assign(std::istreambuf_iterator<char>(in), {});
+    const auto at = net.find("batch_size: 64");
+    REQUIRE(at != std::string::npos);
+    net.replace(at, 14, "batch_size: 8");
+  }
+  const std::string solver_path = dir.write(
+      "solver.prototxt", "net: \"" + dir.write("lenet.prototxt", net) +
+                             "\"\n"
+                             "base_lr: 0.01\nmomentum: 0.9\nweight_decay: 0.0005\n"
+                             "lr_policy: \"fixed\"\nmax_iter: 10\nsnapshot_after_train: false\n");
+  for (const std::string split : {"", "cpu:0.5,reference:1:0.5"}) {
+    INFO("split '" << split << "'");
+    Runtime runtime;
+    Driver& cpu = runtime.add(Device::parse("cpu"));
+    DriverOptions separate;
+    separate.set("separate_memory", true);
+    Driver& other = runtime.add(Device::parse("reference:1"), separate);
+    SolverOptions options;
+    options.data = "synthetic:1x28x28";
+    if (!split.empty()) options.split = Split::parse(split);
+    Solver solver(solver_path, runtime, cpu, options);
+    CHECK(cpu.transfer_stats().allocations > 0);  // the nets' memory, counted
+    solver.step(2);
+    for (Driver* driver : {&cpu, &other})
+      driver->reset_transfer_stats();
+    solver.step(1);
+    for (const Driver* driver : {&cpu, &other}) {
+      INFO(driver->name());
+      CHECK(driver->transfer_stats().allocations == 0);
+      CHECK(driver->transfer_stats().frees == 0);
+    }
+    if (!split.empty()) CHECK(other.transfer_stats().total() > 0);  // it took part
+  }
+}
+
 TEST_CASE("split training is bitwise reproducible", "[split]") {
   test::TempDir dir("hybridnn-split-repro");
   const std::string solver_path = dir.write(
@@ -474,8 +518,9 @@ TEST_CASE("an automatic split measures every layer and leaves the net's state as
   }
   // relu1 computes in place on ip1's output and follows ip1.
   CHECK(measured[5].to_string() == measured[4].to_string());
-  // The whole net was timed with the measured splits and with one device alone, unless
-  // every layer came out on one and the same device; the faster was kept.
+  // The whole net was timed with the measured splits, with one split for every layer (each
+  // device's share of the work) and with one device alone, unless every layer came out on
+  // one and the same device; the fastest was kept, a split only when 3 % faster.
   std::set<std::string> holding;  // devices given rows by some layer
   for (const Split& split : measured) {
     const auto rows = split.partition(net.batch_size());
@@ -484,17 +529,40 @@ TEST_CASE("an automatic split measures every layer and leaves the net's state as
   }
   const Net::SplitCheck check = net.split_check();
   CHECK(check.checked == (holding.size() > 1));
+  using Kept = Net::SplitCheck::Kept;
   if (check.checked) {
     CHECK(check.measured_seconds > 0.0);
+    CHECK(check.uniform_seconds > 0.0);
     CHECK(check.alone_seconds > 0.0);
     CHECK(holding.count(check.alone.name()) == 1);
-    CHECK(check.kept_measured == (check.measured_seconds < 0.97 * check.alone_seconds));
+    // The uniform split gives each device its share of the layers' work (forward flops).
+    const auto index_of = [&](const std::string& name) {
+      for (int i = 0; i < net.num_layers(); ++i)
+        if (net.layer_name(i) == name) return i;
+      FAIL("no layer " << name);
+      return -1;
+    };
+    double flops = 0.0, first = 0.0;
+    for (std::size_t l = 0; l < measured.size(); ++l) {
+      const double f = std::max(1.0, net.layer_forward_flops(index_of(heard[l])));
+      flops += f;
+      first += f * measured[l].shares()[0].fraction;
+    }
+    REQUIRE(check.uniform.shares().size() == measured[0].shares().size());
+    CHECK(check.uniform.shares()[0].fraction == Approx(first / flops).epsilon(1e-9));
+    const double best = std::min(check.measured_seconds, check.uniform_seconds);
+    CHECK((check.kept == Kept::alone) == (best >= 0.97 * check.alone_seconds));
+    if (check.kept == Kept::uniform) CHECK(check.uniform_seconds < check.measured_seconds);
   }
   const LayerSplits splits = net.layer_splits();
-  if (!check.checked || check.kept_measured) {
+  if (!check.checked || check.kept == Kept::measured) {
     REQUIRE(splits.size() == heard.size());
     for (std::size_t l = 0; l < splits.size(); ++l)
       CHECK(splits[l].second.to_string() == measured[l].to_string());
+  } else if (check.kept == Kept::uniform) {
+    REQUIRE(splits.size() == heard.size());
+    for (const auto& [layer, split] : splits)
+      CHECK(split.to_string() == check.uniform.to_string());
   } else if (check.alone == net.driver().device()) {
     CHECK(splits.empty());  // the Net's own driver alone: the unsplit path
   } else {

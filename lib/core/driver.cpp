@@ -80,11 +80,14 @@ void Driver::check_range(const char* call, const char* argument, const void* add
 
 void* Driver::allocate(std::size_t bytes) {
   if (bytes == 0) return nullptr;
+  ++stats_.allocations;
   return do_allocate(bytes);
 }
 
 void Driver::deallocate(void* address) noexcept {
-  if (address != nullptr) do_deallocate(address);
+  if (address == nullptr) return;
+  ++stats_.frees;
+  do_deallocate(address);
 }
 
 void Driver::copy_from_host(void* dst, const void* host_src, std::size_t bytes) {
@@ -116,6 +119,7 @@ void Driver::copy(void* dst, const void* src, std::size_t bytes) {
 }
 
 void Driver::synchronize() {
+  ++stats_.waits;
   do_synchronize();
 }
 

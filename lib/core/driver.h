@@ -80,11 +80,15 @@ struct DriverOperands {
   const DriverOperand* end() const { return items + count; }
 };
 
-// Transfers made through a driver, for tests and the scheduler's accounting.
+// Transfers made through a driver, for tests and the scheduler's accounting; and the calls
+// a steady-state iteration should not need: allocations and frees of the driver's memory
+// (its own scratch included), and waits of the host for its work (synchronize(), and on a
+// device a scalar result or a copy that must complete before the call returns).
 struct TransferStats {
   std::uint64_t to_device = 0, to_device_bytes = 0;  // copy_from_host
   std::uint64_t to_host = 0, to_host_bytes = 0;      // copy_to_host
   std::uint64_t within = 0, within_bytes = 0;        // copy inside the driver's space
+  std::uint64_t allocations = 0, frees = 0, waits = 0;
   std::uint64_t total() const { return to_device + to_host + within; }
 };
 
@@ -176,6 +180,14 @@ class Driver {
 #define HN_CORE(RET, NAME, PARAMS, ARGS) virtual RET do_##NAME PARAMS = 0;
 #define HN_OPTIONAL(RET, NAME, PARAMS, ARGS) virtual RET do_##NAME PARAMS;
 #include "lib/core/driver_calls.def"
+
+  // For the driver's own allocations and waits outside allocate() and synchronize().
+  void count_allocation() {
+    ++stats_.allocations;
+  }
+  void count_wait() {
+    ++stats_.waits;
+  }
 
  private:
   // Throws hn::Error when [address, address + bytes) is not memory this driver owns.

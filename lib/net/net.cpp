@@ -553,8 +553,19 @@ void Net::check_splits_whole(std::uint64_t position) {
   const Device alone = std::max_element(work.begin(), work.end(), [](const auto& a, const auto& b) {
                          return a.second < b.second;
                        })->first;
-  std::vector<Split> measured, single;
-  bool differs = false;
+  // One split for every automatic layer: each device's share of their work.
+  double total = 0.0;
+  for (const auto& entry : work)
+    total += entry.second;
+  std::vector<SplitShare> even;
+  for (const auto& [device, flops] : work)
+    even.push_back({device, flops / total});
+  even.back().fraction = 1.0;
+  for (std::size_t d = 0; d + 1 < even.size(); ++d)
+    even.back().fraction -= even[d].fraction;
+  const Split uniform(std::move(even));
+  std::vector<Split> measured, single, same;
+  bool differs = false, varies = false;
   for (int l : automatic) {
     const Split& split = net.layers[l].split;
     std::vector<SplitShare> shares = split.shares();
@@ -562,8 +573,10 @@ void Net::check_splits_whole(std::uint64_t position) {
       share.fraction = share.device == alone ? 1.0 : 0.0;
     measured.push_back(split);
     differs = differs || Split(shares).partition(net.batch) != split.partition(net.batch);
+    varies = varies || uniform.partition(net.batch) != split.partition(net.batch);
     // The Net's own driver alone is the unsplit path.
     single.push_back(alone == net.driver->device() ? Split() : Split(std::move(shares)));
+    same.push_back(uniform);
   }
   if (!differs) return;
   // Timing runs change the parameters' gradients and running statistics: keep them.
@@ -604,8 +617,14 @@ void Net::check_splits_whole(std::uint64_t position) {
   SplitCheck check;
   check.checked = true;
   check.alone = alone;
+  check.uniform = uniform;
   try {
     check.measured_seconds = iteration_seconds();
+    check.uniform_seconds = check.measured_seconds;
+    if (varies) {
+      use(same);
+      check.uniform_seconds = iteration_seconds();
+    }
     use(single);
     check.alone_seconds = iteration_seconds();
   } catch (...) {
@@ -614,9 +633,15 @@ void Net::check_splits_whole(std::uint64_t position) {
     restore();
     throw;
   }
-  // The measured splits must win by more than noise to be worth their copies.
-  check.kept_measured = check.measured_seconds < 0.97 * check.alone_seconds;
-  use(check.kept_measured ? measured : single);
+  // A split must win by more than noise to be worth its copies.
+  const bool uniform_wins = varies && check.uniform_seconds < check.measured_seconds;
+  const double split_seconds = uniform_wins ? check.uniform_seconds : check.measured_seconds;
+  check.kept = split_seconds >= 0.97 * check.alone_seconds ? SplitCheck::Kept::alone
+               : uniform_wins                              ? SplitCheck::Kept::uniform
+                                                           : SplitCheck::Kept::measured;
+  use(check.kept == SplitCheck::Kept::alone     ? single
+      : check.kept == SplitCheck::Kept::uniform ? same
+                                                : measured);
   seek_data(position);
   restore();
   net.split_check = check;

@@ -319,13 +319,21 @@ class Net {
   void calibrate_splits(
       const std::function<void(const std::string& layer, const Split& split)>& on_layer = {});
   // What calibrate_splits' whole-net check measured; `checked` is false before
-  // calibrate_splits, and when every automatic layer came out on one device anyway.
+  // calibrate_splits, and when every automatic layer came out on one device anyway. Three
+  // candidates are timed: the per-layer splits as measured; `uniform`, one split for every
+  // automatic layer, each device's share of their measured work (no rows move between
+  // layers: per-layer fractions near each other cost a copy at every layer and gain
+  // nothing); and every automatic layer on the device with most of that work. The faster
+  // split is kept unless the device alone is within 3 %.
   struct SplitCheck {
+    enum class Kept { measured, uniform, alone };
     bool checked = false;
     double measured_seconds = 0.0;  // forward + backward with the measured splits
+    double uniform_seconds = 0.0;   // the same with `uniform` for every automatic layer
     double alone_seconds = 0.0;     // the same with every automatic layer on `alone`
+    Split uniform;
     Device alone;
-    bool kept_measured = true;
+    Kept kept = Kept::measured;
   };
   SplitCheck split_check() const;
   // Per-layer timing of the compute layers since construction or the last reset.

@@ -282,11 +282,16 @@ void settle_splits(Net& net, const Args& args, bool json) {
       std::fflush(progress);
     });
     if (const Net::SplitCheck check = net.split_check(); check.checked) {
+      using Kept = Net::SplitCheck::Kept;
+      const std::string uniform = check.uniform.to_string();
       fmt::print(progress,
                  "Whole net: {:.1f} ms per forward + backward with the measured splits, {:.1f} ms "
-                 "with {} alone; keeping {}\n",
-                 check.measured_seconds * 1e3, check.alone_seconds * 1e3, check.alone.name(),
-                 check.kept_measured ? "the measured splits" : check.alone.name() + " alone");
+                 "with {} for every layer, {:.1f} ms with {} alone; keeping {}\n",
+                 check.measured_seconds * 1e3, check.uniform_seconds * 1e3, uniform,
+                 check.alone_seconds * 1e3, check.alone.name(),
+                 check.kept == Kept::measured  ? "the measured splits"
+                 : check.kept == Kept::uniform ? uniform + " for every layer"
+                                               : check.alone.name() + " alone");
       std::fflush(progress);
     }
     const LayerSplits chosen = net.layer_splits();

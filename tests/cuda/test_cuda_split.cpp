@@ -15,6 +15,7 @@
 #include "lib/net/net.h"
 #include "lib/solver/solver.h"
 #include "tests/net_runs.h"
+#include "tests/support.h"
 
 namespace hn {
 namespace {
@@ -108,6 +109,32 @@ TEST_CASE("an automatic split over cpu and cuda:0 measures every layer", "[cuda]
     REQUIRE(split.shares().size() == 2);
   }
   CHECK(std::isfinite(net.forward_backward()));
+}
+
+// Issue 35: a steady-state training iteration on cuda:0 alone (CIFAR-10 quick: convolutions
+// with cuDNN's workspace, pooling, inner products) allocates and frees nothing, and says how
+// often the host waited for the GPU.
+TEST_CASE("a steady-state training iteration on cuda:0 allocates and frees nothing", "[cuda]") {
+  test::TempDir dir("hybridnn-cuda-steady");
+  const std::string solver_path = dir.write(
+      "solver.prototxt",
+      fmt::format("net: \"{}/cifar10_cifar10_quick_train_test.prototxt\"\n"
+                  "base_lr: 0.001\nmomentum: 0.9\nweight_decay: 0.004\nlr_policy: \"fixed\"\n"
+                  "max_iter: 10\nsnapshot_after_train: false\n",
+                  HYBRIDNN_MODELS_DIR));
+  Runtime runtime;
+  Driver& gpu = runtime.add(Device::parse("cuda:0"));
+  SolverOptions options;
+  options.data = "synthetic:3x32x32";
+  Solver solver(solver_path, runtime, gpu, options);
+  solver.step(2);
+  gpu.reset_transfer_stats();
+  solver.step(1);
+  const TransferStats& stats = gpu.transfer_stats();
+  WARN("cuda:0 in a steady-state iteration: " << stats.waits << " host waits, " << stats.to_device
+                                              << " copies in, " << stats.to_host << " out");
+  CHECK(stats.allocations == 0);
+  CHECK(stats.frees == 0);
 }
 
 }  // namespace

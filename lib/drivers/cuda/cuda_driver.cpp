@@ -388,6 +388,7 @@ void CudaDriver::activate() const {
 }
 
 void CudaDriver::sync(const char* call, std::size_t bytes) {
+  count_wait();
   check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize", "{} of {} bytes", call, bytes);
 }
 
@@ -442,6 +443,7 @@ void CudaDriver::record_staging(std::size_t half, const char* call, std::size_t 
 }
 
 void CudaDriver::wait_staging(std::size_t half, const char* call, std::size_t bytes) {
+  count_wait();
   check(cudaEventSynchronize(staging_done_[half].get()), "cudaEventSynchronize", "{} of {} bytes",
         call, bytes);
 }
@@ -453,6 +455,7 @@ float* CudaDriver::scratch(std::size_t bytes) {
     scratch_.reset();  // cudaFree waits for kernels still using the old scratch
     scratch_bytes_ = 0;
     void* memory = nullptr;
+    count_allocation();
     check(cudaMalloc(&memory, bytes), "cudaMalloc", "{} bytes of scratch", bytes);
     scratch_.reset(memory);
     scratch_bytes_ = bytes;
@@ -470,6 +473,7 @@ void CudaDriver::report_label_error() {
   check(cudaMemcpyAsync(record, label_error(), sizeof(cuda::LabelError), cudaMemcpyDeviceToHost,
                         stream()),
         "cudaMemcpyAsync", "{} bytes of the label error record", sizeof(cuda::LabelError));
+  count_wait();
   check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize", "label error record");
   if (record->position == cuda::kNoLabelError) return;
   const cuda::LabelError found = *record;

@@ -204,6 +204,7 @@ float CudaDriver::reduce(cuda::ReduceOp op, const char* call, index_t n, const f
   check(cudaMemcpyAsync(reduce_result_.get(), result, sizeof(float), cudaMemcpyDeviceToHost,
                         stream()),
         "cudaMemcpyAsync", "{} result, n={}", call, n);
+  count_wait();
   check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize", "{}, n={}", call, n);
   const float value = *static_cast<const float*>(reduce_result_.get());
   report_label_error();
