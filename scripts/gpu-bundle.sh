@@ -23,7 +23,8 @@
 # channels_last; SKIPPED without PyTorch or CUDA); FP32 with cuDNN's algorithms measured
 # (HYBRIDNN_CUDNN_ALGO=find) and with non-deterministic ones allowed; with --data, LeNet trained on Fashion-MNIST on cuda:0 in each mode;
 # ResNet-50 and GoogLeNet at batch 128 in each mode, and their twins; torch.profiler's top
-# kernels and per-op table of ResNet-50; --split auto, the CPU alone and the fixed splits
+# kernels and per-op table of ResNet-50; --split auto, the CPU alone (ResNet-50 in BF16 too)
+# and the fixed splits
 # cuda:0:0.95,cpu:0.05 and cuda:0:0.9,cpu:0.1 (issue 36); hybridnn-bench gemm (the CPU's
 # sgemm GFLOP/s); and bench/gpu_table.py's markdown table of hybridnn against PyTorch per net,
 # batch and mode. Logs and JSON lines go to $OUT (default .gpu/out); a summary (a line per
@@ -162,7 +163,7 @@ step "unpacking the bundle" 120 10 tar xJf .gpu/bundle.tar.xz -C /tmp/hybridnn-g
 B=/tmp/hybridnn-gpu/bin M=/tmp/hybridnn-gpu/models
 mkdir -p "$MODELS_DIR" && cp $M/*.prototxt "$MODELS_DIR/"
 note "gpu: $(timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -n 1)"
-note "cpu: $(nproc) cores, $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1)$(grep -q avx512f /proc/cpuinfo && echo ', AVX-512')"
+note "cpu: $(nproc) cores, $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1)$(grep -q avx512f /proc/cpuinfo && echo ', AVX-512')$(grep -q avx512_bf16 /proc/cpuinfo && echo ', AVX512_BF16')$(grep -q amx_bf16 /proc/cpuinfo && echo ', AMX')"
 dirs=$(for n in libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libcudnn_ops.so.9 libnccl.so.2; do
   timeout 60 find /usr/local /opt /usr/lib -name "$n" 2>/dev/null | head -n 1
 done | xargs -r -n 1 dirname | sort -u | paste -sd:)
@@ -286,6 +287,8 @@ for net in $nets; do
 done
 time_net bvlc_reference_caffenet 3 90 20 --device cpu
 time_net resnet50 2 150 30 --device cpu
+# The CPU's BF16 convolutions where it has AVX512_BF16 or AMX (issue 35; FP32 elsewhere).
+time_net resnet50 2 150 30 --device cpu --math BF16
 time_net mobilenet_v1 3 90 20 --device cpu
 for net in $nets; do
   for split in cuda:0:0.95,cpu:0.05 cuda:0:0.9,cpu:0.1; do
