@@ -197,7 +197,10 @@ TEST_CASE(
                                                      {shape(2, 64, 7, 1, 0, 1), 48},
                                                      {shape(3, 16, 11, 5, 2, 2), 32}};
   std::uint32_t seed = 91;
-  for (const auto& [s, out] : cases) {
+  for (const auto& conv_case : cases) {
+    // Named, not bound: lambdas below capture them (C++17 cannot capture structured bindings).
+    const LoweringShape& s = conv_case.first;
+    const index_t out = conv_case.second;
     INFO(s.to_string() << " out_channels=" << out);
     const std::size_t x_count = static_cast<std::size_t>(s.image_count());
     const std::size_t w_count =

@@ -110,6 +110,17 @@ inline std::vector<std::string> available_devices() {
   return c_api::names(devices);
 }
 
+// The hybridnn tool's command line (hn_tool_main): args[0] is the program's name, args[1]
+// the command ("train", "test", "time", "device_query", "convert", "help"), then its flags.
+// Prints as the hybridnn executable does and returns its exit status (0; 1 an error; 2 a
+// usage error).
+inline int tool_main(const std::vector<std::string>& args) {
+  std::vector<const char*> argv;
+  for (const std::string& arg : args)
+    argv.push_back(arg.c_str());
+  return hn_tool_main(static_cast<int>(argv.size()), argv.data());
+}
+
 class Runtime;
 
 // A driver of a Runtime ("cpu", "reference", "cuda:N"); keeps its runtime alive.

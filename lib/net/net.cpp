@@ -560,9 +560,10 @@ void Net::check_splits_whole(std::uint64_t position) {
   std::vector<SplitShare> even;
   for (const auto& [device, flops] : work)
     even.push_back({device, flops / total});
-  even.back().fraction = 1.0;
+  double others = 0.0;  // the last takes the rest, so that the fractions sum to 1 exactly
   for (std::size_t d = 0; d + 1 < even.size(); ++d)
-    even.back().fraction -= even[d].fraction;
+    others += even[d].fraction;
+  even.back().fraction = std::max(0.0, 1.0 - others);
   const Split uniform(std::move(even));
   std::vector<Split> measured, single, same;
   bool differs = false, varies = false;

@@ -102,10 +102,10 @@ int run(int argc, const char* const* argv, std::string& label) {
 }  // namespace
 
 int main(int argc, const char* const* argv, OnRankError on_rank_error) {
-  register_builtin_drivers();
   std::string label = "hybridnn";
   int status = 1;
   try {
+    register_builtin_drivers();
     status = run(argc, argv, label);
   } catch (const std::exception& error) {  // hn::Error and the standard library's
     std::fflush(stdout);
@@ -130,9 +130,13 @@ int main(int argc, const char* const* argv, OnRankError on_rank_error) {
 }  // namespace hn::tool
 
 int hn_tool_main(int argc, const char* const* argv) {
-  if (argc < 1 || argv == nullptr) return 2;
-  for (int i = 0; i < argc; ++i) {
-    if (argv[i] == nullptr) return 2;
+  bool valid = argc >= 1 && argv != nullptr;
+  for (int i = 0; valid && i < argc; ++i)
+    valid = argv[i] != nullptr;
+  if (!valid) {
+    std::fprintf(stderr, "hn_tool_main: argv must hold argc >= 1 strings, none null (argc %d)\n",
+                 argc);
+    return 2;
   }
   return hn::tool::main(argc, argv);
 }

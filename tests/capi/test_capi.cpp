@@ -413,6 +413,19 @@ TEST_CASE("C ABI: a net's split auto measures every device but the reference dri
   CHECK(named > 0);
 }
 
+// The tool's commands through the C ABI (python3 -m hybridnn calls the same entry point):
+// the executable's exit statuses, and malformed arguments refused, not dereferenced.
+TEST_CASE("C ABI: hn_tool_main runs the tool's commands with their exit statuses", "[capi]") {
+  CHECK(hn::tool_main({"hybridnn", "--version"}) == 0);
+  CHECK(hn::tool_main({"hybridnn", "help", "time"}) == 0);
+  CHECK(hn::tool_main({"hybridnn", "no_such_command"}) == 2);
+  CHECK(hn::tool_main({"hybridnn", "time", "--model"}) == 2);  // a flag without its value
+  CHECK(hn::tool_main({"hybridnn", "time", "--model", "/nonexistent/net.prototxt"}) == 1);
+  CHECK(hn_tool_main(0, nullptr) == 2);
+  const char* with_null[] = {"hybridnn", nullptr};
+  CHECK(hn_tool_main(2, with_null) == 2);
+}
+
 TEST_CASE("C ABI: handles keep what they need alive, whatever the order of destruction", "[capi]") {
   std::vector<float> got;
   {

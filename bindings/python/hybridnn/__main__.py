@@ -16,9 +16,16 @@ import sys
 from ._core import tool_main
 
 
+_line_buffered = False
+
+
 def line_buffered_stdout():
-    """C's stdout line by line, as the executable has it: progress reaches a pipe as printed
-    (before the tool's first output, which is the only time setvbuf may be called)."""
+    """C's stdout line by line, as the executable has it: progress reaches a pipe as printed.
+    Once, before the tool's first output (the only time setvbuf may be called)."""
+    global _line_buffered
+    if _line_buffered:
+        return
+    _line_buffered = True
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
         stream = ctypes.c_void_p.in_dll(libc, "stdout")

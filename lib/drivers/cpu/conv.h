@@ -31,7 +31,8 @@ class DirectConvolution {
   // BF16): each call's inputs rounded to BF16 (x and the weights forward; the weights and
   // dy for the data gradient; x and dy for the weight gradient), sums and results in FP32.
   // The calls oneDNN has no fast BF16 kernel for (it would pick a reference or GEMM-based
-  // one), the lowered data gradient and conv_small.h's stay FP32.
+  // one), those whose FP32 choice is a plain-layout kernel or Winograd per group, the
+  // lowered data gradient and conv_small.h's stay FP32.
   void set_bf16(bool on) { bf16_ = on && bf16_available(); }
 
   // Layers with very few input channels (LeNet's conv1) run on conv_small.h's kernels.
