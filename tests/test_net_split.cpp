@@ -38,6 +38,21 @@ std::string lenet_path() {
 }
 
 // LeNet on generated images at `batch`, on the host driver.
+// A solver file in `dir` for Caffe's LeNet at `batch` (the prototxt's Data layers otherwise
+// as they are), SGD with momentum 0.9 and weight decay 0.0005, then `schedule` (lr_policy,
+// max_iter, ...).
+std::string lenet_solver(const test::TempDir& dir, int batch, const std::string& schedule) {
+  std::ifstream in(lenet_path());
+  std::string net((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto at = net.find("batch_size: 64");
+  REQUIRE(at != std::string::npos);
+  net.replace(at, 14, "batch_size: " + std::to_string(batch));
+  return dir.write("solver.prototxt", "net: \"" + dir.write("lenet.prototxt", net) +
+                                          "\"\nbase_lr: 0.01\nmomentum: 0.9\n"
+                                          "weight_decay: 0.0005\n" +
+                                          schedule);
+}
+
 Net lenet(TwoDrivers& d, NetOptions options, int batch = 8) {
   options.data_source = "synthetic:1x28x28";
   options.batch_size = batch;
@@ -223,20 +238,10 @@ TEST_CASE(
 // differences grow chaotically after some 30 iterations.)
 TEST_CASE("LeNet training with a 1:1 split tracks the unsplit losses", "[split]") {
   test::TempDir dir("hybridnn-split-solver");
-  std::string net;
-  {
-    std::ifstream in(lenet_path());
-    net.assign(std::istreambuf_iterator<char>(in), {});
-    const auto at = net.find("batch_size: 64");
-    REQUIRE(at != std::string::npos);
-    net.replace(at, 14, "batch_size: 16");
-  }
-  const std::string solver_path = dir.write(
-      "solver.prototxt", "net: \"" + dir.write("lenet.prototxt", net) +
-                             "\"\n"
-                             "base_lr: 0.01\nmomentum: 0.9\nweight_decay: 0.0005\n"
-                             "lr_policy: \"inv\"\ngamma: 0.0001\npower: 0.75\n"
-                             "max_iter: 50\nsnapshot_after_train: false\nrandom_seed: 3\n");
+  const std::string solver_path =
+      lenet_solver(dir, 16,
+                   "lr_policy: \"inv\"\ngamma: 0.0001\npower: 0.75\n"
+                   "max_iter: 50\nsnapshot_after_train: false\nrandom_seed: 3\n");
   auto losses = [&](const std::string& split) {
     TwoDrivers d;
     SolverOptions options;
@@ -269,19 +274,8 @@ TEST_CASE("LeNet training with a 1:1 split tracks the unsplit losses", "[split]"
 TEST_CASE("a steady-state training iteration allocates and frees nothing, split or not",
           "[split]") {
   test::TempDir dir("hybridnn-steady-state");
-  std::string net;
-  {
-    std::ifstream in(lenet_path());
-    net.assign(std::istreambuf_iterator<char>(in), {});
-    const auto at = net.find("batch_size: 64");
-    REQUIRE(at != std::string::npos);
-    net.replace(at, 14, "batch_size: 8");
-  }
-  const std::string solver_path = dir.write(
-      "solver.prototxt", "net: \"" + dir.write("lenet.prototxt", net) +
-                             "\"\n"
-                             "base_lr: 0.01\nmomentum: 0.9\nweight_decay: 0.0005\n"
-                             "lr_policy: \"fixed\"\nmax_iter: 10\nsnapshot_after_train: false\n");
+  const std::string solver_path =
+      lenet_solver(dir, 8, "lr_policy: \"fixed\"\nmax_iter: 10\nsnapshot_after_train: false\n");
   for (const std::string split : {"", "cpu:0.5,reference:1:0.5"}) {
     INFO("split '" << split << "'");
     Runtime runtime;
