@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
+#include <string_view>
 #include <system_error>
 #include <thread>
 
@@ -42,6 +43,11 @@ void set_table(Options& options, const Args& args, std::initializer_list<const c
     const std::string flag = flag_name(key);
     if (!args.has(flag) && spec.tool_default == nullptr) continue;
     const std::string value = args.has(flag) ? args.text(flag) : spec.tool_default;
+    // The library reads an empty split or split file as none; on the command line the flag
+    // is there to name one, so an empty value is a mistake, not "no split".
+    const std::string_view name = key;
+    if (value.empty() && (name == "split" || name == "split_file"))
+      throw UsageError(fmt::format("--{}: an empty entry; give a value", flag));
     try {
       set_option(options, key, value);
     } catch (const Error& error) {
@@ -66,16 +72,6 @@ void set_table_options(NetOptions& options, const Args& args,
 void set_table_options(SolverOptions& options, const Args& args,
                        std::initializer_list<const char*> keys) {
   set_table(options, args, keys);
-}
-
-Split parse_split(const std::string& spec) {
-  Split split;
-  try {
-    split = Split::parse(spec);
-  } catch (const Error& error) {
-    throw UsageError(fmt::format("--split '{}': {}", spec, error.what()));
-  }
-  return split;
 }
 
 std::vector<FlagSpec> device_flags() {
@@ -153,7 +149,7 @@ NetOptions net_options(const Args& args, Phase phase) {
   return options;
 }
 
-Device chosen_device(const Args& args) {
+Device chosen_device(const Args& args, const Split& split, const LayerSplits& layer_splits) {
   std::optional<Device> device;
   const auto parse = [](const std::string& flag, const std::string& text) {
     try {
@@ -177,7 +173,6 @@ Device chosen_device(const Args& args) {
   // as without the split: with the Net on the CPU, cuda:0 alone in an automatic split took
   // ResNet-50 96 ms against 75 (H100, batch 32, forward + backward).
   if (!device) {
-    const Split split = chosen_split(args);
     const std::vector<Device> devices = split.devices();
     const auto gpu = std::find_if(devices.begin(), devices.end(), [](const Device& each) {
       return driver_kind(each.kind).accelerator;
@@ -187,19 +182,8 @@ Device chosen_device(const Args& args) {
     else if (!devices.empty())
       device = devices[0];
   }
-  if (!device) {
-    const LayerSplits layer_splits = chosen_layer_splits(args);
-    if (!layer_splits.empty()) device = layer_splits[0].second.devices().at(0);
-  }
+  if (!device && !layer_splits.empty()) device = layer_splits[0].second.devices().at(0);
   return device ? *device : default_device();
-}
-
-Split chosen_split(const Args& args) {
-  return args.has("split") ? parse_split(args.text("split")) : Split();
-}
-
-LayerSplits chosen_layer_splits(const Args& args) {
-  return args.has("split-file") ? read_layer_splits(args.text("split-file")) : LayerSplits();
 }
 
 bool splits_chosen(const Args& args) {

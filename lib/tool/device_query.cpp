@@ -15,7 +15,9 @@ namespace {
 int run_device_query(const Args& args) {
   std::vector<Device> devices;
   if (args.has("device") || args.has("gpu") || args.has("split")) {
-    devices.push_back(chosen_device(args));
+    NetOptions named;
+    set_table_options(named, args, {"split", "split_file"});
+    devices.push_back(chosen_device(args, named.split, named.layer_splits));
   } else {
     devices = available_devices();
   }

@@ -19,7 +19,7 @@ int run_test(const Args& args) {
 
   Runtime runtime;
   configure_runtime(runtime, args);
-  Net net(model, runtime, chosen_device(args), options);
+  Net net(model, runtime, chosen_device(args, options.split, options.layer_splits), options);
   print_math_notes(net);
   Driver& driver = net.driver();
   // Layers with weights that no file provided: they test with their initial values.

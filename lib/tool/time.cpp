@@ -152,7 +152,7 @@ int run_time(const Args& args) {
   options.communicator = &comm;
   Runtime runtime;
   configure_runtime(runtime, args);
-  Net net(model, runtime, chosen_device(args), options);
+  Net net(model, runtime, chosen_device(args, options.split, options.layer_splits), options);
   Driver& driver = net.driver();
   print_math_notes(net);
   const int layers = net.num_layers();

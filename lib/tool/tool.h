@@ -48,21 +48,14 @@ void apply_tune_flags(SolverOptions& options, const Args& args);
 // else in the net's math mode.
 void print_math_notes(const Net& net);
 
-// Parses a --split SPEC with hn::Split::parse; throws UsageError quoting the flag. A bare
-// "auto" measures every available device but the reference driver (cpu and each cuda:N).
-Split parse_split(const std::string& text);
-// The --split of the command line (empty without the flag).
-Split chosen_split(const Args& args);
-// The per-layer splits of --split-file (empty without the flag); hn::Error names the file
-// and line of a malformed entry.
-LayerSplits chosen_layer_splits(const Args& args);
 // Whether --split or --split-file cuts layers among devices.
 bool splits_chosen(const Args& args);
 
 // The device of the Net's own driver (data, losses, batch statistics): --device or --gpu,
-// else the first device of --split, else the first device of --split-file's first layer,
-// else cpu. Throws UsageError for malformed flags.
-Device chosen_device(const Args& args);
+// else the first device of `split` (an automatic split's first GPU), else the first device
+// of `layer_splits`' first layer, else cpu; the splits as the options' table read them from
+// --split and --split-file. Throws UsageError for malformed flags.
+Device chosen_device(const Args& args, const Split& split, const LayerSplits& layer_splits);
 // --threads, --blas and --reference-memory as the options of the drivers `runtime` makes,
 // and the ranks an MPI launcher started on this node as the processes sharing its cores.
 // The Net or Solver made on chosen_device() then gives every device it names a driver.

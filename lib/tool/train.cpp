@@ -215,7 +215,8 @@ int run_train(const Args& args) {
   MetricsFile metrics(root ? args.text("metrics") : std::string());
   StopSignals signals;
 
-  Solver solver(solver_path, runtime, chosen_device(args), options);
+  Solver solver(solver_path, runtime, chosen_device(args, options.split, options.layer_splits),
+                options);
   Driver& driver = solver.net().driver();
   print_math_notes(solver.net());
   signals.attach(solver);
