@@ -35,12 +35,16 @@ struct NetGradients {
   std::vector<std::vector<float>> gradients;  // every parameter's, then the data's
 };
 
-// Every learnable parameter's gradient, in the Net's order.
+// Every learnable parameter's gradient, whole (a layer cut by outputs holds one shard per
+// device), in the Net's order.
 inline std::vector<std::vector<float>> param_gradients(const Net& net) {
   std::vector<std::vector<float>> gradients;
-  for (const NetParam& param : net.learnable_params()) {
-    const float* diff = param.tensor->host_diff();
-    gradients.emplace_back(diff, diff + param.tensor->count());
+  const std::vector<NetParam>& params = net.learnable_params();
+  for (const WholeParam& whole : whole_params(params)) {
+    std::vector<const float*> diffs;
+    for (std::size_t i = whole.first; i < whole.last; ++i)
+      diffs.push_back(params[i].tensor->host_diff());
+    gradients.push_back(net.whole_values(whole, diffs));
   }
   return gradients;
 }

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -57,6 +58,21 @@ Net lenet(TwoDrivers& d, NetOptions options, int batch = 8) {
   options.data_source = "synthetic:1x28x28";
   options.batch_size = batch;
   return Net(lenet_path(), d.runtime, *d.host, options);
+}
+
+// LeNet with its InnerProduct layers cut by their batch (split_axis: BATCH) rather than by
+// their outputs, as a split does by default where that moves less memory.
+std::unique_ptr<Net> lenet_batch_cut(TwoDrivers& d, NetOptions options, int batch = 8) {
+  std::ifstream in(lenet_path());
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const std::string name : {"name: \"ip1\"", "name: \"ip2\""}) {
+    const auto at = text.find(name);
+    REQUIRE(at != std::string::npos);
+    text.insert(at + name.size(), "\n  split_axis: BATCH");
+  }
+  options.data_source = "synthetic:1x28x28";
+  options.batch_size = batch;
+  return Net::from_text(text, lenet_path(), d.runtime, *d.host, options);
 }
 
 TEST_CASE("split nets compute the unsplit losses and gradients", "[split]") {
@@ -473,10 +489,12 @@ TEST_CASE("an automatic split measures every layer and leaves the net's state as
   NetOptions options;
   options.split = Split::automatic({Device::parse("reference"), Device::parse("reference:1")});
   options.force_backward = true;
-  Net net = lenet(d, options);
+  const std::unique_ptr<Net> cut = lenet_batch_cut(d, options);
+  Net& net = *cut;
   NetOptions plain_options;
   plain_options.force_backward = true;
-  Net plain = lenet(d, plain_options);
+  const std::unique_ptr<Net> unsplit = lenet_batch_cut(d, plain_options);
+  Net& plain = *unsplit;
   CHECK(net.needs_split_calibration());
   for (const NetParam& param : net.learnable_params()) {
     float* diff = param.tensor->host_diff_mut();
@@ -593,10 +611,10 @@ TEST_CASE("an automatic split is measured by the first forward when not asked be
   TwoDrivers d;
   NetOptions options;
   options.split = Split::parse("auto:reference,reference:1");
-  Net net = lenet(d, options);
-  net.forward();
-  CHECK_FALSE(net.needs_split_calibration());
-  CHECK(net.layer_splits().size() == 7);
+  const std::unique_ptr<Net> net = lenet_batch_cut(d, options);
+  net->forward();
+  CHECK_FALSE(net->needs_split_calibration());
+  CHECK(net->layer_splits().size() == 7);
 }
 
 // The same at every door: the tool's --split auto, the C ABI's split "auto" and this.
@@ -696,10 +714,8 @@ TEST_CASE("a cpu driver computes on its device thread what it set up on the call
     net.clear_param_diffs();
     net.backward();
     result.emplace_back(data.host_diff(), data.host_diff() + data.count());
-    for (const NetParam& param : net.learnable_params()) {
-      const float* diff = param.tensor->host_diff();
-      result.emplace_back(diff, diff + param.tensor->count());
-    }
+    for (std::vector<float>& gradient : test::param_gradients(net))
+      result.push_back(std::move(gradient));
     return result;
   };
   // At 16 images the primitives' scratchpads are large enough for the old failure (oneDNN's
@@ -770,10 +786,7 @@ TEST_CASE("a net of every cuttable layer type computes the unsplit loss and grad
     net->clear_param_diffs();
     test::NetGradients result;
     result.loss = net->forward_backward();
-    for (const NetParam& param : net->learnable_params()) {
-      const float* diff = param.tensor->host_diff();
-      result.gradients.emplace_back(diff, diff + param.tensor->count());
-    }
+    result.gradients = test::param_gradients(*net);  // whole: at 7 rows ip1 is cut by outputs
     return result;
   };
   for (int batch : {8, 7}) {
@@ -823,6 +836,108 @@ TEST_CASE("a solver's per-layer splits apply to its test net built from the same
     REQUIRE(splits.size() == 1);
     CHECK(splits[0].first == "conv2");
   }
+}
+
+// Issue 36: the fully connected trick. LeNet's ip1 (500 outputs of 800 inputs) is cut by
+// its outputs where rows x (2 x 800 + 500) < 500 x 800 (a batch cut would write and merge
+// a whole weight gradient on each device), ip2 (10 outputs) keeps its batch cut.
+TEST_CASE("a split cuts an InnerProduct by its outputs where that moves less memory", "[split]") {
+  TwoDrivers d;
+  NetOptions options;
+  options.split = Split::parse("reference:0.5,reference:1:0.5");
+  Net net = lenet(d, options, 8);
+  CHECK(net.output_cut("ip1").to_string() == "reference:0.5,reference:1:0.5");
+  CHECK(net.output_cut("ip2").empty());
+  CHECK(net.output_cut("conv1").empty());
+  // Each device holds its 250 rows of ip1's weights and bias; the other layers' are whole.
+  std::vector<std::string> ip1;
+  for (const NetParam& param : net.learnable_params()) {
+    if (param.layer != "ip1") continue;
+    ip1.push_back(fmt::format("{} {} {}", param.driver->device().name(),
+                              param.tensor->shape().to_string(), param.shard.begin));
+  }
+  CHECK(ip1 == std::vector<std::string>{"reference 250x800 0", "reference:1 250x800 250",
+                                        "reference 250 0", "reference:1 250 250"});
+  // split_axis: BATCH keeps the batch cut; at 200 rows (200 x 2100 > 400,000) the batch cut
+  // moves less.
+  CHECK(lenet_batch_cut(d, options)->output_cut("ip1").empty());
+  CHECK(lenet(d, options, 200).output_cut("ip1").empty());
+  // The cut computes the unsplit gradients (all of them: test::param_gradients gathers the
+  // shards) and is listed among the layer splits, which read back cut alike.
+  std::string listed;
+  for (const auto& [layer, split] : net.layer_splits())
+    listed += layer + " ";
+  CHECK(listed == "conv1 pool1 conv2 pool2 ip1 relu1 ip2 loss ");
+  NetOptions reread;
+  reread.layer_splits = net.layer_splits();
+  CHECK(lenet(d, reread, 8).output_cut("ip1").to_string() == "reference:0.5,reference:1:0.5");
+}
+
+TEST_CASE(
+    "an automatic split times an InnerProduct whole on each device as the net is built, then "
+    "cuts its outputs in proportion or keeps it on the fastest",
+    "[split]") {
+  TwoDrivers d;
+  NetOptions options;
+  options.split = Split::automatic({Device::parse("reference"), Device::parse("reference:1")});
+  options.force_backward = true;
+  Net net = lenet(d, options, 8);
+  const Split cut = net.output_cut("ip1");
+  const bool on_home = cut.empty() && net.layer_splits().size() == 0;
+  if (!cut.empty()) {
+    REQUIRE(cut.shares().size() == 2);
+    CHECK(cut.shares()[0].fraction > 0.0);
+    CHECK(cut.shares()[1].fraction > 0.0);
+    CHECK(cut.shares()[0].fraction + cut.shares()[1].fraction == Approx(1.0).epsilon(1e-9));
+  }
+  std::vector<std::string> heard;
+  std::vector<Split> reported;
+  net.calibrate_splits([&](const std::string& layer, const Split& split) {
+    heard.push_back(layer);
+    reported.push_back(split);
+  });
+  // ip1 is reported in its place with its cut (or its device: empty for the Net's driver).
+  CHECK(heard ==
+        std::vector<std::string>{"conv1", "pool1", "conv2", "pool2", "ip1", "relu1", "ip2"});
+  REQUIRE(reported.size() == 7);
+  if (!cut.empty()) {
+    CHECK(reported[4].to_string() == cut.to_string());
+  } else {
+    CHECK(reported[4].empty() == on_home);
+  }
+  // Whatever was chosen computes the unsplit loss and gradients.
+  NetOptions plain_options;
+  plain_options.force_backward = true;
+  Net plain = lenet(d, plain_options, 8);
+  net.clear_param_diffs();
+  plain.clear_param_diffs();
+  CHECK(net.forward_backward() == Approx(plain.forward_backward()).epsilon(1e-6));
+  const auto want = test::param_gradients(plain), got = test::param_gradients(net);
+  REQUIRE(want.size() == got.size());
+  for (std::size_t g = 0; g < want.size(); ++g) {
+    INFO("gradient " << g);
+    CHECK(test::max_scaled_diff(want[g], got[g]) <= 1e-5);
+  }
+}
+
+TEST_CASE("a solver's test net is cut by outputs as its training net, whose weights it shares",
+          "[split]") {
+  test::TempDir dir("hybridnn-split-cut-solver");
+  const std::string solver_path = lenet_solver(dir, 8,
+                                               "test_iter: 1\ntest_interval: 2\n"
+                                               "lr_policy: \"fixed\"\nmax_iter: 2\n");
+  TwoDrivers d;
+  SolverOptions options;
+  options.data = "synthetic:1x28x28";
+  // ip1 timed as each net is built: measured apart, the two nets' fractions would differ,
+  // and sharing ip1's weights would fail.
+  options.split = Split::automatic({Device::parse("reference"), Device::parse("reference:1")});
+  Solver solver(solver_path, d.runtime, *d.host, options);
+  REQUIRE(solver.num_test_nets() == 1);
+  CHECK(solver.test_net(0).output_cut("ip1").to_string() ==
+        solver.net().output_cut("ip1").to_string());
+  solver.solve();
+  CHECK(solver.iter() == 2);
 }
 
 }  // namespace

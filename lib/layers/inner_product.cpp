@@ -126,6 +126,7 @@ LayerType inner_product_layer_type() {
     return index == 0 && p.inner_product_param().transpose() ? 1 : 0;
   };
   cut.input_axis = [](const pb::LayerParameter& p) { return p.inner_product_param().axis(); };
+  cut.by_default = true;
   type.cut = std::move(cut);
   return type;
 }

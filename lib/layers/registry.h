@@ -53,6 +53,10 @@ struct OutputCut {
   int output_axis = -1;
   // Whether model_parallel may cut it across ranks too (else only split_axis: OUTPUT).
   bool across_ranks = true;
+  // Whether a split cuts it by outputs when its split_axis is unset, where that moves less
+  // memory than cutting its batch (the fully connected trick of Caffe con Troll: a batch
+  // cut makes every device write and merge a whole weight gradient; lib/net/net_output_cut.cpp).
+  bool by_default = false;
   // Why this layer's outputs cannot be cut (a shape or field the cut does not handle), or
   // empty; null: always.
   std::function<std::string(const hybridnn::proto::LayerParameter&)> refusal;

@@ -500,10 +500,18 @@ void Net::set_iteration_seed(std::uint64_t seed) {
 LayerSplits Net::layer_splits() const {
   LayerSplits splits;
   for (const NetLayer& nl : impl_->layers) {
-    if (nl.kind == Kind::compute && !nl.split.empty())
-      splits.emplace_back(nl.param.name(), nl.split);
+    if (nl.kind != Kind::compute) continue;
+    if (!nl.split.empty()) splits.emplace_back(nl.param.name(), nl.split);
+    if (!nl.output_cut.empty()) splits.emplace_back(nl.param.name(), nl.output_cut);
   }
   return splits;
+}
+
+Split Net::output_cut(const std::string& name) const {
+  for (const NetLayer& nl : impl_->layers) {
+    if (nl.param.name() == name) return nl.output_cut;
+  }
+  return Split();
 }
 
 bool Net::needs_split_calibration() const {
@@ -519,8 +527,12 @@ void Net::calibrate_splits(
   const std::uint64_t position = impl_->data_batch;
   impl_->on_calibrated = on_layer;
   try {
-    for (int l = 0; l < num_layers(); ++l)
+    for (int l = 0; l < num_layers(); ++l) {
+      const NetLayer& nl = impl_->layers[static_cast<std::size_t>(l)];
+      if (nl.measured_at_build && on_layer)
+        on_layer(nl.param.name(), nl.output_cut.empty() ? nl.split : nl.output_cut);
       impl_->forward_layer(l);
+    }
   } catch (...) {
     impl_->on_calibrated = nullptr;
     seek_data(position);

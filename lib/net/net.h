@@ -36,6 +36,8 @@ struct NetState {
   std::vector<std::string> stages;
 };
 
+class Net;
+
 struct NetOptions {
   NetState state;
   // Replaces the `source` of every Data layer of the net (empty: keep the prototxt's). A
@@ -74,6 +76,17 @@ struct NetOptions {
   // override the prototxt's and `split`. Naming a layer the prototxt lacks (in every phase)
   // is an error.
   LayerSplits layer_splits;
+  // A split of an InnerProduct layer (a type whose OutputCut is `by_default`) whose
+  // split_axis is unset cuts its outputs, not its batch, where that moves less memory: each
+  // device then holds its rows of the weights, and no device writes or merges a whole
+  // weight gradient (rows x (2 inputs + outputs) < weights). With an automatic split, the
+  // layer is timed whole on each device when the net is built (on random values) and cut
+  // by outputs in proportion to their speeds, or kept on the fastest device alone where the
+  // cut would save less than 15 %. split_axis: BATCH keeps the batch cut.
+  // `cuts_like` (not owned; may be null): such layers are cut as the layer of the same name
+  // in that net is, and not otherwise; the Solver's test nets, which share its training
+  // net's weights, follow it.
+  const Net* cuts_like = nullptr;
   // Measured choice of algorithm (tune.h): with a mode other than off, each layer that has
   // several (convolutions) measures them on its drivers at the first forward, or reads the
   // choice from the cache file, before it runs.
@@ -301,8 +314,12 @@ class Net {
   void set_iteration_seed(std::uint64_t seed);
 
   // The split every layer runs with, in layer order, for the layers cut among devices
-  // (measured fractions for automatic splits once measured).
+  // (measured fractions for automatic splits once measured; for a layer cut by outputs,
+  // how its outputs are cut: output_cut).
   LayerSplits layer_splits() const;
+  // How layer `name` is cut by its outputs among devices (split_axis: OUTPUT, or chosen:
+  // NetOptions::cuts_like), or an empty Split where it is not.
+  Split output_cut(const std::string& name) const;
   // Whether some layer's split is automatic and not yet measured.
   bool needs_split_calibration() const;
   // Measures automatic splits now (the first forward does it otherwise): on the current
@@ -311,7 +328,9 @@ class Net {
   // the resulting fractions, re-measured until the rows settle, so that the slices finish
   // together. Layers computed in place follow the layer before them. Parameter values and
   // gradients are left as they were and the data layers are rewound.
-  // `on_layer` (may be empty) hears each layer's choice as it is made.
+  // `on_layer` (may be empty) hears each layer's choice as it is made, in net order; an
+  // InnerProduct's was made as the net was built (NetOptions::cuts_like): its cut by outputs
+  // (output_cut) or its one device.
   // Then the whole net is timed (a forward and a backward, the second of two runs) with the
   // measured splits and with every automatic layer on the one device that got most of the
   // work, and the faster is kept (split_check()): per-layer timings do not show the copies

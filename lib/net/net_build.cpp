@@ -287,15 +287,36 @@ void Net::Impl::build(pb::NetParameter net) {
         nl.split = Split();
         continue;
       }
+      // Unset split_axis: an InnerProduct's outputs are cut where that moves less memory.
+      const bool by_default = !nl.split.empty() && cuts_by_default(static_cast<int>(l));
+      if (by_default && options.cuts_like != nullptr) {
+        nl.output_cut = options.cuts_like->output_cut(nl.param.name());
+        nl.split = Split();
+        continue;
+      }
       if (nl.split.is_automatic()) {
-        nl.automatic = true;
         nl.auto_devices = nl.split.measured_devices();
         nl.split = Split();  // the fractions are measured at the first forward
         HN_CHECK(nl.param.split_axis() != pb::LayerParameter::OUTPUT,
                  "split_axis: OUTPUT needs the fractions given, not measured (auto)");
-        continue;
+        if (!by_default) {
+          nl.automatic = true;
+          continue;
+        }
+        // Measured now: a cut's fractions size its parts' parameters.
+        nl.split = measure_output_cut(static_cast<int>(l), nl.auto_devices);
+        nl.measured_at_build = true;
+        const auto& shares = nl.split.shares();
+        const auto home = std::find_if(shares.begin(), shares.end(), [&](const SplitShare& s) {
+          return s.device == driver->device();
+        });
+        if (home != shares.end() && home->fraction == 1.0) nl.split = Split();  // unsplit
       }
-      if (nl.param.split_axis() == pb::LayerParameter::OUTPUT) {
+      const auto devices_with_rows =
+          std::count_if(nl.split.shares().begin(), nl.split.shares().end(),
+                        [](const SplitShare& share) { return share.fraction > 0.0; });
+      if (nl.param.split_axis() == pb::LayerParameter::OUTPUT ||
+          (by_default && devices_with_rows > 1)) {
         HN_CHECK(!nl.split.empty(), "split_axis: OUTPUT without a split to cut the outputs by");
         nl.output_cut = nl.split;  // the parts run whole batches (net_output_cut.cpp)
         nl.split = Split();

@@ -88,6 +88,9 @@ struct NetLayer {
   Split split;  // resolved: empty = the whole batch on the Net's driver
   // An automatic split: measured among auto_devices at the first forward (calibrated).
   bool automatic = false, calibrated = false;
+  // An automatic split settled as the net was built (measure_output_cut): a cut by outputs
+  // or one device; calibrate_splits reports it in its place.
+  bool measured_at_build = false;
   bool tuned = false;  // Layer::tune has run on the layer's devices (NetOptions::tune)
   std::vector<Device> auto_devices;
   std::string where;  // "FILE: layer 'NAME' (TYPE)", for the scheduler's errors
@@ -237,6 +240,13 @@ struct Net::Impl {
   detail::LayerCall call_of(int index, bool backward);
   // Runs compute layer `index` forward or backward, cut per its split.
   void run_compute(int index, bool backward);
+  // Whether a split of layer `index` cuts its outputs rather than its batch while its
+  // split_axis is unset (NetOptions::cuts_like, net_output_cut.cpp).
+  bool cuts_by_default(int index) const;
+  // An automatic split of such a layer: the layer timed whole on each of `devices` on
+  // random values, then a cut of its outputs in proportion to their speeds, or the fastest
+  // device alone.
+  Split measure_output_cut(int index, const std::vector<Device>& devices);
   // Measures layer `index`'s automatic split on its current inputs.
   void calibrate_layer(int index);
   // Layer::tune on the layer's devices, once, when options.tune asks for it.

@@ -83,6 +83,90 @@ std::pair<index_t, index_t> rank_outputs(index_t outputs, int rank, int ranks) {
   return {outputs * rank / ranks, outputs * (rank + 1) / ranks};
 }
 
+bool Net::Impl::cuts_by_default(int index) const {
+  const NetLayer& nl = layers[static_cast<std::size_t>(index)];
+  if (nl.param.has_split_axis() || nl.type == nullptr || !nl.type->cut ||
+      !nl.type->cut->by_default || nl.bottoms.size() != 1 || nl.tops.size() != 1)
+    return false;
+  if (options.cuts_like != nullptr) return !options.cuts_like->output_cut(nl.param.name()).empty();
+  const OutputCut& cut = *nl.type->cut;
+  if (cut.refusal && !cut.refusal(nl.param).empty()) return false;
+  for (const pb::ParamSpec& spec : nl.param.param()) {
+    if (!spec.name().empty()) return false;  // shared parameters stay whole
+  }
+  // A batch cut writes and merges a whole weight gradient on every device; a cut by outputs
+  // gives every device the whole input and merges input gradients instead.
+  const Shape& input = blobs[static_cast<std::size_t>(nl.bottoms[0])].shape;
+  const Shape& output = blobs[static_cast<std::size_t>(nl.tops[0])].shape;
+  int axis = cut.input_axis(nl.param);
+  if (axis < 0) axis += input.axes();
+  if (axis < 1 || axis >= input.axes() || nl.layer->params().empty()) return false;
+  const index_t rows = input.count(0, axis);
+  if (rows <= 0) return false;
+  const double moved =
+      static_cast<double>(rows) * (2.0 * static_cast<double>(input.count(axis, input.axes())) +
+                                   static_cast<double>(output.count()) / static_cast<double>(rows));
+  return moved < static_cast<double>(nl.layer->params()[0].count());
+}
+
+Split Net::Impl::measure_output_cut(int index, const std::vector<Device>& devices) {
+  NetLayer& nl = layers[static_cast<std::size_t>(index)];
+  HN_CHECK(!devices.empty(), "{}: an automatic split without devices", where(index));
+  if (devices.size() == 1) return Split::single(devices[0]);
+  // The layer whole, on random values (the net's own memory is not planned yet).
+  const std::string at = where(index);
+  const Shape& input_shape = blobs[static_cast<std::size_t>(nl.bottoms[0])].shape;
+  std::unique_ptr<Layer> layer = detail::make_layer(nl.param);
+  const Shape output_shape = layer->setup({input_shape}).at(0);
+  Tensor input(input_shape), output(output_shape);
+  pb::FillerParameter random;
+  random.set_type("uniform");
+  random.set_min(-1.0f);
+  random.set_max(1.0f);
+  std::uint64_t stream = 0;
+  auto fill_random = [&](const Shape& shape, float* values) {
+    detail::fill(random, shape, values, detail::mix_seeds(options.seed, ++stream), at);
+  };
+  fill_random(input_shape, input.host_data_mut());
+  fill_random(output_shape, output.host_diff_mut());
+  const bool with_backward = options.state.phase == Phase::train;
+  detail::LayerCall call;
+  call.layer = layer.get();
+  call.where = at;
+  call.phase = options.state.phase;
+  call.inputs.push_back(detail::CallTensor{input_shape, &input.data(), &input.diff()});
+  call.outputs.push_back(detail::CallTensor{output_shape, &output.data(), &output.diff()});
+  for (Tensor& param : layer->params()) {
+    fill_random(param.shape(), param.host_data_mut());
+    call.params.push_back(detail::CallTensor{param.shape(), &param.data(), &param.diff()});
+  }
+  call.propagate_down = {with_backward};
+  std::vector<float> seconds;
+  for (const Device& on : devices)
+    seconds.push_back(
+        static_cast<float>(std::max(1e-9, scheduler->time_whole(call, with_backward, on))));
+  // Every rank cuts alike (the parts' parameters are reduced across ranks): rank 0's times.
+  if (comm != nullptr && ranks > 1) comm->broadcast(*driver, seconds.data(), seconds.size(), 0);
+  double rate = 0.0;
+  for (float s : seconds)
+    rate += 1.0 / static_cast<double>(s);
+  const auto fastest =
+      static_cast<std::size_t>(std::min_element(seconds.begin(), seconds.end()) - seconds.begin());
+  // The cut gathers the outputs and sums the input gradients: it must save more than that.
+  // Else the fastest alone, the others listed with nothing (as Scheduler::calibrate says it).
+  const bool alone = 1.0 / rate > 0.85 * static_cast<double>(seconds[fastest]);
+  std::vector<SplitShare> shares;
+  double given = 0.0;
+  for (std::size_t d = 0; d < devices.size(); ++d) {
+    double fraction = d + 1 < devices.size() ? 1.0 / static_cast<double>(seconds[d]) / rate
+                                             : std::max(0.0, 1.0 - given);
+    if (alone) fraction = d == fastest ? 1.0 : 0.0;
+    given += fraction;
+    shares.push_back(SplitShare{devices[d], fraction});
+  }
+  return Split(std::move(shares));
+}
+
 void Net::Impl::set_up_output_cuts() {
   for (std::size_t l = 0; l < layers.size(); ++l) {
     NetLayer& nl = layers[l];

@@ -510,6 +510,10 @@ double Scheduler::probe(const LayerCall& call, bool with_backward, Driver& on, i
   return seconds;
 }
 
+double Scheduler::time_whole(const LayerCall& call, bool with_backward, const Device& device) {
+  return probe(call, with_backward, driver(device), call.rows());
+}
+
 Scheduler::SplitTiming Scheduler::time_split(const LayerCall& call, bool with_backward,
                                              const Split& split) {
   // As it will run: slices side by side, then the parameter gradients merged. Twice, the

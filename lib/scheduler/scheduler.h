@@ -95,6 +95,9 @@ class Scheduler {
   // fastest device alone (the others at fraction 0) where that is as fast; parameter
   // gradients are as before.
   Split calibrate(const LayerCall& call, bool with_backward, const std::vector<Device>& devices);
+  // Seconds `call` takes whole on `device` (forward, and backward with `with_backward`), the
+  // second of two runs; parameter gradients are added to, input gradients go to scratch.
+  double time_whole(const LayerCall& call, bool with_backward, const Device& device);
 
  private:
   // The slice for rows [begin, end) on `on`, its operands resolved there. Parameter

@@ -168,6 +168,7 @@ void Solver::Impl::build_nets() {
     test_options.fuse_layers = options.fuse_layers;
     test_options.math = options.math;
     test_options.communicator = comm;
+    test_options.cuts_like = net.get();  // it shares their weights: cut alike
     std::unique_ptr<Net> test_net;
     if (i < p.test_net_param_size()) {
       test_net = Net::from_text(text_of(p.test_net_param(i)),

@@ -261,8 +261,11 @@ Communicator* active_communicator() {
 void settle_splits(Net& net, const Args& args, bool json) {
   if (net.needs_split_calibration()) {
     std::FILE* progress = json ? stderr : stdout;
-    net.calibrate_splits([progress](const std::string& layer, const Split& split) {
-      fmt::print(progress, "Measuring the split of {}... {}\n", layer, split.to_string());
+    net.calibrate_splits([progress, &net](const std::string& layer, const Split& split) {
+      fmt::print(progress, "Measuring the split of {}... {}\n", layer,
+                 split.empty()                   ? "whole on " + net.driver().device().name()
+                 : net.output_cut(layer).empty() ? split.to_string()
+                                                 : split.to_string() + " of its outputs");
       std::fflush(progress);
     });
     if (const Net::SplitCheck check = net.split_check(); check.checked) {
@@ -285,11 +288,13 @@ void settle_splits(Net& net, const Args& args, bool json) {
       fmt::print("Chosen split:\n");
     for (const auto& [layer, split] : chosen) {
       if (json) {
-        fmt::print(R"({{"split":true,"layer":{},"split_spec":{}}})"
+        fmt::print(R"({{"split":true,"layer":{},"split_spec":{},"axis":"{}"}})"
                    "\n",
-                   json_string(layer), json_string(split.to_string()));
+                   json_string(layer), json_string(split.to_string()),
+                   net.output_cut(layer).empty() ? "batch" : "outputs");
       } else {
-        fmt::print("  {} {}\n", layer, split.to_string());
+        fmt::print("  {} {}{}\n", layer, split.to_string(),
+                   net.output_cut(layer).empty() ? "" : " (its outputs)");
       }
     }
   }
