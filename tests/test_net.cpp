@@ -206,10 +206,16 @@ NormRun run_labelled(Net& net, std::uint32_t seed) {
 // `conv_choice`: the algorithm every convolution takes in every direction (measured, then
 // overridden through TuneOptions::agree as rank 0's choice would be); empty: no tuning.
 NormRun run_norm_net(const Device& device, bool fuse, bool blocked, Phase phase,
-                     const std::string& conv_choice = "") {
+                     const std::string& conv_choice = "", const std::string& split = "") {
   Runtime runtime;
   Driver& driver = runtime.add(device);
   NetOptions options;
+  if (!split.empty()) {
+    DriverOptions separate;  // a device with memory of its own, as a GPU
+    separate.set("separate_memory", true);
+    runtime.add(Device::parse("reference:1"), separate);
+    options.split = Split::parse(split);
+  }
   options.force_backward = true;
   options.fuse_layers = fuse;
   options.blocked_layout = blocked;
@@ -272,6 +278,39 @@ TEST_CASE(
   // In the test phase bn2 normalises with its stored statistics too: its chain fuses.
   const NormRun test_phase = run_norm_net(Device::parse(device), true, blocked, Phase::test);
   CHECK(test_phase.algorithms.at("scale2") == "fused: BatchNorm 'bn2' + Scale + ReLU 'relu2'");
+}
+
+TEST_CASE(
+    "Net fuses BatchNorm + Scale + ReLU and Eltwise SUM + ReLU under a split too, each device "
+    "on its rows, and computes what the unfused unsplit layers do",
+    "[net][fusion][split]") {
+  const Device reference = Device::parse("reference");
+  const NormRun plain = run_norm_net(reference, false, false, Phase::train);
+  for (const char* split : {"reference:0.5,reference:1:0.5", "auto:reference,reference:1"}) {
+    INFO(split);
+    const NormRun fused = run_norm_net(reference, true, false, Phase::train, "", split);
+    const bool automatic = std::string(split).rfind("auto", 0) == 0;
+    if (!automatic) {
+      // Each device runs the fused chains on its rows (an automatic split may keep a layer on
+      // one device).
+      CHECK(fused.algorithms.at("scale1") ==
+            "reference: fused: BatchNorm 'bn1' + Scale + ReLU 'relu1'; reference:1: fused: "
+            "BatchNorm 'bn1' + Scale + ReLU 'relu1'");
+      CHECK(fused.algorithms.at("sum") ==
+            "reference: fused: Eltwise + ReLU 'relu_sum'; reference:1: fused: Eltwise + ReLU "
+            "'relu_sum'");
+    }
+    CHECK(fused.algorithms.at("bn1") == "fused into 'scale1'");
+    CHECK(fused.algorithms.at("relu1") == "fused into 'scale1'");
+    CHECK(fused.algorithms.at("bn3") == "fused into 'scale3'");
+    CHECK(fused.algorithms.at("relu_sum") == "fused into 'sum'");
+    CHECK(std::fabs(fused.loss - plain.loss) <= 1e-5 * std::max(1.0f, std::fabs(plain.loss)));
+    REQUIRE(fused.gradients.size() == plain.gradients.size());
+    for (std::size_t g = 0; g < plain.gradients.size(); ++g) {
+      INFO("gradient " << g);
+      CHECK(test::max_scaled_diff(plain.gradients[g], fused.gradients[g]) <= 1e-5);
+    }
+  }
 }
 
 TEST_CASE(

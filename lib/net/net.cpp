@@ -112,7 +112,11 @@ void Net::Impl::run_compute(int index, bool backward) {
 const Split& Net::Impl::upstream_split(int blob) const {
   static const Split none;
   int producer = blobs[blob].producer;
-  while (producer >= 0 && layers[producer].kind == Kind::split)
+  // Through split layers, and layers fused into another (in place: their work is the
+  // other's, their split its split).
+  while (producer >= 0 && (layers[producer].kind == Kind::split ||
+                           (layers[producer].fused_into >= 0 && layers[producer].parts.empty() &&
+                            !layers[producer].bottoms.empty())))
     producer = blobs[layers[producer].bottoms[0]].producer;
   if (producer < 0 || layers[producer].kind != Kind::compute) return none;
   return layers[producer].split;
@@ -157,6 +161,7 @@ void Net::Impl::calibrate_layer(int index) {
   detail::LayerCall call = call_of(index, nl.needs_backward);
   if (!call.splittable()) {
     nl.split = Split();  // needs the whole batch: the Net's driver
+    follow_fused(index);
     return;
   }
   const Split upstream = nl.bottoms.empty() ? Split() : upstream_split(nl.bottoms[0]);
@@ -175,7 +180,31 @@ void Net::Impl::calibrate_layer(int index) {
     nl.split = !upstream.empty() && upstream.partition(rows) == measured.partition(rows) ? upstream
                                                                                          : measured;
   }
+  follow_fused(index);
   if (on_calibrated) on_calibrated(nl.param.name(), nl.split);
+}
+
+const Split* Net::Impl::consumers_rows(int index) {
+  const Split* common = nullptr;
+  for (int t : layers[static_cast<std::size_t>(index)].tops) {
+    for (int c : blobs[static_cast<std::size_t>(t)].consumers) {
+      NetLayer& consumer = layers[static_cast<std::size_t>(c)];
+      if (consumer.kind != Kind::compute || !consumer.parts.empty() || consumer.split.empty() ||
+          consumer.across_ranks || !call_of(c, false).splittable())
+        return nullptr;
+      if (common != nullptr && common->to_string() != consumer.split.to_string()) return nullptr;
+      common = &consumer.split;
+    }
+  }
+  return common;
+}
+
+void Net::Impl::follow_fused(int index) {
+  for (NetLayer& fused : layers) {
+    if (fused.fused_into != index || !fused.automatic || !fused.parts.empty()) continue;
+    fused.split = layers[static_cast<std::size_t>(index)].split;
+    fused.calibrated = true;
+  }
 }
 
 void Net::Impl::backward_layer(int index) {
@@ -194,6 +223,26 @@ void Net::Impl::backward_layer(int index) {
     if (!nl.propagate_down[0]) return;
     const int bottom = nl.bottoms[0];
     const index_t count = blobs[bottom].shape.count();
+    if (const Split* rows = consumers_rows(index)) {
+      // Every consumer cut its rows alike: each device sums its own rows, all at once.
+      if (!nl.sum) {
+        nl.sum = detail::make_layer(nl.param);
+        nl.sum->setup({blobs[bottom].shape});
+      }
+      detail::LayerCall call;
+      call.layer = nl.sum.get();
+      call.where = nl.where;
+      call.phase = options.state.phase;
+      call.inputs.push_back(detail::CallTensor{blobs[bottom].shape, &data_of(bottom),
+                                               &diff_of(bottom), blobs[bottom].layout});
+      for (int t : nl.tops)
+        call.outputs.push_back(
+            detail::CallTensor{blobs[t].shape, &data_of(t), &diff_of(t), blobs[t].layout});
+      call.propagate_down = {true};
+      call.split = *rows;
+      scheduler->run(call, true);
+      return;
+    }
     // The sum runs where the gradients are: when the consumers all ran on a GPU, copying
     // each gradient to the Net's driver and the sum back cost ResNet-50 31 ms per fan-out
     // under --split auto on an H200. Each element is a + b rounded once on any driver, so

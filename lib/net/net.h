@@ -102,8 +102,9 @@ struct NetOptions {
   bool blocked_layout = false;
   // Runs each in-place chain BatchNorm (on stored statistics: use_global_stats, or the test
   // phase) -> Scale (per channel) [-> ReLU] as one layer, one pass over the blob each way
-  // instead of about eight (Driver::norm_affine_*), where the three run unsplit on the
-  // Net's driver; likewise each Eltwise SUM -> ReLU in place on its output
+  // instead of about eight (Driver::norm_affine_*), where the three are cut alike (unsplit,
+  // the same split: each device on its rows, or all automatic); likewise each Eltwise SUM
+  // -> ReLU in place on its output
   // (Driver::lincomb_relu forward, the ReLU's gradient written straight into the inputs'
   // backward). Results equal the unfused layers' up to float rounding; the fused
   // BatchNorm and ReLU report no time of their own (layer_algorithm names the fusion).

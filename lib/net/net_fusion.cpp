@@ -8,9 +8,12 @@
 //
 // The chain must be in place on one blob (so the Scale's operands are the BatchNorm's input
 // and the ReLU's output, the same memory) with each version consumed only by the next layer
-// of the chain and no loss weight, and every layer of it unsplit on the Net's driver. The
-// fused Scale runs where the Scale would; nothing else reads the chain's blob between the
-// BatchNorm and the ReLU, so running their work there changes no other layer's inputs.
+// of the chain and no loss weight, and every layer of it cut alike: unsplit on the Net's
+// driver, the same split, or all automatic (in-place layers take the split of the layer
+// before them, so the fused ones take the Scale's or Eltwise's: calibrate_layer). The
+// fused Scale runs where the Scale would, each device on its rows; nothing else reads the
+// chain's blob between the BatchNorm and the ReLU, so running their work there changes no
+// other layer's inputs.
 #include "lib/layers/registry.h"
 #include "lib/net/net_impl.h"
 
@@ -33,25 +36,33 @@ void Net::Impl::plan_fusion() {
     if (role(nl) == FusionRole::sum) nl.layer->fuse_relu(std::nullopt);
   }
   if (!options.fuse_layers) return;
-  // A layer that computes one top, whole on the Net's driver, with no loss weight.
+  // A layer that computes one top, by rows (not cut by outputs), with no loss weight.
   const auto runs_alone = [&](int l) {
     const NetLayer& nl = layers[static_cast<std::size_t>(l)];
     bool no_loss = true;
     for (float weight : nl.loss_weights)
       no_loss = no_loss && weight == 0.0f;
-    return nl.kind == Kind::compute && nl.split.empty() && !nl.automatic && no_loss &&
+    return nl.kind == Kind::compute && nl.output_cut.empty() && !nl.across_ranks && no_loss &&
            nl.tops.size() == 1;
   };
   const auto plain = [&](int l) {
     return runs_alone(l) && layers[static_cast<std::size_t>(l)].bottoms.size() == 1;
   };
-  // The layer after `l` in an in-place chain: the only consumer of its top, in place too.
+  // Whether two layers run on the same rows of the same devices.
+  const auto cut_alike = [&](int a, int b) {
+    const NetLayer& x = layers[static_cast<std::size_t>(a)];
+    const NetLayer& y = layers[static_cast<std::size_t>(b)];
+    if (x.automatic || y.automatic) return x.automatic && y.automatic;
+    return x.split.to_string() == y.split.to_string();
+  };
+  // The layer after `l` in an in-place chain: the only consumer of its top, in place too,
+  // cut as `l` is.
   const auto next_in_place = [&](int l) {
     const NetLayer& nl = layers[static_cast<std::size_t>(l)];
     const BlobVersion& top = blobs[static_cast<std::size_t>(nl.tops[0])];
     if (top.keep || top.consumers.size() != 1) return -1;
     const int next = top.consumers[0];
-    if (!plain(next)) return -1;
+    if (!plain(next) || !cut_alike(l, next)) return -1;
     const NetLayer& after = layers[static_cast<std::size_t>(next)];
     return blobs[static_cast<std::size_t>(after.tops[0])].data_group == top.data_group ? next : -1;
   };

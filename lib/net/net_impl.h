@@ -73,6 +73,7 @@ struct NetLayer {
   pb::LayerParameter param;
   Kind kind = Kind::compute;
   std::unique_ptr<Layer> layer;     // compute layers
+  std::unique_ptr<Layer> sum;       // split layers: a SplitLayer for backward by rows
   const LayerType* type = nullptr;  // compute layers: the registry's entry, with the traits
   std::unique_ptr<detail::DataFeed> feed;
   std::vector<int> bottoms, tops;   // blob versions
@@ -247,6 +248,12 @@ struct Net::Impl {
   // random values, then a cut of its outputs in proportion to their speeds, or the fastest
   // device alone.
   Split measure_output_cut(int index, const std::vector<Device>& devices);
+  // The split every consumer of split layer `index`'s tops runs with, by rows, when they
+  // all run with the same one (its backward then sums each device's rows there); else null.
+  const Split* consumers_rows(int index);
+  // The automatic layers fused into layer `index` (plan_fusion) take its split: they run
+  // as its calls, on its rows.
+  void follow_fused(int index);
   // Measures layer `index`'s automatic split on its current inputs.
   void calibrate_layer(int index);
   // Layer::tune on the layer's devices, once, when options.tune asks for it.

@@ -53,8 +53,11 @@ Pointer rows(SyncedMemory& memory, const Shape& shape, index_t batch, index_t be
 void compute(Layer& layer, SliceRun& run, bool backward) {
   const auto start = Clock::now();
   if (run.partial != nullptr) {
-    for (const Operand& param : run.slice.params)
-      run.on->fill(param.shape.count(), 0.0f, param.mutable_dx());
+    for (const Operand& param : run.slice.params) {
+      // A read-only parameter (a fused BatchNorm's statistics) has no gradient.
+      if (param.diff.address != nullptr)
+        run.on->fill(param.shape.count(), 0.0f, param.mutable_dx());
+    }
   }
   if (backward) {
     layer.backward(run.slice);
@@ -281,7 +284,8 @@ std::vector<SliceRun> Scheduler::run_slices(const LayerCall& call, bool backward
       // summed into the parameters' gradients in device order once all are done.
       std::size_t bytes = 0;
       for (const CallTensor& param : call.params)
-        bytes += static_cast<std::size_t>(param.shape.count()) * sizeof(float);
+        if (param.diff != nullptr)
+          bytes += static_cast<std::size_t>(param.shape.count()) * sizeof(float);
       SyncedMemory& partial = grad_partials_[&on];
       if (partial.bytes() < bytes) partial.resize(bytes);
       run.partial = &partial;
@@ -438,6 +442,10 @@ void Scheduler::reduce_partials(const LayerCall& call, std::vector<SliceRun>& ru
     std::size_t offset = 0;
     parts.emplace_back();
     for (const CallTensor& param : call.params) {
+      if (param.diff == nullptr) {  // no gradient, no room in the partial (prepare)
+        parts.back().push_back(nullptr);
+        continue;
+      }
       const std::size_t bytes = static_cast<std::size_t>(param.shape.count()) * sizeof(float);
       parts.back().push_back(
           static_cast<const float*>(run->partial->read_range(home_, offset, bytes)));
