@@ -128,6 +128,23 @@ TEST_CASE("Split partition gives contiguous slices within one row of the exact s
   CHECK(slices[1] == std::pair<index_t, index_t>{5, 7});
 }
 
+TEST_CASE(
+    "Split proportional shares by weight with the last taking the rest, and only lists every "
+    "device") {
+  const std::vector<Device> devices{Device::parse("cpu"), Device::parse("cpu:1"),
+                                    Device::parse("reference")};
+  const Split split = Split::proportional(devices, {1.0, 1.0, 2.0});
+  REQUIRE(split.shares().size() == 3);
+  CHECK(split.shares()[0].fraction == 0.25);
+  CHECK(split.shares()[1].fraction == 0.25);
+  CHECK(split.shares()[2].fraction == 0.5);
+  // Thirds do not sum to 1 in floating point: the last takes 1 - the others.
+  const Split thirds = Split::proportional(devices, {1.0, 1.0, 1.0});
+  CHECK(thirds.shares()[2].fraction == 1.0 - (1.0 / 3.0 + 1.0 / 3.0));
+  CHECK_THROWS_WITH(Split::proportional(devices, {1.0}), Catch::Contains("3 devices, 1 weights"));
+  CHECK(Split::only(devices, devices[1]).to_string() == "cpu:0.0,cpu:1:1.0,reference:0.0");
+}
+
 TEST_CASE("Split check_devices names a device without a driver and those present") {
   Runtime runtime;
   runtime.add(Device::parse("reference"));

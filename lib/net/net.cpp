@@ -615,29 +615,23 @@ void Net::check_splits_whole(std::uint64_t position) {
                          return a.second < b.second;
                        })->first;
   // One split for every automatic layer: each device's share of their work.
-  double total = 0.0;
-  for (const auto& entry : work)
-    total += entry.second;
-  std::vector<SplitShare> even;
-  for (const auto& [device, flops] : work)
-    even.push_back({device, flops / total});
-  double others = 0.0;  // the last takes the rest, so that the fractions sum to 1 exactly
-  for (std::size_t d = 0; d + 1 < even.size(); ++d)
-    others += even[d].fraction;
-  even.back().fraction = std::max(0.0, 1.0 - others);
-  const Split uniform(std::move(even));
+  std::vector<Device> workers;
+  std::vector<double> flops;
+  for (const auto& [device, done] : work) {
+    workers.push_back(device);
+    flops.push_back(done);
+  }
+  const Split uniform = Split::proportional(workers, flops);
   std::vector<Split> measured, single, same;
   bool differs = false, varies = false;
   for (int l : automatic) {
     const Split& split = net.layers[l].split;
-    std::vector<SplitShare> shares = split.shares();
-    for (SplitShare& share : shares)
-      share.fraction = share.device == alone ? 1.0 : 0.0;
+    const Split only = Split::only(split.devices(), alone);
     measured.push_back(split);
-    differs = differs || Split(shares).partition(net.batch) != split.partition(net.batch);
+    differs = differs || only.partition(net.batch) != split.partition(net.batch);
     varies = varies || uniform.partition(net.batch) != split.partition(net.batch);
     // The Net's own driver alone is the unsplit path.
-    single.push_back(alone == net.driver->device() ? Split() : Split(std::move(shares)));
+    single.push_back(alone == net.driver->device() ? Split() : only);
     same.push_back(uniform);
   }
   if (!differs) return;

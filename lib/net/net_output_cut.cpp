@@ -6,6 +6,8 @@
 // each part its columns of the top's gradient and sums the parts' input gradients in device order
 // (deterministic). The parts run at the same time, each on its device's thread
 // (Scheduler::run_parts).
+#include <numeric>
+
 #include "lib/net/layer_factory.h"
 #include "lib/net/net_impl.h"
 
@@ -147,24 +149,17 @@ Split Net::Impl::measure_output_cut(int index, const std::vector<Device>& device
         static_cast<float>(std::max(1e-9, scheduler->time_whole(call, with_backward, on))));
   // Every rank cuts alike (the parts' parameters are reduced across ranks): rank 0's times.
   if (comm != nullptr && ranks > 1) comm->broadcast(*driver, seconds.data(), seconds.size(), 0);
-  double rate = 0.0;
+  std::vector<double> speeds;
   for (float s : seconds)
-    rate += 1.0 / static_cast<double>(s);
+    speeds.push_back(1.0 / static_cast<double>(s));
+  const double rate = std::accumulate(speeds.begin(), speeds.end(), 0.0);
   const auto fastest =
-      static_cast<std::size_t>(std::min_element(seconds.begin(), seconds.end()) - seconds.begin());
+      static_cast<std::size_t>(std::max_element(speeds.begin(), speeds.end()) - speeds.begin());
   // The cut gathers the outputs and sums the input gradients: it must save more than that.
   // Else the fastest alone, the others listed with nothing (as Scheduler::calibrate says it).
-  const bool alone = 1.0 / rate > 0.85 * static_cast<double>(seconds[fastest]);
-  std::vector<SplitShare> shares;
-  double given = 0.0;
-  for (std::size_t d = 0; d < devices.size(); ++d) {
-    double fraction = d + 1 < devices.size() ? 1.0 / static_cast<double>(seconds[d]) / rate
-                                             : std::max(0.0, 1.0 - given);
-    if (alone) fraction = d == fastest ? 1.0 : 0.0;
-    given += fraction;
-    shares.push_back(SplitShare{devices[d], fraction});
-  }
-  return Split(std::move(shares));
+  if (1.0 / rate > 0.85 * static_cast<double>(seconds[fastest]))
+    return Split::only(devices, devices[fastest]);
+  return Split::proportional(devices, speeds);
 }
 
 void Net::Impl::set_up_output_cuts() {

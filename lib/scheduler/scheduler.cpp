@@ -7,7 +7,6 @@
 #include <exception>
 #include <limits>
 #include <new>
-#include <numeric>
 
 #include "lib/core/check.h"
 #include "lib/core/transfer.h"
@@ -580,18 +579,7 @@ Split Scheduler::calibrate(const LayerCall& call, bool with_backward,
     }
     speed.push_back(static_cast<double>(rows) / std::max(seconds, 1e-9));
   }
-  auto split_for = [&] {
-    const double total = std::accumulate(speed.begin(), speed.end(), 0.0);
-    std::vector<SplitShare> shares;
-    double given = 0.0;
-    for (std::size_t d = 0; d < speed.size(); ++d) {
-      // The last takes what the others leave, so the fractions sum to 1 within rounding.
-      const double fraction = d + 1 < speed.size() ? speed[d] / total : std::max(0.0, 1.0 - given);
-      given += fraction;
-      shares.push_back(SplitShare{devices[d], fraction});
-    }
-    return Split(std::move(shares));
-  };
+  auto split_for = [&] { return Split::proportional(devices, speed); };
   Split measured = split_for();
   Split best = measured;
   double best_wall = std::numeric_limits<double>::infinity();
@@ -618,10 +606,7 @@ Split Scheduler::calibrate(const LayerCall& call, bool with_backward,
     // device with the whole batch is a candidate too, timed the same way; it wins ties.
     const auto fastest =
         static_cast<std::size_t>(std::max_element(speed.begin(), speed.end()) - speed.begin());
-    std::vector<SplitShare> alone;
-    for (std::size_t d = 0; d < devices.size(); ++d)
-      alone.push_back(SplitShare{devices[d], d == fastest ? 1.0 : 0.0});
-    const Split single(std::move(alone));
+    const Split single = Split::only(devices, devices[fastest]);
     if (single.partition(batch) != best.partition(batch)) {
       const SplitTiming timing = time_split(call, with_backward, single);
       if (timing.wall <= best_wall) best = single;

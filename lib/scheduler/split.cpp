@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <optional>
 
 #include "lib/core/check.h"
@@ -115,6 +116,28 @@ std::string describe(const std::vector<SplitShare>& shares, bool last_takes_rest
 
 Split::Split(std::vector<SplitShare> shares) : shares_(std::move(shares)) {
   validate(shares_, describe(shares_, false));
+}
+
+Split Split::only(const std::vector<Device>& devices, const Device& device) {
+  std::vector<SplitShare> shares;
+  for (const Device& each : devices)
+    shares.push_back(SplitShare{each, each == device ? 1.0 : 0.0});
+  return Split(std::move(shares));
+}
+
+Split Split::proportional(const std::vector<Device>& devices, const std::vector<double>& weights) {
+  HN_CHECK(devices.size() == weights.size(), "Split::proportional: {} devices, {} weights",
+           devices.size(), weights.size());
+  const double total = std::accumulate(weights.begin(), weights.end(), 0.0);
+  std::vector<SplitShare> shares;
+  double given = 0.0;
+  for (std::size_t d = 0; d < devices.size(); ++d) {
+    const double fraction =
+        d + 1 < devices.size() ? weights[d] / total : std::max(0.0, 1.0 - given);
+    given += fraction;
+    shares.push_back(SplitShare{devices[d], fraction});
+  }
+  return Split(std::move(shares));
 }
 
 Split Split::automatic(std::vector<Device> devices) {

@@ -30,6 +30,13 @@ class Split {
   // 1e-6, and no device appears twice.
   explicit Split(std::vector<SplitShare> shares);
   static Split single(const Device& device) { return Split({SplitShare{device, 1.0}}); }
+  // Every device of `devices` listed, `device` with the whole batch and the others with none
+  // (how a measurement says "this device alone").
+  static Split only(const std::vector<Device>& devices, const Device& device);
+  // Shares in proportion to `weights` (one per device, non-negative, not all zero): device
+  // d gets weights[d] / their sum, the last what the others leave, so that the fractions
+  // sum to 1.
+  static Split proportional(const std::vector<Device>& devices, const std::vector<double>& weights);
   // Fractions measured at run time among `devices` (empty: every available device but the
   // oracles, see measured_devices()). Throws when a device appears twice.
   static Split automatic(std::vector<Device> devices = {});
