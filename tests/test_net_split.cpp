@@ -733,7 +733,7 @@ TEST_CASE("a cpu driver computes on its device thread what it set up on the call
 
 // Every kind of layer the nets above lack, cut by rows between the host and a device: a
 // split blob (branches), an in-place chain (BatchNorm, Scale, ReLU, Dropout), BatchNorm's
-// batch statistics (never cut: the whole batch on the Net's driver, between cut layers),
+// batch statistics (cut in stages, their sums added on the Net's driver),
 // Concat, LRN, TanH, Eltwise (sum and max), AVE pooling, Flatten, Sigmoid and Slice.
 constexpr const char* kEveryLayerNet = R"(
 name: "every_layer"
@@ -812,9 +812,79 @@ TEST_CASE("a net of every cuttable layer type computes the unsplit loss and grad
   net->forward();
   for (const LayerProfile& layer : net->profile()) {
     INFO(layer.name);
-    const bool whole_batch = layer.name == "bn1" || layer.name == "loss";
+    const bool whole_batch = layer.name == "loss";
     CHECK(layer.devices.size() == (whole_batch ? 1u : 2u));
   }
+}
+
+// BatchNorm's batch statistics cut by rows: each device sums its own rows, the totals are
+// added in row order on the Net's driver, so a split computes what the unsplit net does, bit
+// for bit on identical drivers: outputs, input gradients and the moving averages.
+constexpr const char* kBatchNormNet = R"(
+name: "batch_norm"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 7 dim: 5 dim: 3 dim: 4 } } }
+layer { name: "bn" type: "BatchNorm" bottom: "data" top: "bn"
+  batch_norm_param { moving_average_fraction: 0.9 } }
+layer { name: "bn_in_place" type: "BatchNorm" bottom: "bn" top: "bn" }
+layer { name: "tanh" type: "TanH" bottom: "bn" top: "out" }
+)";
+
+TEST_CASE(
+    "BatchNorm's batch statistics cut by rows give the unsplit outputs, gradients and moving "
+    "averages bitwise",
+    "[split]") {
+  auto run = [](Runtime& runtime, Driver& main, const std::string& split) {
+    NetOptions options;
+    options.force_backward = true;
+    if (!split.empty()) options.split = Split::parse(split);
+    const std::unique_ptr<Net> net =
+        Net::from_text(kBatchNormNet, "batch_norm", runtime, main, options);
+    std::vector<std::vector<float>> result;
+    for (int iteration = 0; iteration < 2; ++iteration) {  // moving averages of two batches
+      const BlobRef data = net->blob("data");
+      float* x = data.host_data_mut();
+      for (index_t i = 0; i < data.count(); ++i)
+        x[i] = 3.0f * std::sin(0.37f * static_cast<float>(i) + static_cast<float>(iteration)) +
+               0.5f * static_cast<float>(i % 5);
+      net->forward();
+      const BlobRef out = net->blob("out");
+      result.emplace_back(out.host_data(), out.host_data() + out.count());
+      float* dy = static_cast<float*>(out.diff->host_overwrite());
+      for (index_t i = 0; i < out.count(); ++i)
+        dy[i] = std::cos(0.11f * static_cast<float>(i));
+      net->backward();
+      result.emplace_back(data.host_diff(), data.host_diff() + data.count());
+    }
+    REQUIRE(net->learnable_params().size() == 6);  // each BatchNorm's three statistics
+    for (const NetParam& param : net->learnable_params())
+      result.emplace_back(param.tensor->host_data(),
+                          param.tensor->host_data() + param.tensor->count());
+    for (const LayerProfile& layer : net->profile()) {
+      INFO(layer.name << " under '" << split << "'");
+      if (layer.name.rfind("bn", 0) == 0) CHECK(layer.devices.size() == (split.empty() ? 1u : 2u));
+    }
+    return result;
+  };
+  auto compare = [&](Runtime& runtime, Driver& main, const std::vector<std::string>& splits) {
+    const auto whole = run(runtime, main, "");
+    for (const std::string& split : splits) {
+      INFO(split);
+      const auto cut = run(runtime, main, split);
+      REQUIRE(cut.size() == whole.size());
+      for (std::size_t i = 0; i < whole.size(); ++i) {
+        INFO("result " << i << " (per iteration: output, input gradient; then statistics)");
+        CHECK(cut[i] == whole[i]);
+      }
+    }
+  };
+  TwoDrivers d;  // the second with memory of its own
+  compare(d.runtime, *d.host,
+          {"reference:0.5,reference:1:0.5", "reference:0.75,reference:1:0.25",
+           "reference:0.125,reference:1:0.875", "reference:0.0,reference:1:1.0"});
+  Runtime runtime;
+  Driver& cpu = runtime.add(Device::parse("cpu"));
+  runtime.add(Device::parse("cpu:1"));
+  compare(runtime, cpu, {"cpu:0.5,cpu:1:0.5", "cpu:0.3,cpu:1:0.7"});
 }
 
 TEST_CASE("a solver's per-layer splits apply to its test net built from the same prototxt",

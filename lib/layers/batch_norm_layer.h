@@ -15,6 +15,8 @@ namespace hn {
 //   0: mean sum (C), 1: variance sum (C), 2: moving-average factor (1).
 // Training forward updates them: factor = factor * f + 1, mean = mean * f + batch mean,
 // variance = variance * f + m / (m - 1) * batch variance (m = count / C; 1 when m == 1).
+// The batch mean and variance are sums of per-row sums (batch_sums), the same however the
+// rows are cut.
 // With global statistics the mean and variance are the blobs times 1 / factor (0 when the
 // factor is 0). y = (x - mean) / sqrt(variance + eps). In place allowed.
 class BatchNormLayer final : public Layer {
@@ -25,8 +27,13 @@ class BatchNormLayer final : public Layer {
   void forward(const LayerSlice& slice) override;
   void backward(const LayerSlice& slice) override;
   std::size_t workspace_bytes(const Driver& driver, index_t rows) const override;
-  // Only explicit global statistics split: otherwise the call may need batch statistics.
+  // Only explicit global statistics split by rows alone; batch statistics are batch sums:
+  // forward in three stages (per-channel sums of x; of (x - mean)^2; the normalisation),
+  // backward in two (sums of dy * y and of dy; the gradient).
   bool splits_by_rows() const override { return param_.use_global_stats.value_or(false); }
+  BatchSums batch_sums(Phase phase, bool backward) const override;
+  // The moving averages from the batch's mean and variance.
+  void finish_batch_sums(const LayerSlice& slice) override;
   bool allows_in_place() const override { return true; }
   // Per-channel calls and element-wise ones: blocked too, input and output alike.
   BlockedLayout blocked_layout() const override { return BlockedLayout::uniform; }
@@ -44,6 +51,13 @@ class BatchNormLayer final : public Layer {
  private:
   bool global_stats(Phase phase) const;
   AxisShape slice_shape(index_t rows) const;
+  // The slice viewed as rows x channels planes, one plane per (row, channel): bias_backward
+  // on it gives each row's per-channel sums.
+  AxisShape row_planes(const LayerSlice& slice) const;
+  void forward_stage(const LayerSlice& slice, int stage);
+  void backward_stage(const LayerSlice& slice, int stage);
+  // The whole pass: every stage on the slice's rows as the batch, totals in the workspace.
+  void whole_pass(const LayerSlice& slice, bool backward);
 
   BatchNormParams param_;
   Shape input_shape_;

@@ -1,4 +1,5 @@
-// The Layer base class: the error-message prefix and the input-count check every layer uses.
+// The Layer base class: the error-message prefix and the input-count check every layer uses;
+// the totals of batch sums.
 #include "lib/layers/layer.h"
 
 #include <fmt/format.h>
@@ -29,6 +30,16 @@ void Layer::fuse_norm(std::optional<FusedNorm> fused) {
 
 void Layer::fuse_relu(std::optional<FusedRelu> fused) {
   HN_CHECK(!fused, "{}: cannot run a rectifier as its calls", describe());
+}
+
+void sum_rows(Driver& driver, index_t rows, index_t width, const float* row_sums, float* total) {
+  if (width == 0) return;
+  if (rows == 0) {
+    driver.fill(width, 0.0f, total);
+    return;
+  }
+  // Per column over the rows: bias_backward's sum over [rows][width][1].
+  driver.bias_backward(AxisShape{rows, width, 1}, row_sums, 0.0f, total);
 }
 
 }  // namespace hn

@@ -59,6 +59,12 @@ struct LayerSlice {
   // row, compact. Element-wise layers compute as on whole rows; Dropout draws the mask of
   // those elements of the whole blob.
   index_t column_begin = 0, columns = 0;
+  // A stage of a pass that needs sums over the batch (Layer::batch_sums): -1, the whole pass
+  // at once. row_sums: the stage's per-row vectors (one per quantity, rows() x width, only
+  // before the last stage); batch_sums: the totals of the earlier stages.
+  int stage = -1;
+  std::vector<Pointer> row_sums;
+  Pointer batch_sums;
 
   index_t rows() const { return end - begin; }
 };
@@ -112,6 +118,31 @@ class Layer {
   // False for layers whose rows depend on the whole batch (batch statistics, losses
   // normalised over the batch): they always run with begin = 0, end = batch.
   virtual bool splits_by_rows() const { return true; }
+
+  // ---- batch sums ------------------------------------------------------------------------
+  // A layer whose rows depend on the rest of the batch only through sums over the batch's
+  // rows (BatchNorm's batch statistics) is cut by rows anyway, in stages: stage s of a pass
+  // runs on every slice (LayerSlice::stage). Each stage but the last writes, for each of the
+  // slice's rows, `quantities` vectors of `width` floats (LayerSlice::row_sums[q]); the
+  // caller then adds up each quantity over the whole batch with sum_rows, on one driver, and
+  // the later stages read every earlier total in LayerSlice::batch_sums (stage s's quantity q
+  // at (s * quantities + q) * width). So the totals do not depend on how the rows were cut.
+  // After a forward's last stage, finish_batch_sums runs once, on one driver, with the
+  // parameters to write and every total (BatchNorm's moving averages). A call with stage -1
+  // runs the whole pass at once on its rows as the batch, with the same arithmetic.
+  struct BatchSums {
+    int stages = 0;  // 0: the pass needs no sums over the batch
+    int quantities = 1;
+    index_t width = 0;
+  };
+  virtual BatchSums batch_sums(Phase phase, bool backward) const {
+    static_cast<void>(phase);
+    static_cast<void>(backward);
+    return {};
+  }
+  // `slice` has no rows and `stages` as its stage; its inputs' shapes, params to write,
+  // batch_sums holding every stage's totals and a workspace of workspace_bytes(driver, 0).
+  virtual void finish_batch_sums(const LayerSlice& slice) { static_cast<void>(slice); }
   // Whether the layer computes on blocked inputs and outputs (nChw16c or nChw8c: 4-D,
   // channels in whole blocks; Layout in shapes.h): `none`; `uniform`, all of them in one layout
   // (the layer passes it to its driver calls); `mixed`, each in its own (convolutions). A Net keeps
@@ -197,6 +228,10 @@ class Layer {
 // Runs a layer on whole tensors on one driver, without a Net or a split: resolves every
 // tensor on the driver (copying only stale data), allocates the workspace, and calls the
 // layer for rows [begin, end) (end < 0: the whole batch). What a Net does for each layer.
+// total[w] = sum of row_sums[r * width + w] over r < rows: how the totals of a layer's batch
+// sums are taken, by the scheduler and by the layer's own whole pass alike.
+void sum_rows(Driver& driver, index_t rows, index_t width, const float* row_sums, float* total);
+
 struct RunOptions {
   Phase phase = Phase::train;
   std::uint64_t seed = 0;

@@ -95,7 +95,10 @@ index_t LayerCall::rows() const {
 }
 
 bool LayerCall::splittable() const {
-  if (!layer->splits_by_rows() || layer->updates_params_in_forward()) return false;
+  // A layer needing sums over the batch is cut in stages, its parameters written once.
+  const bool staged = layer->batch_sums(phase, false).stages > 0;
+  if (!(layer->splits_by_rows() || staged)) return false;
+  if (layer->updates_params_in_forward() && !staged) return false;
   // Outputs and state written by several slices at once must be cut by rows too.
   const index_t batch = rows();
   auto by_rows = [&](const Shape& shape) { return shape.axes() > 0 && shape[0] == batch; };
@@ -126,7 +129,8 @@ Driver& Scheduler::driver(const Device& device) const {
 }
 
 LayerSlice Scheduler::prepare(const LayerCall& call, Driver& on, index_t begin, index_t end,
-                              bool backward, SyncedMemory* partial, SyncedMemory* scratch) {
+                              bool backward, SyncedMemory* partial, SyncedMemory* scratch,
+                              bool staged) {
   Layer& layer = *call.layer;
   const index_t batch = call.rows();
   LayerSlice slice;
@@ -164,7 +168,8 @@ LayerSlice Scheduler::prepare(const LayerCall& call, Driver& on, index_t begin, 
                                       {},
                                       output.layout});
     }
-    const Want param_want = layer.updates_params_in_forward() ? Want::write : Want::read;
+    // A staged slice leaves the parameters to the call's finish (run_staged).
+    const Want param_want = layer.updates_params_in_forward() && !staged ? Want::write : Want::read;
     for (const CallTensor& param : call.params) {
       slice.params.push_back(
           Operand{param.shape, rows(*param.data, param.shape, 0, 0, 0, on, param_want), {}});
@@ -201,8 +206,9 @@ LayerSlice Scheduler::prepare(const LayerCall& call, Driver& on, index_t begin, 
   std::size_t partial_offset = 0;
   for (const CallTensor& param : call.params) {
     Pointer diff;
-    if (param.diff == nullptr) {
-      // Read-only in this call (a fused layer's statistics): no gradient.
+    if (param.diff == nullptr || staged) {
+      // Read-only in this call (a fused layer's statistics), or a stage of a layer whose
+      // batch sums take no parameter gradient: no gradient.
     } else if (partial != nullptr) {
       const std::size_t bytes = static_cast<std::size_t>(param.shape.count()) * sizeof(float);
       diff = Pointer{on.device(), partial->overwrite_range(on, partial_offset, bytes), bytes};
@@ -269,6 +275,8 @@ std::vector<SliceRun> Scheduler::run_slices(const LayerCall& call, bool backward
              "{}: it needs the whole batch, not rows [{}, {})", call.where, call.begin, end);
     bounds.emplace_back(call.begin, end);
   }
+  if (cut && layer.batch_sums(call.phase, backward).stages > 0)
+    return run_staged(call, backward, split, probe);
   std::vector<std::unique_ptr<SyncedMemory>> scratch;  // probes' input gradients
   TransferTally& tally = transfer_tally();
   for (std::size_t i = 0; i < bounds.size(); ++i) {
@@ -318,6 +326,99 @@ std::vector<SliceRun> Scheduler::run_slices(const LayerCall& call, bool backward
     return runs;
   }
   execute(runs, std::vector<Layer*>(runs.size(), &layer), backward, call.where);
+  return runs;
+}
+
+std::vector<SliceRun> Scheduler::run_staged(const LayerCall& call, bool backward,
+                                            const Split& split, bool probe) {
+  Layer& layer = *call.layer;
+  const Layer::BatchSums sums = layer.batch_sums(call.phase, backward);
+  const index_t batch = call.rows();
+  const auto bounds = split.partition(batch);
+  const std::size_t vector_bytes = static_cast<std::size_t>(sums.width) * sizeof(float);
+  const std::size_t quantity_bytes = static_cast<std::size_t>(batch) * vector_bytes;
+  const auto quantities = static_cast<std::size_t>(sums.quantities);
+  if (row_sums_.bytes() < quantities * quantity_bytes)
+    row_sums_.resize(quantities * quantity_bytes);
+  const std::size_t totals_bytes =
+      static_cast<std::size_t>(sums.stages) * quantities * vector_bytes;
+  if (batch_totals_.bytes() < totals_bytes) batch_totals_.resize(totals_bytes);
+  std::vector<std::unique_ptr<SyncedMemory>> scratch(bounds.size());  // probes' input gradients
+  TransferTally& tally = transfer_tally();
+  std::vector<SliceRun> runs;  // per device with rows: its time and copies over every stage
+  for (int stage = 0; stage < sums.stages; ++stage) {
+    const bool last = stage + 1 == sums.stages;
+    std::vector<SliceRun> stage_runs;
+    for (std::size_t i = 0; i < bounds.size(); ++i) {
+      const auto [begin, end] = bounds[i];
+      if (begin == end) continue;
+      Driver& on = driver(split.shares()[i].device);
+      if (backward && probe && !scratch[i])
+        scratch[i] = std::make_unique<SyncedMemory>(probe_scratch_bytes(call));
+      SliceRun run;
+      run.on = &on;
+      run.begin = begin;
+      run.end = end;
+      const TransferTally before = tally;
+      run.slice = prepare(call, on, begin, end, backward, nullptr, scratch[i].get(), true);
+      run.slice.stage = stage;
+      const std::size_t rows_bytes = static_cast<std::size_t>(end - begin) * vector_bytes;
+      for (std::size_t q = 0; q < quantities && !last; ++q) {
+        const std::size_t offset =
+            q * quantity_bytes + static_cast<std::size_t>(begin) * vector_bytes;
+        run.slice.row_sums.push_back(
+            Pointer{on.device(), row_sums_.overwrite_range(on, offset, rows_bytes), rows_bytes});
+      }
+      if (stage > 0) {
+        const std::size_t bytes = static_cast<std::size_t>(stage) * quantities * vector_bytes;
+        run.slice.batch_sums =
+            Pointer{on.device(), const_cast<void*>(batch_totals_.read_range(on, 0, bytes)), bytes};
+      }
+      run.copy_bytes = tally.bytes - before.bytes;
+      run.copy_seconds = tally.seconds - before.seconds;
+      stage_runs.push_back(std::move(run));
+    }
+    execute(stage_runs, std::vector<Layer*>(stage_runs.size(), &layer), backward, call.where);
+    if (!last) {
+      // The totals, on the home driver in row order whatever the cut: the copies of the
+      // slices' sums are charged to the first device.
+      const TransferTally before = tally;
+      for (std::size_t q = 0; q < quantities; ++q) {
+        const auto* rows_sums = static_cast<const float*>(
+            row_sums_.read_range(home_, q * quantity_bytes, quantity_bytes));
+        auto* total = static_cast<float*>(batch_totals_.write_range(
+            home_, (static_cast<std::size_t>(stage) * quantities + q) * vector_bytes,
+            vector_bytes));
+        sum_rows(home_, batch, sums.width, rows_sums, total);
+      }
+      home_.synchronize();
+      stage_runs.front().copy_bytes += tally.bytes - before.bytes;
+      stage_runs.front().copy_seconds += tally.seconds - before.seconds;
+    }
+    if (runs.empty()) {
+      runs = std::move(stage_runs);
+      continue;
+    }
+    for (std::size_t r = 0; r < runs.size(); ++r) {
+      runs[r].busy += stage_runs[r].busy;
+      runs[r].copy_bytes += stage_runs[r].copy_bytes;
+      runs[r].copy_seconds += stage_runs[r].copy_seconds;
+    }
+  }
+  if (!backward && layer.updates_params_in_forward()) {
+    // Once, on the home driver, from the totals: the parameters the layer keeps up to date.
+    LayerSlice finish = prepare(call, home_, 0, 0, false, nullptr, nullptr);
+    finish.stage = sums.stages;
+    finish.batch_sums =
+        Pointer{home_.device(), const_cast<void*>(batch_totals_.read_range(home_, 0, totals_bytes)),
+                totals_bytes};
+    try {
+      layer.finish_batch_sums(finish);
+      home_.synchronize();
+    } catch (const Error& failure) {
+      fail("{}: forward on {}: {}", call.where, home_.name(), failure.what());
+    }
+  }
   return runs;
 }
 
@@ -550,9 +651,15 @@ Scheduler::SplitTiming Scheduler::time_split(const LayerCall& call, bool with_ba
 
 Split Scheduler::calibrate(const LayerCall& call, bool with_backward,
                            const std::vector<Device>& devices) {
-  // Probes add into the parameters' gradients: keep them.
-  std::vector<std::vector<float>> kept;
+  // Probes add into the parameters' gradients, and change the parameters of a layer that
+  // updates them in forward (BatchNorm's moving averages): keep them.
+  const bool keep_data = call.layer->updates_params_in_forward();
+  std::vector<std::vector<float>> kept, kept_data;
   for (const CallTensor& param : call.params) {
+    if (keep_data) {
+      const float* data = static_cast<const float*>(param.data->host_read());
+      kept_data.emplace_back(data, data + param.shape.count());
+    }
     if (param.diff == nullptr) {
       kept.emplace_back();
       continue;
@@ -611,6 +718,10 @@ Split Scheduler::calibrate(const LayerCall& call, bool with_backward,
       const SplitTiming timing = time_split(call, with_backward, single);
       if (timing.wall <= best_wall) best = single;
     }
+  }
+  for (std::size_t p = 0; p < kept_data.size(); ++p) {
+    float* data = static_cast<float*>(call.params[p].data->host_overwrite());
+    std::copy(kept_data[p].begin(), kept_data[p].end(), data);
   }
   for (std::size_t p = 0; p < call.params.size(); ++p) {
     if (call.params[p].diff == nullptr) continue;

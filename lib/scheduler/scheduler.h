@@ -102,11 +102,17 @@ class Scheduler {
  private:
   // The slice for rows [begin, end) on `on`, its operands resolved there. Parameter
   // gradients go to `partial` when given; input gradients to `scratch` when given (probes).
+  // A `staged` slice (run_staged) reads the parameters and takes no gradient for them.
   LayerSlice prepare(const LayerCall& call, Driver& on, index_t begin, index_t end, bool backward,
-                     SyncedMemory* partial, SyncedMemory* scratch);
+                     SyncedMemory* partial, SyncedMemory* scratch, bool staged = false);
   // The slices per the call's split, run at the same time. A probe sends input gradients
   // to scratch memory; the partials are left for reduce_partials.
   std::vector<SliceRun> run_slices(const LayerCall& call, bool backward, const Split& split,
+                                   bool probe);
+  // The slices of a layer needing sums over the batch (Layer::batch_sums): each stage on
+  // every device at once, then the rows' sums added on the home driver in row order; after
+  // a forward, the layer's finish on the home driver. One run per device with rows.
+  std::vector<SliceRun> run_staged(const LayerCall& call, bool backward, const Split& split,
                                    bool probe);
   void reduce_partials(const LayerCall& call, std::vector<SliceRun>& runs);
   // Runs prepared runs (runs[i] of layers[i]) at the same time, each on its driver's thread,
@@ -135,6 +141,8 @@ class Scheduler {
   std::map<Driver*, Buffer> workspaces_;  // per driver, grown on demand
   // Per device: the parameter-gradient partial sums of its slices (all but a call's first).
   std::map<Driver*, SyncedMemory> grad_partials_;
+  // A staged call's per-row sums (each quantity over the batch) and their totals.
+  SyncedMemory row_sums_, batch_totals_;
 };
 
 }  // namespace hn::detail
