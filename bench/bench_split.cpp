@@ -31,7 +31,8 @@ struct SplitOptions {
   std::vector<Device> devices;  // empty: the default (see the usage text)
   std::string split;            // empty: equal fractions over the devices
   int iterations = 3;
-  int threads = -1;  // -1: every core shared out among the cpu drivers listed
+  int threads = -1;     // -1: every core shared out among the cpu drivers listed
+  bool blocked = true;  // activations between CPU layers blocked, as the tool's default
 };
 
 long parse_number(const std::string& option, const std::string& value, long low, long high) {
@@ -49,7 +50,7 @@ SplitOptions parse_split_options(const std::vector<std::string>& args) {
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if ((arg == "--model" || arg == "--batch" || arg == "--devices" || arg == "--split" ||
-         arg == "--iterations" || arg == "--threads") &&
+         arg == "--iterations" || arg == "--threads" || arg == "--layout") &&
         i + 1 == args.size()) {
       throw UsageError{"split: " + arg + " needs a value"};
     }
@@ -63,6 +64,11 @@ SplitOptions parse_split_options(const std::vector<std::string>& args) {
       options.threads = parse_threads("split", args[++i]);
     } else if (arg == "--split") {
       options.split = args[++i];
+    } else if (arg == "--layout") {
+      const std::string layout = args[++i];
+      if (layout != "nchw" && layout != "blocked")
+        throw UsageError{"split: --layout takes nchw or blocked, got '" + layout + "'"};
+      options.blocked = layout == "blocked";
     } else if (arg == "--devices") {
       std::istringstream list(args[++i]);
       for (std::string name; std::getline(list, name, ',');) {
@@ -143,6 +149,7 @@ Measurement measure(const Device& main, const Split& split, const SplitOptions& 
   NetOptions net_options;
   net_options.batch_size = options.batch;
   net_options.force_backward = true;
+  net_options.blocked_layout = options.blocked;
   net_options.split = split;
   Net net(options.model, runtime, runtime.driver(main), net_options);
   fill_inputs(net);
@@ -290,9 +297,9 @@ int run_split(const std::vector<std::string>& args) {
   std::fprintf(stderr, "split: %s at batch %ld, devices %s, %d thread(s) per cpu driver\n",
                options.model.c_str(), static_cast<long>(options.batch),
                device_list(options.devices).c_str(), threads);
-  const std::string head =
-      fmt::format("{{\"bench\":\"split\",\"net\":\"{}\",\"batch\":{},\"threads\":{}", net_label,
-                  options.batch, threads);
+  const std::string head = fmt::format(
+      "{{\"bench\":\"split\",\"net\":\"{}\",\"batch\":{},\"threads\":{},\"layout\":\"{}\"",
+      net_label, options.batch, threads, options.blocked ? "blocked" : "nchw");
 
   // Each driver alone, with the whole batch.
   std::vector<Measurement> singles;

@@ -887,6 +887,81 @@ TEST_CASE(
   compare(runtime, cpu, {"cpu:0.5,cpu:1:0.5", "cpu:0.3,cpu:1:0.7"});
 }
 
+// Blocked activations (nChw16c or nChw8c) under a split of two CPU drivers: each image is
+// whole in either layout, so the slices are the same rows, and the layers cut by rows keep
+// the layout the Net's driver would have alone.
+constexpr const char* kBlockedSplitNet = R"(
+name: "blocked_split"
+layer { name: "in" type: "Input" top: "x" top: "label"
+        input_param { shape { dim: 6 dim: 16 dim: 6 dim: 5 } shape { dim: 6 } } }
+layer { name: "conv1" type: "Convolution" bottom: "x" top: "c1"
+        convolution_param { num_output: 32 kernel_size: 3 pad: 1 bias_term: false
+                            weight_filler { type: "gaussian" std: 0.2 } } }
+layer { name: "bn1" type: "BatchNorm" bottom: "c1" top: "c1" }
+layer { name: "scale1" type: "Scale" bottom: "c1" top: "c1" scale_param { bias_term: true } }
+layer { name: "relu1" type: "ReLU" bottom: "c1" top: "c1" }
+layer { name: "conv2" type: "Convolution" bottom: "c1" top: "c2"
+        convolution_param { num_output: 16 kernel_size: 1
+                            weight_filler { type: "gaussian" std: 0.2 } } }
+layer { name: "pool" type: "Pooling" bottom: "c2" top: "p"
+        pooling_param { pool: AVE global_pooling: true } }
+layer { name: "ip" type: "InnerProduct" bottom: "p" top: "logits"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "logits" bottom: "label" top: "loss" }
+)";
+
+TEST_CASE(
+    "a split of two CPU drivers keeps activations blocked and computes the unsplit loss and "
+    "gradients",
+    "[split][layout]") {
+  Runtime runtime;
+  Driver& reference = runtime.add(Device::parse("reference"));
+  Driver& cpu = runtime.add(Device::parse("cpu"));
+  runtime.add(Device::parse("cpu:1"));
+  const bool blocks = cpu.capabilities().blocked_layout;
+  auto run = [&](Driver& main, const std::string& split, Layout* c1_layout) {
+    NetOptions options;
+    options.force_backward = true;
+    options.blocked_layout = true;
+    if (!split.empty()) options.split = Split::parse(split);
+    const std::unique_ptr<Net> net =
+        Net::from_text(kBlockedSplitNet, "blocked_split", runtime, main, options);
+    const BlobRef x = net->blob("x");
+    const std::vector<float> v = test::random_floats(static_cast<std::size_t>(x.count()), 31);
+    std::copy(v.begin(), v.end(), x.host_data_mut());
+    float* label = net->blob("label").host_data_mut();
+    for (int i = 0; i < 6; ++i)
+      label[i] = static_cast<float>(i % 3);
+    net->clear_param_diffs();
+    test::NetGradients result;
+    result.loss = net->forward_backward();
+    result.gradients = test::param_gradients(*net);
+    result.gradients.emplace_back(x.host_diff(), x.host_diff() + x.count());
+    if (c1_layout != nullptr) *c1_layout = net->blob("c1").layout;
+    return result;
+  };
+  const test::NetGradients oracle = run(reference, "", nullptr);
+  Layout alone = Layout::nchw;
+  const test::NetGradients whole = run(cpu, "", &alone);
+  CHECK((alone != Layout::nchw) == blocks);
+  for (const char* split : {"cpu:0.5,cpu:1:0.5", "cpu:0.34,cpu:1:0.66", "reference:0.5,cpu:0.5"}) {
+    INFO(split);
+    Layout layout = Layout::nchw;
+    const bool with_reference = std::string(split).find("reference") != std::string::npos;
+    const test::NetGradients cut = run(with_reference ? reference : cpu, split, &layout);
+    // The reference driver has no blocked kernels: a split with it stays NCHW.
+    CHECK(layout == (with_reference ? Layout::nchw : alone));
+    CHECK(cut.loss == Approx(whole.loss).epsilon(1e-5));
+    CHECK(cut.loss == Approx(oracle.loss).epsilon(1e-5));
+    REQUIRE(cut.gradients.size() == whole.gradients.size());
+    for (std::size_t g = 0; g < whole.gradients.size(); ++g) {
+      INFO("gradient " << g << " (parameters, then the input's)");
+      CHECK(test::max_scaled_diff(whole.gradients[g], cut.gradients[g]) <= 1e-5);
+      CHECK(test::max_scaled_diff(oracle.gradients[g], cut.gradients[g]) <= 1e-4);
+    }
+  }
+}
+
 TEST_CASE("a solver's per-layer splits apply to its test net built from the same prototxt",
           "[split]") {
   test::TempDir dir("hybridnn-split-solver");

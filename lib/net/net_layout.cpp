@@ -1,9 +1,9 @@
 // The Net's choice of activation layout (NetOptions::blocked_layout): a blob is kept in the
 // driver's preferred blocked layout (nChw16c or nChw8c) when its producer and every consumer
 // compute on it (Layer::blocked_layout) on the Net's own driver, which must have
-// Capabilities::blocked_layout, so the layers between
-// the edges (inputs, outputs, kept blobs, layers without a blocked kernel, split layers)
-// never reorder it.
+// Capabilities::blocked_layout, or on every device of their split where each has it in the
+// same layout, so the layers between the edges (inputs, outputs, kept blobs, layers without
+// a blocked kernel, layers split with a device without it) never reorder it.
 #include "lib/net/net_impl.h"
 
 namespace hn {
@@ -21,12 +21,25 @@ void Net::Impl::plan_layouts() {
   const Capabilities caps = driver->capabilities();
   if (!options.blocked_layout || !caps.blocked_layout) return;
   const Layout layout = caps.preferred_blocked_layout;
+  // A layer cut by rows computes blocked where every device of its split does so in the
+  // Net's driver's layout (two CPU drivers): a blocked image's rows lie as an NCHW one's do,
+  // each image whole, so the slices are the same byte ranges.
+  const auto devices_block = [&](const NetLayer& nl) {
+    const std::vector<Device> devices = nl.automatic ? nl.auto_devices : nl.split.devices();
+    return std::all_of(devices.begin(), devices.end(), [&](const Device& d) {
+      const Driver* on =
+          d == driver->device() ? driver : (runtime != nullptr ? runtime->find(d) : nullptr);
+      if (on == nullptr) return false;
+      const Capabilities theirs = on->capabilities();
+      return theirs.blocked_layout && theirs.preferred_blocked_layout == layout;
+    });
+  };
   using Support = Layer::BlockedLayout;
   const auto support = [&](int l) {
     const NetLayer& nl = layers[static_cast<std::size_t>(l)];
     if (nl.kind == Kind::split) return Support::uniform;  // aliases and sums
-    if (nl.kind != Kind::compute || !nl.split.empty() || nl.automatic || !nl.parts.empty())
-      return Support::none;
+    if (nl.kind != Kind::compute || !nl.parts.empty()) return Support::none;
+    if ((!nl.split.empty() || nl.automatic) && !devices_block(nl)) return Support::none;
     return nl.layer->blocked_layout();
   };
   // Per data group (in-place chains and split aliases share one): whether it may be blocked.
