@@ -135,7 +135,7 @@ struct Measurement {
 // One configuration: a Net on `main` with `split`; the input filled once, automatic splits
 // measured (untimed) before one warm-up iteration, then `iterations` timed ones.
 Measurement measure(const Device& main, const Split& split, const SplitOptions& options,
-                    int threads) {
+                    int threads, bool barrier_per_layer = false) {
   // Fresh drivers for every configuration: nothing one leaves behind (cached primitives,
   // memory) carries over to the next.
   Runtime runtime;
@@ -150,6 +150,7 @@ Measurement measure(const Device& main, const Split& split, const SplitOptions& 
   net_options.batch_size = options.batch;
   net_options.force_backward = true;
   net_options.blocked_layout = options.blocked;
+  net_options.barrier_per_layer = barrier_per_layer;
   net_options.split = split;
   Net net(options.model, runtime, runtime.driver(main), net_options);
   fill_inputs(net);
@@ -336,6 +337,18 @@ int run_split(const std::vector<std::string>& args) {
   fmt::print("{},\"config\":\"fixed\",\"devices\":\"{}\",\"split\":\"{}\"{}{}}}\n", head,
              device_list(options.devices), fixed.to_string(), ratios(f),
              common_fields(options.devices, f, options));
+  std::fflush(stdout);
+  // The same split with a barrier after every layer (NetOptions::barrier_per_layer), as
+  // before runs of layers cut alike.
+  std::fprintf(stderr, "split: fixed, a barrier per layer ...\n");
+  const Measurement b = measure(fixed.shares()[0].device, fixed, options, threads, true);
+  std::fprintf(stderr, "split: fixed, a barrier per layer: %.2f images/s, efficiency %.3f\n",
+               b.images_per_s, b.images_per_s / sum);
+  fmt::print(
+      "{},\"config\":\"fixed_barrier_per_layer\",\"devices\":\"{}\",\"split\":\"{}\","
+      "\"runs_speedup\":{:.3f}{}{}}}\n",
+      head, device_list(options.devices), fixed.to_string(), f.images_per_s / b.images_per_s,
+      ratios(b), common_fields(options.devices, b, options));
   std::fflush(stdout);
 
   const Split automatic = Split::automatic(options.devices);

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <mutex>
@@ -958,6 +959,95 @@ TEST_CASE(
       INFO("gradient " << g << " (parameters, then the input's)");
       CHECK(test::max_scaled_diff(whole.gradients[g], cut.gradients[g]) <= 1e-5);
       CHECK(test::max_scaled_diff(oracle.gradients[g], cut.gradients[g]) <= 1e-4);
+    }
+  }
+}
+
+// Runs of layers cut alike (NetOptions::barrier_per_layer false, the default): each device
+// goes through its rows of consecutive layers without waiting for the other in between, with
+// each layer's parameter-gradient partials kept apart and added in device order afterwards,
+// so the results are bitwise those of a barrier after every layer.
+TEST_CASE(
+    "layers cut alike run together without a barrier between them and compute bitwise what a "
+    "barrier per layer does",
+    "[split]") {
+  TwoDrivers d;  // the second with memory of its own: every row it reads is copied
+  auto run = [&](const std::function<std::unique_ptr<Net>(const NetOptions&)>& make,
+                 bool barrier_per_layer, std::vector<std::vector<std::string>>* runs,
+                 bool reuse_memory = true) {
+    NetOptions options;
+    options.force_backward = true;
+    options.reuse_memory = reuse_memory;
+    options.split = Split::parse("reference:0.625,reference:1:0.375");
+    options.barrier_per_layer = barrier_per_layer;
+    const std::unique_ptr<Net> net = make(options);
+    test::NetGradients result;
+    for (int iteration = 0; iteration < 2; ++iteration) {
+      net->clear_param_diffs();
+      result.loss = net->forward_backward();
+    }
+    result.gradients = test::param_gradients(*net);
+    const BlobRef data = net->blob("data");
+    result.gradients.emplace_back(data.host_diff(), data.host_diff() + data.count());
+    if (runs != nullptr) {
+      *runs = net->layer_runs(false);
+      const auto backward_runs = net->layer_runs(true);
+      runs->insert(runs->end(), backward_runs.begin(), backward_runs.end());
+    }
+    return result;
+  };
+  const auto cifar = [&](const NetOptions& given) {
+    NetOptions options = given;
+    options.data_source = "synthetic:3x32x32";
+    options.mean_file = "none";
+    options.batch_size = 8;
+    return std::make_unique<Net>(
+        fmt::format("{}/cifar10_cifar10_quick_train_test.prototxt", HYBRIDNN_MODELS_DIR), d.runtime,
+        *d.host, options);
+  };
+  const auto every_layer = [&](const NetOptions& given) {
+    NetOptions options = given;
+    options.batch_size = 8;
+    return Net::from_text(kEveryLayerNet, "every_layer", d.runtime, *d.host, options);
+  };
+  for (const auto& [name, make] :
+       {std::make_pair("cifar10 quick",
+                       std::function<std::unique_ptr<Net>(const NetOptions&)>(cifar)),
+        std::make_pair("every layer",
+                       std::function<std::unique_ptr<Net>(const NetOptions&)>(every_layer))}) {
+    INFO(name);
+    std::vector<std::vector<std::string>> runs, none;
+    const test::NetGradients together = run(make, false, &runs);
+    const test::NetGradients apart = run(make, true, &none);
+    CHECK(none.empty());
+    REQUIRE_FALSE(runs.empty());
+    if (std::string(name) == "cifar10 quick") {
+      // ip1 is cut by its outputs, the losses need the whole batch: the trunk is one run
+      // forward. Backward, gradients whose memory the plan gives to a gradient of other rows
+      // later end a run (one device's rows of the one would overlap the other's of the
+      // other); without reuse, the trunk is one run backward too.
+      const std::vector<std::string> trunk{"conv1", "pool1", "relu1", "conv2", "relu2",
+                                           "pool2", "conv3", "relu3", "pool3"};
+      const std::vector<std::string> back(trunk.rbegin(), trunk.rend());
+      CHECK(runs.front() == trunk);
+      std::vector<std::string> backward_layers;
+      for (std::size_t r = 1; r < runs.size(); ++r)
+        backward_layers.insert(backward_layers.end(), runs[r].begin(), runs[r].end());
+      CHECK(std::includes(back.begin(), back.end(), backward_layers.begin(), backward_layers.end(),
+                          [&](const std::string& a, const std::string& b) {
+                            return std::find(back.begin(), back.end(), a) <
+                                   std::find(back.begin(), back.end(), b);
+                          }));
+      std::vector<std::vector<std::string>> without_reuse;
+      const test::NetGradients plain = run(make, false, &without_reuse, false);
+      CHECK(without_reuse == std::vector<std::vector<std::string>>{trunk, back});
+      CHECK(plain.loss == apart.loss);
+    }
+    CHECK(together.loss == apart.loss);
+    REQUIRE(together.gradients.size() == apart.gradients.size());
+    for (std::size_t g = 0; g < apart.gradients.size(); ++g) {
+      INFO("gradient " << g << " (parameters, then the data's)");
+      CHECK(together.gradients[g] == apart.gradients[g]);
     }
   }
 }

@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <string>
 
 namespace hn {
 
@@ -225,22 +227,7 @@ void Net::Impl::backward_layer(int index) {
     const index_t count = blobs[bottom].shape.count();
     if (const Split* rows = consumers_rows(index)) {
       // Every consumer cut its rows alike: each device sums its own rows, all at once.
-      if (!nl.sum) {
-        nl.sum = detail::make_layer(nl.param);
-        nl.sum->setup({blobs[bottom].shape});
-      }
-      detail::LayerCall call;
-      call.layer = nl.sum.get();
-      call.where = nl.where;
-      call.phase = options.state.phase;
-      call.inputs.push_back(detail::CallTensor{blobs[bottom].shape, &data_of(bottom),
-                                               &diff_of(bottom), blobs[bottom].layout});
-      for (int t : nl.tops)
-        call.outputs.push_back(
-            detail::CallTensor{blobs[t].shape, &data_of(t), &diff_of(t), blobs[t].layout});
-      call.propagate_down = {true};
-      call.split = *rows;
-      scheduler->run(call, true);
+      scheduler->run(split_sum_call(index, *rows), true);
       return;
     }
     // The sum runs where the gradients are: when the consumers all ran on a GPU, copying
@@ -276,6 +263,137 @@ void Net::Impl::backward_layer(int index) {
   }
   if (nl.kind != Kind::compute) return;
   run_compute(index, true);
+}
+
+detail::LayerCall Net::Impl::split_sum_call(int index, const Split& rows) {
+  NetLayer& nl = layers[static_cast<std::size_t>(index)];
+  const int bottom = nl.bottoms[0];
+  if (!nl.sum) {
+    nl.sum = detail::make_layer(nl.param);
+    nl.sum->setup({blobs[bottom].shape});
+  }
+  detail::LayerCall call;
+  call.layer = nl.sum.get();
+  call.where = nl.where;
+  call.phase = options.state.phase;
+  call.inputs.push_back(detail::CallTensor{blobs[bottom].shape, &data_of(bottom), &diff_of(bottom),
+                                           blobs[bottom].layout});
+  for (int t : nl.tops)
+    call.outputs.push_back(
+        detail::CallTensor{blobs[t].shape, &data_of(t), &diff_of(t), blobs[t].layout});
+  call.propagate_down = {true};
+  call.split = rows;
+  return call;
+}
+
+// ---- runs of layers cut alike ----------------------------------------------------------
+
+int Net::Impl::cut_alike_run(int first, bool backward, std::vector<int>& members,
+                             std::vector<detail::LayerCall>& calls) {
+  const int step = backward ? -1 : 1;
+  const int n = static_cast<int>(layers.size());
+  std::string split;  // the run's, as text
+  index_t rows = 0;
+  // Every tensor's memory with the bytes of one of its rows (0: read whole): a memory that
+  // two layers of the run cut differently (blobs sharing memory by the memory plan) would
+  // let one device's rows overlap another's.
+  std::map<const SyncedMemory*, std::size_t> row_bytes;
+  int next = first;
+  for (int l = first; l >= 0 && l < n; l += step) {
+    NetLayer& nl = layers[static_cast<std::size_t>(l)];
+    // Layers that do nothing here: fused into another (which runs in its place, in order),
+    // without backward, and the split layers' aliases in forward.
+    const bool idle = nl.fused_into >= 0 || (backward && !nl.needs_backward) ||
+                      (!backward && nl.kind == Kind::split) ||
+                      (backward && nl.kind == Kind::split && !nl.propagate_down[0]);
+    if (idle) {
+      if (calls.empty()) break;  // a run starts with a call
+      continue;
+    }
+    detail::LayerCall call;
+    if (nl.kind == Kind::split) {
+      const Split* sum_rows = consumers_rows(l);
+      if (sum_rows == nullptr) break;
+      call = split_sum_call(l, *sum_rows);
+    } else {
+      if (nl.kind != Kind::compute || !nl.parts.empty() || nl.across_ranks || nl.split.empty() ||
+          (nl.automatic && !nl.calibrated) || !nl.tuned)
+        break;
+      if (std::any_of(nl.loss_weights.begin(), nl.loss_weights.end(),
+                      [](float w) { return w != 0.0f; }))
+        break;  // backward sets its gradients first
+      if (nl.layer->batch_sums(options.state.phase, backward).stages > 0) break;
+      call = call_of(l, backward);
+      if (!call.splittable()) break;
+    }
+    if (calls.empty()) {
+      split = call.split.to_string();
+      rows = call.rows();
+    } else if (call.split.to_string() != split || call.rows() != rows) {
+      break;
+    }
+    bool clash = false;
+    const auto note = [&](const detail::CallTensor& tensor) {
+      const bool by_rows = tensor.shape.axes() > 0 && tensor.shape[0] == rows;
+      const std::size_t bytes =
+          by_rows ? static_cast<std::size_t>(tensor.shape.count() / rows) * sizeof(float) : 0;
+      for (const SyncedMemory* memory : {tensor.data, tensor.diff}) {
+        if (memory == nullptr) continue;
+        const auto [it, added] = row_bytes.emplace(memory, bytes);
+        clash = clash || (!added && (it->second != bytes || bytes == 0));
+      }
+    };
+    for (const detail::CallTensor& tensor : call.inputs)
+      note(tensor);
+    for (const detail::CallTensor& tensor : call.outputs)
+      note(tensor);
+    if (clash) break;
+    members.push_back(l);
+    calls.push_back(std::move(call));
+    next = l + step;
+  }
+  return next;
+}
+
+void Net::Impl::run_together(int first, int next, bool backward, const std::vector<int>& members,
+                             std::vector<detail::LayerCall>& calls) {
+  apply_math();
+  const int step = backward ? -1 : 1;
+  for (int l = first; l != next; l += step) {
+    const detail::GroupStarts& started = starts[static_cast<std::size_t>(l)];
+    mark_written(backward ? started.backward : started.forward);
+  }
+  std::vector<LayerProfile*> layer_profiles;
+  for (int l : members) {
+    const bool sum = layers[static_cast<std::size_t>(l)].kind == Kind::split;
+    layer_profiles.push_back(sum ? nullptr : &profiles[static_cast<std::size_t>(l)]);
+  }
+  scheduler->run_rows(calls, backward, layer_profiles);
+}
+
+int Net::Impl::forward_from(int first) {
+  std::vector<int> members;
+  std::vector<detail::LayerCall> calls;
+  const int next =
+      options.barrier_per_layer ? first + 1 : cut_alike_run(first, false, members, calls);
+  if (calls.size() < 2) {
+    forward_layer(first);
+    return first + 1;
+  }
+  run_together(first, next, false, members, calls);
+  return next;
+}
+
+int Net::Impl::backward_from(int last) {
+  std::vector<int> members;
+  std::vector<detail::LayerCall> calls;
+  const int next = options.barrier_per_layer ? last - 1 : cut_alike_run(last, true, members, calls);
+  if (calls.size() < 2) {
+    backward_layer(last);
+    return last - 1;
+  }
+  run_together(last, next, true, members, calls);
+  return next;
 }
 
 // ---- Net -------------------------------------------------------------------------------
@@ -351,8 +469,8 @@ index_t Net::batch_size() const {
 }
 
 float Net::forward() {
-  for (int l = 0; l < num_layers(); ++l)
-    impl_->forward_layer(l);
+  for (int l = 0; l < num_layers();)
+    l = impl_->forward_from(l);
   impl_->data_batch++;
   impl_->last_loss = 0.0f;
   for (const NetLayer& nl : impl_->layers) {
@@ -366,9 +484,29 @@ float Net::forward() {
   return impl_->last_loss;
 }
 
+std::vector<std::vector<std::string>> Net::layer_runs(bool backward) const {
+  std::vector<std::vector<std::string>> runs;
+  if (impl_->options.barrier_per_layer) return runs;
+  const int n = num_layers();
+  for (int l = backward ? n - 1 : 0; l >= 0 && l < n;) {
+    std::vector<int> members;
+    std::vector<detail::LayerCall> calls;
+    const int next = impl_->cut_alike_run(l, backward, members, calls);
+    if (calls.size() < 2) {
+      l += backward ? -1 : 1;
+      continue;
+    }
+    runs.emplace_back();
+    for (int m : members)
+      runs.back().push_back(impl_->layers[static_cast<std::size_t>(m)].param.name());
+    l = next;
+  }
+  return runs;
+}
+
 void Net::backward() {
-  for (int l = num_layers() - 1; l >= 0; --l)
-    impl_->backward_layer(l);
+  for (int l = num_layers() - 1; l >= 0;)
+    l = impl_->backward_from(l);
 }
 
 void Net::forward_layer(int index) {

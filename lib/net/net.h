@@ -67,11 +67,18 @@ struct NetOptions {
   // How every layer's batch is cut among devices (empty: the prototxt's NetParameter
   // `split`, else the whole batch on the Net's driver). A layer's own `split` entries
   // override it. Each device needs a driver in the Runtime. Layers that need the whole
-  // batch (losses, batch statistics) and data layers run on the Net's driver.
+  // batch (losses) and data layers run on the Net's driver; BatchNorm's batch statistics are
+  // cut in stages (Layer::batch_sums).
   //
   // Slices run at the same time, each on its driver's own long-lived thread (the Net's
   // driver runs on the calling thread). See docs/architecture.md, "Hybrid split".
   Split split;
+  // Consecutive layers cut alike (the same split, tensors cut by the same rows) run as one
+  // run in forward() and backward(): each device goes through its rows of all of them
+  // without waiting for the other devices in between; only a change of split, a layer that
+  // needs the whole batch or a stage of batch sums waits for every device. Same results,
+  // bitwise. True: every layer waits, as forward_layer() always does.
+  bool barrier_per_layer = false;
   // Splits of single layers by name (read_layer_splits() reads a saved file of them); they
   // override the prototxt's and `split`. Naming a layer the prototxt lacks (in every phase)
   // is an error.
@@ -96,7 +103,8 @@ struct NetOptions {
   // compute on it (convolution, pooling, LRN, ReLU, concat, eltwise, the Net's splits), so
   // they are not reordered at every layer; only on a driver with
   // Capabilities::blocked_layout (the CPU driver), for 4-D blobs of channels in multiples
-  // of the block that no split cuts among devices. Inputs, outputs and keep_blobs stay NCHW;
+  // of the block, cut by no split or by one whose devices all have the same blocked layout
+  // (CPU drivers). Inputs, outputs and keep_blobs stay NCHW;
   // BlobRef::layout says how any other blob lies. Off by default, so every blob reads as
   // NCHW; the hybridnn tool turns it on (--layout).
   bool blocked_layout = false;
@@ -318,6 +326,11 @@ class Net {
   // (measured fractions for automatic splits once measured; for a layer cut by outputs,
   // how its outputs are cut: output_cut).
   LayerSplits layer_splits() const;
+  // The runs of layers cut alike that forward() (backward(), in its order) makes: each
+  // run's layers by name; a layer that runs on its own is in none (NetOptions::
+  // barrier_per_layer). Known once the automatic splits are measured and the layers tuned,
+  // that is after the first forward.
+  std::vector<std::vector<std::string>> layer_runs(bool backward) const;
   // How layer `name` is cut by its outputs among devices (split_axis: OUTPUT, or chosen:
   // NetOptions::cuts_like), or an empty Split where it is not.
   Split output_cut(const std::string& name) const;

@@ -239,6 +239,18 @@ struct Net::Impl {
 
   // Layer `index`'s call forward or backward, for the scheduler.
   detail::LayerCall call_of(int index, bool backward);
+  // Backward of split layer `index` as a call summing its tops' gradients on `rows`.
+  detail::LayerCall split_sum_call(int index, const Split& rows);
+  // Runs (NetOptions::barrier_per_layer): the layers from `first` on (down in backward)
+  // that run cut alike with it, as one run; the next layer to run after them.
+  int forward_from(int first);
+  int backward_from(int last);
+  // The run starting at `first`: the layer after it (before it in backward) and the calls
+  // in it, in order (fewer than two: no run).
+  int cut_alike_run(int first, bool backward, std::vector<int>& members,
+                    std::vector<detail::LayerCall>& calls);
+  void run_together(int first, int next, bool backward, const std::vector<int>& members,
+                    std::vector<detail::LayerCall>& calls);
   // Runs compute layer `index` forward or backward, cut per its split.
   void run_compute(int index, bool backward);
   // Whether a split of layer `index` cuts its outputs rather than its batch while its

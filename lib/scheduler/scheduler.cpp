@@ -130,7 +130,7 @@ Driver& Scheduler::driver(const Device& device) const {
 
 LayerSlice Scheduler::prepare(const LayerCall& call, Driver& on, index_t begin, index_t end,
                               bool backward, SyncedMemory* partial, SyncedMemory* scratch,
-                              bool staged) {
+                              bool staged, std::size_t partial_offset) {
   Layer& layer = *call.layer;
   const index_t batch = call.rows();
   LayerSlice slice;
@@ -203,7 +203,6 @@ LayerSlice Scheduler::prepare(const LayerCall& call, Driver& on, index_t begin, 
         output.shape, rows(*output.data, output.shape, batch, begin, end, on, Want::read),
         rows(*output.diff, output.shape, batch, begin, end, on, Want::read), output.layout});
   }
-  std::size_t partial_offset = 0;
   for (const CallTensor& param : call.params) {
     Pointer diff;
     if (param.diff == nullptr || staged) {
@@ -465,6 +464,121 @@ void Scheduler::execute(std::vector<SliceRun>& runs, const std::vector<Layer*>& 
   }
 }
 
+void Scheduler::run_rows(const std::vector<LayerCall>& calls, bool backward,
+                         const std::vector<LayerProfile*>& profiles) {
+  if (calls.empty()) return;
+  const auto start = Clock::now();
+  const Split& split = calls[0].split;
+  const index_t batch = calls[0].rows();
+  const auto bounds = split.partition(batch);
+  // Every device but the first with rows keeps each call's parameter gradients apart, in
+  // one partial sized for all of them before any is handed out.
+  std::vector<std::size_t> offsets(calls.size(), 0), call_bytes(calls.size(), 0);
+  std::size_t param_bytes = 0;
+  for (std::size_t c = 0; c < calls.size(); ++c) {
+    HN_CHECK(calls[c].rows() == batch && calls[c].split.partition(batch) == bounds,
+             "{}: cannot run with the rows of the calls before it ({} of {})", calls[c].where,
+             split.to_string(), batch);
+    offsets[c] = param_bytes;
+    for (const CallTensor& param : calls[c].params) {
+      if (backward && param.diff != nullptr)
+        call_bytes[c] += static_cast<std::size_t>(param.shape.count()) * sizeof(float);
+    }
+    param_bytes += call_bytes[c];
+  }
+  std::vector<Driver*> devices;  // with rows, in the split's order
+  for (std::size_t i = 0; i < bounds.size(); ++i) {
+    if (bounds[i].first == bounds[i].second) continue;
+    devices.push_back(&driver(split.shares()[i].device));
+    SyncedMemory& partial = grad_partials_[devices.back()];
+    if (devices.size() > 1 && param_bytes > 0 && partial.bytes() < param_bytes)
+      partial.resize(param_bytes);
+  }
+  // 1. Every call's operands, in order, while every driver is idle.
+  std::vector<std::vector<SliceRun>> runs(calls.size());
+  TransferTally& tally = transfer_tally();
+  for (std::size_t c = 0; c < calls.size(); ++c) {
+    std::size_t d = 0;
+    for (std::size_t i = 0; i < bounds.size(); ++i) {
+      if (bounds[i].first == bounds[i].second) continue;
+      SliceRun run;
+      run.on = devices[d];
+      run.begin = bounds[i].first;
+      run.end = bounds[i].second;
+      if (d > 0 && call_bytes[c] > 0) {
+        run.partial = &grad_partials_[run.on];
+        run.partial_offset = offsets[c];
+      }
+      const TransferTally before = tally;
+      run.slice = prepare(calls[c], *run.on, run.begin, run.end, backward, run.partial, nullptr,
+                          false, run.partial_offset);
+      run.copy_bytes = tally.bytes - before.bytes;
+      run.copy_seconds = tally.seconds - before.seconds;
+      runs[c].push_back(std::move(run));
+      ++d;
+    }
+  }
+  // 2. Each device its rows of every call in turn, on its thread (home's on this one).
+  std::vector<std::size_t> at(devices.size(), 0);  // the call each device is on
+  const auto chain = [&](std::size_t d) {
+    for (at[d] = 0; at[d] < calls.size(); ++at[d])
+      compute(*calls[at[d]].layer, runs[at[d]][d], backward);
+  };
+  for (std::size_t d = 0; d < devices.size(); ++d) {
+    if (devices[d] != &home_)
+      RuntimeThreads::of(*runtime_, *devices[d]).submit([&chain, d] { chain(d); });
+  }
+  std::exception_ptr error;
+  std::size_t failed = 0;
+  for (std::size_t d = 0; d < devices.size(); ++d) {
+    if (devices[d] != &home_) continue;
+    try {
+      chain(d);
+    } catch (...) {
+      error = std::current_exception();
+      failed = d;
+    }
+  }
+  // Every thread is waited for before anything is rethrown: they use `runs`.
+  for (std::size_t d = 0; d < devices.size(); ++d) {
+    if (devices[d] == &home_) continue;
+    std::exception_ptr thrown = RuntimeThreads::of(*runtime_, *devices[d]).wait();
+    if (thrown && !error) {
+      error = thrown;
+      failed = d;
+    }
+  }
+  if (error) {
+    const std::string_view where = calls[std::min(at[failed], calls.size() - 1)].where;
+    try {
+      std::rethrow_exception(error);
+    } catch (const Error& e) {
+      fail("{}: {} on {}: {}", where, backward ? "backward" : "forward", devices[failed]->name(),
+           e.what());
+    } catch (const std::bad_alloc&) {
+      fail("{}: {} on {}: out of memory (std::bad_alloc)", where, backward ? "backward" : "forward",
+           devices[failed]->name());
+    }
+  }
+  // 3. Parameter gradients call by call, then what each device did: a call's wall time is
+  // its slowest slice's, and the time no slice accounts for goes to the last call.
+  for (std::size_t c = 0; c < calls.size(); ++c)
+    reduce_partials(calls[c], runs[c]);
+  const double wall = seconds_since(start);
+  double accounted = 0.0;
+  std::vector<double> walls(calls.size(), 0.0);
+  for (std::size_t c = 0; c < calls.size(); ++c) {
+    for (const SliceRun& run : runs[c])
+      walls[c] = std::max(walls[c], run.busy + run.copy_seconds);
+    accounted += walls[c];
+  }
+  walls.back() += std::max(0.0, wall - accounted);
+  for (std::size_t c = 0; c < calls.size(); ++c) {
+    if (c < profiles.size() && profiles[c] != nullptr)
+      record(*profiles[c], runs[c], backward, walls[c], &split);
+  }
+}
+
 void Scheduler::run_parts(const std::vector<LayerCall>& calls, bool backward,
                           LayerProfile* profile) {
   const auto start = Clock::now();
@@ -539,7 +653,7 @@ void Scheduler::reduce_partials(const LayerCall& call, std::vector<SliceRun>& ru
   std::vector<std::vector<const float*>> parts;
   for (SliceRun* run : partials) {
     const TransferTally before = tally;
-    std::size_t offset = 0;
+    std::size_t offset = run->partial_offset;
     parts.emplace_back();
     for (const CallTensor& param : call.params) {
       if (param.diff == nullptr) {  // no gradient, no room in the partial (prepare)

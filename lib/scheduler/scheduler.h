@@ -58,6 +58,7 @@ struct SliceRun {
   index_t begin = 0, end = 0;
   LayerSlice slice;
   SyncedMemory* partial = nullptr;  // parameter gradients of this slice, when not the first
+  std::size_t partial_offset = 0;   // where in `partial` they start
   double busy = 0.0, copy_seconds = 0.0;
   std::size_t copy_bytes = 0;
 };
@@ -78,6 +79,13 @@ class Scheduler {
   // in a slice are rethrown once every slice has finished, naming call.where, the pass and
   // the device. With `profile`, adds what each device did.
   void run(const LayerCall& call, bool backward, LayerProfile* profile = nullptr);
+  // Runs consecutive calls that cut the same rows among the same devices (one split): each
+  // device runs its rows of every call in turn without waiting for the other devices in
+  // between, then the calls' parameter-gradient partials are added call by call in device
+  // order, as run would. The Net makes sure no call reads rows another device writes (the
+  // calls' tensors are cut alike). Errors as run's; profiles[i] (may be null) gets call i.
+  void run_rows(const std::vector<LayerCall>& calls, bool backward,
+                const std::vector<LayerProfile*>& profiles);
   // Runs each call whole on its device (its split's one share, or home when it has none),
   // all at the same time, each on its driver's thread; the calls must write disjoint memory
   // (the parts of a layer cut by outputs). Errors as run's.
@@ -102,9 +110,11 @@ class Scheduler {
  private:
   // The slice for rows [begin, end) on `on`, its operands resolved there. Parameter
   // gradients go to `partial` when given; input gradients to `scratch` when given (probes).
-  // A `staged` slice (run_staged) reads the parameters and takes no gradient for them.
+  // A `staged` slice (run_staged) reads the parameters and takes no gradient for them; the
+  // parameter gradients start at `partial_offset` in `partial`.
   LayerSlice prepare(const LayerCall& call, Driver& on, index_t begin, index_t end, bool backward,
-                     SyncedMemory* partial, SyncedMemory* scratch, bool staged = false);
+                     SyncedMemory* partial, SyncedMemory* scratch, bool staged = false,
+                     std::size_t partial_offset = 0);
   // The slices per the call's split, run at the same time. A probe sends input gradients
   // to scratch memory; the partials are left for reduce_partials.
   std::vector<SliceRun> run_slices(const LayerCall& call, bool backward, const Split& split,
