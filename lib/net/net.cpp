@@ -819,6 +819,53 @@ void Net::check_splits_whole(std::uint64_t position) {
       use(same);
       check.uniform_seconds = iteration_seconds();
     }
+    check.uniform_tried.emplace_back(uniform, check.uniform_seconds);
+    // The search: the devices other than `alone` with their shares scaled by k (alone takes
+    // the rest); k = 1 is `uniform`.
+    std::vector<double> scales{1.0};
+    const auto try_scale = [&](double k) {
+      std::vector<double> shares;
+      double others = 0.0;
+      for (const SplitShare& share : uniform.shares()) {
+        shares.push_back(share.device == alone ? 0.0 : k * share.fraction);
+        others += shares.back();
+      }
+      if (others <= 0.0 || others >= 1.0) return;
+      for (std::size_t s = 0; s < shares.size(); ++s)
+        if (uniform.shares()[s].device == alone) shares[s] = 1.0 - others;
+      const Split candidate = Split::proportional(uniform.devices(), shares);
+      for (const auto& [tried, seconds] : check.uniform_tried) {
+        static_cast<void>(seconds);
+        if (tried.partition(net.batch) == candidate.partition(net.batch)) return;
+      }
+      use(std::vector<Split>(automatic.size(), candidate));
+      check.uniform_tried.emplace_back(candidate, iteration_seconds());
+      scales.push_back(k);
+    };
+    const auto rows_on = [&](const Split& split) {
+      const auto rows = split.partition(net.batch);
+      return std::count_if(rows.begin(), rows.end(),
+                           [](const auto& r) { return r.second > r.first; });
+    };
+    if (rows_on(uniform) > 1) {
+      try_scale(0.5);
+      try_scale(1.5);
+      std::size_t best = 0;
+      for (std::size_t t = 1; t < check.uniform_tried.size(); ++t)
+        if (check.uniform_tried[t].second < check.uniform_tried[best].second) best = t;
+      const double k = scales[best];
+      try_scale(k == 1.0 ? 0.75 : k < 1.0 ? 0.25 : 2.0);
+      if (k == 1.0) try_scale(1.25);
+    }
+    std::size_t fastest = 0;
+    for (std::size_t t = 1; t < check.uniform_tried.size(); ++t)
+      if (check.uniform_tried[t].second < check.uniform_tried[fastest].second) fastest = t;
+    if (fastest > 0) {
+      check.uniform = check.uniform_tried[fastest].first;
+      check.uniform_seconds = check.uniform_tried[fastest].second;
+      same.assign(automatic.size(), check.uniform);
+      varies = true;
+    }
     use(single);
     check.alone_seconds = iteration_seconds();
   } catch (...) {

@@ -357,7 +357,10 @@ class Net {
   // automatic layer, each device's share of their measured work (no rows move between
   // layers: per-layer fractions near each other cost a copy at every layer and gain
   // nothing); and every automatic layer on the device with most of that work. The faster
-  // split is kept unless the device alone is within 3 %.
+  // split is kept unless the device alone is within 3 %. The uniform split is searched
+  // for: from each device's share of the work, the shares of the devices other than
+  // `alone` are scaled by 0.5 and 1.5, then by a step between the fastest and its
+  // neighbour (0.25, 0.75, 1.25 or 2), each timed as the others; `uniform` is the fastest.
   struct SplitCheck {
     enum class Kept { measured, uniform, alone };
     bool checked = false;
@@ -367,6 +370,10 @@ class Net {
     Split uniform;
     Device alone;
     Kept kept = Kept::measured;
+    // Every split for every layer timed, in order, with its seconds: the first the shares
+    // of the work, the others the search's (those cutting the batch as an earlier one
+    // does are not timed again).
+    std::vector<std::pair<Split, double>> uniform_tried;
   };
   SplitCheck split_check() const;
   // Per-layer timing of the compute layers since construction or the last reset.

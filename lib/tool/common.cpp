@@ -271,6 +271,13 @@ void settle_splits(Net& net, const Args& args, bool json) {
     if (const Net::SplitCheck check = net.split_check(); check.checked) {
       using Kept = Net::SplitCheck::Kept;
       const std::string uniform = check.uniform.to_string();
+      if (check.uniform_tried.size() > 1) {
+        std::string tried;
+        for (const auto& [split, seconds] : check.uniform_tried)
+          tried += fmt::format("{}{} {:.1f} ms", tried.empty() ? "" : ", ", split.to_string(),
+                               seconds * 1e3);
+        fmt::print(progress, "One split for every layer, searched: {}\n", tried);
+      }
       fmt::print(progress,
                  "Whole net: {:.1f} ms per forward + backward with the measured splits, {:.1f} ms "
                  "with {} for every layer, {:.1f} ms with {} alone; keeping {}\n",
