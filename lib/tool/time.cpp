@@ -105,6 +105,19 @@ class Timeline {
   std::vector<float> spans_;
 };
 
+// The runs of layers cut alike that whole iterations make (the per-layer timing waits
+// after every layer).
+void print_layer_runs(const Net& net) {
+  for (const bool backward : {false, true}) {
+    std::string text;
+    for (const std::vector<std::string>& run : net.layer_runs(backward))
+      text += fmt::format("{}{}..{} ({} layers)", text.empty() ? "" : ", ", run.front(), run.back(),
+                          run.size());
+    fmt::print("Runs of layers cut alike in the total, {}: {}\n", backward ? "backward" : "forward",
+               text.empty() ? "none (a wait after every layer)" : text);
+  }
+}
+
 // Per layer and device, from the Net's split profile, averaged over `iterations`.
 void print_split_profile(const Net& net, int iterations, bool json) {
   const double n = iterations;
@@ -367,7 +380,10 @@ int run_time(const Args& args) {
     const std::string algorithm = net.layer_algorithm(i);
     if (!algorithm.empty()) fmt::print("{:>10}\talgorithm: {}\n", net.layer_name(i), algorithm);
   }
-  if (split) print_split_profile(net, iterations, json);
+  if (split) {
+    print_split_profile(net, iterations, json);
+    print_layer_runs(net);
+  }
   fmt::print("Average Forward pass: {:.4f} ms.\n", forward_total / n);
   fmt::print("Average Backward pass: {:.4f} ms.\n", backward_total / n);
   fmt::print("Average Forward-Backward: {:.4f} ms.\n", total_ms / n);

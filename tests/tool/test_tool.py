@@ -1057,6 +1057,11 @@ def time_split_reports_each_device(ctx):
     # 7 rows at 3:1: 5 and 2.
     check(re.search(r"^\s*conv1\s+cpu\s+5\s", table, re.MULTILINE) and
           re.search(r"^\s*conv1\s+reference\s+2\s", table, re.MULTILINE), table)
+    # The total runs the layers cut alike together: LeNet's convolutions and pooling.
+    check(re.search(r"^Runs of layers cut alike in the total, forward: conv1\.\.pool2 \(4 layers\)",
+                    text, re.MULTILINE), text)
+    check(re.search(r"^Runs of layers cut alike in the total, backward: ", text, re.MULTILINE),
+          text)
     check("Split per layer and device" not in time_lenet(ctx, 7).stdout,
           "the split table is printed without --split")
     # With memory of its own, the reference device is sent its rows: conv1's input (and its
