@@ -298,6 +298,7 @@ int Net::Impl::cut_alike_run(int first, bool backward, std::vector<int>& members
   // two layers of the run cut differently (blobs sharing memory by the memory plan) would
   // let one device's rows overlap another's.
   std::map<const SyncedMemory*, std::size_t> row_bytes;
+  constexpr std::size_t kParameter = ~std::size_t{0};  // a parameter's memory, in one layer
   int next = first;
   for (int l = first; l >= 0 && l < n; l += step) {
     NetLayer& nl = layers[static_cast<std::size_t>(l)];
@@ -347,6 +348,14 @@ int Net::Impl::cut_alike_run(int first, bool backward, std::vector<int>& members
       note(tensor);
     for (const detail::CallTensor& tensor : call.outputs)
       note(tensor);
+    // A parameter shared with an earlier layer of the run would sum its gradients in
+    // another order than a barrier per layer does.
+    for (const detail::CallTensor& param : call.params) {
+      for (const SyncedMemory* memory : {param.data, param.diff}) {
+        if (memory == nullptr) continue;
+        clash = clash || !row_bytes.emplace(memory, kParameter).second;
+      }
+    }
     if (clash) break;
     members.push_back(l);
     calls.push_back(std::move(call));
