@@ -25,7 +25,9 @@
 # ResNet-50 and GoogLeNet at batch 128 in each mode, and their twins; torch.profiler's top
 # kernels and per-op table of ResNet-50; --split auto, the CPU alone (ResNet-50 in BF16 too)
 # and the fixed splits
-# cuda:0:0.95,cpu:0.05 and cuda:0:0.9,cpu:0.1 (issue 36); hybridnn-bench gemm (the CPU's
+# cuda:0:0.95,cpu:0.05 and cuda:0:0.9,cpu:0.1 (issue 36); hybridnn-bench split on cuda:0
+# and cpu, runs of layers cut alike against a barrier per layer (CaffeNet, ResNet-50);
+# hybridnn-bench gemm (the CPU's
 # sgemm GFLOP/s); and bench/gpu_table.py's markdown table of hybridnn against PyTorch per net,
 # batch and mode. Logs and JSON lines go to $OUT (default .gpu/out); a summary (a line per
 # net and configuration) prints at the end and stays in $OUT/summary.txt, the table in
@@ -295,6 +297,20 @@ for net in $nets; do
     time_net "$net" 5 120 20 --split "$split"
   done
 done
+
+if [[ -x $B/hybridnn-bench ]]; then
+  # Runs of layers cut alike against a wait after every layer, the same split in one call
+  # (fixed and fixed_barrier_per_layer), then auto (issue 36).
+  echo "== hybridnn-bench split: cuda:0 and cpu, runs against a barrier per layer"
+  for net in bvlc_reference_caffenet resnet50; do
+    step "bench split $net" 150 40 $B/hybridnn-bench split --model "$M/${net}_deploy.prototxt" \
+      --devices cuda:0,cpu --split cuda:0:0.9,cpu:0.1 --threads $(($(nproc) - 1)) \
+      --iterations 5 >"$OUT/bench-split-$net.jsonl" 2>"$OUT/bench-split-$net.log"
+    while read -r line; do
+      note "bench split $net: $(echo "$line" | grep -o '"config":"[a-z_]*"\|"devices":"[^"]*"\|"images_per_s":[0-9.]*\|"efficiency":[0-9.]*\|"runs_speedup":[0-9.]*' | tr '\n' ' ')"
+    done <"$OUT/bench-split-$net.jsonl"
+  done
+fi
 
 if [[ -x $B/hybridnn-bench ]]; then
   echo "== the CPU's GEMM (hybridnn-bench gemm, every core)"
