@@ -421,47 +421,53 @@ std::vector<SliceRun> Scheduler::run_staged(const LayerCall& call, bool backward
   return runs;
 }
 
-void Scheduler::execute(std::vector<SliceRun>& runs, const std::vector<Layer*>& layers,
-                        bool backward, std::string_view where) {
-  for (std::size_t r = 0; r < runs.size(); ++r) {
-    SliceRun& run = runs[r];
-    Layer& layer = *layers[r];
-    if (run.on != &home_)
-      RuntimeThreads::of(*runtime_, *run.on).submit([&layer, &run, backward] {
-        compute(layer, run, backward);
-      });
+void Scheduler::on_devices(const std::vector<Driver*>& on,
+                           const std::function<void(std::size_t)>& task,
+                           const std::function<std::string_view(std::size_t)>& where,
+                           bool backward) {
+  for (std::size_t t = 0; t < on.size(); ++t) {
+    if (on[t] != &home_) RuntimeThreads::of(*runtime_, *on[t]).submit([&task, t] { task(t); });
   }
   std::exception_ptr error;
-  const Driver* failed_on = nullptr;
-  for (std::size_t r = 0; r < runs.size(); ++r) {
-    if (runs[r].on != &home_) continue;
+  std::size_t failed = 0;
+  for (std::size_t t = 0; t < on.size(); ++t) {
+    if (on[t] != &home_) continue;
     try {
-      compute(*layers[r], runs[r], backward);
+      task(t);
     } catch (...) {
       error = std::current_exception();
-      failed_on = runs[r].on;
+      failed = t;
     }
   }
-  // Every thread is waited for before anything is rethrown: they use `runs`.
-  for (SliceRun& run : runs) {
-    if (run.on == &home_) continue;
-    std::exception_ptr failed = RuntimeThreads::of(*runtime_, *run.on).wait();
-    if (failed && !error) {
-      error = failed;
-      failed_on = run.on;
+  // Every thread is waited for before anything is rethrown: the tasks use the caller's state.
+  for (std::size_t t = 0; t < on.size(); ++t) {
+    if (on[t] == &home_) continue;
+    std::exception_ptr thrown = RuntimeThreads::of(*runtime_, *on[t]).wait();
+    if (thrown && !error) {
+      error = thrown;
+      failed = t;
     }
   }
-  if (error) {
-    try {
-      std::rethrow_exception(error);
-    } catch (const Error& failure) {
-      fail("{}: {} on {}: {}", where, backward ? "backward" : "forward", failed_on->name(),
-           failure.what());
-    } catch (const std::bad_alloc&) {
-      fail("{}: {} on {}: out of memory (std::bad_alloc)", where, backward ? "backward" : "forward",
-           failed_on->name());
-    }
+  if (!error) return;
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& failure) {
+    fail("{}: {} on {}: {}", where(failed), backward ? "backward" : "forward", on[failed]->name(),
+         failure.what());
+  } catch (const std::bad_alloc&) {
+    fail("{}: {} on {}: out of memory (std::bad_alloc)", where(failed),
+         backward ? "backward" : "forward", on[failed]->name());
   }
+}
+
+void Scheduler::execute(std::vector<SliceRun>& runs, const std::vector<Layer*>& layers,
+                        bool backward, std::string_view where) {
+  std::vector<Driver*> on;
+  for (const SliceRun& run : runs)
+    on.push_back(run.on);
+  on_devices(
+      on, [&](std::size_t r) { compute(*layers[r], runs[r], backward); },
+      [where](std::size_t) { return where; }, backward);
 }
 
 void Scheduler::run_rows(const std::vector<LayerCall>& calls, bool backward,
@@ -524,42 +530,9 @@ void Scheduler::run_rows(const std::vector<LayerCall>& calls, bool backward,
     for (at[d] = 0; at[d] < calls.size(); ++at[d])
       compute(*calls[at[d]].layer, runs[at[d]][d], backward);
   };
-  for (std::size_t d = 0; d < devices.size(); ++d) {
-    if (devices[d] != &home_)
-      RuntimeThreads::of(*runtime_, *devices[d]).submit([&chain, d] { chain(d); });
-  }
-  std::exception_ptr error;
-  std::size_t failed = 0;
-  for (std::size_t d = 0; d < devices.size(); ++d) {
-    if (devices[d] != &home_) continue;
-    try {
-      chain(d);
-    } catch (...) {
-      error = std::current_exception();
-      failed = d;
-    }
-  }
-  // Every thread is waited for before anything is rethrown: they use `runs`.
-  for (std::size_t d = 0; d < devices.size(); ++d) {
-    if (devices[d] == &home_) continue;
-    std::exception_ptr thrown = RuntimeThreads::of(*runtime_, *devices[d]).wait();
-    if (thrown && !error) {
-      error = thrown;
-      failed = d;
-    }
-  }
-  if (error) {
-    const std::string_view where = calls[std::min(at[failed], calls.size() - 1)].where;
-    try {
-      std::rethrow_exception(error);
-    } catch (const Error& e) {
-      fail("{}: {} on {}: {}", where, backward ? "backward" : "forward", devices[failed]->name(),
-           e.what());
-    } catch (const std::bad_alloc&) {
-      fail("{}: {} on {}: out of memory (std::bad_alloc)", where, backward ? "backward" : "forward",
-           devices[failed]->name());
-    }
-  }
+  on_devices(
+      devices, chain, [&](std::size_t d) { return calls[std::min(at[d], calls.size() - 1)].where; },
+      backward);
   // 3. Parameter gradients call by call, then what each device did: a call's wall time is
   // its slowest slice's, and the time no slice accounts for goes to the last call.
   for (std::size_t c = 0; c < calls.size(); ++c)

@@ -125,6 +125,11 @@ class Scheduler {
   std::vector<SliceRun> run_staged(const LayerCall& call, bool backward, const Split& split,
                                    bool probe);
   void reduce_partials(const LayerCall& call, std::vector<SliceRun>& runs);
+  // Runs task(i) for every i at the same time, each on on[i]'s thread (home's on this one,
+  // in order; at most one task per other driver), waits for all, then rethrows the first
+  // error naming where(i) of the task that threw, the pass and the device.
+  void on_devices(const std::vector<Driver*>& on, const std::function<void(std::size_t)>& task,
+                  const std::function<std::string_view(std::size_t)>& where, bool backward);
   // Runs prepared runs (runs[i] of layers[i]) at the same time, each on its driver's thread,
   // home's on this one, waits for all, then rethrows the first error naming `where`.
   void execute(std::vector<SliceRun>& runs, const std::vector<Layer*>& layers, bool backward,
