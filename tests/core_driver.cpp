@@ -62,6 +62,12 @@ void CoreDriver::do_deallocate(void* address) noexcept {
 
 void CoreDriver::do_copy_from_host(void* dst, const void* host_src, std::size_t bytes) {
   std::memcpy(dst, host_src, bytes);
+  const std::lock_guard<std::mutex> lock(mutex_);
+  copy_from_host_threads_.push_back(std::this_thread::get_id());
+}
+std::vector<std::thread::id> CoreDriver::copy_from_host_threads() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return copy_from_host_threads_;
 }
 void CoreDriver::do_copy_to_host(void* host_dst, const void* src, std::size_t bytes) {
   std::memcpy(host_dst, src, bytes);

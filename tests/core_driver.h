@@ -9,6 +9,8 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "lib/core/driver.h"
 
@@ -23,6 +25,8 @@ class CoreDriver : public Driver {
   MemorySpace memory_space() const override;
   std::string description() const override;
   bool owns(const void* address, std::size_t bytes) const override;
+  // The thread of each copy_from_host so far, in order (tests of who makes the copies).
+  std::vector<std::thread::id> copy_from_host_threads() const;
 
  protected:
   void* do_allocate(std::size_t bytes) override;
@@ -40,6 +44,7 @@ class CoreDriver : public Driver {
   const bool separate_memory_;
   mutable std::mutex mutex_;
   std::map<std::uintptr_t, std::size_t> allocations_;
+  std::vector<std::thread::id> copy_from_host_threads_;
 };
 
 // Registers the "core" kind once (driver_configs() does it too).

@@ -318,6 +318,35 @@ TEST_CASE("a steady-state training iteration allocates and frees nothing, split 
   }
 }
 
+// Issue 36: a device's operand copies (its rows of the input, the weights) are made on its
+// own thread just before its slice, so they overlap the other devices' compute; before,
+// the calling thread made every copy while all devices waited.
+TEST_CASE("a split device copies its operands into its memory on its own thread", "[split]") {
+  test::register_core_driver();
+  test::TempDir dir("hybridnn-split-copies");
+  const std::string solver_path =
+      lenet_solver(dir, 8, "lr_policy: \"fixed\"\nmax_iter: 10\nsnapshot_after_train: false\n");
+  Runtime runtime;
+  Driver& cpu = runtime.add(Device::parse("cpu"));
+  DriverOptions separate;
+  separate.set("separate_memory", true);
+  auto& other = dynamic_cast<test::CoreDriver&>(runtime.add(Device::parse("core:1"), separate));
+  SolverOptions options;
+  options.data = "synthetic:1x28x28";
+  options.split = Split::parse("cpu:0.5,core:1:0.5");
+  Solver solver(solver_path, runtime, cpu, options);
+  solver.step(2);  // the updated weights are current on the host only
+  // The passes' copies only: the solver's update of the layers cut by outputs runs on
+  // core:1 from this thread, while every device is idle.
+  const std::size_t before = other.copy_from_host_threads().size();
+  CHECK(std::isfinite(solver.net().forward_backward()));
+  const std::vector<std::thread::id> threads = other.copy_from_host_threads();
+  REQUIRE(threads.size() > before + 4);  // the weights and its rows of the batch
+  const auto on_caller = std::count(threads.begin() + static_cast<std::ptrdiff_t>(before),
+                                    threads.end(), std::this_thread::get_id());
+  CHECK(on_caller == 0);
+}
+
 TEST_CASE("split training is bitwise reproducible", "[split]") {
   test::TempDir dir("hybridnn-split-repro");
   const std::string solver_path = dir.write(

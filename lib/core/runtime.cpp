@@ -187,9 +187,48 @@ TransferTally& transfer_tally() {
   return tally;
 }
 
+namespace {
+thread_local DeferredCopies* deferring = nullptr;
+}
+
+DeferTransfers::DeferTransfers(DeferredCopies& into, Driver& on) {
+  HN_CHECK(deferring == nullptr, "DeferTransfers: a scope is already open on this thread");
+  HN_CHECK(into.copies_.empty() || into.driver_ == &on,
+           "DeferTransfers: copies for {} already wait in this list", into.driver_->name());
+  into.driver_ = &on;
+  deferring = &into;
+}
+
+DeferTransfers::~DeferTransfers() {
+  deferring = nullptr;
+}
+
+double DeferredCopies::make() {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<Copy> copies = std::move(copies_);
+  copies_.clear();
+  bytes_ = 0;
+  for (const Copy& copy : copies)
+    transfer(copy.dst_driver, copy.dst, copy.src_driver, copy.src, copy.bytes);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 void transfer(Driver* dst_driver, void* dst, Driver* src_driver, const void* src,
               std::size_t bytes) {
   if (bytes == 0) return;
+  if (DeferredCopies* later = deferring) {
+    // Into the deferring driver's memory (or host memory when it computes there), from host
+    // memory or its own: its thread can make the copy alone.
+    const auto own = [&](Driver* side) {
+      return side == nullptr || side->memory_space() == host_space() ||
+             side->memory_space() == later->driver_->memory_space();
+    };
+    if (own(dst_driver) && own(src_driver)) {
+      later->copies_.push_back(DeferredCopies::Copy{dst_driver, dst, src_driver, src, bytes});
+      later->bytes_ += bytes;
+      return;
+    }
+  }
   const auto start = std::chrono::steady_clock::now();
   copy_bytes(dst_driver, dst, src_driver, src, bytes);
   TransferTally& tally = transfer_tally();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "lib/core/driver.h"
 
@@ -19,5 +20,42 @@ struct TransferTally {
   double seconds = 0.0;
 };
 TransferTally& transfer_tally();
+
+// Copies into one driver's memory, left for that driver's thread to make (the split
+// scheduler's operands: each device copies its own while the others compute). Only copies
+// from host memory, or within the driver's own space, are deferred: one needing another
+// device's driver is made at once, on the calling thread, while every driver is idle.
+class DeferredCopies {
+ public:
+  std::size_t bytes() const { return bytes_; }
+  bool empty() const { return copies_.empty(); }
+  // Makes the copies in the order they were asked for, on the calling thread (the driver's),
+  // and forgets them; returns the seconds taken.
+  double make();
+
+ private:
+  friend void transfer(Driver*, void*, Driver*, const void*, std::size_t);
+  friend class DeferTransfers;
+  struct Copy {
+    Driver* dst_driver;
+    void* dst;
+    Driver* src_driver;
+    const void* src;
+    std::size_t bytes;
+  };
+  Driver* driver_ = nullptr;  // whose memory the copies fill
+  std::vector<Copy> copies_;
+  std::size_t bytes_ = 0;
+};
+
+// While alive, transfer() on this thread into `on`'s memory appends to `into` where it may
+// (see DeferredCopies) instead of copying. Scopes do not nest.
+class DeferTransfers {
+ public:
+  DeferTransfers(DeferredCopies& into, Driver& on);
+  ~DeferTransfers();
+  DeferTransfers(const DeferTransfers&) = delete;
+  DeferTransfers& operator=(const DeferTransfers&) = delete;
+};
 
 }  // namespace hn::detail

@@ -48,8 +48,25 @@ Pointer rows(SyncedMemory& memory, const Shape& shape, index_t batch, index_t be
   return Pointer{on.device(), address, bytes};
 }
 
-// Runs `run` (clearing its gradient partials first) and waits for its driver.
+// Sets run.slice to what `resolve` returns (the slice's operands resolved on run.on), the
+// copies into run.on's memory from host memory left for run.on's thread (compute makes
+// them, while the other devices compute), and charges every copy to the run.
+template <class Resolve>
+void resolve_deferred(SliceRun& run, Resolve&& resolve) {
+  TransferTally& tally = transfer_tally();
+  const TransferTally before = tally;
+  {
+    DeferTransfers defer(run.copies, *run.on);
+    run.slice = resolve();
+  }
+  run.copy_bytes += tally.bytes - before.bytes + run.copies.bytes();
+  run.copy_seconds += tally.seconds - before.seconds;
+}
+
+// Runs `run` (its deferred operand copies, then the layer, clearing its gradient partials
+// first) on the calling thread, its driver's, and waits for the driver.
 void compute(Layer& layer, SliceRun& run, bool backward) {
+  if (!run.copies.empty()) run.copy_seconds += run.copies.make();
   const auto start = Clock::now();
   if (run.partial != nullptr) {
     for (const Operand& param : run.slice.params) {
@@ -262,7 +279,8 @@ std::vector<SliceRun> Scheduler::run_slices(const LayerCall& call, bool backward
   const bool cut = !split.empty();
   std::vector<SliceRun> runs;
   // 1. Operands, resolved on this thread while every driver is idle: a copy may need the
-  // driver of any device that holds current data.
+  // driver of any device that holds current data. Copies a device can make alone (from host
+  // memory) wait for its thread, so they overlap the other devices' slices.
   std::vector<std::pair<index_t, index_t>> bounds;
   if (cut) {
     bounds = split.partition(batch);
@@ -277,7 +295,6 @@ std::vector<SliceRun> Scheduler::run_slices(const LayerCall& call, bool backward
   if (cut && layer.batch_sums(call.phase, backward).stages > 0)
     return run_staged(call, backward, split, probe);
   std::vector<std::unique_ptr<SyncedMemory>> scratch;  // probes' input gradients
-  TransferTally& tally = transfer_tally();
   for (std::size_t i = 0; i < bounds.size(); ++i) {
     Driver& on = cut ? driver(split.shares()[i].device) : home_;
     if (cut && bounds[i].first == bounds[i].second) continue;
@@ -298,16 +315,16 @@ std::vector<SliceRun> Scheduler::run_slices(const LayerCall& call, bool backward
     }
     if (backward && probe)
       scratch.push_back(std::make_unique<SyncedMemory>(probe_scratch_bytes(call)));
-    const TransferTally before = tally;
-    run.slice = prepare(call, on, run.begin, run.end, backward, run.partial,
-                        backward && probe ? scratch.back().get() : nullptr);
-    run.copy_bytes = tally.bytes - before.bytes;
-    run.copy_seconds = tally.seconds - before.seconds;
+    resolve_deferred(run, [&] {
+      return prepare(call, on, run.begin, run.end, backward, run.partial,
+                     backward && probe ? scratch.back().get() : nullptr);
+    });
     runs.push_back(std::move(run));
   }
   // 2. The slices, each on its driver's thread at the same time.
   if (runs.size() == 1 && runs[0].on == &home_ && !probe) {
     // The unsplit path: no hand-off, and no synchronisation the caller did not ask for.
+    if (!runs[0].copies.empty()) runs[0].copy_seconds += runs[0].copies.make();
     const auto start = Clock::now();
     try {
       if (backward) {
@@ -349,7 +366,7 @@ std::vector<SliceRun> Scheduler::run_staged(const LayerCall& call, bool backward
     const bool last = stage + 1 == sums.stages;
     std::vector<SliceRun> stage_runs;
     for (std::size_t i = 0; i < bounds.size(); ++i) {
-      const auto [begin, end] = bounds[i];
+      const index_t begin = bounds[i].first, end = bounds[i].second;
       if (begin == end) continue;
       Driver& on = driver(split.shares()[i].device);
       if (backward && probe && !scratch[i])
@@ -358,23 +375,23 @@ std::vector<SliceRun> Scheduler::run_staged(const LayerCall& call, bool backward
       run.on = &on;
       run.begin = begin;
       run.end = end;
-      const TransferTally before = tally;
-      run.slice = prepare(call, on, begin, end, backward, nullptr, scratch[i].get(), true);
-      run.slice.stage = stage;
-      const std::size_t rows_bytes = static_cast<std::size_t>(end - begin) * vector_bytes;
-      for (std::size_t q = 0; q < quantities && !last; ++q) {
-        const std::size_t offset =
-            q * quantity_bytes + static_cast<std::size_t>(begin) * vector_bytes;
-        run.slice.row_sums.push_back(
-            Pointer{on.device(), row_sums_.overwrite_range(on, offset, rows_bytes), rows_bytes});
-      }
-      if (stage > 0) {
-        const std::size_t bytes = static_cast<std::size_t>(stage) * quantities * vector_bytes;
-        run.slice.batch_sums =
-            Pointer{on.device(), const_cast<void*>(batch_totals_.read_range(on, 0, bytes)), bytes};
-      }
-      run.copy_bytes = tally.bytes - before.bytes;
-      run.copy_seconds = tally.seconds - before.seconds;
+      resolve_deferred(run, [&] {
+        LayerSlice slice = prepare(call, on, begin, end, backward, nullptr, scratch[i].get(), true);
+        slice.stage = stage;
+        const std::size_t rows_bytes = static_cast<std::size_t>(end - begin) * vector_bytes;
+        for (std::size_t q = 0; q < quantities && !last; ++q) {
+          const std::size_t offset =
+              q * quantity_bytes + static_cast<std::size_t>(begin) * vector_bytes;
+          slice.row_sums.push_back(
+              Pointer{on.device(), row_sums_.overwrite_range(on, offset, rows_bytes), rows_bytes});
+        }
+        if (stage > 0) {
+          const std::size_t bytes = static_cast<std::size_t>(stage) * quantities * vector_bytes;
+          slice.batch_sums = Pointer{
+              on.device(), const_cast<void*>(batch_totals_.read_range(on, 0, bytes)), bytes};
+        }
+        return slice;
+      });
       stage_runs.push_back(std::move(run));
     }
     execute(stage_runs, std::vector<Layer*>(stage_runs.size(), &layer), backward, call.where);
@@ -500,9 +517,9 @@ void Scheduler::run_rows(const std::vector<LayerCall>& calls, bool backward,
     if (devices.size() > 1 && param_bytes > 0 && partial.bytes() < param_bytes)
       partial.resize(param_bytes);
   }
-  // 1. Every call's operands, in order, while every driver is idle.
+  // 1. Every call's operands, in order, while every driver is idle (the copies a device can
+  // make alone wait for its thread, before the call's compute).
   std::vector<std::vector<SliceRun>> runs(calls.size());
-  TransferTally& tally = transfer_tally();
   for (std::size_t c = 0; c < calls.size(); ++c) {
     std::size_t d = 0;
     for (std::size_t i = 0; i < bounds.size(); ++i) {
@@ -515,11 +532,10 @@ void Scheduler::run_rows(const std::vector<LayerCall>& calls, bool backward,
         run.partial = &grad_partials_[run.on];
         run.partial_offset = offsets[c];
       }
-      const TransferTally before = tally;
-      run.slice = prepare(calls[c], *run.on, run.begin, run.end, backward, run.partial, nullptr,
-                          false, run.partial_offset);
-      run.copy_bytes = tally.bytes - before.bytes;
-      run.copy_seconds = tally.seconds - before.seconds;
+      resolve_deferred(run, [&] {
+        return prepare(calls[c], *run.on, run.begin, run.end, backward, run.partial, nullptr, false,
+                       run.partial_offset);
+      });
       runs[c].push_back(std::move(run));
       ++d;
     }
@@ -557,7 +573,6 @@ void Scheduler::run_parts(const std::vector<LayerCall>& calls, bool backward,
   const auto start = Clock::now();
   std::vector<SliceRun> runs;
   std::vector<Layer*> layers;
-  TransferTally& tally = transfer_tally();
   for (const LayerCall& call : calls) {
     HN_CHECK(call.split.shares().size() <= 1, "{}: a part runs on one device, not on {}",
              call.where, call.split.to_string());
@@ -565,10 +580,8 @@ void Scheduler::run_parts(const std::vector<LayerCall>& calls, bool backward,
     SliceRun run;
     run.on = &on;
     run.end = call.rows();
-    const TransferTally before = tally;
-    run.slice = prepare(call, on, 0, run.end, backward, nullptr, nullptr);
-    run.copy_bytes = tally.bytes - before.bytes;
-    run.copy_seconds = tally.seconds - before.seconds;
+    resolve_deferred(run,
+                     [&] { return prepare(call, on, 0, run.end, backward, nullptr, nullptr); });
     runs.push_back(std::move(run));
     layers.push_back(call.layer);
   }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "lib/core/runtime.h"
+#include "lib/core/transfer.h"
 #include "lib/layers/layer.h"
 #include "lib/scheduler/split.h"
 
@@ -61,6 +62,7 @@ struct SliceRun {
   std::size_t partial_offset = 0;   // where in `partial` they start
   double busy = 0.0, copy_seconds = 0.0;
   std::size_t copy_bytes = 0;
+  DeferredCopies copies;  // the operand copies left for the device's thread
 };
 
 class Scheduler {
