@@ -20,6 +20,10 @@ set -euo pipefail
 # python3-torch: the standing differential test of every layer against PyTorch
 # (bindings/python/tests/test_differential_pytorch.py) and the PyTorch layer example; it is
 # Debian's PyTorch 1.13 (about 180 MB installed), CPU only.
+# libonnx-dev: reading ONNX models (lib/onnx; its protobuf classes, checker and shape
+# inference, built against the same protobuf as ours); python3-onnx and python3-torchvision:
+# the ONNX tests export torchvision's models and build one-node models
+# (bindings/python/tests/test_onnx.py).
 packages=(
   build-essential cmake ninja-build pkg-config git python3
   libopenblas-dev libdnnl-dev ocl-icd-opencl-dev libeigen3-dev libtbb-dev libfmt-dev catch2
@@ -29,6 +33,7 @@ packages=(
   openmpi-bin libopenmpi-dev
   python3-dev pybind11-dev python3-numpy python3-pytest python3-venv python3-matplotlib
   python3-torch
+  libonnx-dev python3-onnx python3-torchvision
 )
 
 # clang and its runtimes build the sanitizer and fuzzing trees (libclang-rt-14-dev: the

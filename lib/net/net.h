@@ -206,7 +206,8 @@ std::vector<Device> devices_named(const Device& own, const Split& split,
 
 class Net {
  public:
-  // Builds the net for options.state from a prototxt file; runs on `driver`, which must
+  // Builds the net for options.state from a prototxt file, or from an ONNX model (a path
+  // ending in ".onnx": its layers and weights; docs/onnx.md); runs on `driver`, which must
   // belong to `runtime` and outlive the Net. Errors name the file, line, layer and shapes.
   // The devices the net's splits name (the options' and the file's split entries) get
   // drivers from the registry where the runtime has none (Runtime::provide).
@@ -293,6 +294,9 @@ class Net {
   // error naming the layer and both shapes, and so is a file none of whose layers is one
   // of this net's (the weights of another net).
   std::vector<std::string> copy_trained_layers_from(const std::string& caffemodel_path);
+  // The same from weights already read (an ONNX model's); `origin` names them in errors.
+  std::vector<std::string> copy_trained_layers_from(const hybridnn::proto::NetParameter& model,
+                                                    const std::string& origin);
   // Writes the weights as a .caffemodel (through a temporary file and a rename). With
   // layers cut across ranks, a collective: every rank calls it, and rank 0 writes.
   void save(const std::string& caffemodel_path, bool write_diff = false) const;

@@ -50,6 +50,11 @@ void Net::share_trained_layers_with(const Net& other) {
 std::vector<std::string> Net::copy_trained_layers_from(const std::string& caffemodel_path) {
   pb::NetParameter model;
   detail::read_binary_proto(caffemodel_path, model);
+  return copy_trained_layers_from(model, caffemodel_path);
+}
+
+std::vector<std::string> Net::copy_trained_layers_from(const pb::NetParameter& model,
+                                                       const std::string& caffemodel_path) {
   std::set<std::string> copied;
   std::vector<std::string> file_layers;  // the file's layers with weights
   auto copy_layer = [&](const std::string& layer_name,

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "lib/core/check.h"
+#include "lib/onnx/onnx_import.h"
 #include "lib/proto/prototxt.h"
 
 namespace hn {
@@ -102,6 +103,13 @@ void Solver::Impl::build_nets() {
   std::string train_origin;
   if (p.has_net() || p.has_train_net()) {
     train_origin = resolve_beside(p.has_net() ? p.net() : p.train_net(), origin);
+    // An ONNX graph has no data layer and no loss to train with (issue 37's next step wraps
+    // them around it); said plainly rather than as a prototxt syntax error on binary bytes.
+    HN_CHECK(!detail::is_onnx_path(train_origin),
+             "{}: the training net '{}' is an ONNX model; a solver trains a prototxt net with "
+             "a data layer and a loss (training ONNX models is not supported yet: "
+             "docs/onnx.md)",
+             origin, train_origin);
     train_param = detail::read_net_prototxt(train_origin);
   } else {
     train_param = p.has_net_param() ? p.net_param() : p.train_net_param();

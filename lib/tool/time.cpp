@@ -457,7 +457,7 @@ Command time_command() {
       "\"compute_ms\", \"overlap_efficiency\" in the total line). --timeline FILE writes a\n"
       "Chrome trace with each rank's layers and allreduces.";
   command.flags = {
-      {"model", FlagKind::text, "FILE", "the net prototxt (required)"},
+      {"model", FlagKind::text, "FILE", "the net prototxt or ONNX model (.onnx) (required)"},
       {"iterations", FlagKind::integer, "N", "timed iterations (default 50)"},
       {"phase", FlagKind::text, "train|test", "the net's phase (default train, as Caffe)"},
       {"json", FlagKind::boolean, "", "print JSON lines instead of Caffe's text"},

@@ -1,0 +1,372 @@
+"""ONNX models in (issue 37), against the real thing: torchvision's models exported by
+torch.onnx.export (opset 13, a symbolic batch), read by hybridnn, forward compared with
+PyTorch's on the same input (max |got - want| / max |want| <= 1e-4) on the cpu driver, the
+reference driver and a split of the batch between them; one-node models built with
+onnx.helper against PyTorch's functional ops, one per operator and attribute the importer
+reads; and the errors that name the node, its op type and the attribute for what it does not
+read.
+
+Skipped visibly without python3-torch, python3-torchvision or python3-onnx, or when the
+library was built without libonnx-dev.
+"""
+import numpy as np
+import pytest
+
+import hybridnn as hn
+
+torch = pytest.importorskip("torch", reason="python3-torch is not installed")
+torchvision = pytest.importorskip("torchvision", reason="python3-torchvision is not installed")
+onnx = pytest.importorskip("onnx", reason="python3-onnx is not installed")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+F = torch.nn.functional
+TOLERANCE = 1e-4  # max |got - want| / max |want|
+
+
+def relative_error(got, want):
+    return float(np.abs(np.asarray(got) - want).max() / max(np.abs(want).max(), 1e-12))
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    rt = hn.Runtime()
+    return rt, {"cpu": rt.add("cpu"), "reference": rt.add("reference")}
+
+
+def load(runtime, path, batch, driver="cpu", **options):
+    rt, drivers = runtime
+    try:
+        return hn.Net(rt, drivers[driver], str(path), batch=batch, phase="test", **options)
+    except hn.Error as failure:
+        if "reads no ONNX files" in str(failure):
+            pytest.skip("hybridnn was built without libonnx-dev")
+        raise
+
+
+def run(net, inputs):
+    for name, value in inputs.items():
+        net.blob(name).data[...] = value
+    net.forward()
+    return {name: np.array(net.blob(name).data) for name in net.outputs}
+
+
+# ---- torchvision models ---------------------------------------------------------------------
+
+# name -> (input size, drivers): the reference driver's loops are slow, so it runs the
+# smaller models only.
+MODELS = {
+    "resnet18": (64, ["cpu", "reference", "split"]),
+    "squeezenet1_1": (64, ["cpu", "reference", "split"]),
+    "googlenet": (64, ["cpu", "split"]),
+    "resnet50": (64, ["cpu", "split"]),
+}
+
+
+def torchvision_model(name):
+    torch.manual_seed(0)
+    extra = {"aux_logits": False, "init_weights": True} if name == "googlenet" else {}
+    model = getattr(torchvision.models, name)(weights=None, num_classes=10, **extra)
+    # Statistics of real activations for every BatchNorm (freshly made ones are 0 and 1,
+    # and a net of them passes its inputs through so weakly that the output is the bias).
+    for module in model.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.momentum = None  # a cumulative average
+    model.train()
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(4, 3, MODELS[name][0], MODELS[name][0]))
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """Exports each model once: name -> (path, input, PyTorch's output)."""
+    folder = tmp_path_factory.mktemp("onnx-models")
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            model = torchvision_model(name)
+            size = MODELS[name][0]
+            x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(1))
+            path = folder / f"{name}.onnx"
+            torch.onnx.export(model, x, str(path), opset_version=13, input_names=["data"],
+                              output_names=["logits"],
+                              dynamic_axes={"data": {0: "batch"}, "logits": {0: "batch"}})
+            with torch.no_grad():
+                want = model(x).numpy()
+            cache[name] = (path, x.numpy(), want)
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name,driver", [(name, driver) for name, (_, drivers) in MODELS.items()
+                                         for driver in drivers])
+def test_torchvision_model_forward_matches_pytorch(runtime, exported, name, driver):
+    path, x, want = exported(name)
+    options = {"split": "cpu:0.5,reference:0.5"} if driver == "split" else {}
+    net = load(runtime, path, 2, "cpu" if driver == "split" else driver, **options)
+    got = run(net, {"data": x})["logits"]
+    assert got.shape == want.shape
+    # The outputs depend on the input (not the bias alone), so the comparison means something.
+    assert np.abs(want[0] - want[1]).max() > 1e-3 * np.abs(want).max()
+    assert relative_error(got, want) <= TOLERANCE, (name, driver, relative_error(got, want))
+
+
+def test_the_batch_of_an_imported_model_is_the_nets(runtime, exported):
+    path, x, want = exported("squeezenet1_1")
+    net = load(runtime, path, 1)
+    assert net.blob("data").shape == (1, 3, 64, 64)
+    got = run(net, {"data": x[1:2]})["logits"]
+    assert relative_error(got, want[1:2]) <= TOLERANCE
+
+
+# ---- one node at a time ---------------------------------------------------------------------
+
+def one_node_model(path, op, inputs, output_rank, attributes=None, initializers=None,
+                   opset=13):
+    """A model of one node: inputs {name: array} (graph inputs) and initializers {name: array}
+    in the node's input order (inputs first, as listed), one float output."""
+    initializers = initializers or {}
+    node = helper.make_node(op, list(inputs) + list(initializers), ["y"], name="the_node",
+                            **(attributes or {}))
+    graph = helper.make_graph(
+        [node], "one_node",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(v.shape))
+         for n, v in inputs.items()],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * output_rank)],
+        [numpy_helper.from_array(v if v.dtype == np.int64 else v.astype(np.float32), n)
+         for n, v in initializers.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    onnx.save(model, str(path))
+    return path
+
+
+def t(array):
+    return torch.from_numpy(np.asarray(array, np.float64))
+
+
+def rng_array(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def case_conv(rng):
+    x, w, b = rng_array(rng, 2, 4, 9, 8), rng_array(rng, 6, 2, 3, 2), rng_array(rng, 6)
+    attrs = {"group": 2, "strides": [2, 1], "pads": [1, 2, 1, 2], "dilations": [1, 2]}
+    want = F.conv2d(t(x), t(w), t(b), stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
+    return "Conv", {"x": x}, {"w": w, "b": b}, attrs, want
+
+
+def case_conv_same_upper(rng):
+    x, w = rng_array(rng, 1, 3, 7, 7), rng_array(rng, 4, 3, 3, 3)
+    want = F.conv2d(t(x), t(w), padding=1)
+    return "Conv", {"x": x}, {"w": w}, {"auto_pad": "SAME_UPPER"}, want
+
+
+def case_gemm(rng):
+    a, b, c = rng_array(rng, 3, 5), rng_array(rng, 5, 4), rng_array(rng, 4)
+    want = 0.5 * t(a) @ t(b) + 2.0 * t(c)
+    return "Gemm", {"a": a}, {"b": b, "c": c}, {"alpha": 0.5, "beta": 2.0}, want
+
+
+def case_gemm_trans_b(rng):
+    a, b, c = rng_array(rng, 3, 5), rng_array(rng, 4, 5), rng_array(rng, 1, 4)
+    want = t(a) @ t(b).T + t(c)
+    return "Gemm", {"a": a}, {"b": b, "c": c}, {"transB": 1}, want
+
+
+def case_matmul(rng):
+    a, b = rng_array(rng, 3, 5), rng_array(rng, 5, 2)
+    return "MatMul", {"a": a}, {"b": b}, {}, t(a) @ t(b)
+
+
+def case_max_pool_ceil(rng):
+    x = rng_array(rng, 2, 3, 8, 9)
+    want = F.max_pool2d(t(x), 3, stride=2, padding=1, ceil_mode=True)
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1}
+    return "MaxPool", {"x": x}, {}, attrs, want
+
+
+def case_average_pool(rng):
+    x = rng_array(rng, 2, 3, 8, 8)
+    want = F.avg_pool2d(t(x), (3, 2), stride=(2, 2), padding=(1, 1), count_include_pad=True)
+    attrs = {"kernel_shape": [3, 2], "strides": [2, 2], "pads": [1, 1, 1, 1],
+             "count_include_pad": 1}
+    return "AveragePool", {"x": x}, {}, attrs, want
+
+
+def case_global_average_pool(rng):
+    x = rng_array(rng, 2, 3, 5, 4)
+    return "GlobalAveragePool", {"x": x}, {}, {}, t(x).mean(dim=(2, 3), keepdim=True)
+
+
+def case_global_max_pool(rng):
+    x = rng_array(rng, 2, 3, 5, 4)
+    return "GlobalMaxPool", {"x": x}, {}, {}, t(x).amax(dim=(2, 3), keepdim=True)
+
+
+def case_batch_norm(rng):
+    x = rng_array(rng, 2, 3, 4, 5)
+    scale, bias, mean = rng_array(rng, 3), rng_array(rng, 3), rng_array(rng, 3)
+    var = np.abs(rng_array(rng, 3)) + 0.5
+    want = F.batch_norm(t(x), t(mean), t(var), t(scale), t(bias), training=False, eps=1e-3)
+    return ("BatchNormalization", {"x": x},
+            {"scale": scale, "bias": bias, "mean": mean, "var": var}, {"epsilon": 1e-3}, want)
+
+
+def case_leaky_relu(rng):
+    x = rng_array(rng, 2, 7)
+    return "LeakyRelu", {"x": x}, {}, {"alpha": 0.2}, F.leaky_relu(t(x), 0.2)
+
+
+def case_softmax(rng):
+    x = rng_array(rng, 3, 6)
+    return "Softmax", {"x": x}, {}, {"axis": 1}, F.softmax(t(x), dim=1)
+
+
+def case_lrn(rng):
+    x = rng_array(rng, 2, 7, 3, 3)
+    want = F.local_response_norm(t(x), 5, alpha=2e-3, beta=0.6, k=1.5)
+    return "LRN", {"x": x}, {}, {"size": 5, "alpha": 2e-3, "beta": 0.6, "bias": 1.5}, want
+
+
+def case_flatten(rng):
+    x = rng_array(rng, 2, 3, 4, 5)
+    return "Flatten", {"x": x}, {}, {"axis": 1}, t(x).reshape(2, -1)
+
+
+def case_reshape(rng):
+    x = rng_array(rng, 2, 3, 4, 5)
+    shape = np.array([0, -1, 5], np.int64)
+    return "Reshape", {"x": x}, {"shape": shape}, {}, t(x).reshape(2, 12, 5)
+
+
+def case_add(rng):
+    a, b = rng_array(rng, 2, 3, 4), rng_array(rng, 2, 3, 4)
+    return "Add", {"a": a, "b": b}, {}, {}, t(a) + t(b)
+
+
+def case_concat(rng):
+    a, b = rng_array(rng, 2, 3, 4), rng_array(rng, 2, 5, 4)
+    return "Concat", {"a": a, "b": b}, {}, {"axis": 1}, torch.cat([t(a), t(b)], 1)
+
+
+def case_sigmoid(rng):
+    x = rng_array(rng, 2, 5)
+    return "Sigmoid", {"x": x}, {}, {}, torch.sigmoid(t(x))
+
+
+CASES = [case_conv, case_conv_same_upper, case_gemm, case_gemm_trans_b, case_matmul,
+         case_max_pool_ceil, case_average_pool, case_global_average_pool, case_global_max_pool,
+         case_batch_norm, case_leaky_relu, case_softmax, case_lrn, case_flatten, case_reshape,
+         case_add, case_concat, case_sigmoid]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.__name__[5:])
+@pytest.mark.parametrize("driver", ["cpu", "reference"])
+def test_one_node_matches_pytorch(runtime, tmp_path, case, driver):
+    rng = np.random.RandomState(abs(hash(case.__name__)) % (2**31))
+    op, inputs, initializers, attrs, want = case(rng)
+    path = one_node_model(tmp_path / "model.onnx", op, inputs, want.dim(), attrs, initializers)
+    batch = next(iter(inputs.values())).shape[0]
+    net = load(runtime, path, batch, driver)
+    got = run(net, inputs)["y"]
+    want = want.numpy()
+    assert got.shape == want.shape
+    assert relative_error(got, want) <= TOLERANCE
+
+
+# ---- what the importer refuses ----------------------------------------------------------------
+
+def refused(runtime, path, batch=1):
+    with pytest.raises(hn.Error) as failure:
+        load(runtime, path, batch)
+    return str(failure.value)
+
+
+def test_an_unsupported_operator_is_named_with_its_node(runtime, tmp_path):
+    x = np.zeros((1, 3, 4, 4), np.float32)
+    path = one_node_model(tmp_path / "m.onnx", "Elu", {"x": x}, 4)
+    message = refused(runtime, path)
+    assert "node 'the_node'" in message and "operator 'Elu' is not supported" in message
+    assert "Conv" in message  # the supported set is listed
+
+
+def test_an_unread_attribute_is_an_error(runtime, tmp_path):
+    x = np.zeros((1, 3), np.float32)
+    path = one_node_model(tmp_path / "m.onnx", "Softmax", {"x": x}, 2,
+                          {"axis": 1, "unheard_of": 3})
+    # ONNX's checker (run first) or the importer's own check: either names all three.
+    message = refused(runtime, path)
+    assert "unheard_of" in message and "Softmax" in message and "the_node" in message
+
+
+def test_unequal_pads_are_refused_not_approximated(runtime, tmp_path):
+    x, w = np.zeros((1, 2, 5, 5), np.float32), np.zeros((2, 2, 3, 3), np.float32)
+    path = one_node_model(tmp_path / "m.onnx", "Conv", {"x": x}, 4, {"pads": [0, 1, 1, 1]},
+                          {"w": w})
+    message = refused(runtime, path)
+    assert "the_node" in message and "Conv" in message and "'pads' [0, 1, 1, 1]" in message
+
+
+def test_an_opset_outside_the_supported_range_is_refused(runtime, tmp_path):
+    x = np.zeros((1, 3), np.float32)
+    path = one_node_model(tmp_path / "m.onnx", "Relu", {"x": x}, 2, opset=6)
+    message = refused(runtime, path)
+    assert "opset 6" in message and "7 to 17" in message
+
+
+def test_weights_computed_by_the_graph_are_refused(runtime, tmp_path):
+    x = np.zeros((1, 2, 5, 5), np.float32)
+    path = one_node_model(tmp_path / "m.onnx", "Conv", {"x": x, "w": np.zeros((2, 2, 3, 3),
+                                                                              np.float32)}, 4)
+    message = refused(runtime, path)
+    assert "the_node" in message and "must be a constant" in message
+
+
+def test_external_data_outside_the_models_folder_is_refused(runtime, tmp_path):
+    x = np.zeros((1, 4), np.float32)
+    b = numpy_helper.from_array(np.ones((4, 3), np.float32), "b")
+    b.data_location = TensorProto.EXTERNAL
+    b.ClearField("raw_data")
+    for key, value in (("location", "../secret.bin"), ("offset", "0"), ("length", "48")):
+        entry = b.external_data.add()
+        entry.key, entry.value = key, value
+    node = helper.make_node("MatMul", ["x", "b"], ["y"], name="the_node")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                          [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
+                              [b])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    message = refused(runtime, path)
+    assert "'../secret.bin'" in message or "not a valid ONNX model" in message
+
+
+def test_external_data_beside_the_model_is_read(runtime, tmp_path):
+    rng = np.random.RandomState(5)
+    x, w = rng_array(rng, 2, 4), rng_array(rng, 4, 3)
+    model = helper.make_model(
+        helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="the_node")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+                          [numpy_helper.from_array(w, "w")]),
+        opset_imports=[helper.make_opsetid("", 13)])
+    path = tmp_path / "m.onnx"
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="m.weights", size_threshold=0)
+    assert (tmp_path / "m.weights").exists()
+    got = run(load(runtime, path, 2), {"x": x})["y"]
+    assert relative_error(got, x.astype(np.float64) @ w) <= TOLERANCE
+
+
+def test_a_solver_naming_an_onnx_model_says_it_cannot_train_it_yet(runtime, tmp_path):
+    x = np.zeros((1, 3), np.float32)
+    one_node_model(tmp_path / "m.onnx", "Relu", {"x": x}, 2)
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text('net: "m.onnx"\nbase_lr: 0.01\nlr_policy: "fixed"\nmax_iter: 1\n')
+    rt, drivers = runtime
+    with pytest.raises(hn.Error) as failure:
+        hn.Solver(rt, drivers["cpu"], str(solver))
+    assert "is an ONNX model" in str(failure.value) and "m.onnx" in str(failure.value)

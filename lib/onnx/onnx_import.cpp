@@ -1,0 +1,932 @@
+// ONNX ModelProto -> NetParameter: one converter per operator, in one table (kOperators);
+// each reads the attributes it understands, and an attribute it does not read is an error,
+// so that nothing the model asks for is silently dropped.
+#include "lib/onnx/onnx_import.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "lib/core/check.h"
+#include "lib/core/files.h"
+#include "lib/core/memory.h"
+#include "lib/proto/prototxt.h"
+
+#if HYBRIDNN_WITH_ONNX
+#include <onnx/checker.h>
+#include <onnx/onnx_pb.h>
+#include <onnx/shape_inference/implementation.h>
+#endif
+
+namespace hn::detail {
+
+namespace pb = hybridnn::proto;
+
+bool is_onnx_path(const std::string& path) {
+  constexpr std::string_view kExtension = ".onnx";
+  if (path.size() < kExtension.size()) return false;
+  for (std::size_t i = 0; i < kExtension.size(); ++i) {
+    const char c = path[path.size() - kExtension.size() + i];
+    if (std::tolower(static_cast<unsigned char>(c)) != kExtension[i]) return false;
+  }
+  return true;
+}
+
+#if !HYBRIDNN_WITH_ONNX
+
+bool onnx_supported() {
+  return false;
+}
+
+pb::NetParameter read_onnx_model(const std::string& path) {
+  fail(
+      "{}: this build of hybridnn reads no ONNX files: it was built without libonnx-dev "
+      "(scripts/setup.sh installs it; then rebuild)",
+      path);
+}
+
+#else
+
+bool onnx_supported() {
+  return true;
+}
+
+namespace {
+
+constexpr std::int64_t kMinOpset = 7, kMaxOpset = 17;
+using Dims = std::vector<std::int64_t>;  // -1: not known (a symbolic dimension)
+
+std::string dims_text(const Dims& dims) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < dims.size(); ++i)
+    text += (i > 0 ? ", " : "") + (dims[i] < 0 ? std::string("?") : std::to_string(dims[i]));
+  return text + "]";
+}
+
+// A constant value: an initializer or a Constant node's tensor, read once.
+struct Constant {
+  const onnx::TensorProto* tensor = nullptr;
+  Dims dims;
+};
+
+class Importer;
+using Converter = void (*)(Importer&);
+
+// One node being converted: what errors name, and which attributes the converter read.
+struct NodeState {
+  const onnx::NodeProto* proto = nullptr;
+  int index = 0;
+  std::string name;  // the layer name
+  std::set<std::string> read;
+};
+
+class Importer {
+ public:
+  Importer(std::string path, onnx::ModelProto& model) : path_(std::move(path)), model_(model) {}
+
+  pb::NetParameter run();
+
+  // ---- what converters use -----------------------------------------------------------
+  const onnx::NodeProto& node() const { return *node_.proto; }
+  // "FILE: node 'NAME' (#INDEX, OPTYPE)".
+  std::string where() const {
+    return fmt::format("{}: node '{}' (#{}, {})", path_, node_.proto->name(), node_.index,
+                       node_.proto->op_type());
+  }
+  template <class... Args>
+  [[noreturn]] void fail_node(fmt::format_string<Args...> format, Args&&... args) const {
+    fail("{}: {}", where(), fmt::format(format, std::forward<Args>(args)...));
+  }
+  std::int64_t opset() const { return opset_; }
+
+  // Attributes: each read marks it as understood.
+  const onnx::AttributeProto* attribute(const std::string& name) {
+    node_.read.insert(name);
+    for (const onnx::AttributeProto& a : node().attribute())
+      if (a.name() == name) return &a;
+    return nullptr;
+  }
+  std::int64_t attr_int(const std::string& name, std::int64_t fallback) {
+    const onnx::AttributeProto* a = attribute(name);
+    if (a == nullptr) return fallback;
+    if (a->type() != onnx::AttributeProto::INT) fail_node("attribute '{}' is not an int", name);
+    return a->i();
+  }
+  float attr_float(const std::string& name, float fallback) {
+    const onnx::AttributeProto* a = attribute(name);
+    if (a == nullptr) return fallback;
+    if (a->type() != onnx::AttributeProto::FLOAT) fail_node("attribute '{}' is not a float", name);
+    return a->f();
+  }
+  std::string attr_string(const std::string& name, const std::string& fallback) {
+    const onnx::AttributeProto* a = attribute(name);
+    if (a == nullptr) return fallback;
+    if (a->type() != onnx::AttributeProto::STRING)
+      fail_node("attribute '{}' is not a string", name);
+    return a->s();
+  }
+  Dims attr_ints(const std::string& name, const Dims& fallback) {
+    const onnx::AttributeProto* a = attribute(name);
+    if (a == nullptr) return fallback;
+    if (a->type() != onnx::AttributeProto::INTS) fail_node("attribute '{}' is not ints", name);
+    return Dims(a->ints().begin(), a->ints().end());
+  }
+  // Ignores an attribute that changes nothing here (a Dropout's seed in inference).
+  void ignore(const std::string& name) { node_.read.insert(name); }
+
+  // Inputs and outputs: names after Identity and Dropout, constants and shapes.
+  int inputs() const {
+    int count = node().input_size();
+    while (count > 0 && node().input(count - 1).empty())
+      --count;
+    return count;
+  }
+  bool has_input(int i) const { return i < node().input_size() && !node().input(i).empty(); }
+  std::string input(int i) const {
+    if (!has_input(i)) fail_node("input {} is missing", i);
+    return resolve(node().input(i));
+  }
+  // The blob of an activation input (not a constant).
+  std::string activation(int i) const {
+    const std::string name = input(i);
+    if (constant(name) != nullptr)
+      fail_node("input {} ('{}') is a constant, where the importer needs a computed value", i,
+                name);
+    if (known_.count(name) == 0)
+      fail_node("input {} ('{}') is computed by no earlier node", i, name);
+    return name;
+  }
+  const Constant* constant(const std::string& name) const {
+    auto found = constants_.find(resolve(name));
+    return found == constants_.end() ? nullptr : &found->second;
+  }
+  // Input i, which must be a constant (weights, shapes).
+  const Constant& constant_input(int i, const char* what) const {
+    const Constant* c = constant(input(i));
+    if (c == nullptr)
+      fail_node("input {} ('{}', the {}) must be a constant (an initializer), not computed", i,
+                input(i), what);
+    return *c;
+  }
+  // The dims shape inference gave `name` (empty when it gave none).
+  Dims dims_of(const std::string& name) const {
+    auto found = dims_.find(resolve(name));
+    return found == dims_.end() ? Dims{} : found->second;
+  }
+  std::vector<float> floats(const Constant& c, const char* what) const;
+  Dims ints(const Constant& c, const char* what) const;
+
+  std::string output(int i) const {
+    if (i >= node().output_size() || node().output(i).empty()) fail_node("output {} is missing", i);
+    return node().output(i);
+  }
+  // Outputs past `used` must be unused (a MaxPool's indices, a Dropout's mask).
+  void only_outputs(int used) const {
+    for (int i = used; i < node().output_size(); ++i) {
+      if (!node().output(i).empty() && consumed_.count(node().output(i)) > 0)
+        fail_node("output {} ('{}') is used, and the importer does not compute it", i,
+                  node().output(i));
+    }
+  }
+  void alias(const std::string& name, const std::string& to) { aliases_[name] = to; }
+  void set_constant(const std::string& name, const onnx::TensorProto& tensor) {
+    constants_[name] = Constant{&tensor, Dims(tensor.dims().begin(), tensor.dims().end())};
+  }
+
+  // A new layer of `type` from this node (`suffix` tells apart the layers of one node).
+  pb::LayerParameter& add_layer(const char* type, const std::vector<std::string>& bottoms,
+                                const std::vector<std::string>& tops, const char* suffix = "") {
+    pb::LayerParameter& layer = *net_.add_layer();
+    layer.set_name(node_.name + suffix);
+    layer.set_type(type);
+    for (const std::string& b : bottoms)
+      layer.add_bottom(b);
+    for (const std::string& t : tops) {
+      layer.add_top(t);
+      known_.insert(t);
+    }
+    return layer;
+  }
+  // Appends a blob of `dims` holding `values` to `layer`.
+  static void add_blob(pb::LayerParameter& layer, const Dims& dims,
+                       const std::vector<float>& values) {
+    pb::BlobProto& blob = *layer.add_blobs();
+    for (std::int64_t d : dims)
+      blob.mutable_shape()->add_dim(d);
+    blob.mutable_data()->Resize(static_cast<int>(values.size()), 0.0f);
+    std::copy(values.begin(), values.end(), blob.mutable_data()->mutable_data());
+  }
+
+ private:
+  std::string resolve(const std::string& name) const {
+    std::string at = name;
+    for (int hops = 0; hops < 1000; ++hops) {
+      auto found = aliases_.find(at);
+      if (found == aliases_.end()) return at;
+      at = found->second;
+    }
+    fail("{}: value '{}' is an alias of itself", path_, name);
+  }
+  std::string external_bytes(const onnx::TensorProto& tensor, std::size_t bytes) const;
+  std::string raw_bytes(const onnx::TensorProto& tensor, std::size_t element_bytes,
+                        const char* what) const;
+  std::size_t element_count(const onnx::TensorProto& tensor, const char* what) const;
+  void add_inputs();
+  void read_dims();
+
+  std::string path_;
+  onnx::ModelProto& model_;
+  std::int64_t opset_ = 0;
+  NodeState node_;
+  pb::NetParameter net_;
+  std::map<std::string, Constant> constants_;
+  std::map<std::string, std::string> aliases_;
+  std::map<std::string, Dims> dims_;
+  std::set<std::string> known_;     // values computed so far (blobs)
+  std::set<std::string> consumed_;  // values some node reads
+};
+
+// ---- constants ---------------------------------------------------------------------------
+
+std::size_t Importer::element_count(const onnx::TensorProto& tensor, const char* what) const {
+  std::size_t count = 1;
+  for (std::int64_t d : tensor.dims()) {
+    if (d < 0 || (d > 0 && count > std::numeric_limits<std::size_t>::max() / 8 /
+                                       static_cast<std::size_t>(d)))
+      fail_node("the {} ('{}') has a bad shape {}", what, tensor.name(),
+                dims_text(Dims(tensor.dims().begin(), tensor.dims().end())));
+    count *= static_cast<std::size_t>(d);
+  }
+  check_host_bytes(count * sizeof(float),
+                   [&] { return fmt::format("{}: the {} ('{}')", where(), what, tensor.name()); });
+  return count;
+}
+
+std::string Importer::external_bytes(const onnx::TensorProto& tensor, std::size_t bytes) const {
+  std::string location;
+  std::uint64_t offset = 0, length = 0;
+  bool has_length = false;
+  for (const onnx::StringStringEntryProto& entry : tensor.external_data()) {
+    if (entry.key() == "location") {
+      location = entry.value();
+    } else if (entry.key() == "offset" || entry.key() == "length") {
+      char* end = nullptr;
+      const unsigned long long value = std::strtoull(entry.value().c_str(), &end, 10);
+      if (entry.value().empty() || entry.value()[0] == '-' || end == nullptr || *end != '\0')
+        fail_node("tensor '{}': external data {} '{}' is not a number", tensor.name(), entry.key(),
+                  entry.value());
+      if (entry.key() == "offset") {
+        offset = value;
+      } else {
+        length = value;
+        has_length = true;
+      }
+    }
+  }
+  // The file must lie in the model's folder (no absolute paths, no "..").
+  const std::filesystem::path relative(location);
+  bool inside = !location.empty() && relative.is_relative();
+  for (const auto& part : relative)
+    inside = inside && part != "..";
+  if (!inside)
+    fail_node("tensor '{}': external data location '{}' is not a file beside the model",
+              tensor.name(), location);
+  const std::filesystem::path file = std::filesystem::path(path_).parent_path() / relative;
+  std::ifstream in = open_input_file(file.string(), "reading external data");
+  in.seekg(0, std::ios::end);
+  const auto size = static_cast<std::uint64_t>(in.tellg());
+  if (has_length && length != bytes)
+    fail_node("tensor '{}': external data length {} is not the {} bytes of its shape",
+              tensor.name(), length, bytes);
+  if (offset > size || size - offset < bytes)
+    fail_node("tensor '{}': external data [{}, {}) is outside '{}' ({} bytes)", tensor.name(),
+              offset, offset + bytes, file.string(), size);
+  std::string data(bytes, '\0');
+  in.seekg(static_cast<std::streamoff>(offset));
+  in.read(data.data(), static_cast<std::streamsize>(bytes));
+  if (!in)
+    fail_node("tensor '{}': cannot read {} bytes of '{}'", tensor.name(), bytes, file.string());
+  return data;
+}
+
+// The tensor's values as stored bytes (raw_data or external data), or empty when they are
+// in the typed fields.
+std::string Importer::raw_bytes(const onnx::TensorProto& tensor, std::size_t element_bytes,
+                                const char* what) const {
+  const std::size_t bytes = element_count(tensor, what) * element_bytes;
+  if (tensor.data_location() == onnx::TensorProto::EXTERNAL) return external_bytes(tensor, bytes);
+  if (!tensor.has_raw_data()) return {};
+  if (tensor.raw_data().size() != bytes)
+    fail_node("the {} ('{}') holds {} bytes, its shape {} needs {}", what, tensor.name(),
+              tensor.raw_data().size(), dims_text(Dims(tensor.dims().begin(), tensor.dims().end())),
+              bytes);
+  return tensor.raw_data();
+}
+
+std::vector<float> Importer::floats(const Constant& c, const char* what) const {
+  const onnx::TensorProto& t = *c.tensor;
+  const std::size_t count = element_count(t, what);
+  std::vector<float> values(count);
+  if (t.data_type() == onnx::TensorProto::FLOAT) {
+    const std::string raw = raw_bytes(t, sizeof(float), what);
+    if (!raw.empty()) {
+      std::memcpy(values.data(), raw.data(), raw.size());
+    } else {
+      if (static_cast<std::size_t>(t.float_data_size()) != count)
+        fail_node("the {} ('{}') holds {} values, its shape needs {}", what, t.name(),
+                  t.float_data_size(), count);
+      std::copy(t.float_data().begin(), t.float_data().end(), values.begin());
+    }
+    return values;
+  }
+  if (t.data_type() == onnx::TensorProto::DOUBLE) {
+    const std::string raw = raw_bytes(t, sizeof(double), what);
+    for (std::size_t i = 0; i < count; ++i) {
+      double v = 0.0;
+      if (!raw.empty()) {
+        std::memcpy(&v, raw.data() + i * sizeof(double), sizeof(double));
+      } else {
+        if (static_cast<std::size_t>(t.double_data_size()) != count)
+          fail_node("the {} ('{}') holds {} values, its shape needs {}", what, t.name(),
+                    t.double_data_size(), count);
+        v = t.double_data(static_cast<int>(i));
+      }
+      values[i] = static_cast<float>(v);
+    }
+    return values;
+  }
+  fail_node("the {} ('{}') is of ONNX data type {}; the importer reads float and double", what,
+            t.name(), t.data_type());
+}
+
+Dims Importer::ints(const Constant& c, const char* what) const {
+  const onnx::TensorProto& t = *c.tensor;
+  const std::size_t count = element_count(t, what);
+  Dims values(count);
+  if (t.data_type() == onnx::TensorProto::INT64) {
+    const std::string raw = raw_bytes(t, sizeof(std::int64_t), what);
+    if (!raw.empty()) {
+      std::memcpy(values.data(), raw.data(), raw.size());
+    } else {
+      if (static_cast<std::size_t>(t.int64_data_size()) != count)
+        fail_node("the {} ('{}') holds {} values, its shape needs {}", what, t.name(),
+                  t.int64_data_size(), count);
+      std::copy(t.int64_data().begin(), t.int64_data().end(), values.begin());
+    }
+    return values;
+  }
+  if (t.data_type() == onnx::TensorProto::INT32) {
+    const std::string raw = raw_bytes(t, sizeof(std::int32_t), what);
+    for (std::size_t i = 0; i < count; ++i) {
+      std::int32_t v = 0;
+      if (!raw.empty()) {
+        std::memcpy(&v, raw.data() + i * sizeof(v), sizeof(v));
+      } else {
+        if (static_cast<std::size_t>(t.int32_data_size()) != count)
+          fail_node("the {} ('{}') holds {} values, its shape needs {}", what, t.name(),
+                    t.int32_data_size(), count);
+        v = t.int32_data(static_cast<int>(i));
+      }
+      values[i] = v;
+    }
+    return values;
+  }
+  fail_node("the {} ('{}') is of ONNX data type {}; the importer reads int64 and int32 here", what,
+            t.name(), t.data_type());
+}
+
+// ---- helpers of the converters -------------------------------------------------------------
+
+// A 2-D spatial attribute of `size` values (kernel, stride, dilation), or the fallback.
+Dims spatial(Importer& im, const char* name, std::int64_t fallback) {
+  Dims values = im.attr_ints(name, Dims(2, fallback));
+  if (values.size() != 2)
+    im.fail_node("attribute '{}' has {} values; the importer reads 2-D {} (2 values)", name,
+                 values.size(), im.node().op_type());
+  for (std::int64_t v : values)
+    if (v < 1)
+      im.fail_node("attribute '{}' is {}: every value must be >= 1", name, dims_text(values));
+  return values;
+}
+
+// The symmetric pads {h, w} from `pads` and `auto_pad`, for input `in` ({h, w}, -1 unknown).
+std::pair<std::int64_t, std::int64_t> symmetric_pads(Importer& im, const Dims& kernel,
+                                                     const Dims& stride, const Dims& dilation,
+                                                     const Dims& in) {
+  const std::string auto_pad = im.attr_string("auto_pad", "NOTSET");
+  Dims pads = im.attr_ints("pads", Dims(4, 0));
+  if (auto_pad == "VALID") {
+    pads = Dims(4, 0);
+  } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+    for (int axis = 0; axis < 2; ++axis) {
+      if (in.size() != 2 || in[static_cast<std::size_t>(axis)] < 0)
+        im.fail_node("auto_pad {} needs the input's height and width, which are not known",
+                     auto_pad);
+      const std::int64_t size = in[static_cast<std::size_t>(axis)];
+      const std::int64_t s = stride[static_cast<std::size_t>(axis)];
+      const std::int64_t out = (size + s - 1) / s;
+      const std::int64_t extent =
+          (kernel[static_cast<std::size_t>(axis)] - 1) * dilation[static_cast<std::size_t>(axis)] +
+          1;
+      const std::int64_t total = std::max<std::int64_t>(0, (out - 1) * s + extent - size);
+      const std::int64_t small = total / 2, large = total - small;
+      pads[static_cast<std::size_t>(axis)] = auto_pad == "SAME_UPPER" ? small : large;
+      pads[static_cast<std::size_t>(axis) + 2] = auto_pad == "SAME_UPPER" ? large : small;
+    }
+  } else if (auto_pad != "NOTSET") {
+    im.fail_node("attribute 'auto_pad' is '{}' (NOTSET, VALID, SAME_UPPER or SAME_LOWER)",
+                 auto_pad);
+  }
+  if (pads.size() != 4) im.fail_node("attribute 'pads' has {} values; 2-D needs 4", pads.size());
+  for (std::int64_t p : pads)
+    if (p < 0) im.fail_node("attribute 'pads' {} has a negative pad", dims_text(pads));
+  if (pads[0] != pads[2] || pads[1] != pads[3])
+    im.fail_node(
+        "attribute 'pads' {} pads the two sides of an axis differently; the importer "
+        "reads equal pads (begin = end) only",
+        dims_text(pads));
+  return {pads[0], pads[1]};
+}
+
+Dims spatial_dims(const Dims& dims) {
+  if (dims.size() != 4) return {};
+  return {dims[2], dims[3]};
+}
+
+// ---- the converters ----------------------------------------------------------------------
+
+void convert_conv(Importer& im) {
+  const std::string x = im.activation(0);
+  const Constant& w = im.constant_input(1, "weights");
+  if (w.dims.size() != 4)
+    im.fail_node("weights of shape {}: the importer reads 2-D convolutions (4-D weights)",
+                 dims_text(w.dims));
+  const Dims kernel = im.attr_ints("kernel_shape", {w.dims[2], w.dims[3]});
+  if (kernel != Dims{w.dims[2], w.dims[3]})
+    im.fail_node("attribute 'kernel_shape' {} is not the weights' {}", dims_text(kernel),
+                 dims_text(w.dims));
+  const Dims stride = spatial(im, "strides", 1);
+  const Dims dilation = spatial(im, "dilations", 1);
+  const Dims k{w.dims[2], w.dims[3]};
+  const auto [pad_h, pad_w] = symmetric_pads(im, k, stride, dilation, spatial_dims(im.dims_of(x)));
+  const std::int64_t group = im.attr_int("group", 1);
+  if (group < 1 || w.dims[0] % group != 0)
+    im.fail_node("attribute 'group' is {}, which does not divide the {} outputs", group, w.dims[0]);
+  pb::LayerParameter& layer = im.add_layer("Convolution", {x}, {im.output(0)});
+  pb::ConvolutionParameter& p = *layer.mutable_convolution_param();
+  p.set_num_output(static_cast<std::uint32_t>(w.dims[0]));
+  p.set_kernel_h(static_cast<std::uint32_t>(k[0]));
+  p.set_kernel_w(static_cast<std::uint32_t>(k[1]));
+  p.set_stride_h(static_cast<std::uint32_t>(stride[0]));
+  p.set_stride_w(static_cast<std::uint32_t>(stride[1]));
+  p.set_pad_h(static_cast<std::uint32_t>(pad_h));
+  p.set_pad_w(static_cast<std::uint32_t>(pad_w));
+  if (dilation != Dims{1, 1}) {
+    p.add_dilation(static_cast<std::uint32_t>(dilation[0]));
+    p.add_dilation(static_cast<std::uint32_t>(dilation[1]));
+  }
+  p.set_group(static_cast<std::uint32_t>(group));
+  Importer::add_blob(layer, w.dims, im.floats(w, "weights"));
+  p.set_bias_term(im.has_input(2));
+  if (im.has_input(2)) {
+    const Constant& b = im.constant_input(2, "bias");
+    if (b.dims != Dims{w.dims[0]})
+      im.fail_node("bias of shape {} for {} outputs", dims_text(b.dims), w.dims[0]);
+    Importer::add_blob(layer, b.dims, im.floats(b, "bias"));
+  }
+}
+
+// Gemm (Y = alpha * A * B' + beta * C) and 2-D MatMul by a constant: InnerProduct.
+void convert_gemm(Importer& im) {
+  const bool matmul = im.node().op_type() == "MatMul";
+  const std::string a = im.activation(0);
+  const Constant& b = im.constant_input(1, "weights");
+  const float alpha = matmul ? 1.0f : im.attr_float("alpha", 1.0f);
+  const float beta = matmul ? 1.0f : im.attr_float("beta", 1.0f);
+  if (!matmul && im.attr_int("transA", 0) != 0)
+    im.fail_node("attribute 'transA' is 1: the importer reads Gemm with the input untransposed");
+  const bool trans_b = !matmul && im.attr_int("transB", 0) != 0;
+  const Dims a_dims = im.dims_of(a);
+  if (!a_dims.empty() && a_dims.size() != 2)
+    im.fail_node("input of shape {}: the importer reads a 2-D input (Flatten first)",
+                 dims_text(a_dims));
+  if (b.dims.size() != 2)
+    im.fail_node("weights of shape {}: 2-D weights are needed", dims_text(b.dims));
+  const std::int64_t outputs = trans_b ? b.dims[0] : b.dims[1];
+  const std::int64_t depth = trans_b ? b.dims[1] : b.dims[0];
+  std::vector<float> values = im.floats(b, "weights");
+  std::vector<float> weights(values.size());
+  for (std::int64_t o = 0; o < outputs; ++o) {
+    for (std::int64_t i = 0; i < depth; ++i) {
+      const float v = trans_b ? values[static_cast<std::size_t>(o * depth + i)]
+                              : values[static_cast<std::size_t>(i * outputs + o)];
+      weights[static_cast<std::size_t>(o * depth + i)] = alpha * v;
+    }
+  }
+  pb::LayerParameter& layer = im.add_layer("InnerProduct", {a}, {im.output(0)});
+  pb::InnerProductParameter& p = *layer.mutable_inner_product_param();
+  p.set_num_output(static_cast<std::uint32_t>(outputs));
+  Importer::add_blob(layer, {outputs, depth}, weights);
+  const bool bias = !matmul && im.has_input(2);
+  p.set_bias_term(bias);
+  if (bias) {
+    const Constant& c = im.constant_input(2, "bias");
+    std::size_t count = 1;
+    for (std::int64_t d : c.dims)
+      count *= static_cast<std::size_t>(d);
+    if (count != static_cast<std::size_t>(outputs) || c.dims.empty() || c.dims.back() != outputs)
+      im.fail_node("bias of shape {}: the importer reads a bias of one value per output ({})",
+                   dims_text(c.dims), outputs);
+    std::vector<float> bias_values = im.floats(c, "bias");
+    for (float& v : bias_values)
+      v *= beta;
+    Importer::add_blob(layer, {outputs}, bias_values);
+  }
+}
+
+void convert_relu(Importer& im) {
+  pb::LayerParameter& layer = im.add_layer("ReLU", {im.activation(0)}, {im.output(0)});
+  if (im.node().op_type() == "LeakyRelu")
+    layer.mutable_relu_param()->set_negative_slope(im.attr_float("alpha", 0.01f));
+}
+
+void convert_unary(Importer& im) {
+  const std::string& op = im.node().op_type();
+  im.add_layer(op == "Sigmoid" ? "Sigmoid" : "TanH", {im.activation(0)}, {im.output(0)});
+}
+
+void convert_pool(Importer& im) {
+  const std::string& op = im.node().op_type();
+  const std::string x = im.activation(0);
+  const bool global = op == "GlobalAveragePool" || op == "GlobalMaxPool";
+  const bool max = op == "MaxPool" || op == "GlobalMaxPool";
+  const Dims in = im.dims_of(x);
+  if (!in.empty() && in.size() != 4)
+    im.fail_node("input of shape {}: the importer reads 2-D pooling (4-D inputs)", dims_text(in));
+  pb::LayerParameter& layer = im.add_layer("Pooling", {x}, {im.output(0)});
+  im.only_outputs(1);
+  pb::PoolingParameter& p = *layer.mutable_pooling_param();
+  p.set_pool(max ? pb::PoolingParameter::MAX : pb::PoolingParameter::AVE);
+  if (global) {
+    p.set_global_pooling(true);
+    return;
+  }
+  if (im.attribute("kernel_shape") == nullptr) im.fail_node("attribute 'kernel_shape' is missing");
+  const Dims kernel = spatial(im, "kernel_shape", 1);
+  const Dims stride = spatial(im, "strides", 1);
+  const Dims dilation = spatial(im, "dilations", 1);
+  if (dilation != Dims{1, 1})
+    im.fail_node("attribute 'dilations' is {}: the importer reads undilated pooling",
+                 dims_text(dilation));
+  if (im.attr_int("storage_order", 0) != 0)
+    im.fail_node("attribute 'storage_order' is 1 (column-major indices)");
+  const auto [pad_h, pad_w] = symmetric_pads(im, kernel, stride, dilation, spatial_dims(in));
+  const bool ceil = im.attr_int("ceil_mode", 0) != 0;
+  if (!max && im.attr_int("count_include_pad", 0) == 0 && (pad_h > 0 || pad_w > 0))
+    im.fail_node(
+        "attribute 'count_include_pad' is 0 with pads {}x{}: averages that leave the "
+        "pads out are not supported yet",
+        pad_h, pad_w);
+  p.set_kernel_h(static_cast<std::uint32_t>(kernel[0]));
+  p.set_kernel_w(static_cast<std::uint32_t>(kernel[1]));
+  p.set_stride_h(static_cast<std::uint32_t>(stride[0]));
+  p.set_stride_w(static_cast<std::uint32_t>(stride[1]));
+  p.set_pad_h(static_cast<std::uint32_t>(pad_h));
+  p.set_pad_w(static_cast<std::uint32_t>(pad_w));
+  p.set_round_mode(ceil ? pb::PoolingParameter::CEIL : pb::PoolingParameter::FLOOR);
+  if (!ceil) return;
+  // Caffe drops a last window that starts in the padding only when some pad is non-zero;
+  // ONNX Runtime and PyTorch always do: where that differs, refuse.
+  const std::int64_t pads[2] = {pad_h, pad_w};
+  for (int axis = 0; axis < 2 && in.size() == 4; ++axis) {
+    const std::int64_t size = in[static_cast<std::size_t>(axis) + 2];
+    if (size < 0) continue;
+    const std::int64_t k = kernel[static_cast<std::size_t>(axis)];
+    const std::int64_t s = stride[static_cast<std::size_t>(axis)];
+    const std::int64_t pad = pads[axis];
+    const std::int64_t out = (size + 2 * pad - k + s - 1) / s + 1;
+    if ((out - 1) * s >= size + pad && pad_h == 0 && pad_w == 0)
+      im.fail_node(
+          "attribute 'ceil_mode' is 1 with a last window past the input (stride {} > "
+          "kernel {}): Caffe's rounding keeps it, ONNX's drops it",
+          s, k);
+  }
+}
+
+void convert_add(Importer& im) {
+  if (im.inputs() != 2) im.fail_node("{} inputs; Add takes 2", im.inputs());
+  const std::string a = im.activation(0), b = im.activation(1);
+  const Dims da = im.dims_of(a), db = im.dims_of(b);
+  if (!da.empty() && !db.empty() && da != db)
+    im.fail_node(
+        "inputs of shapes {} and {}: the importer adds inputs of one shape (no "
+        "broadcasting yet)",
+        dims_text(da), dims_text(db));
+  pb::LayerParameter& layer = im.add_layer("Eltwise", {a, b}, {im.output(0)});
+  layer.mutable_eltwise_param()->set_operation(pb::EltwiseParameter::SUM);
+}
+
+void convert_concat(Importer& im) {
+  std::vector<std::string> bottoms;
+  for (int i = 0; i < im.inputs(); ++i)
+    bottoms.push_back(im.activation(i));
+  std::int64_t axis = im.attr_int("axis", 1);
+  const Dims d = im.dims_of(bottoms.front());
+  if (axis < 0) {
+    if (d.empty()) im.fail_node("attribute 'axis' is {} and the input's rank is not known", axis);
+    axis += static_cast<std::int64_t>(d.size());
+  }
+  pb::LayerParameter& layer = im.add_layer("Concat", bottoms, {im.output(0)});
+  layer.mutable_concat_param()->set_axis(static_cast<std::int32_t>(axis));
+}
+
+void convert_flatten(Importer& im) {
+  const std::string x = im.activation(0);
+  std::int64_t axis = im.attr_int("axis", 1);
+  const Dims d = im.dims_of(x);
+  if (axis < 0 && !d.empty()) axis += static_cast<std::int64_t>(d.size());
+  if (axis != 1)
+    im.fail_node("attribute 'axis' is {}: the importer flattens from axis 1 (the batch stays)",
+                 axis);
+  im.add_layer("Flatten", {x}, {im.output(0)});
+}
+
+void convert_reshape(Importer& im) {
+  const std::string x = im.activation(0);
+  const Dims shape = im.ints(im.constant_input(1, "shape"), "shape");
+  if (im.attr_int("allowzero", 0) != 0)
+    im.fail_node("attribute 'allowzero' is 1: a 0 in the shape would mean a dimension of 0");
+  pb::LayerParameter& layer = im.add_layer("Reshape", {x}, {im.output(0)});
+  for (std::int64_t v : shape)
+    layer.mutable_reshape_param()->mutable_shape()->add_dim(v);
+}
+
+void convert_batch_norm(Importer& im) {
+  const std::string x = im.activation(0);
+  if (im.attr_int("training_mode", 0) != 0)
+    im.fail_node(
+        "attribute 'training_mode' is 1: the importer reads BatchNormalization on "
+        "stored statistics (a model exported for inference)");
+  im.only_outputs(1);
+  im.ignore("momentum");  // of the moving averages, which inference does not update
+  if (im.opset() < 9) im.ignore("spatial");
+  const float eps = im.attr_float("epsilon", 1e-5f);
+  const Constant& scale = im.constant_input(1, "scale");
+  const Constant& bias = im.constant_input(2, "bias");
+  const Constant& mean = im.constant_input(3, "mean");
+  const Constant& var = im.constant_input(4, "variance");
+  const Dims c = scale.dims;
+  if (c.size() != 1 || bias.dims != c || mean.dims != c || var.dims != c)
+    im.fail_node(
+        "scale, bias, mean and variance of shapes {}, {}, {}, {}: one value per channel "
+        "each",
+        dims_text(scale.dims), dims_text(bias.dims), dims_text(mean.dims), dims_text(var.dims));
+  const std::string normalized = im.output(0) + "/normalized";
+  pb::LayerParameter& bn = im.add_layer("BatchNorm", {x}, {normalized}, "/bn");
+  bn.mutable_batch_norm_param()->set_use_global_stats(true);
+  bn.mutable_batch_norm_param()->set_eps(eps);
+  Importer::add_blob(bn, c, im.floats(mean, "mean"));
+  Importer::add_blob(bn, c, im.floats(var, "variance"));
+  Importer::add_blob(bn, {1}, {1.0f});
+  pb::LayerParameter& affine = im.add_layer("Scale", {normalized}, {im.output(0)});
+  affine.mutable_scale_param()->set_bias_term(true);
+  Importer::add_blob(affine, c, im.floats(scale, "scale"));
+  Importer::add_blob(affine, c, im.floats(bias, "bias"));
+}
+
+void convert_softmax(Importer& im) {
+  const std::string x = im.activation(0);
+  const Dims d = im.dims_of(x);
+  std::int64_t axis = im.attr_int("axis", im.opset() >= 13 ? -1 : 1);
+  if (d.empty()) im.fail_node("the input's rank is not known");
+  if (axis < 0) axis += static_cast<std::int64_t>(d.size());
+  // Before opset 13 the input is coerced to 2-D at `axis`: one softmax over all the axes
+  // from there, which equals Caffe's over one axis only when that is the last.
+  if (im.opset() < 13 && axis + 1 != static_cast<std::int64_t>(d.size()))
+    im.fail_node(
+        "attribute 'axis' is {} on a {}-D input under opset {}: a softmax over several "
+        "axes",
+        axis, d.size(), im.opset());
+  pb::LayerParameter& layer = im.add_layer("Softmax", {x}, {im.output(0)});
+  layer.mutable_softmax_param()->set_axis(static_cast<std::int32_t>(axis));
+}
+
+void convert_lrn(Importer& im) {
+  const std::int64_t size = im.attr_int("size", 0);
+  if (size < 1 || size % 2 == 0)
+    im.fail_node(
+        "attribute 'size' is {}: the importer reads odd sizes (windows centred on "
+        "the channel)",
+        size);
+  pb::LayerParameter& layer = im.add_layer("LRN", {im.activation(0)}, {im.output(0)});
+  pb::LRNParameter& p = *layer.mutable_lrn_param();
+  p.set_local_size(static_cast<std::uint32_t>(size));
+  p.set_alpha(im.attr_float("alpha", 1e-4f));
+  p.set_beta(im.attr_float("beta", 0.75f));
+  p.set_k(im.attr_float("bias", 1.0f));
+}
+
+// Identity and Dropout (inference: the identity) name their input again.
+void convert_identity(Importer& im) {
+  if (im.node().op_type() == "Dropout") {
+    im.only_outputs(1);
+    im.ignore("seed");
+    im.ignore("ratio");  // opset < 12 (later: an input, equally unused)
+    im.ignore("is_test");
+    if (im.opset() >= 12 && im.has_input(2)) {
+      const Dims training = im.ints(im.constant_input(2, "training_mode"), "training_mode");
+      if (!training.empty() && training[0] != 0)
+        im.fail_node(
+            "input 'training_mode' is true: a dropout in a model exported for "
+            "training");
+    }
+  }
+  im.alias(im.output(0), im.input(0));
+}
+
+void convert_constant(Importer& im) {
+  const onnx::AttributeProto* value = im.attribute("value");
+  if (value == nullptr || value->type() != onnx::AttributeProto::TENSOR)
+    im.fail_node("a Constant without a tensor 'value' (the importer reads that form only)");
+  im.set_constant(im.output(0), value->t());
+}
+
+struct Operator {
+  const char* name;
+  Converter convert;
+};
+
+// Every operator the importer reads (docs/onnx.md lists them with their attributes).
+constexpr Operator kOperators[] = {
+    {"AveragePool", convert_pool},
+    {"BatchNormalization", convert_batch_norm},
+    {"Add", convert_add},
+    {"Concat", convert_concat},
+    {"Constant", convert_constant},
+    {"Conv", convert_conv},
+    {"Dropout", convert_identity},
+    {"Flatten", convert_flatten},
+    {"Gemm", convert_gemm},
+    {"GlobalAveragePool", convert_pool},
+    {"GlobalMaxPool", convert_pool},
+    {"Identity", convert_identity},
+    {"LeakyRelu", convert_relu},
+    {"LRN", convert_lrn},
+    {"MatMul", convert_gemm},
+    {"MaxPool", convert_pool},
+    {"Relu", convert_relu},
+    {"Reshape", convert_reshape},
+    {"Sigmoid", convert_unary},
+    {"Softmax", convert_softmax},
+    {"Tanh", convert_unary},
+};
+
+std::string operator_names() {
+  std::vector<std::string> names;
+  for (const Operator& op : kOperators)
+    names.emplace_back(op.name);
+  std::sort(names.begin(), names.end());
+  std::string text;
+  for (const std::string& name : names)
+    text += (text.empty() ? "" : ", ") + name;
+  return text;
+}
+
+// ---- the model ----------------------------------------------------------------------------
+
+void Importer::read_dims() {
+  const auto record = [&](const onnx::ValueInfoProto& info) {
+    if (!info.type().has_tensor_type() || !info.type().tensor_type().has_shape()) return;
+    Dims dims;
+    for (const onnx::TensorShapeProto::Dimension& d : info.type().tensor_type().shape().dim())
+      dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
+    dims_[info.name()] = dims;
+  };
+  for (const onnx::ValueInfoProto& info : model_.graph().input())
+    record(info);
+  for (const onnx::ValueInfoProto& info : model_.graph().value_info())
+    record(info);
+  for (const onnx::ValueInfoProto& info : model_.graph().output())
+    record(info);
+}
+
+void Importer::add_inputs() {
+  for (const onnx::ValueInfoProto& info : model_.graph().input()) {
+    if (constants_.count(info.name()) > 0) continue;  // an initializer listed as an input
+    if (!info.type().has_tensor_type() ||
+        info.type().tensor_type().elem_type() != onnx::TensorProto::FLOAT)
+      fail("{}: graph input '{}' is not a float tensor", path_, info.name());
+    Dims dims = dims_of(info.name());
+    if (dims.empty()) fail("{}: graph input '{}' has no shape", path_, info.name());
+    for (std::size_t i = 1; i < dims.size(); ++i)
+      if (dims[i] < 1)
+        fail(
+            "{}: graph input '{}' of shape {}: only the batch (the first) dimension may be "
+            "symbolic",
+            path_, info.name(), dims_text(dims));
+    if (dims[0] < 1) dims[0] = 1;  // NetOptions::batch_size sets it
+    pb::LayerParameter& layer = *net_.add_layer();
+    layer.set_name(info.name());
+    layer.set_type("Input");
+    layer.add_top(info.name());
+    known_.insert(info.name());
+    pb::BlobShape& shape = *layer.mutable_input_param()->add_shape();
+    for (std::int64_t d : dims)
+      shape.add_dim(d);
+  }
+}
+
+pb::NetParameter Importer::run() {
+  for (const onnx::OperatorSetIdProto& set : model_.opset_import()) {
+    if (set.domain().empty() || set.domain() == "ai.onnx") opset_ = set.version();
+  }
+  if (opset_ < kMinOpset || opset_ > kMaxOpset)
+    fail("{}: opset {} of the default domain; the importer reads opsets {} to {}", path_, opset_,
+         kMinOpset, kMaxOpset);
+  const onnx::GraphProto& graph = model_.graph();
+  net_.set_name(graph.name().empty() ? std::filesystem::path(path_).stem().string() : graph.name());
+  for (const onnx::TensorProto& init : graph.initializer())
+    set_constant(init.name(), init);
+  if (graph.sparse_initializer_size() > 0)
+    fail("{}: sparse initializers ('{}') are not supported", path_,
+         graph.sparse_initializer(0).values().name());
+  for (const onnx::NodeProto& n : graph.node())
+    for (const std::string& in : n.input())
+      consumed_.insert(in);
+  for (const onnx::ValueInfoProto& out : graph.output())
+    consumed_.insert(out.name());
+  read_dims();
+  add_inputs();
+  std::map<std::string, int> names;  // layer names used, to keep them unique
+  for (int index = 0; index < graph.node_size(); ++index) {
+    const onnx::NodeProto& n = graph.node(index);
+    node_ = NodeState{
+        &n, index, n.name().empty() ? fmt::format("{}_{}", n.op_type(), index) : n.name(), {}};
+    if (names[node_.name]++ > 0) node_.name += fmt::format("_{}", index);
+    if (!n.domain().empty() && n.domain() != "ai.onnx")
+      fail_node("operator domain '{}': the importer reads the default domain only", n.domain());
+    const Operator* op = nullptr;
+    for (const Operator& candidate : kOperators)
+      if (n.op_type() == candidate.name) op = &candidate;
+    if (op == nullptr)
+      fail_node("operator '{}' is not supported (supported: {})", n.op_type(), operator_names());
+    op->convert(*this);
+    for (const onnx::AttributeProto& a : n.attribute()) {
+      if (node_.read.count(a.name()) == 0)
+        fail_node("attribute '{}' is not supported for {}", a.name(), n.op_type());
+    }
+  }
+  for (const onnx::ValueInfoProto& out : graph.output()) {
+    if (known_.count(resolve(out.name())) == 0 && constants_.count(resolve(out.name())) == 0)
+      fail("{}: graph output '{}' is computed by no node", path_, out.name());
+    if (constants_.count(resolve(out.name())) > 0)
+      fail("{}: graph output '{}' is a constant", path_, out.name());
+  }
+  return std::move(net_);
+}
+
+}  // namespace
+
+pb::NetParameter read_onnx_model(const std::string& path) {
+  onnx::ModelProto model;
+  read_binary_proto(path, model);
+  try {
+    // onnx::checker::check_model(model), with the model's folder for its external data.
+    HN_CHECK(model.ir_version() >= 3, "{}: IR version {}: the importer reads 3 and later", path,
+             model.ir_version());
+    onnx::checker::CheckerContext context;
+    context.set_ir_version(static_cast<int>(model.ir_version()));
+    std::unordered_map<std::string, int> opsets;
+    for (const onnx::OperatorSetIdProto& set : model.opset_import())
+      opsets[set.domain()] = static_cast<int>(set.version());
+    context.set_opset_imports(opsets);
+    context.set_model_dir(std::filesystem::path(path).parent_path().string());
+    onnx::checker::LexicalScopeContext scope;
+    onnx::checker::check_graph(model.graph(), context, scope);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& failure) {
+    fail("{}: not a valid ONNX model: {}", path, failure.what());
+  }
+  try {
+    onnx::shape_inference::InferShapes(model);
+  } catch (const std::exception&) {
+    // Shapes stay unknown where inference failed: converters that need one say so.
+  }
+  return Importer(path, model).run();
+}
+
+#endif
+
+}  // namespace hn::detail
