@@ -411,18 +411,11 @@ int Net::Impl::backward_from(int last) {
 
 namespace {
 
-// The net of a prototxt, or of an ONNX model with its weights moved into `weights` (copied
-// into the Net once it is built, as a caffemodel's are).
-pb::NetParameter read_model(const std::string& path, pb::NetParameter& weights) {
-  if (!detail::is_onnx_path(path)) return detail::read_net_prototxt(path);
-  pb::NetParameter net = detail::read_onnx_model(path);
-  for (pb::LayerParameter& layer : *net.mutable_layer()) {
-    if (layer.blobs_size() == 0) continue;
-    pb::LayerParameter& with_weights = *weights.add_layer();
-    with_weights.set_name(layer.name());
-    with_weights.mutable_blobs()->Swap(layer.mutable_blobs());
-  }
-  return net;
+// The net of a prototxt, or of an ONNX model: its layers carry their weights, which the
+// build loads (Net::Impl::build).
+pb::NetParameter read_model(const std::string& path) {
+  return detail::is_onnx_path(path) ? detail::read_onnx_model(path).net
+                                    : detail::read_net_prototxt(path);
 }
 
 }  // namespace
@@ -436,9 +429,7 @@ Net::Net(const std::string& prototxt_path, Runtime& runtime, Driver& driver,
   impl_->driver = &driver;
   impl_->options = options;
   impl_->origin = prototxt_path;
-  pb::NetParameter weights;
-  impl_->build(read_model(prototxt_path, weights));
-  if (weights.layer_size() > 0) copy_trained_layers_from(weights, prototxt_path);
+  impl_->build(read_model(prototxt_path));
 }
 
 Net::Net(const std::string& prototxt_path, Runtime& runtime, const Device& device,
@@ -448,9 +439,7 @@ Net::Net(const std::string& prototxt_path, Runtime& runtime, const Device& devic
   impl_->device = device;
   impl_->options = options;
   impl_->origin = prototxt_path;
-  pb::NetParameter weights;
-  impl_->build(read_model(prototxt_path, weights));
-  if (weights.layer_size() > 0) copy_trained_layers_from(weights, prototxt_path);
+  impl_->build(read_model(prototxt_path));
 }
 
 std::unique_ptr<Net> Net::from_text(const std::string& prototxt_text, const std::string& origin,

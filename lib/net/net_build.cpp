@@ -5,6 +5,8 @@
 
 #include <new>
 
+#include "lib/onnx/onnx_import.h"
+
 namespace hn {
 
 namespace {
@@ -186,6 +188,16 @@ void Net::Impl::build(pb::NetParameter net) {
   }
   name = net.name();
   upgrade_legacy_inputs(net, origin);
+  detail::expand_onnx_layers(net, origin);
+  // Weights written into the net (an ONNX model's, Caffe's inline blobs) are loaded once
+  // the layers exist, as a caffemodel's are; those of layers this phase leaves out are not.
+  pb::NetParameter written_weights;
+  for (pb::LayerParameter& layer : *net.mutable_layer()) {
+    if (layer.blobs_size() == 0) continue;
+    pb::LayerParameter& with_weights = *written_weights.add_layer();
+    with_weights.set_name(layer.name());
+    with_weights.mutable_blobs()->Swap(layer.mutable_blobs());
+  }
   HN_CHECK(net.layers_size() == 0,
            "{}: uses the legacy V1 'layers' format; upgrade it with Caffe's upgrade_net_proto_text "
            "(or rename 'layers' to 'layer' with string types)",
@@ -354,6 +366,16 @@ void Net::Impl::build(pb::NetParameter net) {
     profiles[l].name = layers[l].param.name();
     profiles[l].type = layers[l].param.type();
   }
+  pb::NetParameter included;
+  for (pb::LayerParameter& layer : *written_weights.mutable_layer()) {
+    for (const NetLayer& nl : layers) {
+      if (nl.param.name() == layer.name()) {
+        included.add_layer()->Swap(&layer);
+        break;
+      }
+    }
+  }
+  if (included.layer_size() > 0) copy_weights(included, origin);
 }
 
 int Net::Impl::add_top(int layer_index, const std::string& top, const Shape& shape,

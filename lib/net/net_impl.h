@@ -185,6 +185,8 @@ struct Net::Impl {
   std::size_t bytes_with_reuse = 0, bytes_without_reuse = 0;
 
   void build(pb::NetParameter net);
+  // Net::copy_trained_layers_from's work on weights already read.
+  std::vector<std::string> copy_weights(const pb::NetParameter& model, const std::string& origin);
   // Gives every device the net names a driver (Runtime::provide), and the net its own.
   void provide_devices(const pb::NetParameter& net);
   // Sets the net's math mode on its drivers (before each layer: drivers may serve several

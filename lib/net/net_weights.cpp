@@ -55,22 +55,27 @@ std::vector<std::string> Net::copy_trained_layers_from(const std::string& caffem
 
 std::vector<std::string> Net::copy_trained_layers_from(const pb::NetParameter& model,
                                                        const std::string& caffemodel_path) {
+  return impl_->copy_weights(model, caffemodel_path);
+}
+
+std::vector<std::string> Net::Impl::copy_weights(const pb::NetParameter& model,
+                                                 const std::string& caffemodel_path) {
   std::set<std::string> copied;
   std::vector<std::string> file_layers;  // the file's layers with weights
   auto copy_layer = [&](const std::string& layer_name,
-                        const google::protobuf::RepeatedPtrField<pb::BlobProto>& blobs) {
-    if (!blobs.empty()) file_layers.push_back(layer_name);
-    for (NetLayer& nl : impl_->layers) {
+                        const google::protobuf::RepeatedPtrField<pb::BlobProto>& file_blobs) {
+    if (!file_blobs.empty()) file_layers.push_back(layer_name);
+    for (NetLayer& nl : layers) {
       if (nl.param.name() != layer_name || !nl.layer) continue;
-      if (blobs.empty()) continue;
+      if (file_blobs.empty()) continue;
       copied.insert(layer_name);
       const bool cut = !nl.parts.empty();
       const std::size_t params = cut ? nl.owns_param.size() : nl.params.size();
-      HN_CHECK(blobs.size() == static_cast<int>(params),
+      HN_CHECK(file_blobs.size() == static_cast<int>(params),
                "{}: layer '{}' has {} parameter blobs in the file but {} in the net",
-               caffemodel_path, layer_name, blobs.size(), params);
-      for (int p = 0; p < blobs.size(); ++p) {
-        const pb::BlobProto& blob = blobs[p];
+               caffemodel_path, layer_name, file_blobs.size(), params);
+      for (int p = 0; p < file_blobs.size(); ++p) {
+        const pb::BlobProto& blob = file_blobs[p];
         // A layer cut by outputs reads the whole parameter, then gives each part its rows.
         const Shape& shape = cut ? nl.layer->params()[static_cast<std::size_t>(p)].shape()
                                  : nl.params[static_cast<std::size_t>(p)]->shape();
@@ -93,7 +98,7 @@ std::vector<std::string> Net::copy_trained_layers_from(const pb::NetParameter& m
           std::copy(blob.data().begin(), blob.data().end(), data);
         }
         if (!cut) continue;
-        for (const NetParam& np : impl_->learnable) {
+        for (const NetParam& np : learnable) {
           if (np.layer == layer_name && np.index == p)
             whole_to_shard(np, whole.data(), np.tensor->host_data_mut());
         }
@@ -106,7 +111,7 @@ std::vector<std::string> Net::copy_trained_layers_from(const pb::NetParameter& m
     copy_layer(layer.name(), layer.blobs());
   // The net's layers with weights of their own that the file left as they were.
   std::vector<std::string> missing, with_weights;
-  for (const NetLayer& nl : impl_->layers) {
+  for (const NetLayer& nl : layers) {
     bool owns = false;
     for (std::size_t p = 0; p < nl.owns_param.size(); ++p)
       owns = owns || nl.owns_param[p];
@@ -127,7 +132,7 @@ std::vector<std::string> Net::copy_trained_layers_from(const pb::NetParameter& m
   HN_CHECK(copied.size() > 0 || with_weights.empty(),
            "{}: none of its {} layers with weights ({}) is a layer of net '{}' (its layers with "
            "weights: {}); is it the weights of another net?",
-           caffemodel_path, file_layers.size(), listed(file_layers), impl_->name,
+           caffemodel_path, file_layers.size(), listed(file_layers), name,
            listed(with_weights));
   return missing;
 }

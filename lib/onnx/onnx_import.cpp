@@ -49,7 +49,7 @@ bool onnx_supported() {
   return false;
 }
 
-pb::NetParameter read_onnx_model(const std::string& path) {
+OnnxModel read_onnx_model(const std::string& path) {
   fail(
       "{}: this build of hybridnn reads no ONNX files: it was built without libonnx-dev "
       "(scripts/setup.sh installs it; then rebuild)",
@@ -95,7 +95,7 @@ class Importer {
  public:
   Importer(std::string path, onnx::ModelProto& model) : path_(std::move(path)), model_(model) {}
 
-  pb::NetParameter run();
+  OnnxModel run();
 
   // ---- what converters use -----------------------------------------------------------
   const onnx::NodeProto& node() const { return *node_.proto; }
@@ -847,7 +847,7 @@ void Importer::add_inputs() {
   }
 }
 
-pb::NetParameter Importer::run() {
+OnnxModel Importer::run() {
   for (const onnx::OperatorSetIdProto& set : model_.opset_import()) {
     if (set.domain().empty() || set.domain() == "ai.onnx") opset_ = set.version();
   }
@@ -887,18 +887,23 @@ pb::NetParameter Importer::run() {
         fail_node("attribute '{}' is not supported for {}", a.name(), n.op_type());
     }
   }
+  OnnxModel model;
+  for (const pb::LayerParameter& layer : net_.layer())
+    if (layer.has_input_param()) model.inputs.push_back(layer.top(0));
   for (const onnx::ValueInfoProto& out : graph.output()) {
-    if (known_.count(resolve(out.name())) == 0 && constants_.count(resolve(out.name())) == 0)
+    const std::string name = resolve(out.name());
+    if (constants_.count(name) > 0) fail("{}: graph output '{}' is a constant", path_, out.name());
+    if (known_.count(name) == 0)
       fail("{}: graph output '{}' is computed by no node", path_, out.name());
-    if (constants_.count(resolve(out.name())) > 0)
-      fail("{}: graph output '{}' is a constant", path_, out.name());
+    model.outputs.push_back(name);
   }
-  return std::move(net_);
+  model.net = std::move(net_);
+  return model;
 }
 
 }  // namespace
 
-pb::NetParameter read_onnx_model(const std::string& path) {
+OnnxModel read_onnx_model(const std::string& path) {
   onnx::ModelProto model;
   read_binary_proto(path, model);
   try {
@@ -928,5 +933,67 @@ pb::NetParameter read_onnx_model(const std::string& path) {
 }
 
 #endif
+
+void expand_onnx_layers(pb::NetParameter& net, const std::string& origin) {
+  bool any = false;
+  for (const pb::LayerParameter& layer : net.layer())
+    any = any || layer.type() == "ONNX";
+  if (!any) return;
+  pb::NetParameter expanded = net;
+  expanded.clear_layer();
+  for (const pb::LayerParameter& layer : net.layer()) {
+    if (layer.type() != "ONNX") {
+      *expanded.add_layer() = layer;
+      continue;
+    }
+    const std::string where = fmt::format("{}: layer '{}' (ONNX)", origin, layer.name());
+    HN_CHECK(layer.onnx_param().has_source(), "{}: onnx_param {{ source: \"FILE\" }} is missing",
+             where);
+    std::filesystem::path source(layer.onnx_param().source());
+    if (source.is_relative()) {
+      const std::filesystem::path beside = std::filesystem::path(origin).parent_path() / source;
+      std::error_code error;
+      if (std::filesystem::exists(beside, error)) source = beside;
+    }
+    OnnxModel model;
+    try {
+      model = read_onnx_model(source.string());
+    } catch (const Error& failure) {
+      fail("{}: {}", where, failure.what());
+    }
+    HN_CHECK(layer.bottom_size() == static_cast<int>(model.inputs.size()) &&
+                 layer.top_size() == static_cast<int>(model.outputs.size()),
+             "{}: {} bottom(s) and {} top(s), but the model '{}' has {} input(s) and {} "
+             "output(s)",
+             where, layer.bottom_size(), layer.top_size(), source.string(), model.inputs.size(),
+             model.outputs.size());
+    std::map<std::string, std::string> renamed;
+    for (std::size_t i = 0; i < model.inputs.size(); ++i)
+      renamed[model.inputs[i]] = layer.bottom(static_cast<int>(i));
+    for (std::size_t i = 0; i < model.outputs.size(); ++i)
+      renamed[model.outputs[i]] = layer.top(static_cast<int>(i));
+    // "LAYER/NAME" (PyTorch's names start with a slash already: "/layer1/conv1/Conv").
+    const auto prefixed = [&](const std::string& name) {
+      return layer.name() + (name.rfind('/', 0) == 0 ? "" : "/") + name;
+    };
+    const auto rename = [&](const std::string& blob) {
+      auto found = renamed.find(blob);
+      return found != renamed.end() ? found->second : prefixed(blob);
+    };
+    for (pb::LayerParameter& inner : *model.net.mutable_layer()) {
+      if (inner.has_input_param()) continue;
+      inner.set_name(prefixed(inner.name()));
+      for (std::string& bottom : *inner.mutable_bottom())
+        bottom = rename(bottom);
+      for (std::string& top : *inner.mutable_top())
+        top = rename(top);
+      *inner.mutable_include() = layer.include();
+      *inner.mutable_exclude() = layer.exclude();
+      if (layer.has_phase()) inner.set_phase(layer.phase());
+      expanded.add_layer()->Swap(&inner);
+    }
+  }
+  net.Swap(&expanded);
+}
 
 }  // namespace hn::detail

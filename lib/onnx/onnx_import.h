@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "hybridnn.pb.h"
 
@@ -23,6 +24,18 @@ bool onnx_supported();
 // value names as blob names, the initializers as the layers' blobs. An operator, attribute
 // value or opset the importer does not support is an hn::Error naming the file, the node,
 // its op type and the attribute; nothing is approximated.
-hybridnn::proto::NetParameter read_onnx_model(const std::string& path);
+struct OnnxModel {
+  hybridnn::proto::NetParameter net;
+  std::vector<std::string> inputs, outputs;  // the graph's, as blob names, in order
+};
+OnnxModel read_onnx_model(const std::string& path);
+
+// Replaces every layer of type "ONNX" in `net` by its model's layers (read_onnx_model's,
+// without the Input layers): the layer's bottoms stand for the graph's inputs and its tops
+// for the graph's outputs, in order; every other blob and every layer is named
+// "LAYER/NAME"; each layer gets the ONNX layer's include and exclude rules, and keeps its
+// weights as blobs. onnx_param.source is looked for beside `origin` (the prototxt's path)
+// first when relative. Errors name `origin`, the layer and the model.
+void expand_onnx_layers(hybridnn::proto::NetParameter& net, const std::string& origin);
 
 }  // namespace hn::detail

@@ -370,3 +370,86 @@ def test_a_solver_naming_an_onnx_model_says_it_cannot_train_it_yet(runtime, tmp_
     with pytest.raises(hn.Error) as failure:
         hn.Solver(rt, drivers["cpu"], str(solver))
     assert "is an ONNX model" in str(failure.value) and "m.onnx" in str(failure.value)
+
+
+# ---- training an imported model: the ONNX layer ---------------------------------------------
+
+FINETUNE_NET = """
+name: "finetune"
+layer { name: "data" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 4 dim: 3 dim: 32 dim: 32 } shape { dim: 4 } } }
+layer { name: "body" type: "ONNX" bottom: "data" top: "logits"
+        onnx_param { source: "model.onnx" } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "logits" bottom: "label" top: "loss" }
+"""
+
+FINETUNE_SOLVER = """
+net: "train.prototxt"
+base_lr: 0.1
+lr_policy: "fixed"
+momentum: 0
+weight_decay: 0
+max_iter: 1
+snapshot_after_train: false
+"""
+
+
+def small_model(name):
+    torch.manual_seed(3)
+    if name == "tiny":
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Flatten(), torch.nn.Linear(8 * 16 * 16, 10)).eval()
+    # SqueezeNet has no BatchNorm (an export for inference folds BatchNorm into the
+    # convolutions, whose gradients are then another net's) and its Dropout is the
+    # identity in eval mode on both sides.
+    return torchvision.models.squeezenet1_1(weights=None, num_classes=10).eval()
+
+
+@pytest.mark.parametrize("name", ["tiny", "squeezenet1_1"])
+@pytest.mark.parametrize("split", [None, "cpu:0.5,reference:0.5"])
+def test_an_onnx_layer_trains_one_sgd_step_as_pytorch_does(runtime, tmp_path, name, split):
+    model = small_model(name)
+    rng = np.random.RandomState(7)
+    x = rng.standard_normal((4, 3, 32, 32)).astype(np.float32)
+    label = np.array([1, 0, 7, 3], np.float32)
+    torch.onnx.export(model, torch.from_numpy(x), str(tmp_path / "model.onnx"), opset_version=13,
+                      input_names=["data"], output_names=["logits"])
+    (tmp_path / "train.prototxt").write_text(FINETUNE_NET)
+    (tmp_path / "solver.prototxt").write_text(FINETUNE_SOLVER)
+    rt, drivers = runtime
+    options = {"split": split} if split else {}
+    try:
+        solver = hn.Solver(rt, drivers["cpu"], str(tmp_path / "solver.prototxt"), **options)
+    except hn.Error as failure:
+        if "reads no ONNX files" in str(failure):
+            pytest.skip("hybridnn was built without libonnx-dev")
+        raise
+    net = solver.net
+    assert any(n.startswith("body/") for n in net.layer_names)
+    net.blob("data").data[...] = x
+    net.blob("label").data[...] = label
+    solver.step(1)
+    # A layer cut by outputs (the fully connected layer under a split) lists one shard per
+    # device, under the same name, in order: joined, they are the parameter.
+    got, names = [], net.param_names
+    for i, param_name in enumerate(names):
+        value = np.array(net.param(i).data)
+        if i > 0 and names[i - 1] == param_name:
+            got[-1] = np.concatenate([got[-1], value])
+        else:
+            got.append(value)
+    # PyTorch's same step: SGD at 0.1 on the mean cross-entropy.
+    before = [p.detach().numpy().copy() for p in model.parameters()]
+    loss = F.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(label).long())
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.1 * p.grad
+    want = [p.detach().numpy() for p in model.parameters()]
+    assert [g.shape for g in got] == [w.shape for w in want]
+    assert abs(solver.loss - loss.item()) <= 1e-4 * abs(loss.item())
+    for g, w, b in zip(got, want, before):
+        assert relative_error(g, w) <= TOLERANCE
+        step_want, step_got = w - b, g - b
+        assert np.linalg.norm(step_got - step_want) <= 1e-3 * np.linalg.norm(step_want) + 1e-12
