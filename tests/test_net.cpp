@@ -116,6 +116,32 @@ FiniteDifferences finite_differences(
   return result;
 }
 
+// Caffe's Layer constructor takes the blobs written into a layer's parameter as its weights
+// (the ONNX layer's expansion relies on it); they used to be dropped for the fillers'.
+TEST_CASE("weights written into a prototxt layer (Caffe's inline blobs) are its weights") {
+  Fixture f;
+  const char* text = R"(
+    layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 1 dim: 3 } } }
+    layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y"
+            inner_product_param { num_output: 2 }
+            blobs { shape { dim: 2 dim: 3 } data: 1 data: 2 data: 3 data: 4 data: 5 data: 6 }
+            blobs { shape { dim: 2 } data: 0.5 data: -0.5 } })";
+  auto net = Net::from_text(text, "inline.prototxt", f.runtime, *f.driver);
+  const float x[3] = {1.0f, 10.0f, 100.0f};
+  std::copy(x, x + 3, net->blob("x").host_data_mut());
+  net->forward();
+  const float* y = net->blob("y").host_data();
+  CHECK(y[0] == 321.5f);  // 1 + 20 + 300 + 0.5
+  CHECK(y[1] == 653.5f);  // 4 + 50 + 600 - 0.5
+  const char* wrong = R"(
+    layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 1 dim: 3 } } }
+    layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y"
+            inner_product_param { num_output: 2 bias_term: false }
+            blobs { shape { dim: 3 dim: 2 } data: 1 data: 2 data: 3 data: 4 data: 5 data: 6 } })";
+  CHECK_THROWS_WITH(Net::from_text(wrong, "inline.prototxt", f.runtime, *f.driver),
+                    Contains("inline.prototxt") && Contains("'ip'"));
+}
+
 TEST_CASE("Net backward matches finite differences of the net loss") {
   Fixture f;
   NetOptions options;

@@ -4,8 +4,8 @@
 // large for memory, external data outside the model's folder) are errors naming the file,
 // never a crash or a read out of bounds (this suite also runs under AddressSanitizer). The
 // comparison with PyTorch and torchvision's models is bindings/python/tests/test_onnx.py.
-#include <catch2/catch.hpp>
 #include <onnx/onnx_pb.h>
+#include <catch2/catch.hpp>
 
 #include <cstdint>
 #include <fstream>
@@ -29,8 +29,8 @@ void add_float_tensor(onnx::TensorProto& t, const std::string& name,
   t.set_data_type(onnx::TensorProto::FLOAT);
   for (std::int64_t d : dims)
     t.add_dims(d);
-  t.set_raw_data(std::string(reinterpret_cast<const char*>(values.data()),
-                             values.size() * sizeof(float)));
+  t.set_raw_data(
+      std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
 }
 
 void add_value(onnx::ValueInfoProto& info, const std::string& name,

@@ -132,8 +132,7 @@ std::vector<std::string> Net::Impl::copy_weights(const pb::NetParameter& model,
   HN_CHECK(copied.size() > 0 || with_weights.empty(),
            "{}: none of its {} layers with weights ({}) is a layer of net '{}' (its layers with "
            "weights: {}); is it the weights of another net?",
-           caffemodel_path, file_layers.size(), listed(file_layers), name,
-           listed(with_weights));
+           caffemodel_path, file_layers.size(), listed(file_layers), name, listed(with_weights));
   return missing;
 }
 
