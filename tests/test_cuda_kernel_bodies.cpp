@@ -669,6 +669,23 @@ TEST_CASE("cuda activation bodies equal the reference, in place too", "[cuda-bod
     });
     REQUIRE(dx_actual == dx_expected);
   }
+  SECTION("clip forward and backward, the bounds included") {
+    auto xb = x;
+    xb[0] = -0.5f;
+    xb[1] = 0.25f;
+    std::vector<float> expected(size_of(n)), actual = xb;  // forward in place
+    ref->clip_forward(n, -0.5f, 0.25f, xb.data(), expected.data());
+    for_each_index(n, [&](index_t i) {
+      cuda::clip_forward_element(i, -0.5f, 0.25f, actual.data(), actual.data());
+    });
+    REQUIRE(actual == expected);
+    auto dx_expected = dy, dx_actual = dy;  // backward in place
+    ref->clip_backward(n, -0.5f, 0.25f, xb.data(), dx_expected.data(), dx_expected.data());
+    for_each_index(n, [&](index_t i) {
+      cuda::clip_backward_element(i, -0.5f, 0.25f, xb.data(), dx_actual.data(), dx_actual.data());
+    });
+    REQUIRE(dx_actual == dx_expected);
+  }
   SECTION("sigmoid forward and backward") {
     std::vector<float> expected(size_of(n)), actual(size_of(n));
     ref->sigmoid_forward(n, x.data(), expected.data());

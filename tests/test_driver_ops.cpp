@@ -1064,6 +1064,45 @@ TEST_CASE("relu forward and backward match the reference on every driver, in pla
   }
 }
 
+TEST_CASE("clip forward and backward match the reference on every driver, bounds included",
+          "[driver_ops][activations]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 950;
+    for (const index_t n : kVectorSizes) {
+      for (const auto& [lo, hi] : {std::pair{0.0f, 6.0f}, std::pair{-0.5f, 0.25f}}) {
+        INFO("n=" << n << " lo=" << lo << " hi=" << hi);
+        std::vector<float> x_values = random_floats(n, seed++, -8.0f, 8.0f);
+        for (std::size_t i = 0; i < x_values.size(); i += 5)  // the bounds themselves
+          x_values[i] = i % 10 == 0 ? lo : hi;
+        const std::vector<float> dy_values = random_floats(n, seed++);
+        const TwinArray x(drivers, x_values), dy(drivers, dy_values);
+        {
+          INFO("clip_forward");
+          const TwinArray y(drivers, constant(n, -7777.0f), constant(n, kNaN));
+          run_both(drivers, [&](hn::Driver& d, Side s) { d.clip_forward(n, lo, hi, x[s], y[s]); });
+          check_close(y, 0.0);
+        }
+        {
+          INFO("clip_forward in place");
+          const TwinArray xy(drivers, x_values);
+          run_both(drivers,
+                   [&](hn::Driver& d, Side s) { d.clip_forward(n, lo, hi, xy[s], xy[s]); });
+          check_close(xy, 0.0);
+        }
+        {
+          INFO("clip_backward in place (dx == dy)");
+          const TwinArray g(drivers, dy_values);
+          run_both(drivers,
+                   [&](hn::Driver& d, Side s) { d.clip_backward(n, lo, hi, x[s], g[s], g[s]); });
+          check_close(g, 0.0);
+        }
+      }
+    }
+  }
+}
+
 // Inputs over the useful range plus saturating extremes (exp overflows beyond ~88).
 std::vector<float> activation_inputs(std::size_t n, std::uint32_t seed) {
   std::vector<float> v = random_floats(n, seed, -8.0f, 8.0f);

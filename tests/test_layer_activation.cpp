@@ -1,7 +1,8 @@
-// ReLU, Sigmoid, TanH and Dropout layers: forward against naive loops on every driver,
+// ReLU, Sigmoid, TanH, Clip and Dropout layers: forward against naive loops on every driver,
 // split runs against whole-batch runs, in-place runs, and finite-difference gradients.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -131,6 +132,37 @@ TEST_CASE("Sigmoid and TanH forward and backward equal naive formulas on every d
   }
 }
 
+TEST_CASE(
+    "Clip forward and backward equal naive formulas on every driver, the bounds passing "
+    "the gradient",
+    "[layer][clip]") {
+  const auto config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    auto x = random_floats(static_cast<std::size_t>(kShape.count()), 31, -3.0f, 3.0f);
+    const float lo = -1.0f, hi = 0.5f;
+    x[0] = lo;
+    x[1] = hi;
+    const auto dy = random_floats(x.size(), 32);
+    hn::ClipLayer layer("clip", {lo, hi});
+    std::vector<float> y(x.size()), dx(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      y[i] = std::min(std::max(x[i], lo), hi);
+      dx[i] = x[i] >= lo && x[i] <= hi ? dy[i] : 0.0f;
+    }
+    const auto run = run_layer(layer, *driver, {kShape}, {x}, {dy});
+    CHECK(run.outputs[0] == y);
+    CHECK(run.input_diffs[0] == dx);
+    CHECK(std::count(dx.begin(), dx.end(), 0.0f) > 0);  // some gradients stopped
+    check_split_equals_whole(layer, *driver, {kShape}, {x}, RunSpec{{0, 2, 5}});
+  }
+}
+
+TEST_CASE("Clip with min above max is an error naming the layer", "[layer][clip]") {
+  hn::ClipLayer layer("clip7", {1.0f, 0.0f});
+  CHECK_THROWS_WITH(layer.setup({kShape}), Contains("clip7") && Contains("min 1"));
+}
+
 TEST_CASE("Dropout in train phase keeps the Philox mask scaled by 1/(1-ratio) on every driver",
           "[layer][dropout]") {
   const auto config = GENERATE(from_range(hn::test::driver_configs()));
@@ -212,8 +244,8 @@ TEST_CASE("Dropout rejects a ratio outside 0 <= ratio < 1, naming the layer", "[
                     Contains("drop1") && Contains("dropout_ratio") && Contains(kShape.to_string()));
 }
 
-TEST_CASE("ReLU, Sigmoid, TanH and Dropout gradients match finite differences",
-          "[layer][relu][sigmoid][tanh][dropout][gradient]") {
+TEST_CASE("ReLU, Sigmoid, TanH, Clip and Dropout gradients match finite differences",
+          "[layer][relu][sigmoid][tanh][clip][dropout][gradient]") {
   const auto config = GENERATE(from_range(hn::test::gradient_configs()));
   DYNAMIC_SECTION(config.label) {
     const auto driver = hn::make_driver(config.device, config.options);
@@ -230,6 +262,13 @@ TEST_CASE("ReLU, Sigmoid, TanH and Dropout gradients match finite differences",
     check_layer_gradients(sigmoid_layer, *driver, {shape}, {x});
     hn::TanhLayer tanh_layer("tanh");
     check_layer_gradients(tanh_layer, *driver, {shape}, {x});
+    // Clip's kinks at its bounds: the inputs keep 0.03 away from both.
+    std::vector<float> clip_x = x;
+    for (float& v : clip_x)
+      for (const float bound : {-0.75f, 1.0f})
+        if (std::fabs(v - bound) < 0.03f) v = bound + 0.05f;
+    hn::ClipLayer clip("clip", {-0.75f, 1.0f});
+    check_layer_gradients(clip, *driver, {shape}, {clip_x});
 
     hn::DropoutLayer dropout("drop", {0.4f});
     hn::test::GradientCheck train;  // a fixed seed: every forward draws the same mask

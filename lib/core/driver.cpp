@@ -506,6 +506,18 @@ DriverOperands Driver::relu_backward_operands(index_t n, float, const float* x, 
   return per_element("relu_backward", n, {{"x", x}, {"dy", dy}}, {{"dx", dx}});
 }
 
+DriverOperands Driver::clip_forward_operands(index_t n, float lo, float hi, const float* x,
+                                             float* y) const {
+  HN_CHECK(lo <= hi, "clip_forward: lo {} > hi {}", lo, hi);
+  return per_element("clip_forward", n, {{"x", x}}, {{"y", y}});
+}
+
+DriverOperands Driver::clip_backward_operands(index_t n, float lo, float hi, const float* x,
+                                              const float* dy, float* dx) const {
+  HN_CHECK(lo <= hi, "clip_backward: lo {} > hi {}", lo, hi);
+  return per_element("clip_backward", n, {{"x", x}, {"dy", dy}}, {{"dx", dx}});
+}
+
 DriverOperands Driver::sigmoid_forward_operands(index_t n, const float* x, float* y) const {
   return per_element("sigmoid_forward", n, {{"x", x}}, {{"y", y}});
 }

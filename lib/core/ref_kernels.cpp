@@ -413,6 +413,15 @@ void relu_backward(index_t n, float negative_slope, const float* x, const float*
     dx[i] = dy[i] * (x[i] > 0.0f ? 1.0f : negative_slope);
 }
 
+void clip_forward(index_t n, float lo, float hi, const float* x, float* y) {
+  for (index_t i = 0; i < n; ++i)
+    y[i] = x[i] < lo ? lo : (x[i] > hi ? hi : x[i]);
+}
+void clip_backward(index_t n, float lo, float hi, const float* x, const float* dy, float* dx) {
+  for (index_t i = 0; i < n; ++i)
+    dx[i] = x[i] >= lo && x[i] <= hi ? dy[i] : 0.0f;
+}
+
 void sigmoid_forward(index_t n, const float* x, float* y) {
   for (index_t i = 0; i < n; ++i) {
     y[i] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(x[i]))));

@@ -1,6 +1,6 @@
-// Element-wise neuron layers with Caffe semantics: ReLU (negative_slope), Sigmoid, TanH and
-// Dropout (dropout_ratio, scaled at train time, identity at test). Each keeps the input's
-// shape, splits by rows and may run in place (output 0 sharing input 0's memory).
+// Element-wise neuron layers with Caffe semantics: ReLU (negative_slope), Sigmoid, TanH, Clip
+// (min, max) and Dropout (dropout_ratio, scaled at train time, identity at test). Each keeps the
+// input's shape, splits by rows and may run in place (output 0 sharing input 0's memory).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +24,14 @@ std::unique_ptr<Layer> make_sigmoid_layer(std::string name);
 
 // y = tanh(x); backward reads y only, so in place is allowed.
 std::unique_ptr<Layer> make_tanh_layer(std::string name);
+
+struct ClipParams {
+  float min = 0.0f, max = 0.0f;  // min <= max
+};
+
+// y = min(max(x, min), max); dx = dy where min <= x <= max, else 0 (Caffe's Clip, PyTorch's
+// clamp, ONNX's Clip). Backward reads x, so not in place.
+std::unique_ptr<Layer> make_clip_layer(std::string name, ClipParams params);
 
 struct DropoutParams {
   float dropout_ratio = 0.5f;  // in [0, 1)

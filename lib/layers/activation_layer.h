@@ -50,6 +50,21 @@ class TanhLayer final : public Layer {
   bool allows_in_place() const override { return true; }
 };
 
+// y = min(max(x, min), max); backward reads x, so not in place.
+class ClipLayer final : public Layer {
+ public:
+  ClipLayer(std::string name, ClipParams params);
+  const char* type() const override { return "Clip"; }
+  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
+  void forward(const LayerSlice& slice) override;
+  void backward(const LayerSlice& slice) override;
+  // Element by element: any layout, the same for input and output.
+  BlockedLayout blocked_layout() const override { return BlockedLayout::uniform; }
+
+ private:
+  ClipParams param_;
+};
+
 // Train phase: each element is kept with probability 1 - dropout_ratio and scaled by
 // 1 / (1 - dropout_ratio); test phase: the identity. The keep mask (a state tensor shaped
 // like the input) comes from the driver's counter-based generator, keyed by the slice's

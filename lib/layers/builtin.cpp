@@ -9,6 +9,7 @@ namespace hn {
 
 LayerType accuracy_layer_type();
 LayerType batch_norm_layer_type();
+LayerType clip_layer_type();
 LayerType concat_layer_type();
 LayerType convolution_layer_type();
 LayerType dropout_layer_type();
@@ -35,6 +36,7 @@ std::vector<LayerType> builtin_layer_types() {
   return {
       accuracy_layer_type(),
       batch_norm_layer_type(),
+      clip_layer_type(),
       concat_layer_type(),
       convolution_layer_type(),
       dropout_layer_type(),

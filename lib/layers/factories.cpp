@@ -36,6 +36,10 @@ std::unique_ptr<Layer> make_tanh_layer(std::string name) {
   return std::make_unique<TanhLayer>(std::move(name));
 }
 
+std::unique_ptr<Layer> make_clip_layer(std::string name, ClipParams params) {
+  return std::make_unique<ClipLayer>(std::move(name), params);
+}
+
 std::unique_ptr<Layer> make_dropout_layer(std::string name, DropoutParams params) {
   return std::make_unique<DropoutLayer>(std::move(name), std::move(params));
 }

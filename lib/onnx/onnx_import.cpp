@@ -561,6 +561,28 @@ void convert_relu(Importer& im) {
     layer.mutable_relu_param()->set_negative_slope(im.attr_float("alpha", 0.01f));
 }
 
+// Clip: bounds as attributes before opset 11, as optional constant inputs from it.
+void convert_clip(Importer& im) {
+  float low = std::numeric_limits<float>::lowest(), high = std::numeric_limits<float>::max();
+  if (im.opset() < 11) {
+    low = im.attr_float("min", low);
+    high = im.attr_float("max", high);
+  } else {
+    const auto bound = [&](int i, const char* what, float fallback) {
+      if (!im.has_input(i)) return fallback;
+      const std::vector<float> values = im.floats(im.constant_input(i, what), what);
+      if (values.size() != 1) im.fail_node("the {} holds {} values, not one", what, values.size());
+      return values[0];
+    };
+    low = bound(1, "min", low);
+    high = bound(2, "max", high);
+  }
+  if (!(low <= high)) im.fail_node("min {} is above max {}", low, high);
+  pb::LayerParameter& layer = im.add_layer("Clip", {im.activation(0)}, {im.output(0)});
+  layer.mutable_clip_param()->set_min(low);
+  layer.mutable_clip_param()->set_max(high);
+}
+
 void convert_unary(Importer& im) {
   const std::string& op = im.node().op_type();
   im.add_layer(op == "Sigmoid" ? "Sigmoid" : "TanH", {im.activation(0)}, {im.output(0)});
@@ -772,6 +794,7 @@ constexpr Operator kOperators[] = {
     {"AveragePool", convert_pool},
     {"BatchNormalization", convert_batch_norm},
     {"Add", convert_add},
+    {"Clip", convert_clip},
     {"Concat", convert_concat},
     {"Constant", convert_constant},
     {"Conv", convert_conv},

@@ -6,8 +6,8 @@ max |reference| <= 1e-4) and every gradient, of inputs and parameters (relative 
 <= 1e-3), against torch.autograd. Where Caffe's convention differs from PyTorch's, the
 reference says so and follows Caffe's source (BVLC/caffe, src/caffe/layers/*.cpp).
 
-Layer types covered (lib/net/layer_factory.cpp lists 21, all of them): Accuracy (forward
-only: it has no gradient), BatchNorm, Concat, Convolution, Dropout, Eltwise, EuclideanLoss,
+Layer types covered (lib/net/layer_factory.cpp lists 22, all of them): Accuracy (forward
+only: it has no gradient), BatchNorm, Clip, Concat, Convolution, Dropout, Eltwise, EuclideanLoss,
 Flatten, InnerProduct, LRN, Pooling, ReLU, Reshape, Scale, Sigmoid,
 SigmoidCrossEntropyLoss, Slice, Softmax, SoftmaxWithLoss, Split, TanH. Left out: the data
 layers (Input, DummyData, Data, ...), which take no bottoms and are handled by the Net, not
@@ -379,6 +379,17 @@ def gen_tanh(rng):
     shape = random_shape(rng, int(rng.randint(1, 5)))
     return Case('name: "tanh" type: "TanH"', [normal(rng, shape, 2.0)],
                 lambda xs, ps: [torch.tanh(xs[0])], in_place=bool(rng.rand() < 0.3))
+
+
+def gen_clip(rng):
+    shape = random_shape(rng, int(rng.randint(1, 5)))
+    low = round(float(rng.uniform(-2.0, 0.5)), 2)
+    high = round(low + float(rng.choice([0.0, 0.5, 1.5, 6.0])), 2)
+    x = normal(rng, shape, 2.0)
+    x.flat[::7] = f32(low)  # the bounds pass the gradient (Caffe's rule, PyTorch's clamp)
+    x.flat[3::7] = f32(high)
+    return Case(f'name: "clip" type: "Clip" clip_param {{ min: {number(low)} max: {number(high)} }}',
+                [x], lambda xs, ps: [torch.clamp(xs[0], f32(low), f32(high))])
 
 
 def gen_dropout(rng):
@@ -950,6 +961,7 @@ GENERATORS = {
     "SoftmaxWithLoss": (gen_softmax_with_loss, 80),
     "Split": (gen_split, 30),
     "TanH": (gen_tanh, 30),
+    "Clip": (gen_clip, 20),
 }
 
 CONFIGS = [(layer_type, index) for layer_type, (_, count) in GENERATORS.items()

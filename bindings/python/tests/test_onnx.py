@@ -59,6 +59,7 @@ MODELS = {
     "squeezenet1_1": (64, ["cpu", "reference", "split"]),
     "googlenet": (64, ["cpu", "split"]),
     "resnet50": (64, ["cpu", "split"]),
+    "mobilenet_v2": (64, ["cpu", "split"]),
 }
 
 
@@ -131,6 +132,7 @@ def one_node_model(path, op, inputs, output_rank, attributes=None, initializers=
     initializers = initializers or {}
     node = helper.make_node(op, list(inputs) + list(initializers), ["y"], name="the_node",
                             **(attributes or {}))
+    initializers = {n: v for n, v in initializers.items() if v is not None}
     graph = helper.make_graph(
         [node], "one_node",
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(v.shape))
@@ -252,6 +254,18 @@ def case_concat(rng):
     return "Concat", {"a": a, "b": b}, {}, {"axis": 1}, torch.cat([t(a), t(b)], 1)
 
 
+def case_clip_relu6(rng):
+    x = rng_array(rng, 2, 3, 4) * 5
+    return ("Clip", {"x": x}, {"min": np.array(0, np.float32), "max": np.array(6, np.float32)},
+            {}, torch.clamp(t(x), 0, 6))
+
+
+def case_clip_max_only(rng):
+    x = rng_array(rng, 2, 5)
+    # The min input left out (an empty name) and max given.
+    return "Clip", {"x": x}, {"": None, "max": np.array(0.5, np.float32)}, {}, t(x).clamp(max=0.5)
+
+
 def case_sigmoid(rng):
     x = rng_array(rng, 2, 5)
     return "Sigmoid", {"x": x}, {}, {}, torch.sigmoid(t(x))
@@ -260,7 +274,7 @@ def case_sigmoid(rng):
 CASES = [case_conv, case_conv_same_upper, case_gemm, case_gemm_trans_b, case_matmul,
          case_max_pool_ceil, case_average_pool, case_global_average_pool, case_global_max_pool,
          case_batch_norm, case_leaky_relu, case_softmax, case_lrn, case_flatten, case_reshape,
-         case_add, case_concat, case_sigmoid]
+         case_add, case_concat, case_sigmoid, case_clip_relu6, case_clip_max_only]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.__name__[5:])

@@ -215,6 +215,13 @@ class CpuDriver final : public Driver {
     cpu::norm_affine_backward(parallel_, shape, dy, y, normalised, dx_scale, relu, slope, dgamma,
                               dbeta, dx);
   }
+  void do_clip_forward(index_t n, float lo, float hi, const float* x, float* y) override {
+    cpu::clip_forward(parallel_, n, lo, hi, x, y);
+  }
+  void do_clip_backward(index_t n, float lo, float hi, const float* x, const float* dy,
+                        float* dx) override {
+    cpu::clip_backward(parallel_, n, lo, hi, x, dy, dx);
+  }
   void do_relu_forward(index_t n, float negative_slope, const float* x, float* y) override {
     cpu::relu_forward(parallel_, n, negative_slope, x, y);
   }

@@ -267,6 +267,16 @@ void relu_backward_run(index_t n, float slope, const float* x, const float* dy, 
     dx[i] = dy[i] * (x[i] > 0.0f ? 1.0f : slope);
 }
 
+void clip_forward_run(index_t n, float lo, float hi, const float* x, float* y) {
+  for (index_t i = 0; i < n; ++i)
+    y[i] = x[i] < lo ? lo : (x[i] > hi ? hi : x[i]);
+}
+
+void clip_backward_run(index_t n, float lo, float hi, const float* x, const float* dy, float* dx) {
+  for (index_t i = 0; i < n; ++i)
+    dx[i] = x[i] >= lo && x[i] <= hi ? dy[i] : 0.0f;
+}
+
 void lincomb_relu_run(index_t n, float alpha, const float* a, float beta, const float* b,
                       float slope, float* y) {
   for (index_t i = 0; i < n; ++i) {
@@ -317,6 +327,18 @@ void relu_backward(Parallel& par, index_t n, float slope, const float* x, const 
                    float* dx) {
   for_chunks(par, n, kCostArith,
              [&](index_t i, index_t len) { relu_backward_run(len, slope, x + i, dy + i, dx + i); });
+}
+
+void clip_forward(Parallel& par, index_t n, float lo, float hi, const float* x, float* y) {
+  for_chunks(par, n, kCostArith,
+             [&](index_t i, index_t len) { clip_forward_run(len, lo, hi, x + i, y + i); });
+}
+
+void clip_backward(Parallel& par, index_t n, float lo, float hi, const float* x, const float* dy,
+                   float* dx) {
+  for_chunks(par, n, kCostArith, [&](index_t i, index_t len) {
+    clip_backward_run(len, lo, hi, x + i, dy + i, dx + i);
+  });
 }
 
 void lincomb_relu(Parallel& par, index_t n, float alpha, const float* a, float beta, const float* b,

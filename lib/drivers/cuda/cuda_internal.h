@@ -183,6 +183,9 @@ class CudaDriver final : public Driver {
   void do_bias_backward(const AxisShape& shape, const float* dy, float beta, float* dbias) override;
   void do_bias_forward(const AxisShape& shape, const float* bias, float* y) override;
   void do_relu_forward(index_t n, float negative_slope, const float* x, float* y) override;
+  void do_clip_forward(index_t n, float lo, float hi, const float* x, float* y) override;
+  void do_clip_backward(index_t n, float lo, float hi, const float* x, const float* dy,
+                        float* dx) override;
   void do_relu_backward(index_t n, float negative_slope, const float* x, const float* dy,
                         float* dx) override;
   void do_sigmoid_forward(index_t n, const float* x, float* y) override;

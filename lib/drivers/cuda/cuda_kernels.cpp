@@ -226,6 +226,17 @@ void CudaDriver::do_bias_forward(const AxisShape& shape, const float* bias, floa
            shape.to_string());
 }
 
+void CudaDriver::do_clip_forward(index_t n, float lo, float hi, const float* x, float* y) {
+  activate();
+  launched(cuda::launch_clip_forward(stream(), n, lo, hi, x, y), "clip_forward", "n={}", n);
+}
+
+void CudaDriver::do_clip_backward(index_t n, float lo, float hi, const float* x, const float* dy,
+                                  float* dx) {
+  activate();
+  launched(cuda::launch_clip_backward(stream(), n, lo, hi, x, dy, dx), "clip_backward", "n={}", n);
+}
+
 void CudaDriver::do_relu_forward(index_t n, float negative_slope, const float* x, float* y) {
   activate();
   launched(cuda::launch_relu_forward(stream(), n, negative_slope, x, y), "relu_forward", "n={}", n);

@@ -1,4 +1,4 @@
-// Launchers of the activation kernels (bias_forward, relu, sigmoid, tanh).
+// Launchers of the activation kernels (bias_forward, relu, clip, sigmoid, tanh).
 #include "lib/drivers/cuda/kernels/activations.cuh"
 #include "lib/drivers/cuda/kernels/launchers.h"
 #include "lib/drivers/cuda/launch.cuh"
@@ -27,6 +27,21 @@ struct ReluBackward {
   const float* dy;
   float* dx;
   __device__ void operator()(index_t i) const { relu_backward_element(i, slope, x, dy, dx); }
+};
+
+struct ClipForward {
+  float lo, hi;
+  const float* x;
+  float* y;
+  __device__ void operator()(index_t i) const { clip_forward_element(i, lo, hi, x, y); }
+};
+
+struct ClipBackward {
+  float lo, hi;
+  const float* x;
+  const float* dy;
+  float* dx;
+  __device__ void operator()(index_t i) const { clip_backward_element(i, lo, hi, x, dy, dx); }
 };
 
 struct SigmoidForward {
@@ -71,6 +86,16 @@ cudaError_t launch_relu_forward(cudaStream_t stream, index_t n, float negative_s
 cudaError_t launch_relu_backward(cudaStream_t stream, index_t n, float negative_slope,
                                  const float* x, const float* dy, float* dx) {
   return launch_for_each(stream, n, ReluBackward{negative_slope, x, dy, dx});
+}
+
+cudaError_t launch_clip_forward(cudaStream_t stream, index_t n, float lo, float hi, const float* x,
+                                float* y) {
+  return launch_for_each(stream, n, ClipForward{lo, hi, x, y});
+}
+
+cudaError_t launch_clip_backward(cudaStream_t stream, index_t n, float lo, float hi, const float* x,
+                                 const float* dy, float* dx) {
+  return launch_for_each(stream, n, ClipBackward{lo, hi, x, dy, dx});
 }
 
 cudaError_t launch_sigmoid_forward(cudaStream_t stream, index_t n, const float* x, float* y) {

@@ -1,4 +1,4 @@
-// Per-element bodies of the CUDA activation kernels (bias_forward, relu, sigmoid, tanh).
+// Per-element bodies of the CUDA activation kernels (bias_forward, relu, clip, sigmoid, tanh).
 // Plain C++ with HN_HOST_DEVICE, tested on the host. Every body reads its inputs before it
 // writes, so in-place calls (x == y, dy == dx) are safe.
 #pragma once
@@ -24,6 +24,18 @@ HN_HOST_DEVICE inline void relu_forward_element(index_t i, float negative_slope,
 HN_HOST_DEVICE inline void relu_backward_element(index_t i, float negative_slope, const float* x,
                                                  const float* dy, float* dx) {
   dx[i] = dy[i] * (x[i] > 0.0f ? 1.0f : negative_slope);
+}
+
+HN_HOST_DEVICE inline void clip_forward_element(index_t i, float lo, float hi, const float* x,
+                                                float* y) {
+  const float v = x[i];
+  y[i] = v < lo ? lo : (v > hi ? hi : v);
+}
+
+HN_HOST_DEVICE inline void clip_backward_element(index_t i, float lo, float hi, const float* x,
+                                                 const float* dy, float* dx) {
+  const float v = x[i];
+  dx[i] = v >= lo && v <= hi ? dy[i] : 0.0f;
 }
 
 HN_HOST_DEVICE inline void sigmoid_forward_element(index_t i, const float* x, float* y) {

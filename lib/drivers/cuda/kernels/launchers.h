@@ -86,6 +86,10 @@ cudaError_t launch_relu_forward(cudaStream_t stream, index_t n, float negative_s
                                 const float* x, float* y);
 cudaError_t launch_relu_backward(cudaStream_t stream, index_t n, float negative_slope,
                                  const float* x, const float* dy, float* dx);
+cudaError_t launch_clip_forward(cudaStream_t stream, index_t n, float lo, float hi, const float* x,
+                                float* y);
+cudaError_t launch_clip_backward(cudaStream_t stream, index_t n, float lo, float hi, const float* x,
+                                 const float* dy, float* dx);
 cudaError_t launch_sigmoid_forward(cudaStream_t stream, index_t n, const float* x, float* y);
 cudaError_t launch_sigmoid_backward(cudaStream_t stream, index_t n, const float* y, const float* dy,
                                     float* dx);
