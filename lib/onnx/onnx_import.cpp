@@ -222,6 +222,7 @@ class Importer {
   static void add_blob(pb::LayerParameter& layer, const Dims& dims,
                        const std::vector<float>& values) {
     pb::BlobProto& blob = *layer.add_blobs();
+    blob.mutable_shape();  // present even with no dimensions: a scalar, not Caffe's legacy 4-D
     for (std::int64_t d : dims)
       blob.mutable_shape()->add_dim(d);
     blob.mutable_data()->Resize(static_cast<int>(values.size()), 0.0f);
@@ -659,6 +660,68 @@ void convert_add(Importer& im) {
   layer.mutable_eltwise_param()->set_operation(pb::EltwiseParameter::SUM);
 }
 
+// Mul: of one shape, Eltwise PROD; an [N, C, 1, 1] (or [N, C]) factor of an [N, C, ...]
+// input (squeeze-and-excitation), a Scale by its second bottom flattened to [N, C].
+void convert_mul(Importer& im) {
+  if (im.inputs() != 2) im.fail_node("{} inputs; Mul takes 2", im.inputs());
+  std::string a = im.activation(0), b = im.activation(1);
+  Dims da = im.dims_of(a), db = im.dims_of(b);
+  if (da.empty() || db.empty()) im.fail_node("the inputs' shapes are not known");
+  if (da == db) {
+    pb::LayerParameter& layer = im.add_layer("Eltwise", {a, b}, {im.output(0)});
+    layer.mutable_eltwise_param()->set_operation(pb::EltwiseParameter::PROD);
+    return;
+  }
+  if (da.size() < db.size() || (da.size() == db.size() && db.size() > 2 && db[2] != 1)) {
+    std::swap(a, b);
+    std::swap(da, db);
+  }
+  // b must be [N, C] or [N, C, 1, ..., 1] against a of [N, C, ...].
+  bool channels = db.size() >= 2 && da.size() >= 2 && db[0] == da[0] && db[1] == da[1];
+  for (std::size_t i = 2; i < db.size(); ++i)
+    channels = channels && db[i] == 1;
+  if (!channels)
+    im.fail_node(
+        "inputs of shapes {} and {}: the importer multiplies inputs of one shape, or "
+        "an input by per-channel factors ([N, C, 1, 1])",
+        dims_text(da), dims_text(db));
+  std::string factor = b;
+  if (db.size() > 2) {
+    factor = im.output(0) + "/factor";
+    im.add_layer("Flatten", {b}, {factor}, "/flatten");
+  }
+  pb::LayerParameter& scale = im.add_layer("Scale", {a, factor}, {im.output(0)});
+  scale.mutable_scale_param()->set_axis(0);
+}
+
+// HardSigmoid: y = max(0, min(1, alpha * x + beta)) as a Scale by the constants (frozen:
+// lr_mult 0) and a Clip; HardSwish: x * HardSigmoid(x) with alpha 1/6, beta 1/2.
+void convert_hard_sigmoid(Importer& im) {
+  const bool swish = im.node().op_type() == "HardSwish";
+  const float alpha = swish ? 1.0f / 6.0f : im.attr_float("alpha", 0.2f);
+  const float beta = swish ? 0.5f : im.attr_float("beta", 0.5f);
+  const std::string x = im.activation(0);
+  const std::string affine = im.output(0) + "/affine";
+  pb::LayerParameter& scale = im.add_layer("Scale", {x}, {affine}, "/affine");
+  scale.mutable_scale_param()->set_num_axes(0);
+  scale.mutable_scale_param()->set_bias_term(true);
+  for (int i = 0; i < 2; ++i) {
+    pb::ParamSpec& spec = *scale.add_param();
+    spec.set_lr_mult(0.0f);
+    spec.set_decay_mult(0.0f);
+  }
+  Importer::add_blob(scale, {}, {alpha});
+  Importer::add_blob(scale, {}, {beta});
+  const std::string clipped = swish ? im.output(0) + "/hard_sigmoid" : im.output(0);
+  pb::LayerParameter& clip =
+      im.add_layer("Clip", {affine}, {clipped}, swish ? "/hard_sigmoid" : "");
+  clip.mutable_clip_param()->set_min(0.0f);
+  clip.mutable_clip_param()->set_max(1.0f);
+  if (!swish) return;
+  pb::LayerParameter& product = im.add_layer("Eltwise", {x, clipped}, {im.output(0)});
+  product.mutable_eltwise_param()->set_operation(pb::EltwiseParameter::PROD);
+}
+
 void convert_concat(Importer& im) {
   std::vector<std::string> bottoms;
   for (int i = 0; i < im.inputs(); ++i)
@@ -803,11 +866,14 @@ constexpr Operator kOperators[] = {
     {"Gemm", convert_gemm},
     {"GlobalAveragePool", convert_pool},
     {"GlobalMaxPool", convert_pool},
+    {"HardSigmoid", convert_hard_sigmoid},
+    {"HardSwish", convert_hard_sigmoid},
     {"Identity", convert_identity},
     {"LeakyRelu", convert_relu},
     {"LRN", convert_lrn},
     {"MatMul", convert_gemm},
     {"MaxPool", convert_pool},
+    {"Mul", convert_mul},
     {"Relu", convert_relu},
     {"Reshape", convert_reshape},
     {"Sigmoid", convert_unary},

@@ -60,6 +60,9 @@ MODELS = {
     "googlenet": (64, ["cpu", "split"]),
     "resnet50": (64, ["cpu", "split"]),
     "mobilenet_v2": (64, ["cpu", "split"]),
+    "mobilenet_v3_small": (64, ["cpu", "split"]),
+    "efficientnet_b0": (64, ["cpu", "split"]),
+    "regnet_y_400mf": (64, ["cpu", "split"]),
 }
 
 
@@ -266,6 +269,28 @@ def case_clip_max_only(rng):
     return "Clip", {"x": x}, {"": None, "max": np.array(0.5, np.float32)}, {}, t(x).clamp(max=0.5)
 
 
+def case_mul(rng):
+    a, b = rng_array(rng, 2, 3, 4), rng_array(rng, 2, 3, 4)
+    return "Mul", {"a": a, "b": b}, {}, {}, t(a) * t(b)
+
+
+def case_mul_per_channel(rng):
+    # Squeeze-and-excitation: per-channel factors of each image, [N, C, 1, 1].
+    a, b = rng_array(rng, 2, 3, 4, 5), rng_array(rng, 2, 3, 1, 1)
+    return "Mul", {"a": a, "b": b}, {}, {}, t(a) * t(b)
+
+
+def case_mul_per_channel_first(rng):
+    a, b = rng_array(rng, 2, 3, 1, 1), rng_array(rng, 2, 3, 4, 5)
+    return "Mul", {"a": a, "b": b}, {}, {}, t(a) * t(b)
+
+
+def case_hard_sigmoid(rng):
+    x = rng_array(rng, 2, 3, 4) * 4
+    want = torch.clamp(0.3 * t(x) + 0.4, 0, 1)
+    return "HardSigmoid", {"x": x}, {}, {"alpha": 0.3, "beta": 0.4}, want
+
+
 def case_sigmoid(rng):
     x = rng_array(rng, 2, 5)
     return "Sigmoid", {"x": x}, {}, {}, torch.sigmoid(t(x))
@@ -274,7 +299,8 @@ def case_sigmoid(rng):
 CASES = [case_conv, case_conv_same_upper, case_gemm, case_gemm_trans_b, case_matmul,
          case_max_pool_ceil, case_average_pool, case_global_average_pool, case_global_max_pool,
          case_batch_norm, case_leaky_relu, case_softmax, case_lrn, case_flatten, case_reshape,
-         case_add, case_concat, case_sigmoid, case_clip_relu6, case_clip_max_only]
+         case_add, case_concat, case_sigmoid, case_clip_relu6, case_clip_max_only, case_mul,
+         case_mul_per_channel, case_mul_per_channel_first, case_hard_sigmoid]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.__name__[5:])
@@ -289,6 +315,13 @@ def test_one_node_matches_pytorch(runtime, tmp_path, case, driver):
     want = want.numpy()
     assert got.shape == want.shape
     assert relative_error(got, want) <= TOLERANCE
+
+
+def test_hard_swish_of_opset_14_matches_pytorch(runtime, tmp_path):
+    x = np.random.RandomState(3).standard_normal((2, 3, 5)).astype(np.float32) * 4
+    path = one_node_model(tmp_path / "m.onnx", "HardSwish", {"x": x}, 3, opset=14)
+    got = run(load(runtime, path, 2), {"x": x})["y"]
+    assert relative_error(got, F.hardswish(t(x)).numpy()) <= TOLERANCE
 
 
 # ---- what the importer refuses ----------------------------------------------------------------
