@@ -67,6 +67,57 @@ def datum(channels, height, width, label, data=None, floats=None, encoded=False)
     return out
 
 
+def onnx_seeds():
+    """Small ONNX models (python3-onnx) exercising every converter: a conv net with pooling,
+    BatchNormalization, Clip, Mul by per-channel factors, HardSigmoid, Concat, Flatten, Gemm
+    and Reshape, each under 4 KB."""
+    try:
+        import numpy as np
+        from onnx import TensorProto, helper, numpy_helper
+    except ImportError:
+        print("make_seeds: python3-onnx is missing: no onnx_model seeds")
+        return
+    rng = np.random.RandomState(0)
+
+    def weights(name, *shape):
+        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+    def model(name, nodes, inits, out_shape, opset=13):
+        graph = helper.make_graph(
+            nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2, 6, 6])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)], inits)
+        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        put("onnx_model", name + ".onnx", m.SerializeToString())
+
+    node = helper.make_node
+    model("conv_pool_gemm", [
+        node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], group=2),
+        node("Relu", ["c"], ["r"]),
+        node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1),
+        node("Flatten", ["p"], ["f"]),
+        node("Gemm", ["f", "fw", "fb"], ["y"], transB=1, alpha=0.5),
+    ], [weights("w", 4, 1, 3, 3), weights("b", 4), weights("fw", 3, 36), weights("fb", 3)],
+        ["N", 3])
+    model("bn_clip_se", [
+        node("BatchNormalization", ["x", "s", "bb", "m", "v"], ["n"], epsilon=1e-3),
+        node("Clip", ["n", "lo", "hi"], ["c"]),
+        node("GlobalAveragePool", ["c"], ["g"]),
+        node("HardSigmoid", ["g"], ["h"], alpha=0.2, beta=0.5),
+        node("Mul", ["c", "h"], ["y"]),
+    ], [weights("s", 2), weights("bb", 2), weights("m", 2),
+        numpy_helper.from_array(np.ones(2, np.float32), "v"),
+        numpy_helper.from_array(np.array(0, np.float32), "lo"),
+        numpy_helper.from_array(np.array(6, np.float32), "hi")], ["N", 2, 6, 6])
+    model("concat_reshape_softmax", [
+        node("AveragePool", ["x"], ["a"], kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+             count_include_pad=1),
+        node("Concat", ["x", "a"], ["k"], axis=1),
+        node("LRN", ["k"], ["l"], size=3),
+        node("Reshape", ["l", "shape"], ["q"]),
+        node("Softmax", ["q"], ["y"], axis=1),
+    ], [numpy_helper.from_array(np.array([0, -1], np.int64), "shape")], ["N", 144])
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tool", default=os.path.join(ROOT, "build", "bin", "hybridnn"))
@@ -156,6 +207,7 @@ def main():
                 put("lmdb", name, f.read())
 
     # Splits: a split's text and a --split-save file.
+    onnx_seeds()
     put("split_file", "split", "cpu:0.6,reference:0.4")
     put("split_file", "split_devices", "cuda:0:0.25,cuda:1:0.25,cpu:0.5")
     put("split_file", "saved",

@@ -840,6 +840,26 @@ void convert_identity(Importer& im) {
   im.alias(im.output(0), im.input(0));
 }
 
+// Pad: only where it pads nothing (PyTorch writes one before some AveragePools); other
+// pads are an error until a Pad layer exists.
+void convert_pad(Importer& im) {
+  const std::string mode = im.attr_string("mode", "constant");
+  Dims pads;
+  if (im.opset() < 11) {
+    pads = im.attr_ints("pads", {});
+    im.attr_float("value", 0.0f);
+  } else {
+    pads = im.ints(im.constant_input(1, "pads"), "pads");
+    if (im.has_input(2)) im.constant_input(2, "constant value");
+  }
+  for (std::int64_t p : pads)
+    if (p != 0)
+      im.fail_node("pads {} ({} mode): the importer reads a Pad only where it pads nothing (a "
+                   "Pad layer is not supported yet)",
+                   dims_text(pads), mode);
+  im.alias(im.output(0), im.input(0));
+}
+
 void convert_constant(Importer& im) {
   const onnx::AttributeProto* value = im.attribute("value");
   if (value == nullptr || value->type() != onnx::AttributeProto::TENSOR)
@@ -873,6 +893,7 @@ constexpr Operator kOperators[] = {
     {"LRN", convert_lrn},
     {"MatMul", convert_gemm},
     {"MaxPool", convert_pool},
+    {"Pad", convert_pad},
     {"Mul", convert_mul},
     {"Relu", convert_relu},
     {"Reshape", convert_reshape},
