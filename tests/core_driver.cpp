@@ -79,6 +79,8 @@ void CoreDriver::do_copy(void* dst, const void* src, std::size_t bytes) {
 void CoreDriver::do_gemm(Transpose trans_a, Transpose trans_b, index_t m, index_t n, index_t k,
                          float alpha, const float* a, index_t lda, const float* b, index_t ldb,
                          float beta, float* c, index_t ldc) {
+  if (gemms_until_failure_ > 0 && --gemms_until_failure_ == 0)
+    throw Error(device().name() + ": gemm failed (injected by the test)");
   for (index_t i = 0; i < m; ++i) {
     for (index_t j = 0; j < n; ++j) {
       double product = 0.0;

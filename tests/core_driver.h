@@ -5,6 +5,7 @@
 // driver_configs() runs the op and layer suites on it in both memory modes.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -27,6 +28,8 @@ class CoreDriver : public Driver {
   bool owns(const void* address, std::size_t bytes) const override;
   // The thread of each copy_from_host so far, in order (tests of who makes the copies).
   std::vector<std::thread::id> copy_from_host_threads() const;
+  // Makes the `calls`-th gemm from now throw an hn::Error (0: never).
+  void fail_gemm(int calls) { gemms_until_failure_ = calls; }
 
  protected:
   void* do_allocate(std::size_t bytes) override;
@@ -45,6 +48,7 @@ class CoreDriver : public Driver {
   mutable std::mutex mutex_;
   std::map<std::uintptr_t, std::size_t> allocations_;
   std::vector<std::thread::id> copy_from_host_threads_;
+  std::atomic<int> gemms_until_failure_{0};
 };
 
 // Registers the "core" kind once (driver_configs() does it too).

@@ -347,6 +347,67 @@ TEST_CASE("a split device copies its operands into its memory on its own thread"
   CHECK(on_caller == 0);
 }
 
+// The operand copies a device's thread makes are counted as made when they are listed; when
+// the device fails before making them (here: its first layer of a run throws, so it never
+// reaches the second), they are undone, and the next forward copies the weights again
+// instead of reading stale ones as current.
+TEST_CASE("a device that fails before making its copies leaves no stale bytes as current",
+          "[split]") {
+  test::register_core_driver();
+  const char* text = R"(
+    layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 4 dim: 6 } } }
+    layer { name: "ip1" type: "InnerProduct" bottom: "x" top: "h" split_axis: BATCH
+            inner_product_param { num_output: 5 weight_filler { type: "gaussian" } } }
+    layer { name: "ip2" type: "InnerProduct" bottom: "h" top: "y" split_axis: BATCH
+            inner_product_param { num_output: 3 weight_filler { type: "gaussian" } } })";
+  Runtime runtime;
+  Driver& home = runtime.add(Device::parse("reference"));
+  DriverOptions separate;
+  separate.set("separate_memory", true);
+  auto& other = dynamic_cast<test::CoreDriver&>(runtime.add(Device::parse("core:1"), separate));
+  NetOptions options;
+  options.state.phase = Phase::test;
+  options.reuse_memory = false;
+  options.split = Split::parse("reference:0.5,core:1:0.5");
+  const auto net = Net::from_text(text, "two.prototxt", runtime, home, options);
+  const auto forward = [&] {
+    float* x = net->blob("x").host_data_mut();
+    for (int i = 0; i < 24; ++i)
+      x[i] = 0.25f * static_cast<float>(i % 7) - 0.5f;
+    net->forward();
+    const BlobRef y = net->blob("y");
+    return std::vector<float>(y.host_data(), y.host_data() + y.count());
+  };
+  forward();  // core:1 holds both layers' weights now
+  REQUIRE(net->layer_runs(false) == std::vector<std::vector<std::string>>{{"ip1", "ip2"}});
+  // New weights, current on the host only.
+  for (const NetParam& param : net->learnable_params()) {
+    float* w = param.tensor->host_data_mut();
+    for (index_t i = 0; i < param.tensor->count(); ++i)
+      w[i] = 0.1f * static_cast<float>(i % 5) - 0.2f;
+  }
+  other.fail_gemm(1);  // ip1 on core:1 throws; core:1 never reaches ip2's copies
+  CHECK_THROWS_WITH(forward(), Catch::Contains("injected"));
+  other.fail_gemm(0);
+  const std::vector<float> got = forward();
+  // The same weights on the reference driver alone.
+  NetOptions whole = options;
+  whole.split = Split();
+  const auto unsplit = Net::from_text(text, "two.prototxt", runtime, home, whole);
+  for (std::size_t p = 0; p < unsplit->learnable_params().size(); ++p) {
+    const Tensor& from = *net->learnable_params()[p].tensor;
+    Tensor& to = *unsplit->learnable_params()[p].tensor;
+    std::copy(const_cast<Tensor&>(from).host_data(),
+              const_cast<Tensor&>(from).host_data() + from.count(), to.host_data_mut());
+  }
+  float* x = unsplit->blob("x").host_data_mut();
+  for (int i = 0; i < 24; ++i)
+    x[i] = 0.25f * static_cast<float>(i % 7) - 0.5f;
+  unsplit->forward();
+  const BlobRef want = unsplit->blob("y");
+  CHECK(got == std::vector<float>(want.host_data(), want.host_data() + want.count()));
+}
+
 TEST_CASE("split training is bitwise reproducible", "[split]") {
   test::TempDir dir("hybridnn-split-repro");
   const std::string solver_path = dir.write(

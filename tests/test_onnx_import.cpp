@@ -210,27 +210,24 @@ TEST_CASE("hostile ONNX files are errors naming the file, not crashes", "[onnx]"
     const std::string path = small.save(dir);
     CHECK_THAT(refused(path), Contains(path));
   }
-  SECTION("external data outside the model's folder") {
+  // The convolution's weights moved to an external file at `location`.
+  const auto external = [&](const std::string& location) {
     SmallModel small;
     onnx::TensorProto& w = small.initializer(0);
     w.clear_raw_data();
     w.set_data_location(onnx::TensorProto::EXTERNAL);
-    onnx::StringStringEntryProto& location = *w.add_external_data();
-    location.set_key("location");
-    location.set_value("../../etc/passwd");
-    const std::string path = small.save(dir);
+    onnx::StringStringEntryProto& entry = *w.add_external_data();
+    entry.set_key("location");
+    entry.set_value(location);
+    return small.save(dir);
+  };
+  SECTION("external data outside the model's folder") {
+    const std::string path = external("../../etc/passwd");
     CHECK_THAT(refused(path), Contains(path));
   }
   SECTION("external data past the end of its file") {
-    SmallModel small;
-    onnx::TensorProto& w = small.initializer(0);
-    w.clear_raw_data();
-    w.set_data_location(onnx::TensorProto::EXTERNAL);
-    onnx::StringStringEntryProto& location = *w.add_external_data();
-    location.set_key("location");
-    location.set_value("weights.bin");
     std::ofstream(dir.file("weights.bin"), std::ios::binary) << std::string(100, '\0');
-    const std::string path = small.save(dir);
+    const std::string path = external("weights.bin");
     CHECK_THAT(refused(path), Contains(path) && Contains("weights.bin"));
   }
   SECTION("a node reading a value no node computes") {

@@ -203,19 +203,60 @@ DeferTransfers::~DeferTransfers() {
   deferring = nullptr;
 }
 
-double DeferredCopies::make() {
-  const auto start = std::chrono::steady_clock::now();
-  std::vector<Copy> copies = std::move(copies_);
+DeferredCopies::DeferredCopies(DeferredCopies&& other) noexcept
+    : driver_(other.driver_), copies_(std::move(other.copies_)), bytes_(other.bytes_) {
+  other.copies_.clear();
+  other.bytes_ = 0;
+}
+
+DeferredCopies& DeferredCopies::operator=(DeferredCopies&& other) noexcept {
+  if (this != &other) {
+    undo_from(0);
+    driver_ = other.driver_;
+    copies_ = std::move(other.copies_);
+    bytes_ = other.bytes_;
+    other.copies_.clear();
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+DeferredCopies::~DeferredCopies() {
+  undo_from(0);
+}
+
+void DeferredCopies::undo_from(std::size_t first) noexcept {
+  for (std::size_t i = copies_.size(); i > first; --i) {
+    if (copies_[i - 1].unmade) copies_[i - 1].unmade();
+  }
   copies_.clear();
   bytes_ = 0;
-  for (const Copy& copy : copies)
-    transfer(copy.dst_driver, copy.dst, copy.src_driver, copy.src, copy.bytes);
+}
+
+void DeferredCopies::on_unmade(std::function<void()> undo) {
+  if (deferring != nullptr && !deferring->copies_.empty())
+    deferring->copies_.back().unmade = std::move(undo);
+}
+
+double DeferredCopies::make() {
+  const auto start = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < copies_.size(); ++i) {
+    const Copy& copy = copies_[i];
+    try {
+      transfer(copy.dst_driver, copy.dst, copy.src_driver, copy.src, copy.bytes);
+    } catch (...) {
+      undo_from(i);
+      throw;
+    }
+  }
+  copies_.clear();
+  bytes_ = 0;
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-void transfer(Driver* dst_driver, void* dst, Driver* src_driver, const void* src,
+bool transfer(Driver* dst_driver, void* dst, Driver* src_driver, const void* src,
               std::size_t bytes) {
-  if (bytes == 0) return;
+  if (bytes == 0) return false;
   if (DeferredCopies* later = deferring) {
     // Into the deferring driver's memory (or host memory when it computes there), from host
     // memory or its own: its thread can make the copy alone.
@@ -224,9 +265,9 @@ void transfer(Driver* dst_driver, void* dst, Driver* src_driver, const void* src
              side->memory_space() == later->driver_->memory_space();
     };
     if (own(dst_driver) && own(src_driver)) {
-      later->copies_.push_back(DeferredCopies::Copy{dst_driver, dst, src_driver, src, bytes});
+      later->copies_.push_back(DeferredCopies::Copy{dst_driver, dst, src_driver, src, bytes, {}});
       later->bytes_ += bytes;
-      return;
+      return true;
     }
   }
   const auto start = std::chrono::steady_clock::now();
@@ -234,6 +275,7 @@ void transfer(Driver* dst_driver, void* dst, Driver* src_driver, const void* src
   TransferTally& tally = transfer_tally();
   tally.bytes += bytes;
   tally.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return false;
 }
 
 }  // namespace detail

@@ -160,6 +160,23 @@ SyncedMemory::Copy& SyncedMemory::copy_for(Driver& driver) {
   return copy_in(driver.memory_space(), copy_owner(driver));
 }
 
+void SyncedMemory::copy_range(Copy& target, const Copy& source, std::size_t begin,
+                              std::size_t end) {
+  if (!detail::transfer(target.driver, target.buffer.as<char>() + begin, source.driver,
+                        source.buffer.as<char>() + begin, end - begin)) {
+    return;
+  }
+  // Deferred (the split scheduler's): if it is never made, the bytes are current where they
+  // were before, not in the target (a write_range has taken them from the source since).
+  detail::DeferredCopies::on_unmade(
+      [this, target_space = target.space, source_space = source.space, begin, end] {
+        for (Copy& copy : copies_) {
+          if (copy.space == target_space) remove_range(copy.valid, begin, end);
+          if (copy.space == source_space) add_range(copy.valid, begin, end);
+        }
+      });
+}
+
 void SyncedMemory::refresh(Copy& target, std::size_t begin, std::size_t end) {
   for (const auto& [gap_begin, gap_end] : uncovered(target.valid, begin, end)) {
     // Sources in order of preference: the host copy, then the others in creation order.
@@ -177,17 +194,11 @@ void SyncedMemory::refresh(Copy& target, std::size_t begin, std::size_t end) {
         // The pieces of [b, e) that `source` holds are copied; the rest stays missing.
         std::size_t at = b;
         for (const auto& [held_begin, held_end] : uncovered(source->valid, b, e)) {
-          if (held_begin > at) {
-            detail::transfer(target.driver, target.buffer.as<char>() + at, source->driver,
-                             source->buffer.as<char>() + at, held_begin - at);
-          }
+          if (held_begin > at) copy_range(target, *source, at, held_begin);
           still.emplace_back(held_begin, held_end);
           at = held_end;
         }
-        if (at < e) {
-          detail::transfer(target.driver, target.buffer.as<char>() + at, source->driver,
-                           source->buffer.as<char>() + at, e - at);
-        }
+        if (at < e) copy_range(target, *source, at, e);
       }
       missing = std::move(still);
       if (missing.empty()) break;

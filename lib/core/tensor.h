@@ -92,6 +92,8 @@ class SyncedMemory {
   // Makes [begin, end) current in `target`, copying the stale parts from copies that hold
   // them (the host copy first) and zero-filling what was never written anywhere.
   void refresh(Copy& target, std::size_t begin, std::size_t end);
+  // Copies [begin, end) from `source` into `target` (refresh's pieces).
+  void copy_range(Copy& target, const Copy& source, std::size_t begin, std::size_t end);
   // Marks [begin, end) current in `target` and stale in every other copy.
   void make_exclusive(Copy& target, std::size_t begin, std::size_t end);
   void check_range(std::size_t offset, std::size_t length) const;

@@ -26,7 +26,6 @@
 #if HYBRIDNN_WITH_ONNX
 #include <onnx/checker.h>
 #include <onnx/onnx_pb.h>
-#include <onnx/shape_inference/implementation.h>
 #endif
 
 namespace hn::detail {
@@ -245,6 +244,7 @@ class Importer {
   std::size_t element_count(const onnx::TensorProto& tensor, const char* what) const;
   void add_inputs();
   void read_dims();
+  void infer_dims(const pb::LayerParameter& layer);
 
   std::string path_;
   onnx::ModelProto& model_;
@@ -854,9 +854,10 @@ void convert_pad(Importer& im) {
   }
   for (std::int64_t p : pads)
     if (p != 0)
-      im.fail_node("pads {} ({} mode): the importer reads a Pad only where it pads nothing (a "
-                   "Pad layer is not supported yet)",
-                   dims_text(pads), mode);
+      im.fail_node(
+          "pads {} ({} mode): the importer reads a Pad only where it pads nothing (a "
+          "Pad layer is not supported yet)",
+          dims_text(pads), mode);
   im.alias(im.output(0), im.input(0));
 }
 
@@ -915,20 +916,121 @@ std::string operator_names() {
 
 // ---- the model ----------------------------------------------------------------------------
 
+// The graph inputs' declared shapes; every other value's shape comes from infer_dims, never
+// from the file's value_info (a file may lie) nor from ONNX's shape inference (libonnx 1.12's
+// crashes on some malformed models: the fuzzer found one in its Conv inference).
 void Importer::read_dims() {
-  const auto record = [&](const onnx::ValueInfoProto& info) {
-    if (!info.type().has_tensor_type() || !info.type().tensor_type().has_shape()) return;
+  for (const onnx::ValueInfoProto& info : model_.graph().input()) {
+    if (!info.type().has_tensor_type() || !info.type().tensor_type().has_shape()) continue;
     Dims dims;
     for (const onnx::TensorShapeProto::Dimension& d : info.type().tensor_type().shape().dim())
-      dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
+      dims.push_back(d.has_dim_value() && d.dim_value() >= 0 ? d.dim_value() : -1);
     dims_[info.name()] = dims;
-  };
-  for (const onnx::ValueInfoProto& info : model_.graph().input())
-    record(info);
-  for (const onnx::ValueInfoProto& info : model_.graph().value_info())
-    record(info);
-  for (const onnx::ValueInfoProto& info : model_.graph().output())
-    record(info);
+  }
+}
+
+namespace {
+
+// Product of dims, -1 when one is unknown.
+std::int64_t product(Dims::const_iterator begin, Dims::const_iterator end) {
+  std::int64_t total = 1;
+  for (auto it = begin; it != end; ++it) {
+    if (*it < 0 || (*it > 0 && total > std::numeric_limits<std::int64_t>::max() / *it)) return -1;
+    total *= *it;
+  }
+  return total;
+}
+
+// Caffe's output size of a window (convolution: floor; pooling: its round mode, and the
+// last window dropped when it starts in the padding of a padded input); -1 when unknown.
+std::int64_t window_output(std::int64_t in, std::int64_t extent, std::int64_t stride,
+                           std::int64_t pad, bool ceil, bool padded) {
+  if (in < 0 || stride < 1 || in + 2 * pad < extent) return -1;
+  const std::int64_t span = in + 2 * pad - extent;
+  std::int64_t out = (ceil ? (span + stride - 1) / stride : span / stride) + 1;
+  if (ceil && padded && (out - 1) * stride >= in + pad) --out;
+  return out;
+}
+
+}  // namespace
+
+// The top shapes of a layer the converters made, from its bottoms' by Caffe's rules (the
+// types the importer makes only); unknown dimensions stay -1 (the batch, or past an unknown).
+void Importer::infer_dims(const pb::LayerParameter& layer) {
+  std::vector<Dims> in;
+  for (const std::string& bottom : layer.bottom())
+    in.push_back(dims_of(bottom));
+  Dims out = in.empty() ? Dims{} : in[0];
+  const std::string& type = layer.type();
+  if (in.empty() || in[0].empty()) {
+    out.clear();
+  } else if (type == "Convolution" && in[0].size() == 4) {
+    const pb::ConvolutionParameter& p = layer.convolution_param();
+    const std::int64_t dil_h = p.dilation_size() > 0 ? p.dilation(0) : 1;
+    const std::int64_t dil_w = p.dilation_size() > 1 ? p.dilation(1) : dil_h;
+    out = {in[0][0], p.num_output(),
+           window_output(in[0][2], dil_h * (p.kernel_h() - 1) + 1, p.stride_h(), p.pad_h(), false,
+                         false),
+           window_output(in[0][3], dil_w * (p.kernel_w() - 1) + 1, p.stride_w(), p.pad_w(), false,
+                         false)};
+  } else if (type == "Pooling" && in[0].size() == 4) {
+    const pb::PoolingParameter& p = layer.pooling_param();
+    if (p.global_pooling()) {
+      out = {in[0][0], in[0][1], 1, 1};
+    } else {
+      const bool ceil = p.round_mode() == pb::PoolingParameter::CEIL;
+      const bool padded = p.pad_h() > 0 || p.pad_w() > 0;
+      out = {in[0][0], in[0][1],
+             window_output(in[0][2], p.kernel_h(), p.stride_h(), p.pad_h(), ceil, padded),
+             window_output(in[0][3], p.kernel_w(), p.stride_w(), p.pad_w(), ceil, padded)};
+    }
+  } else if (type == "InnerProduct") {
+    out = {in[0][0], layer.inner_product_param().num_output()};
+  } else if (type == "Flatten") {
+    out = {in[0][0], product(in[0].begin() + 1, in[0].end())};
+  } else if (type == "Concat") {
+    const auto axis = static_cast<std::size_t>(layer.concat_param().axis());
+    for (std::size_t i = 1; i < in.size() && axis < out.size(); ++i)
+      out[axis] = in[i].size() == out.size() && in[i][axis] >= 0 && out[axis] >= 0
+                      ? out[axis] + in[i][axis]
+                      : -1;
+  } else if (type == "Reshape") {
+    out.clear();
+    const pb::BlobShape& shape = layer.reshape_param().shape();
+    std::int64_t known = 1;
+    int infer = -1;
+    bool copies_unknown = false;
+    for (int i = 0; i < shape.dim_size(); ++i) {
+      std::int64_t d = shape.dim(i);
+      if (d == 0)
+        d = static_cast<std::size_t>(i) < in[0].size() ? in[0][static_cast<std::size_t>(i)] : -1;
+      if (shape.dim(i) == 0 && d < 0) copies_unknown = true;
+      if (shape.dim(i) == -1) infer = i;
+      out.push_back(shape.dim(i) == -1 ? -1 : d);
+      if (shape.dim(i) != -1 && d > 0) known *= d;
+    }
+    // -1 takes what is left; with an unknown input dimension copied by a 0, that one cancels.
+    std::int64_t total = 1;
+    bool total_known = true;
+    for (std::size_t i = 0; i < in[0].size(); ++i) {
+      const bool copied =
+          static_cast<int>(i) < shape.dim_size() && shape.dim(static_cast<int>(i)) == 0;
+      if (in[0][i] < 0 && copied) continue;
+      if (in[0][i] < 0) total_known = false;
+      if (in[0][i] > 0) total *= in[0][i];
+    }
+    if (copies_unknown) {
+      known = 1;
+      for (int i = 0; i < shape.dim_size(); ++i)
+        if (shape.dim(i) > 0 || (shape.dim(i) == 0 && out[static_cast<std::size_t>(i)] > 0))
+          known *= out[static_cast<std::size_t>(i)];
+    }
+    if (infer >= 0 && total_known && known > 0 && total % known == 0)
+      out[static_cast<std::size_t>(infer)] = total / known;
+  }
+  // Every other type the importer makes keeps its first bottom's shape.
+  for (const std::string& top : layer.top())
+    dims_[top] = out;
 }
 
 void Importer::add_inputs() {
@@ -991,7 +1093,10 @@ OnnxModel Importer::run() {
       if (n.op_type() == candidate.name) op = &candidate;
     if (op == nullptr)
       fail_node("operator '{}' is not supported (supported: {})", n.op_type(), operator_names());
+    const int first_layer = net_.layer_size();
     op->convert(*this);
+    for (int l = first_layer; l < net_.layer_size(); ++l)
+      infer_dims(net_.layer(l));
     for (const onnx::AttributeProto& a : n.attribute()) {
       if (node_.read.count(a.name()) == 0)
         fail_node("attribute '{}' is not supported for {}", a.name(), n.op_type());
@@ -1033,11 +1138,6 @@ OnnxModel read_onnx_model(const std::string& path) {
     throw;
   } catch (const std::exception& failure) {
     fail("{}: not a valid ONNX model: {}", path, failure.what());
-  }
-  try {
-    onnx::shape_inference::InferShapes(model);
-  } catch (const std::exception&) {
-    // Shapes stay unknown where inference failed: converters that need one say so.
   }
   return Importer(path, model).run();
 }

@@ -63,6 +63,7 @@ MODELS = {
     "mobilenet_v3_small": (64, ["cpu", "split"]),
     "efficientnet_b0": (64, ["cpu", "split"]),
     "regnet_y_400mf": (64, ["cpu", "split"]),
+    "densenet121": (64, ["cpu"]),
 }
 
 
