@@ -230,6 +230,11 @@ TEST_CASE("hostile ONNX files are errors naming the file, not crashes", "[onnx]"
     const std::string path = external("weights.bin");
     CHECK_THAT(refused(path), Contains(path) && Contains("weights.bin"));
   }
+  SECTION("weights of 86 dimensions (a fuzz finding: libonnx's shape inference crashed)") {
+    const std::string path = std::string(HYBRIDNN_SOURCE_DIR) +
+                             "/fuzz/corpus/onnx_model/regression_shape_inference_crash.onnx";
+    CHECK_THAT(refused(path), Contains(path) && Contains("2-D convolutions"));
+  }
   SECTION("a node reading a value no node computes") {
     SmallModel small;
     small.model.mutable_graph()->mutable_node(1)->set_input(0, "nowhere");

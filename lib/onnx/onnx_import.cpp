@@ -64,12 +64,18 @@ bool onnx_supported() {
 namespace {
 
 constexpr std::int64_t kMinOpset = 7, kMaxOpset = 17;
+// Bounds far above any real model's, so that every size computed from them fits.
+constexpr std::int64_t kMaxDim = std::int64_t{1} << 31;        // a graph input's dimension
+constexpr std::int64_t kMaxAttribute = std::int64_t{1} << 20;  // a kernel, stride, pad, ...
 using Dims = std::vector<std::int64_t>;  // -1: not known (a symbolic dimension)
 
+// "[2, ?, 3]" (? unknown); past 8 dimensions, "..., (N dimensions)".
 std::string dims_text(const Dims& dims) {
+  constexpr std::size_t kShown = 8;
   std::string text = "[";
-  for (std::size_t i = 0; i < dims.size(); ++i)
+  for (std::size_t i = 0; i < dims.size() && i < kShown; ++i)
     text += (i > 0 ? ", " : "") + (dims[i] < 0 ? std::string("?") : std::to_string(dims[i]));
+  if (dims.size() > kShown) text += fmt::format(", ... ({} dimensions)", dims.size());
   return text + "]";
 }
 
@@ -416,8 +422,9 @@ Dims spatial(Importer& im, const char* name, std::int64_t fallback) {
     im.fail_node("attribute '{}' has {} values; the importer reads 2-D {} (2 values)", name,
                  values.size(), im.node().op_type());
   for (std::int64_t v : values)
-    if (v < 1)
-      im.fail_node("attribute '{}' is {}: every value must be >= 1", name, dims_text(values));
+    if (v < 1 || v > kMaxAttribute)
+      im.fail_node("attribute '{}' is {}: every value must lie in [1, {}]", name, dims_text(values),
+                   kMaxAttribute);
   return values;
 }
 
@@ -451,7 +458,9 @@ std::pair<std::int64_t, std::int64_t> symmetric_pads(Importer& im, const Dims& k
   }
   if (pads.size() != 4) im.fail_node("attribute 'pads' has {} values; 2-D needs 4", pads.size());
   for (std::int64_t p : pads)
-    if (p < 0) im.fail_node("attribute 'pads' {} has a negative pad", dims_text(pads));
+    if (p < 0 || p > kMaxAttribute)
+      im.fail_node("attribute 'pads' {}: every pad must lie in [0, {}]", dims_text(pads),
+                   kMaxAttribute);
   if (pads[0] != pads[2] || pads[1] != pads[3])
     im.fail_node(
         "attribute 'pads' {} pads the two sides of an axis differently; the importer "
@@ -473,6 +482,9 @@ void convert_conv(Importer& im) {
   if (w.dims.size() != 4)
     im.fail_node("weights of shape {}: the importer reads 2-D convolutions (4-D weights)",
                  dims_text(w.dims));
+  for (std::size_t i = 0; i < 4; ++i)
+    if (w.dims[i] < 1 || w.dims[i] > (i < 2 ? kMaxDim : kMaxAttribute))
+      im.fail_node("weights of shape {}: a dimension out of range", dims_text(w.dims));
   const Dims kernel = im.attr_ints("kernel_shape", {w.dims[2], w.dims[3]});
   if (kernel != Dims{w.dims[2], w.dims[3]})
     im.fail_node("attribute 'kernel_shape' {} is not the weights' {}", dims_text(kernel),
@@ -522,7 +534,8 @@ void convert_gemm(Importer& im) {
   if (!a_dims.empty() && a_dims.size() != 2)
     im.fail_node("input of shape {}: the importer reads a 2-D input (Flatten first)",
                  dims_text(a_dims));
-  if (b.dims.size() != 2)
+  if (b.dims.size() != 2 || b.dims[0] < 1 || b.dims[1] < 1 || b.dims[0] > kMaxDim ||
+      b.dims[1] > kMaxDim)
     im.fail_node("weights of shape {}: 2-D weights are needed", dims_text(b.dims));
   const std::int64_t outputs = trans_b ? b.dims[0] : b.dims[1];
   const std::int64_t depth = trans_b ? b.dims[1] : b.dims[0];
@@ -732,6 +745,8 @@ void convert_concat(Importer& im) {
     if (d.empty()) im.fail_node("attribute 'axis' is {} and the input's rank is not known", axis);
     axis += static_cast<std::int64_t>(d.size());
   }
+  if (axis < 0 || (!d.empty() && axis >= static_cast<std::int64_t>(d.size())) || axis > 32)
+    im.fail_node("attribute 'axis' is out of range for an input of shape {}", dims_text(d));
   pb::LayerParameter& layer = im.add_layer("Concat", bottoms, {im.output(0)});
   layer.mutable_concat_param()->set_axis(static_cast<std::int32_t>(axis));
 }
@@ -796,6 +811,8 @@ void convert_softmax(Importer& im) {
   std::int64_t axis = im.attr_int("axis", im.opset() >= 13 ? -1 : 1);
   if (d.empty()) im.fail_node("the input's rank is not known");
   if (axis < 0) axis += static_cast<std::int64_t>(d.size());
+  if (axis < 0 || axis >= static_cast<std::int64_t>(d.size()))
+    im.fail_node("attribute 'axis' is out of range for an input of shape {}", dims_text(d));
   // Before opset 13 the input is coerced to 2-D at `axis`: one softmax over all the axes
   // from there, which equals Caffe's over one axis only when that is the last.
   if (im.opset() < 13 && axis + 1 != static_cast<std::int64_t>(d.size()))
@@ -809,7 +826,7 @@ void convert_softmax(Importer& im) {
 
 void convert_lrn(Importer& im) {
   const std::int64_t size = im.attr_int("size", 0);
-  if (size < 1 || size % 2 == 0)
+  if (size < 1 || size % 2 == 0 || size > kMaxAttribute)
     im.fail_node(
         "attribute 'size' is {}: the importer reads odd sizes (windows centred on "
         "the channel)",
@@ -931,13 +948,23 @@ void Importer::read_dims() {
 
 namespace {
 
+// a * b and a + b of dimensions: -1 when either is unknown or the result overflows.
+std::int64_t times(std::int64_t a, std::int64_t b) {
+  std::int64_t result = 0;
+  if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &result)) return -1;
+  return result;
+}
+std::int64_t plus(std::int64_t a, std::int64_t b) {
+  std::int64_t result = 0;
+  if (a < 0 || b < 0 || __builtin_add_overflow(a, b, &result)) return -1;
+  return result;
+}
+
 // Product of dims, -1 when one is unknown.
 std::int64_t product(Dims::const_iterator begin, Dims::const_iterator end) {
   std::int64_t total = 1;
-  for (auto it = begin; it != end; ++it) {
-    if (*it < 0 || (*it > 0 && total > std::numeric_limits<std::int64_t>::max() / *it)) return -1;
-    total *= *it;
-  }
+  for (auto it = begin; it != end; ++it)
+    total = times(total, *it);
   return total;
 }
 
@@ -945,7 +972,8 @@ std::int64_t product(Dims::const_iterator begin, Dims::const_iterator end) {
 // last window dropped when it starts in the padding of a padded input); -1 when unknown.
 std::int64_t window_output(std::int64_t in, std::int64_t extent, std::int64_t stride,
                            std::int64_t pad, bool ceil, bool padded) {
-  if (in < 0 || stride < 1 || in + 2 * pad < extent) return -1;
+  // Graph inputs are at most kMaxDim and attributes kMaxAttribute: no overflow below.
+  if (in < 0 || in > kMaxDim || stride < 1 || in + 2 * pad < extent) return -1;
   const std::int64_t span = in + 2 * pad - extent;
   std::int64_t out = (ceil ? (span + stride - 1) / stride : span / stride) + 1;
   if (ceil && padded && (out - 1) * stride >= in + pad) --out;
@@ -991,42 +1019,34 @@ void Importer::infer_dims(const pb::LayerParameter& layer) {
   } else if (type == "Concat") {
     const auto axis = static_cast<std::size_t>(layer.concat_param().axis());
     for (std::size_t i = 1; i < in.size() && axis < out.size(); ++i)
-      out[axis] = in[i].size() == out.size() && in[i][axis] >= 0 && out[axis] >= 0
-                      ? out[axis] + in[i][axis]
-                      : -1;
+      out[axis] = in[i].size() == out.size() ? plus(out[axis], in[i][axis]) : -1;
   } else if (type == "Reshape") {
-    out.clear();
+    // Caffe's: 0 copies the input's dimension, -1 takes what is left (an unknown input
+    // dimension copied by a 0 cancels out).
     const pb::BlobShape& shape = layer.reshape_param().shape();
-    std::int64_t known = 1;
+    const Dims& x = in[0];
+    out.clear();
     int infer = -1;
-    bool copies_unknown = false;
+    std::int64_t fixed = 1;
     for (int i = 0; i < shape.dim_size(); ++i) {
-      std::int64_t d = shape.dim(i);
-      if (d == 0)
-        d = static_cast<std::size_t>(i) < in[0].size() ? in[0][static_cast<std::size_t>(i)] : -1;
-      if (shape.dim(i) == 0 && d < 0) copies_unknown = true;
-      if (shape.dim(i) == -1) infer = i;
-      out.push_back(shape.dim(i) == -1 ? -1 : d);
-      if (shape.dim(i) != -1 && d > 0) known *= d;
+      const std::int64_t d = shape.dim(i);
+      const auto at = static_cast<std::size_t>(i);
+      if (d == 0) {
+        out.push_back(at < x.size() ? x[at] : -1);
+        continue;
+      }
+      out.push_back(d > 0 ? d : -1);
+      if (d == -1) infer = i;
+      fixed = times(fixed, d > 0 ? d : -1);
     }
-    // -1 takes what is left; with an unknown input dimension copied by a 0, that one cancels.
-    std::int64_t total = 1;
-    bool total_known = true;
-    for (std::size_t i = 0; i < in[0].size(); ++i) {
+    std::int64_t rest = 1;
+    for (std::size_t i = 0; i < x.size(); ++i) {
       const bool copied =
           static_cast<int>(i) < shape.dim_size() && shape.dim(static_cast<int>(i)) == 0;
-      if (in[0][i] < 0 && copied) continue;
-      if (in[0][i] < 0) total_known = false;
-      if (in[0][i] > 0) total *= in[0][i];
+      if (!copied) rest = times(rest, x[i]);
     }
-    if (copies_unknown) {
-      known = 1;
-      for (int i = 0; i < shape.dim_size(); ++i)
-        if (shape.dim(i) > 0 || (shape.dim(i) == 0 && out[static_cast<std::size_t>(i)] > 0))
-          known *= out[static_cast<std::size_t>(i)];
-    }
-    if (infer >= 0 && total_known && known > 0 && total % known == 0)
-      out[static_cast<std::size_t>(infer)] = total / known;
+    if (infer >= 0 && rest >= 0 && fixed > 0 && rest % fixed == 0)
+      out[static_cast<std::size_t>(infer)] = rest / fixed;
   }
   // Every other type the importer makes keeps its first bottom's shape.
   for (const std::string& top : layer.top())
@@ -1042,11 +1062,13 @@ void Importer::add_inputs() {
     Dims dims = dims_of(info.name());
     if (dims.empty()) fail("{}: graph input '{}' has no shape", path_, info.name());
     for (std::size_t i = 1; i < dims.size(); ++i)
-      if (dims[i] < 1)
+      if (dims[i] < 1 || dims[i] > kMaxDim)
         fail(
             "{}: graph input '{}' of shape {}: only the batch (the first) dimension may be "
-            "symbolic",
-            path_, info.name(), dims_text(dims));
+            "symbolic, and each must be at most {}",
+            path_, info.name(), dims_text(dims), kMaxDim);
+    if (dims[0] > kMaxDim)
+      fail("{}: graph input '{}': batch {} is too large", path_, info.name(), dims[0]);
     if (dims[0] < 1) dims[0] = 1;  // NetOptions::batch_size sets it
     pb::LayerParameter& layer = *net_.add_layer();
     layer.set_name(info.name());
