@@ -295,6 +295,16 @@ TEST_CASE("Flatten and Reshape keep the values and follow Caffe's shape rules on
   }
 }
 
+// A fuzz finding (an ONNX model's Reshape): the product of the shape's dimensions overflowed
+// (undefined behaviour, caught by UBSan) before any check could refuse it.
+TEST_CASE("Reshape to a shape too large to address is an error, not an overflow",
+          "[layer][reshape]") {
+  hn::ReshapeLayer layer("big", reshape_params({35184506306560, 197568495620}, 0, -1));
+  CHECK_THROWS_WITH(
+      layer.setup({Shape{1, 4, 6, 6}}),
+      Catch::Contains("big") && Catch::Contains("more elements than can be addressed"));
+}
+
 TEST_CASE("Concat, Slice, Split, Flatten and Reshape gradients match finite differences",
           "[layer][concat][slice][split][flatten][reshape][gradient]") {
   const auto config = GENERATE(from_range(hn::test::gradient_configs()));

@@ -63,7 +63,10 @@ std::vector<Shape> ReshapeLayer::setup(const std::vector<Shape>& inputs) {
                  spec_text, axis, in.to_string());
         dim = in[axis];
       }
-      known *= dim;
+      // An overflow (a fuzz finding) means a shape far larger than any input.
+      HN_CHECK(!__builtin_mul_overflow(known, dim, &known),
+               "{}: shape {} has more elements than can be addressed (input {})", who, spec_text,
+               in.to_string());
     }
     out.push_back(dim);
   }
