@@ -1071,7 +1071,9 @@ TEST_CASE("clip forward and backward match the reference on every driver, bounds
     const Drivers drivers(config);
     std::uint32_t seed = 950;
     for (const index_t n : kVectorSizes) {
-      for (const auto& [lo, hi] : {std::pair{0.0f, 6.0f}, std::pair{-0.5f, 0.25f}}) {
+      for (const std::pair<float, float>& bounds :
+           {std::pair{0.0f, 6.0f}, std::pair{-0.5f, 0.25f}}) {
+        const float lo = bounds.first, hi = bounds.second;
         INFO("n=" << n << " lo=" << lo << " hi=" << hi);
         std::vector<float> x_values = random_floats(n, seed++, -8.0f, 8.0f);
         for (std::size_t i = 0; i < x_values.size(); i += 5)  // the bounds themselves
