@@ -370,15 +370,15 @@ TEST_CASE("a device that fails before making its copies leaves no stale bytes as
   options.reuse_memory = false;
   options.split = Split::parse("reference:0.5,core:1:0.5");
   const auto net = Net::from_text(text, "two.prototxt", runtime, home, options);
-  const auto forward = [&] {
-    float* x = net->blob("x").host_data_mut();
+  const auto forward = [&](Net& on) {
+    float* x = on.blob("x").host_data_mut();
     for (int i = 0; i < 24; ++i)
       x[i] = 0.25f * static_cast<float>(i % 7) - 0.5f;
-    net->forward();
-    const BlobRef y = net->blob("y");
+    on.forward();
+    const BlobRef y = on.blob("y");
     return std::vector<float>(y.host_data(), y.host_data() + y.count());
   };
-  forward();  // core:1 holds both layers' weights now
+  forward(*net);  // core:1 holds both layers' weights now
   REQUIRE(net->layer_runs(false) == std::vector<std::vector<std::string>>{{"ip1", "ip2"}});
   // New weights, current on the host only.
   for (const NetParam& param : net->learnable_params()) {
@@ -387,25 +387,19 @@ TEST_CASE("a device that fails before making its copies leaves no stale bytes as
       w[i] = 0.1f * static_cast<float>(i % 5) - 0.2f;
   }
   other.fail_gemm(1);  // ip1 on core:1 throws; core:1 never reaches ip2's copies
-  CHECK_THROWS_WITH(forward(), Catch::Contains("injected"));
+  CHECK_THROWS_WITH(forward(*net), Catch::Contains("injected"));
   other.fail_gemm(0);
-  const std::vector<float> got = forward();
+  const std::vector<float> got = forward(*net);
   // The same weights on the reference driver alone.
   NetOptions whole = options;
   whole.split = Split();
   const auto unsplit = Net::from_text(text, "two.prototxt", runtime, home, whole);
   for (std::size_t p = 0; p < unsplit->learnable_params().size(); ++p) {
-    const Tensor& from = *net->learnable_params()[p].tensor;
-    Tensor& to = *unsplit->learnable_params()[p].tensor;
-    std::copy(const_cast<Tensor&>(from).host_data(),
-              const_cast<Tensor&>(from).host_data() + from.count(), to.host_data_mut());
+    Tensor& from = *net->learnable_params()[p].tensor;
+    std::copy(from.host_data(), from.host_data() + from.count(),
+              unsplit->learnable_params()[p].tensor->host_data_mut());
   }
-  float* x = unsplit->blob("x").host_data_mut();
-  for (int i = 0; i < 24; ++i)
-    x[i] = 0.25f * static_cast<float>(i % 7) - 0.5f;
-  unsplit->forward();
-  const BlobRef want = unsplit->blob("y");
-  CHECK(got == std::vector<float>(want.host_data(), want.host_data() + want.count()));
+  CHECK(got == forward(*unsplit));
 }
 
 TEST_CASE("split training is bitwise reproducible", "[split]") {

@@ -191,6 +191,8 @@ class Importer {
   }
   std::vector<float> floats(const Constant& c, const char* what) const;
   Dims ints(const Constant& c, const char* what) const;
+  template <class T, class S, class Field>
+  std::vector<T> stored(const onnx::TensorProto& t, const Field& typed, const char* what) const;
 
   std::string output(int i) const {
     if (i >= node().output_size() || node().output(i).empty()) fail_node("output {} is missing", i);
@@ -341,74 +343,46 @@ std::string Importer::raw_bytes(const onnx::TensorProto& tensor, std::size_t ele
   return tensor.raw_data();
 }
 
+// The tensor's values stored as S (raw_data, external data, or the typed field `typed`), each
+// converted to T.
+template <class T, class S, class Field>
+std::vector<T> Importer::stored(const onnx::TensorProto& t, const Field& typed,
+                                const char* what) const {
+  const std::size_t count = element_count(t, what);
+  const std::string raw = raw_bytes(t, sizeof(S), what);
+  if (raw.empty() && static_cast<std::size_t>(typed.size()) != count)
+    fail_node("the {} ('{}') holds {} values, its shape needs {}", what, t.name(), typed.size(),
+              count);
+  std::vector<T> values(count);
+  if (raw.empty()) {
+    for (std::size_t i = 0; i < count; ++i)
+      values[i] = static_cast<T>(typed[static_cast<int>(i)]);
+    return values;
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    S v;
+    std::memcpy(&v, raw.data() + i * sizeof(S), sizeof(S));
+    values[i] = static_cast<T>(v);
+  }
+  return values;
+}
+
 std::vector<float> Importer::floats(const Constant& c, const char* what) const {
   const onnx::TensorProto& t = *c.tensor;
-  const std::size_t count = element_count(t, what);
-  std::vector<float> values(count);
-  if (t.data_type() == onnx::TensorProto::FLOAT) {
-    const std::string raw = raw_bytes(t, sizeof(float), what);
-    if (!raw.empty()) {
-      std::memcpy(values.data(), raw.data(), raw.size());
-    } else {
-      if (static_cast<std::size_t>(t.float_data_size()) != count)
-        fail_node("the {} ('{}') holds {} values, its shape needs {}", what, t.name(),
-                  t.float_data_size(), count);
-      std::copy(t.float_data().begin(), t.float_data().end(), values.begin());
-    }
-    return values;
-  }
-  if (t.data_type() == onnx::TensorProto::DOUBLE) {
-    const std::string raw = raw_bytes(t, sizeof(double), what);
-    for (std::size_t i = 0; i < count; ++i) {
-      double v = 0.0;
-      if (!raw.empty()) {
-        std::memcpy(&v, raw.data() + i * sizeof(double), sizeof(double));
-      } else {
-        if (static_cast<std::size_t>(t.double_data_size()) != count)
-          fail_node("the {} ('{}') holds {} values, its shape needs {}", what, t.name(),
-                    t.double_data_size(), count);
-        v = t.double_data(static_cast<int>(i));
-      }
-      values[i] = static_cast<float>(v);
-    }
-    return values;
-  }
+  if (t.data_type() == onnx::TensorProto::FLOAT)
+    return stored<float, float>(t, t.float_data(), what);
+  if (t.data_type() == onnx::TensorProto::DOUBLE)
+    return stored<float, double>(t, t.double_data(), what);
   fail_node("the {} ('{}') is of ONNX data type {}; the importer reads float and double", what,
             t.name(), t.data_type());
 }
 
 Dims Importer::ints(const Constant& c, const char* what) const {
   const onnx::TensorProto& t = *c.tensor;
-  const std::size_t count = element_count(t, what);
-  Dims values(count);
-  if (t.data_type() == onnx::TensorProto::INT64) {
-    const std::string raw = raw_bytes(t, sizeof(std::int64_t), what);
-    if (!raw.empty()) {
-      std::memcpy(values.data(), raw.data(), raw.size());
-    } else {
-      if (static_cast<std::size_t>(t.int64_data_size()) != count)
-        fail_node("the {} ('{}') holds {} values, its shape needs {}", what, t.name(),
-                  t.int64_data_size(), count);
-      std::copy(t.int64_data().begin(), t.int64_data().end(), values.begin());
-    }
-    return values;
-  }
-  if (t.data_type() == onnx::TensorProto::INT32) {
-    const std::string raw = raw_bytes(t, sizeof(std::int32_t), what);
-    for (std::size_t i = 0; i < count; ++i) {
-      std::int32_t v = 0;
-      if (!raw.empty()) {
-        std::memcpy(&v, raw.data() + i * sizeof(v), sizeof(v));
-      } else {
-        if (static_cast<std::size_t>(t.int32_data_size()) != count)
-          fail_node("the {} ('{}') holds {} values, its shape needs {}", what, t.name(),
-                    t.int32_data_size(), count);
-        v = t.int32_data(static_cast<int>(i));
-      }
-      values[i] = v;
-    }
-    return values;
-  }
+  if (t.data_type() == onnx::TensorProto::INT64)
+    return stored<std::int64_t, std::int64_t>(t, t.int64_data(), what);
+  if (t.data_type() == onnx::TensorProto::INT32)
+    return stored<std::int64_t, std::int32_t>(t, t.int32_data(), what);
   fail_node("the {} ('{}') is of ONNX data type {}; the importer reads int64 and int32 here", what,
             t.name(), t.data_type());
 }
