@@ -126,6 +126,7 @@ TEST_CASE("a steady-state training iteration on cuda:0 allocates and frees nothi
   Driver& gpu = runtime.add(Device::parse("cuda:0"));
   SolverOptions options;
   options.data = "synthetic:3x32x32";
+  options.mean_file = "none";  // the net names examples/cifar10/mean.binaryproto
   Solver solver(solver_path, runtime, gpu, options);
   solver.step(2);
   gpu.reset_transfer_stats();
