@@ -27,7 +27,7 @@ KEYS = {"bvlc_reference_caffenet": "caffenet", "resnet50": "resnet50",
 ORDER = ["caffenet", "googlenet", "resnet50", "mobilenet", "squeezenet"]
 # hybridnn's math mode -> the PyTorch mode it is compared with.
 PEERS = {"FP32": "fp32", "TF32": "default", "BF16": "bf16"}
-LABELS = ("baseline", "find", "nondet")
+LABELS = ("baseline", "beside", "find", "nondet")
 
 
 def totals(out):

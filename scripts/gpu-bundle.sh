@@ -23,16 +23,16 @@
 # channels_last; SKIPPED without PyTorch or CUDA); FP32 with cuDNN's algorithms measured
 # (HYBRIDNN_CUDNN_ALGO=find) and with non-deterministic ones allowed; with --data, LeNet trained on Fashion-MNIST on cuda:0 in each mode;
 # ResNet-50 and GoogLeNet at batch 128 in each mode, and their twins; torch.profiler's top
-# kernels and per-op table of ResNet-50; --split auto, the CPU alone (ResNet-50 in BF16 too)
-# and the fixed splits
-# cuda:0:0.95,cpu:0.05 and cuda:0:0.9,cpu:0.1 (issue 36); hybridnn-bench split on cuda:0
-# and cpu, runs of layers cut alike against a barrier per layer (CaffeNet, ResNet-50);
-# hybridnn-bench gemm (the CPU's
-# sgemm GFLOP/s); and bench/gpu_table.py's markdown table of hybridnn against PyTorch per net,
-# batch and mode. Logs and JSON lines go to $OUT (default .gpu/out); a summary (a line per
-# net and configuration) prints at the end and stays in $OUT/summary.txt, the table in
-# $OUT/table.md. The binaries run on a newer glibc than Debian 12's; the GPU machine's
-# x86-64 must be this one's. .gpu/ is not committed.
+# kernels and per-op table of ResNet-50; --split auto (each beside cuda:0 alone, back to
+# back), the CPU alone (ResNet-50 in BF16 too; at batch 2 and 8 too), the fixed splits
+# cuda:0:0.95,cpu:0.05 and cuda:0:0.9,cpu:0.1, and at batch 128 cuda:0:0.97,cpu:0.03 and auto
+# (issue 36); hybridnn-bench split on cuda:0 and cpu, runs of layers cut alike against a
+# barrier per layer (CaffeNet, ResNet-50); hybridnn-bench gemm (the CPU's sgemm GFLOP/s);
+# and bench/gpu_table.py's markdown table of hybridnn against PyTorch per net, batch and mode.
+# Logs and JSON lines go to $OUT (default .gpu/out); a summary (a line per net and
+# configuration) prints at the end and stays in $OUT/summary.txt, the table in $OUT/table.md.
+# The binaries run on a newer glibc than Debian 12's; the GPU machine's x86-64 must be this
+# one's. .gpu/ is not committed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=build
@@ -43,7 +43,7 @@ while (($#)); do
     --build) build=${2:?--build needs a directory}; shift ;;
     --data) data=1 ;;
     --baseline) baseline=${2:?--baseline needs an earlier bundle}; shift ;;
-    -h | --help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-bundle: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -284,7 +284,9 @@ if [[ -n $py ]]; then
 fi
 
 echo "== --split auto and the CPU alone (issue 36; 2-3 iterations)"
+# cuda:0 alone again just before each auto (LABEL beside): the two compare back to back.
 for net in $nets; do
+  LABEL=beside time_net "$net" 5 60 10 --device cuda:0
   time_net "$net" 5 120 20 --split auto
 done
 time_net bvlc_reference_caffenet 3 90 20 --device cpu
@@ -296,6 +298,19 @@ for net in $nets; do
   for split in cuda:0:0.95,cpu:0.05 cuda:0:0.9,cpu:0.1; do
     time_net "$net" 5 120 20 --split "$split"
   done
+done
+# The CPU's cost per image at the small batches a split leaves it (batch 2 took 65 ms per
+# ResNet-50 image on 16 Xeon cores, against 27 at batch 32), and batch 128: cuda:0 alone, a
+# small CPU share and auto, back to back.
+for batch in 2 8; do
+  for net in bvlc_reference_caffenet resnet50; do
+    time_net "$net" 3 60 15 --device cpu --batch "$batch"
+  done
+done
+for net in bvlc_reference_caffenet resnet50; do
+  LABEL=beside time_net "$net" 3 60 15 --device cuda:0 --batch 128
+  time_net "$net" 3 90 20 --split cuda:0:0.97,cpu:0.03 --batch 128
+  time_net "$net" 3 150 20 --split auto --batch 128
 done
 
 if [[ -x $B/hybridnn-bench ]]; then
