@@ -352,6 +352,10 @@ class Net {
   void save(const std::string& caffemodel_path) {
     c_api::check(hn_net_save(handle_.get(), caffemodel_path.c_str()));
   }
+  // The net and its weights as an ONNX model (hn_net_save_onnx).
+  void save_onnx(const std::string& onnx_path) {
+    c_api::check(hn_net_save_onnx(handle_.get(), onnx_path.c_str()));
+  }
   int32_t num_layers() const { return hn_net_num_layers(handle_.get()); }
   std::string layer_name(int32_t index) const {
     return c_api::text(hn_net_layer_name(handle_.get(), index));

@@ -47,7 +47,7 @@
 extern "C" {
 #endif
 
-#define HN_ABI_VERSION 1
+#define HN_ABI_VERSION 2
 
 /* ---- status and errors ------------------------------------------------------------- */
 
@@ -235,6 +235,10 @@ HN_API hn_status hn_net_clear_param_diffs(hn_net* net);
 /* Weights in and out: from one or more .caffemodel files ("a,b"), to a .caffemodel. */
 HN_API hn_status hn_net_copy_from(hn_net* net, const char* caffemodel_paths);
 HN_API hn_status hn_net_save(hn_net* net, const char* caffemodel_path);
+/* The net and its weights as an ONNX model (opset 13, the inference graph: losses and
+ * accuracies left out; docs/onnx.md). A layer with no ONNX equivalent fails the call,
+ * naming it, and nothing is written. Since ABI version 2. */
+HN_API hn_status hn_net_save_onnx(hn_net* net, const char* onnx_path);
 /* Layers: count, name, Caffe type, and the split it runs with ("" when unsplit). */
 HN_API int32_t hn_net_num_layers(const hn_net* net);
 HN_API const char* hn_net_layer_name(const hn_net* net, int32_t index);

@@ -161,6 +161,12 @@ hn_status hn_net_save(hn_net* net, const char* caffemodel_path) {
       [&] { net_of(net, "hn_net_save").save(checked_text(caffemodel_path, "hn_net_save")); });
 }
 
+hn_status hn_net_save_onnx(hn_net* net, const char* onnx_path) {
+  return guarded([&] {
+    net_of(net, "hn_net_save_onnx").save_onnx(checked_text(onnx_path, "hn_net_save_onnx"));
+  });
+}
+
 int32_t hn_net_num_layers(const hn_net* net) {
   return net != nullptr ? net->box->net->num_layers() : 0;
 }

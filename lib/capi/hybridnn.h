@@ -23,6 +23,7 @@
 #include "lib/layers/layer.h"
 #include "lib/layers/layers.h"
 #include "lib/net/net.h"
+#include "lib/onnx/onnx_convert.h"
 #include "lib/scheduler/split.h"
 #include "lib/solver/gradient_sync.h"
 #include "lib/solver/options.h"

@@ -300,6 +300,12 @@ class Net {
   // Writes the weights as a .caffemodel (through a temporary file and a rename). With
   // layers cut across ranks, a collective: every rank calls it, and rank 0 writes.
   void save(const std::string& caffemodel_path, bool write_diff = false) const;
+  // Writes the net and its weights as an ONNX model (opset 13; docs/onnx.md lists which
+  // layer becomes which operator): the inputs are the data layers' tops that exported
+  // layers read, with a symbolic batch; losses and accuracies are left out; a layer with no
+  // ONNX equivalent is an error naming it, and nothing is written. Across ranks, a
+  // collective as save().
+  void save_onnx(const std::string& onnx_path) const;
   // The whole parameter `whole` of learnable_params() from its shards' values
   // (values[i - whole.first], host memory, each the shape of its shard's tensor). For a
   // layer cut across ranks, a collective that gathers the other ranks' rows: every rank
@@ -390,6 +396,10 @@ class Net {
   std::size_t activation_bytes_without_reuse() const;
 
  private:
+  // Every layer with its parameters, and its weights as blobs (with their gradients when
+  // `write_diff`): what save() writes; with `splits`, the Split layers the Net added too
+  // (the other layers' bottoms name their tops). Across ranks, a collective.
+  hybridnn::proto::NetParameter model_param(bool write_diff, bool splits = false) const;
   // calibrate_splits' whole-net check, the data rewound to `position` after.
   void check_splits_whole(std::uint64_t position);
   struct Impl;  // lib/net/net_impl.h

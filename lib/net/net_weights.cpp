@@ -1,10 +1,13 @@
 // The Net's weights in and out: sharing trained layers with another net, reading a
 // .caffemodel (new and V1 layer formats) and writing one.
+#include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "lib/net/net_impl.h"
+#include "lib/onnx/onnx_export.h"
 
 namespace hn {
 
@@ -136,12 +139,12 @@ std::vector<std::string> Net::Impl::copy_weights(const pb::NetParameter& model,
   return missing;
 }
 
-void Net::save(const std::string& caffemodel_path, bool write_diff) const {
+pb::NetParameter Net::model_param(bool write_diff, bool splits) const {
   pb::NetParameter model;
   model.set_name(impl_->name);
   const std::vector<WholeParam> wholes = whole_params(impl_->learnable);
   for (const NetLayer& nl : impl_->layers) {
-    if (nl.kind == Kind::split) continue;
+    if (nl.kind == Kind::split && !splits) continue;
     pb::LayerParameter* layer = model.add_layer();
     *layer = nl.param;
     layer->clear_blobs();
@@ -179,8 +182,23 @@ void Net::save(const std::string& caffemodel_path, bool write_diff) const {
       }
     }
   }
+  return model;
+}
+
+void Net::save(const std::string& caffemodel_path, bool write_diff) const {
+  const pb::NetParameter model = model_param(write_diff);
   if (impl_->rank != 0 && model_parallel_ranks() > 1) return;  // across ranks: rank 0 writes
   detail::write_binary_proto(caffemodel_path, model);
+}
+
+void Net::save_onnx(const std::string& onnx_path) const {
+  const pb::NetParameter model = model_param(false, true);
+  if (impl_->rank != 0 && model_parallel_ranks() > 1) return;  // across ranks: rank 0 writes
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  for (const BlobVersion& blob : impl_->blobs)
+    shapes[blob.name] =
+        std::vector<std::int64_t>(blob.shape.dims().begin(), blob.shape.dims().end());
+  detail::write_onnx_model(model, shapes, onnx_path, fmt::format("net '{}'", impl_->name));
 }
 
 }  // namespace hn

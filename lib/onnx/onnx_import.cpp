@@ -3,6 +3,8 @@
 // so that nothing the model asks for is silently dropped.
 #include "lib/onnx/onnx_import.h"
 
+#include <google/protobuf/text_format.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
@@ -21,6 +23,7 @@
 #include "lib/core/check.h"
 #include "lib/core/files.h"
 #include "lib/core/memory.h"
+#include "lib/onnx/onnx_convert.h"
 #include "lib/proto/prototxt.h"
 
 #if HYBRIDNN_WITH_ONNX
@@ -83,6 +86,7 @@ std::string dims_text(const Dims& dims) {
 struct Constant {
   const onnx::TensorProto* tensor = nullptr;
   Dims dims;
+  bool from_node = false;  // a Constant node's value (not an initializer: never trained)
 };
 
 class Importer;
@@ -207,15 +211,51 @@ class Importer {
     }
   }
   void alias(const std::string& name, const std::string& to) { aliases_[name] = to; }
-  void set_constant(const std::string& name, const onnx::TensorProto& tensor) {
-    constants_[name] = Constant{&tensor, Dims(tensor.dims().begin(), tensor.dims().end())};
+  // A blob name for a value between a node's layers: `base`, or with a suffix where the
+  // graph or an earlier layer already names a value so.
+  std::string fresh_value(const std::string& base) {
+    std::string name = base;
+    for (int n = 2; graph_values_.count(name) > 0 || known_.count(name) > 0; ++n)
+      name = fmt::format("{}_{}", base, n);
+    graph_values_.insert(name);
+    return name;
+  }
+  // The blob for output 0 of a node that may compute in place on input 0: input 0's blob
+  // where this node is its only reader (through Identity and Dropout too), it is computed by
+  // a layer and neither it nor output 0 is a graph output; else output 0. In place, output
+  // 0 names that blob from then on. In-place chains are what the Net fuses (BatchNorm ->
+  // Scale -> ReLU: one pass over the blob instead of three) and plans in less memory.
+  std::string in_place_output() {
+    const std::string output0 = output(0);
+    std::string at = node().input(0);
+    bool sole = outputs_.count(output0) == 0;
+    for (int hops = 0; sole && hops < 1000; ++hops) {
+      auto count = readers_.find(at);
+      sole = count != readers_.end() && count->second == 1 && outputs_.count(at) == 0 &&
+             graph_inputs_.count(at) == 0;
+      auto next = aliases_.find(at);
+      if (next == aliases_.end()) break;
+      at = next->second;
+    }
+    if (!sole || known_.count(at) == 0 || constants_.count(at) > 0) return output0;
+    alias(output0, at);
+    return at;
+  }
+  void set_constant(const std::string& name, const onnx::TensorProto& tensor,
+                    bool from_node = false) {
+    constants_[name] =
+        Constant{&tensor, Dims(tensor.dims().begin(), tensor.dims().end()), from_node};
   }
 
   // A new layer of `type` from this node (`suffix` tells apart the layers of one node).
   pb::LayerParameter& add_layer(const char* type, const std::vector<std::string>& bottoms,
                                 const std::vector<std::string>& tops, const char* suffix = "") {
     pb::LayerParameter& layer = *net_.add_layer();
-    layer.set_name(node_.name + suffix);
+    // Unique: a node's extra layers ("NODE/flatten") may meet another node's name.
+    std::string name = node_.name + suffix;
+    for (int n = 2; !layer_names_.insert(name).second; ++n)
+      name = fmt::format("{}{}_{}", node_.name, suffix, n);
+    layer.set_name(name);
     layer.set_type(type);
     for (const std::string& b : bottoms)
       layer.add_bottom(b);
@@ -262,8 +302,13 @@ class Importer {
   std::map<std::string, Constant> constants_;
   std::map<std::string, std::string> aliases_;
   std::map<std::string, Dims> dims_;
-  std::set<std::string> known_;     // values computed so far (blobs)
-  std::set<std::string> consumed_;  // values some node reads
+  std::set<std::string> known_;         // values computed so far (blobs)
+  std::set<std::string> consumed_;      // values some node reads
+  std::map<std::string, int> readers_;  // how many node inputs name each value
+  std::set<std::string> outputs_;       // the graph's outputs
+  std::set<std::string> graph_inputs_;  // the graph's inputs that are not initializers
+  std::set<std::string> layer_names_;   // of the layers made so far
+  std::set<std::string> graph_values_;  // every value the graph names
 };
 
 // ---- constants ---------------------------------------------------------------------------
@@ -544,7 +589,8 @@ void convert_gemm(Importer& im) {
 }
 
 void convert_relu(Importer& im) {
-  pb::LayerParameter& layer = im.add_layer("ReLU", {im.activation(0)}, {im.output(0)});
+  const std::string x = im.activation(0);
+  pb::LayerParameter& layer = im.add_layer("ReLU", {x}, {im.in_place_output()});
   if (im.node().op_type() == "LeakyRelu")
     layer.mutable_relu_param()->set_negative_slope(im.attr_float("alpha", 0.01f));
 }
@@ -634,7 +680,113 @@ void convert_pool(Importer& im) {
   }
 }
 
+// Mul, Add, Sub and Div by a constant: one value per channel (shape [C, 1, ..., 1] or
+// [1, C, 1, ..., 1] against an input of [N, C, ...]) or one for all (every dimension 1), as a
+// Scale layer holding the constant: Mul by it, Div by its reciprocal (x * (1 / c), which may
+// differ from x / c in the last bit), Add it as the bias (the factor 1, frozen), Sub it
+// negated, and c - x as the factor -1 (frozen) and c. A constant from an initializer is
+// learnable, as PyTorch's parameters are; a Constant node's is frozen (lr_mult 0). Returns
+// false where neither input is a constant.
+bool convert_by_constant(Importer& im) {
+  const std::string& op = im.node().op_type();
+  if (im.inputs() != 2) im.fail_node("{} inputs; {} takes 2", im.inputs(), op);
+  const Constant* first = im.constant(im.input(0));
+  const Constant* second = im.constant(im.input(1));
+  if (first == nullptr && second == nullptr) return false;
+  if (first != nullptr && second != nullptr)
+    im.fail_node("both inputs are constants: fold them before export");
+  const bool constant_first = first != nullptr;
+  const Constant& c = constant_first ? *first : *second;
+  if (constant_first && op == "Div")
+    im.fail_node("a constant divided by a computed value: the importer does not compute that");
+  const std::string x = im.activation(constant_first ? 1 : 0);
+  const Dims dx = im.dims_of(x);
+  if (dx.empty()) im.fail_node("the input's shape is not known");
+  if (c.dims.size() > dx.size())
+    im.fail_node("a constant of shape {} against an input of shape {}", dims_text(c.dims),
+                 dims_text(dx));
+  Dims padded(dx.size() - c.dims.size(), 1);
+  padded.insert(padded.end(), c.dims.begin(), c.dims.end());
+  bool all_ones = true, per_channel = dx.size() >= 2 && padded[1] == dx[1];
+  for (std::size_t i = 0; i < padded.size(); ++i) {
+    all_ones = all_ones && padded[i] == 1;
+    if (i != 1) per_channel = per_channel && padded[i] == 1;
+  }
+  if (!all_ones && !per_channel)
+    im.fail_node(
+        "a constant of shape {} against an input of shape {}: the importer reads one value "
+        "per channel ([C, 1, ..., 1]) or one for all",
+        dims_text(c.dims), dims_text(dx));
+  std::vector<float> values = im.floats(c, "constant");
+  const Dims blob_dims = all_ones ? Dims{} : Dims{dx[1]};
+  pb::LayerParameter& layer = im.add_layer("Scale", {x}, {im.output(0)});
+  pb::ScaleParameter& p = *layer.mutable_scale_param();
+  p.set_axis(1);
+  p.set_num_axes(all_ones ? 0 : 1);
+  const auto param = [&](bool frozen) {
+    pb::ParamSpec& spec = *layer.add_param();
+    if (!frozen) return;
+    spec.set_lr_mult(0.0f);
+    spec.set_decay_mult(0.0f);
+  };
+  if (op == "Mul" || op == "Div") {
+    if (op == "Div")
+      for (float& v : values)
+        v = 1.0f / v;
+    param(c.from_node);
+    Importer::add_blob(layer, blob_dims, values);
+    return true;
+  }
+  // Add and Sub: a bias, with the factor 1 (or -1 for c - x) frozen.
+  const bool negate_x = op == "Sub" && constant_first;
+  if (op == "Sub" && !constant_first)
+    for (float& v : values)
+      v = -v;
+  p.set_bias_term(true);
+  param(true);
+  param(c.from_node);
+  Importer::add_blob(layer, blob_dims, std::vector<float>(values.size(), negate_x ? -1.0f : 1.0f));
+  Importer::add_blob(layer, blob_dims, values);
+  return true;
+}
+
+// Sub of two computed values of one shape: an Eltwise sum with the coefficients 1 and -1.
+void convert_sub(Importer& im) {
+  if (convert_by_constant(im)) return;
+  const std::string a = im.activation(0), b = im.activation(1);
+  const Dims da = im.dims_of(a), db = im.dims_of(b);
+  if (!da.empty() && !db.empty() && da != db)
+    im.fail_node("inputs of shapes {} and {}: the importer subtracts inputs of one shape",
+                 dims_text(da), dims_text(db));
+  pb::LayerParameter& layer = im.add_layer("Eltwise", {a, b}, {im.output(0)});
+  layer.mutable_eltwise_param()->set_operation(pb::EltwiseParameter::SUM);
+  layer.mutable_eltwise_param()->add_coeff(1.0f);
+  layer.mutable_eltwise_param()->add_coeff(-1.0f);
+}
+
+// Max of computed values of one shape: an Eltwise MAX.
+void convert_max(Importer& im) {
+  if (im.inputs() < 2)
+    im.fail_node("{} input(s); the importer reads Max of 2 or more", im.inputs());
+  std::vector<std::string> inputs;
+  for (int i = 0; i < im.inputs(); ++i) {
+    inputs.push_back(im.activation(i));
+    const Dims d0 = im.dims_of(inputs[0]), di = im.dims_of(inputs.back());
+    if (!d0.empty() && !di.empty() && d0 != di)
+      im.fail_node("inputs of shapes {} and {}: the importer takes the maximum of one shape",
+                   dims_text(d0), dims_text(di));
+  }
+  pb::LayerParameter& layer = im.add_layer("Eltwise", inputs, {im.output(0)});
+  layer.mutable_eltwise_param()->set_operation(pb::EltwiseParameter::MAX);
+}
+
+void convert_div(Importer& im) {
+  if (!convert_by_constant(im))
+    im.fail_node("a division by a computed value: the importer divides by constants only");
+}
+
 void convert_add(Importer& im) {
+  if (convert_by_constant(im)) return;
   if (im.inputs() != 2) im.fail_node("{} inputs; Add takes 2", im.inputs());
   const std::string a = im.activation(0), b = im.activation(1);
   const Dims da = im.dims_of(a), db = im.dims_of(b);
@@ -650,6 +802,7 @@ void convert_add(Importer& im) {
 // Mul: of one shape, Eltwise PROD; an [N, C, 1, 1] (or [N, C]) factor of an [N, C, ...]
 // input (squeeze-and-excitation), a Scale by its second bottom flattened to [N, C].
 void convert_mul(Importer& im) {
+  if (convert_by_constant(im)) return;
   if (im.inputs() != 2) im.fail_node("{} inputs; Mul takes 2", im.inputs());
   std::string a = im.activation(0), b = im.activation(1);
   Dims da = im.dims_of(a), db = im.dims_of(b);
@@ -674,7 +827,7 @@ void convert_mul(Importer& im) {
         dims_text(da), dims_text(db));
   std::string factor = b;
   if (db.size() > 2) {
-    factor = im.output(0) + "/factor";
+    factor = im.fresh_value(im.output(0) + "/factor");
     im.add_layer("Flatten", {b}, {factor}, "/flatten");
   }
   pb::LayerParameter& scale = im.add_layer("Scale", {a, factor}, {im.output(0)});
@@ -688,7 +841,7 @@ void convert_hard_sigmoid(Importer& im) {
   const float alpha = swish ? 1.0f / 6.0f : im.attr_float("alpha", 0.2f);
   const float beta = swish ? 0.5f : im.attr_float("beta", 0.5f);
   const std::string x = im.activation(0);
-  const std::string affine = im.output(0) + "/affine";
+  const std::string affine = im.fresh_value(im.output(0) + "/affine");
   pb::LayerParameter& scale = im.add_layer("Scale", {x}, {affine}, "/affine");
   scale.mutable_scale_param()->set_num_axes(0);
   scale.mutable_scale_param()->set_bias_term(true);
@@ -699,7 +852,7 @@ void convert_hard_sigmoid(Importer& im) {
   }
   Importer::add_blob(scale, {}, {alpha});
   Importer::add_blob(scale, {}, {beta});
-  const std::string clipped = swish ? im.output(0) + "/hard_sigmoid" : im.output(0);
+  const std::string clipped = swish ? im.fresh_value(im.output(0) + "/hard_sigmoid") : im.output(0);
   pb::LayerParameter& clip =
       im.add_layer("Clip", {affine}, {clipped}, swish ? "/hard_sigmoid" : "");
   clip.mutable_clip_param()->set_min(0.0f);
@@ -766,14 +919,15 @@ void convert_batch_norm(Importer& im) {
         "scale, bias, mean and variance of shapes {}, {}, {}, {}: one value per channel "
         "each",
         dims_text(scale.dims), dims_text(bias.dims), dims_text(mean.dims), dims_text(var.dims));
-  const std::string normalized = im.output(0) + "/normalized";
-  pb::LayerParameter& bn = im.add_layer("BatchNorm", {x}, {normalized}, "/bn");
+  // In place where it can be, the Scale on the BatchNorm's top: the chain the Net fuses.
+  const std::string y = im.in_place_output();
+  pb::LayerParameter& bn = im.add_layer("BatchNorm", {x}, {y}, "/bn");
   bn.mutable_batch_norm_param()->set_use_global_stats(true);
   bn.mutable_batch_norm_param()->set_eps(eps);
   Importer::add_blob(bn, c, im.floats(mean, "mean"));
   Importer::add_blob(bn, c, im.floats(var, "variance"));
   Importer::add_blob(bn, {1}, {1.0f});
-  pb::LayerParameter& affine = im.add_layer("Scale", {normalized}, {im.output(0)});
+  pb::LayerParameter& affine = im.add_layer("Scale", {y}, {y});
   affine.mutable_scale_param()->set_bias_term(true);
   Importer::add_blob(affine, c, im.floats(scale, "scale"));
   Importer::add_blob(affine, c, im.floats(bias, "bias"));
@@ -856,7 +1010,7 @@ void convert_constant(Importer& im) {
   const onnx::AttributeProto* value = im.attribute("value");
   if (value == nullptr || value->type() != onnx::AttributeProto::TENSOR)
     im.fail_node("a Constant without a tensor 'value' (the importer reads that form only)");
-  im.set_constant(im.output(0), value->t());
+  im.set_constant(im.output(0), value->t(), true);
 }
 
 struct Operator {
@@ -873,6 +1027,7 @@ constexpr Operator kOperators[] = {
     {"Concat", convert_concat},
     {"Constant", convert_constant},
     {"Conv", convert_conv},
+    {"Div", convert_div},
     {"Dropout", convert_identity},
     {"Flatten", convert_flatten},
     {"Gemm", convert_gemm},
@@ -884,6 +1039,7 @@ constexpr Operator kOperators[] = {
     {"LeakyRelu", convert_relu},
     {"LRN", convert_lrn},
     {"MatMul", convert_gemm},
+    {"Max", convert_max},
     {"MaxPool", convert_pool},
     {"Pad", convert_pad},
     {"Mul", convert_mul},
@@ -891,6 +1047,7 @@ constexpr Operator kOperators[] = {
     {"Reshape", convert_reshape},
     {"Sigmoid", convert_unary},
     {"Softmax", convert_softmax},
+    {"Sub", convert_sub},
     {"Tanh", convert_unary},
 };
 
@@ -1046,9 +1203,11 @@ void Importer::add_inputs() {
     if (dims[0] < 1) dims[0] = 1;  // NetOptions::batch_size sets it
     pb::LayerParameter& layer = *net_.add_layer();
     layer.set_name(info.name());
+    layer_names_.insert(info.name());
     layer.set_type("Input");
     layer.add_top(info.name());
     known_.insert(info.name());
+    graph_inputs_.insert(info.name());
     pb::BlobShape& shape = *layer.mutable_input_param()->add_shape();
     for (std::int64_t d : dims)
       shape.add_dim(d);
@@ -1069,11 +1228,20 @@ OnnxModel Importer::run() {
   if (graph.sparse_initializer_size() > 0)
     fail("{}: sparse initializers ('{}') are not supported", path_,
          graph.sparse_initializer(0).values().name());
-  for (const onnx::NodeProto& n : graph.node())
-    for (const std::string& in : n.input())
+  for (const onnx::NodeProto& n : graph.node()) {
+    for (const std::string& in : n.input()) {
       consumed_.insert(in);
-  for (const onnx::ValueInfoProto& out : graph.output())
+      graph_values_.insert(in);
+      ++readers_[in];
+    }
+    graph_values_.insert(n.output().begin(), n.output().end());
+  }
+  for (const onnx::ValueInfoProto& in : graph.input())
+    graph_values_.insert(in.name());
+  for (const onnx::ValueInfoProto& out : graph.output()) {
     consumed_.insert(out.name());
+    outputs_.insert(out.name());
+  }
   read_dims();
   add_inputs();
   std::map<std::string, int> names;  // layer names used, to keep them unique
@@ -1139,6 +1307,29 @@ OnnxModel read_onnx_model(const std::string& path) {
 }
 
 #endif
+
+}  // namespace hn::detail
+
+namespace hn {
+
+void onnx_to_caffe(const std::string& onnx_path, const std::string& prototxt_path,
+                   const std::string& caffemodel_path) {
+  const detail::OnnxModel model = detail::read_onnx_model(onnx_path);
+  detail::pb::NetParameter layers = model.net;
+  for (detail::pb::LayerParameter& layer : *layers.mutable_layer())
+    layer.clear_blobs();
+  std::string text;
+  if (!google::protobuf::TextFormat::PrintToString(layers, &text))
+    detail::fail("{}: its net could not be written as text", onnx_path);
+  text = fmt::format("# {} as Caffe's prototxt (hybridnn convert); weights in {}\n{}", onnx_path,
+                     caffemodel_path, text);
+  detail::write_binary_proto(caffemodel_path, model.net);
+  detail::replace_file(prototxt_path, text, "the converted prototxt");
+}
+
+}  // namespace hn
+
+namespace hn::detail {
 
 void expand_onnx_layers(pb::NetParameter& net, const std::string& origin) {
   bool any = false;

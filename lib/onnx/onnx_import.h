@@ -8,11 +8,9 @@
 #include <vector>
 
 #include "hybridnn.pb.h"
+#include "lib/onnx/onnx_convert.h"
 
 namespace hn::detail {
-
-// Whether `path` names an ONNX model: its extension is ".onnx" (any case).
-bool is_onnx_path(const std::string& path);
 
 // Whether this build reads ONNX files (libonnx-dev was found).
 bool onnx_supported();

@@ -1,5 +1,6 @@
 // `hybridnn convert`: IDX (MNIST, Fashion-MNIST) or CIFAR-10 binary files into an LMDB of
-// Caffe Datum records, as Caffe's convert_mnist_data / convert_cifar_data write them.
+// Caffe Datum records, as Caffe's convert_mnist_data / convert_cifar_data write them; and
+// models between Caffe's files and ONNX (issue 37).
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -12,7 +13,52 @@
 namespace hn::tool {
 namespace {
 
+// .prototxt (+ .caffemodel) -> .onnx, or .onnx -> .prototxt + .caffemodel.
+int convert_model(const Args& args) {
+  const std::string model = args.required_text("model");
+  const std::string output = args.required_text("output");
+  const auto ends_with = [](const std::string& text, const char* suffix) {
+    const std::string tail = suffix;
+    return text.size() >= tail.size() &&
+           text.compare(text.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  if (detail::is_onnx_path(model)) {
+    if (!ends_with(output, ".prototxt"))
+      throw UsageError(fmt::format(
+          "--output {}: an ONNX model converts to a .prototxt (its weights beside it)", output));
+    const std::string caffemodel = args.text("weights_output").empty()
+                                       ? output.substr(0, output.size() - 9) + ".caffemodel"
+                                       : args.text("weights_output");
+    onnx_to_caffe(model, output, caffemodel);
+    fmt::print("Wrote {} and its weights {}\n", output, caffemodel);
+    return 0;
+  }
+  if (!detail::is_onnx_path(output))
+    throw UsageError(fmt::format("--output {}: a Caffe model converts to an .onnx file", output));
+  NetOptions options;
+  options.state.phase = Phase::test;
+  set_table_options(options, args, {"data", "mean_file", "batch", "level", "stage"});
+  Runtime runtime;
+  Net net(model, runtime, default_device(), options);
+  const std::string weights = args.text("weights");
+  if (weights.empty()) {
+    fmt::print(stderr, "Warning: no --weights: {} gets the fillers' initial weights\n", output);
+  } else {
+    for (const std::string& path : detail::split_commas(weights, detail::EmptyItems::keep)) {
+      const std::vector<std::string> missing = net.copy_trained_layers_from(path);
+      if (!missing.empty())
+        fmt::print(stderr,
+                   "Warning: {} has no weights for layer(s) {}: their initial values are written\n",
+                   path, fmt::join(missing, ", "));
+    }
+  }
+  net.save_onnx(output);
+  fmt::print("Wrote {} ({} layers of net '{}')\n", output, net.num_layers(), net.name());
+  return 0;
+}
+
 int run_convert(const Args& args) {
+  if (!args.text("model").empty()) return convert_model(args);
   const std::string source = args.required_text("source");
   const std::string output = args.required_text("output");
   detail::ConvertOptions options;
@@ -47,19 +93,34 @@ int run_convert(const Args& args) {
 Command convert_command() {
   Command command;
   command.name = "convert";
-  command.summary = "write IDX or CIFAR-10 files into an LMDB of Caffe Datum records";
-  command.synopsis = "--source SRC[,SRC2] --output DIR [--shuffle] [--seed N] [--mean FILE]";
+  command.summary =
+      "write IDX or CIFAR-10 files into an LMDB of Caffe Datum records; convert models "
+      "between Caffe's files and ONNX";
+  command.synopsis =
+      "--source SRC[,SRC2] --output DIR [--shuffle] [--seed N] [--mean FILE]\n"
+      "       --model NET.prototxt [--weights W.caffemodel] --output NET.onnx\n"
+      "       --model NET.onnx --output NET.prototxt [--weights-output W.caffemodel]";
   command.details =
       "SRC is an IDX images file (its labels file beside it is found by name; gzip or raw)\n"
       "or CIFAR-10 binary files, comma-separated. Keys are \"%08d\" as Caffe writes them. An\n"
-      "existing non-empty DIR is refused.";
+      "existing non-empty DIR is refused.\n"
+      "With --model, a net converts: a Caffe prototxt (the TEST phase; --data, --batch as for\n"
+      "test) and its weights to an ONNX model (opset 13, inference graph: losses and\n"
+      "accuracies left out), or an ONNX model to a prototxt and a .caffemodel (by default the\n"
+      "prototxt's path with .caffemodel). docs/onnx.md lists the layers and operators.";
   command.flags = {
-      {"source", FlagKind::text, "SRC", "the images to convert (required)"},
-      {"output", FlagKind::text, "DIR", "the LMDB directory to create (required)"},
+      {"source", FlagKind::text, "SRC", "the images to convert"},
+      {"output", FlagKind::text, "PATH",
+       "the LMDB directory, .onnx or .prototxt to write (required)"},
+      {"model", FlagKind::text, "FILE", "a net to convert (.prototxt or .onnx)"},
+      {"weights", FlagKind::text, "W[,W2]", "the prototxt's trained .caffemodel files"},
+      {"weights_output", FlagKind::text, "FILE", "where an ONNX model's weights go"},
       {"shuffle", FlagKind::boolean, "", "shuffle the records"},
       {"seed", FlagKind::integer, "N", "shuffle seed (default 1)"},
       {"mean", FlagKind::text, "FILE", "also write the mean image as a .binaryproto"},
   };
+  for (const FlagSpec& flag : net_flags())
+    command.flags.push_back(flag);
   command.run = run_convert;
   return command;
 }

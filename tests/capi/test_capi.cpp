@@ -395,6 +395,31 @@ TEST_CASE(
   CHECK(again.blob("ip2").values() == net.blob("ip2").values());
 }
 
+TEST_CASE("C ABI: a net written as ONNX and read back computes what it computed", "[capi]") {
+  hn::Runtime runtime;
+  hn::Driver cpu = runtime.add("cpu");
+  hn::Net net = hn::Net::from_text(runtime, cpu, kMlp, hn::NetOptions().set("seed", "7"), "mlp");
+  const std::vector<float> x = pattern(12, 7, 0.3f);
+  net.blob("data").set_values(x);
+  net.forward();
+  TempDir dir;
+  const std::string path = dir.file("mlp.onnx");
+  const hn_status status = hn_net_save_onnx(net.get(), path.c_str());
+  if (status != HN_OK && std::string(hn_last_error()).find("libonnx-dev") != std::string::npos) {
+    WARN("SKIPPED: this build writes no ONNX files: " << hn_last_error());
+    return;
+  }
+  REQUIRE(status == HN_OK);
+  hn::Net back(runtime, cpu, path, hn::NetOptions().set("batch", "3"));
+  CHECK(back.input_names() == std::vector<std::string>{"data"});
+  back.blob("data").set_values(x);
+  back.forward();
+  REQUIRE(back.output_names().size() == 1);
+  CHECK(back.blob(back.output_names()[0]).values() == net.blob("ip2").values());
+  CHECK_THAT(error_of(hn_net_save_onnx(nullptr, path.c_str())), Contains("hn_net_save_onnx"));
+  CHECK_THAT(error_of(hn_net_save_onnx(net.get(), nullptr)), Contains("hn_net_save_onnx"));
+}
+
 // As the tool's --split auto: a bare "auto" measures every available device but the
 // reference driver, whichever drivers the runtime held before.
 TEST_CASE("C ABI: a net's split auto measures every device but the reference driver", "[capi]") {

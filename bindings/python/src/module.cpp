@@ -304,6 +304,9 @@ PYBIND11_MODULE(_core, m) {
       .def("clear_param_diffs", &hn::Net::clear_param_diffs)
       .def("copy_from", &hn::Net::copy_from, py::arg("caffemodel"))
       .def("save", &hn::Net::save, py::arg("caffemodel"))
+      .def("save_onnx", &hn::Net::save_onnx, py::arg("path"),
+           "Writes the net and its weights as an ONNX model (opset 13; losses and accuracies "
+           "left out)")
       .def_property_readonly("layer_names",
                              [](const hn::Net& net) {
                                std::vector<std::string> names;

@@ -9,6 +9,8 @@ read.
 Skipped visibly without python3-torch, python3-torchvision or python3-onnx, or when the
 library was built without libonnx-dev.
 """
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -117,6 +119,85 @@ def test_torchvision_model_forward_matches_pytorch(runtime, exported, name, driv
     # The outputs depend on the input (not the bias alone), so the comparison means something.
     assert np.abs(want[0] - want[1]).max() > 1e-3 * np.abs(want).max()
     assert relative_error(got, want) <= TOLERANCE, (name, driver, relative_error(got, want))
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_torchvision_model_exports_back_to_onnx(runtime, exported, tmp_path, name):
+    """Import -> save_onnx -> ONNX's checker -> import again: bitwise the first import's
+    outputs; and ONNX Runtime, where installed, reads the written model and computes
+    PyTorch's outputs."""
+    path, x, want = exported(name)
+    net = load(runtime, path, 2)
+    first = run(net, {"data": x})["logits"]
+    written = tmp_path / f"{name}.onnx"
+    net.save_onnx(str(written))
+    onnx.checker.check_model(str(written))
+    again = load(runtime, written, 2)
+    (output,) = again.outputs
+    assert np.array_equal(run(again, {"data": x})[output], first)
+    ort = onnx_runtime()
+    if ort is not None:
+        session = ort.InferenceSession(str(written), providers=["CPUExecutionProvider"])
+        (got,) = session.run(None, {"data": x})
+        assert relative_error(got, want) <= TOLERANCE, (name, relative_error(got, want))
+
+
+def onnx_runtime():
+    """onnxruntime where installed (pip install onnxruntime), else None: the checks against
+    it are then left out, and test_onnx_runtime_is_installed says so."""
+    try:
+        import onnxruntime
+    except ImportError:
+        return None
+    return onnxruntime
+
+
+def test_onnx_runtime_is_installed():
+    if onnx_runtime() is None:
+        pytest.skip("onnxruntime is not installed (pip install onnxruntime): the exported "
+                    "models were checked by ONNX's checker and hybridnn's importer only")
+
+
+@pytest.mark.parametrize("prototxt", ["bvlc_googlenet_deploy", "resnet50_deploy",
+                                      "mobilenet_v1_deploy", "mnist_lenet_train_test"])
+def test_caffe_zoo_net_exports_to_onnx(runtime, tmp_path, prototxt):
+    """A Caffe zoo net with random weights -> save_onnx -> ONNX's checker, hybridnn's importer
+    (bitwise) and, where installed, ONNX Runtime (<= 1e-4)."""
+    models = pathlib.Path(__file__).resolve().parents[3].parent / "shared" / "models"
+    if not models.is_dir():
+        pytest.skip(f"no Caffe models at {models}")
+    lenet = prototxt.startswith("mnist")
+    output = "ip2" if lenet else "prob"
+    rt, drivers = runtime
+    net = hn.Net(rt, drivers["cpu"], str(models / f"{prototxt}.prototxt"), batch=2,
+                 phase="test", data="synthetic:1x28x28", seed=5, keep_blobs=f"data,{output}")
+    rng = np.random.default_rng(3)
+    for i, name in enumerate(net.param_names):
+        p = np.asarray(net.param(i).data)
+        fan_in = p.size // p.shape[0] if p.ndim >= 2 else 1
+        value = rng.uniform(-1, 1, p.shape) * np.sqrt(3.0 / fan_in)
+        if p.ndim == 1 and net.layer_types[net.layer_names.index(name.rsplit(".", 1)[0])] \
+                == "BatchNorm":
+            value = {"0": value, "1": 1.0 + value / 2, "2": np.ones_like(value)}[name[-1]]
+        p[...] = value
+    if not lenet:
+        net.blob("data").data[...] = rng.standard_normal(net.blob("data").shape)
+    net.forward()
+    x = np.array(net.blob("data").data)
+    want = np.array(net.blob(output).data)
+    path = tmp_path / f"{prototxt}.onnx"
+    net.save_onnx(str(path))
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model)
+    assert [i.name for i in model.graph.input] == ["data"]
+    assert [o.name for o in model.graph.output] == [output]
+    back = load(runtime, path, 2)
+    assert np.array_equal(run(back, {"data": x})[output], want)
+    ort = onnx_runtime()
+    if ort is not None:
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        (got,) = session.run(None, {"data": x})
+        assert relative_error(got, want) <= TOLERANCE, relative_error(got, want)
 
 
 def test_the_batch_of_an_imported_model_is_the_nets(runtime, exported):
@@ -297,11 +378,38 @@ def case_sigmoid(rng):
     return "Sigmoid", {"x": x}, {}, {}, torch.sigmoid(t(x))
 
 
+def case_mul_by_channel_constant(rng):
+    x, c = rng_array(rng, 2, 3, 4, 5), rng_array(rng, 3, 1, 1)
+    return "Mul", {"x": x}, {"c": c}, {}, t(x) * t(c)
+
+
+def case_add_scalar_constant(rng):
+    x, c = rng_array(rng, 2, 3, 4), np.array(0.75, np.float32)
+    return "Add", {"x": x}, {"c": c}, {}, t(x) + 0.75
+
+
+def case_sub(rng):
+    a, b = rng_array(rng, 2, 3, 4), rng_array(rng, 2, 3, 4)
+    return "Sub", {"a": a, "b": b}, {}, {}, t(a) - t(b)
+
+
+def case_div_by_constant(rng):
+    x, c = rng_array(rng, 2, 3, 4, 5), rng_array(rng, 3, 1, 1) + 3
+    return "Div", {"x": x}, {"c": c}, {}, t(x) / t(c)
+
+
+def case_max(rng):
+    a, b, c = rng_array(rng, 2, 3, 4), rng_array(rng, 2, 3, 4), rng_array(rng, 2, 3, 4)
+    return "Max", {"a": a, "b": b, "c": c}, {}, {}, torch.maximum(torch.maximum(t(a), t(b)), t(c))
+
+
 CASES = [case_conv, case_conv_same_upper, case_gemm, case_gemm_trans_b, case_matmul,
          case_max_pool_ceil, case_average_pool, case_global_average_pool, case_global_max_pool,
          case_batch_norm, case_leaky_relu, case_softmax, case_lrn, case_flatten, case_reshape,
          case_add, case_concat, case_sigmoid, case_clip_relu6, case_clip_max_only, case_mul,
-         case_mul_per_channel, case_mul_per_channel_first, case_hard_sigmoid]
+         case_mul_per_channel, case_mul_per_channel_first, case_hard_sigmoid,
+         case_mul_by_channel_constant, case_add_scalar_constant, case_sub, case_div_by_constant,
+         case_max]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.__name__[5:])
@@ -316,6 +424,38 @@ def test_one_node_matches_pytorch(runtime, tmp_path, case, driver):
     want = want.numpy()
     assert got.shape == want.shape
     assert relative_error(got, want) <= TOLERANCE
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.__name__[5:])
+def test_one_node_model_exports_back(runtime, tmp_path, case):
+    """Each one-node model read, written by save_onnx and read again computes bitwise what
+    it computed (and ONNX's checker accepts what was written)."""
+    rng = np.random.RandomState(abs(hash(case.__name__)) % (2**31))
+    op, inputs, initializers, attrs, want = case(rng)
+    path = one_node_model(tmp_path / "model.onnx", op, inputs, want.dim(), attrs, initializers)
+    batch = next(iter(inputs.values())).shape[0]
+    first = run(load(runtime, path, batch), inputs)["y"]
+    net = load(runtime, path, batch)
+    written = tmp_path / "written.onnx"
+    net.save_onnx(str(written))
+    onnx.checker.check_model(str(written))
+    again = load(runtime, written, batch)
+    (output,) = again.outputs
+    assert np.array_equal(run(again, inputs)[output], first)
+
+
+def test_a_constant_minus_a_value_matches_pytorch(runtime, tmp_path):
+    x = np.random.RandomState(5).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    c = np.random.RandomState(6).standard_normal((1, 3, 1, 1)).astype(np.float32)
+    node = helper.make_node("Sub", ["c", "x"], ["y"], name="the_node")
+    graph = helper.make_graph(
+        [node], "sub", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * 4)],
+        [numpy_helper.from_array(c, "c")])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    got = run(load(runtime, path, 2), {"x": x})["y"]
+    assert relative_error(got, (t(c) - t(x)).numpy()) <= TOLERANCE
 
 
 def test_hard_swish_of_opset_14_matches_pytorch(runtime, tmp_path):
