@@ -190,9 +190,9 @@ layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 4 dim
   SECTION("an Eltwise sum with coefficients") {
     const std::string message = refused(
         R"(layer { name: "sum" type: "Eltwise" bottom: "x" bottom: "x" top: "y"
-              eltwise_param { operation: SUM coeff: 1 coeff: -1 } })",
+              eltwise_param { operation: SUM coeff: 1 coeff: 2 } })",
         "coeff");
-    CHECK_THAT(message, Contains("layer 'sum' (Eltwise)") && Contains("coeff -1"));
+    CHECK_THAT(message, Contains("layer 'sum' (Eltwise)") && Contains("coeff 2"));
   }
   SECTION("an LRN within channels") {
     const std::string message = refused(
