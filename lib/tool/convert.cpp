@@ -41,9 +41,7 @@ int convert_model(const Args& args) {
   Runtime runtime;
   Net net(model, runtime, default_device(), options);
   const std::string weights = args.text("weights");
-  if (weights.empty()) {
-    fmt::print(stderr, "Warning: no --weights: {} gets the fillers' initial weights\n", output);
-  } else {
+  if (!weights.empty()) {
     for (const std::string& path : detail::split_commas(weights, detail::EmptyItems::keep)) {
       const std::vector<std::string> missing = net.copy_trained_layers_from(path);
       if (!missing.empty())
@@ -53,6 +51,8 @@ int convert_model(const Args& args) {
     }
   }
   net.save_onnx(output);
+  if (weights.empty())
+    fmt::print(stderr, "Warning: no --weights: {} holds the fillers' initial weights\n", output);
   fmt::print("Wrote {} ({} layers of net '{}')\n", output, net.num_layers(), net.name());
   return 0;
 }

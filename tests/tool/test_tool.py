@@ -1221,6 +1221,34 @@ def test_split_gives_unsplit_accuracy(ctx):
 # ---- convert and the example ---------------------------------------------------------------
 
 @case
+def convert_model_to_onnx_and_back(ctx):
+    """A trained net's prototxt and weights -> ONNX -> a prototxt and caffemodel again; each
+    runs, and the errors name what is wrong. (The outputs' equality: tests/test_onnx_export.cpp.)"""
+    solver, net, prefix = setup_training(ctx, max_iter=4, snapshot=4)
+    ctx.run("train", "--solver", solver)
+    onnx_path = ctx.path("tiny.onnx")
+    run = ctx.run("convert", "--model", net, "--weights", prefix + "_iter_4.caffemodel",
+                  "--output", onnx_path)
+    if "writes no ONNX files" in run.stderr:
+        raise Skip("this build writes no ONNX files (no libonnx-dev)")
+    check(f"Wrote {onnx_path}" in run.stdout and os.path.getsize(onnx_path) > 0, run.stdout)
+    ctx.run("time", "--model", onnx_path, "--iterations", 1, "--batch", 2)
+    back = ctx.path("back.prototxt")
+    run = ctx.run("convert", "--model", onnx_path, "--output", back)
+    check(os.path.exists(ctx.path("back.caffemodel")), f"no back.caffemodel: {run.stdout}")
+    ctx.run("time", "--model", back, "--iterations", 1, "--batch", 2)
+    ctx.error("convert", "--model", onnx_path, "--output", ctx.path("x.onnx"), code=2,
+              needles=["--output", ".prototxt"])
+    sliced = write(ctx, "sliced.prototxt", """name: "sliced"
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 1 dim: 2 dim: 3 dim: 3 } } }
+layer { name: "cut" type: "Slice" bottom: "x" top: "a" top: "b" slice_param { slice_point: 1 } }
+""")
+    ctx.error("convert", "--model", sliced, "--output", ctx.path("sliced.onnx"),
+              needles=["layer 'cut' (Slice)", "no ONNX equivalent"])
+    check(not os.path.exists(ctx.path("sliced.onnx")), "a refused model left a file")
+
+
+@case
 def convert_to_lmdb(ctx):
     train, test = make_dataset(ctx)
     lmdb = ctx.path("train_lmdb")
