@@ -273,7 +273,7 @@ PYBIND11_MODULE(_core, m) {
           py::arg("driver"), py::arg("inputs"), py::arg("outputs"),
           py::arg("propagate_down") = std::vector<bool>{});
 
-  py::class_<hn::Net>(m, "Net", "A Caffe net (prototxt) on a driver.")
+  py::class_<hn::Net>(m, "Net", "A Caffe net (prototxt) or an ONNX model (.onnx) on a driver.")
       .def(py::init([](hn::Runtime& runtime, const hn::Driver& driver, const std::string& path,
                        const py::kwargs& options) {
              return new hn::Net(runtime, driver, path, net_options(options));
@@ -288,6 +288,19 @@ PYBIND11_MODULE(_core, m) {
             return hn::Net::from_text(runtime, driver, text, net_options(options));
           },
           py::arg("runtime"), py::arg("driver"), py::arg("text"))
+      .def_static(
+          "from_onnx",
+          [](hn::Runtime& runtime, const hn::Driver& driver, const std::string& path,
+             const py::kwargs& options) {
+            const std::string suffix = ".onnx";
+            if (path.size() < suffix.size() ||
+                path.compare(path.size() - suffix.size(), suffix.size(), suffix) != 0)
+              throw py::value_error("Net.from_onnx: '" + path + "' does not end in .onnx");
+            return new hn::Net(runtime, driver, path, net_options(options));
+          },
+          py::arg("runtime"), py::arg("driver"), py::arg("path"),
+          "An ONNX model's net with its weights (the same as Net(runtime, driver, path)); "
+          "the graph inputs' symbolic batch is the `batch` option.")
       .def_property_readonly("name", &hn::Net::name)
       .def(
           "forward",

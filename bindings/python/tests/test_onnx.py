@@ -200,6 +200,15 @@ def test_caffe_zoo_net_exports_to_onnx(runtime, tmp_path, prototxt):
         assert relative_error(got, want) <= TOLERANCE, relative_error(got, want)
 
 
+def test_net_from_onnx_is_the_constructor_for_onnx_files(runtime, exported, tmp_path):
+    path, x, want = exported("squeezenet1_1")
+    rt, drivers = runtime
+    net = hn.Net.from_onnx(rt, drivers["cpu"], str(path), batch=2, phase="test")
+    assert relative_error(run(net, {"data": x})["logits"], want) <= TOLERANCE
+    with pytest.raises(ValueError, match="does not end in .onnx"):
+        hn.Net.from_onnx(rt, drivers["cpu"], str(tmp_path / "net.prototxt"))
+
+
 def test_the_batch_of_an_imported_model_is_the_nets(runtime, exported):
     path, x, want = exported("squeezenet1_1")
     net = load(runtime, path, 1)
