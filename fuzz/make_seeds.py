@@ -70,7 +70,8 @@ def datum(channels, height, width, label, data=None, floats=None, encoded=False)
 def onnx_seeds():
     """Small ONNX models (python3-onnx) exercising every converter: a conv net with pooling,
     BatchNormalization, Clip, Mul by per-channel factors, HardSigmoid, Concat, Flatten, Gemm
-    and Reshape, each under 4 KB."""
+    and Reshape; ShuffleNet's shape arithmetic, Transpose, Slice, Split and ReduceMean; each
+    under 4 KB."""
     try:
         import numpy as np
         from onnx import TensorProto, helper, numpy_helper
@@ -116,6 +117,38 @@ def onnx_seeds():
         node("Reshape", ["l", "shape"], ["q"]),
         node("Softmax", ["q"], ["y"], axis=1),
     ], [numpy_helper.from_array(np.array([0, -1], np.int64), "shape")], ["N", 144])
+
+    def ints(name, *values):
+        return numpy_helper.from_array(np.array(values, np.int64), name)
+
+    def scalar(name, value):
+        return numpy_helper.from_array(np.array(value, np.int64), name)
+
+    # ShuffleNet's operators: shape arithmetic folded at import (Shape, Gather, Div,
+    # Unsqueeze, Concat), Transpose, Slice and Split with unused pieces, ReduceMean, and
+    # arithmetic by constants.
+    model("shuffle_slice_reduce", [
+        node("Shape", ["x"], ["s"]),
+        node("Gather", ["s", "zero"], ["n"], axis=0),
+        node("Gather", ["s", "one"], ["c"], axis=0),
+        node("Div", ["c", "two"], ["half"]),
+        node("Unsqueeze", ["n", "axes0"], ["n1"]),
+        node("Unsqueeze", ["half", "axes0"], ["h1"]),
+        node("Concat", ["n1", "two1", "h1", "rest"], ["shape"], axis=0),
+        node("Reshape", ["x", "shape"], ["v"]),
+        node("Transpose", ["v"], ["t"], perm=[0, 2, 1, 3, 4]),
+        node("Reshape", ["t", "back"], ["u"]),
+        node("Slice", ["u", "st", "en", "ax"], ["piece"]),
+        node("Split", ["u", "sizes"], ["a", "b"], axis=1),
+        node("Sub", ["a", "b"], ["d"]),
+        node("Mul", ["d", "k"], ["m"]),
+        node("Max", ["m", "piece"], ["mx"]),
+        node("ReduceMean", ["mx"], ["y"], axes=[2, 3], keepdims=0),
+    ], [scalar("zero", 0), scalar("one", 1), scalar("two", 2), ints("axes0", 0), ints("two1", 2),
+        ints("rest", 6, 6), ints("back", 0, 2, 6, 6), ints("st", 1), ints("en", 2),
+        ints("ax", 1), ints("sizes", 1, 1),
+        numpy_helper.from_array(np.array([[[1.5]]], np.float32), "k")],
+        ["N", 1], opset=13)
 
 
 def main():

@@ -182,12 +182,14 @@ TEST_CASE("Unknown and data layer types are rejected with a helpful message", "[
                                           "Flatten",
                                           "InnerProduct",
                                           "LRN",
+                                          "Permute",
                                           "Pooling",
                                           "ReLU",
                                           "Reshape",
                                           "Scale",
                                           "Sigmoid",
                                           "SigmoidCrossEntropyLoss",
+                                          "Silence",
                                           "Slice",
                                           "Softmax",
                                           "SoftmaxWithLoss",
@@ -198,8 +200,8 @@ TEST_CASE("Unknown and data layer types are rejected with a helpful message", "[
       hn::detail::make_layer(parse_layer(R"(name: "f" type: "Foo")")),
       Contains("layer 'f': unknown layer type 'Foo'; known types: Accuracy, "
                "BatchNorm, Clip, Concat, Convolution, Dropout, Eltwise, EuclideanLoss, "
-               "Flatten, InnerProduct, LRN, Pooling, ReLU, Reshape, Scale, Sigmoid, "
-               "SigmoidCrossEntropyLoss, Slice, Softmax, SoftmaxWithLoss, Split, "
+               "Flatten, InnerProduct, LRN, Permute, Pooling, ReLU, Reshape, Scale, Sigmoid, "
+               "SigmoidCrossEntropyLoss, Silence, Slice, Softmax, SoftmaxWithLoss, Split, "
                "TanH"));
   for (const char* type : {"Data", "Input", "ImageData", "HDF5Data", "MemoryData", "DummyData"}) {
     INFO(type);

@@ -305,8 +305,102 @@ TEST_CASE("Reshape to a shape too large to address is an error, not an overflow"
       Catch::Contains("big") && Catch::Contains("more elements than can be addressed"));
 }
 
-TEST_CASE("Concat, Slice, Split, Flatten and Reshape gradients match finite differences",
-          "[layer][concat][slice][split][flatten][reshape][gradient]") {
+// y[i'] = x[i] where i' is i with its axes in `order` (a naive loop over every element).
+std::vector<float> naive_permute(const Shape& in, const std::vector<int>& order,
+                                 const std::vector<float>& x) {
+  const std::vector<index_t> dims = in.dims();
+  const std::size_t rank = dims.size();
+  std::vector<index_t> out_dims(rank);
+  for (std::size_t k = 0; k < rank; ++k)
+    out_dims[k] = dims[static_cast<std::size_t>(order[k])];
+  std::vector<float> y(x.size());
+  std::vector<index_t> index(rank, 0);
+  for (std::size_t e = 0; e < x.size(); ++e) {
+    // index: e's position in the input; its place in the output.
+    index_t rest = static_cast<index_t>(e);
+    for (std::size_t a = rank; a-- > 0;) {
+      index[a] = rest % dims[a];
+      rest /= dims[a];
+    }
+    index_t at = 0;
+    for (std::size_t k = 0; k < rank; ++k)
+      at = at * out_dims[k] + index[static_cast<std::size_t>(order[k])];
+    y[static_cast<std::size_t>(at)] = x[e];
+  }
+  return y;
+}
+
+TEST_CASE(
+    "Permute reorders the axes as a naive loop does and routes gradients back on every "
+    "driver",
+    "[layer][permute]") {
+  const auto config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    struct Case {
+      std::vector<int> order;  // as given
+      std::vector<int> full;   // completed
+      Shape input;
+    };
+    const std::vector<Case> cases = {
+        {{0, 2, 1, 3, 4}, {0, 2, 1, 3, 4}, Shape{3, 2, 5, 2, 3}},  // ShuffleNet's shuffle
+        {{0, 2, 3, 1}, {0, 2, 3, 1}, Shape{3, 4, 2, 5}},           // NCHW -> NHWC (SSD)
+        {{0, 3}, {0, 3, 1, 2}, Shape{3, 2, 3, 4}},                 // axes left out follow
+        {{1, 0, 2}, {1, 0, 2}, Shape{3, 4, 2}},                    // the batch moves
+        {{0, 1, 2}, {0, 1, 2}, Shape{3, 4, 2}},                    // nothing moves
+    };
+    std::uint32_t seed = 70;
+    for (const Case& c : cases) {
+      INFO("order of " << c.order.size() << " axes, input " << c.input.to_string());
+      hn::PermuteLayer layer("permute", hn::PermuteParams{c.order});
+      const std::vector<Shape> outs = layer.setup({c.input});
+      std::vector<index_t> want;
+      for (int axis : c.full)
+        want.push_back(c.input[axis]);
+      REQUIRE(outs == std::vector<Shape>{Shape(want)});
+      CHECK(layer.splits_by_rows() == (c.full[0] == 0));
+      const auto x = random_floats(static_cast<std::size_t>(c.input.count()), seed++);
+      const auto dy = random_floats(x.size(), seed++);
+      // dx: dy moved back, the inverse permutation.
+      std::vector<int> inverse(c.full.size());
+      for (std::size_t k = 0; k < c.full.size(); ++k)
+        inverse[static_cast<std::size_t>(c.full[k])] = static_cast<int>(k);
+      const auto run = run_layer(layer, *driver, {c.input}, {x}, {dy});
+      CHECK(run.outputs[0] == naive_permute(c.input, c.full, x));
+      CHECK(run.input_diffs[0] == naive_permute(outs[0], inverse, dy));
+      if (c.full[0] == 0) {
+        hn::test::check_split_equals_whole(layer, *driver, {c.input}, {x}, RunSpec{{0, 2, 3}}, 0.0);
+      }
+    }
+    hn::PermuteLayer bad("perm7", hn::PermuteParams{{0, 0, 1}});
+    CHECK_THROWS_WITH(bad.setup({Shape{2, 3, 4}}),
+                      Contains("perm7") && Contains("not a permutation"));
+  }
+}
+
+TEST_CASE("Silence takes its inputs and zeroes their gradients on every driver",
+          "[layer][silence]") {
+  const auto config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    hn::SilenceLayer layer("silence");
+    const Shape a{3, 2, 2}, b{5, 3};
+    CHECK(layer.setup({a, b}).empty());
+    // The gradients start as anything (7 here) and end as zeros, in one whole call (the
+    // inputs' batches may differ).
+    CHECK_FALSE(layer.splits_by_rows());
+    hn::Tensor ta(a), tb(b);
+    for (hn::Tensor* t : {&ta, &tb})
+      std::fill(t->host_diff_mut(), t->host_diff_mut() + t->count(), 7.0f);
+    hn::run_forward(layer, *driver, {&ta, &tb}, {});
+    hn::run_backward(layer, *driver, {&ta, &tb}, {});
+    CHECK(std::vector<float>(ta.host_diff(), ta.host_diff() + 12) == std::vector<float>(12, 0.0f));
+    CHECK(std::vector<float>(tb.host_diff(), tb.host_diff() + 15) == std::vector<float>(15, 0.0f));
+  }
+}
+
+TEST_CASE("Concat, Slice, Split, Flatten, Reshape and Permute gradients match finite differences",
+          "[layer][concat][slice][split][flatten][reshape][permute][gradient]") {
   const auto config = GENERATE(from_range(hn::test::gradient_configs()));
   DYNAMIC_SECTION(config.label) {
     const auto driver = hn::make_driver(config.device, config.options);
@@ -325,6 +419,8 @@ TEST_CASE("Concat, Slice, Split, Flatten and Reshape gradients match finite diff
     hn::test::check_layer_gradients(flatten, *driver, {a}, {xa});
     hn::ReshapeLayer reshape("reshape", reshape_params({3, -1}, 0, -1));
     hn::test::check_layer_gradients(reshape, *driver, {a}, {xa});
+    hn::PermuteLayer permute("permute", hn::PermuteParams{{0, 2, 1}});
+    hn::test::check_layer_gradients(permute, *driver, {a}, {xa});
   }
 }
 

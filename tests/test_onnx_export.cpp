@@ -2,7 +2,8 @@
 // back compute, bitwise, what they computed; the ONNX file holds what ONNX expects (checked
 // by ONNX's own checker on writing, and read here with its classes: the inputs, the
 // outputs, the losses left out); ONNX -> Caffe's files (onnx_to_caffe) gives the same net
-// again; a layer with no ONNX equivalent is an error naming it, and no file is left. The
+// again; a parameter with no ONNX equivalent is an error naming the layer, and no file is
+// left. The
 // comparison with ONNX Runtime is bindings/python/tests/test_onnx.py's.
 #include <fmt/format.h>
 #include <onnx/onnx_pb.h>
@@ -163,8 +164,10 @@ TEST_CASE("an ONNX model converted to Caffe's prototxt and caffemodel is the sam
   CHECK(run_like(converted, caffe) == want);
 }
 
-TEST_CASE("a layer with no ONNX equivalent is an error naming it, and no file is written",
-          "[onnx]") {
+TEST_CASE(
+    "a layer parameter with no ONNX equivalent is an error naming it, and no file is "
+    "written",
+    "[onnx]") {
   test::TempDir dir("hybridnn-onnx-export-refused");
   Runtime runtime;
   Driver& cpu = runtime.add(Device::parse("cpu"));
@@ -179,13 +182,13 @@ layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 4 dim
     CHECK_FALSE(std::filesystem::exists(path));
     return message;
   };
-  SECTION("Slice") {
+  SECTION("an InnerProduct from axis 2") {
     const std::string message = refused(
-        R"(layer { name: "cut" type: "Slice" bottom: "x" top: "a" top: "b"
-              slice_param { axis: 1 slice_point: 1 } })",
-        "slice");
-    CHECK_THAT(message, Contains("net 'small'") && Contains("layer 'cut' (Slice)") &&
-                            Contains("no ONNX equivalent"));
+        R"(layer { name: "fc" type: "InnerProduct" bottom: "x" top: "y"
+              inner_product_param { num_output: 2 axis: 2 } })",
+        "fc");
+    CHECK_THAT(message, Contains("net 'small'") && Contains("layer 'fc' (InnerProduct)") &&
+                            Contains("axis 2"));
   }
   SECTION("an Eltwise sum with coefficients") {
     const std::string message = refused(

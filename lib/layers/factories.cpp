@@ -98,6 +98,14 @@ std::unique_ptr<Layer> make_split_layer(std::string name, int num_outputs) {
   return std::make_unique<SplitLayer>(std::move(name), num_outputs);
 }
 
+std::unique_ptr<Layer> make_permute_layer(std::string name, PermuteParams params) {
+  return std::make_unique<PermuteLayer>(std::move(name), std::move(params));
+}
+
+std::unique_ptr<Layer> make_silence_layer(std::string name) {
+  return std::make_unique<SilenceLayer>(std::move(name));
+}
+
 std::unique_ptr<Layer> make_flatten_layer(std::string name, FlattenParams params) {
   return std::make_unique<FlattenLayer>(std::move(name), std::move(params));
 }

@@ -66,4 +66,18 @@ struct ReshapeParams {
 // batch, the layer runs on the whole batch only.
 std::unique_ptr<Layer> make_reshape_layer(std::string name, ReshapeParams params);
 
+// Caffe SSD's PermuteParameter (ONNX's Transpose): output axis k is input axis order[k];
+// axes left out keep their order after those given (SSD's rule). A permutation that keeps
+// the batch axis first runs on each device's rows; one that moves it runs on the whole
+// batch only.
+struct PermuteParams {
+  std::vector<int> order;
+};
+std::unique_ptr<Layer> make_permute_layer(std::string name, PermuteParams params);
+
+// BVLC Caffe's Silence: consumes its inputs and outputs nothing; backward writes zeros into
+// their gradients (a blob no other layer reads, such as a Slice's unused piece, then
+// contributes nothing, instead of whatever its gradient memory held).
+std::unique_ptr<Layer> make_silence_layer(std::string name);
+
 }  // namespace hn

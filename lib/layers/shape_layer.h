@@ -100,4 +100,32 @@ class ReshapeLayer final : public Layer {
   bool by_rows_ = true;  // set by setup
 };
 
+// Permutes the input's axes (PermuteParams): one strided copy per block of the output
+// (lib/layers/permute.cpp).
+class PermuteLayer final : public Layer {
+ public:
+  PermuteLayer(std::string name, PermuteParams params);
+  const char* type() const override { return "Permute"; }
+  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
+  void forward(const LayerSlice& slice) override;
+  void backward(const LayerSlice& slice) override;
+  bool splits_by_rows() const override { return order_.empty() || order_[0] == 0; }
+
+ private:
+  PermuteParams param_;
+  std::vector<int> order_;  // complete, set by setup
+};
+
+// Consumes its inputs; backward zeroes their gradients.
+class SilenceLayer final : public Layer {
+ public:
+  explicit SilenceLayer(std::string name);
+  const char* type() const override { return "Silence"; }
+  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
+  void forward(const LayerSlice& slice) override;
+  void backward(const LayerSlice& slice) override;
+  // Its inputs may hold batches of different sizes (a label, a piece): one whole call.
+  bool splits_by_rows() const override { return false; }
+};
+
 }  // namespace hn

@@ -169,6 +169,7 @@ class Exporter {
   // The next layer, when it is a Scale that only this layer's top feeds (BatchNorm's fold).
   const pb::LayerParameter* scale_after() const;
   void skip_next() { skip_next_ = true; }
+  void silence(const std::string& value) { silenced_.insert(value); }
 
  private:
   const pb::NetParameter& net_;
@@ -179,6 +180,7 @@ class Exporter {
   bool skip_next_ = false;
   std::map<std::string, std::string> current_;  // blob -> the value holding it now
   std::set<std::string> used_;                  // value and initializer names
+  std::set<std::string> silenced_;              // values a Silence layer took
 };
 
 // ---- the layers --------------------------------------------------------------------------
@@ -480,6 +482,47 @@ void write_scale(Exporter& ex) {
   ex.node("Add", {product, beta}, {ex.top(0)});
 }
 
+// Permute: Transpose, the order completed as the layer does (the axes left out follow).
+void write_permute(Exporter& ex) {
+  ex.bottoms(1);
+  const Dims in = ex.shape(ex.layer().bottom(0));
+  Dims perm;
+  std::vector<bool> used(in.size(), false);
+  for (std::uint32_t axis : ex.layer().permute_param().order()) {
+    if (axis >= in.size() || used[axis]) ex.fail_layer("order is not a permutation");
+    used[axis] = true;
+    perm.push_back(axis);
+  }
+  for (std::size_t axis = 0; axis < in.size(); ++axis)
+    if (!used[axis]) perm.push_back(static_cast<std::int64_t>(axis));
+  const std::string x = ex.bottom(0);
+  Exporter::attr(ex.node("Transpose", {x}, {ex.top(0)}), "perm", perm);
+}
+
+// Slice: Split, the sizes from the tops' shapes.
+void write_slice(Exporter& ex) {
+  ex.bottoms(1);
+  const Dims in = ex.shape(ex.layer().bottom(0));
+  const pb::SliceParameter& p = ex.layer().slice_param();
+  std::int64_t axis = p.has_slice_dim() ? p.slice_dim() : p.axis();
+  if (axis < 0) axis += static_cast<std::int64_t>(in.size());
+  Dims sizes;
+  for (const std::string& top : ex.layer().top())
+    sizes.push_back(ex.shape(top).at(static_cast<std::size_t>(axis)));
+  const std::string x = ex.bottom(0);
+  const std::string split = ex.int64_initializer("split", sizes);
+  std::vector<std::string> outputs;
+  for (int t = 0; t < ex.layer().top_size(); ++t)
+    outputs.push_back(ex.top(t));
+  Exporter::attr(ex.node("Split", {x, split}, outputs), "axis", axis);
+}
+
+// Silence: no node; the values it takes are no outputs of the graph.
+void write_silence(Exporter& ex) {
+  for (int i = 0; i < ex.layer().bottom_size(); ++i)
+    ex.silence(ex.bottom(i));
+}
+
 void write_split(Exporter& ex) {
   ex.bottoms(1);
   const std::string x = ex.bottom(0);
@@ -510,6 +553,9 @@ constexpr LayerEntry kLayers[] = {
     {"BatchNorm", write_batch_norm},
     {"Scale", write_scale},
     {"Split", write_split},
+    {"Permute", write_permute},
+    {"Slice", write_slice},
+    {"Silence", write_silence},
     {"SoftmaxWithLoss", nullptr},
     {"EuclideanLoss", nullptr},
     {"SigmoidCrossEntropyLoss", nullptr},
@@ -618,7 +664,7 @@ OnnxExport Exporter::run(onnx::ModelProto& model) {
   std::set<std::string> done;
   for (const onnx::NodeProto& n : graph.node()) {
     for (const std::string& value : n.output()) {
-      if (read.count(value) > 0 || done.count(value) > 0) continue;
+      if (read.count(value) > 0 || done.count(value) > 0 || silenced_.count(value) > 0) continue;
       std::string blob = value;
       for (const auto& [name, holder] : current_)
         if (holder == value) blob = name;

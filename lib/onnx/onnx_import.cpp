@@ -83,6 +83,14 @@ std::string dims_text(const Dims& dims) {
 }
 
 // A constant value: an initializer or a Constant node's tensor, read once.
+// An integer tensor folded at import: its shape and values (row-major).
+struct Ints {
+  Dims dims;
+  std::vector<std::int64_t> values;
+};
+// The symbolic batch in a folded shape.
+constexpr std::int64_t kBatch = std::numeric_limits<std::int64_t>::min();
+
 struct Constant {
   const onnx::TensorProto* tensor = nullptr;
   Dims dims;
@@ -195,6 +203,21 @@ class Importer {
   }
   std::vector<float> floats(const Constant& c, const char* what) const;
   Dims ints(const Constant& c, const char* what) const;
+  // Shape arithmetic folded at import (Shape, Gather, Unsqueeze, Concat, ... of shapes, as
+  // PyTorch writes before a Reshape or a Slice): the integer tensor a value holds, kBatch
+  // standing for the graph's symbolic batch; null for a value that is not one.
+  const Ints* int_value(const std::string& name);
+  // Input i as integers: a folded value or an int64/int32 constant.
+  Dims int_input(int i, const char* what) {
+    const Ints* v = int_value(input(i));
+    if (v == nullptr)
+      fail_node("input {} ('{}', the {}) must be a constant or shape arithmetic, not computed", i,
+                input(i), what);
+    return v->values;
+  }
+  // Folds the node when it computes integers from shapes and constants only; false when it
+  // computes on activations (a converter's work).
+  bool fold_integers();
   template <class T, class S, class Field>
   std::vector<T> stored(const onnx::TensorProto& t, const Field& typed, const char* what) const;
 
@@ -211,6 +234,8 @@ class Importer {
     }
   }
   void alias(const std::string& name, const std::string& to) { aliases_[name] = to; }
+  // Whether a node or the graph's outputs read `name`.
+  bool read_later(const std::string& name) const { return consumed_.count(name) > 0; }
   // A blob name for a value between a node's layers: `base`, or with a suffix where the
   // graph or an earlier layer already names a value so.
   std::string fresh_value(const std::string& base) {
@@ -309,6 +334,7 @@ class Importer {
   std::set<std::string> graph_inputs_;  // the graph's inputs that are not initializers
   std::set<std::string> layer_names_;   // of the layers made so far
   std::set<std::string> graph_values_;  // every value the graph names
+  std::map<std::string, Ints> ints_;    // folded integer values (int_value)
 };
 
 // ---- constants ---------------------------------------------------------------------------
@@ -430,6 +456,165 @@ Dims Importer::ints(const Constant& c, const char* what) const {
     return stored<std::int64_t, std::int32_t>(t, t.int32_data(), what);
   fail_node("the {} ('{}') is of ONNX data type {}; the importer reads int64 and int32 here", what,
             t.name(), t.data_type());
+}
+
+const Ints* Importer::int_value(const std::string& name) {
+  const std::string at = resolve(name);
+  auto found = ints_.find(at);
+  if (found != ints_.end()) return &found->second;
+  const Constant* c = constant(at);
+  if (c == nullptr || (c->tensor->data_type() != onnx::TensorProto::INT64 &&
+                       c->tensor->data_type() != onnx::TensorProto::INT32))
+    return nullptr;
+  Ints v{c->dims, ints(*c, "integer constant")};
+  return &(ints_[at] = std::move(v));
+}
+
+namespace {
+
+std::int64_t element_count_of(const Dims& dims) {
+  std::int64_t n = 1;
+  for (std::int64_t d : dims)
+    n *= d;
+  return n;
+}
+
+}  // namespace
+
+bool Importer::fold_integers() {
+  const std::string& op = node().op_type();
+  static const std::set<std::string> kFoldable = {"Shape",  "Gather", "Unsqueeze", "Squeeze",
+                                                  "Concat", "Cast",   "Mul",       "Div",
+                                                  "Add",    "Sub",    "Slice",     "Identity"};
+  if (kFoldable.count(op) == 0 || node().output_size() != 1) return false;
+  Ints out;
+  if (op == "Shape") {
+    const std::string x = activation(0);
+    const Dims d = dims_of(x);
+    if (d.empty()) fail_node("the shape of '{}' is not known", x);
+    std::int64_t rank = static_cast<std::int64_t>(d.size());
+    std::int64_t start = attr_int("start", 0), end = attr_int("end", rank);
+    start = std::clamp(start < 0 ? start + rank : start, std::int64_t{0}, rank);
+    end = std::clamp(end < 0 ? end + rank : end, std::int64_t{0}, rank);
+    for (std::int64_t i = start; i < end; ++i) {
+      const std::int64_t v = d[static_cast<std::size_t>(i)];
+      if (v < 0 && i != 0)
+        fail_node("dimension {} of '{}' is not known ({}): only the batch may be symbolic", i, x,
+                  dims_text(d));
+      out.values.push_back(v < 0 ? kBatch : v);
+    }
+    out.dims = {static_cast<std::int64_t>(out.values.size())};
+    ints_[output(0)] = std::move(out);
+    return true;
+  }
+  // The others fold when every input is an integer value.
+  std::vector<const Ints*> in;
+  for (int i = 0; i < inputs(); ++i) {
+    if (!has_input(i)) {
+      in.push_back(nullptr);
+      continue;
+    }
+    const Ints* v = int_value(input(i));
+    if (v == nullptr) return false;
+    in.push_back(v);
+  }
+  if (in.empty() || in[0] == nullptr) return false;
+  const Ints& a = *in[0];
+  const auto no_batch = [&](const Ints& v) {
+    for (std::int64_t x : v.values)
+      if (x == kBatch)
+        fail_node("arithmetic on the symbolic batch dimension: export with a fixed batch");
+  };
+  if (op == "Identity") {
+    out = a;
+  } else if (op == "Cast") {
+    const std::int64_t to = attr_int("to", 0);
+    if (to != onnx::TensorProto::INT64 && to != onnx::TensorProto::INT32)
+      fail_node("a Cast of shape arithmetic to ONNX data type {}: the importer folds integers", to);
+    out = a;
+  } else if (op == "Gather") {
+    if (inputs() != 2) fail_node("Gather takes 2 inputs");
+    if (attr_int("axis", 0) != 0 || a.dims.size() != 1)
+      fail_node("a Gather of shape arithmetic off axis 0 of a vector");
+    const std::int64_t n = static_cast<std::int64_t>(a.values.size());
+    out.dims = in[1]->dims;
+    for (std::int64_t index : in[1]->values) {
+      if (index < 0) index += n;
+      if (index < 0 || index >= n) fail_node("index {} out of a shape of {} values", index, n);
+      out.values.push_back(a.values[static_cast<std::size_t>(index)]);
+    }
+  } else if (op == "Unsqueeze" || op == "Squeeze") {
+    Dims axes = opset() >= 13 ? (in.size() > 1 && in[1] != nullptr ? in[1]->values : Dims{})
+                              : attr_ints("axes", {});
+    out.values = a.values;
+    Dims dims = a.dims;
+    if (op == "Unsqueeze") {
+      const std::int64_t rank = static_cast<std::int64_t>(dims.size() + axes.size());
+      for (std::int64_t& axis : axes)
+        if (axis < 0) axis += rank;
+      std::sort(axes.begin(), axes.end());
+      for (std::int64_t axis : axes) {
+        if (axis < 0 || axis > static_cast<std::int64_t>(dims.size()))
+          fail_node("axis {} out of range", axis);
+        dims.insert(dims.begin() + axis, 1);
+      }
+    } else {
+      Dims kept;
+      for (std::size_t i = 0; i < dims.size(); ++i) {
+        const bool listed =
+            axes.empty() ? dims[i] == 1
+                         : std::count(axes.begin(), axes.end(), static_cast<std::int64_t>(i)) +
+                                   std::count(axes.begin(), axes.end(),
+                                              static_cast<std::int64_t>(i) -
+                                                  static_cast<std::int64_t>(dims.size())) >
+                               0;
+        if (!listed) kept.push_back(dims[i]);
+      }
+      dims = kept;
+    }
+    out.dims = dims;
+  } else if (op == "Concat") {
+    if (attr_int("axis", 0) != 0 && attr_int("axis", 0) != -1)
+      fail_node("a Concat of shape arithmetic along axis {}", attr_int("axis", 0));
+    for (const Ints* v : in) {
+      if (v == nullptr || v->dims.size() != 1) fail_node("a Concat of shapes that are not vectors");
+      out.values.insert(out.values.end(), v->values.begin(), v->values.end());
+    }
+    out.dims = {static_cast<std::int64_t>(out.values.size())};
+  } else if (op == "Slice") {
+    if (a.dims.size() != 1) fail_node("a Slice of shape arithmetic that is not a vector");
+    if (inputs() < 3) fail_node("a Slice without starts and ends inputs");
+    const std::int64_t n = static_cast<std::int64_t>(a.values.size());
+    std::int64_t start = in[1]->values.at(0), end = in[2]->values.at(0);
+    if (inputs() > 4 && in[4] != nullptr && in[4]->values.at(0) != 1)
+      fail_node("a Slice of shape arithmetic with a step");
+    if (start < 0) start += n;
+    if (end < 0) end += n;
+    start = std::clamp(start, std::int64_t{0}, n);
+    end = std::clamp(end, std::int64_t{0}, n);
+    for (std::int64_t i = start; i < end; ++i)
+      out.values.push_back(a.values[static_cast<std::size_t>(i)]);
+    out.dims = {static_cast<std::int64_t>(out.values.size())};
+  } else {  // Mul, Div, Add, Sub: one of them a scalar, or both of one shape
+    if (inputs() != 2) fail_node("{} takes 2 inputs", op);
+    const Ints& b = *in[1];
+    no_batch(a);
+    no_batch(b);
+    const std::int64_t na = element_count_of(a.dims), nb = element_count_of(b.dims);
+    if (na != nb && na != 1 && nb != 1)
+      fail_node("shape arithmetic on values of shapes {} and {}", dims_text(a.dims),
+                dims_text(b.dims));
+    out.dims = na >= nb ? a.dims : b.dims;
+    const std::int64_t n = std::max(na, nb);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t x = a.values[static_cast<std::size_t>(na == 1 ? 0 : i)];
+      const std::int64_t y = b.values[static_cast<std::size_t>(nb == 1 ? 0 : i)];
+      if (op == "Div" && y == 0) fail_node("a division by 0 in shape arithmetic");
+      out.values.push_back(op == "Mul" ? x * y : op == "Div" ? x / y : op == "Add" ? x + y : x - y);
+    }
+  }
+  ints_[output(0)] = std::move(out);
+  return true;
 }
 
 // ---- helpers of the converters -------------------------------------------------------------
@@ -891,7 +1076,13 @@ void convert_flatten(Importer& im) {
 
 void convert_reshape(Importer& im) {
   const std::string x = im.activation(0);
-  const Dims shape = im.ints(im.constant_input(1, "shape"), "shape");
+  Dims shape = im.int_input(1, "shape");
+  // The symbolic batch (from the input's Shape) copies the input's first dimension.
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] != kBatch) continue;
+    if (i != 0) im.fail_node("the symbolic batch at position {} of the shape", i);
+    shape[i] = 0;
+  }
   if (im.attr_int("allowzero", 0) != 0)
     im.fail_node("attribute 'allowzero' is 1: a 0 in the shape would mean a dimension of 0");
   pb::LayerParameter& layer = im.add_layer("Reshape", {x}, {im.output(0)});
@@ -1013,6 +1204,199 @@ void convert_constant(Importer& im) {
   im.set_constant(im.output(0), value->t(), true);
 }
 
+// Transpose: a Permute layer (`perm`; by default the axes reversed).
+void convert_transpose(Importer& im) {
+  const std::string x = im.activation(0);
+  const Dims d = im.dims_of(x);
+  if (d.empty()) im.fail_node("the input's rank is not known");
+  Dims perm = im.attr_ints("perm", {});
+  if (perm.empty())
+    for (std::size_t k = d.size(); k-- > 0;)
+      perm.push_back(static_cast<std::int64_t>(k));
+  if (perm.size() != d.size())
+    im.fail_node("attribute 'perm' has {} axes for {}", perm.size(), dims_text(d));
+  pb::LayerParameter& layer = im.add_layer("Permute", {x}, {im.output(0)});
+  for (std::int64_t axis : perm) {
+    if (axis < 0 || axis >= static_cast<std::int64_t>(d.size()))
+      im.fail_node("attribute 'perm' names axis {} of a {}-D input", axis, d.size());
+    layer.mutable_permute_param()->add_order(static_cast<std::uint32_t>(axis));
+  }
+}
+
+// Cuts `x` along `axis` at `points` (strictly increasing, inside the axis) into a Caffe
+// Slice; `wanted` maps each piece to its blob, "" for a piece no node reads, which a
+// Silence layer takes (so that its gradient is 0, not whatever its memory held).
+void add_slice(Importer& im, const std::string& x, std::int64_t axis, const Dims& points,
+               std::vector<std::string> tops) {
+  std::vector<std::string> unused;
+  for (std::size_t i = 0; i < tops.size(); ++i) {
+    if (!tops[i].empty()) continue;
+    tops[i] = im.fresh_value(fmt::format("{}/piece_{}", x, i));
+    unused.push_back(tops[i]);
+  }
+  pb::LayerParameter& layer = im.add_layer("Slice", {x}, tops);
+  layer.mutable_slice_param()->set_axis(static_cast<std::int32_t>(axis));
+  for (std::int64_t p : points)
+    layer.mutable_slice_param()->add_slice_point(static_cast<std::uint32_t>(p));
+  if (!unused.empty()) im.add_layer("Silence", unused, {}, "/unused");
+}
+
+// Slice of an activation: along one axis past the batch, step 1.
+void convert_slice(Importer& im) {
+  const std::string x = im.activation(0);
+  const Dims d = im.dims_of(x);
+  if (d.empty()) im.fail_node("the input's shape is not known");
+  const std::int64_t rank = static_cast<std::int64_t>(d.size());
+  Dims starts, ends, axes, steps;
+  if (im.opset() < 10) {
+    starts = im.attr_ints("starts", {});
+    ends = im.attr_ints("ends", {});
+    axes = im.attr_ints("axes", {});
+  } else {
+    starts = im.int_input(1, "starts");
+    ends = im.int_input(2, "ends");
+    if (im.has_input(3)) axes = im.int_input(3, "axes");
+    if (im.has_input(4)) steps = im.int_input(4, "steps");
+  }
+  if (axes.empty())
+    for (std::size_t i = 0; i < starts.size(); ++i)
+      axes.push_back(static_cast<std::int64_t>(i));
+  if (starts.size() != ends.size() || axes.size() != starts.size())
+    im.fail_node("starts, ends and axes of {}, {} and {} values", starts.size(), ends.size(),
+                 axes.size());
+  std::int64_t axis = -1, begin = 0, end = 0;
+  for (std::size_t i = 0; i < axes.size(); ++i) {
+    std::int64_t a = axes[i] < 0 ? axes[i] + rank : axes[i];
+    if (a < 0 || a >= rank) im.fail_node("axis {} of a {}-D input", axes[i], rank);
+    if (!steps.empty() && steps[i] != 1)
+      im.fail_node("step {}: the importer slices with step 1", steps[i]);
+    const std::int64_t n = d[static_cast<std::size_t>(a)];
+    if (n < 0) im.fail_node("a slice along axis {}, whose size is not known", a);
+    std::int64_t s = starts[i] < 0 ? starts[i] + n : starts[i];
+    std::int64_t e = ends[i] < 0 ? ends[i] + n : ends[i];
+    s = std::clamp(s, std::int64_t{0}, n);
+    e = std::clamp(e, std::int64_t{0}, n);
+    if (s == 0 && e == n) continue;  // the whole axis
+    if (axis >= 0) im.fail_node("a slice along two axes ({} and {})", axis, a);
+    if (a == 0) im.fail_node("a slice of the batch axis");
+    if (e <= s) im.fail_node("an empty slice [{}, {}) of axis {}", s, e, a);
+    axis = a;
+    begin = s;
+    end = e;
+  }
+  if (axis < 0) {
+    im.alias(im.output(0), x);
+    return;
+  }
+  const std::int64_t n = d[static_cast<std::size_t>(axis)];
+  Dims points;
+  std::vector<std::string> tops;
+  if (begin > 0) {
+    points.push_back(begin);
+    tops.emplace_back();
+  }
+  tops.push_back(im.output(0));
+  if (end < n) {
+    points.push_back(end);
+    tops.emplace_back();
+  }
+  add_slice(im, x, axis, points, tops);
+}
+
+// Split: a Caffe Slice at the sizes given (input 1 from opset 13, the attribute before) or
+// in equal parts.
+void convert_split(Importer& im) {
+  const std::string x = im.activation(0);
+  const Dims d = im.dims_of(x);
+  if (d.empty()) im.fail_node("the input's shape is not known");
+  const std::int64_t rank = static_cast<std::int64_t>(d.size());
+  std::int64_t axis = im.attr_int("axis", 0);
+  if (axis < 0) axis += rank;
+  if (axis <= 0 || axis >= rank)
+    im.fail_node("attribute 'axis' {}: the importer splits past the batch", axis);
+  const std::int64_t n = d[static_cast<std::size_t>(axis)];
+  const int count = im.node().output_size();
+  Dims sizes = im.opset() >= 13 ? (im.has_input(1) ? im.int_input(1, "split") : Dims{})
+                                : im.attr_ints("split", {});
+  if (sizes.empty()) {
+    if (n % count != 0) im.fail_node("{} outputs do not divide axis {} of {}", count, axis, n);
+    sizes.assign(static_cast<std::size_t>(count), n / count);
+  }
+  if (static_cast<int>(sizes.size()) != count)
+    im.fail_node("{} sizes for {} outputs", sizes.size(), count);
+  Dims points;
+  std::vector<std::string> tops;
+  std::int64_t at = 0;
+  for (int i = 0; i < count; ++i) {
+    if (sizes[static_cast<std::size_t>(i)] <= 0)
+      im.fail_node("a part of size {}", sizes[static_cast<std::size_t>(i)]);
+    if (i > 0) points.push_back(at);
+    at += sizes[static_cast<std::size_t>(i)];
+    const std::string& name = im.node().output(i);
+    tops.push_back(name.empty() || !im.read_later(name) ? std::string() : name);
+  }
+  if (at != n) im.fail_node("sizes summing to {} along an axis of {}", at, n);
+  add_slice(im, x, axis, points, tops);
+}
+
+// ReduceMean over the two spatial axes of a 4-D input: a global average Pooling (then a
+// Flatten without keepdims).
+void convert_reduce_mean(Importer& im) {
+  const std::string x = im.activation(0);
+  const Dims d = im.dims_of(x);
+  Dims axes = im.attr_ints("axes", {});
+  for (std::int64_t& a : axes)
+    if (a < 0) a += static_cast<std::int64_t>(d.size());
+  std::sort(axes.begin(), axes.end());
+  if (d.size() != 4 || axes != Dims{2, 3})
+    im.fail_node(
+        "axes {} of an input of shape {}: the importer averages over the spatial axes of 4-D "
+        "inputs",
+        dims_text(im.attr_ints("axes", {})), dims_text(d));
+  const bool keep = im.attr_int("keepdims", 1) != 0;
+  const std::string pooled = keep ? im.output(0) : im.fresh_value(im.output(0) + "/pooled");
+  pb::LayerParameter& pool = im.add_layer("Pooling", {x}, {pooled}, keep ? "" : "/pool");
+  pool.mutable_pooling_param()->set_pool(pb::PoolingParameter::AVE);
+  pool.mutable_pooling_param()->set_global_pooling(true);
+  if (!keep) im.add_layer("Flatten", {pooled}, {im.output(0)});
+}
+
+// Squeeze and Unsqueeze of an activation: a Reshape to the new shape, the batch copied.
+void convert_squeeze(Importer& im) {
+  const bool un = im.node().op_type() == "Unsqueeze";
+  const std::string x = im.activation(0);
+  const Dims d = im.dims_of(x);
+  if (d.empty()) im.fail_node("the input's shape is not known");
+  Dims axes = im.opset() >= 13 ? (im.has_input(1) ? im.int_input(1, "axes") : Dims{})
+                               : im.attr_ints("axes", {});
+  const std::int64_t rank = static_cast<std::int64_t>(d.size() + (un ? axes.size() : 0));
+  for (std::int64_t& a : axes)
+    if (a < 0) a += rank;
+  Dims shape;
+  if (un) {
+    shape = d;
+    std::sort(axes.begin(), axes.end());
+    for (std::int64_t a : axes) {
+      if (a <= 0 || a > static_cast<std::int64_t>(shape.size()))
+        im.fail_node("axis {}: the importer keeps the batch first", a);
+      shape.insert(shape.begin() + a, 1);
+    }
+  } else {
+    for (std::size_t i = 0; i < d.size(); ++i) {
+      const bool listed =
+          axes.empty() ? d[i] == 1 && i > 0
+                       : std::count(axes.begin(), axes.end(), static_cast<std::int64_t>(i)) > 0;
+      if (listed && (i == 0 || d[i] != 1))
+        im.fail_node("axis {} of shape {} cannot be squeezed", i, dims_text(d));
+      if (!listed) shape.push_back(d[i]);
+    }
+  }
+  shape[0] = 0;  // the batch
+  pb::LayerParameter& layer = im.add_layer("Reshape", {x}, {im.output(0)});
+  for (std::int64_t v : shape)
+    layer.mutable_reshape_param()->mutable_shape()->add_dim(v);
+}
+
 struct Operator {
   const char* name;
   Converter convert;
@@ -1046,8 +1430,14 @@ constexpr Operator kOperators[] = {
     {"Relu", convert_relu},
     {"Reshape", convert_reshape},
     {"Sigmoid", convert_unary},
+    {"ReduceMean", convert_reduce_mean},
+    {"Slice", convert_slice},
     {"Softmax", convert_softmax},
+    {"Split", convert_split},
+    {"Squeeze", convert_squeeze},
     {"Sub", convert_sub},
+    {"Transpose", convert_transpose},
+    {"Unsqueeze", convert_squeeze},
     {"Tanh", convert_unary},
 };
 
@@ -1145,6 +1535,23 @@ void Importer::infer_dims(const pb::LayerParameter& layer) {
     }
   } else if (type == "InnerProduct") {
     out = {in[0][0], layer.inner_product_param().num_output()};
+  } else if (type == "Permute") {
+    out.clear();
+    for (std::uint32_t axis : layer.permute_param().order())
+      out.push_back(axis < in[0].size() ? in[0][axis] : -1);
+  } else if (type == "Slice") {
+    const auto axis = static_cast<std::size_t>(layer.slice_param().axis());
+    std::int64_t previous = 0;
+    for (int t = 0; t < layer.top_size() && axis < out.size(); ++t) {
+      const std::int64_t next = t < layer.slice_param().slice_point_size()
+                                    ? layer.slice_param().slice_point(t)
+                                    : in[0][axis];
+      Dims piece = in[0];
+      piece[axis] = in[0][axis] < 0 ? -1 : next - previous;
+      dims_[layer.top(t)] = piece;
+      previous = next;
+    }
+    return;
   } else if (type == "Flatten") {
     out = {in[0][0], product(in[0].begin() + 1, in[0].end())};
   } else if (type == "Concat") {
@@ -1167,8 +1574,10 @@ void Importer::infer_dims(const pb::LayerParameter& layer) {
         continue;
       }
       out.push_back(d > 0 ? d : -1);
-      if (d == -1) infer = i;
-      fixed = times(fixed, d > 0 ? d : -1);
+      if (d == -1)
+        infer = i;
+      else
+        fixed = times(fixed, d > 0 ? d : -1);
     }
     std::int64_t rest = 1;
     for (std::size_t i = 0; i < x.size(); ++i) {
@@ -1252,15 +1661,17 @@ OnnxModel Importer::run() {
     if (names[node_.name]++ > 0) node_.name += fmt::format("_{}", index);
     if (!n.domain().empty() && n.domain() != "ai.onnx")
       fail_node("operator domain '{}': the importer reads the default domain only", n.domain());
-    const Operator* op = nullptr;
-    for (const Operator& candidate : kOperators)
-      if (n.op_type() == candidate.name) op = &candidate;
-    if (op == nullptr)
-      fail_node("operator '{}' is not supported (supported: {})", n.op_type(), operator_names());
-    const int first_layer = net_.layer_size();
-    op->convert(*this);
-    for (int l = first_layer; l < net_.layer_size(); ++l)
-      infer_dims(net_.layer(l));
+    if (!fold_integers()) {
+      const Operator* op = nullptr;
+      for (const Operator& candidate : kOperators)
+        if (n.op_type() == candidate.name) op = &candidate;
+      if (op == nullptr)
+        fail_node("operator '{}' is not supported (supported: {})", n.op_type(), operator_names());
+      const int first_layer = net_.layer_size();
+      op->convert(*this);
+      for (int l = first_layer; l < net_.layer_size(); ++l)
+        infer_dims(net_.layer(l));
+    }
     for (const onnx::AttributeProto& a : n.attribute()) {
       if (node_.read.count(a.name()) == 0)
         fail_node("attribute '{}' is not supported for {}", a.name(), n.op_type());

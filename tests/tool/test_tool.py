@@ -1239,13 +1239,14 @@ def convert_model_to_onnx_and_back(ctx):
     ctx.run("time", "--model", back, "--iterations", 1, "--batch", 2)
     ctx.error("convert", "--model", onnx_path, "--output", ctx.path("x.onnx"), code=2,
               needles=["--output", ".prototxt"])
-    sliced = write(ctx, "sliced.prototxt", """name: "sliced"
+    refused = write(ctx, "refused.prototxt", """name: "refused"
 layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 1 dim: 2 dim: 3 dim: 3 } } }
-layer { name: "cut" type: "Slice" bottom: "x" top: "a" top: "b" slice_param { slice_point: 1 } }
+layer { name: "fc" type: "InnerProduct" bottom: "x" top: "y"
+        inner_product_param { num_output: 2 axis: 2 } }
 """)
-    ctx.error("convert", "--model", sliced, "--output", ctx.path("sliced.onnx"),
-              needles=["layer 'cut' (Slice)", "no ONNX equivalent"])
-    check(not os.path.exists(ctx.path("sliced.onnx")), "a refused model left a file")
+    ctx.error("convert", "--model", refused, "--output", ctx.path("refused.onnx"),
+              needles=["layer 'fc' (InnerProduct)", "axis 2"])
+    check(not os.path.exists(ctx.path("refused.onnx")), "a refused model left a file")
 
 
 @case

@@ -6,10 +6,10 @@ max |reference| <= 1e-4) and every gradient, of inputs and parameters (relative 
 <= 1e-3), against torch.autograd. Where Caffe's convention differs from PyTorch's, the
 reference says so and follows Caffe's source (BVLC/caffe, src/caffe/layers/*.cpp).
 
-Layer types covered (lib/net/layer_factory.cpp lists 22, all of them): Accuracy (forward
+Layer types covered (lib/net/layer_factory.cpp lists 24, all of them): Accuracy (forward
 only: it has no gradient), BatchNorm, Clip, Concat, Convolution, Dropout, Eltwise, EuclideanLoss,
-Flatten, InnerProduct, LRN, Pooling, ReLU, Reshape, Scale, Sigmoid,
-SigmoidCrossEntropyLoss, Slice, Softmax, SoftmaxWithLoss, Split, TanH. Left out: the data
+Flatten, InnerProduct, LRN, Permute, Pooling, ReLU, Reshape, Scale, Sigmoid,
+SigmoidCrossEntropyLoss, Silence, Slice, Softmax, SoftmaxWithLoss, Split, TanH. Left out: the data
 layers (Input, DummyData, Data, ...), which take no bottoms and are handled by the Net, not
 computable as a standalone layer. A new layer type needs a generator in GENERATORS;
 test_every_layer_type_has_a_generator fails until it has one.
@@ -687,6 +687,29 @@ def gen_slice(rng):
                 lambda xs, ps: list(torch.split(xs[0], sizes, start)))
 
 
+def gen_permute(rng):
+    axes = int(rng.randint(1, 6))
+    shape = random_shape(rng, axes)
+    full = [int(a) for a in rng.permutation(axes)]
+    if rng.rand() < 0.5:
+        full = [0] + [int(a) for a in 1 + rng.permutation(axes - 1)]  # the batch stays first
+    # SSD's rule: the axes left out of `order` follow in their order.
+    given = int(rng.randint(0, axes + 1))
+    order = full[:given]
+    rest = [a for a in range(axes) if a not in order]
+    full = order + rest
+    text = " ".join(f"order: {a}" for a in order)
+    return Case(f'name: "permute" type: "Permute" permute_param {{ {text} }}',
+                [normal(rng, shape)], lambda xs, ps: [xs[0].permute(full)])
+
+
+def gen_silence(rng):
+    bottoms = int(rng.randint(1, 4))
+    inputs = [normal(rng, random_shape(rng, int(rng.randint(1, 5)))) for _ in range(bottoms)]
+    # No outputs; the inputs' gradients are zeros.
+    return Case('name: "silence" type: "Silence"', inputs, lambda xs, ps: [])
+
+
 def gen_split(rng):
     tops = int(rng.randint(1, 5))
     shape = random_shape(rng, int(rng.randint(1, 5)))
@@ -960,6 +983,8 @@ GENERATORS = {
     "Softmax": (gen_softmax, 60),
     "SoftmaxWithLoss": (gen_softmax_with_loss, 80),
     "Split": (gen_split, 30),
+    "Permute": (gen_permute, 40),
+    "Silence": (gen_silence, 10),
     "TanH": (gen_tanh, 30),
     "Clip": (gen_clip, 20),
 }

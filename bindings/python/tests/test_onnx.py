@@ -66,6 +66,7 @@ MODELS = {
     "efficientnet_b0": (64, ["cpu", "split"]),
     "regnet_y_400mf": (64, ["cpu", "split"]),
     "densenet121": (64, ["cpu"]),
+    "shufflenet_v2_x1_0": (64, ["cpu", "split"]),
 }
 
 
@@ -412,13 +413,40 @@ def case_max(rng):
     return "Max", {"a": a, "b": b, "c": c}, {}, {}, torch.maximum(torch.maximum(t(a), t(b)), t(c))
 
 
+def case_transpose(rng):
+    x = rng_array(rng, 2, 3, 4, 5)
+    return "Transpose", {"x": x}, {}, {"perm": [0, 3, 1, 2]}, t(x).permute(0, 3, 1, 2)
+
+
+def case_slice(rng):
+    x = rng_array(rng, 2, 6, 4)
+    inits = {"starts": np.array([1], np.int64), "ends": np.array([4], np.int64),
+             "axes": np.array([1], np.int64)}
+    return "Slice", {"x": x}, inits, {}, t(x)[:, 1:4]
+
+
+def case_reduce_mean(rng):
+    x = rng_array(rng, 2, 3, 4, 5)
+    return "ReduceMean", {"x": x}, {}, {"axes": [2, 3], "keepdims": 0}, t(x).mean((2, 3))
+
+
+def case_unsqueeze(rng):
+    x = rng_array(rng, 2, 3)
+    return "Unsqueeze", {"x": x}, {"axes": np.array([2, 3], np.int64)}, {}, t(x)[:, :, None, None]
+
+
+def case_squeeze(rng):
+    x = rng_array(rng, 2, 3, 1, 1)
+    return "Squeeze", {"x": x}, {"axes": np.array([2, 3], np.int64)}, {}, t(x)[:, :, 0, 0]
+
+
 CASES = [case_conv, case_conv_same_upper, case_gemm, case_gemm_trans_b, case_matmul,
          case_max_pool_ceil, case_average_pool, case_global_average_pool, case_global_max_pool,
          case_batch_norm, case_leaky_relu, case_softmax, case_lrn, case_flatten, case_reshape,
          case_add, case_concat, case_sigmoid, case_clip_relu6, case_clip_max_only, case_mul,
          case_mul_per_channel, case_mul_per_channel_first, case_hard_sigmoid,
          case_mul_by_channel_constant, case_add_scalar_constant, case_sub, case_div_by_constant,
-         case_max]
+         case_max, case_transpose, case_slice, case_reduce_mean, case_unsqueeze, case_squeeze]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.__name__[5:])
@@ -451,6 +479,40 @@ def test_one_node_model_exports_back(runtime, tmp_path, case):
     again = load(runtime, written, batch)
     (output,) = again.outputs
     assert np.array_equal(run(again, inputs)[output], first)
+
+
+def test_split_of_opset_13_gives_each_part(runtime, tmp_path):
+    x = np.random.RandomState(4).standard_normal((2, 7, 3)).astype(np.float32)
+    node = helper.make_node("Split", ["x", "sizes"], ["a", "b", "c"], name="the_node", axis=1)
+    graph = helper.make_graph(
+        [node], "split", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 7, 3])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None] * 3) for n in "abc"],
+        [numpy_helper.from_array(np.array([2, 4, 1], np.int64), "sizes")])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    got = run(load(runtime, path, 2), {"x": x})
+    for name, (begin, end) in zip("abc", [(0, 2), (2, 6), (6, 7)]):
+        assert np.array_equal(got[name], x[:, begin:end])
+
+
+def test_shape_arithmetic_is_folded_at_import(runtime, tmp_path):
+    """x.view(n, 2, c // 2, h * w) written as PyTorch does: Shape, Gather, Div, Mul,
+    Unsqueeze and Concat of the input's shape; the batch stays free (read at batch 3)."""
+    class View(torch.nn.Module):
+        def forward(self, x):
+            n, c, h, w = x.size()
+            return x.view(n, 2, c // 2, h * w).transpose(1, 2)
+
+    x = np.random.RandomState(8).standard_normal((2, 6, 2, 3)).astype(np.float32)
+    path = tmp_path / "view.onnx"
+    torch.onnx.export(View(), torch.from_numpy(x), str(path), opset_version=13,
+                      input_names=["data"], output_names=["y"],
+                      dynamic_axes={"data": {0: "batch"}, "y": {0: "batch"}})
+    ops = {n.op_type for n in onnx.load(str(path)).graph.node}
+    assert {"Shape", "Gather", "Concat"} <= ops, ops
+    x3 = np.random.RandomState(9).standard_normal((3, 6, 2, 3)).astype(np.float32)
+    got = run(load(runtime, path, 3), {"data": x3})["y"]
+    assert np.array_equal(got, torch.from_numpy(x3).view(3, 2, 3, 6).transpose(1, 2).numpy())
 
 
 def test_a_constant_minus_a_value_matches_pytorch(runtime, tmp_path):
@@ -591,8 +653,30 @@ snapshot_after_train: false
 """
 
 
+class ShuffleBlock(torch.nn.Module):
+    """ShuffleNet v2's unit in small: chunk(2) (two Slices, each with a piece no node reads),
+    a convolution on one half, a concat and the channel shuffle (view, transpose, view: shape
+    arithmetic folded at import and a Permute)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.branch = torch.nn.Conv2d(4, 4, 3, padding=1)
+        self.head = torch.nn.Linear(8 * 4 * 4, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.stem(x)), 8)
+        a, b = x.chunk(2, dim=1)
+        x = torch.cat((a, F.relu(self.branch(b))), dim=1)
+        n, c, h, w = x.size()
+        x = x.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous().view(n, -1, h, w)
+        return self.head(x.flatten(1))
+
+
 def small_model(name):
     torch.manual_seed(3)
+    if name == "shuffle":
+        return ShuffleBlock().eval()
     if name == "tiny":
         return torch.nn.Sequential(
             torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
@@ -603,7 +687,7 @@ def small_model(name):
     return torchvision.models.squeezenet1_1(weights=None, num_classes=10).eval()
 
 
-@pytest.mark.parametrize("name", ["tiny", "squeezenet1_1"])
+@pytest.mark.parametrize("name", ["tiny", "squeezenet1_1", "shuffle"])
 @pytest.mark.parametrize("split", [None, "cpu:0.5,reference:0.5"])
 def test_an_onnx_layer_trains_one_sgd_step_as_pytorch_does(runtime, tmp_path, name, split):
     model = small_model(name)
