@@ -171,30 +171,15 @@ TEST_CASE("LeNet deploy infers Caffe's shapes through the built layers", "[facto
 }
 
 TEST_CASE("Unknown and data layer types are rejected with a helpful message", "[factory]") {
-  const std::vector<std::string> expected{"Accuracy",
-                                          "BatchNorm",
-                                          "Clip",
-                                          "Concat",
-                                          "Convolution",
-                                          "Dropout",
-                                          "Eltwise",
-                                          "EuclideanLoss",
-                                          "Flatten",
-                                          "InnerProduct",
-                                          "LRN",
-                                          "Permute",
-                                          "Pooling",
-                                          "ReLU",
-                                          "Reshape",
-                                          "Scale",
-                                          "Sigmoid",
-                                          "SigmoidCrossEntropyLoss",
-                                          "Silence",
-                                          "Slice",
-                                          "Softmax",
-                                          "SoftmaxWithLoss",
-                                          "Split",
-                                          "TanH"};
+  const std::vector<std::string> expected{
+      "Accuracy",        "BatchNorm",     "Clip",
+      "Concat",          "Convolution",   "Dropout",
+      "Eltwise",         "EuclideanLoss", "Flatten",
+      "InnerProduct",    "LRN",           "Permute",
+      "Pooling",         "ReLU",          "Reshape",
+      "Scale",           "Sigmoid",       "SigmoidCrossEntropyLoss",
+      "Silence",         "Slice",         "Softmax",
+      "SoftmaxWithLoss", "Split",         "TanH"};
   CHECK(hn::detail::known_layer_types() == expected);
   CHECK_THROWS_WITH(
       hn::detail::make_layer(parse_layer(R"(name: "f" type: "Foo")")),
