@@ -38,6 +38,17 @@ NetOptions test_options(int batch) {
   return options;
 }
 
+// A forward, then the values of every output blob.
+std::vector<std::vector<float>> forward_outputs(Net& net) {
+  net.forward();
+  std::vector<std::vector<float>> outputs;
+  for (const std::string& name : net.output_blob_names()) {
+    const BlobRef blob = net.blob(name);
+    outputs.emplace_back(blob.host_data(), blob.host_data() + blob.count());
+  }
+  return outputs;
+}
+
 // Every parameter drawn at random (a BatchNorm's variance positive and its scale factor 1,
 // so that no output is a NaN), the inputs too; returns the outputs after a forward.
 std::vector<std::vector<float>> fill_and_run(Net& net, std::uint32_t seed) {
@@ -67,13 +78,7 @@ std::vector<std::vector<float>> fill_and_run(Net& net, std::uint32_t seed) {
     for (index_t i = 0; i < blob.count(); ++i)
       data[i] = uniform(inputs);
   }
-  net.forward();
-  std::vector<std::vector<float>> outputs;
-  for (const std::string& name : net.output_blob_names()) {
-    const BlobRef blob = net.blob(name);
-    outputs.emplace_back(blob.host_data(), blob.host_data() + blob.count());
-  }
-  return outputs;
+  return forward_outputs(net);
 }
 
 // `to`'s inputs set to `from`'s blobs of the same names (an Input's, or what a data layer
@@ -86,13 +91,7 @@ std::vector<std::vector<float>> run_like(Net& to, Net& from) {
     REQUIRE(source.count() == target.count());
     std::copy(source.host_data(), source.host_data() + source.count(), target.host_data_mut());
   }
-  to.forward();
-  std::vector<std::vector<float>> outputs;
-  for (const std::string& name : to.output_blob_names()) {
-    const BlobRef blob = to.blob(name);
-    outputs.emplace_back(blob.host_data(), blob.host_data() + blob.count());
-  }
-  return outputs;
+  return forward_outputs(to);
 }
 
 onnx::ModelProto read_model(const std::string& path) {

@@ -66,6 +66,23 @@ void permute(Driver& driver, const std::vector<index_t>& dims, const std::vector
   }
 }
 
+// src (of `dims`) permuted by `order` into dst, for `rows` rows of the batch: with the batch
+// first and kept, each row on its own (the order without axis 0); else the whole tensor.
+void permute_slice(Driver& driver, const std::vector<index_t>& dims, const std::vector<int>& order,
+                   index_t rows, const float* src, float* dst) {
+  if (order[0] != 0) {
+    permute(driver, dims, order, src, dst);
+    return;
+  }
+  const std::vector<index_t> row_dims(dims.begin() + 1, dims.end());
+  std::vector<int> row_order;
+  for (std::size_t k = 1; k < order.size(); ++k)
+    row_order.push_back(order[k] - 1);
+  const index_t per_row = Shape(row_dims).count();
+  for (index_t r = 0; r < rows; ++r)
+    permute(driver, row_dims, row_order, src + r * per_row, dst + r * per_row);
+}
+
 }  // namespace
 
 PermuteLayer::PermuteLayer(std::string name, PermuteParams params)
@@ -95,45 +112,19 @@ std::vector<Shape> PermuteLayer::setup(const std::vector<Shape>& inputs) {
   return {Shape(out)};
 }
 
-// With the batch first and kept, each row is permuted on its own (order without axis 0).
 void PermuteLayer::forward(const LayerSlice& slice) {
-  const Operand& x = slice.inputs[0];
-  const Operand& y = slice.outputs[0];
-  std::vector<index_t> dims = x.shape.dims();
-  if (order_[0] != 0) {
-    permute(*slice.driver, dims, order_, x.x(), y.mutable_x());
-    return;
-  }
-  const std::vector<index_t> row_dims(dims.begin() + 1, dims.end());
-  std::vector<int> row_order;
-  for (std::size_t k = 1; k < order_.size(); ++k)
-    row_order.push_back(order_[k] - 1);
-  const index_t per_row = x.shape.count(1, x.shape.axes());
-  for (index_t r = 0; r < slice.rows(); ++r)
-    permute(*slice.driver, row_dims, row_order, x.x() + r * per_row, y.mutable_x() + r * per_row);
+  permute_slice(*slice.driver, slice.inputs[0].shape.dims(), order_, slice.rows(),
+                slice.inputs[0].x(), slice.outputs[0].mutable_x());
 }
 
 // dx = dy with the inverse permutation.
 void PermuteLayer::backward(const LayerSlice& slice) {
   if (!slice.propagate_down[0]) return;
-  const Operand& x = slice.inputs[0];
-  const Operand& y = slice.outputs[0];
   std::vector<int> inverse(order_.size());
   for (std::size_t k = 0; k < order_.size(); ++k)
     inverse[static_cast<std::size_t>(order_[k])] = static_cast<int>(k);
-  const std::vector<index_t> out_dims = y.shape.dims();
-  if (order_[0] != 0) {
-    permute(*slice.driver, out_dims, inverse, y.dx(), x.mutable_dx());
-    return;
-  }
-  const std::vector<index_t> row_dims(out_dims.begin() + 1, out_dims.end());
-  std::vector<int> row_inverse;
-  for (std::size_t k = 1; k < inverse.size(); ++k)
-    row_inverse.push_back(inverse[k] - 1);
-  const index_t per_row = x.shape.count(1, x.shape.axes());
-  for (index_t r = 0; r < slice.rows(); ++r)
-    permute(*slice.driver, row_dims, row_inverse, y.dx() + r * per_row,
-            x.mutable_dx() + r * per_row);
+  permute_slice(*slice.driver, slice.outputs[0].shape.dims(), inverse, slice.rows(),
+                slice.outputs[0].dx(), slice.inputs[0].mutable_dx());
 }
 
 // ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------
