@@ -263,6 +263,17 @@ class Importer {
       at = next->second;
     }
     if (!sole || known_.count(at) == 0 || constants_.count(at) > 0) return output0;
+    // Only over the output of a layer whose backward does not read it (a Sigmoid's, a
+    // Softmax's or an LRN's gradient does): the types of Caffe's own in-place chains.
+    static const std::set<std::string> kOverwritable = {
+        "Convolution", "InnerProduct", "Eltwise", "Concat", "Pooling", "BatchNorm", "Scale"};
+    for (int l = net_.layer_size(); l-- > 0;) {
+      const pb::LayerParameter& producer = net_.layer(l);
+      if (std::find(producer.top().begin(), producer.top().end(), at) == producer.top().end())
+        continue;
+      if (kOverwritable.count(producer.type()) == 0) return output0;
+      break;
+    }
     alias(output0, at);
     return at;
   }

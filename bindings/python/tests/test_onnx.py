@@ -515,6 +515,36 @@ def test_shape_arithmetic_is_folded_at_import(runtime, tmp_path):
     assert np.array_equal(got, torch.from_numpy(x3).view(3, 2, 3, 6).transpose(1, 2).numpy())
 
 
+def test_no_layer_overwrites_an_output_its_producer_needs_for_backward(runtime, tmp_path):
+    """Tanh -> BatchNormalization -> Relu: Tanh's gradient reads its output, so the BatchNorm
+    (which computes in place where it can) must not overwrite it; the input's gradient is
+    PyTorch's."""
+    rng = np.random.RandomState(12)
+    x = rng.standard_normal((2, 3, 4, 4)).astype(np.float32)
+    stats = [rng.standard_normal(3).astype(np.float32) for _ in range(3)]
+    var = (rng.rand(3) + 0.5).astype(np.float32)
+    nodes = [helper.make_node("Tanh", ["x"], ["h"], name="tanh"),
+             helper.make_node("BatchNormalization", ["h", "s", "b", "m", "v"], ["n"], name="bn"),
+             helper.make_node("Relu", ["n"], ["y"], name="relu")]
+    graph = helper.make_graph(
+        nodes, "tanh_bn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4, 4])],
+        [numpy_helper.from_array(a, n) for a, n in zip(stats + [var], "sbmv")])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    net = load(runtime, path, 2, force_backward=True)
+    g = rng.standard_normal((2, 3, 4, 4)).astype(np.float32)
+    net.blob("x").data[...] = x
+    net.forward()
+    net.blob("y").diff[...] = g
+    net.backward()
+    xt = t(x).requires_grad_(True)
+    s_, b_, m_, v_ = (t(a).view(1, 3, 1, 1) for a in stats + [var])
+    y = torch.relu((torch.tanh(xt) - m_) / torch.sqrt(v_ + 1e-5) * s_ + b_)
+    (y * t(g)).sum().backward()
+    assert relative_error(np.array(net.blob("x").diff), xt.grad.numpy()) <= TOLERANCE
+
+
 def test_a_constant_minus_a_value_matches_pytorch(runtime, tmp_path):
     x = np.random.RandomState(5).standard_normal((2, 3, 4, 5)).astype(np.float32)
     c = np.random.RandomState(6).standard_normal((1, 3, 1, 1)).astype(np.float32)
