@@ -483,12 +483,8 @@ const Ints* Importer::int_value(const std::string& name) {
 
 namespace {
 
-std::int64_t element_count_of(const Dims& dims) {
-  std::int64_t n = 1;
-  for (std::int64_t d : dims)
-    n *= d;
-  return n;
-}
+// The product of dimensions, -1 when one is unknown or it overflows (defined below).
+std::int64_t product(Dims::const_iterator begin, Dims::const_iterator end);
 
 }  // namespace
 
@@ -611,8 +607,9 @@ bool Importer::fold_integers() {
     const Ints& b = *in[1];
     no_batch(a);
     no_batch(b);
-    const std::int64_t na = element_count_of(a.dims), nb = element_count_of(b.dims);
-    if (na != nb && na != 1 && nb != 1)
+    const std::int64_t na = product(a.dims.begin(), a.dims.end());
+    const std::int64_t nb = product(b.dims.begin(), b.dims.end());
+    if (na < 0 || nb < 0 || (na != nb && na != 1 && nb != 1))
       fail_node("shape arithmetic on values of shapes {} and {}", dims_text(a.dims),
                 dims_text(b.dims));
     out.dims = na >= nb ? a.dims : b.dims;
