@@ -4,7 +4,7 @@ forward + full backward at batch 32, each in PyTorch (1 and 2 threads) and in th
 tool, printed as JSON lines with the ratio hybridnn / PyTorch's best.
 
   bench/vs_pytorch.py [--build build] [--iterations N] [--threads 1,2]
-                      [--only lenet|caffenet|memory]
+                      [--only lenet|caffenet|memory|load] [--torch-python VENV/bin/python]
   bench/vs_pytorch.py --accuracy     # PyTorch LeNet, 10,000 iterations, test accuracy
   bench/vs_pytorch.py --only load     # LeNet idle and beside a process that keeps a core busy
 
@@ -28,6 +28,12 @@ formats (NCHW and channels_last, which is faster with Debian's oneDNN build); it
 threads and formats is the reference of the ratio. LeNet's data come from
 tensors preloaded in memory, sliced per batch in Caffe's order (batch b holds records
 [64b, 64b+64) modulo 60,000), as hybridnn's data feed hands them over.
+
+PyTorch: Debian's python3-torch (1.13) in this process, and with --torch-python each other
+interpreter's (today's PyTorch from PyPI in a venv: `python3 -m venv /tmp/torchvenv &&
+/tmp/torchvenv/bin/pip install torch torchvision`; it pulls GPU libraries too, the benchmark
+needs only the CPU), timed in a child process of that interpreter. The faster PyTorch is the
+reference of every ratio, as a user would pick it.
 
 Needs Debian's python3-torch (CPU); without it the script says so, prints
 {"skipped": ...} and exits 0. Without the `hybridnn` tool only the PyTorch figures print.
@@ -296,6 +302,60 @@ def pytorch_caffenet(torch, threads, layout, iterations, chunks):
                                     layout, iterations, chunks)
 
 
+PYTORCH_CASES = {"lenet": pytorch_lenet, "caffenet": pytorch_caffenet}
+
+
+class InProcessPyTorch:
+    """The PyTorch this interpreter imports (Debian's, through /usr/bin/python3)."""
+
+    def __init__(self, torch):
+        self.torch = torch
+        self.version = torch.__version__
+        self.python = os.path.realpath(sys.executable)
+
+    def time(self, case, threads, layout, iterations, chunks):
+        return PYTORCH_CASES[case](self.torch, threads, layout, iterations, chunks)
+
+
+class ChildPyTorch:
+    """Another interpreter's PyTorch (--torch-python, e.g. a venv with PyPI's build), timed
+    in a child process running this script's --peer-child mode, so that each PyTorch
+    measures its own net the same way."""
+
+    def __init__(self, python):
+        self.python = python
+        probe = subprocess.run([python, "-c", "import torch; print(torch.__version__)"],
+                               capture_output=True, text=True)
+        if probe.returncode != 0 or not probe.stdout.strip():
+            raise RuntimeError(f"{python} cannot import torch:\n{probe.stderr[-1000:]}")
+        self.version = probe.stdout.strip().splitlines()[-1]
+
+    def time(self, case, threads, layout, iterations, chunks):
+        command = [self.python, os.path.abspath(__file__), "--peer-child", case,
+                   "--threads", str(threads), "--layouts", layout,
+                   "--iterations", str(iterations), "--chunks", str(chunks)]
+        # The child must not fall back to /usr/bin/python3's PyTorch.
+        env = dict(os.environ, HYBRIDNN_VS_PYTORCH_REEXEC="1")
+        run = subprocess.run(command, capture_output=True, text=True, env=env)
+        records = [json.loads(l) for l in run.stdout.splitlines() if l.startswith("{")]
+        if run.returncode != 0 or not records or "ms_per_iter" not in records[-1]:
+            raise RuntimeError(f"`{' '.join(command)}` failed ({run.returncode}):\n"
+                               f"{(run.stdout + run.stderr)[-2000:]}")
+        return records[-1]["ms_per_iter"], records[-1]["ms_per_iter_mean"]
+
+
+def pytorch_peers(torch, pythons):
+    """This interpreter's PyTorch and each --torch-python's; the faster of them is the
+    reference (the one a user would pick)."""
+    peers = [InProcessPyTorch(torch)]
+    for python in pythons:
+        try:
+            peers.append(ChildPyTorch(python))
+        except (RuntimeError, OSError) as error:
+            note(f"--torch-python {python} left out: {error}")
+    return peers
+
+
 def pytorch_accuracy(torch, threads, iterations=10000):
     set_threads(torch, threads)
     torch.manual_seed(1)
@@ -454,18 +514,24 @@ class BusyCore:
         return False
 
 
-def load_comparison(torch, tool, threads, layouts, iterations, chunks):
-    """LeNet idle and under a busy core, PyTorch (its faster layout idle) and hybridnn."""
+def load_comparison(peers, tool, threads, layouts, iterations, chunks):
+    """LeNet idle and under a busy core: each PyTorch (in its faster layout idle) and
+    hybridnn. The PyTorch that is faster idle is the reference (`kept_pytorch`)."""
     failed = False
-    layout = min(layouts, key=lambda l: pytorch_lenet(torch, threads, l, iterations, chunks)[1])
+    chosen = {}
+    for peer in peers:
+        chosen[peer.version] = min(
+            layouts, key=lambda l: peer.time("lenet", threads, l, iterations, chunks)[1])
     figures = {}
     for loaded in (False, True):
         with BusyCore() if loaded else contextlib.nullcontext():
-            _, mean = pytorch_lenet(torch, threads, layout, iterations, chunks)
-            figures[("pytorch", loaded)] = mean
-            emit({"bench": "lenet_under_load", "impl": "pytorch", "threads": threads,
-                  "layout": layout, "busy_core": loaded, "iterations": iterations,
-                  "ms_per_iter_mean": round(mean, 3)})
+            for peer in peers:
+                layout = chosen[peer.version]
+                _, mean = peer.time("lenet", threads, layout, iterations, chunks)
+                figures[(peer.version, loaded)] = mean
+                emit({"bench": "lenet_under_load", "impl": "pytorch", "torch": peer.version,
+                      "threads": threads, "layout": layout, "busy_core": loaded,
+                      "iterations": iterations, "ms_per_iter_mean": round(mean, 3)})
             if tool:
                 try:
                     with tempfile.TemporaryDirectory(prefix="hybridnn-bench-") as tmp:
@@ -477,14 +543,20 @@ def load_comparison(torch, tool, threads, layouts, iterations, chunks):
                 except (RuntimeError, OSError, ValueError) as error:
                     note(f"hybridnn LeNet under load failed: {error}")
                     failed = True
-    kept = {impl: figures[(impl, False)] / figures[(impl, True)]
-            for impl in ("pytorch", "hybridnn") if (impl, True) in figures}
-    record = {"bench": "lenet_under_load", "threads": threads}
-    record.update({f"kept_{impl}": round(share, 3) for impl, share in kept.items()})
-    if len(kept) == 2:
-        record["ratio_kept_hybridnn_to_pytorch"] = round(kept["hybridnn"] / kept["pytorch"], 3)
+    fastest = min(peers, key=lambda peer: figures[(peer.version, False)]).version
+    kept = {name: figures[(name, False)] / figures[(name, True)]
+            for name in [peer.version for peer in peers] + ["hybridnn"]
+            if (name, True) in figures}
+    record = {"bench": "lenet_under_load", "threads": threads, "pytorch": fastest,
+              "kept_pytorch": round(kept[fastest], 3)}
+    if len(peers) > 1:
+        record.update({f"kept_torch_{peer.version}": round(kept[peer.version], 3)
+                       for peer in peers})
+    if "hybridnn" in kept:
+        record["kept_hybridnn"] = round(kept["hybridnn"], 3)
+        record["ratio_kept_hybridnn_to_pytorch"] = round(kept["hybridnn"] / kept[fastest], 3)
         record["ratio_loaded_ms_hybridnn_to_pytorch"] = round(
-            figures[("hybridnn", True)] / figures[("pytorch", True)], 3)
+            figures[("hybridnn", True)] / figures[(fastest, True)], 3)
     emit(record)
     return failed
 
@@ -637,8 +709,14 @@ def main():
                         help="PyTorch memory formats tried; the best counts (nchw,channels_last)")
     parser.add_argument("--only", choices=["lenet", "caffenet", "memory", "load"], default=None,
                         help="one comparison; load (LeNet beside a busy core) runs only so")
+    parser.add_argument("--torch-python", action="append", default=[], metavar="PYTHON",
+                        help="another interpreter whose PyTorch is timed too, e.g. a venv's "
+                             "with PyPI's build (repeatable); the faster PyTorch is the "
+                             "reference")
     parser.add_argument("--memory-child", choices=["fwd_bwd", "train"], default=None,
                         help=argparse.SUPPRESS)  # one PyTorch memory case (memory_comparison)
+    parser.add_argument("--peer-child", choices=sorted(PYTORCH_CASES), default=None,
+                        help=argparse.SUPPRESS)  # one PyTorch timing (ChildPyTorch)
     parser.add_argument("--accuracy", action="store_true",
                         help="instead: train PyTorch's LeNet for 10,000 iterations and print "
                              "its Fashion-MNIST test accuracy")
@@ -660,9 +738,15 @@ def main():
     if args.memory_child:
         return pytorch_memory_child(args.memory_child, max(threads), layouts[0])
     torch = import_torch()
+    if args.peer_child:
+        ms, mean = PYTORCH_CASES[args.peer_child](torch, threads[0], layouts[0],
+                                                  args.iterations or 1, args.chunks)
+        emit({"torch": torch.__version__, "ms_per_iter": ms, "ms_per_iter_mean": mean})
+        return 0
+    peers = pytorch_peers(torch, args.torch_python)
     load = os.getloadavg()[0]
-    emit({"bench": "setup", "torch": torch.__version__, "load_1min": round(load, 2),
-          "cpus": os.cpu_count()})
+    emit({"bench": "setup", "torch": [peer.version for peer in peers],
+          "load_1min": round(load, 2), "cpus": os.cpu_count()})
 
     if args.accuracy:
         accuracy, wall, loss = pytorch_accuracy(torch, max(threads))
@@ -678,18 +762,20 @@ def main():
     failed = False
 
     if args.only == "load":
-        return 1 if load_comparison(torch, tool, max(threads), layouts, lenet_iterations,
+        return 1 if load_comparison(peers, tool, max(threads), layouts, lenet_iterations,
                                     args.chunks) else 0
 
     if args.only in (None, "lenet"):
         best = None
-        for t in threads:
-            for layout in layouts:
-                ms, mean = pytorch_lenet(torch, t, layout, lenet_iterations, args.chunks)
-                emit({"bench": "lenet_train", "impl": "pytorch", "threads": t, "layout": layout,
-                      "batch": LENET_BATCH, "iterations": lenet_iterations,
-                      "ms_per_iter": round(ms, 3), "ms_per_iter_mean": round(mean, 3)})
-                best = ms if best is None else min(best, ms)
+        for peer in peers:
+            for t in threads:
+                for layout in layouts:
+                    ms, mean = peer.time("lenet", t, layout, lenet_iterations, args.chunks)
+                    emit({"bench": "lenet_train", "impl": "pytorch", "torch": peer.version,
+                          "threads": t, "layout": layout, "batch": LENET_BATCH,
+                          "iterations": lenet_iterations, "ms_per_iter": round(ms, 3),
+                          "ms_per_iter_mean": round(mean, 3)})
+                    best = ms if best is None else min(best, ms)
         if tool:
             with tempfile.TemporaryDirectory(prefix="hybridnn-bench-") as tmp:
                 try:
@@ -710,15 +796,16 @@ def main():
 
     if args.only in (None, "caffenet"):
         best = None
-        for t in threads:
-            for layout in layouts:
-                ms, mean = pytorch_caffenet(torch, t, layout, caffenet_iterations,
-                                            min(args.chunks, caffenet_iterations))
-                emit({"bench": "caffenet_fwd_bwd", "impl": "pytorch", "threads": t,
-                      "layout": layout, "batch": CAFFENET_BATCH,
-                      "iterations": caffenet_iterations, "ms_per_iter": round(ms, 1),
-                      "ms_per_iter_mean": round(mean, 1)})
-                best = ms if best is None else min(best, ms)
+        for peer in peers:
+            for t in threads:
+                for layout in layouts:
+                    ms, mean = peer.time("caffenet", t, layout, caffenet_iterations,
+                                         min(args.chunks, caffenet_iterations))
+                    emit({"bench": "caffenet_fwd_bwd", "impl": "pytorch", "torch": peer.version,
+                          "threads": t, "layout": layout, "batch": CAFFENET_BATCH,
+                          "iterations": caffenet_iterations, "ms_per_iter": round(ms, 1),
+                          "ms_per_iter_mean": round(mean, 1)})
+                    best = ms if best is None else min(best, ms)
         if tool:
             try:
                 ours = None
