@@ -84,6 +84,11 @@ std::vector<LoweringShape> lowering_shapes() {
   };
 }
 
+PoolShape without_pads_counted(PoolShape shape) {
+  shape.count_include_pad = false;
+  return shape;
+}
+
 std::vector<PoolShape> pool_shapes() {
   return {
       pooling(2, 3, 7, 11, 3, 2, 2, 3, 1, 1),   // Caffe's ceil mode leaves partial windows
@@ -91,6 +96,7 @@ std::vector<PoolShape> pool_shapes() {
       pooling(3, 1, 13, 9, 2, 4, 1, 2, 1, 0),   // overlapping windows
       pooling(2, 3, 6, 7, 6, 7, 1, 1, 0, 0),    // global pooling
       pooling(1, 5, 11, 13, 3, 3, 2, 2, 2, 2),  // padding drops the last window
+      without_pads_counted(pooling(2, 3, 7, 11, 3, 2, 2, 3, 1, 1)),  // ONNX's count_include_pad 0
   };
 }
 

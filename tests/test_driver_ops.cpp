@@ -257,6 +257,11 @@ std::vector<hn::LoweringShape> lowering_cases() {
   return cases;
 }
 
+hn::PoolShape without_pads_counted(hn::PoolShape shape) {
+  shape.count_include_pad = false;
+  return shape;
+}
+
 std::vector<hn::PoolShape> pool_cases() {
   std::vector<hn::PoolShape> cases = {
       pooling(1, 1, 5, 5, 2, 2, 2, 2, 0, 0),
@@ -291,6 +296,15 @@ std::vector<hn::PoolShape> pool_cases() {
     if (s.kernel_h <= s.height + 2 * s.pad_h && s.kernel_w <= s.width + 2 * s.pad_w) {
       cases.push_back(s);
     }
+  }
+  // Averages that leave the padding out of the divisor (ONNX's count_include_pad 0), in
+  // both rounding modes.
+  for (std::size_t i = 0, n = cases.size(); i < n; ++i) {
+    hn::PoolShape s = cases[i];
+    if (s.pad_h == 0 && s.pad_w == 0) continue;
+    s.count_include_pad = false;
+    s.ceil_mode = i % 2 == 0;
+    cases.push_back(s);
   }
   return cases;
 }
@@ -2018,10 +2032,12 @@ TEST_CASE(
       }
     }
     // Pooling: the same bits and masks as the reference on NCHW.
-    for (hn::PoolShape shape : {hn::test::pooling(2, 32, 7, 7, 3, 3, 2, 2, 1, 1),
-                                hn::test::pooling(1, 16, 13, 11, 3, 2, 2, 3, 1, 1),
-                                hn::test::pooling(2, 16, 8, 8, 3, 3, 1, 1, 1, 1),
-                                hn::test::pooling(1, 32, 7, 7, 7, 7, 1, 1, 0, 0)}) {
+    for (hn::PoolShape shape :
+         {hn::test::pooling(2, 32, 7, 7, 3, 3, 2, 2, 1, 1),
+          hn::test::pooling(1, 16, 13, 11, 3, 2, 2, 3, 1, 1),
+          hn::test::pooling(2, 16, 8, 8, 3, 3, 1, 1, 1, 1),
+          hn::test::pooling(1, 32, 7, 7, 7, 7, 1, 1, 0, 0),
+          without_pads_counted(hn::test::pooling(2, 16, 9, 8, 3, 3, 2, 2, 1, 1))}) {
       hn::PoolShape plain = shape;
       shape.layout = blocked;
       INFO(shape.to_string());

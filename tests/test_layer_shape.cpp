@@ -378,6 +378,95 @@ TEST_CASE(
   }
 }
 
+// x (of `in`) padded: out[i] = x[i - before] inside, `value` elsewhere (a naive loop over
+// every output element).
+std::vector<float> naive_pad(const Shape& in, const std::vector<index_t>& before,
+                             const std::vector<index_t>& after, float value,
+                             const std::vector<float>& x) {
+  const std::size_t rank = static_cast<std::size_t>(in.axes());
+  std::vector<index_t> out(rank);
+  index_t total = 1;
+  for (std::size_t a = 0; a < rank; ++a) {
+    out[a] = in[static_cast<int>(a)] + before[a] + after[a];
+    total *= out[a];
+  }
+  std::vector<float> y(static_cast<std::size_t>(total), value);
+  for (index_t e = 0; e < total; ++e) {
+    index_t rest = e, from = 0, stride = 1;
+    bool inside = true;
+    for (std::size_t a = rank; a-- > 0;) {
+      const index_t i = rest % out[a] - before[a];
+      rest /= out[a];
+      inside = inside && i >= 0 && i < in[static_cast<int>(a)];
+      from += i * stride;
+      stride *= in[static_cast<int>(a)];
+    }
+    if (inside) y[static_cast<std::size_t>(e)] = x[static_cast<std::size_t>(from)];
+  }
+  return y;
+}
+
+TEST_CASE(
+    "Pad fills around the input as a naive loop does and takes back the interior's "
+    "gradients on every driver",
+    "[layer][pad]") {
+  const auto config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    struct Case {
+      hn::PadParams params;
+      std::vector<index_t> before, after;  // per axis of the input
+      Shape input;
+    };
+    const std::vector<Case> cases = {
+        {{2, {1, 0}, {0, 1}, 0.0f}, {0, 0, 1, 0}, {0, 0, 0, 1}, Shape{3, 2, 4, 5}},  // SAME
+        {{2, {2}, {}, -1.5f}, {0, 0, 2, 2}, {0, 0, 2, 2}, Shape{3, 2, 3, 3}},        // one for all
+        {{1, {1, 0, 0}, {2, 0, 0}, 0.0f}, {0, 1, 0, 0}, {0, 2, 0, 0}, Shape{3, 2, 2, 3}},  // C
+        {{-1, {3}, {1}, 7.0f}, {0, 0, 3}, {0, 0, 1}, Shape{3, 4, 2}},  // the last axis
+        {{1, {0}, {}, 0.0f}, {0, 0}, {0, 0}, Shape{3, 5}},             // nothing
+    };
+    std::uint32_t seed = 170;
+    for (const Case& c : cases) {
+      INFO("input " << c.input.to_string() << ", axis " << c.params.axis);
+      hn::PadLayer layer("pad", c.params);
+      const std::vector<Shape> outs = layer.setup({c.input});
+      std::vector<index_t> want;
+      for (int a = 0; a < c.input.axes(); ++a)
+        want.push_back(c.input[a] + c.before[static_cast<std::size_t>(a)] +
+                       c.after[static_cast<std::size_t>(a)]);
+      REQUIRE(outs == std::vector<Shape>{Shape(want)});
+      const auto x = random_floats(static_cast<std::size_t>(c.input.count()), seed++);
+      const auto dy = random_floats(static_cast<std::size_t>(outs[0].count()), seed++);
+      const auto run = run_layer(layer, *driver, {c.input}, {x}, {dy});
+      CHECK(run.outputs[0] == naive_pad(c.input, c.before, c.after, c.params.value, x));
+      // dx[i] = dy[i + before]: the naive pad's inverse, read through an index map.
+      std::vector<float> index(x.size());
+      for (std::size_t e = 0; e < index.size(); ++e)
+        index[e] = static_cast<float>(e);
+      const auto where = naive_pad(c.input, c.before, c.after, -1.0f, index);
+      std::vector<float> want_dx(x.size());
+      for (std::size_t e = 0; e < where.size(); ++e)
+        if (where[e] >= 0.0f) want_dx[static_cast<std::size_t>(where[e])] = dy[e];
+      CHECK(run.input_diffs[0] == want_dx);
+      hn::test::check_split_equals_whole(layer, *driver, {c.input}, {x}, RunSpec{{0, 2, 3}}, 0.0);
+    }
+  }
+}
+
+TEST_CASE("Pad setup errors name the layer, the field and the shape", "[layer][pad]") {
+  hn::PadLayer batch("pad1", {0, {1}, {}, 0.0f});
+  CHECK_THROWS_WITH(batch.setup({Shape{2, 3, 4}}), Contains("pad1") && Contains("batch axis"));
+  hn::PadLayer counts("pad2", {1, {1, 2, 3}, {}, 0.0f});
+  CHECK_THROWS_WITH(counts.setup({Shape{2, 3, 4}}),
+                    Contains("pad2") && Contains("pad_before has 3 counts") && Contains("2x3x4"));
+  hn::PadLayer after("pad3", {1, {1}, {1, 2, 3}, 0.0f});
+  CHECK_THROWS_WITH(after.setup({Shape{2, 3, 4}}), Contains("pad3") && Contains("pad_after"));
+  hn::PadLayer none("pad4", {2, {}, {}, 0.0f});
+  CHECK_THROWS_WITH(none.setup({Shape{2, 3, 4}}), Contains("pad4") && Contains("pad_before"));
+  hn::PadLayer negative("pad5", {2, {-1}, {}, 0.0f});
+  CHECK_THROWS_WITH(negative.setup({Shape{2, 3, 4}}), Contains("pad5") && Contains("negative"));
+}
+
 TEST_CASE("Silence takes its inputs and zeroes their gradients on every driver",
           "[layer][silence]") {
   const auto config = GENERATE(from_range(hn::test::driver_configs()));
@@ -399,8 +488,9 @@ TEST_CASE("Silence takes its inputs and zeroes their gradients on every driver",
   }
 }
 
-TEST_CASE("Concat, Slice, Split, Flatten, Reshape and Permute gradients match finite differences",
-          "[layer][concat][slice][split][flatten][reshape][permute][gradient]") {
+TEST_CASE(
+    "Concat, Slice, Split, Flatten, Reshape, Permute and Pad gradients match finite differences",
+    "[layer][concat][slice][split][flatten][reshape][permute][pad][gradient]") {
   const auto config = GENERATE(from_range(hn::test::gradient_configs()));
   DYNAMIC_SECTION(config.label) {
     const auto driver = hn::make_driver(config.device, config.options);
@@ -421,6 +511,8 @@ TEST_CASE("Concat, Slice, Split, Flatten, Reshape and Permute gradients match fi
     hn::test::check_layer_gradients(reshape, *driver, {a}, {xa});
     hn::PermuteLayer permute("permute", hn::PermuteParams{{0, 2, 1}});
     hn::test::check_layer_gradients(permute, *driver, {a}, {xa});
+    hn::PadLayer pad("pad", hn::PadParams{1, {1, 0}, {0, 2}, 0.5f});
+    hn::test::check_layer_gradients(pad, *driver, {a}, {xa});
   }
 }
 

@@ -1,5 +1,5 @@
-// Softmax layer: forward and backward over any axis against naive loops on every driver,
-// split runs (and the whole-batch rule along axis 0), gradients and the setup errors.
+// Softmax and LogSoftmax layers: forward and backward over any axis against naive loops on
+// every driver, split runs (and the whole-batch rule along axis 0), gradients and the setup errors.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -115,4 +115,66 @@ TEST_CASE("Softmax rejects an axis outside the input, naming the layer and shape
                     Contains("prob1") && Contains("axis 4") && Contains("2x3x4x5"));
   hn::SoftmaxLayer negative("prob2", {-3});
   CHECK_THROWS_WITH(negative.setup({Shape{2, 3}}), Contains("prob2") && Contains("2x3"));
+}
+
+TEST_CASE(
+    "LogSoftmax equals the naive log of the softmax over any axis on every driver, "
+    "and keeps the logarithms of probabilities that round to 0",
+    "[layer][softmax][log_softmax]") {
+  const auto config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    const Shape shape{4, 5, 3, 2};
+    const auto x = random_floats(static_cast<std::size_t>(shape.count()), 40, -5.0f, 5.0f);
+    const auto dy = random_floats(x.size(), 41);
+    for (const int axis : {1, 2, -1, 0}) {
+      INFO("axis " << axis);
+      hn::SoftmaxLayer layer("logprob", {axis, true});
+      CHECK(std::string(layer.type()) == "LogSoftmax");
+      const int canonical = axis < 0 ? axis + 4 : axis;
+      // log(softmax) in double; d/dx of sum(dy * log p) = dy - p * sum(dy).
+      const NaiveSoftmax p = naive_softmax(shape, canonical, x, dy);
+      const index_t channels = shape[canonical], inner = shape.count(canonical + 1, 4);
+      std::vector<float> want_y(x.size()), want_dx(x.size());
+      for (std::size_t e = 0; e < x.size(); ++e) {
+        want_y[e] = static_cast<float>(std::log(static_cast<double>(p.y[e])));
+        const index_t i = static_cast<index_t>(e) % inner;
+        const index_t o = static_cast<index_t>(e) / (inner * channels);
+        double total = 0.0;
+        for (index_t c = 0; c < channels; ++c)
+          total += dy[static_cast<std::size_t>((o * channels + c) * inner + i)];
+        want_dx[e] = static_cast<float>(dy[e] - p.y[e] * total);
+      }
+      const auto run = run_layer(layer, *driver, {shape}, {x}, {dy});
+      CHECK(max_rel_diff(run.outputs[0], want_y) <= kTolerance);
+      CHECK(max_rel_diff(run.input_diffs[0], want_dx) <= kTolerance);
+      if (canonical != 0) {
+        hn::test::check_split_equals_whole(layer, *driver, {shape}, {x}, RunSpec{{0, 1, 2, 4}});
+      }
+    }
+    SECTION("logits 200 apart: the softmax rounds to 0, its logarithm is -200") {
+      const Shape logits{1, 2};
+      hn::SoftmaxLayer layer("logprob", {1, true});
+      const auto run = run_layer(layer, *driver, {logits}, {{0.0f, 200.0f}}, {{1.0f, 0.0f}});
+      CHECK(run.outputs[0][0] == Approx(-200.0f).epsilon(1e-6));
+      CHECK(run.outputs[0][1] == Approx(0.0f).margin(1e-6));
+      CHECK(run.input_diffs[0][0] == Approx(1.0f).epsilon(1e-6));
+      CHECK(run.input_diffs[0][1] == Approx(-1.0f).epsilon(1e-6));
+    }
+  }
+}
+
+TEST_CASE("LogSoftmax gradients match finite differences",
+          "[layer][softmax][log_softmax][gradient]") {
+  const auto config = GENERATE(from_range(hn::test::gradient_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    const Shape shape{2, 4, 2, 3};
+    const auto x = random_floats(static_cast<std::size_t>(shape.count()), 42, -2.0f, 2.0f);
+    for (const int axis : {1, 3, 0}) {
+      INFO("axis " << axis);
+      hn::SoftmaxLayer layer("logprob", {axis, true});
+      hn::test::check_layer_gradients(layer, *driver, {shape}, {x});
+    }
+  }
 }

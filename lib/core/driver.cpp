@@ -637,6 +637,29 @@ DriverOperands Driver::softmax_backward_operands(const AxisShape& shape, const f
   return ops;
 }
 
+DriverOperands Driver::log_softmax_forward_operands(const AxisShape& shape, const float* x,
+                                                    float* y) const {
+  DriverOperands ops;
+  shape.validate("log_softmax_forward");
+  check_nchw("log_softmax_forward", shape);
+  ops.read("x", x, floats(shape.count()));
+  ops.update("y", y, floats(shape.count()));
+  ops.work = shape.count() > 0;
+  return ops;
+}
+
+DriverOperands Driver::log_softmax_backward_operands(const AxisShape& shape, const float* y,
+                                                     const float* dy, float* dx) const {
+  DriverOperands ops;
+  shape.validate("log_softmax_backward");
+  check_nchw("log_softmax_backward", shape);
+  ops.read("y", y, floats(shape.count()));
+  ops.read("dy", dy, floats(shape.count()));
+  ops.update("dx", dx, floats(shape.count()));
+  ops.work = shape.count() > 0;
+  return ops;
+}
+
 DriverOperands Driver::dropout_forward_operands(index_t n, float ratio, std::uint64_t,
                                                 std::uint64_t, const float* x, float* y,
                                                 float* mask) const {

@@ -33,14 +33,16 @@ Window max_window(const PoolShape& s, index_t oh, index_t ow) {
 
 // Caffe's AVE pooling window: the divisor counts the window clipped only at height + pad
 // (so padding cells count, except past the bottom/right padding); the sum runs over the
-// window clipped to the image.
+// window clipped to the image. Without count_include_pad the divisor is that window's size.
 Window avg_window(const PoolShape& s, index_t oh, index_t ow) {
   const index_t h_begin = oh * s.stride_h - s.pad_h, w_begin = ow * s.stride_w - s.pad_w;
   const index_t h_end = std::min(h_begin + s.kernel_h, s.height + s.pad_h);
   const index_t w_end = std::min(w_begin + s.kernel_w, s.width + s.pad_w);
-  const index_t pool_size = (h_end - h_begin) * (w_end - w_begin);
-  return Window{std::max<index_t>(h_begin, 0), std::min(h_end, s.height),
-                std::max<index_t>(w_begin, 0), std::min(w_end, s.width), pool_size};
+  Window win{std::max<index_t>(h_begin, 0), std::min(h_end, s.height),
+             std::max<index_t>(w_begin, 0), std::min(w_end, s.width),
+             (h_end - h_begin) * (w_end - w_begin)};
+  if (!s.count_include_pad) win.pool_size = (win.h_end - win.h_begin) * (win.w_end - win.w_begin);
+  return win;
 }
 
 // The AVE pooling that Caffe's WITHIN_CHANNEL LRN runs on x^2: size x size, stride 1,
@@ -318,6 +320,40 @@ void softmax_backward(const AxisShape& shape, const float* y, const float* dy, f
       for (index_t c = 0; c < shape.channels; ++c) {
         const index_t at = base + c * stride;
         dx[at] = static_cast<float>(y[at] * (dy[at] - dot));
+      }
+    }
+  }
+}
+
+void log_softmax_forward(const AxisShape& shape, const float* x, float* y) {
+  const index_t stride = shape.inner;
+  for (index_t o = 0; o < shape.outer; ++o) {
+    for (index_t i = 0; i < shape.inner; ++i) {
+      const index_t base = o * shape.channels * shape.inner + i;
+      double max = x[base];
+      for (index_t c = 1; c < shape.channels; ++c)
+        max = std::max(max, static_cast<double>(x[base + c * stride]));
+      double total = 0.0;
+      for (index_t c = 0; c < shape.channels; ++c)
+        total += std::exp(static_cast<double>(x[base + c * stride]) - max);
+      const double shift = max + std::log(total);
+      for (index_t c = 0; c < shape.channels; ++c)
+        y[base + c * stride] = static_cast<float>(x[base + c * stride] - shift);
+    }
+  }
+}
+
+void log_softmax_backward(const AxisShape& shape, const float* y, const float* dy, float* dx) {
+  const index_t stride = shape.inner;
+  for (index_t o = 0; o < shape.outer; ++o) {
+    for (index_t i = 0; i < shape.inner; ++i) {
+      const index_t base = o * shape.channels * shape.inner + i;
+      double total = 0.0;
+      for (index_t c = 0; c < shape.channels; ++c)
+        total += dy[base + c * stride];
+      for (index_t c = 0; c < shape.channels; ++c) {
+        const index_t at = base + c * stride;
+        dx[at] = static_cast<float>(dy[at] - std::exp(static_cast<double>(y[at])) * total);
       }
     }
   }

@@ -112,9 +112,9 @@ index_t PoolShape::out_w() const {
 
 std::string PoolShape::to_string() const {
   return fmt::format(
-             "batch={} channels={} height={} width={} kernel={}x{} stride={}x{} pad={}x{}{}", batch,
-             channels, height, width, kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w,
-             ceil_mode ? "" : " round=FLOOR") +
+             "batch={} channels={} height={} width={} kernel={}x{} stride={}x{} pad={}x{}{}{}",
+             batch, channels, height, width, kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w,
+             ceil_mode ? "" : " round=FLOOR", count_include_pad ? "" : " count_include_pad=0") +
          layout_suffix("layout", layout);
 }
 

@@ -90,7 +90,10 @@ struct PoolShape {
   index_t kernel_h = 1, kernel_w = 1;
   index_t stride_h = 1, stride_w = 1;
   index_t pad_h = 0, pad_w = 0;
-  bool ceil_mode = true;         // Caffe's round_mode: CEIL (true) or FLOOR
+  bool ceil_mode = true;  // Caffe's round_mode: CEIL (true) or FLOOR
+  // AVE's divisor: the window clipped to the padded input (Caffe's, true), or to the input
+  // (false: the padding left out, PyTorch's and ONNX's count_include_pad 0).
+  bool count_include_pad = true;
   Layout layout = Layout::nchw;  // of x, y and their gradients
 
   index_t out_h() const;

@@ -11,6 +11,7 @@
 
 #include "hybridnn.pb.h"
 #include "lib/core/check.h"
+#include "lib/layers/convolution.h"
 #include "lib/layers/loss.h"
 
 namespace hn::detail {
@@ -32,6 +33,10 @@ template <class Repeated>
 inline std::vector<index_t> to_indices(const Repeated& values) {
   return std::vector<index_t>(values.begin(), values.end());
 }
+
+// Caffe's ConvolutionParameter (Convolution's and Deconvolution's), with Caffe's presence
+// rules for the _h/_w pairs (lib/layers/convolution.cpp).
+ConvolutionParams convolution_params(const pb::LayerParameter& p);
 
 // Outputs of a layer whose output count follows its tops; a LayerParameter without tops (built
 // in code) gets the layer's own default.

@@ -99,13 +99,9 @@ std::pair<index_t, index_t> resolve_pair(const std::string& who, const char* fie
 ConvolutionLayer::ConvolutionLayer(std::string name, ConvolutionParams params)
     : Layer(std::move(name)), config_(std::move(params)) {}
 
-std::vector<Shape> ConvolutionLayer::setup(const std::vector<Shape>& inputs) {
-  check_input_count(inputs, 1, 1);
-  const std::string who = describe();
-  const Shape& in = inputs[0];
-  HN_CHECK(in.axes() == 4, "{}: input must be 4-D (N x C x H x W), got {}", who, in.to_string());
-  const ConvolutionParams& p = config_;
-  ConvGeometry& geo = geometry_;
+namespace detail {
+
+void resolve_window(const std::string& who, const ConvolutionParams& p, ConvGeometry& geo) {
   HN_CHECK(p.kernel_size.size() > 0 || p.kernel_h.has_value(),
            "{}: kernel_size (or kernel_h and kernel_w) must be given", who);
   std::tie(geo.kernel_h, geo.kernel_w) =
@@ -125,6 +121,19 @@ std::vector<Shape> ConvolutionLayer::setup(const std::vector<Shape>& inputs) {
            geo.dilation_h, geo.dilation_w);
   HN_CHECK(p.num_output > 0, "{}: num_output must be > 0, got {}", who, p.num_output);
   HN_CHECK(p.group > 0, "{}: group must be > 0, got {}", who, p.group);
+}
+
+}  // namespace detail
+
+std::vector<Shape> ConvolutionLayer::setup(const std::vector<Shape>& inputs) {
+  check_input_count(inputs, 1, 1);
+  const std::string who = describe();
+  const Shape& in = inputs[0];
+  HN_CHECK(in.axes() == 4, "{}: input must be 4-D (N x C x H x W), got {}", who, in.to_string());
+  const ConvolutionParams& p = config_;
+  ConvGeometry& geo = geometry_;
+  detail::resolve_window(who, p, geo);
+  HN_CHECK(p.output_pad.empty(), "{}: output_pad is Deconvolution's; a Convolution has none", who);
 
   if (geo.channels != in[1] || geo.height != in[2] || geo.width != in[3]) chosen_.clear();
   geo.channels = in[1];
@@ -395,11 +404,9 @@ void ConvolutionLayer::add_bias_gradient(const LayerSlice& slice) const {
 
 // ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------
 
-namespace {
+namespace detail {
 
-using namespace detail;
-
-std::unique_ptr<Layer> make_convolution(const pb::LayerParameter& p) {
+ConvolutionParams convolution_params(const pb::LayerParameter& p) {
   const pb::ConvolutionParameter& c = p.convolution_param();
   // Inputs are N x C x H x W: axis -3 is axis 1 (Caffe's CanonicalAxisIndex).
   HN_CHECK(c.axis() == 1 || c.axis() == -3,
@@ -426,7 +433,18 @@ std::unique_ptr<Layer> make_convolution(const pb::LayerParameter& p) {
     params.pad_w = c.pad_w();
   }
   params.group = c.group();
-  return std::make_unique<ConvolutionLayer>(p.name(), std::move(params));
+  params.output_pad = to_indices(c.output_pad());
+  return params;
+}
+
+}  // namespace detail
+
+namespace {
+
+using namespace detail;
+
+std::unique_ptr<Layer> make_convolution(const pb::LayerParameter& p) {
+  return std::make_unique<ConvolutionLayer>(p.name(), detail::convolution_params(p));
 }
 
 }  // namespace

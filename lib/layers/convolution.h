@@ -42,6 +42,9 @@ struct ConvolutionParams {
   std::optional<index_t> stride_h, stride_w;
   std::optional<index_t> pad_h, pad_w;
   index_t group = 1;
+  // Deconvolution only (ONNX's output_padding; not Caffe's): rows and columns added at the
+  // bottom and right of the output, one value for both axes or two (height, width).
+  std::vector<index_t> output_pad;
   // Not Caffe's: how to lower, and the bound on the lowered data of one chunk of images in
   // bytes (0: the library's measured default; at least one image is always lowered).
   Lowering lowering = Lowering::automatic;
@@ -52,6 +55,14 @@ struct ConvolutionParams {
 // weights [num_output][C / group][kernel_h][kernel_w], then bias [num_output] when
 // bias_term. Output channel block g of num_output / group sees input channel block g.
 std::unique_ptr<Layer> make_convolution_layer(std::string name, ConvolutionParams params);
+
+// Caffe's Deconvolution (ONNX's ConvTranspose, PyTorch's conv_transpose2d): the gradient of
+// a convolution with respect to its input, run forward. Input N x C x H x W; output N x
+// num_output x H_out x W_out, H_out = stride * (H - 1) + dilation * (kernel - 1) + 1 -
+// 2 * pad + output_pad. Params: weights [C][num_output / group][kernel_h][kernel_w] (a
+// convolution's from the output back to the input), then bias [num_output]. Computed by the
+// driver's direct convolution calls on NCHW (forward: conv_backward_data).
+std::unique_ptr<Layer> make_deconvolution_layer(std::string name, ConvolutionParams params);
 
 // How convolution layer `layer` (made by make_convolution_layer) computes on `driver`: the
 // GEMM lowering its setup chose, or direct where the driver has its own convolution.

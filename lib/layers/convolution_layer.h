@@ -34,6 +34,12 @@ struct ConvGeometry {
   }
 };
 
+namespace detail {
+// The kernel, stride, pad and dilation of `p` into `geo`, with Caffe's checks (`who` names
+// the layer in errors); Convolution's and Deconvolution's.
+void resolve_window(const std::string& who, const ConvolutionParams& p, ConvGeometry& geo);
+}  // namespace detail
+
 // Input N x C x H x W; output N x num_output x H_out x W_out (Caffe's size rule). Params:
 // weights [num_output][C / group][kernel_h][kernel_w], then bias [num_output] when
 // bias_term. Output channel block g of num_output / group sees input channel block g.

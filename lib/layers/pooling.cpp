@@ -97,6 +97,7 @@ std::vector<Shape> PoolingLayer::setup(const std::vector<Shape>& inputs) {
   shape_.pad_h = pad.h;
   shape_.pad_w = pad.w;
   shape_.ceil_mode = p.ceil_mode;
+  shape_.count_include_pad = p.count_include_pad;
   // Caffe clips a kernel larger than the padded input to it (2x2 input, kernel 3, stride 2:
   // one window); no window at all is an error.
   HN_CHECK(shape_.out_h() > 0 && shape_.out_w() > 0,
@@ -184,6 +185,7 @@ std::unique_ptr<Layer> make_pooling(const pb::LayerParameter& p) {
   }
   params.global_pooling = q.global_pooling();
   params.ceil_mode = q.round_mode() == pb::PoolingParameter::CEIL;
+  params.count_include_pad = q.count_include_pad();
   params.kernel_size = q.kernel_size();
   if (q.has_kernel_h()) params.kernel_h = q.kernel_h();
   if (q.has_kernel_w()) params.kernel_w = q.kernel_w();

@@ -28,6 +28,9 @@ struct PoolingParams {
   std::optional<index_t> pad_h, pad_w;
   bool global_pooling = false;  // kernel = the input's height x width; no kernel fields
   bool ceil_mode = true;        // Caffe's round_mode CEIL (the default); false: FLOOR
+  // AVE's divisor counts the padding (Caffe's rule, true) or the window's input cells only
+  // (PyTorch's and ONNX's count_include_pad 0).
+  bool count_include_pad = true;
 };
 
 // Input N x C x H x W -> output N x C x out_h x out_w. MAX keeps, per output, the index

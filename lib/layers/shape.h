@@ -75,6 +75,17 @@ struct PermuteParams {
 };
 std::unique_ptr<Layer> make_permute_layer(std::string name, PermuteParams params);
 
+// Pads axes [axis, rank) with a constant (ONNX's Pad in constant mode, PyTorch's F.pad):
+// `before` and `after` hold one count for every padded axis, or a single count for all of
+// them; `after` empty takes `before`'s. axis >= 1: the batch axis is never padded.
+struct PadParams {
+  int axis = 2;  // negative counts from the end
+  std::vector<index_t> before;
+  std::vector<index_t> after;
+  float value = 0.0f;
+};
+std::unique_ptr<Layer> make_pad_layer(std::string name, PadParams params);
+
 // BVLC Caffe's Silence: consumes its inputs and outputs nothing; backward writes zeros into
 // their gradients (a blob no other layer reads, such as a Slice's unused piece, then
 // contributes nothing, instead of whatever its gradient memory held).

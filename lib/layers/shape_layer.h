@@ -116,6 +116,21 @@ class PermuteLayer final : public Layer {
   std::vector<int> order_;  // complete, set by setup
 };
 
+// Pads with a constant (PadParams): a fill and one strided copy per block of the output
+// (lib/layers/pad.cpp).
+class PadLayer final : public Layer {
+ public:
+  PadLayer(std::string name, PadParams params);
+  const char* type() const override { return "Pad"; }
+  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
+  void forward(const LayerSlice& slice) override;
+  void backward(const LayerSlice& slice) override;
+
+ private:
+  PadParams param_;
+  std::vector<index_t> before_, after_;  // per axis of the input, set by setup
+};
+
 // Consumes its inputs; backward zeroes their gradients.
 class SilenceLayer final : public Layer {
  public:

@@ -1,4 +1,5 @@
-// Softmax layer: the input viewed as [outer][channels][inner] around Caffe's axis.
+// Softmax and LogSoftmax layers: the input viewed as [outer][channels][inner] around
+// Caffe's axis.
 #include "hybridnn.pb.h"
 #include "lib/layers/caffe_params.h"
 #include "lib/layers/registry.h"
@@ -30,14 +31,24 @@ AxisShape SoftmaxLayer::slice_shape(const LayerSlice& slice) const {
 }
 
 void SoftmaxLayer::forward(const LayerSlice& slice) {
-  slice.driver->softmax_forward(slice_shape(slice), slice.inputs[0].x(),
-                                slice.outputs[0].mutable_x());
+  if (param_.log) {
+    slice.driver->log_softmax_forward(slice_shape(slice), slice.inputs[0].x(),
+                                      slice.outputs[0].mutable_x());
+  } else {
+    slice.driver->softmax_forward(slice_shape(slice), slice.inputs[0].x(),
+                                  slice.outputs[0].mutable_x());
+  }
 }
 
 void SoftmaxLayer::backward(const LayerSlice& slice) {
   if (!slice.propagate_down[0]) return;
   const Operand& y = slice.outputs[0];
-  slice.driver->softmax_backward(slice_shape(slice), y.x(), y.dx(), slice.inputs[0].mutable_dx());
+  if (param_.log) {
+    slice.driver->log_softmax_backward(slice_shape(slice), y.x(), y.dx(),
+                                       slice.inputs[0].mutable_dx());
+  } else {
+    slice.driver->softmax_backward(slice_shape(slice), y.x(), y.dx(), slice.inputs[0].mutable_dx());
+  }
 }
 
 // ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------
@@ -52,12 +63,27 @@ std::unique_ptr<Layer> make_softmax(const pb::LayerParameter& p) {
   return std::make_unique<SoftmaxLayer>(p.name(), params);
 }
 
+// LogSoftmax takes Caffe's softmax_param (its axis).
+std::unique_ptr<Layer> make_log_softmax(const pb::LayerParameter& p) {
+  SoftmaxParams params;
+  params.axis = p.softmax_param().axis();
+  params.log = true;
+  return std::make_unique<SoftmaxLayer>(p.name(), params);
+}
+
 }  // namespace
 
 LayerType softmax_layer_type() {
   LayerType type;
   type.name = "Softmax";
   type.make = make_softmax;
+  return type;
+}
+
+LayerType log_softmax_layer_type() {
+  LayerType type;
+  type.name = "LogSoftmax";
+  type.make = make_log_softmax;
   return type;
 }
 

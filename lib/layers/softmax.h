@@ -1,4 +1,5 @@
-// Softmax layer (Caffe's SoftmaxParameter: axis): normalises exp(x) over one axis.
+// Softmax layer (Caffe's SoftmaxParameter: axis): normalises exp(x) over one axis; and
+// LogSoftmax (ONNX's and PyTorch's), its logarithm computed directly.
 #pragma once
 
 #include <memory>
@@ -10,7 +11,8 @@
 namespace hn {
 
 struct SoftmaxParams {
-  int axis = 1;  // negative counts from the end
+  int axis = 1;      // negative counts from the end
+  bool log = false;  // LogSoftmax: y = x - max - log(sum exp(x - max)), type "LogSoftmax"
 };
 
 // The input is viewed as [count(0, axis)][shape[axis]][count(axis + 1)]; the output has the

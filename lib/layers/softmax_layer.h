@@ -14,7 +14,7 @@ namespace hn {
 class SoftmaxLayer final : public Layer {
  public:
   explicit SoftmaxLayer(std::string name, SoftmaxParams params = {});
-  const char* type() const override { return "Softmax"; }
+  const char* type() const override { return param_.log ? "LogSoftmax" : "Softmax"; }
   std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
   void forward(const LayerSlice& slice) override;
   void backward(const LayerSlice& slice) override;

@@ -198,8 +198,10 @@ Dims dims_of(const Repeated& values) {
   return Dims(values.begin(), values.end());
 }
 
+// Convolution: Conv; Deconvolution: ConvTranspose (the same weights' layout as Caffe's).
 void write_convolution(Exporter& ex) {
   ex.bottoms(1);
+  const bool transposed = ex.layer().type() == "Deconvolution";
   const pb::ConvolutionParameter& p = ex.layer().convolution_param();
   if (p.axis() != 1) ex.fail_layer("axis {}: the export reads channels at axis 1", p.axis());
   const pb::BlobProto& weights = ex.blob(0, "weights");
@@ -210,9 +212,11 @@ void write_convolution(Exporter& ex) {
   std::vector<std::string> inputs{x, ex.initializer("weight", w, Exporter::blob_values(weights))};
   if (p.bias_term()) {
     const pb::BlobProto& bias = ex.blob(1, "bias");
-    inputs.push_back(ex.initializer("bias", {w[0]}, Exporter::blob_values(bias)));
+    inputs.push_back(ex.initializer("bias",
+                                    {transposed ? static_cast<std::int64_t>(p.num_output()) : w[0]},
+                                    Exporter::blob_values(bias)));
   }
-  onnx::NodeProto& n = ex.node("Conv", inputs, {ex.top(0)});
+  onnx::NodeProto& n = ex.node(transposed ? "ConvTranspose" : "Conv", inputs, {ex.top(0)});
   const Dims pad = per_dim(dims_of(p.pad()), p.has_pad_h(), p.pad_h(), p.has_pad_w(), p.pad_w(), 0);
   Exporter::attr(n, "kernel_shape", Dims{w[2], w[3]});
   Exporter::attr(n, "strides",
@@ -221,6 +225,8 @@ void write_convolution(Exporter& ex) {
   Exporter::attr(n, "pads", Dims{pad[0], pad[1], pad[0], pad[1]});
   Exporter::attr(n, "dilations", per_dim(dims_of(p.dilation()), false, 0, false, 0, 1));
   Exporter::attr(n, "group", static_cast<std::int64_t>(p.group()));
+  if (transposed && p.output_pad_size() > 0)
+    Exporter::attr(n, "output_padding", per_dim(dims_of(p.output_pad()), false, 0, false, 0, 0));
 }
 
 void write_inner_product(Exporter& ex) {
@@ -286,8 +292,11 @@ void write_pooling(Exporter& ex) {
   Exporter::attr(n, "strides", stride);
   Exporter::attr(n, "pads", Dims{pad[0], pad[1], pad[0], pad[1]});
   Exporter::attr(n, "ceil_mode", std::int64_t{ceil ? 1 : 0});
-  // Caffe's averages divide by the window with its pads (clipped at the padded edge).
-  if (!max) Exporter::attr(n, "count_include_pad", std::int64_t{1});
+  // Caffe's averages divide by the window with its pads (clipped at the padded edge), or
+  // without them (count_include_pad false).
+  if (!max)
+    Exporter::attr(n, "count_include_pad",
+                   std::int64_t{ex.layer().pooling_param().count_include_pad() ? 1 : 0});
 }
 
 void write_relu(Exporter& ex) {
@@ -320,8 +329,38 @@ void write_softmax(Exporter& ex) {
   ex.bottoms(1);
   const std::string x = ex.bottom(0);
   // Opset 13's Softmax is over one axis, as Caffe's.
-  Exporter::attr(ex.node("Softmax", {x}, {ex.top(0)}), "axis",
+  const char* op = ex.layer().type() == "LogSoftmax" ? "LogSoftmax" : "Softmax";
+  Exporter::attr(ex.node(op, {x}, {ex.top(0)}), "axis",
                  static_cast<std::int64_t>(ex.layer().softmax_param().axis()));
+}
+
+// Pad: ONNX's Pad in constant mode, its pads as an input (opset 11 and later).
+void write_pad(Exporter& ex) {
+  ex.bottoms(1);
+  const pb::PadParameter& p = ex.layer().pad_param();
+  const Dims in = ex.shape(ex.layer().bottom(0));
+  const std::int64_t rank = static_cast<std::int64_t>(in.size());
+  const std::int64_t axis = p.axis() < 0 ? p.axis() + rank : p.axis();
+  if (rank == 0 || axis < 1 || axis >= rank)
+    ex.fail_layer("axis {} for a bottom of {} axes", p.axis(), rank);
+  const std::size_t padded = static_cast<std::size_t>(rank - axis);
+  const auto counts = [&](const auto& field, const char* name) {
+    if (field.size() != 1 && static_cast<std::size_t>(field.size()) != padded)
+      ex.fail_layer("{} has {} counts for {} padded axes", name, field.size(), padded);
+    Dims full(static_cast<std::size_t>(rank), 0);
+    for (std::size_t k = 0; k < padded; ++k)
+      full[static_cast<std::size_t>(axis) + k] =
+          field.size() == 1 ? field.Get(0) : field.Get(static_cast<int>(k));
+    return full;
+  };
+  if (p.pad_before_size() == 0) ex.fail_layer("pad_before is not set");
+  Dims pads = counts(p.pad_before(), "pad_before");
+  const Dims after = p.pad_after_size() == 0 ? pads : counts(p.pad_after(), "pad_after");
+  pads.insert(pads.end(), after.begin(), after.end());
+  const std::string x = ex.bottom(0);
+  const std::string counts_name = ex.int64_initializer("pads", pads);
+  const std::string value = ex.initializer("value", {}, {p.value()});
+  ex.node("Pad", {x, counts_name, value}, {ex.top(0)});
 }
 
 void write_lrn(Exporter& ex) {
@@ -537,6 +576,7 @@ struct LayerEntry {
 
 constexpr LayerEntry kLayers[] = {
     {"Convolution", write_convolution},
+    {"Deconvolution", write_convolution},
     {"InnerProduct", write_inner_product},
     {"Pooling", write_pooling},
     {"ReLU", write_relu},
@@ -544,6 +584,8 @@ constexpr LayerEntry kLayers[] = {
     {"TanH", write_unary},
     {"Clip", write_clip},
     {"Softmax", write_softmax},
+    {"LogSoftmax", write_softmax},
+    {"Pad", write_pad},
     {"LRN", write_lrn},
     {"Dropout", write_dropout},
     {"Concat", write_concat},

@@ -640,10 +640,10 @@ Dims spatial(Importer& im, const char* name, std::int64_t fallback) {
   return values;
 }
 
-// The symmetric pads {h, w} from `pads` and `auto_pad`, for input `in` ({h, w}, -1 unknown).
-std::pair<std::int64_t, std::int64_t> symmetric_pads(Importer& im, const Dims& kernel,
-                                                     const Dims& stride, const Dims& dilation,
-                                                     const Dims& in) {
+// The pads {begin_h, begin_w, end_h, end_w} from `pads` and `auto_pad`, for input `in`
+// ({h, w}, -1 unknown).
+Dims node_pads(Importer& im, const Dims& kernel, const Dims& stride, const Dims& dilation,
+               const Dims& in) {
   const std::string auto_pad = im.attr_string("auto_pad", "NOTSET");
   Dims pads = im.attr_ints("pads", Dims(4, 0));
   if (auto_pad == "VALID") {
@@ -673,12 +673,29 @@ std::pair<std::int64_t, std::int64_t> symmetric_pads(Importer& im, const Dims& k
     if (p < 0 || p > kMaxAttribute)
       im.fail_node("attribute 'pads' {}: every pad must lie in [0, {}]", dims_text(pads),
                    kMaxAttribute);
-  if (pads[0] != pads[2] || pads[1] != pads[3])
-    im.fail_node(
-        "attribute 'pads' {} pads the two sides of an axis differently; the importer "
-        "reads equal pads (begin = end) only",
-        dims_text(pads));
-  return {pads[0], pads[1]};
+  return pads;
+}
+
+bool symmetric(const Dims& pads) {
+  return pads[0] == pads[2] && pads[1] == pads[3];
+}
+
+// Pads that differ between the two sides of an axis: a Pad layer (filled with `fill`) in
+// front of the node's layer adds the difference, and the layer pads the smaller side on
+// both. Returns the layer's input and its pads {h, w}.
+std::pair<std::string, Dims> pad_in_front(Importer& im, const std::string& x, const Dims& pads,
+                                          float fill) {
+  const std::int64_t h = std::min(pads[0], pads[2]), w = std::min(pads[1], pads[3]);
+  if (symmetric(pads)) return {x, Dims{h, w}};
+  const std::string padded = im.fresh_value(im.output(0) + "/pad");
+  pb::PadParameter& p = *im.add_layer("Pad", {x}, {padded}, "/pad").mutable_pad_param();
+  p.set_axis(2);
+  p.add_pad_before(static_cast<std::uint32_t>(pads[0] - h));
+  p.add_pad_before(static_cast<std::uint32_t>(pads[1] - w));
+  p.add_pad_after(static_cast<std::uint32_t>(pads[2] - h));
+  p.add_pad_after(static_cast<std::uint32_t>(pads[3] - w));
+  p.set_value(fill);
+  return {padded, Dims{h, w}};
 }
 
 Dims spatial_dims(const Dims& dims) {
@@ -704,11 +721,14 @@ void convert_conv(Importer& im) {
   const Dims stride = spatial(im, "strides", 1);
   const Dims dilation = spatial(im, "dilations", 1);
   const Dims k{w.dims[2], w.dims[3]};
-  const auto [pad_h, pad_w] = symmetric_pads(im, k, stride, dilation, spatial_dims(im.dims_of(x)));
+  const Dims pads = node_pads(im, k, stride, dilation, spatial_dims(im.dims_of(x)));
   const std::int64_t group = im.attr_int("group", 1);
   if (group < 1 || w.dims[0] % group != 0)
     im.fail_node("attribute 'group' is {}, which does not divide the {} outputs", group, w.dims[0]);
-  pb::LayerParameter& layer = im.add_layer("Convolution", {x}, {im.output(0)});
+  // Zeros on the side that pads more (auto_pad SAME with a stride, TensorFlow's exports).
+  const auto [input, symmetric_pads] = pad_in_front(im, x, pads, 0.0f);
+  const std::int64_t pad_h = symmetric_pads[0], pad_w = symmetric_pads[1];
+  pb::LayerParameter& layer = im.add_layer("Convolution", {input}, {im.output(0)});
   pb::ConvolutionParameter& p = *layer.mutable_convolution_param();
   p.set_num_output(static_cast<std::uint32_t>(w.dims[0]));
   p.set_kernel_h(static_cast<std::uint32_t>(k[0]));
@@ -728,6 +748,76 @@ void convert_conv(Importer& im) {
     const Constant& b = im.constant_input(2, "bias");
     if (b.dims != Dims{w.dims[0]})
       im.fail_node("bias of shape {} for {} outputs", dims_text(b.dims), w.dims[0]);
+    Importer::add_blob(layer, b.dims, im.floats(b, "bias"));
+  }
+}
+
+// ConvTranspose: a Deconvolution (weights [C][num_output / group][kh][kw] as ONNX's).
+void convert_conv_transpose(Importer& im) {
+  const std::string x = im.activation(0);
+  const Constant& w = im.constant_input(1, "weights");
+  if (w.dims.size() != 4)
+    im.fail_node(
+        "weights of shape {}: the importer reads 2-D transposed convolutions (4-D "
+        "weights)",
+        dims_text(w.dims));
+  for (std::size_t i = 0; i < 4; ++i)
+    if (w.dims[i] < 1 || w.dims[i] > (i < 2 ? kMaxDim : kMaxAttribute))
+      im.fail_node("weights of shape {}: a dimension out of range", dims_text(w.dims));
+  const Dims kernel = im.attr_ints("kernel_shape", {w.dims[2], w.dims[3]});
+  if (kernel != Dims{w.dims[2], w.dims[3]})
+    im.fail_node("attribute 'kernel_shape' {} is not the weights' {}", dims_text(kernel),
+                 dims_text(w.dims));
+  const Dims stride = spatial(im, "strides", 1);
+  const Dims dilation = spatial(im, "dilations", 1);
+  const std::string auto_pad = im.attr_string("auto_pad", "NOTSET");
+  if (auto_pad != "NOTSET" && auto_pad != "VALID")
+    im.fail_node("attribute 'auto_pad' is '{}': the importer reads NOTSET and VALID", auto_pad);
+  const Dims pads = auto_pad == "VALID" ? Dims(4, 0) : im.attr_ints("pads", Dims(4, 0));
+  if (pads.size() != 4 || !symmetric(pads))
+    im.fail_node(
+        "attribute 'pads' {}: the importer reads 4 pads, equal on the two sides of each axis",
+        dims_text(pads));
+  for (std::int64_t p : pads)
+    if (p < 0 || p > kMaxAttribute)
+      im.fail_node("attribute 'pads' {}: every pad must lie in [0, {}]", dims_text(pads),
+                   kMaxAttribute);
+  const Dims extra = im.attr_ints("output_padding", Dims{0, 0});
+  if (extra.size() != 2 || extra[0] < 0 || extra[1] < 0 || extra[0] > kMaxAttribute ||
+      extra[1] > kMaxAttribute)
+    im.fail_node("attribute 'output_padding' {}: 2 values in [0, {}]", dims_text(extra),
+                 kMaxAttribute);
+  if (im.attribute("output_shape") != nullptr)
+    im.fail_node("attribute 'output_shape' is not read (give pads and output_padding instead)");
+  const std::int64_t group = im.attr_int("group", 1);
+  if (group < 1 || w.dims[0] % group != 0)
+    im.fail_node("attribute 'group' is {}, which does not divide the {} input channels", group,
+                 w.dims[0]);
+  const std::int64_t outputs = w.dims[1] * group;
+  pb::LayerParameter& layer = im.add_layer("Deconvolution", {x}, {im.output(0)});
+  pb::ConvolutionParameter& p = *layer.mutable_convolution_param();
+  p.set_num_output(static_cast<std::uint32_t>(outputs));
+  p.set_kernel_h(static_cast<std::uint32_t>(kernel[0]));
+  p.set_kernel_w(static_cast<std::uint32_t>(kernel[1]));
+  p.set_stride_h(static_cast<std::uint32_t>(stride[0]));
+  p.set_stride_w(static_cast<std::uint32_t>(stride[1]));
+  p.set_pad_h(static_cast<std::uint32_t>(pads[0]));
+  p.set_pad_w(static_cast<std::uint32_t>(pads[1]));
+  if (dilation != Dims{1, 1}) {
+    p.add_dilation(static_cast<std::uint32_t>(dilation[0]));
+    p.add_dilation(static_cast<std::uint32_t>(dilation[1]));
+  }
+  if (extra != Dims{0, 0}) {
+    p.add_output_pad(static_cast<std::uint32_t>(extra[0]));
+    p.add_output_pad(static_cast<std::uint32_t>(extra[1]));
+  }
+  p.set_group(static_cast<std::uint32_t>(group));
+  Importer::add_blob(layer, w.dims, im.floats(w, "weights"));
+  p.set_bias_term(im.has_input(2));
+  if (im.has_input(2)) {
+    const Constant& b = im.constant_input(2, "bias");
+    if (b.dims != Dims{outputs})
+      im.fail_node("bias of shape {} for {} outputs", dims_text(b.dims), outputs);
     Importer::add_blob(layer, b.dims, im.floats(b, "bias"));
   }
 }
@@ -823,12 +913,15 @@ void convert_pool(Importer& im) {
   const Dims in = im.dims_of(x);
   if (!in.empty() && in.size() != 4)
     im.fail_node("input of shape {}: the importer reads 2-D pooling (4-D inputs)", dims_text(in));
-  pb::LayerParameter& layer = im.add_layer("Pooling", {x}, {im.output(0)});
   im.only_outputs(1);
-  pb::PoolingParameter& p = *layer.mutable_pooling_param();
-  p.set_pool(max ? pb::PoolingParameter::MAX : pb::PoolingParameter::AVE);
+  const auto pooling = [&](const std::string& input) -> pb::PoolingParameter& {
+    pb::LayerParameter& layer = im.add_layer("Pooling", {input}, {im.output(0)});
+    pb::PoolingParameter& p = *layer.mutable_pooling_param();
+    p.set_pool(max ? pb::PoolingParameter::MAX : pb::PoolingParameter::AVE);
+    return p;
+  };
   if (global) {
-    p.set_global_pooling(true);
+    pooling(x).set_global_pooling(true);
     return;
   }
   if (im.attribute("kernel_shape") == nullptr) im.fail_node("attribute 'kernel_shape' is missing");
@@ -840,13 +933,25 @@ void convert_pool(Importer& im) {
                  dims_text(dilation));
   if (im.attr_int("storage_order", 0) != 0)
     im.fail_node("attribute 'storage_order' is 1 (column-major indices)");
-  const auto [pad_h, pad_w] = symmetric_pads(im, kernel, stride, dilation, spatial_dims(in));
+  const Dims pads = node_pads(im, kernel, stride, dilation, spatial_dims(in));
   const bool ceil = im.attr_int("ceil_mode", 0) != 0;
-  if (!max && im.attr_int("count_include_pad", 0) == 0 && (pad_h > 0 || pad_w > 0))
+  // Unequal sides: for MaxPool in floor mode a Pad of the lowest float in front (no window
+  // lies wholly in the padding while pads are below the kernel); averages and ceil mode's
+  // last windows would count the padding differently.
+  if (!symmetric(pads) && (!max || ceil || pads[0] >= kernel[0] || pads[2] >= kernel[0] ||
+                           pads[1] >= kernel[1] || pads[3] >= kernel[1]))
     im.fail_node(
-        "attribute 'count_include_pad' is 0 with pads {}x{}: averages that leave the "
-        "pads out are not supported yet",
-        pad_h, pad_w);
+        "attribute 'pads' {} pads the two sides of an axis differently; the importer reads that "
+        "for MaxPool with ceil_mode 0 and pads below the kernel only",
+        dims_text(pads));
+  const auto [input, symmetric_pads] =
+      pad_in_front(im, x, pads, std::numeric_limits<float>::lowest());
+  const std::int64_t pad_h = symmetric_pads[0], pad_w = symmetric_pads[1];
+  pb::PoolingParameter& p = pooling(input);
+  // Without pads the two divisors agree; with them, Caffe's (the window clipped to the
+  // padded input) is count_include_pad 1's as ONNX Runtime computes it.
+  if (!max && im.attr_int("count_include_pad", 0) == 0 && (pad_h > 0 || pad_w > 0))
+    p.set_count_include_pad(false);
   p.set_kernel_h(static_cast<std::uint32_t>(kernel[0]));
   p.set_kernel_w(static_cast<std::uint32_t>(kernel[1]));
   p.set_stride_h(static_cast<std::uint32_t>(stride[0]));
@@ -857,13 +962,13 @@ void convert_pool(Importer& im) {
   if (!ceil) return;
   // Caffe drops a last window that starts in the padding only when some pad is non-zero;
   // ONNX Runtime and PyTorch always do: where that differs, refuse.
-  const std::int64_t pads[2] = {pad_h, pad_w};
+  const std::int64_t both[2] = {pad_h, pad_w};
   for (int axis = 0; axis < 2 && in.size() == 4; ++axis) {
     const std::int64_t size = in[static_cast<std::size_t>(axis) + 2];
     if (size < 0) continue;
     const std::int64_t k = kernel[static_cast<std::size_t>(axis)];
     const std::int64_t s = stride[static_cast<std::size_t>(axis)];
-    const std::int64_t pad = pads[axis];
+    const std::int64_t pad = both[axis];
     const std::int64_t out = (size + 2 * pad - k + s - 1) / s + 1;
     if ((out - 1) * s >= size + pad && pad_h == 0 && pad_w == 0)
       im.fail_node(
@@ -1147,7 +1252,8 @@ void convert_softmax(Importer& im) {
         "attribute 'axis' is {} on a {}-D input under opset {}: a softmax over several "
         "axes",
         axis, d.size(), im.opset());
-  pb::LayerParameter& layer = im.add_layer("Softmax", {x}, {im.output(0)});
+  pb::LayerParameter& layer = im.add_layer(
+      im.node().op_type() == "LogSoftmax" ? "LogSoftmax" : "Softmax", {x}, {im.output(0)});
   layer.mutable_softmax_param()->set_axis(static_cast<std::int32_t>(axis));
 }
 
@@ -1186,23 +1292,52 @@ void convert_identity(Importer& im) {
 
 // Pad: only where it pads nothing (PyTorch writes one before some AveragePools); other
 // pads are an error until a Pad layer exists.
+// Pad in constant mode: a Pad layer over the axes after the batch (none padded: an alias).
 void convert_pad(Importer& im) {
   const std::string mode = im.attr_string("mode", "constant");
   Dims pads;
+  float value = 0.0f;
   if (im.opset() < 11) {
     pads = im.attr_ints("pads", {});
-    im.attr_float("value", 0.0f);
+    value = im.attr_float("value", 0.0f);
   } else {
-    pads = im.ints(im.constant_input(1, "pads"), "pads");
-    if (im.has_input(2)) im.constant_input(2, "constant value");
+    pads = im.int_input(1, "pads");
+    if (im.has_input(2)) {
+      const std::vector<float> values =
+          im.floats(im.constant_input(2, "constant value"), "constant value");
+      if (values.size() != 1)
+        im.fail_node("the constant value holds {} values, not one", values.size());
+      value = values[0];
+    }
+    if (im.has_input(3)) im.fail_node("input 3 ('axes', opset 18) is not read by the importer");
   }
-  for (std::int64_t p : pads)
-    if (p != 0)
-      im.fail_node(
-          "pads {} ({} mode): the importer reads a Pad only where it pads nothing (a "
-          "Pad layer is not supported yet)",
-          dims_text(pads), mode);
-  im.alias(im.output(0), im.input(0));
+  const Dims d = im.dims_of(im.input(0));
+  if (pads.size() % 2 != 0 || pads.empty() || (!d.empty() && pads.size() != 2 * d.size()))
+    im.fail_node("pads {} for an input of shape {}: 2 per axis", dims_text(pads), dims_text(d));
+  const std::size_t rank = pads.size() / 2;
+  bool any = false;
+  for (std::size_t a = 0; a < rank; ++a) {
+    if (pads[a] < 0 || pads[a + rank] < 0 || pads[a] > kMaxAttribute ||
+        pads[a + rank] > kMaxAttribute)
+      im.fail_node("pads {}: every pad must lie in [0, {}] (negative pads crop)", dims_text(pads),
+                   kMaxAttribute);
+    any = any || pads[a] != 0 || pads[a + rank] != 0;
+  }
+  if (!any) {
+    im.alias(im.output(0), im.input(0));
+    return;
+  }
+  if (mode != "constant")
+    im.fail_node("attribute 'mode' is '{}': the importer reads mode 'constant' only", mode);
+  if (pads[0] != 0 || pads[rank] != 0) im.fail_node("pads {} pad the batch axis", dims_text(pads));
+  pb::PadParameter& p =
+      *im.add_layer("Pad", {im.activation(0)}, {im.output(0)}).mutable_pad_param();
+  p.set_axis(1);
+  for (std::size_t a = 1; a < rank; ++a) {
+    p.add_pad_before(static_cast<std::uint32_t>(pads[a]));
+    p.add_pad_after(static_cast<std::uint32_t>(pads[a + rank]));
+  }
+  p.set_value(value);
 }
 
 void convert_constant(Importer& im) {
@@ -1419,6 +1554,7 @@ constexpr Operator kOperators[] = {
     {"Concat", convert_concat},
     {"Constant", convert_constant},
     {"Conv", convert_conv},
+    {"ConvTranspose", convert_conv_transpose},
     {"Div", convert_div},
     {"Dropout", convert_identity},
     {"Flatten", convert_flatten},
@@ -1429,6 +1565,7 @@ constexpr Operator kOperators[] = {
     {"HardSwish", convert_hard_sigmoid},
     {"Identity", convert_identity},
     {"LeakyRelu", convert_relu},
+    {"LogSoftmax", convert_softmax},
     {"LRN", convert_lrn},
     {"MatMul", convert_gemm},
     {"Max", convert_max},

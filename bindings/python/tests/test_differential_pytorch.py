@@ -6,9 +6,10 @@ max |reference| <= 1e-4) and every gradient, of inputs and parameters (relative 
 <= 1e-3), against torch.autograd. Where Caffe's convention differs from PyTorch's, the
 reference says so and follows Caffe's source (BVLC/caffe, src/caffe/layers/*.cpp).
 
-Layer types covered (lib/net/layer_factory.cpp lists 24, all of them): Accuracy (forward
-only: it has no gradient), BatchNorm, Clip, Concat, Convolution, Dropout, Eltwise, EuclideanLoss,
-Flatten, InnerProduct, LRN, Permute, Pooling, ReLU, Reshape, Scale, Sigmoid,
+Layer types covered (lib/net/layer_factory.cpp lists 27, all of them): Accuracy (forward
+only: it has no gradient), BatchNorm, Clip, Concat, Convolution, Deconvolution, Dropout, Eltwise,
+EuclideanLoss,
+Flatten, InnerProduct, LogSoftmax, LRN, Pad, Permute, Pooling, ReLU, Reshape, Scale, Sigmoid,
 SigmoidCrossEntropyLoss, Silence, Slice, Softmax, SoftmaxWithLoss, Split, TanH. Left out: the data
 layers (Input, DummyData, Data, ...), which take no bottoms and are handled by the Net, not
 computable as a standalone layer. A new layer type needs a generator in GENERATORS;
@@ -141,7 +142,7 @@ def caffe_pooled_size(size, kernel, stride, pad, any_pad, ceil_mode=True):
     return out
 
 
-def caffe_pool(x, method, kernel, stride, pad, ceil_mode=True):
+def caffe_pool(x, method, kernel, stride, pad, ceil_mode=True, count_include_pad=True):
     """Caffe's MAX / AVE pooling of an N x C x H x W tensor.
 
     MAX: the window clipped to the input, the first maximum wins (PyTorch's max_pool2d
@@ -150,7 +151,9 @@ def caffe_pool(x, method, kernel, stride, pad, ceil_mode=True):
         hend = min(hstart + kernel_h_, height_ + pad_h_);
         pool_size = (hend - hstart) * (wend - wstart);
     which PyTorch's count_include_pad does not express once ceil mode runs past the padding,
-    so the sums come from a sum-pool and the divisors from that rule."""
+    so the sums come from a sum-pool and the divisors from that rule. count_include_pad
+    False (hybridnn's field, PyTorch's and ONNX's meaning): the divisor is the window
+    clipped to the input, the cells the sum adds."""
     (kh, kw), (sh, sw), (ph, pw) = kernel, stride, pad
     height, width = x.shape[2], x.shape[3]
     any_pad = ph > 0 or pw > 0
@@ -168,6 +171,8 @@ def caffe_pool(x, method, kernel, stride, pad, ceil_mode=True):
 
     def sizes(out, stride_, kernel_, pad_, size):
         starts = np.arange(out) * stride_ - pad_
+        if not count_include_pad:
+            return np.minimum(starts + kernel_, size) - np.maximum(starts, 0)
         return np.minimum(starts + kernel_, size + pad_) - starts
 
     divisor = np.outer(sizes(out_h, sh, kh, ph, height), sizes(out_w, sw, kw, pw, width))
@@ -240,6 +245,48 @@ def gen_convolution(rng):
                 reference, params)
 
 
+def gen_deconvolution(rng):
+    group = int(rng.choice([1, 1, 2, 3]))
+    channels = group * int(rng.randint(1, 4))
+    num_output = group * int(rng.randint(1, 4))
+    kernel = pair(rng, 1, 4)
+    stride = pair(rng, 1, 3)
+    dilation = pair(rng, 1, 3) if rng.rand() < 0.4 else (1, 1)
+    extent = [d * (k - 1) + 1 for d, k in zip(dilation, kernel)]
+    height, width = int(rng.randint(1, 5)), int(rng.randint(1, 5))
+    # Caffe's (and PyTorch's) output: stride * (in - 1) + extent - 2 * pad (+ output_pad);
+    # pads that leave at least one output.
+    pad = tuple(int(rng.randint(0, max(1, (s * (n - 1) + e + 1) // 2)))
+                for s, n, e in zip(stride, (height, width), extent))
+    extra = tuple(int(rng.randint(0, s)) for s in stride) if rng.rand() < 0.3 else (0, 0)
+    batch = int(rng.randint(1, 5))
+    bias_term = bool(rng.rand() < 0.75)
+    fields = [f"num_output: {num_output}",
+              pair_fields(rng, kernel, None, "kernel_size", "kernel_h", "kernel_w", True),
+              pair_fields(rng, stride, 1, "stride", "stride_h", "stride_w", True),
+              pair_fields(rng, pad, 0, "pad", "pad_h", "pad_w", True),
+              pair_fields(rng, dilation, 1, "dilation", None, None, True),
+              pair_fields(rng, extra, 0, "output_pad", None, None, True)]
+    if group > 1 or rng.rand() < 0.2:
+        fields.append(f"group: {group}")
+    if not bias_term or rng.rand() < 0.2:
+        fields.append(f"bias_term: {str(bias_term).lower()}")
+    x = normal(rng, (batch, channels, height, width))
+    # Caffe's Deconvolution weights are [C][num_output / group][kh][kw], PyTorch's
+    # conv_transpose2d's too.
+    params = [normal(rng, (channels, num_output // group) + kernel, 0.5)]
+    if bias_term:
+        params.append(normal(rng, (num_output,), 0.5))
+
+    def reference(xs, ps):
+        return [F.conv_transpose2d(xs[0], ps[0], ps[1] if bias_term else None, stride, pad,
+                                   extra, group, dilation)]
+
+    text = " ".join(f for f in fields if f)
+    return Case(f'name: "deconv" type: "Deconvolution" convolution_param {{ {text} }}', [x],
+                reference, params)
+
+
 def gen_pooling(rng):
     method = "MAX" if rng.rand() < 0.5 else "AVE"
     batch, channels = int(rng.randint(1, 4)), int(rng.randint(1, 4))
@@ -277,13 +324,18 @@ def gen_pooling(rng):
             pair_fields(rng, pad, 0, "pad", "pad_h", "pad_w", False),
             "" if ceil_mode and rng.rand() < 0.8 else
             f"round_mode: {'CEIL' if ceil_mode else 'FLOOR'}") if f)
+    count_include_pad = True
+    if method == "AVE" and rng.rand() < 0.3:
+        count_include_pad = bool(rng.rand() < 0.2)  # the field given as its default, now and then
+        text += f" count_include_pad: {str(count_include_pad).lower()}"
     if method == "MAX" and rng.rand() < 0.3:
         x = integers(rng, (batch, channels, height, width))  # ties: the first maximum wins
     else:
         x = normal(rng, (batch, channels, height, width))
     prototxt = f'name: "pool" type: "Pooling" pooling_param {{ pool: {method} {text} }}'
     return Case(prototxt, [x],
-                lambda xs, ps: [caffe_pool(xs[0], method, kernel, stride, pad, ceil_mode)])
+                lambda xs, ps: [caffe_pool(xs[0], method, kernel, stride, pad, ceil_mode,
+                                           count_include_pad)])
 
 
 def gen_inner_product(rng):
@@ -430,6 +482,16 @@ def gen_softmax(rng):
     text = f" softmax_param {{ axis: {axis} }}" if axis != 1 or rng.rand() < 0.2 else ""
     return Case(f'name: "softmax" type: "Softmax"{text}', [normal(rng, shape, 3.0)],
                 lambda xs, ps: [torch.softmax(xs[0], canonical(axis, axes))])
+
+
+def gen_log_softmax(rng):
+    axes = int(rng.randint(1, 5))
+    shape = random_shape(rng, axes)
+    axis = int(rng.randint(-axes, axes))
+    text = f" softmax_param {{ axis: {axis} }}" if axis != 1 or rng.rand() < 0.2 else ""
+    # Wide inputs: the small probabilities whose logarithms a softmax then log would lose.
+    return Case(f'name: "log_softmax" type: "LogSoftmax"{text}', [normal(rng, shape, 20.0)],
+                lambda xs, ps: [torch.log_softmax(xs[0], canonical(axis, axes))])
 
 
 def gen_batch_norm(rng):
@@ -703,6 +765,34 @@ def gen_permute(rng):
                 [normal(rng, shape)], lambda xs, ps: [xs[0].permute(full)])
 
 
+def gen_pad(rng):
+    axes = int(rng.randint(2, 6))
+    shape = random_shape(rng, axes)
+    axis = int(rng.randint(1, axes))
+    padded = axes - axis
+    same = rng.rand() < 0.3  # one count for every axis
+    before = [int(rng.randint(0, 3))] * (1 if same else padded)
+    after = [] if rng.rand() < 0.3 else [int(rng.randint(0, 3))] * (1 if same else padded)
+    if not same:
+        before = [int(rng.randint(0, 3)) for _ in range(padded)]
+        if after:
+            after = [int(rng.randint(0, 3)) for _ in range(padded)]
+    value = float(np.round(rng.randn(), 3)) if rng.rand() < 0.5 else 0.0
+    full_before = before * padded if len(before) == 1 else before
+    full_after = full_before if not after else (after * padded if len(after) == 1 else after)
+    fields = [f"axis: {axis - axes if rng.rand() < 0.3 else axis}"]
+    fields += [f"pad_before: {c}" for c in before] + [f"pad_after: {c}" for c in after]
+    if value:
+        fields.append(f"value: {value}")
+    # torch's F.pad lists (before, after) pairs from the last axis back.
+    pairs = []
+    for k in reversed(range(padded)):
+        pairs += [full_before[k], full_after[k]]
+    return Case(f'name: "pad" type: "Pad" pad_param {{ {" ".join(fields)} }}',
+                [normal(rng, shape)],
+                lambda xs, ps: [torch.nn.functional.pad(xs[0], pairs, value=value)])
+
+
 def gen_silence(rng):
     bottoms = int(rng.randint(1, 4))
     inputs = [normal(rng, random_shape(rng, int(rng.randint(1, 5)))) for _ in range(bottoms)]
@@ -967,12 +1057,15 @@ GENERATORS = {
     "BatchNorm": (gen_batch_norm, 120),
     "Concat": (gen_concat, 60),
     "Convolution": (gen_convolution, 300),
+    "Deconvolution": (gen_deconvolution, 80),
     "Dropout": (gen_dropout, 60),
     "Eltwise": (gen_eltwise, 100),
     "EuclideanLoss": (gen_euclidean_loss, 40),
     "Flatten": (gen_flatten, 40),
     "InnerProduct": (gen_inner_product, 120),
+    "LogSoftmax": (gen_log_softmax, 40),
     "LRN": (gen_lrn, 100),
+    "Pad": (gen_pad, 40),
     "Pooling": (gen_pooling, 300),
     "ReLU": (gen_relu, 50),
     "Reshape": (gen_reshape, 60),

@@ -9,6 +9,7 @@ read.
 Skipped visibly without python3-torch, python3-torchvision or python3-onnx, or when the
 library was built without libonnx-dev.
 """
+import math
 import pathlib
 
 import numpy as np
@@ -261,6 +262,47 @@ def case_conv_same_upper(rng):
     return "Conv", {"x": x}, {"w": w}, {"auto_pad": "SAME_UPPER"}, want
 
 
+def case_conv_unequal_pads(rng):
+    # A Pad layer in front adds what one side pads more than the other.
+    x, w = rng_array(rng, 2, 3, 6, 7), rng_array(rng, 4, 3, 3, 3)
+    want = F.conv2d(F.pad(t(x), (1, 2, 0, 1)), t(w))
+    return "Conv", {"x": x}, {"w": w}, {"pads": [0, 1, 1, 2]}, want
+
+
+def case_conv_same_upper_stride_2(rng):
+    # TensorFlow's SAME with a stride: 8 -> 4 pads 0 before and 1 after.
+    x, w, b = rng_array(rng, 2, 3, 8, 8), rng_array(rng, 4, 3, 3, 3), rng_array(rng, 4)
+    want = F.conv2d(F.pad(t(x), (0, 1, 0, 1)), t(w), t(b), stride=2)
+    return "Conv", {"x": x}, {"w": w, "b": b}, {"auto_pad": "SAME_UPPER", "strides": [2, 2]}, want
+
+
+def case_max_pool_same_upper(rng):
+    x = rng_array(rng, 2, 3, 8, 8)
+    want = F.max_pool2d(F.pad(t(x), (0, 1, 0, 1), value=-math.inf), 3, stride=2)
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"}
+    return "MaxPool", {"x": x}, {}, attrs, want
+
+
+def case_pad(rng):
+    x = rng_array(rng, 2, 3, 4, 5)
+    pads = np.array([0, 0, 1, 2, 0, 1, 0, 3], np.int64)
+    want = F.pad(t(x), (2, 3, 1, 0, 0, 1), value=0.5)
+    return "Pad", {"x": x}, {"pads": pads, "value": np.array(0.5, np.float32)}, {}, want
+
+
+def case_log_softmax(rng):
+    x = rng_array(rng, 3, 6) * 30  # probabilities far below float's smallest
+    return "LogSoftmax", {"x": x}, {}, {"axis": 1}, F.log_softmax(t(x), dim=1)
+
+
+def case_conv_transpose(rng):
+    x, w, b = rng_array(rng, 2, 4, 3, 4), rng_array(rng, 4, 3, 3, 3), rng_array(rng, 6)
+    want = F.conv_transpose2d(t(x), t(w), t(b), stride=2, padding=1, output_padding=(1, 0),
+                              groups=2)
+    attrs = {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 0], "group": 2}
+    return "ConvTranspose", {"x": x}, {"w": w, "b": b}, attrs, want
+
+
 def case_gemm(rng):
     a, b, c = rng_array(rng, 3, 5), rng_array(rng, 5, 4), rng_array(rng, 4)
     want = 0.5 * t(a) @ t(b) + 2.0 * t(c)
@@ -290,6 +332,21 @@ def case_average_pool(rng):
     want = F.avg_pool2d(t(x), (3, 2), stride=(2, 2), padding=(1, 1), count_include_pad=True)
     attrs = {"kernel_shape": [3, 2], "strides": [2, 2], "pads": [1, 1, 1, 1],
              "count_include_pad": 1}
+    return "AveragePool", {"x": x}, {}, attrs, want
+
+
+def case_average_pool_without_pads_counted(rng):
+    x = rng_array(rng, 2, 3, 7, 8)
+    want = F.avg_pool2d(t(x), 3, stride=2, padding=1, count_include_pad=False)
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1],
+             "count_include_pad": 0}
+    return "AveragePool", {"x": x}, {}, attrs, want
+
+
+def case_average_pool_ceil_without_pads_counted(rng):
+    x = rng_array(rng, 2, 3, 8, 8)
+    want = F.avg_pool2d(t(x), 3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1}
     return "AveragePool", {"x": x}, {}, attrs, want
 
 
@@ -440,8 +497,10 @@ def case_squeeze(rng):
     return "Squeeze", {"x": x}, {"axes": np.array([2, 3], np.int64)}, {}, t(x)[:, :, 0, 0]
 
 
-CASES = [case_conv, case_conv_same_upper, case_gemm, case_gemm_trans_b, case_matmul,
-         case_max_pool_ceil, case_average_pool, case_global_average_pool, case_global_max_pool,
+CASES = [case_conv, case_conv_same_upper, case_conv_unequal_pads, case_conv_same_upper_stride_2,
+         case_max_pool_same_upper, case_pad, case_log_softmax, case_conv_transpose, case_gemm, case_gemm_trans_b, case_matmul,
+         case_max_pool_ceil, case_average_pool, case_average_pool_without_pads_counted,
+         case_average_pool_ceil_without_pads_counted, case_global_average_pool, case_global_max_pool,
          case_batch_norm, case_leaky_relu, case_softmax, case_lrn, case_flatten, case_reshape,
          case_add, case_concat, case_sigmoid, case_clip_relu6, case_clip_max_only, case_mul,
          case_mul_per_channel, case_mul_per_channel_first, case_hard_sigmoid,
@@ -591,12 +650,22 @@ def test_an_unread_attribute_is_an_error(runtime, tmp_path):
     assert "unheard_of" in message and "Softmax" in message and "the_node" in message
 
 
-def test_unequal_pads_are_refused_not_approximated(runtime, tmp_path):
-    x, w = np.zeros((1, 2, 5, 5), np.float32), np.zeros((2, 2, 3, 3), np.float32)
-    path = one_node_model(tmp_path / "m.onnx", "Conv", {"x": x}, 4, {"pads": [0, 1, 1, 1]},
-                          {"w": w})
+def test_unequal_pads_of_an_average_are_refused_not_approximated(runtime, tmp_path):
+    # A Conv's or a MaxPool's unequal pads become a Pad layer in front; an average's would
+    # count the padding differently.
+    x = np.zeros((1, 2, 5, 5), np.float32)
+    path = one_node_model(tmp_path / "m.onnx", "AveragePool", {"x": x}, 4,
+                          {"kernel_shape": [3, 3], "pads": [0, 1, 1, 1]})
     message = refused(runtime, path)
-    assert "the_node" in message and "Conv" in message and "'pads' [0, 1, 1, 1]" in message
+    assert "the_node" in message and "AveragePool" in message and "'pads' [0, 1, 1, 1]" in message
+
+
+def test_pad_modes_other_than_constant_are_refused(runtime, tmp_path):
+    x = np.zeros((1, 2, 5, 5), np.float32)
+    path = one_node_model(tmp_path / "m.onnx", "Pad", {"x": x}, 4, {"mode": "reflect"},
+                          {"pads": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)})
+    message = refused(runtime, path)
+    assert "the_node" in message and "Pad" in message and "'reflect'" in message
 
 
 def test_an_opset_outside_the_supported_range_is_refused(runtime, tmp_path):

@@ -28,10 +28,14 @@ Span max_span(index_t out, index_t stride, index_t pad, index_t kernel, index_t 
   return {std::max<index_t>(start, 0), std::min(start + kernel, in), 0};
 }
 
-Span avg_span(index_t out, index_t stride, index_t pad, index_t kernel, index_t in) {
+// The divisor: the window clipped to the padded input (Caffe's), or to the input without
+// `include_pad`.
+Span avg_span(index_t out, index_t stride, index_t pad, index_t kernel, index_t in,
+              bool include_pad) {
   const index_t start = out * stride - pad;
   const index_t end = std::min(start + kernel, in + pad);
-  return {std::max<index_t>(start, 0), std::min(end, in), end - start};
+  const index_t lo = std::max<index_t>(start, 0), hi = std::min(end, in);
+  return {lo, hi, include_pad ? end - start : hi - lo};
 }
 
 // body(block) for every [height][width][B] block of (image, B channels).
@@ -117,8 +121,8 @@ index_t window_cost(const PoolShape& s) {
 template <index_t kBlock, bool kAverage, class Start, class Body>
 void for_windows(Parallel& par, const PoolShape& s, const Start& start, const Body& body) {
   const index_t out_h = s.out_h(), out_w = s.out_w(), out_block = out_h * out_w * kBlock;
-  const auto span = [](index_t out, index_t stride, index_t pad, index_t kernel, index_t in) {
-    return kAverage ? avg_span(out, stride, pad, kernel, in)
+  const auto span = [&s](index_t out, index_t stride, index_t pad, index_t kernel, index_t in) {
+    return kAverage ? avg_span(out, stride, pad, kernel, in, s.count_include_pad)
                     : max_span(out, stride, pad, kernel, in);
   };
   for_blocks<kBlock>(par, s, window_cost(s), [&](index_t b) {

@@ -19,13 +19,15 @@ Window max_window(index_t out, index_t stride, index_t pad, index_t kernel, inde
   return {std::max<index_t>(start, 0), std::min(start + kernel, in)};
 }
 
-// Average pooling also needs the divisor, counted over the padded (unclipped) window.
+// Average pooling also needs the divisor, counted over the window clipped to the padded
+// input (Caffe's), or to the input without `include_pad`.
 Window avg_window(index_t out, index_t stride, index_t pad, index_t kernel, index_t in,
-                  index_t* size) {
+                  bool include_pad, index_t* size) {
   const index_t start = out * stride - pad;
   const index_t end = std::min(start + kernel, in + pad);
-  *size = end - start;
-  return {std::max<index_t>(start, 0), std::min(end, in)};
+  const Window clipped{std::max<index_t>(start, 0), std::min(end, in)};
+  *size = include_pad ? end - start : clipped.end - clipped.start;
+  return clipped;
 }
 
 // Outputs whose whole window lies inside the input: there every window has the same shape,
@@ -134,11 +136,13 @@ void avg_pool_plane_forward(const PoolShape& s, const float* x, float* y) {
   const OutputRange inner = full_windows(s.stride_w, s.pad_w, s.kernel_w, s.width, out_w);
   for (index_t oh = 0; oh < out_h; ++oh) {
     index_t size_h;
-    const Window h = avg_window(oh, s.stride_h, s.pad_h, s.kernel_h, s.height, &size_h);
+    const Window h =
+        avg_window(oh, s.stride_h, s.pad_h, s.kernel_h, s.height, s.count_include_pad, &size_h);
     float* row = y + oh * out_w;
     auto one = [&](index_t ow) {
       index_t size_w;
-      const Window w = avg_window(ow, s.stride_w, s.pad_w, s.kernel_w, s.width, &size_w);
+      const Window w =
+          avg_window(ow, s.stride_w, s.pad_w, s.kernel_w, s.width, s.count_include_pad, &size_w);
       float total = 0.0f;
       for (index_t ih = h.start; ih < h.end; ++ih) {
         const float* line = x + ih * s.width;
@@ -168,10 +172,12 @@ void avg_pool_plane_backward(const PoolShape& s, const float* dy, float* dx) {
   std::fill(dx, dx + s.height * s.width, 0.0f);
   for (index_t oh = 0; oh < out_h; ++oh) {
     index_t size_h;
-    const Window h = avg_window(oh, s.stride_h, s.pad_h, s.kernel_h, s.height, &size_h);
+    const Window h =
+        avg_window(oh, s.stride_h, s.pad_h, s.kernel_h, s.height, s.count_include_pad, &size_h);
     for (index_t ow = 0; ow < out_w; ++ow) {
       index_t size_w;
-      const Window w = avg_window(ow, s.stride_w, s.pad_w, s.kernel_w, s.width, &size_w);
+      const Window w =
+          avg_window(ow, s.stride_w, s.pad_w, s.kernel_w, s.width, s.count_include_pad, &size_w);
       const float share = dy[oh * out_w + ow] / static_cast<float>(size_h * size_w);
       for (index_t ih = h.start; ih < h.end; ++ih) {
         float* line = dx + ih * s.width;

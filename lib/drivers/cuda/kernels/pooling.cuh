@@ -17,11 +17,12 @@ struct PoolDims {
   index_t batch, channels, height, width;
   index_t kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w;
   index_t out_h, out_w;
+  bool count_include_pad;
 };
 
 inline PoolDims pool_dims(const PoolShape& s) {
-  return {s.batch,    s.channels, s.height, s.width, s.kernel_h, s.kernel_w,
-          s.stride_h, s.stride_w, s.pad_h,  s.pad_w, s.out_h(),  s.out_w()};
+  return {s.batch,    s.channels, s.height, s.width,   s.kernel_h, s.kernel_w,         s.stride_h,
+          s.stride_w, s.pad_h,    s.pad_w,  s.out_h(), s.out_w(),  s.count_include_pad};
 }
 
 // Outputs [begin, end) along one axis whose (unclipped) window covers input position x:
@@ -90,12 +91,15 @@ HN_HOST_DEVICE inline void pool_max_backward_element(index_t i, const PoolDims& 
   dx[i] = sum;
 }
 
-// Caffe's AVE divisor: the window clipped to the padded input, before clipping to the input.
+// Caffe's AVE divisor: the window clipped to the padded input, before clipping to the input;
+// without count_include_pad, clipped to the input.
 HN_HOST_DEVICE inline index_t avg_pool_size(const PoolDims& d, index_t oh, index_t ow) {
   const index_t h_begin = oh * d.stride_h - d.pad_h, w_begin = ow * d.stride_w - d.pad_w;
   const index_t h_end = min_index(h_begin + d.kernel_h, d.height + d.pad_h);
   const index_t w_end = min_index(w_begin + d.kernel_w, d.width + d.pad_w);
-  return (h_end - h_begin) * (w_end - w_begin);
+  if (d.count_include_pad) return (h_end - h_begin) * (w_end - w_begin);
+  return (min_index(h_end, d.height) - max_index(h_begin, 0)) *
+         (min_index(w_end, d.width) - max_index(w_begin, 0));
 }
 
 // One output, i in [0, batch * channels * out_h * out_w).
