@@ -602,6 +602,11 @@ std::vector<std::pair<hn::LoweringShape, index_t>> conv_cases() {
   cases.emplace_back(lowering(2, 64, 7, 9, 3, 3, 2, 2, 1, 1, 2, 2), 16);     // dilation 2
   cases.emplace_back(lowering(2, 32, 8, 8, 1, 1, 0, 0, 1, 1, 1, 1, 2), 64);  // 1x1, groups 2
   cases.emplace_back(lowering(1, 32, 10, 8, 3, 3, 1, 1, 1, 1, 1, 1, 32), 32);  // depthwise
+  // Depthwise shapes whose weight gradient the CPU driver computes itself on NCHW (oneDNN's
+  // depthwise kernel takes 3x3 only): EfficientNet's 5x5, stride 2 on odd sizes, dilated.
+  cases.emplace_back(lowering(3, 32, 14, 14, 5, 5, 2, 2, 1, 1, 1, 1, 32), 32);
+  cases.emplace_back(lowering(2, 48, 13, 11, 5, 5, 2, 2, 2, 2, 1, 1, 48), 48);
+  cases.emplace_back(lowering(2, 16, 9, 12, 3, 5, 0, 1, 1, 2, 2, 1, 16), 16);
   cases.emplace_back(lowering(8, 16, 14, 14, 3, 3, 1, 1, 1, 1), 16);  // Winograd-sized batch
   return cases;
 }

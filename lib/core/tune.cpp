@@ -1,5 +1,6 @@
 // The tuning cache: one line per measured choice, "machine<TAB>driver<TAB>key<TAB>choice",
-// where machine is the CPU model, its widest vector extension and the library version, and
+// where machine is the CPU model, its widest vector extension, the library version and the
+// kernels' revision (kKernelsRevision), and
 // driver is the driver's description (its thread count, BLAS, GPU). The model name alone
 // does not tell the machine: "AMD EPYC" is the model of EPYCs with AVX-512 and without,
 // whose fastest algorithms differ (no Winograd without AVX-512).
@@ -57,6 +58,11 @@ std::string default_tune_cache_path() {
 }
 
 namespace {
+
+// Bumped when a driver's kernels change which candidate wins, so that choices measured
+// against the old kernels are measured again (2: the CPU driver's own depthwise weight
+// gradient, where oneDNN's GEMM-based one had lost to direct_plain).
+constexpr int kKernelsRevision = 2;
 
 constexpr char kHeader[] =
     "# hybridnn tuning cache: the fastest algorithm measured per machine, driver and shape.\n"
@@ -126,7 +132,8 @@ std::map<std::string, std::string> read_cache(const std::string& path) {
 Tuner::Tuner(TuneOptions options) : options_(std::move(options)) {
   path_ = options_.cache_path.empty() ? default_tune_cache_path() : options_.cache_path;
   if (path_ == "none") path_.clear();
-  machine_ = sanitized(cpu_model() + ", hybridnn " + version());
+  machine_ = sanitized(cpu_model() + ", hybridnn " + version() + " kernels " +
+                       std::to_string(kKernelsRevision));
   if (options_.mode == TuneMode::cached && !path_.empty()) entries_ = read_cache(path_);
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "lib/core/check.h"
+#include "lib/drivers/cpu/conv_depthwise.h"
 #include "lib/drivers/cpu/conv_small.h"
 #include "lib/drivers/cpu/kernels.h"
 
@@ -97,6 +98,12 @@ DirectConvolution::DirectConvolution() = default;
 DirectConvolution::~DirectConvolution() = default;
 
 namespace {
+
+// A depthwise weight gradient on NCHW that oneDNN would compute with its GEMM-based kernel
+// (its depthwise one takes 3x3 windows only): conv_depthwise.h's instead.
+bool own_depthwise(const Entry& e, const LoweringShape& shape, index_t out_channels) {
+  return depthwise_nchw(shape, out_channels) && e.implementation.find("gemm") != std::string::npos;
+}
 
 // Runs `body` with oneDNN's OpenMP team at the driver's size (primitives size their work
 // split when they are created, so this precedes creation too), turning dnnl::error into
@@ -294,6 +301,10 @@ void DirectConvolution::backward_weights(Parallel& par, const LoweringShape& sha
     if (!impl_) impl_ = std::make_unique<Impl>();
     const Entry& e =
         impl_->entry(Call::backward_weights, shape, out_channels, dbias != nullptr, bf16_);
+    if (own_depthwise(e, shape, out_channels)) {
+      depthwise_backward_weights(par, shape, x, dy, dweights, dbias);
+      return;
+    }
     execute(impl_->stream, Call::backward_weights, e, {x, dy, dweights, dbias},
             impl_->scratch.get(), impl_->reserve_arena(e.inner_bytes()));
     impl_->stream.wait();
@@ -317,8 +328,9 @@ void DirectConvolution::backward(Parallel& par, Blas blas, const LoweringShape& 
     const Entry& grads =
         impl_->entry(Call::backward_weights, shape, out_channels, dbias != nullptr, bf16_);
     // Both primitives read dy in the same layout: reorder it once.
-    if (data.lowered || data.per_group || grads.per_group || !data.b.reordered ||
-        !grads.b.reordered || data.b.inner.get_desc() != grads.b.inner.get_desc()) {
+    if (own_depthwise(grads, shape, out_channels) || data.lowered || data.per_group ||
+        grads.per_group || !data.b.reordered || !grads.b.reordered ||
+        data.b.inner.get_desc() != grads.b.inner.get_desc()) {
       return;
     }
     shared = true;
