@@ -1,4 +1,4 @@
-// ReLU, Sigmoid, TanH, Clip and Dropout layers: forward against naive loops on every driver,
+// ReLU, Sigmoid, TanH, Swish, Clip and Dropout layers: forward against naive loops on every driver,
 // split runs against whole-batch runs, in-place runs, and finite-difference gradients.
 #include <catch2/catch.hpp>
 
@@ -158,6 +158,32 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("Swish forward and backward equal the naive formula in double on every driver",
+          "[layer][swish]") {
+  const auto config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    const auto x = random_floats(static_cast<std::size_t>(kShape.count()), 33, -6.0f, 6.0f);
+    const auto dy = random_floats(x.size(), 34);
+    for (const float beta : {1.0f, 0.5f, -2.0f}) {
+      INFO("beta " << beta);
+      hn::SwishLayer layer("swish", {beta});
+      std::vector<float> y(x.size()), dx(x.size());
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        const double v = x[i], s = 1.0 / (1.0 + std::exp(-beta * v));
+        y[i] = static_cast<float>(v * s);
+        dx[i] = static_cast<float>(dy[i] * (s + beta * v * s * (1.0 - s)));
+      }
+      const auto run = run_layer(layer, *driver, {kShape}, {x}, {dy});
+      CHECK(max_rel_diff(run.outputs[0], y) <= kTolerance);
+      CHECK(max_rel_diff(run.input_diffs[0], dx) <= kTolerance);
+      check_split_equals_whole(layer, *driver, {kShape}, {x}, RunSpec{{0, 2, 5}});
+    }
+    hn::SwishLayer bad("swish9", {std::nanf("")});
+    CHECK_THROWS_WITH(bad.setup({kShape}), Contains("swish9") && Contains("beta"));
+  }
+}
+
 TEST_CASE("Clip with min above max is an error naming the layer", "[layer][clip]") {
   hn::ClipLayer layer("clip7", {1.0f, 0.0f});
   CHECK_THROWS_WITH(layer.setup({kShape}), Contains("clip7") && Contains("min 1"));
@@ -244,8 +270,8 @@ TEST_CASE("Dropout rejects a ratio outside 0 <= ratio < 1, naming the layer", "[
                     Contains("drop1") && Contains("dropout_ratio") && Contains(kShape.to_string()));
 }
 
-TEST_CASE("ReLU, Sigmoid, TanH, Clip and Dropout gradients match finite differences",
-          "[layer][relu][sigmoid][tanh][clip][dropout][gradient]") {
+TEST_CASE("ReLU, Sigmoid, TanH, Swish, Clip and Dropout gradients match finite differences",
+          "[layer][relu][sigmoid][tanh][swish][clip][dropout][gradient]") {
   const auto config = GENERATE(from_range(hn::test::gradient_configs()));
   DYNAMIC_SECTION(config.label) {
     const auto driver = hn::make_driver(config.device, config.options);
@@ -262,6 +288,8 @@ TEST_CASE("ReLU, Sigmoid, TanH, Clip and Dropout gradients match finite differen
     check_layer_gradients(sigmoid_layer, *driver, {shape}, {x});
     hn::TanhLayer tanh_layer("tanh");
     check_layer_gradients(tanh_layer, *driver, {shape}, {x});
+    hn::SwishLayer swish("swish", {1.5f});
+    check_layer_gradients(swish, *driver, {shape}, {x});
     // Clip's kinks at its bounds: the inputs keep 0.03 away from both.
     std::vector<float> clip_x = x;
     for (float& v : clip_x)

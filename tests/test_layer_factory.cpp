@@ -171,16 +171,34 @@ TEST_CASE("LeNet deploy infers Caffe's shapes through the built layers", "[facto
 }
 
 TEST_CASE("Unknown and data layer types are rejected with a helpful message", "[factory]") {
-  const std::vector<std::string> expected{
-      "Accuracy",        "BatchNorm",    "Clip",
-      "Concat",          "Convolution",  "Deconvolution",
-      "Dropout",         "Eltwise",      "EuclideanLoss",
-      "Flatten",         "InnerProduct", "LRN",
-      "LogSoftmax",      "Pad",          "Permute",
-      "Pooling",         "ReLU",         "Reshape",
-      "Scale",           "Sigmoid",      "SigmoidCrossEntropyLoss",
-      "Silence",         "Slice",        "Softmax",
-      "SoftmaxWithLoss", "Split",        "TanH"};
+  const std::vector<std::string> expected{"Accuracy",
+                                          "BatchNorm",
+                                          "Clip",
+                                          "Concat",
+                                          "Convolution",
+                                          "Deconvolution",
+                                          "Dropout",
+                                          "Eltwise",
+                                          "EuclideanLoss",
+                                          "Flatten",
+                                          "InnerProduct",
+                                          "LRN",
+                                          "LogSoftmax",
+                                          "Pad",
+                                          "Permute",
+                                          "Pooling",
+                                          "ReLU",
+                                          "Reshape",
+                                          "Scale",
+                                          "Sigmoid",
+                                          "SigmoidCrossEntropyLoss",
+                                          "Silence",
+                                          "Slice",
+                                          "Softmax",
+                                          "SoftmaxWithLoss",
+                                          "Split",
+                                          "Swish",
+                                          "TanH"};
   CHECK(hn::detail::known_layer_types() == expected);
   CHECK_THROWS_WITH(
       hn::detail::make_layer(parse_layer(R"(name: "f" type: "Foo")")),
@@ -189,7 +207,7 @@ TEST_CASE("Unknown and data layer types are rejected with a helpful message", "[
           "BatchNorm, Clip, Concat, Convolution, Deconvolution, Dropout, Eltwise, EuclideanLoss, "
           "Flatten, InnerProduct, LRN, LogSoftmax, Pad, Permute, Pooling, ReLU, Reshape, "
           "Scale, Sigmoid, "
-          "SigmoidCrossEntropyLoss, Silence, Slice, Softmax, SoftmaxWithLoss, Split, "
+          "SigmoidCrossEntropyLoss, Silence, Slice, Softmax, SoftmaxWithLoss, Split, Swish, "
           "TanH"));
   for (const char* type : {"Data", "Input", "ImageData", "HDF5Data", "MemoryData", "DummyData"}) {
     INFO(type);

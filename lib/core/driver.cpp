@@ -506,6 +506,15 @@ DriverOperands Driver::relu_backward_operands(index_t n, float, const float* x, 
   return per_element("relu_backward", n, {{"x", x}, {"dy", dy}}, {{"dx", dx}});
 }
 
+DriverOperands Driver::swish_forward_operands(index_t n, float, const float* x, float* y) const {
+  return per_element("swish_forward", n, {{"x", x}}, {{"y", y}});
+}
+
+DriverOperands Driver::swish_backward_operands(index_t n, float, const float* x, const float* dy,
+                                               float* dx) const {
+  return per_element("swish_backward", n, {{"x", x}, {"dy", dy}}, {{"dx", dx}});
+}
+
 DriverOperands Driver::clip_forward_operands(index_t n, float lo, float hi, const float* x,
                                              float* y) const {
   HN_CHECK(lo <= hi, "clip_forward: lo {} > hi {}", lo, hi);

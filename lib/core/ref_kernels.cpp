@@ -422,6 +422,20 @@ void clip_backward(index_t n, float lo, float hi, const float* x, const float* d
     dx[i] = x[i] >= lo && x[i] <= hi ? dy[i] : 0.0f;
 }
 
+void swish_forward(index_t n, float beta, const float* x, float* y) {
+  for (index_t i = 0; i < n; ++i) {
+    const double v = x[i];
+    y[i] = static_cast<float>(v / (1.0 + std::exp(-static_cast<double>(beta) * v)));
+  }
+}
+void swish_backward(index_t n, float beta, const float* x, const float* dy, float* dx) {
+  for (index_t i = 0; i < n; ++i) {
+    const double v = x[i];
+    const double s = 1.0 / (1.0 + std::exp(-static_cast<double>(beta) * v));
+    dx[i] = static_cast<float>(static_cast<double>(dy[i]) * (s + beta * v * s * (1.0 - s)));
+  }
+}
+
 void sigmoid_forward(index_t n, const float* x, float* y) {
   for (index_t i = 0; i < n; ++i) {
     y[i] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(x[i]))));

@@ -1,6 +1,7 @@
-// Element-wise neuron layers with Caffe semantics: ReLU (negative_slope), Sigmoid, TanH, Clip
-// (min, max) and Dropout (dropout_ratio, scaled at train time, identity at test). Each keeps the
-// input's shape, splits by rows and may run in place (output 0 sharing input 0's memory).
+// Element-wise neuron layers with Caffe semantics: ReLU (negative_slope), Sigmoid, TanH, Swish
+// (beta), Clip (min, max) and Dropout (dropout_ratio, scaled at train time, identity at
+// test). Each keeps the input's shape and splits by rows; those whose backward reads only
+// the output may run in place (output 0 sharing input 0's memory).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,14 @@ std::unique_ptr<Layer> make_sigmoid_layer(std::string name);
 
 // y = tanh(x); backward reads y only, so in place is allowed.
 std::unique_ptr<Layer> make_tanh_layer(std::string name);
+
+struct SwishParams {
+  float beta = 1.0f;
+};
+
+// Caffe's Swish (PyTorch's SiLU at beta 1): y = x * sigmoid(beta * x). Backward reads x, so
+// not in place.
+std::unique_ptr<Layer> make_swish_layer(std::string name, SwishParams params = {});
 
 struct ClipParams {
   float min = 0.0f, max = 0.0f;  // min <= max

@@ -50,6 +50,21 @@ class TanhLayer final : public Layer {
   bool allows_in_place() const override { return true; }
 };
 
+// y = x * sigmoid(beta * x); backward reads x, so not in place.
+class SwishLayer final : public Layer {
+ public:
+  SwishLayer(std::string name, SwishParams params);
+  const char* type() const override { return "Swish"; }
+  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
+  void forward(const LayerSlice& slice) override;
+  void backward(const LayerSlice& slice) override;
+  // Element by element: any layout, the same for input and output.
+  BlockedLayout blocked_layout() const override { return BlockedLayout::uniform; }
+
+ private:
+  SwishParams param_;
+};
+
 // y = min(max(x, min), max); backward reads x, so not in place.
 class ClipLayer final : public Layer {
  public:

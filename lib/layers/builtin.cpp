@@ -28,6 +28,7 @@ LayerType scale_layer_type();
 LayerType sigmoid_layer_type();
 LayerType sigmoid_cross_entropy_loss_layer_type();
 LayerType silence_layer_type();
+LayerType swish_layer_type();
 LayerType slice_layer_type();
 LayerType softmax_layer_type();
 LayerType log_softmax_layer_type();
@@ -65,6 +66,7 @@ std::vector<LayerType> builtin_layer_types() {
       softmax_with_loss_layer_type(),
       log_softmax_layer_type(),
       split_layer_type(),
+      swish_layer_type(),
       tanh_layer_type(),
   };
 }

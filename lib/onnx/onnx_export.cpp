@@ -316,6 +316,22 @@ void write_unary(Exporter& ex) {
   ex.node(ex.layer().type() == "Sigmoid" ? "Sigmoid" : "Tanh", {x}, {ex.top(0)});
 }
 
+// Swish: x * Sigmoid(beta * x), as PyTorch exports SiLU (read back as one Swish where beta
+// is 1).
+void write_swish(Exporter& ex) {
+  ex.bottoms(1);
+  const float beta = ex.layer().swish_param().beta();
+  const std::string x = ex.bottom(0);
+  std::string scaled = x;
+  if (beta != 1.0f) {
+    scaled = ex.temporary("/scaled");
+    ex.node("Mul", {x, ex.initializer("beta", {}, {beta})}, {scaled}, "/scaled");
+  }
+  const std::string gate = ex.temporary("/sigmoid");
+  ex.node("Sigmoid", {scaled}, {gate}, "/sigmoid");
+  ex.node("Mul", {x, gate}, {ex.top(0)});
+}
+
 void write_clip(Exporter& ex) {
   ex.bottoms(1);
   const pb::ClipParameter& p = ex.layer().clip_param();
@@ -583,6 +599,7 @@ constexpr LayerEntry kLayers[] = {
     {"Sigmoid", write_unary},
     {"TanH", write_unary},
     {"Clip", write_clip},
+    {"Swish", write_swish},
     {"Softmax", write_softmax},
     {"LogSoftmax", write_softmax},
     {"Pad", write_pad},

@@ -277,6 +277,27 @@ class Importer {
     alias(output0, at);
     return at;
   }
+  // Mul(x, Sigmoid(x)) in either order, as PyTorch exports SiLU, where the Sigmoid's layer
+  // is the last one written and this Mul is its output's only reader: that layer becomes a
+  // Swish writing output 0 (no Split of x, no separate product). False where it does not
+  // apply.
+  bool fuse_swish() {
+    if (net_.layer_size() == 0 || node().input_size() != 2) return false;
+    const pb::LayerParameter& last = net_.layer(net_.layer_size() - 1);
+    if (last.type() != "Sigmoid" || last.bottom_size() != 1 || last.top_size() != 1) return false;
+    for (int s = 0; s < 2; ++s) {
+      const std::string& sig = node().input(s);
+      const std::string& other = node().input(1 - s);
+      if (resolve(sig) != last.top(0) || resolve(other) != last.bottom(0)) continue;
+      auto count = readers_.find(sig);
+      if (count == readers_.end() || count->second != 1 || outputs_.count(sig) > 0) return false;
+      const std::string x = last.bottom(0);
+      net_.mutable_layer()->RemoveLast();
+      infer_dims(add_layer("Swish", {x}, {output(0)}));
+      return true;
+    }
+    return false;
+  }
   void set_constant(const std::string& name, const onnx::TensorProto& tensor,
                     bool from_node = false) {
     constants_[name] =
@@ -1102,6 +1123,7 @@ void convert_add(Importer& im) {
 void convert_mul(Importer& im) {
   if (convert_by_constant(im)) return;
   if (im.inputs() != 2) im.fail_node("{} inputs; Mul takes 2", im.inputs());
+  if (im.fuse_swish()) return;
   std::string a = im.activation(0), b = im.activation(1);
   Dims da = im.dims_of(a), db = im.dims_of(b);
   if (da.empty() || db.empty()) im.fail_node("the inputs' shapes are not known");
@@ -1667,6 +1689,34 @@ void Importer::infer_dims(const pb::LayerParameter& layer) {
                          false),
            window_output(in[0][3], dil_w * (p.kernel_w() - 1) + 1, p.stride_w(), p.pad_w(), false,
                          false)};
+  } else if (type == "Deconvolution" && in[0].size() == 4) {
+    const pb::ConvolutionParameter& p = layer.convolution_param();
+    const std::int64_t dil_h = p.dilation_size() > 0 ? p.dilation(0) : 1;
+    const std::int64_t dil_w = p.dilation_size() > 1 ? p.dilation(1) : dil_h;
+    const std::int64_t extra_h = p.output_pad_size() > 0 ? p.output_pad(0) : 0;
+    const std::int64_t extra_w = p.output_pad_size() > 1 ? p.output_pad(1) : extra_h;
+    const auto size = [](std::int64_t n, std::int64_t stride, std::int64_t extent, std::int64_t pad,
+                         std::int64_t extra) -> std::int64_t {
+      return n < 0 ? -1 : stride * (n - 1) + extent - 2 * pad + extra;
+    };
+    out = {in[0][0], p.num_output(),
+           size(in[0][2], p.stride_h(), dil_h * (p.kernel_h() - 1) + 1, p.pad_h(), extra_h),
+           size(in[0][3], p.stride_w(), dil_w * (p.kernel_w() - 1) + 1, p.pad_w(), extra_w)};
+  } else if (type == "Pad") {
+    const pb::PadParameter& p = layer.pad_param();
+    const auto rank = static_cast<std::int64_t>(out.size());
+    const std::int64_t axis = p.axis() < 0 ? p.axis() + rank : p.axis();
+    for (std::int64_t a = std::max<std::int64_t>(axis, 0); a < rank; ++a) {
+      const int k = static_cast<int>(a - axis);
+      const auto count = [&](const auto& field) -> std::int64_t {
+        if (field.size() == 0) return -1;
+        return field.size() == 1 ? field.Get(0) : (k < field.size() ? field.Get(k) : 0);
+      };
+      const std::int64_t before = count(p.pad_before());
+      const std::int64_t after = p.pad_after_size() == 0 ? before : count(p.pad_after());
+      auto& d = out[static_cast<std::size_t>(a)];
+      d = d < 0 || before < 0 || after < 0 ? -1 : d + before + after;
+    }
   } else if (type == "Pooling" && in[0].size() == 4) {
     const pb::PoolingParameter& p = layer.pooling_param();
     if (p.global_pooling()) {
@@ -1733,7 +1783,8 @@ void Importer::infer_dims(const pb::LayerParameter& layer) {
     if (infer >= 0 && rest >= 0 && fixed > 0 && rest % fixed == 0)
       out[static_cast<std::size_t>(infer)] = rest / fixed;
   }
-  // Every other type the importer makes keeps its first bottom's shape.
+  // Every other type the importer makes keeps its first bottom's shape (element-wise layers,
+  // Scale, BatchNorm, LRN, Softmax, LogSoftmax, Swish, ...).
   for (const std::string& top : layer.top())
     dims_[top] = out;
 }

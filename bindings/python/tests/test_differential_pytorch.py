@@ -6,11 +6,11 @@ max |reference| <= 1e-4) and every gradient, of inputs and parameters (relative 
 <= 1e-3), against torch.autograd. Where Caffe's convention differs from PyTorch's, the
 reference says so and follows Caffe's source (BVLC/caffe, src/caffe/layers/*.cpp).
 
-Layer types covered (lib/net/layer_factory.cpp lists 27, all of them): Accuracy (forward
+Layer types covered (lib/net/layer_factory.cpp lists 28, all of them): Accuracy (forward
 only: it has no gradient), BatchNorm, Clip, Concat, Convolution, Deconvolution, Dropout, Eltwise,
 EuclideanLoss,
 Flatten, InnerProduct, LogSoftmax, LRN, Pad, Permute, Pooling, ReLU, Reshape, Scale, Sigmoid,
-SigmoidCrossEntropyLoss, Silence, Slice, Softmax, SoftmaxWithLoss, Split, TanH. Left out: the data
+SigmoidCrossEntropyLoss, Silence, Slice, Softmax, SoftmaxWithLoss, Split, Swish, TanH. Left out: the data
 layers (Input, DummyData, Data, ...), which take no bottoms and are handled by the Net, not
 computable as a standalone layer. A new layer type needs a generator in GENERATORS;
 test_every_layer_type_has_a_generator fails until it has one.
@@ -793,6 +793,15 @@ def gen_pad(rng):
                 lambda xs, ps: [torch.nn.functional.pad(xs[0], pairs, value=value)])
 
 
+def gen_swish(rng):
+    shape = random_shape(rng, int(rng.randint(1, 5)))
+    beta = 1.0 if rng.rand() < 0.5 else float(np.round(rng.uniform(-2, 2), 3))
+    text = f" swish_param {{ beta: {beta} }}" if beta != 1.0 or rng.rand() < 0.2 else ""
+    # Caffe's SwishLayer: x * sigmoid(beta * x) (PyTorch's SiLU at beta 1).
+    return Case(f'name: "swish" type: "Swish"{text}', [normal(rng, shape, 3.0)],
+                lambda xs, ps: [xs[0] * torch.sigmoid(beta * xs[0])])
+
+
 def gen_silence(rng):
     bottoms = int(rng.randint(1, 4))
     inputs = [normal(rng, random_shape(rng, int(rng.randint(1, 5)))) for _ in range(bottoms)]
@@ -1076,6 +1085,7 @@ GENERATORS = {
     "Softmax": (gen_softmax, 60),
     "SoftmaxWithLoss": (gen_softmax_with_loss, 80),
     "Split": (gen_split, 30),
+    "Swish": (gen_swish, 30),
     "Permute": (gen_permute, 40),
     "Silence": (gen_silence, 10),
     "TanH": (gen_tanh, 30),

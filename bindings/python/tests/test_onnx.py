@@ -540,6 +540,60 @@ def test_one_node_model_exports_back(runtime, tmp_path, case):
     assert np.array_equal(run(again, inputs)[output], first)
 
 
+def test_silu_reads_as_one_swish_layer_and_matches_pytorch(runtime, tmp_path):
+    """PyTorch exports SiLU as Sigmoid and Mul(x, sigmoid): one Swish layer (no Split of x);
+    a Sigmoid read by another node as well keeps its own layer."""
+    rng = np.random.RandomState(5)
+    x = rng_array(rng, 2, 3, 4, 5)
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"], name="sig"),
+             helper.make_node("Mul", ["s", "x"], ["y"], name="silu"),
+             helper.make_node("Sigmoid", ["y"], ["t"], name="sig2"),
+             helper.make_node("Mul", ["y", "t"], ["z"], name="silu2"),
+             helper.make_node("Relu", ["t"], ["r"], name="relu")]
+    graph = helper.make_graph(
+        nodes, "silu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None] * 4) for n in ("z", "r")])
+    path = tmp_path / "silu.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    net = load(runtime, path, 2)
+    assert net.layer_types.count("Swish") == 1 and "Eltwise" in net.layer_types
+    got = run(net, {"x": x})
+    y = F.silu(t(x))
+    assert relative_error(got["z"], (y * torch.sigmoid(y)).numpy()) <= TOLERANCE
+    assert relative_error(got["r"], torch.sigmoid(y).numpy()) <= TOLERANCE
+
+
+def test_the_shapes_of_pad_and_conv_transpose_outputs_feed_later_auto_pads(runtime, tmp_path):
+    """auto_pad SAME needs its input's size: after a Pad and after a ConvTranspose the
+    importer must know the sizes they make (each SAME here pads 0 before and 1 after; with
+    the input's size kept it would pad 1 and 1)."""
+    rng = np.random.RandomState(6)
+    x = rng_array(rng, 2, 2, 5, 5)
+    w1, w2, w3 = rng_array(rng, 3, 2, 3, 3), rng_array(rng, 3, 2, 3, 3), rng_array(rng, 4, 2, 3, 3)
+    pads = np.array([0, 0, 1, 0, 0, 0, 0, 1], np.int64)
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["p"], name="pad"),
+             helper.make_node("Conv", ["p", "w1"], ["c"], name="conv", strides=[2, 2],
+                              auto_pad="SAME_UPPER"),
+             helper.make_node("ConvTranspose", ["c", "w2"], ["u"], name="up", strides=[2, 2],
+                              pads=[1, 1, 1, 1], output_padding=[1, 1]),
+             helper.make_node("Conv", ["u", "w3"], ["y"], name="conv2", strides=[2, 2],
+                              auto_pad="SAME_UPPER")]
+    inits = [numpy_helper.from_array(v, n) for n, v in
+             (("w1", w1), ("w2", w2), ("w3", w3), ("pads", pads))]
+    graph = helper.make_graph(
+        nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * 4)], inits)
+    path = tmp_path / "chain.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    p = F.pad(t(x), (0, 1, 1, 0))  # 6x6
+    c = F.conv2d(F.pad(p, (0, 1, 0, 1)), t(w1), stride=2)  # 3x3
+    u = F.conv_transpose2d(c, t(w2), stride=2, padding=1, output_padding=1)  # 6x6
+    want = F.conv2d(F.pad(u, (0, 1, 0, 1)), t(w3), stride=2).numpy()
+    got = run(load(runtime, path, 2), {"x": x})["y"]
+    assert got.shape == want.shape
+    assert relative_error(got, want) <= TOLERANCE
+
+
 def test_split_of_opset_13_gives_each_part(runtime, tmp_path):
     x = np.random.RandomState(4).standard_normal((2, 7, 3)).astype(np.float32)
     node = helper.make_node("Split", ["x", "sizes"], ["a", "b", "c"], name="the_node", axis=1)

@@ -215,6 +215,13 @@ class CpuDriver final : public Driver {
     cpu::norm_affine_backward(parallel_, shape, dy, y, normalised, dx_scale, relu, slope, dgamma,
                               dbeta, dx);
   }
+  void do_swish_forward(index_t n, float beta, const float* x, float* y) override {
+    cpu::swish_forward(parallel_, n, beta, x, y);
+  }
+  void do_swish_backward(index_t n, float beta, const float* x, const float* dy,
+                         float* dx) override {
+    cpu::swish_backward(parallel_, n, beta, x, dy, dx);
+  }
   void do_clip_forward(index_t n, float lo, float hi, const float* x, float* y) override {
     cpu::clip_forward(parallel_, n, lo, hi, x, y);
   }

@@ -354,6 +354,22 @@ void sigmoid_forward(Parallel& par, index_t n, const float* x, float* y) {
   });
 }
 
+void swish_forward(Parallel& par, index_t n, float beta, const float* x, float* y) {
+  for_chunks(par, n, kCostTranscendental, [&](index_t i, index_t len) {
+    const ConstArray in(x + i, len);
+    Array(y + i, len) = in / (1.0f + (-beta * in).exp());
+  });
+}
+
+void swish_backward(Parallel& par, index_t n, float beta, const float* x, const float* dy,
+                    float* dx) {
+  for_chunks(par, n, kCostTranscendental, [&](index_t i, index_t len) {
+    const ConstArray in(x + i, len);
+    const auto s = 1.0f / (1.0f + (-beta * in).exp());
+    Array(dx + i, len) = ConstArray(dy + i, len) * (s + beta * in * s * (1.0f - s));
+  });
+}
+
 void sigmoid_backward(Parallel& par, index_t n, const float* y, const float* dy, float* dx) {
   for_chunks(par, n, kCostArith, [&](index_t i, index_t len) {
     const ConstArray out(y + i, len);

@@ -61,6 +61,9 @@ void bias_forward(Parallel& par, const AxisShape& shape, const float* bias, floa
 void bias_backward(Parallel& par, const AxisShape& shape, const float* dy, float beta,
                    float* dbias);
 void relu_forward(Parallel& par, index_t n, float slope, const float* x, float* y);
+void swish_forward(Parallel& par, index_t n, float beta, const float* x, float* y);
+void swish_backward(Parallel& par, index_t n, float beta, const float* x, const float* dy,
+                    float* dx);
 void clip_forward(Parallel& par, index_t n, float lo, float hi, const float* x, float* y);
 void clip_backward(Parallel& par, index_t n, float lo, float hi, const float* x, const float* dy,
                    float* dx);
