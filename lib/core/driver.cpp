@@ -623,50 +623,51 @@ DriverOperands Driver::lrn_backward_operands(const LrnShape& shape, const float*
   return ops;
 }
 
-DriverOperands Driver::softmax_forward_operands(const AxisShape& shape, const float* x,
-                                                float* y) const {
+namespace {
+
+// A softmax-shaped call: x -> y forward, (y, dy) -> dx backward, NCHW.
+DriverOperands axis_forward(const char* call, const AxisShape& shape, const float* x, float* y) {
   DriverOperands ops;
-  shape.validate("softmax_forward");
-  check_nchw("softmax_forward", shape);
+  shape.validate(call);
+  check_nchw(call, shape);
   ops.read("x", x, floats(shape.count()));
   ops.update("y", y, floats(shape.count()));
   ops.work = shape.count() > 0;
   return ops;
+}
+
+DriverOperands axis_backward(const char* call, const AxisShape& shape, const float* y,
+                             const float* dy, float* dx) {
+  DriverOperands ops;
+  shape.validate(call);
+  check_nchw(call, shape);
+  ops.read("y", y, floats(shape.count()));
+  ops.read("dy", dy, floats(shape.count()));
+  ops.update("dx", dx, floats(shape.count()));
+  ops.work = shape.count() > 0;
+  return ops;
+}
+
+}  // namespace
+
+DriverOperands Driver::softmax_forward_operands(const AxisShape& shape, const float* x,
+                                                float* y) const {
+  return axis_forward("softmax_forward", shape, x, y);
 }
 
 DriverOperands Driver::softmax_backward_operands(const AxisShape& shape, const float* y,
                                                  const float* dy, float* dx) const {
-  DriverOperands ops;
-  shape.validate("softmax_backward");
-  check_nchw("softmax_backward", shape);
-  ops.read("y", y, floats(shape.count()));
-  ops.read("dy", dy, floats(shape.count()));
-  ops.update("dx", dx, floats(shape.count()));
-  ops.work = shape.count() > 0;
-  return ops;
+  return axis_backward("softmax_backward", shape, y, dy, dx);
 }
 
 DriverOperands Driver::log_softmax_forward_operands(const AxisShape& shape, const float* x,
                                                     float* y) const {
-  DriverOperands ops;
-  shape.validate("log_softmax_forward");
-  check_nchw("log_softmax_forward", shape);
-  ops.read("x", x, floats(shape.count()));
-  ops.update("y", y, floats(shape.count()));
-  ops.work = shape.count() > 0;
-  return ops;
+  return axis_forward("log_softmax_forward", shape, x, y);
 }
 
 DriverOperands Driver::log_softmax_backward_operands(const AxisShape& shape, const float* y,
                                                      const float* dy, float* dx) const {
-  DriverOperands ops;
-  shape.validate("log_softmax_backward");
-  check_nchw("log_softmax_backward", shape);
-  ops.read("y", y, floats(shape.count()));
-  ops.read("dy", dy, floats(shape.count()));
-  ops.update("dx", dx, floats(shape.count()));
-  ops.work = shape.count() > 0;
-  return ops;
+  return axis_backward("log_softmax_backward", shape, y, dy, dx);
 }
 
 DriverOperands Driver::dropout_forward_operands(index_t n, float ratio, std::uint64_t,

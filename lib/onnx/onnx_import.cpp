@@ -726,8 +726,9 @@ Dims spatial_dims(const Dims& dims) {
 
 // ---- the converters ----------------------------------------------------------------------
 
-void convert_conv(Importer& im) {
-  const std::string x = im.activation(0);
+// A Conv's or ConvTranspose's weights (input 1): an initializer of 4 dimensions in range,
+// its kernel the attribute's when that is given.
+const Constant& conv_weights(Importer& im) {
   const Constant& w = im.constant_input(1, "weights");
   if (w.dims.size() != 4)
     im.fail_node("weights of shape {}: the importer reads 2-D convolutions (4-D weights)",
@@ -739,25 +740,22 @@ void convert_conv(Importer& im) {
   if (kernel != Dims{w.dims[2], w.dims[3]})
     im.fail_node("attribute 'kernel_shape' {} is not the weights' {}", dims_text(kernel),
                  dims_text(w.dims));
-  const Dims stride = spatial(im, "strides", 1);
-  const Dims dilation = spatial(im, "dilations", 1);
-  const Dims k{w.dims[2], w.dims[3]};
-  const Dims pads = node_pads(im, k, stride, dilation, spatial_dims(im.dims_of(x)));
-  const std::int64_t group = im.attr_int("group", 1);
-  if (group < 1 || w.dims[0] % group != 0)
-    im.fail_node("attribute 'group' is {}, which does not divide the {} outputs", group, w.dims[0]);
-  // Zeros on the side that pads more (auto_pad SAME with a stride, TensorFlow's exports).
-  const auto [input, symmetric_pads] = pad_in_front(im, x, pads, 0.0f);
-  const std::int64_t pad_h = symmetric_pads[0], pad_w = symmetric_pads[1];
-  pb::LayerParameter& layer = im.add_layer("Convolution", {input}, {im.output(0)});
+  return w;
+}
+
+// The layer's convolution_param from the node (`pads`: {h, w}, the same on both sides) and
+// its blobs: the weights as they are, the bias (input 2) of `outputs` values when given.
+void write_conv_layer(Importer& im, pb::LayerParameter& layer, const Constant& w,
+                      std::int64_t outputs, const Dims& stride, const Dims& dilation,
+                      const Dims& pads, std::int64_t group) {
   pb::ConvolutionParameter& p = *layer.mutable_convolution_param();
-  p.set_num_output(static_cast<std::uint32_t>(w.dims[0]));
-  p.set_kernel_h(static_cast<std::uint32_t>(k[0]));
-  p.set_kernel_w(static_cast<std::uint32_t>(k[1]));
+  p.set_num_output(static_cast<std::uint32_t>(outputs));
+  p.set_kernel_h(static_cast<std::uint32_t>(w.dims[2]));
+  p.set_kernel_w(static_cast<std::uint32_t>(w.dims[3]));
   p.set_stride_h(static_cast<std::uint32_t>(stride[0]));
   p.set_stride_w(static_cast<std::uint32_t>(stride[1]));
-  p.set_pad_h(static_cast<std::uint32_t>(pad_h));
-  p.set_pad_w(static_cast<std::uint32_t>(pad_w));
+  p.set_pad_h(static_cast<std::uint32_t>(pads[0]));
+  p.set_pad_w(static_cast<std::uint32_t>(pads[1]));
   if (dilation != Dims{1, 1}) {
     p.add_dilation(static_cast<std::uint32_t>(dilation[0]));
     p.add_dilation(static_cast<std::uint32_t>(dilation[1]));
@@ -767,28 +765,32 @@ void convert_conv(Importer& im) {
   p.set_bias_term(im.has_input(2));
   if (im.has_input(2)) {
     const Constant& b = im.constant_input(2, "bias");
-    if (b.dims != Dims{w.dims[0]})
-      im.fail_node("bias of shape {} for {} outputs", dims_text(b.dims), w.dims[0]);
+    if (b.dims != Dims{outputs})
+      im.fail_node("bias of shape {} for {} outputs", dims_text(b.dims), outputs);
     Importer::add_blob(layer, b.dims, im.floats(b, "bias"));
   }
+}
+
+void convert_conv(Importer& im) {
+  const std::string x = im.activation(0);
+  const Constant& w = conv_weights(im);
+  const Dims stride = spatial(im, "strides", 1);
+  const Dims dilation = spatial(im, "dilations", 1);
+  const Dims pads =
+      node_pads(im, {w.dims[2], w.dims[3]}, stride, dilation, spatial_dims(im.dims_of(x)));
+  const std::int64_t group = im.attr_int("group", 1);
+  if (group < 1 || w.dims[0] % group != 0)
+    im.fail_node("attribute 'group' is {}, which does not divide the {} outputs", group, w.dims[0]);
+  // Zeros on the side that pads more (auto_pad SAME with a stride, TensorFlow's exports).
+  const auto [input, symmetric_pads] = pad_in_front(im, x, pads, 0.0f);
+  pb::LayerParameter& layer = im.add_layer("Convolution", {input}, {im.output(0)});
+  write_conv_layer(im, layer, w, w.dims[0], stride, dilation, symmetric_pads, group);
 }
 
 // ConvTranspose: a Deconvolution (weights [C][num_output / group][kh][kw] as ONNX's).
 void convert_conv_transpose(Importer& im) {
   const std::string x = im.activation(0);
-  const Constant& w = im.constant_input(1, "weights");
-  if (w.dims.size() != 4)
-    im.fail_node(
-        "weights of shape {}: the importer reads 2-D transposed convolutions (4-D "
-        "weights)",
-        dims_text(w.dims));
-  for (std::size_t i = 0; i < 4; ++i)
-    if (w.dims[i] < 1 || w.dims[i] > (i < 2 ? kMaxDim : kMaxAttribute))
-      im.fail_node("weights of shape {}: a dimension out of range", dims_text(w.dims));
-  const Dims kernel = im.attr_ints("kernel_shape", {w.dims[2], w.dims[3]});
-  if (kernel != Dims{w.dims[2], w.dims[3]})
-    im.fail_node("attribute 'kernel_shape' {} is not the weights' {}", dims_text(kernel),
-                 dims_text(w.dims));
+  const Constant& w = conv_weights(im);
   const Dims stride = spatial(im, "strides", 1);
   const Dims dilation = spatial(im, "dilations", 1);
   const std::string auto_pad = im.attr_string("auto_pad", "NOTSET");
@@ -814,32 +816,12 @@ void convert_conv_transpose(Importer& im) {
   if (group < 1 || w.dims[0] % group != 0)
     im.fail_node("attribute 'group' is {}, which does not divide the {} input channels", group,
                  w.dims[0]);
-  const std::int64_t outputs = w.dims[1] * group;
   pb::LayerParameter& layer = im.add_layer("Deconvolution", {x}, {im.output(0)});
-  pb::ConvolutionParameter& p = *layer.mutable_convolution_param();
-  p.set_num_output(static_cast<std::uint32_t>(outputs));
-  p.set_kernel_h(static_cast<std::uint32_t>(kernel[0]));
-  p.set_kernel_w(static_cast<std::uint32_t>(kernel[1]));
-  p.set_stride_h(static_cast<std::uint32_t>(stride[0]));
-  p.set_stride_w(static_cast<std::uint32_t>(stride[1]));
-  p.set_pad_h(static_cast<std::uint32_t>(pads[0]));
-  p.set_pad_w(static_cast<std::uint32_t>(pads[1]));
-  if (dilation != Dims{1, 1}) {
-    p.add_dilation(static_cast<std::uint32_t>(dilation[0]));
-    p.add_dilation(static_cast<std::uint32_t>(dilation[1]));
-  }
+  write_conv_layer(im, layer, w, w.dims[1] * group, stride, dilation, Dims{pads[0], pads[1]},
+                   group);
   if (extra != Dims{0, 0}) {
-    p.add_output_pad(static_cast<std::uint32_t>(extra[0]));
-    p.add_output_pad(static_cast<std::uint32_t>(extra[1]));
-  }
-  p.set_group(static_cast<std::uint32_t>(group));
-  Importer::add_blob(layer, w.dims, im.floats(w, "weights"));
-  p.set_bias_term(im.has_input(2));
-  if (im.has_input(2)) {
-    const Constant& b = im.constant_input(2, "bias");
-    if (b.dims != Dims{outputs})
-      im.fail_node("bias of shape {} for {} outputs", dims_text(b.dims), outputs);
-    Importer::add_blob(layer, b.dims, im.floats(b, "bias"));
+    layer.mutable_convolution_param()->add_output_pad(static_cast<std::uint32_t>(extra[0]));
+    layer.mutable_convolution_param()->add_output_pad(static_cast<std::uint32_t>(extra[1]));
   }
 }
 
