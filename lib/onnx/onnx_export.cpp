@@ -14,6 +14,7 @@
 #include "lib/core/check.h"
 #include "lib/core/files.h"
 #include "lib/core/version.h"
+#include "lib/onnx/onnx_pad.h"
 
 #if HYBRIDNN_WITH_ONNX
 #include <onnx/checker.h>
@@ -355,28 +356,17 @@ void write_pad(Exporter& ex) {
   ex.bottoms(1);
   const pb::PadParameter& p = ex.layer().pad_param();
   const Dims in = ex.shape(ex.layer().bottom(0));
-  const std::int64_t rank = static_cast<std::int64_t>(in.size());
-  const std::int64_t axis = p.axis() < 0 ? p.axis() + rank : p.axis();
-  if (rank == 0 || axis < 1 || axis >= rank)
-    ex.fail_layer("axis {} for a bottom of {} axes", p.axis(), rank);
-  const std::size_t padded = static_cast<std::size_t>(rank - axis);
-  const auto counts = [&](const auto& field, const char* name) {
-    if (field.size() != 1 && static_cast<std::size_t>(field.size()) != padded)
-      ex.fail_layer("{} has {} counts for {} padded axes", name, field.size(), padded);
-    Dims full(static_cast<std::size_t>(rank), 0);
-    for (std::size_t k = 0; k < padded; ++k)
-      full[static_cast<std::size_t>(axis) + k] =
-          field.size() == 1 ? field.Get(0) : field.Get(static_cast<int>(k));
-    return full;
-  };
-  if (p.pad_before_size() == 0) ex.fail_layer("pad_before is not set");
-  Dims pads = counts(p.pad_before(), "pad_before");
-  const Dims after = p.pad_after_size() == 0 ? pads : counts(p.pad_after(), "pad_after");
-  pads.insert(pads.end(), after.begin(), after.end());
+  const auto counts = detail::pad_counts(p, static_cast<std::int64_t>(in.size()));
+  if (!counts)
+    ex.fail_layer(
+        "pad_param (axis {}, {} pad_before, {} pad_after) does not fit a bottom of {} axes",
+        p.axis(), p.pad_before_size(), p.pad_after_size(), in.size());
+  Dims pads = counts->first;
+  pads.insert(pads.end(), counts->second.begin(), counts->second.end());
   const std::string x = ex.bottom(0);
-  const std::string counts_name = ex.int64_initializer("pads", pads);
+  const std::string pads_name = ex.int64_initializer("pads", pads);
   const std::string value = ex.initializer("value", {}, {p.value()});
-  ex.node("Pad", {x, counts_name, value}, {ex.top(0)});
+  ex.node("Pad", {x, pads_name, value}, {ex.top(0)});
 }
 
 void write_lrn(Exporter& ex) {

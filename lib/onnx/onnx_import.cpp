@@ -24,6 +24,7 @@
 #include "lib/core/files.h"
 #include "lib/core/memory.h"
 #include "lib/onnx/onnx_convert.h"
+#include "lib/onnx/onnx_pad.h"
 #include "lib/proto/prototxt.h"
 
 #if HYBRIDNN_WITH_ONNX
@@ -1685,19 +1686,11 @@ void Importer::infer_dims(const pb::LayerParameter& layer) {
            size(in[0][2], p.stride_h(), dil_h * (p.kernel_h() - 1) + 1, p.pad_h(), extra_h),
            size(in[0][3], p.stride_w(), dil_w * (p.kernel_w() - 1) + 1, p.pad_w(), extra_w)};
   } else if (type == "Pad") {
-    const pb::PadParameter& p = layer.pad_param();
-    const auto rank = static_cast<std::int64_t>(out.size());
-    const std::int64_t axis = p.axis() < 0 ? p.axis() + rank : p.axis();
-    for (std::int64_t a = std::max<std::int64_t>(axis, 0); a < rank; ++a) {
-      const int k = static_cast<int>(a - axis);
-      const auto count = [&](const auto& field) -> std::int64_t {
-        if (field.size() == 0) return -1;
-        return field.size() == 1 ? field.Get(0) : (k < field.size() ? field.Get(k) : 0);
-      };
-      const std::int64_t before = count(p.pad_before());
-      const std::int64_t after = p.pad_after_size() == 0 ? before : count(p.pad_after());
-      auto& d = out[static_cast<std::size_t>(a)];
-      d = d < 0 || before < 0 || after < 0 ? -1 : d + before + after;
+    const auto counts =
+        detail::pad_counts(layer.pad_param(), static_cast<std::int64_t>(out.size()));
+    for (std::size_t a = 0; a < out.size(); ++a) {
+      std::int64_t& d = out[a];
+      d = !counts || d < 0 ? -1 : d + counts->first[a] + counts->second[a];
     }
   } else if (type == "Pooling" && in[0].size() == 4) {
     const pb::PoolingParameter& p = layer.pooling_param();

@@ -475,23 +475,24 @@ def gen_dropout(rng):
                 in_place=bool(rng.rand() < 0.3))
 
 
-def gen_softmax(rng):
+def softmax_case(rng, layer_type, reference, scale):
+    """Softmax or LogSoftmax over a random axis (softmax_param's) of inputs of `scale`."""
     axes = int(rng.randint(1, 5))
     shape = random_shape(rng, axes)
     axis = int(rng.randint(-axes, axes))
     text = f" softmax_param {{ axis: {axis} }}" if axis != 1 or rng.rand() < 0.2 else ""
-    return Case(f'name: "softmax" type: "Softmax"{text}', [normal(rng, shape, 3.0)],
-                lambda xs, ps: [torch.softmax(xs[0], canonical(axis, axes))])
+    return Case(f'name: "{layer_type.lower()}" type: "{layer_type}"{text}',
+                [normal(rng, shape, scale)],
+                lambda xs, ps: [reference(xs[0], canonical(axis, axes))])
+
+
+def gen_softmax(rng):
+    return softmax_case(rng, "Softmax", torch.softmax, 3.0)
 
 
 def gen_log_softmax(rng):
-    axes = int(rng.randint(1, 5))
-    shape = random_shape(rng, axes)
-    axis = int(rng.randint(-axes, axes))
-    text = f" softmax_param {{ axis: {axis} }}" if axis != 1 or rng.rand() < 0.2 else ""
     # Wide inputs: the small probabilities whose logarithms a softmax then log would lose.
-    return Case(f'name: "log_softmax" type: "LogSoftmax"{text}', [normal(rng, shape, 20.0)],
-                lambda xs, ps: [torch.log_softmax(xs[0], canonical(axis, axes))])
+    return softmax_case(rng, "LogSoftmax", torch.log_softmax, 20.0)
 
 
 def gen_batch_norm(rng):
