@@ -94,6 +94,18 @@ TEST_CASE("ReLU forward and backward equal the naive negative_slope rule on ever
   }
 }
 
+TEST_CASE("ReLU with a negative slope in place is an error naming the layer", "[layer][relu]") {
+  const auto driver = hn::make_driver(hn::Device::parse("reference"));
+  hn::ReluLayer layer("leaky", {-0.5f});
+  const auto x = random_floats(static_cast<std::size_t>(kShape.count()), 5);
+  // Backward from y would pass dy where x < 0 (y = -0.5 x > 0) and scale it where x > 0.
+  CHECK_THROWS_WITH(run_in_place(layer, *driver, kShape, x, x),
+                    Contains("'leaky'") && Contains("negative_slope -0.5") && Contains("in place"));
+  hn::ReluLayer told("told", {-0.5f});
+  told.set_in_place({true});
+  CHECK_THROWS_WITH(told.setup({kShape}), Contains("'told'") && Contains("in place"));
+}
+
 TEST_CASE("Sigmoid and TanH forward and backward equal naive formulas on every driver",
           "[layer][sigmoid][tanh]") {
   const auto config = GENERATE(from_range(hn::test::driver_configs()));
@@ -155,6 +167,19 @@ TEST_CASE(
     CHECK(run.input_diffs[0] == dx);
     CHECK(std::count(dx.begin(), dx.end(), 0.0f) > 0);  // some gradients stopped
     check_split_equals_whole(layer, *driver, {kShape}, {x}, RunSpec{{0, 2, 5}});
+
+    // In place the gradient comes from y: PyTorch's ReLU6 rule, stopped at the bounds too.
+    for (std::size_t i = 0; i < x.size(); ++i)
+      dx[i] = x[i] > lo && x[i] < hi ? dy[i] : 0.0f;
+    CHECK(dx[0] == 0.0f);
+    CHECK(dx[1] == 0.0f);
+    const auto in_place = run_in_place(layer, *driver, kShape, x, dy);
+    CHECK(in_place.y == y);
+    CHECK(in_place.dx == dx);
+    // Bounds with no float strictly between them stop every gradient.
+    hn::ClipLayer point("point", {0.25f, 0.25f});
+    const auto flat = run_in_place(point, *driver, kShape, x, dy);
+    CHECK(flat.dx == std::vector<float>(x.size(), 0.0f));
   }
 }
 

@@ -232,7 +232,8 @@ NormRun run_labelled(Net& net, std::uint32_t seed) {
 // `conv_choice`: the algorithm every convolution takes in every direction (measured, then
 // overridden through TuneOptions::agree as rank 0's choice would be); empty: no tuning.
 NormRun run_norm_net(const Device& device, bool fuse, bool blocked, Phase phase,
-                     const std::string& conv_choice = "", const std::string& split = "") {
+                     const std::string& conv_choice = "", const std::string& split = "",
+                     const char* text = kNormNet) {
   Runtime runtime;
   Driver& driver = runtime.add(device);
   NetOptions options;
@@ -251,7 +252,7 @@ NormRun run_norm_net(const Device& device, bool fuse, bool blocked, Phase phase,
     options.tune.cache_path = "none";
     options.tune.agree = [conv_choice](const std::string&) { return conv_choice; };
   }
-  auto net = Net::from_text(kNormNet, "norms.prototxt", runtime, driver, options);
+  auto net = Net::from_text(text, "norms.prototxt", runtime, driver, options);
   std::uint32_t seed = 40;
   for (const NetParam& p : net->learnable_params()) {
     const std::vector<float> r =
@@ -337,6 +338,136 @@ TEST_CASE(
       CHECK(test::max_scaled_diff(plain.gradients[g], fused.gradients[g]) <= 1e-5);
     }
   }
+}
+
+// Rectifiers in place after convolutions for NetOptions::fuse_layers: relu1, clip2 and relu3
+// (a depthwise convolution's, slope 0.1) fuse; clip4 and relu5 are not in place: they stay.
+const char* kConvActivationNet = R"(
+name: "conv_activations"
+layer { name: "in" type: "Input" top: "x" top: "label"
+        input_param { shape { dim: 3 dim: 16 dim: 6 dim: 5 } shape { dim: 3 } } }
+layer { name: "conv1" type: "Convolution" bottom: "x" top: "c1"
+        convolution_param { num_output: 16 kernel_size: 3 pad: 1
+                            weight_filler { type: "gaussian" std: 0.2 }
+                            bias_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "relu1" type: "ReLU" bottom: "c1" top: "c1" }
+layer { name: "conv2" type: "Convolution" bottom: "c1" top: "c2"
+        convolution_param { num_output: 32 kernel_size: 1
+                            weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "clip2" type: "Clip" bottom: "c2" top: "c2" clip_param { min: -0.2 max: 0.3 } }
+layer { name: "conv3" type: "Convolution" bottom: "c2" top: "c3"
+        convolution_param { num_output: 32 group: 32 kernel_size: 3 pad: 1
+                            weight_filler { type: "gaussian" std: 0.6 } } }
+layer { name: "relu3" type: "ReLU" bottom: "c3" top: "c3" relu_param { negative_slope: 0.1 } }
+layer { name: "conv4" type: "Convolution" bottom: "c3" top: "c4"
+        convolution_param { num_output: 16 kernel_size: 1
+                            weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "clip4" type: "Clip" bottom: "c4" top: "r4" clip_param { min: 0 max: 0.5 } }
+layer { name: "conv5" type: "Convolution" bottom: "r4" top: "c5"
+        convolution_param { num_output: 16 kernel_size: 1
+                            weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "relu5" type: "ReLU" bottom: "c5" top: "r5" relu_param { negative_slope: -0.5 } }
+layer { name: "pool" type: "Pooling" bottom: "r5" top: "p"
+        pooling_param { pool: AVE global_pooling: true } }
+layer { name: "ip" type: "InnerProduct" bottom: "p" top: "logits"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "logits" bottom: "label" top: "loss" }
+)";
+
+TEST_CASE(
+    "Net runs an in-place ReLU or Clip as the convolution before it and computes what the "
+    "layers apart do, NCHW and blocked, unsplit and split, on the CPU and reference drivers",
+    "[net][fusion]") {
+  const auto check_same = [](const NormRun& fused, const NormRun& plain) {
+    CHECK(std::fabs(fused.loss - plain.loss) <= 1e-5 * std::max(1.0f, std::fabs(plain.loss)));
+    REQUIRE(fused.gradients.size() == plain.gradients.size());
+    for (std::size_t g = 0; g < plain.gradients.size(); ++g) {
+      INFO("gradient " << g);
+      CHECK(test::max_scaled_diff(plain.gradients[g], fused.gradients[g]) <= 1e-5);
+    }
+  };
+  const auto check_fused = [](const NormRun& fused) {
+    CHECK(fused.algorithms.at("relu1") == "fused into 'conv1'");
+    CHECK(fused.algorithms.at("clip2") == "fused into 'conv2'");
+    CHECK(fused.algorithms.at("relu3") == "fused into 'conv3'");
+    CHECK(fused.algorithms.at("clip4").empty());
+    CHECK(fused.algorithms.at("relu5").empty());
+  };
+  for (const char* device : {"cpu", "reference"}) {
+    for (const bool blocked : {false, true}) {
+      INFO(device << (blocked ? ", blocked" : ", NCHW"));
+      const NormRun fused = run_norm_net(Device::parse(device), true, blocked, Phase::train, "", "",
+                                         kConvActivationNet);
+      const NormRun plain = run_norm_net(Device::parse(device), false, blocked, Phase::train, "",
+                                         "", kConvActivationNet);
+      check_fused(fused);
+      CHECK(plain.algorithms.at("relu1").empty());
+      check_same(fused, plain);
+    }
+  }
+  // Each device of a split runs the activation on its rows, its gradient on its copy of dy.
+  const NormRun plain = run_norm_net(Device::parse("reference"), false, false, Phase::train, "", "",
+                                     kConvActivationNet);
+  for (const char* split : {"reference:0.5,reference:1:0.5", "cpu:0.34,reference:1:0.66"}) {
+    INFO(split);
+    const Device device = Device::parse(split[0] == 'c' ? "cpu" : "reference");
+    const NormRun fused =
+        run_norm_net(device, true, false, Phase::train, "", split, kConvActivationNet);
+    check_fused(fused);
+    check_same(fused, plain);
+  }
+}
+
+TEST_CASE(
+    "A net with ReLUs and Clips fused into its convolutions has gradients that match "
+    "finite differences",
+    "[net][fusion]") {
+  const bool fuse = GENERATE(true, false);
+  INFO((fuse ? "fused" : "apart"));
+  Fixture f(Device::parse("cpu"));
+  NetOptions options;
+  options.force_backward = true;
+  options.fuse_layers = fuse;
+  auto net = Net::from_text(kConvActivationNet, "conv_activations.prototxt", f.runtime, *f.driver,
+                            options);
+  REQUIRE(net->layer_algorithm(2) == (fuse ? "fused into 'conv1'" : ""));
+  const BlobRef x = net->blob("x");
+  const std::vector<float> values = test::random_floats(static_cast<std::size_t>(x.count()), 8);
+  std::copy(values.begin(), values.end(), x.host_data_mut());
+  for (int i = 0; i < 3; ++i)
+    net->blob("label").host_data_mut()[i] = static_cast<float>(i);
+  net->clear_param_diffs();
+  net->forward();
+  net->backward();
+  std::vector<std::pair<float*, std::vector<float>>> targets;
+  for (const NetParam& p : net->learnable_params()) {
+    if (p.layer != "conv1" && p.layer != "conv2" && p.layer != "conv3") continue;
+    const float* diff = p.tensor->host_diff();
+    targets.emplace_back(p.tensor->host_data_mut(),
+                         std::vector<float>(diff, diff + p.tensor->count()));
+  }
+  targets.emplace_back(x.host_data_mut(),
+                       std::vector<float>(x.host_diff(), x.host_diff() + x.count()));
+  // Every 5th element. The clips' and ReLUs' kinks lie close to some values, and a weight
+  // moves the whole plane of outputs: a few steps cross one, so 98 % must agree to 2e-3 and
+  // all to 1e-2 (the gradients are up to 0.05; leaving out the activation's gradient in the
+  // fused convolutions puts a third of the elements off by more).
+  std::size_t samples = 0, off = 0;
+  double worst = 0.0, largest = 0.0;
+  for (const auto& [data, gradient] : targets) {
+    for (std::size_t i = 0; i < gradient.size(); i += 5) {
+      const FiniteDifferences fd =
+          finite_differences(*net, {{data + i, std::vector<float>{gradient[i]}}}, 1e-3f, 1);
+      ++samples;
+      off += fd.worst < 2e-3 ? 0 : 1;
+      worst = std::max(worst, fd.worst);
+      largest = std::max(largest, fd.largest);
+    }
+  }
+  INFO(off << " of " << samples << " off by more than 2e-3, worst " << worst);
+  CHECK(largest > 1e-2);
+  CHECK(static_cast<double>(off) <= 0.02 * static_cast<double>(samples));
+  CHECK(worst < 1e-2);
 }
 
 TEST_CASE(

@@ -275,6 +275,22 @@ DriverOperands Driver::conv_forward_operands(const LoweringShape& shape, index_t
   return ops;
 }
 
+DriverOperands Driver::conv_forward_activation_operands(const LoweringShape& shape,
+                                                        index_t out_channels, const float* x,
+                                                        const float* weights, const float* bias,
+                                                        const Activation& activation,
+                                                        float* y) const {
+  activation.validate("conv_forward_activation");
+  DriverOperands ops;
+  check_conv(*this, "conv_forward_activation", shape, out_channels);
+  if (shape.batch == 0) return DriverOperands::nothing();
+  ops.read("x", x, floats(shape.image_count()));
+  ops.read("weights", weights, conv_weight_bytes(shape, out_channels));
+  if (bias != nullptr) ops.read("bias", bias, floats(out_channels));
+  ops.update("y", y, conv_output_bytes(shape, out_channels));
+  return ops;
+}
+
 DriverOperands Driver::conv_backward_data_operands(const LoweringShape& shape, index_t out_channels,
                                                    const float* weights, const float* dy,
                                                    float* dx) const {

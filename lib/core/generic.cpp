@@ -162,6 +162,23 @@ void Driver::do_swap_axes(index_t d0, index_t d1, index_t inner, const float* sr
   }
 }
 
+void Driver::do_conv_forward_activation(const LoweringShape& shape, index_t out_channels,
+                                        const float* x, const float* weights, const float* bias,
+                                        const Activation& activation, float* y) {
+  conv_forward(shape, out_channels, x, weights, bias, y);
+  const index_t n = shape.batch * out_channels * shape.out_h() * shape.out_w();
+  switch (activation.kind) {
+    case Activation::Kind::none:
+      break;
+    case Activation::Kind::relu:
+      relu_forward(n, activation.slope, y, y);
+      break;
+    case Activation::Kind::clip:
+      clip_forward(n, activation.lo, activation.hi, y, y);
+      break;
+  }
+}
+
 void Driver::do_conv_backward(const LoweringShape& shape, index_t out_channels, const float* x,
                               const float* weights, const float* dy, float* dx, float* dweights,
                               float* dbias) {

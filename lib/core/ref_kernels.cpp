@@ -242,6 +242,16 @@ void conv_backward(const LoweringShape& shape, index_t out_channels, const float
   if (dx != nullptr) conv_backward_data(shape, out_channels, weights, dy, dx);
 }
 
+void conv_forward_activation(const LoweringShape& shape, index_t out_channels, const float* x,
+                             const float* weights, const float* bias, const Activation& activation,
+                             float* y) {
+  conv_forward(shape, out_channels, x, weights, bias, y);
+  const index_t n = conv_out_count(shape, out_channels);
+  if (activation.kind == Activation::Kind::relu) relu_forward(n, activation.slope, y, y);
+  if (activation.kind == Activation::Kind::clip)
+    clip_forward(n, activation.lo, activation.hi, y, y);
+}
+
 // ---- element-wise -------------------------------------------------------------------
 
 void fill(index_t n, float value, float* x) {

@@ -65,6 +65,23 @@ index_t LoweringShape::out_w() const {
   return (width + 2 * pad_w - (dilation_w * (kernel_w - 1) + 1)) / stride_w + 1;
 }
 
+void Activation::validate(const char* call) const {
+  HN_CHECK(kind != Kind::clip || lo <= hi, "{}: activation {}: lo must be <= hi", call,
+           to_string());
+}
+
+std::string Activation::to_string() const {
+  switch (kind) {
+    case Kind::none:
+      return "none";
+    case Kind::relu:
+      return fmt::format("relu slope {}", slope);
+    case Kind::clip:
+      return fmt::format("clip [{}, {}]", lo, hi);
+  }
+  return "?";
+}
+
 std::string LoweringShape::to_string() const {
   return fmt::format(
              "batch={} channels={} height={} width={} kernel={}x{} pad={}x{} stride={}x{} "

@@ -49,6 +49,23 @@ inline index_t layout_offset(Layout layout, index_t channels, index_t height, in
          c % block;
 }
 
+// An element-wise activation a call applies to its own result in the same pass
+// (Driver::conv_forward_activation): y = y > 0 ? y : slope * y (relu), or
+// y = min(max(y, lo), hi) (clip; NaN stays NaN), or nothing (none).
+struct Activation {
+  enum class Kind { none, relu, clip };
+  Kind kind = Kind::none;
+  float slope = 0.0f;          // relu
+  float lo = 0.0f, hi = 0.0f;  // clip, lo <= hi
+
+  static Activation relu(float negative_slope) { return {Kind::relu, negative_slope, 0.0f, 0.0f}; }
+  static Activation clip(float min, float max) { return {Kind::clip, 0.0f, min, max}; }
+  // Throws hn::Error naming `call` for a clip with lo > hi (or a NaN bound).
+  void validate(const char* call) const;
+  // "relu slope 0", "clip [0, 6]" or "none".
+  std::string to_string() const;
+};
+
 // Geometry of an im2col / col2im over a slice of `batch` images.
 //
 // Lowered layout (CcT lowering type 1, batched): a row-major matrix of

@@ -23,8 +23,11 @@ class ReluLayer final : public Layer {
   BlockedLayout blocked_layout() const override { return BlockedLayout::uniform; }
   float negative_slope() const { return param_.negative_slope; }
   std::optional<float> rectifier_slope() const override { return param_.negative_slope; }
+  std::optional<Activation> fusable_activation() const override;
 
  private:
+  void check_not_in_place_negative(bool in_place_now) const;
+
   ReluParams param_;
 };
 
@@ -72,13 +75,26 @@ class ClipLayer final : public Layer {
   const char* type() const override { return "Clip"; }
   std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
   void forward(const LayerSlice& slice) override;
+  // In place, the gradient is read from y: PyTorch's hardtanh convention, 0 where x is
+  // exactly min or max (detail::clip_backward_from_output).
   void backward(const LayerSlice& slice) override;
+  bool allows_in_place() const override { return true; }
   // Element by element: any layout, the same for input and output.
   BlockedLayout blocked_layout() const override { return BlockedLayout::uniform; }
+  std::optional<Activation> fusable_activation() const override;
 
  private:
   ClipParams param_;
 };
+
+namespace detail {
+// The gradient of y = min(max(x, lo), hi) read from y, for a Clip whose x is gone (in
+// place, or run by the convolution before it): dx = lo < y < hi ? dy : 0, which is
+// PyTorch's hardtanh (ReLU6) gradient; a Clip apart from its output passes the gradient at
+// x == lo and x == hi too, as Caffe's does. dx may be dy.
+void clip_backward_from_output(Driver& driver, index_t n, float lo, float hi, const float* y,
+                               const float* dy, float* dx);
+}  // namespace detail
 
 // Train phase: each element is kept with probability 1 - dropout_ratio and scaled by
 // 1 / (1 - dropout_ratio); test phase: the identity. The keep mask (a state tensor shaped

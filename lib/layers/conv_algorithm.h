@@ -27,7 +27,10 @@ class ConvAlgorithm {
     static_cast<void>(rows);
     return 0;
   }
+  // Computes y, with the layer's fused activation (ConvolutionLayer::activation) where
+  // applies_activation(); the layer applies it after the others.
   virtual void forward(const ConvolutionLayer& layer, const LayerSlice& slice) const = 0;
+  virtual bool applies_activation() const { return false; }
   // The gradients `want` asks for, the bias gradient included.
   virtual void backward(const ConvolutionLayer& layer, const LayerSlice& slice,
                         Wanted want) const = 0;

@@ -16,7 +16,9 @@ class DriverConvolution final : public ConvAlgorithm {
     const Capabilities capabilities = driver.capabilities();
     return capabilities.convolution && (!plain_kernel_ || capabilities.blocked_layout);
   }
+  // In the driver's call (conv_forward_activation).
   void forward(const ConvolutionLayer& layer, const LayerSlice& slice) const override;
+  bool applies_activation() const override { return true; }
   // Adds the bias gradient itself.
   void backward(const ConvolutionLayer& layer, const LayerSlice& slice, Wanted want) const override;
 
@@ -35,6 +37,13 @@ class DriverConvolution final : public ConvAlgorithm {
 void DriverConvolution::forward(const ConvolutionLayer& layer, const LayerSlice& slice) const {
   const ConvolutionParams& p = layer.config();
   const float* bias = p.bias_term ? slice.params[1].x() : nullptr;
+  const Activation activation = layer.activation();
+  if (activation.kind != Activation::Kind::none) {
+    slice.driver->conv_forward_activation(shape(layer, slice), p.num_output, slice.inputs[0].x(),
+                                          slice.params[0].x(), bias, activation,
+                                          slice.outputs[0].mutable_x());
+    return;
+  }
   slice.driver->conv_forward(shape(layer, slice), p.num_output, slice.inputs[0].x(),
                              slice.params[0].x(), bias, slice.outputs[0].mutable_x());
 }

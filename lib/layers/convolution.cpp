@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "lib/core/check.h"
+#include "lib/layers/activation_layer.h"
 #include "lib/layers/common.h"
 #include "lib/layers/conv_algorithm.h"
 
@@ -351,7 +352,31 @@ void ConvolutionLayer::forward(const LayerSlice& slice) {
 
 void ConvolutionLayer::run_forward(const LayerSlice& slice, Lowering lowering) const {
   HN_CHECK(lowering != Lowering::automatic, "{}: forward called before setup", describe());
-  detail::conv_algorithm(lowering).forward(*this, slice);
+  const detail::ConvAlgorithm& algorithm = detail::conv_algorithm(lowering);
+  algorithm.forward(*this, slice);
+  if (fused_ && !algorithm.applies_activation()) activation_forward(slice);
+}
+
+void ConvolutionLayer::activation_forward(const LayerSlice& slice) const {
+  const Operand& y = slice.outputs[0];
+  const index_t n = detail::slice_count(y.shape, slice.rows());
+  const Activation& a = fused_->activation;
+  if (a.kind == Activation::Kind::relu)
+    slice.driver->relu_forward(n, a.slope, y.x(), y.mutable_x());
+  if (a.kind == Activation::Kind::clip)
+    slice.driver->clip_forward(n, a.lo, a.hi, y.x(), y.mutable_x());
+}
+
+// What the in-place layer's backward would do: dy (its output's gradient, the same memory
+// as its input's) becomes its input's gradient.
+void ConvolutionLayer::activation_backward(const LayerSlice& slice) const {
+  const Operand& y = slice.outputs[0];
+  const index_t n = detail::slice_count(y.shape, slice.rows());
+  const Activation& a = fused_->activation;
+  if (a.kind == Activation::Kind::relu)
+    slice.driver->relu_backward(n, a.slope, y.x(), y.dx(), y.mutable_dx());
+  if (a.kind == Activation::Kind::clip)
+    detail::clip_backward_from_output(*slice.driver, n, a.lo, a.hi, y.x(), y.dx(), y.mutable_dx());
 }
 
 // Adds the bias to output rows [first, first + images) of the slice, right after a chunk
@@ -377,6 +402,7 @@ ConvolutionLayer::Wanted ConvolutionLayer::wanted(const LayerSlice& slice) const
 void ConvolutionLayer::backward(const LayerSlice& slice) {
   if (slice.rows() == 0) return;
   const Wanted want = wanted(slice);
+  if (fused_ && (want.dx || want.dw || want.db)) activation_backward(slice);
   const Lowering data = for_operands(slice, ConvDirection::backward_data);
   const Lowering params = for_operands(slice, ConvDirection::backward_weights);
   if (data == params || !want.dx || !(want.dw || want.db)) {
@@ -453,6 +479,7 @@ LayerType convolution_layer_type() {
   LayerType type;
   type.name = "Convolution";
   type.make = make_convolution;
+  type.fusion = FusionRole::conv;
   type.filler = [](const pb::LayerParameter& p, int index) {
     return index == 0 ? &p.convolution_param().weight_filler()
                       : &p.convolution_param().bias_filler();

@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lib/layers/convolution.h"
@@ -69,6 +70,14 @@ class ConvolutionLayer final : public Layer {
   void tune(Driver& driver, index_t rows, Tuner& tuner) override;
   std::string algorithm(const Driver& driver) const override;
   double forward_flops(index_t rows) const override;
+  // An in-place ReLU (slope >= 0) or Clip after it (NetOptions::fuse_layers): forward
+  // applies it to y, in the driver's call where the algorithm is the driver's convolution
+  // (the CPU driver's oneDNN post-op), after the others; backward first turns dy into the
+  // activation's input gradient, in place, read from y (as the in-place layer would).
+  bool can_fuse_activation() const override { return true; }
+  void fuse_activation(std::optional<FusedActivation> fused) override { fused_ = std::move(fused); }
+  // The fused activation, or none.
+  Activation activation() const { return fused_ ? fused_->activation : Activation{}; }
   // Blocked input and output each on its own: the driver's direct convolution only.
   BlockedLayout blocked_layout() const override { return BlockedLayout::mixed; }
   void use_layouts(const std::vector<Layout>& inputs, const std::vector<Layout>& outputs) override;
@@ -114,7 +123,12 @@ class ConvolutionLayer final : public Layer {
   void run_forward(const LayerSlice& slice, Lowering lowering) const;
   void run_backward(const LayerSlice& slice, Lowering lowering, Wanted want) const;
 
+  // The fused activation's forward on y, and its gradient on dy in place.
+  void activation_forward(const LayerSlice& slice) const;
+  void activation_backward(const LayerSlice& slice) const;
+
   ConvolutionParams config_;
+  std::optional<FusedActivation> fused_;
   Lowering lowering_ = Lowering::automatic;
   // What tune() chose, per driver name, indexed by ConvDirection.
   std::map<std::string, std::array<Lowering, 3>> chosen_;

@@ -193,13 +193,22 @@ class Layer {
     std::string relu;  // the fused layer's name
     float slope = 0.0f;
   };
+  // A rectifier in place on a convolution's output, run as the convolution's calls.
+  struct FusedActivation {
+    std::string layer;  // the fused layer's name
+    Activation activation;
+  };
   // FusionRole::norm: its eps when it normalises with stored statistics in `phase`.
   virtual std::optional<float> stored_norm_eps(Phase phase) const {
     static_cast<void>(phase);
     return std::nullopt;
   }
-  // FusionRole::rectifier: its negative slope.
+  // FusionRole::rectifier: its negative slope (a ReLU; the norm chains and sums take only
+  // those).
   virtual std::optional<float> rectifier_slope() const { return std::nullopt; }
+  // FusionRole::rectifier: what it computes, when the layer before it may compute it instead
+  // (its gradient then read from its output: a ReLU of slope >= 0, a Clip in place).
+  virtual std::optional<Activation> fusable_activation() const { return std::nullopt; }
   // FusionRole::affine: whether it can take a norm chain in now (after setup), and taking
   // one (std::nullopt gives it back).
   virtual bool can_fuse_norm() const { return false; }
@@ -207,6 +216,9 @@ class Layer {
   // FusionRole::sum: the same for the rectifier after it.
   virtual bool can_fuse_relu() const { return false; }
   virtual void fuse_relu(std::optional<FusedRelu> fused);
+  // FusionRole::conv: the same for the rectifier in place after it.
+  virtual bool can_fuse_activation() const { return false; }
+  virtual void fuse_activation(std::optional<FusedActivation> fused);
 
   std::vector<Tensor>& params() { return params_; }
   std::vector<Tensor>& state() { return state_; }

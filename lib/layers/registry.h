@@ -28,8 +28,9 @@ enum class FusionRole {
   none,
   norm,       // normalises with stored statistics (BatchNorm): heads a norm chain
   affine,     // per-channel scale and shift that can run a norm chain before it (Scale)
-  rectifier,  // in-place rectifier that the layer before it may run (ReLU)
+  rectifier,  // in-place rectifier that the layer before it may run (ReLU, Clip)
   sum,        // element-wise sum that can run the rectifier after it (Eltwise)
+  conv,       // convolution that can run the rectifier after it (Convolution)
 };
 
 // How a layer's outputs can be cut across devices (split_axis: OUTPUT) or ranks

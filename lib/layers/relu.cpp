@@ -14,7 +14,17 @@ ReluLayer::ReluLayer(std::string name, ReluParams params)
 
 std::vector<Shape> ReluLayer::setup(const std::vector<Shape>& inputs) {
   check_input_count(inputs, 1, 1);
+  check_not_in_place_negative(in_place(0));
   return {inputs[0]};
+}
+
+// In place, the gradient is read from y, where y > 0 means x > 0 only for a slope >= 0 (a
+// negative slope makes y positive on both sides): Caffe computes a wrong gradient there.
+void ReluLayer::check_not_in_place_negative(bool in_place_now) const {
+  HN_CHECK(!in_place_now || param_.negative_slope >= 0.0f,
+           "{}: negative_slope {} cannot run in place (top = bottom): its gradient would be read "
+           "from its output, whose sign no longer tells x's; give it a top of its own",
+           describe(), param_.negative_slope);
 }
 
 void ReluLayer::forward(const LayerSlice& slice) {
@@ -28,9 +38,16 @@ void ReluLayer::forward(const LayerSlice& slice) {
 void ReluLayer::backward(const LayerSlice& slice) {
   if (!slice.propagate_down[0]) return;
   const Operand& x = slice.inputs[0];
+  check_not_in_place_negative(in_place(0) || x.x() == slice.outputs[0].x());
   const index_t n = detail::slice_count(x.shape, slice.rows());
   slice.driver->relu_backward(n, param_.negative_slope, x.x(), slice.outputs[0].dx(),
                               x.mutable_dx());
+}
+
+// The gradient read from y is Caffe's only for slope >= 0.
+std::optional<Activation> ReluLayer::fusable_activation() const {
+  if (param_.negative_slope < 0.0f) return std::nullopt;
+  return Activation::relu(param_.negative_slope);
 }
 
 // ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------

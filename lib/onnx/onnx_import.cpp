@@ -899,7 +899,9 @@ void convert_clip(Importer& im) {
     high = bound(2, "max", high);
   }
   if (!(low <= high)) im.fail_node("min {} is above max {}", low, high);
-  pb::LayerParameter& layer = im.add_layer("Clip", {im.activation(0)}, {im.output(0)});
+  // In place where it can be (the Net then runs it inside the convolution before it): its
+  // gradient is then read from its output, PyTorch's ReLU6 gradient (clip.cpp).
+  pb::LayerParameter& layer = im.add_layer("Clip", {im.activation(0)}, {im.in_place_output()});
   layer.mutable_clip_param()->set_min(low);
   layer.mutable_clip_param()->set_max(high);
 }

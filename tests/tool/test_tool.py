@@ -802,6 +802,10 @@ def check_time_json(ctx, records, layer_names):
         keys = {"layer", "type", "forward_ms", "backward_ms"}
         if r["type"] == "Convolution":
             keys.add("algorithm")  # what it runs with: measured (--tune) or the cost model's
+        elif "algorithm" in r:
+            # A layer another one runs (fuse_layers: a ReLU after a convolution).
+            check(r["algorithm"].startswith("fused into '"), f"algorithm of {r}")
+            keys.add("algorithm")
         if r["type"] in ("Convolution", "InnerProduct"):
             keys.add("forward_flops")
             check(r["forward_flops"] > 0, f"no FLOPs: {r}")

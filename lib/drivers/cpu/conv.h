@@ -19,6 +19,9 @@ class DirectConvolution {
   // The blocked activation layout oneDNN's kernels compute on here: nChw16c with AVX-512,
   // nChw8c with AVX2 or less (any other takes a reorder each way per call).
   static Layout preferred_layout();
+  // Whether oneDNN's call applies `activation` itself: a ReLU, or a clip from 0 (ReLU6,
+  // HardSigmoid's 0..1). A NaN result may come out as -infinity then (conv_primitives.cpp).
+  static bool fuses(const Activation& activation);
   // True when oneDNN has BF16 convolution kernels on this CPU (AVX512_BF16, or AMX).
   static bool bf16_available();
 
@@ -36,8 +39,11 @@ class DirectConvolution {
   void set_bf16(bool on) { bf16_ = on && bf16_available(); }
 
   // Layers with very few input channels (LeNet's conv1) run on conv_small.h's kernels.
+  // `activation` is applied to y: in oneDNN's call where fuses() (its post-ops), else by the
+  // driver's kernel after it.
   void forward(Parallel& par, const LoweringShape& shape, index_t out_channels, const float* x,
-               const float* weights, const float* bias, float* y);
+               const float* weights, const float* bias, float* y,
+               const Activation& activation = {});
   // Shapes whose input channels oneDNN would pad heavily (3 channels blocked by 16) are
   // lowered instead: a GEMM per image and col2im, on `par` and `blas`.
   void backward_data(Parallel& par, Blas blas, const LoweringShape& shape, index_t out_channels,

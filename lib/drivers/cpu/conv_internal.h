@@ -24,7 +24,7 @@ using dnnl::memory;
 enum class Call { forward, backward_data, backward_weights };
 
 // The cache's key: a call's kind and shape (make_key, conv_primitives.cpp).
-using Key = std::array<index_t, 20>;
+using Key = std::array<index_t, 23>;
 
 // One tensor of a call: `user` wraps the caller's buffer (address set per call),
 // `inner` is what the primitive reads or writes. They are the same memory when the layouts
@@ -98,11 +98,13 @@ struct DirectConvolution::Impl {
   char* reserve_arena(std::size_t bytes);
   void reserve_scratch(std::size_t bytes);
   // `bf16`: the call's inputs as BF16 (DirectConvolution::set_bf16), where oneDNN has a
-  // fast kernel for it; else the FP32 entry.
-  Entry& entry(Call call, const LoweringShape& s, index_t out_channels, bool has_bias, bool bf16);
-  Entry create(Call call, const LoweringShape& s, index_t out_channels, bool has_bias,
-               bool bf16) const;
-  Entry create_fp32(Call call, const LoweringShape& s, index_t out_channels, bool has_bias) const;
+  // fast kernel for it; else the FP32 entry. `activation`: the forward call's post-op.
+  Entry& entry(Call call, const LoweringShape& s, index_t out_channels, bool has_bias, bool bf16,
+               const Activation& activation = {});
+  Entry create(Call call, const LoweringShape& s, index_t out_channels, bool has_bias, bool bf16,
+               const Activation& activation) const;
+  Entry create_fp32(Call call, const LoweringShape& s, index_t out_channels, bool has_bias,
+                    const Activation& activation) const;
   Entry build(Call call, const Geometry& geo, bool has_bias, Inner layout) const;
 };
 

@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -30,8 +33,18 @@ using Tag = memory::format_tag;
 // and made its primitive again (1.5 s per iteration became 2.2 s).
 constexpr std::size_t kMaxCachedShapes = 1024;
 
-Key make_key(Call call, const LoweringShape& s, index_t out_channels, bool has_bias, bool bf16) {
+index_t float_bits(float value) {
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, &value, sizeof bits);
+  return bits;
+}
+
+Key make_key(Call call, const LoweringShape& s, index_t out_channels, bool has_bias, bool bf16,
+             const Activation& activation) {
   return {static_cast<index_t>(call),
+          static_cast<index_t>(activation.kind),
+          float_bits(activation.kind == Activation::Kind::relu ? activation.slope : activation.lo),
+          float_bits(activation.hi),
           bf16 ? 1 : 0,
           s.batch,
           s.channels,
@@ -129,6 +142,8 @@ struct Geometry {
   index_t in_per_group, out_per_group;
   memory::dims strides, dilates, pad_l, pad_r;
   bool bf16;
+  // The forward call's post-op (the gradients' calls ignore it).
+  Activation activation;
 
   Geometry(const LoweringShape& s, index_t out_channels, bool has_bias, bool one_group = false,
            bool with_bf16 = false)
@@ -259,13 +274,40 @@ Descs descs(const Geometry& geo, Inner layout, Call call) {
 }
 
 // The forward call's primitive descriptor, also the hint of the gradients' calls.
+// With `post_op`, geo.activation applied to the result as eltwise post-ops, which oneDNN's
+// JIT kernels apply to each output block while it is in registers (a ReLU, or a clip from 0:
+// DirectConvolution::fuses). A NaN must not come out finite, but oneDNN's x64 `clip`,
+// `clip_v2`, `bounded_relu` and slope-0 `relu` are max/min instructions, which return the
+// bound for a NaN. A `relu` with a slope compares (NaN fails x > 0) and multiplies (NaN *
+// slope is NaN): a slope-0 ReLU is two ReLUs of slope FLT_TRUE_MIN, the first taking x < 0
+// to at most 4.8e-7 in magnitude and the second to -0 exactly (0 * x too is -0), NaN staying
+// NaN. A clip's upper bound is a `clip_v2` from -infinity after that: a NaN comes out as
+// -infinity (the max returns the bound), not finite; every finite result is the clip's.
 dnnl::convolution_forward::primitive_desc forward_desc(const dnnl::engine& engine,
-                                                       const Geometry& geo, Inner layout) {
+                                                       const Geometry& geo, Inner layout,
+                                                       bool post_op = false) {
   const Descs d = descs(geo, layout, Call::forward);
   const dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_training, kAlgorithm, d.src,
                                              d.weights, d.bias, d.dst, geo.strides, geo.dilates,
                                              geo.pad_l, geo.pad_r);
-  return dnnl::convolution_forward::primitive_desc(desc, user_scratchpad(), engine);
+  dnnl::primitive_attr attr = user_scratchpad();
+  if (post_op && geo.activation.kind != Activation::Kind::none) {
+    dnnl::post_ops ops;
+    const Activation& a = geo.activation;
+    if (a.kind == Activation::Kind::relu && a.slope != 0.0f) {
+      ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, a.slope, 0.0f);
+    } else {
+      const float tiny = std::numeric_limits<float>::denorm_min();
+      ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, tiny, 0.0f);
+      ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, tiny, 0.0f);
+      if (a.kind == Activation::Kind::clip) {
+        ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_clip_v2,
+                           -std::numeric_limits<float>::infinity(), a.hi);
+      }
+    }
+    attr.set_post_ops(ops);
+  }
+  return dnnl::convolution_forward::primitive_desc(desc, attr, engine);
 }
 
 // The largest scratchpad any primitive of the call needs.
@@ -314,15 +356,15 @@ void DirectConvolution::Impl::reserve_scratch(std::size_t bytes) {
 }
 
 Entry& DirectConvolution::Impl::entry(Call call, const LoweringShape& s, index_t out_channels,
-                                      bool has_bias, bool bf16) {
-  const Key key = make_key(call, s, out_channels, has_bias, bf16);
+                                      bool has_bias, bool bf16, const Activation& activation) {
+  const Key key = make_key(call, s, out_channels, has_bias, bf16, activation);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   if (cache.size() >= kMaxCachedShapes) {
     cache.erase(order.front());
     order.pop_front();
   }
-  Entry made = create(call, s, out_channels, has_bias, bf16);
+  Entry made = create(call, s, out_channels, has_bias, bf16, activation);
   reserve_scratch(scratch_bytes(made));
   order.push_back(key);
   return cache.emplace(key, std::move(made)).first->second;
@@ -331,13 +373,16 @@ Entry& DirectConvolution::Impl::entry(Call call, const LoweringShape& s, index_t
 // In BF16, the call on BF16 inputs in the layout the FP32 call chose, where that is
 // blocked or channels-last and oneDNN has a fast (JIT) kernel for it; else the FP32 call.
 Entry DirectConvolution::Impl::create(Call call, const LoweringShape& s, index_t out_channels,
-                                      bool has_bias, bool bf16) const {
-  Entry fp32 = create_fp32(call, s, out_channels, has_bias);
+                                      bool has_bias, bool bf16,
+                                      const Activation& activation) const {
+  Entry fp32 = create_fp32(call, s, out_channels, has_bias, activation);
   if (!bf16 || fp32.lowered || fp32.per_group || s.plain_kernel) return fp32;
   const Inner layout = fp32.inner_layout;
   if (layout == Inner::plain) return fp32;
   try {
-    Entry half = build(call, Geometry(s, out_channels, has_bias, false, true), has_bias, layout);
+    Geometry geo(s, out_channels, has_bias, false, true);
+    geo.activation = activation;
+    Entry half = build(call, geo, has_bias, layout);
     const std::string& impl = half.implementation;
     if (impl.find("jit") != std::string::npos && impl.find("gemm") == std::string::npos &&
         impl.find("ref") == std::string::npos) {
@@ -354,9 +399,13 @@ Entry DirectConvolution::Impl::create(Call call, const LoweringShape& s, index_t
 // for it, else plain NCHW (the data gradient: the driver's own lowering). Plain NCHW too
 // when the caller asks for it (LoweringShape::plain_kernel, a candidate the tuner times).
 Entry DirectConvolution::Impl::create_fp32(Call call, const LoweringShape& s, index_t out_channels,
-                                           bool has_bias) const {
-  if (s.plain_kernel)
-    return build(call, Geometry(s, out_channels, has_bias), has_bias, Inner::plain);
+                                           bool has_bias, const Activation& activation) const {
+  const auto geometry = [&](bool one_group) {
+    Geometry geo(s, out_channels, has_bias, one_group);
+    geo.activation = activation;
+    return geo;
+  };
+  if (s.plain_kernel) return build(call, geometry(false), has_bias, Inner::plain);
   const index_t in_per_group = s.channels / s.groups, out_per_group = out_channels / s.groups;
   // A group of blocked activations is a view only when its channels fill whole blocks.
   const bool views =
@@ -369,7 +418,7 @@ Entry DirectConvolution::Impl::create_fp32(Call call, const LoweringShape& s, in
     // Not for thin groups: a depthwise convolution (one channel per group) run as 32 to
     // 1024 convolutions of one channel took 60 % of MobileNet v1, where oneDNN's
     // depthwise kernel does all the groups in one call.
-    Entry part = build(call, Geometry(s, out_channels, has_bias, true), has_bias, Inner::blocked);
+    Entry part = build(call, geometry(true), has_bias, Inner::blocked);
     if (part.implementation.find("wino") != std::string::npos) {
       Entry split;
       split.implementation = part.implementation + " per group";
@@ -379,14 +428,21 @@ Entry DirectConvolution::Impl::create_fp32(Call call, const LoweringShape& s, in
       return split;
     }
   }
-  const Geometry geo(s, out_channels, has_bias);
+  const Geometry geo = geometry(false);
   Entry blocked = build(call, geo, has_bias, Inner::blocked);
   const double waste = blocked.padding;
   const index_t vector_channels =
       call == Call::backward_data ? geo.in_per_group : geo.out_per_group;
   const double nhwc_waste = static_cast<double>(padded_to_vectors(vector_channels)) /
                             static_cast<double>(vector_channels);
-  if (waste > kNhwcGain * nhwc_waste) {
+  // Channels-last reorders the vectorised side's activations from and to the caller's
+  // layout, which the blocked kernels read as they are when the caller's are blocked: there,
+  // while the blocked call's padding is moderate, it stays (MobileNet v2's 24 -> 144 1x1
+  // layers at 56x56, batch 32: 13 ms on NCHW kernels, 14 channels-last with the 58 MB output
+  // reordered, 6 blocked with the input's 24 channels padded to 32).
+  const Layout vectorised = call == Call::backward_data ? s.layout : s.out_layout;
+  const bool keep_blocked = vectorised != Layout::nchw && waste <= kMaxPaddingRatio;
+  if (waste > kNhwcGain * nhwc_waste && !keep_blocked) {
     try {
       Entry nhwc = build(call, geo, has_bias, Inner::nhwc);
       const std::string& impl = nhwc.implementation;
@@ -412,7 +468,7 @@ Entry DirectConvolution::Impl::create_fp32(Call call, const LoweringShape& s, in
 
 Entry DirectConvolution::Impl::build(Call call, const Geometry& geo, bool has_bias,
                                      Inner layout) const {
-  const auto fwd = forward_desc(engine, geo, layout);
+  const auto fwd = forward_desc(engine, geo, layout, call == Call::forward);
   const Descs want = descs(geo, layout, call);
   Entry e;
   e.inner_layout = layout;

@@ -119,6 +119,16 @@ class CpuDriver final : public Driver {
     conv_.set_bf16(math_mode() == MathMode::bf16);
     conv_.forward(parallel_, shape, out_channels, x, weights, bias, y);
   }
+  void do_conv_forward_activation(const LoweringShape& shape, index_t out_channels, const float* x,
+                                  const float* weights, const float* bias,
+                                  const Activation& activation, float* y) override {
+    if (!cpu::DirectConvolution::available()) {
+      return Driver::do_conv_forward_activation(shape, out_channels, x, weights, bias, activation,
+                                                y);
+    }
+    conv_.set_bf16(math_mode() == MathMode::bf16);
+    conv_.forward(parallel_, shape, out_channels, x, weights, bias, y, activation);
+  }
   void do_conv_backward_data(const LoweringShape& shape, index_t out_channels, const float* weights,
                              const float* dy, float* dx) override {
     if (!cpu::DirectConvolution::available())
