@@ -2370,4 +2370,64 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "conv_forward with weights versions computes with the weights of each call on every "
+    "driver: a new version or 0 after the contents change, two weights arrays in turn",
+    "[driver_ops][convolution]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    hn::Driver& d = *drivers.driver;
+    const hn::Capabilities caps = d.capabilities();
+    std::uint32_t seed = 6100;
+    for (const bool blocked : {false, true}) {
+      if (blocked && !caps.blocked_layout) continue;
+      hn::LoweringShape shape = lowering(2, 32, 9, 8, 3, 3, 1, 1, 1, 1);
+      const index_t out_channels = 32;
+      if (blocked) shape.layout = shape.out_layout = caps.preferred_blocked_layout;
+      INFO(shape.to_string());
+      hn::LoweringShape plain = shape;
+      plain.layout = plain.out_layout = hn::Layout::nchw;
+      const index_t oh = shape.out_h(), ow = shape.out_w();
+      const index_t y_count = shape.batch * out_channels * oh * ow;
+      const index_t w_count = conv_weight_count(shape, out_channels);
+      const std::vector<float> xv = random_floats(shape.image_count(), seed++);
+      const TwinArray x(drivers, xv,
+                        relaid(xv, shape.batch, shape.channels, shape.height, shape.width,
+                               hn::Layout::nchw, shape.layout));
+      const TwinArray first(drivers, random_floats(w_count, seed++));
+      const TwinArray second(drivers, random_floats(w_count, seed++));
+      // (weights, their new contents or none, version): the same address with a new
+      // version, the other array, the first again at its version, then unknown (0).
+      struct Step {
+        const TwinArray* w;
+        bool change;
+        std::uint64_t version;
+      };
+      const Step steps[] = {{&first, false, 11}, {&first, true, 12},  {&second, false, 13},
+                            {&first, false, 12}, {&second, true, 14}, {&first, true, 0},
+                            {&first, true, 0}};
+      for (const Step& step : steps) {
+        if (step.change) {
+          const std::vector<float> values = random_floats(w_count, seed++);
+          d.copy_from_host((*step.w)[Side::tested], values.data(), values.size() * sizeof(float));
+          drivers.oracle->copy_from_host((*step.w)[Side::oracle], values.data(),
+                                         values.size() * sizeof(float));
+        }
+        INFO("version " << step.version << (step.change ? ", changed" : ""));
+        const TwinArray y(drivers, constant(y_count, -7777.0f), constant(y_count, kNaN));
+        drivers.oracle->conv_forward(plain, out_channels, x[Side::oracle], (*step.w)[Side::oracle],
+                                     nullptr, y[Side::oracle]);
+        hn::LoweringShape versioned = shape;
+        versioned.weights_version = step.version;
+        d.conv_forward(versioned, out_channels, x[Side::tested], (*step.w)[Side::tested], nullptr,
+                       y[Side::tested]);
+        check_close(relaid(y.tested(), shape.batch, out_channels, oh, ow, shape.out_layout,
+                           hn::Layout::nchw),
+                    y.oracle(), gemm_tolerance(shape.channels * shape.kernel_h * shape.kernel_w));
+      }
+    }
+  }
+}
+
 }  // namespace

@@ -443,6 +443,7 @@ TEST_CASE(
   for (const NetParam& p : net->learnable_params()) {
     if (p.layer != "conv1" && p.layer != "conv2" && p.layer != "conv3") continue;
     const float* diff = p.tensor->host_diff();
+    p.tensor->data().retain();  // written through the pointer kept below, between forwards
     targets.emplace_back(p.tensor->host_data_mut(),
                          std::vector<float>(diff, diff + p.tensor->count()));
   }

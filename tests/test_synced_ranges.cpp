@@ -3,6 +3,8 @@
 // correctly on the host. The two reference drivers in separate-memory mode play two devices.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -133,4 +135,45 @@ TEST_CASE("overlapping range writes on alternating devices keep the latest bytes
 }
 
 }  // namespace
+TEST_CASE("every access that may change the contents gives them a new version, reads keep it",
+          "[memory]") {
+  TwoDevices d;
+  SyncedMemory m(64), other(64);
+  std::vector<std::uint64_t> seen{m.version(), other.version()};
+  CHECK(seen[0] != seen[1]);  // unique in the process
+  const auto fresh = [&](const char* what) {
+    INFO(what);
+    CHECK(m.version() != 0);
+    CHECK(std::find(seen.begin(), seen.end(), m.version()) == seen.end());
+    seen.push_back(m.version());
+  };
+  m.write(*d.a);
+  fresh("write");
+  const std::uint64_t after_write = m.version();
+  m.read(*d.b);
+  m.host_read();
+  m.read_range(*d.a, 8, 8);
+  CHECK(m.version() == after_write);  // reads and the copies they make keep it
+  m.overwrite(*d.b);
+  fresh("overwrite");
+  m.host_write();
+  fresh("host_write");
+  m.host_overwrite();
+  fresh("host_overwrite");
+  m.write_range(*d.a, 0, 4);
+  fresh("write_range");
+  m.overwrite_range(*d.b, 4, 4);
+  fresh("overwrite_range");
+  m.resize(32);
+  fresh("resize");
+  // Memory someone else may write at any time has no version.
+  m.retain();
+  CHECK(m.version() == 0);
+  m.host_write();
+  CHECK(m.version() == 0);
+  std::vector<float> caller(16);
+  other.adopt(nullptr, caller.data());
+  CHECK(other.version() == 0);
+}
+
 }  // namespace hn

@@ -121,11 +121,14 @@ hn_status host_access(hn_tensor* tensor, int32_t access, float** out, bool diff,
       case HN_READ:
         address = const_cast<void*>(memory->host_read());
         break;
+      // The caller may keep the pointer and write through it later (a numpy view does).
       case HN_WRITE:
         address = memory->host_write();
+        memory->retain();
         break;
       case HN_OVERWRITE:
         address = memory->host_overwrite();
+        memory->retain();
         break;
       default:
         fail(HN_ERROR_INVALID_ARGUMENT,

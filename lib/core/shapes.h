@@ -88,6 +88,10 @@ struct LoweringShape {
   // reorders them in and out), so the tuner can measure a plain-layout kernel against the
   // blocked one (Lowering::direct_plain). A driver with one layout of its own ignores it.
   bool plain_kernel = false;
+  // conv_forward(_activation): when not 0, names the weights' contents (Tensor versions,
+  // lib/core/tensor.h): every call with the same weights address and version has the same
+  // weights, so a driver may keep them in its own layout between calls. 0: unknown.
+  std::uint64_t weights_version = 0;
 
   index_t out_h() const;
   index_t out_w() const;

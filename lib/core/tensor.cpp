@@ -2,6 +2,7 @@
 #include "lib/core/tensor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <utility>
@@ -210,7 +211,13 @@ void SyncedMemory::refresh(Copy& target, std::size_t begin, std::size_t end) {
   add_range(target.valid, begin, end);
 }
 
+std::uint64_t SyncedMemory::next_version() {
+  static std::atomic<std::uint64_t> counter{0};
+  return ++counter;
+}
+
 void SyncedMemory::make_exclusive(Copy& target, std::size_t begin, std::size_t end) {
+  version_ = next_version();
   for (Copy& copy : copies_) {
     if (&copy != &target) remove_range(copy.valid, begin, end);
   }
@@ -287,6 +294,7 @@ void SyncedMemory::adopt(Driver* driver, void* address) {
     target->buffer = Buffer::borrowed(owner, address, bytes_);
   }
   make_exclusive(*target, 0, bytes_);
+  retain();  // the caller's array: written whenever the caller likes
 }
 
 bool SyncedMemory::current_on(MemorySpace space) const {
@@ -303,6 +311,7 @@ bool SyncedMemory::current_on(MemorySpace space, std::size_t offset, std::size_t
 void SyncedMemory::resize(std::size_t bytes) {
   copies_.clear();
   bytes_ = bytes;
+  version_ = next_version();
 }
 
 // ---- Tensor ------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -74,6 +75,18 @@ class SyncedMemory {
   void adopt(Driver* driver, void* address);
   bool current_on(MemorySpace space) const;
   bool current_on(MemorySpace space, std::size_t offset, std::size_t length) const;
+
+  // A number naming the contents: a new one, unique in the process, at every access that
+  // may change them (write, overwrite, adopt, resize, in any memory space), so a driver may
+  // keep something computed from them (the CPU driver's convolution weights in its own
+  // layout) until it changes. 0 once retain() was called: unknown from then on. The
+  // library's own code writes through a pointer only right after the access that gave it
+  // (a pointer kept across calls must be asked for again).
+  std::uint64_t version() const { return retained_ ? 0 : version_; }
+  // Someone outside the library may write through a pointer to this memory at any time (a
+  // C ABI caller given one for writing, a numpy view, the caller's adopted array): version()
+  // is 0 from now on.
+  void retain() { retained_ = true; }
   // Releases every copy and sets a new size; the contents read as zeros again.
   void resize(std::size_t bytes);
 
@@ -104,6 +117,10 @@ class SyncedMemory {
 
   std::size_t bytes_;
   std::vector<Copy> copies_;
+  std::uint64_t version_ = next_version();
+  bool retained_ = false;
+
+  static std::uint64_t next_version();
 };
 
 // An N-d float tensor with data and diff (gradient). Reshape keeps the memory when the new

@@ -28,6 +28,7 @@ class DriverConvolution final : public ConvAlgorithm {
     s.layout = slice.inputs[0].layout;
     s.out_layout = slice.outputs[0].layout;
     s.plain_kernel = plain_kernel_;
+    s.weights_version = slice.params[0].version;
     return s;
   }
 

@@ -32,6 +32,8 @@ struct Operand {
   Pointer data;
   Pointer diff;
   Layout layout = Layout::nchw;
+  // A parameter's: its data's SyncedMemory::version() (0: unknown, and for the others).
+  std::uint64_t version = 0;
 
   const float* x() const { return data.as<const float>(); }
   float* mutable_x() const { return data.as<float>(); }

@@ -190,6 +190,7 @@ LayerSlice Scheduler::prepare(const LayerCall& call, Driver& on, index_t begin, 
     for (const CallTensor& param : call.params) {
       slice.params.push_back(
           Operand{param.shape, rows(*param.data, param.shape, 0, 0, 0, on, param_want), {}});
+      slice.params.back().version = param.data->version();
     }
     for (Tensor& state : layer.state()) {
       slice.state.push_back(
@@ -234,6 +235,7 @@ LayerSlice Scheduler::prepare(const LayerCall& call, Driver& on, index_t begin, 
     }
     slice.params.push_back(
         Operand{param.shape, rows(*param.data, param.shape, 0, 0, 0, on, Want::read), diff});
+    slice.params.back().version = param.data->version();
   }
   for (Tensor& state : layer.state()) {
     slice.state.push_back(Operand{

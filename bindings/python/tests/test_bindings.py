@@ -136,12 +136,43 @@ def test_convolution_as_a_kernel_on_numpy_arrays(cpu):
         assert dx[index] == pytest.approx(numeric(loss_of_x, x, index), rel=1e-3, abs=1e-3)
     for index in [(0, 0, 1, 1), (5, 1, 2, 0)]:
         assert dw[index] == pytest.approx(numeric(loss_of_w, w, index), rel=1e-3, abs=1e-3)
+    # The caller's weights changed in place between calls: the next call computes with them
+    # (the CPU driver keeps a convolution's weights in its own layout while they are the same).
+    w *= -0.5
+    conv.forward(driver, inputs, outputs)
+    np.testing.assert_allclose(y, conv_reference(x, w, b, 1, 2), rtol=1e-4, atol=1e-4)
     # Split between the cpu and reference drivers: the same outputs.
     runtime.add("reference")
     conv.set_split(runtime, "cpu:0.5,reference:0.5")
     y[:] = 0
     conv.forward(driver, inputs, outputs)
     np.testing.assert_allclose(y, conv_reference(x, w, b, 1, 2), rtol=1e-4, atol=1e-4)
+
+
+CONV_NET = """
+layer { name: "in" type: "Input" top: "data" input_param { shape { dim: 2 dim: 16 dim: 7 dim: 6 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 32 kernel_size: 3 pad: 1
+                            weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
+"""
+
+
+@pytest.mark.parametrize("layout", ["nchw", "blocked"])
+def test_net_weights_changed_through_a_kept_view_are_used(cpu, layout):
+    """A numpy view of a parameter, kept across forwards and written between them."""
+    runtime, driver = cpu
+    net = hn.Net.from_text(runtime, driver, CONV_NET, seed=5, phase="test", layout=layout)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 16, 7, 6), dtype=np.float32)
+    net.blob("data").data[...] = x
+    w, b = net.param(0).data, net.param(1).data
+    for step in range(3):
+        net.forward()
+        want = np.maximum(conv_reference(x, w, b, 1, 1), 0)
+        np.testing.assert_allclose(net.blob("conv").data, want, rtol=1e-4, atol=1e-4)
+        w *= -0.75  # through the view taken before the forwards
+        b += 0.25
 
 
 def test_net_forward_and_backward_match_numpy(cpu, tmp_path):

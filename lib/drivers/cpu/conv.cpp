@@ -202,10 +202,12 @@ namespace {
 // Runs a cached call on the caller's buffers (operands in the entry's order a, b, c, d;
 // null where the call has no such operand), its reordered operands in `arena` (at least
 // e.inner_bytes()). The gradients' calls take dy from `diff_dst` when given: dy already in
-// the primitive's layout (then operand b needs no arena).
+// the primitive's layout (then operand b needs no arena); the forward call takes the
+// weights from `weights_inner` when given, already in the primitive's layout (the driver's
+// copy, Impl::weights_in_layout).
 void execute(const dnnl::stream& stream, Call call, const Entry& e,
              const std::array<const float*, 4>& at, void* scratch, char* arena,
-             const memory* diff_dst = nullptr) {
+             const memory* diff_dst = nullptr, void* weights_inner = nullptr) {
   if (e.per_group) {
     for (index_t g = 0; g < e.group_count; ++g) {
       std::array<const float*, 4> part{};
@@ -219,8 +221,9 @@ void execute(const dnnl::stream& stream, Call call, const Entry& e,
   const std::array<const Operand*, 4> ops{&e.a, &e.b, &e.c, &e.d};
   for (std::size_t i = 0; i < at.size(); ++i) {
     if (at[i] != nullptr) ops[i]->bind(at[i]);
-    if (i != 1 || diff_dst == nullptr) bind_inner(*ops[i], arena);
+    if (i != 1 || (diff_dst == nullptr && weights_inner == nullptr)) bind_inner(*ops[i], arena);
   }
+  if (weights_inner != nullptr) e.b.inner.set_data_handle(weights_inner);
   std::unordered_map<int, memory> args;
   if (e.scratch) {
     e.scratch.set_data_handle(scratch);
@@ -229,7 +232,7 @@ void execute(const dnnl::stream& stream, Call call, const Entry& e,
   switch (call) {
     case Call::forward:
       load(stream, e.a, scratch);
-      load(stream, e.b, scratch);
+      if (weights_inner == nullptr) load(stream, e.b, scratch);
       args.emplace(DNNL_ARG_SRC, e.a.inner);
       args.emplace(DNNL_ARG_WEIGHTS, e.b.inner);
       args.emplace(DNNL_ARG_DST, e.d.inner);
@@ -295,8 +298,11 @@ void DirectConvolution::forward(Parallel& par, const LoweringShape& shape, index
     const Entry& e = fused != nullptr
                          ? *fused
                          : impl_->entry(Call::forward, shape, out_channels, bias != nullptr, bf16_);
+    void* weights_inner = nullptr;
+    if (shape.weights_version != 0 && !e.per_group && e.b.reordered)
+      weights_inner = impl_->weights_in_layout(e, weights, shape.weights_version);
     execute(impl_->stream, Call::forward, e, {x, weights, bias, y}, impl_->scratch.get(),
-            impl_->reserve_arena(e.inner_bytes()));
+            impl_->reserve_arena(e.inner_bytes()), nullptr, weights_inner);
     impl_->stream.wait();
   });
   if (separate) after();

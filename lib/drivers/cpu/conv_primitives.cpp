@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 #include "lib/core/check.h"
@@ -344,6 +345,36 @@ char* DirectConvolution::Impl::reserve_arena(std::size_t bytes) {
     arena_capacity = rounded;
   }
   return static_cast<char*>(arena.get());
+}
+
+void* DirectConvolution::Impl::weights_in_layout(const Entry& e, const float* weights,
+                                                 std::uint64_t version) {
+  // Bounded like the primitives: a weights address no call names any more is dropped with
+  // the rest when the map is full.
+  if (laid_out.size() >= kMaxCachedShapes && laid_out.count(weights) == 0) laid_out.clear();
+  LaidOutWeights& held = laid_out[weights];
+  const memory::desc desc = e.b.inner.get_desc();
+  if (held.buffer != nullptr && held.version == version && held.desc == desc)
+    return held.buffer.get();
+  const std::size_t bytes = arena_bytes(e.b);
+  if (held.buffer == nullptr || held.desc.get_size() != desc.get_size()) {
+    held.buffer.reset(std::aligned_alloc(kArenaAlign, bytes));
+    HN_CHECK(held.buffer != nullptr, "conv (onednn): cannot allocate {} bytes of laid-out weights",
+             bytes);
+  }
+  held.version = 0;  // until the reorder below has run
+  held.desc = desc;
+  e.b.bind(weights);
+  e.b.inner.set_data_handle(held.buffer.get());
+  std::unordered_map<int, memory> args{{DNNL_ARG_FROM, e.b.user}, {DNNL_ARG_TO, e.b.inner}};
+  if (e.b.scratch) {
+    e.b.scratch.set_data_handle(scratch.get());
+    args.emplace(DNNL_ARG_SCRATCHPAD, e.b.scratch);
+  }
+  e.b.reorder.execute(stream, args);
+  stream.wait();
+  held.version = version;
+  return held.buffer.get();
 }
 
 void DirectConvolution::Impl::reserve_scratch(std::size_t bytes) {
