@@ -262,11 +262,14 @@ std::size_t conv_weight_bytes(const LoweringShape& shape, index_t out_channels) 
 
 }  // namespace
 
-DriverOperands Driver::conv_forward_operands(const LoweringShape& shape, index_t out_channels,
-                                             const float* x, const float* weights,
-                                             const float* bias, float* y) const {
+namespace {
+
+// conv_forward's and conv_forward_activation's operands (`call` names the one in errors).
+DriverOperands conv_forward_ops(const Driver& driver, const char* call, const LoweringShape& shape,
+                                index_t out_channels, const float* x, const float* weights,
+                                const float* bias, float* y) {
   DriverOperands ops;
-  check_conv(*this, "conv_forward", shape, out_channels);
+  check_conv(driver, call, shape, out_channels);
   if (shape.batch == 0) return DriverOperands::nothing();
   ops.read("x", x, floats(shape.image_count()));
   ops.read("weights", weights, conv_weight_bytes(shape, out_channels));
@@ -275,20 +278,22 @@ DriverOperands Driver::conv_forward_operands(const LoweringShape& shape, index_t
   return ops;
 }
 
+}  // namespace
+
+DriverOperands Driver::conv_forward_operands(const LoweringShape& shape, index_t out_channels,
+                                             const float* x, const float* weights,
+                                             const float* bias, float* y) const {
+  return conv_forward_ops(*this, "conv_forward", shape, out_channels, x, weights, bias, y);
+}
+
 DriverOperands Driver::conv_forward_activation_operands(const LoweringShape& shape,
                                                         index_t out_channels, const float* x,
                                                         const float* weights, const float* bias,
                                                         const Activation& activation,
                                                         float* y) const {
   activation.validate("conv_forward_activation");
-  DriverOperands ops;
-  check_conv(*this, "conv_forward_activation", shape, out_channels);
-  if (shape.batch == 0) return DriverOperands::nothing();
-  ops.read("x", x, floats(shape.image_count()));
-  ops.read("weights", weights, conv_weight_bytes(shape, out_channels));
-  if (bias != nullptr) ops.read("bias", bias, floats(out_channels));
-  ops.update("y", y, conv_output_bytes(shape, out_channels));
-  return ops;
+  return conv_forward_ops(*this, "conv_forward_activation", shape, out_channels, x, weights, bias,
+                          y);
 }
 
 DriverOperands Driver::conv_backward_data_operands(const LoweringShape& shape, index_t out_channels,

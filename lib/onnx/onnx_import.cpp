@@ -640,7 +640,20 @@ bool Importer::fold_integers() {
       const std::int64_t x = a.values[static_cast<std::size_t>(na == 1 ? 0 : i)];
       const std::int64_t y = b.values[static_cast<std::size_t>(nb == 1 ? 0 : i)];
       if (op == "Div" && y == 0) fail_node("a division by 0 in shape arithmetic");
-      out.values.push_back(op == "Mul" ? x * y : op == "Div" ? x / y : op == "Add" ? x + y : x - y);
+      std::int64_t value = 0;
+      bool overflow = false;
+      if (op == "Mul") {
+        overflow = __builtin_mul_overflow(x, y, &value);
+      } else if (op == "Add") {
+        overflow = __builtin_add_overflow(x, y, &value);
+      } else if (op == "Sub") {
+        overflow = __builtin_sub_overflow(x, y, &value);
+      } else {
+        overflow = x == std::numeric_limits<std::int64_t>::min() && y == -1;
+        if (!overflow) value = x / y;
+      }
+      if (overflow) fail_node("shape arithmetic {} {} {} overflows 64 bits", x, op, y);
+      out.values.push_back(value);
     }
   }
   ints_[output(0)] = std::move(out);
@@ -1480,6 +1493,8 @@ void convert_split(Importer& im) {
   for (int i = 0; i < count; ++i) {
     if (sizes[static_cast<std::size_t>(i)] <= 0)
       im.fail_node("a part of size {}", sizes[static_cast<std::size_t>(i)]);
+    if (sizes[static_cast<std::size_t>(i)] > n - at)  // before the sum could overflow
+      im.fail_node("sizes summing past the {} of axis {}", n, axis);
     if (i > 0) points.push_back(at);
     at += sizes[static_cast<std::size_t>(i)];
     const std::string& name = im.node().output(i);

@@ -99,17 +99,24 @@ struct DirectConvolution::Impl {
   // The forward calls' weights in their primitives' layouts, by the caller's address, for
   // weights whose contents a version names (LoweringShape::weights_version): reordered
   // again when the version or the layout differs. At batch 1 the reorders took a third of
-  // MobileNet v2's forward.
+  // MobileNet v2's forward. At most kMaxLaidOutBytes, the least recently used dropped first
+  // (the weights of a net destroyed since are never used again).
   struct LaidOutWeights {
     std::uint64_t version = 0;
     memory::desc desc;
     std::unique_ptr<void, decltype(&std::free)> buffer{nullptr, &std::free};
+    std::size_t bytes = 0;
+    std::uint64_t used = 0;  // laid_out_clock at the last use
   };
+  static constexpr std::size_t kMaxLaidOutBytes = std::size_t{256} << 20;
   std::map<const void*, LaidOutWeights> laid_out;
+  std::size_t laid_out_bytes = 0;
+  std::uint64_t laid_out_clock = 0;
 
   char* reserve_arena(std::size_t bytes);
   // Entry e's weights operand holding `weights` of `version`, reordered into laid_out on a
-  // miss; the address of the copy.
+  // miss; the address of the copy, or nullptr when it would not fit (then the call reorders
+  // them into the arena as before).
   void* weights_in_layout(const Entry& e, const float* weights, std::uint64_t version);
   void reserve_scratch(std::size_t bytes);
   // `bf16`: the call's inputs as BF16 (DirectConvolution::set_bf16), where oneDNN has a

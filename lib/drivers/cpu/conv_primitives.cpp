@@ -349,21 +349,35 @@ char* DirectConvolution::Impl::reserve_arena(std::size_t bytes) {
 
 void* DirectConvolution::Impl::weights_in_layout(const Entry& e, const float* weights,
                                                  std::uint64_t version) {
-  // Bounded like the primitives: a weights address no call names any more is dropped with
-  // the rest when the map is full.
-  if (laid_out.size() >= kMaxCachedShapes && laid_out.count(weights) == 0) laid_out.clear();
-  LaidOutWeights& held = laid_out[weights];
   const memory::desc desc = e.b.inner.get_desc();
-  if (held.buffer != nullptr && held.version == version && held.desc == desc)
-    return held.buffer.get();
-  const std::size_t bytes = arena_bytes(e.b);
-  if (held.buffer == nullptr || held.desc.get_size() != desc.get_size()) {
-    held.buffer.reset(std::aligned_alloc(kArenaAlign, bytes));
-    HN_CHECK(held.buffer != nullptr, "conv (onednn): cannot allocate {} bytes of laid-out weights",
-             bytes);
+  auto found = laid_out.find(weights);
+  if (found != laid_out.end() && found->second.version == version && found->second.desc == desc) {
+    found->second.used = ++laid_out_clock;
+    return found->second.buffer.get();
   }
-  held.version = 0;  // until the reorder below has run
+  const std::size_t bytes = arena_bytes(e.b);
+  if (bytes > kMaxLaidOutBytes) return nullptr;
+  if (found != laid_out.end()) {
+    laid_out_bytes -= found->second.bytes;
+    laid_out.erase(found);
+  }
+  while (laid_out_bytes + bytes > kMaxLaidOutBytes) {
+    const auto oldest = std::min_element(
+        laid_out.begin(), laid_out.end(),
+        [](const auto& a, const auto& b) { return a.second.used < b.second.used; });
+    laid_out_bytes -= oldest->second.bytes;
+    laid_out.erase(oldest);
+  }
+  LaidOutWeights& held = laid_out[weights];
+  held.buffer.reset(std::aligned_alloc(kArenaAlign, bytes));
+  if (held.buffer == nullptr) {
+    laid_out.erase(weights);
+    return nullptr;  // the arena's path, which reports a failed allocation itself
+  }
+  held.bytes = bytes;
+  laid_out_bytes += bytes;
   held.desc = desc;
+  held.used = ++laid_out_clock;
   e.b.bind(weights);
   e.b.inner.set_data_handle(held.buffer.get());
   std::unordered_map<int, memory> args{{DNNL_ARG_FROM, e.b.user}, {DNNL_ARG_TO, e.b.inner}};
@@ -373,7 +387,7 @@ void* DirectConvolution::Impl::weights_in_layout(const Entry& e, const float* we
   }
   e.b.reorder.execute(stream, args);
   stream.wait();
-  held.version = version;
+  held.version = version;  // 0 (never a hit) had the reorder thrown
   return held.buffer.get();
 }
 
