@@ -631,6 +631,10 @@ bool Importer::fold_integers() {
     no_batch(b);
     const std::int64_t na = product(a.dims.begin(), a.dims.end());
     const std::int64_t nb = product(b.dims.begin(), b.dims.end());
+    if (na != static_cast<std::int64_t>(a.values.size()) ||
+        nb != static_cast<std::int64_t>(b.values.size()))
+      fail_node("shape arithmetic on values whose shapes {} and {} do not hold {} and {} values",
+                dims_text(a.dims), dims_text(b.dims), a.values.size(), b.values.size());
     if (na < 0 || nb < 0 || (na != nb && na != 1 && nb != 1))
       fail_node("shape arithmetic on values of shapes {} and {}", dims_text(a.dims),
                 dims_text(b.dims));
