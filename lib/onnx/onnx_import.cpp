@@ -635,7 +635,7 @@ bool Importer::fold_integers() {
         nb != static_cast<std::int64_t>(b.values.size()))
       fail_node("shape arithmetic on values whose shapes {} and {} do not hold {} and {} values",
                 dims_text(a.dims), dims_text(b.dims), a.values.size(), b.values.size());
-    if (na < 0 || nb < 0 || (na != nb && na != 1 && nb != 1))
+    if (na < 1 || nb < 1 || (na != nb && na != 1 && nb != 1))
       fail_node("shape arithmetic on values of shapes {} and {}", dims_text(a.dims),
                 dims_text(b.dims));
     out.dims = na >= nb ? a.dims : b.dims;
