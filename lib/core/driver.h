@@ -199,4 +199,9 @@ class Driver {
   MathMode math_mode_ = MathMode::fp32;
 };
 
+// y = activation(y) in place on n floats of `driver`'s memory, through its relu_forward or
+// clip_forward (nothing for Activation::Kind::none): conv_forward_activation's second half
+// where a driver or an algorithm does not fuse it.
+void apply_activation(Driver& driver, index_t n, const Activation& activation, float* y);
+
 }  // namespace hn

@@ -166,15 +166,19 @@ void Driver::do_conv_forward_activation(const LoweringShape& shape, index_t out_
                                         const float* x, const float* weights, const float* bias,
                                         const Activation& activation, float* y) {
   conv_forward(shape, out_channels, x, weights, bias, y);
-  const index_t n = shape.batch * out_channels * shape.out_h() * shape.out_w();
+  apply_activation(*this, shape.batch * out_channels * shape.out_h() * shape.out_w(), activation,
+                   y);
+}
+
+void apply_activation(Driver& driver, index_t n, const Activation& activation, float* y) {
   switch (activation.kind) {
     case Activation::Kind::none:
       break;
     case Activation::Kind::relu:
-      relu_forward(n, activation.slope, y, y);
+      driver.relu_forward(n, activation.slope, y, y);
       break;
     case Activation::Kind::clip:
-      clip_forward(n, activation.lo, activation.hi, y, y);
+      driver.clip_forward(n, activation.lo, activation.hi, y, y);
       break;
   }
 }

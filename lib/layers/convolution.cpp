@@ -354,17 +354,11 @@ void ConvolutionLayer::run_forward(const LayerSlice& slice, Lowering lowering) c
   HN_CHECK(lowering != Lowering::automatic, "{}: forward called before setup", describe());
   const detail::ConvAlgorithm& algorithm = detail::conv_algorithm(lowering);
   algorithm.forward(*this, slice);
-  if (fused_ && !algorithm.applies_activation()) activation_forward(slice);
-}
-
-void ConvolutionLayer::activation_forward(const LayerSlice& slice) const {
-  const Operand& y = slice.outputs[0];
-  const index_t n = detail::slice_count(y.shape, slice.rows());
-  const Activation& a = fused_->activation;
-  if (a.kind == Activation::Kind::relu)
-    slice.driver->relu_forward(n, a.slope, y.x(), y.mutable_x());
-  if (a.kind == Activation::Kind::clip)
-    slice.driver->clip_forward(n, a.lo, a.hi, y.x(), y.mutable_x());
+  if (fused_ && !algorithm.applies_activation()) {
+    const Operand& y = slice.outputs[0];
+    apply_activation(*slice.driver, detail::slice_count(y.shape, slice.rows()), fused_->activation,
+                     y.mutable_x());
+  }
 }
 
 // What the in-place layer's backward would do: dy (its output's gradient, the same memory

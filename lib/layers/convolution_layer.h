@@ -123,8 +123,7 @@ class ConvolutionLayer final : public Layer {
   void run_forward(const LayerSlice& slice, Lowering lowering) const;
   void run_backward(const LayerSlice& slice, Lowering lowering, Wanted want) const;
 
-  // The fused activation's forward on y, and its gradient on dy in place.
-  void activation_forward(const LayerSlice& slice) const;
+  // The fused activation's gradient on dy, in place.
   void activation_backward(const LayerSlice& slice) const;
 
   ConvolutionParams config_;

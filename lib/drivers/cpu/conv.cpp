@@ -287,18 +287,24 @@ void DirectConvolution::forward(Parallel& par, const LoweringShape& shape, index
     if (!impl_) impl_ = std::make_unique<Impl>();
     const Entry* fused = nullptr;
     if (!apart) {
-      // The post-ops only where they keep the kernel the call has without them: oneDNN's
-      // Winograd takes no such chain (ResNet-50's 3x3 layers fell back to its direct kernel:
-      // 1,090 -> 1,255 ms forward at batch 32), and its GEMM-based and reference kernels
-      // apply post-ops element by element after the fact (MobileNet v2's 24 -> 144 1x1
-      // layers: 155 ms instead of 12).
-      const std::string alone =
-          impl_->entry(Call::forward, shape, out_channels, bias != nullptr, bf16_).implementation;
       fused = &impl_->entry(Call::forward, shape, out_channels, bias != nullptr, bf16_, activation);
-      const std::string& impl = fused->implementation;
-      if (impl != alone || impl.find("gemm") != std::string::npos ||
-          impl.find("ref") != std::string::npos)
-        fused = nullptr;
+      if (!fused->use_post_ops) {
+        // The post-ops only where they keep the kernel the call has without them: oneDNN's
+        // Winograd takes no such chain (ResNet-50's 3x3 layers fell back to its direct
+        // kernel: 1,090 -> 1,255 ms forward at batch 32), and its GEMM-based and reference
+        // kernels apply post-ops element by element after the fact (MobileNet v2's 24 -> 144
+        // 1x1 layers: 155 ms instead of 12). Decided once per entry.
+        const std::string alone =
+            impl_->entry(Call::forward, shape, out_channels, bias != nullptr, bf16_).implementation;
+        // Looked up again: making the other entry may have evicted this one.
+        Entry& again =
+            impl_->entry(Call::forward, shape, out_channels, bias != nullptr, bf16_, activation);
+        const std::string& impl = again.implementation;
+        again.use_post_ops = impl == alone && impl.find("gemm") == std::string::npos &&
+                             impl.find("ref") == std::string::npos;
+        fused = &again;
+      }
+      if (!*fused->use_post_ops) fused = nullptr;
     }
     separate = fused == nullptr;
     const Entry& e = fused != nullptr

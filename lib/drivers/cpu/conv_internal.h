@@ -11,6 +11,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <oneapi/dnnl/dnnl.hpp>
@@ -69,6 +70,9 @@ struct Entry {
   bool lowered = false;
   // The activation layout the call asked oneDNN for (conv_primitives.cpp).
   Inner inner_layout{};
+  // A forward call with post-ops: whether to use it (DirectConvolution::forward decides at
+  // its first use: only where the call without them runs the same kernel).
+  std::optional<bool> use_post_ops;
   // Set when the groups run one after the other as convolutions of their own (for
   // Winograd): `per_group` is group 0's call, and group g's operands are group 0's
   // shifted by g * group_step floats (operands in the order of a, b, c, d).
