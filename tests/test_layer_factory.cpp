@@ -190,6 +190,7 @@ TEST_CASE("Unknown and data layer types are rejected with a helpful message", "[
                                           "ReLU",
                                           "Reshape",
                                           "Scale",
+                                          "ShuffleChannel",
                                           "Sigmoid",
                                           "SigmoidCrossEntropyLoss",
                                           "Silence",
@@ -206,7 +207,7 @@ TEST_CASE("Unknown and data layer types are rejected with a helpful message", "[
           "layer 'f': unknown layer type 'Foo'; known types: Accuracy, "
           "BatchNorm, Clip, Concat, Convolution, Deconvolution, Dropout, Eltwise, EuclideanLoss, "
           "Flatten, InnerProduct, LRN, LogSoftmax, Pad, Permute, Pooling, ReLU, Reshape, "
-          "Scale, Sigmoid, "
+          "Scale, ShuffleChannel, Sigmoid, "
           "SigmoidCrossEntropyLoss, Silence, Slice, Softmax, SoftmaxWithLoss, Split, Swish, "
           "TanH"));
   for (const char* type : {"Data", "Input", "ImageData", "HDF5Data", "MemoryData", "DummyData"}) {

@@ -378,6 +378,77 @@ TEST_CASE(
   }
 }
 
+// The inputs joined along axis 1, then output channel k * group + j = joined channel
+// j * K + k (K = C / group): a naive loop over every output element.
+std::vector<float> naive_shuffle(const std::vector<Shape>& ins,
+                                 const std::vector<std::vector<float>>& xs, index_t group) {
+  const index_t images = ins[0][0], inner = ins[0].count(2, ins[0].axes());
+  index_t channels = 0;
+  for (const Shape& in : ins)
+    channels += in[1];
+  std::vector<float> joined;
+  for (index_t n = 0; n < images; ++n)
+    for (std::size_t i = 0; i < ins.size(); ++i) {
+      const index_t per_image = ins[i][1] * inner;
+      joined.insert(joined.end(), xs[i].begin() + n * per_image,
+                    xs[i].begin() + (n + 1) * per_image);
+    }
+  const index_t per_group = channels / group;
+  std::vector<float> y(joined.size());
+  for (index_t n = 0; n < images; ++n)
+    for (index_t c = 0; c < channels; ++c)
+      for (index_t e = 0; e < inner; ++e) {
+        const index_t k = c / group, j = c % group;
+        y[static_cast<std::size_t>((n * channels + c) * inner + e)] =
+            joined[static_cast<std::size_t>((n * channels + j * per_group + k) * inner + e)];
+      }
+  return y;
+}
+
+TEST_CASE(
+    "ShuffleChannel joins and shuffles the channels as a naive loop does and routes gradients "
+    "back on every driver",
+    "[layer][shuffle_channel]") {
+  const auto config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    struct Case {
+      std::vector<Shape> inputs;
+      int group;
+    };
+    const std::vector<Case> cases = {
+        {{Shape{3, 6, 2, 5}}, 2},                     // one input (ShuffleNet v1's)
+        {{Shape{3, 6, 2, 5}}, 3},                     //
+        {{Shape{3, 4, 3, 2}, Shape{3, 4, 3, 2}}, 2},  // a ShuffleNet v2 unit: one copy each
+        {{Shape{2, 2, 5}, Shape{2, 4, 5}}, 3},        // inputs across the groups
+        {{Shape{2, 3, 4}, Shape{2, 1, 4}, Shape{2, 2, 4}}, 2},
+        {{Shape{4, 6}}, 2},  // two axes
+    };
+    std::uint32_t seed = 120;
+    for (const Case& c : cases) {
+      INFO(c.inputs.size() << " inputs, the first " << c.inputs[0].to_string() << ", group "
+                           << c.group);
+      hn::ShuffleChannelLayer layer("shuffle", hn::ShuffleChannelParams{c.group});
+      const std::vector<Shape> outs = layer.setup(c.inputs);
+      std::vector<index_t> want = c.inputs[0].dims();
+      for (std::size_t i = 1; i < c.inputs.size(); ++i)
+        want[1] += c.inputs[i][1];
+      REQUIRE(outs == std::vector<Shape>{Shape(want)});
+      std::vector<std::vector<float>> xs;
+      for (const Shape& in : c.inputs)
+        xs.push_back(random_floats(static_cast<std::size_t>(in.count()), seed++));
+      const auto dy = random_floats(static_cast<std::size_t>(outs[0].count()), seed++);
+      const auto run = run_layer(layer, *driver, c.inputs, xs, {dy});
+      CHECK(run.outputs[0] == naive_shuffle(c.inputs, xs, c.group));
+      // dx: dy's channels back where they came from, checked by shuffling the gradients
+      // forward again.
+      CHECK(naive_shuffle(c.inputs, run.input_diffs, c.group) == dy);
+      hn::test::check_split_equals_whole(layer, *driver, c.inputs, xs,
+                                         RunSpec{{0, 1, c.inputs[0][0]}}, 0.0);
+    }
+  }
+}
+
 // x (of `in`) padded: out[i] = x[i - before] inside, `value` elsewhere (a naive loop over
 // every output element).
 std::vector<float> naive_pad(const Shape& in, const std::vector<index_t>& before,
@@ -489,8 +560,9 @@ TEST_CASE("Silence takes its inputs and zeroes their gradients on every driver",
 }
 
 TEST_CASE(
-    "Concat, Slice, Split, Flatten, Reshape, Permute and Pad gradients match finite differences",
-    "[layer][concat][slice][split][flatten][reshape][permute][pad][gradient]") {
+    "Concat, Slice, Split, Flatten, Reshape, Permute, Pad and ShuffleChannel gradients match "
+    "finite differences",
+    "[layer][concat][slice][split][flatten][reshape][permute][pad][shuffle_channel][gradient]") {
   const auto config = GENERATE(from_range(hn::test::gradient_configs()));
   DYNAMIC_SECTION(config.label) {
     const auto driver = hn::make_driver(config.device, config.options);
@@ -513,6 +585,8 @@ TEST_CASE(
     hn::test::check_layer_gradients(permute, *driver, {a}, {xa});
     hn::PadLayer pad("pad", hn::PadParams{1, {1, 0}, {0, 2}, 0.5f});
     hn::test::check_layer_gradients(pad, *driver, {a}, {xa});
+    hn::ShuffleChannelLayer shuffle("shuffle", hn::ShuffleChannelParams{3});
+    hn::test::check_layer_gradients(shuffle, *driver, {a, b}, {xa, xb});
   }
 }
 
@@ -545,6 +619,14 @@ TEST_CASE("Shape layer setup errors name the layer and the shapes",
     hn::SliceLayer uneven("slice5", slice_params(1, -1, {}), 4);
     CHECK_THROWS_WITH(uneven.setup({Shape{2, 6, 3}}),
                       Contains("slice5") && Contains("evenly") && Contains("2x6x3"));
+  }
+  SECTION("ShuffleChannel with a group that does not divide the channels, or inputs apart") {
+    hn::ShuffleChannelLayer layer("shuffle1", hn::ShuffleChannelParams{4});
+    CHECK_THROWS_WITH(layer.setup({Shape{2, 3, 4}, Shape{2, 3, 4}}),
+                      Contains("shuffle1") && Contains("group 4") && Contains("6 channels"));
+    hn::ShuffleChannelLayer apart("shuffle2", hn::ShuffleChannelParams{2});
+    CHECK_THROWS_WITH(apart.setup({Shape{2, 3, 4}, Shape{2, 3, 5}}),
+                      Contains("shuffle2") && Contains("2x3x4") && Contains("2x3x5"));
   }
   SECTION("Flatten with axis after end_axis + 1") {
     // {2, 1} is Caffe's count(2, 2): an axis of 1 inserted.

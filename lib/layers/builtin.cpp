@@ -27,6 +27,7 @@ LayerType reshape_layer_type();
 LayerType scale_layer_type();
 LayerType sigmoid_layer_type();
 LayerType sigmoid_cross_entropy_loss_layer_type();
+LayerType shuffle_channel_layer_type();
 LayerType silence_layer_type();
 LayerType swish_layer_type();
 LayerType slice_layer_type();
@@ -60,6 +61,7 @@ std::vector<LayerType> builtin_layer_types() {
       scale_layer_type(),
       sigmoid_layer_type(),
       sigmoid_cross_entropy_loss_layer_type(),
+      shuffle_channel_layer_type(),
       silence_layer_type(),
       slice_layer_type(),
       softmax_layer_type(),

@@ -116,6 +116,21 @@ class PermuteLayer final : public Layer {
   std::vector<int> order_;  // complete, set by setup
 };
 
+// Joins its inputs along the channels and shuffles them (ShuffleChannelParams): one
+// strided copy per input and group, per image where an input is not one whole group
+// (lib/layers/shuffle_channel.cpp).
+class ShuffleChannelLayer final : public Layer {
+ public:
+  ShuffleChannelLayer(std::string name, ShuffleChannelParams params);
+  const char* type() const override { return "ShuffleChannel"; }
+  std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
+  void forward(const LayerSlice& slice) override;
+  void backward(const LayerSlice& slice) override;
+
+ private:
+  ShuffleChannelParams param_;
+};
+
 // Pads with a constant (PadParams): a fill and one strided copy per block of the output
 // (lib/layers/pad.cpp).
 class PadLayer final : public Layer {

@@ -412,10 +412,17 @@ int Net::Impl::backward_from(int last) {
 namespace {
 
 // The net of a prototxt, or of an ONNX model: its layers carry their weights, which the
-// build loads (Net::Impl::build).
-pb::NetParameter read_model(const std::string& path) {
-  return detail::is_onnx_path(path) ? detail::read_onnx_model(path).net
-                                    : detail::read_net_prototxt(path);
+// build loads (Net::Impl::build). An ONNX graph's outputs are kept (`options.keep_blobs`),
+// as ONNX Runtime returns each: one that a later node reads too is then no Net output, and
+// its memory would otherwise be reused.
+pb::NetParameter read_model(const std::string& path, NetOptions& options) {
+  if (!detail::is_onnx_path(path)) return detail::read_net_prototxt(path);
+  detail::OnnxModel model = detail::read_onnx_model(path);
+  for (const std::string& output : model.outputs)
+    if (std::find(options.keep_blobs.begin(), options.keep_blobs.end(), output) ==
+        options.keep_blobs.end())
+      options.keep_blobs.push_back(output);
+  return std::move(model.net);
 }
 
 }  // namespace
@@ -429,7 +436,7 @@ Net::Net(const std::string& prototxt_path, Runtime& runtime, Driver& driver,
   impl_->driver = &driver;
   impl_->options = options;
   impl_->origin = prototxt_path;
-  impl_->build(read_model(prototxt_path));
+  impl_->build(read_model(prototxt_path, impl_->options));
 }
 
 Net::Net(const std::string& prototxt_path, Runtime& runtime, const Device& device,
@@ -439,7 +446,7 @@ Net::Net(const std::string& prototxt_path, Runtime& runtime, const Device& devic
   impl_->device = device;
   impl_->options = options;
   impl_->origin = prototxt_path;
-  impl_->build(read_model(prototxt_path));
+  impl_->build(read_model(prototxt_path, impl_->options));
 }
 
 std::unique_ptr<Net> Net::from_text(const std::string& prototxt_text, const std::string& origin,

@@ -544,6 +544,34 @@ void write_permute(Exporter& ex) {
   Exporter::attr(ex.node("Transpose", {x}, {ex.top(0)}), "perm", perm);
 }
 
+// ShuffleChannel: the bottoms joined by a Concat along the channels (more than one), then
+// PyTorch's channel_shuffle: Reshape [N, g, C/g, ...], Transpose (1 2), Reshape [N, C, ...]
+// (the batch copied: 0), which the importer reads back as one ShuffleChannel.
+void write_shuffle_channel(Exporter& ex) {
+  const Dims out = ex.shape(ex.layer().top(0));
+  const std::int64_t group = ex.layer().shuffle_channel_param().group();
+  if (out.size() < 2 || group < 1 || out[1] % group != 0)
+    ex.fail_layer("group {} for an output of {} axes", group, out.size());
+  std::string x = ex.bottom(0);
+  if (ex.layer().bottom_size() > 1) {
+    std::vector<std::string> parts;
+    for (int i = 0; i < ex.layer().bottom_size(); ++i)
+      parts.push_back(ex.bottom(i));
+    x = ex.temporary("/concat");
+    Exporter::attr(ex.node("Concat", parts, {x}, "/concat"), "axis", std::int64_t{1});
+  }
+  Dims split = {0, group, out[1] / group}, back = {0, out[1]}, perm = {0, 2, 1};
+  for (std::size_t a = 2; a < out.size(); ++a) {
+    split.push_back(out[a]);
+    back.push_back(out[a]);
+    perm.push_back(static_cast<std::int64_t>(a + 1));
+  }
+  const std::string grouped = ex.temporary("/groups"), swapped = ex.temporary("/transpose");
+  ex.node("Reshape", {x, ex.int64_initializer("groups_shape", split)}, {grouped}, "/groups");
+  Exporter::attr(ex.node("Transpose", {grouped}, {swapped}, "/transpose"), "perm", perm);
+  ex.node("Reshape", {swapped, ex.int64_initializer("shape", back)}, {ex.top(0)});
+}
+
 // Slice: Split, the sizes from the tops' shapes.
 void write_slice(Exporter& ex) {
   ex.bottoms(1);
@@ -603,6 +631,7 @@ constexpr LayerEntry kLayers[] = {
     {"Scale", write_scale},
     {"Split", write_split},
     {"Permute", write_permute},
+    {"ShuffleChannel", write_shuffle_channel},
     {"Slice", write_slice},
     {"Silence", write_silence},
     {"SoftmaxWithLoss", nullptr},

@@ -299,6 +299,158 @@ class Importer {
     }
     return false;
   }
+  // Whether `name` is a value whose values only one node input reads (a Shape node reads
+  // its shape only), not a graph output, nor the target of an alias (an Identity's reader
+  // would read it too).
+  bool sole_reader(const std::string& name) const {
+    auto count = value_readers_.find(name);
+    if (count == value_readers_.end() || count->second != 1 || outputs_.count(name) > 0)
+      return false;
+    return std::none_of(aliases_.begin(), aliases_.end(),
+                        [&](const auto& alias) { return alias.second == name; });
+  }
+  // The channel shuffle as PyTorch exports it (ShuffleNet's channel_shuffle): Reshape
+  // [N, C, ...] -> [N, g, C/g, ...], Transpose (1 2), and this node's Reshape back to
+  // [N, C, ...] (`shape` its target, 0 copying the batch), the first two the last layers
+  // written, each read only by the next: they become one ShuffleChannel layer, which also
+  // takes over a Concat along the channels just before them that only they read (a
+  // ShuffleNet v2 unit's). One pass instead of four copies. False where it does not apply.
+  bool fuse_shuffle(const Dims& shape) {
+    const int n = net_.layer_size();
+    if (n < 2) return false;
+    const pb::LayerParameter& permute = net_.layer(n - 1);
+    const pb::LayerParameter& split = net_.layer(n - 2);
+    const std::string x = resolve(node().input(0));
+    if (permute.type() != "Permute" || permute.top_size() != 1 || permute.top(0) != x ||
+        !sole_reader(x) || split.type() != "Reshape" || split.top_size() != 1 ||
+        permute.bottom(0) != split.top(0) || !sole_reader(split.top(0)))
+      return false;
+    const Dims in = dims_of(split.bottom(0)), mid = dims_of(split.top(0));
+    const std::size_t rank = in.size();
+    // The batch copied (0) or the input's own (a model exported with a fixed batch).
+    const auto keeps_batch = [&](std::int64_t d) { return d == 0 || (in[0] > 0 && d == in[0]); };
+    if (rank < 2 || mid.size() != rank + 1 || shape.size() != rank || !keeps_batch(shape[0]) ||
+        permute.permute_param().order_size() != static_cast<int>(rank + 1))
+      return false;
+    const pb::ReshapeParameter& first = split.reshape_param();
+    if (first.axis() != 0 || first.num_axes() != -1 || first.shape().dim_size() < 1 ||
+        !keeps_batch(first.shape().dim(0)))
+      return false;
+    for (std::size_t a = 0; a <= rank; ++a) {
+      const std::uint32_t want = a == 1 ? 2 : a == 2 ? 1 : static_cast<std::uint32_t>(a);
+      if (permute.permute_param().order(static_cast<int>(a)) != want) return false;
+    }
+    // Every dimension past the batch known and kept (one of them may be the -1 that takes
+    // what is left); the channels cut in two.
+    const auto inferred = std::count(shape.begin() + 1, shape.end(), std::int64_t{-1});
+    for (std::size_t a = 1; a < rank; ++a)
+      if (in[a] < 0 || (shape[a] != in[a] && !(shape[a] == -1 && inferred == 1)) ||
+          (a >= 2 && mid[a + 1] != in[a]))
+        return false;
+    if (mid[1] <= 0 || mid[2] <= 0 || mid[1] * mid[2] != in[1]) return false;
+    const std::int64_t group = mid[1];
+    std::vector<std::string> bottoms = {split.bottom(0)};
+    int first_fused = n - 2;
+    if (n >= 3) {
+      const pb::LayerParameter& concat = net_.layer(n - 3);
+      if (concat.type() == "Concat" && concat.top_size() == 1 && concat.top(0) == split.bottom(0) &&
+          concat.concat_param().axis() == 1 && !concat.concat_param().has_concat_dim() &&
+          sole_reader(concat.top(0))) {
+        bottoms.assign(concat.bottom().begin(), concat.bottom().end());
+        first_fused = n - 3;
+      }
+    }
+    while (net_.layer_size() > first_fused)
+      net_.mutable_layer()->RemoveLast();
+    pb::LayerParameter& layer = add_layer("ShuffleChannel", bottoms, {output(0)});
+    layer.mutable_shuffle_channel_param()->set_group(static_cast<std::uint32_t>(group));
+    infer_dims(layer);
+    return true;
+  }
+  // A slice [begin, end) of `x` along `axis` that lies in a piece an earlier Slice layer of
+  // x along that axis cut and left unused (its Silence layer's): that layer cuts it out for
+  // this node's output instead (PyTorch exports x.chunk(2, 1) as two Slice nodes: one
+  // layer, no Split of x and no Silence). False where no such piece exists.
+  bool join_slice(const std::string& x, std::int64_t axis, std::int64_t begin, std::int64_t end) {
+    const Dims d = dims_of(x);
+    if (axis < 0 || static_cast<std::size_t>(axis) >= d.size()) return false;
+    const std::int64_t size = d[static_cast<std::size_t>(axis)];
+    for (int l = net_.layer_size(); l-- > 0;) {
+      pb::LayerParameter& slice = *net_.mutable_layer(l);
+      if (slice.type() != "Slice" || slice.bottom_size() != 1 || slice.bottom(0) != x ||
+          slice.slice_param().axis() != axis || slice.slice_param().has_slice_dim() ||
+          slice.slice_param().slice_point_size() + 1 != slice.top_size())
+        continue;
+      std::int64_t from = 0;
+      for (int t = 0; t < slice.top_size(); ++t) {
+        const std::int64_t to =
+            t < slice.slice_param().slice_point_size() ? slice.slice_param().slice_point(t) : size;
+        const int silence = silence_of(slice.top(t));
+        if (silence < 0 || begin < from || end > to) {
+          from = to;
+          continue;
+        }
+        // Piece t becomes [from, begin) unused, [begin, end) this node's, [end, to) unused.
+        std::vector<std::string> tops(slice.top().begin(), slice.top().end());
+        std::vector<std::int64_t> points(slice.slice_param().slice_point().begin(),
+                                         slice.slice_param().slice_point().end());
+        std::vector<std::string> pieces, unused;
+        std::vector<std::int64_t> cuts;
+        if (begin > from) {
+          unused.push_back(fresh_value(fmt::format("{}/piece_{}_{}", x, from, begin)));
+          pieces.push_back(unused.back());
+          cuts.push_back(begin);
+        }
+        pieces.push_back(output(0));
+        if (end < to) {
+          cuts.push_back(end);
+          unused.push_back(fresh_value(fmt::format("{}/piece_{}_{}", x, end, to)));
+          pieces.push_back(unused.back());
+        }
+        const std::string old = tops[static_cast<std::size_t>(t)];
+        tops.erase(tops.begin() + t);
+        tops.insert(tops.begin() + t, pieces.begin(), pieces.end());
+        points.insert(points.begin() + t, cuts.begin(), cuts.end());
+        slice.clear_top();
+        for (const std::string& top : tops)
+          slice.add_top(top);
+        slice.mutable_slice_param()->clear_slice_point();
+        for (std::int64_t p : points)
+          slice.mutable_slice_param()->add_slice_point(static_cast<std::uint32_t>(p));
+        known_.insert(output(0));
+        for (const std::string& u : unused)
+          known_.insert(u);
+        infer_dims(slice);
+        // The Silence layer: without the piece now read, with the new unused ones.
+        pb::LayerParameter& quiet = *net_.mutable_layer(silence);
+        std::vector<std::string> bottoms;
+        for (const std::string& b : quiet.bottom())
+          if (b != old) bottoms.push_back(b);
+        bottoms.insert(bottoms.end(), unused.begin(), unused.end());
+        if (bottoms.empty()) {
+          net_.mutable_layer()->DeleteSubrange(silence, 1);
+        } else {
+          quiet.clear_bottom();
+          for (const std::string& b : bottoms)
+            quiet.add_bottom(b);
+        }
+        return true;
+      }
+    }
+    return false;
+  }
+  // The index of the Silence layer that alone reads `blob` (an unused piece), or -1.
+  int silence_of(const std::string& blob) const {
+    int found = -1;
+    for (int l = 0; l < net_.layer_size(); ++l) {
+      const pb::LayerParameter& layer = net_.layer(l);
+      if (std::find(layer.bottom().begin(), layer.bottom().end(), blob) == layer.bottom().end())
+        continue;
+      if (layer.type() != "Silence" || found >= 0) return -1;
+      found = l;
+    }
+    return found;
+  }
   void set_constant(const std::string& name, const onnx::TensorProto& tensor,
                     bool from_node = false) {
     constants_[name] =
@@ -360,14 +512,15 @@ class Importer {
   std::map<std::string, Constant> constants_;
   std::map<std::string, std::string> aliases_;
   std::map<std::string, Dims> dims_;
-  std::set<std::string> known_;         // values computed so far (blobs)
-  std::set<std::string> consumed_;      // values some node reads
-  std::map<std::string, int> readers_;  // how many node inputs name each value
-  std::set<std::string> outputs_;       // the graph's outputs
-  std::set<std::string> graph_inputs_;  // the graph's inputs that are not initializers
-  std::set<std::string> layer_names_;   // of the layers made so far
-  std::set<std::string> graph_values_;  // every value the graph names
-  std::map<std::string, Ints> ints_;    // folded integer values (int_value)
+  std::set<std::string> known_;               // values computed so far (blobs)
+  std::set<std::string> consumed_;            // values some node reads
+  std::map<std::string, int> readers_;        // how many node inputs name each value
+  std::map<std::string, int> value_readers_;  // of them, those not of Shape nodes
+  std::set<std::string> outputs_;             // the graph's outputs
+  std::set<std::string> graph_inputs_;        // the graph's inputs that are not initializers
+  std::set<std::string> layer_names_;         // of the layers made so far
+  std::set<std::string> graph_values_;        // every value the graph names
+  std::map<std::string, Ints> ints_;          // folded integer values (int_value)
 };
 
 // ---- constants ---------------------------------------------------------------------------
@@ -1222,6 +1375,7 @@ void convert_reshape(Importer& im) {
   }
   if (im.attr_int("allowzero", 0) != 0)
     im.fail_node("attribute 'allowzero' is 1: a 0 in the shape would mean a dimension of 0");
+  if (im.fuse_shuffle(shape)) return;
   pb::LayerParameter& layer = im.add_layer("Reshape", {x}, {im.output(0)});
   for (std::int64_t v : shape)
     layer.mutable_reshape_param()->mutable_shape()->add_dim(v);
@@ -1455,6 +1609,7 @@ void convert_slice(Importer& im) {
     im.alias(im.output(0), x);
     return;
   }
+  if (im.join_slice(x, axis, begin, end)) return;
   const std::int64_t n = d[static_cast<std::size_t>(axis)];
   Dims points;
   std::vector<std::string> tops;
@@ -1745,8 +1900,9 @@ void Importer::infer_dims(const pb::LayerParameter& layer) {
     return;
   } else if (type == "Flatten") {
     out = {in[0][0], product(in[0].begin() + 1, in[0].end())};
-  } else if (type == "Concat") {
-    const auto axis = static_cast<std::size_t>(layer.concat_param().axis());
+  } else if (type == "Concat" || type == "ShuffleChannel") {
+    const auto axis =
+        type == "Concat" ? static_cast<std::size_t>(layer.concat_param().axis()) : std::size_t{1};
     for (std::size_t i = 1; i < in.size() && axis < out.size(); ++i)
       out[axis] = in[i].size() == out.size() ? plus(out[axis], in[i][axis]) : -1;
   } else if (type == "Reshape") {
@@ -1834,6 +1990,7 @@ OnnxModel Importer::run() {
       consumed_.insert(in);
       graph_values_.insert(in);
       ++readers_[in];
+      if (n.op_type() != "Shape") ++value_readers_[in];
     }
     graph_values_.insert(n.output().begin(), n.output().end());
   }

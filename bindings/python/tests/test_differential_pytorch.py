@@ -6,11 +6,12 @@ max |reference| <= 1e-4) and every gradient, of inputs and parameters (relative 
 <= 1e-3), against torch.autograd. Where Caffe's convention differs from PyTorch's, the
 reference says so and follows Caffe's source (BVLC/caffe, src/caffe/layers/*.cpp).
 
-Layer types covered (lib/net/layer_factory.cpp lists 28, all of them): Accuracy (forward
+Layer types covered (lib/net/layer_factory.cpp lists 29, all of them): Accuracy (forward
 only: it has no gradient), BatchNorm, Clip, Concat, Convolution, Deconvolution, Dropout, Eltwise,
 EuclideanLoss,
 Flatten, InnerProduct, LogSoftmax, LRN, Pad, Permute, Pooling, ReLU, Reshape, Scale, Sigmoid,
-SigmoidCrossEntropyLoss, Silence, Slice, Softmax, SoftmaxWithLoss, Split, Swish, TanH. Left out: the data
+ShuffleChannel, SigmoidCrossEntropyLoss, Silence, Slice, Softmax, SoftmaxWithLoss, Split, Swish,
+TanH. Left out: the data
 layers (Input, DummyData, Data, ...), which take no bottoms and are handled by the Net, not
 computable as a standalone layer. A new layer type needs a generator in GENERATORS;
 test_every_layer_type_has_a_generator fails until it has one.
@@ -766,6 +767,28 @@ def gen_permute(rng):
                 [normal(rng, shape)], lambda xs, ps: [xs[0].permute(full)])
 
 
+def gen_shuffle_channel(rng):
+    axes = int(rng.randint(2, 6))
+    shape = list(random_shape(rng, axes))
+    group = int(rng.randint(1, 5))
+    channels = group * int(rng.randint(1, 4))
+    # 1 to 3 bottoms joined along the channels (hybridnn's extension), at random cuts.
+    count = int(rng.randint(0, 3)) if channels > 1 else 0
+    cuts = sorted(set(int(c) for c in rng.randint(1, max(channels, 2), size=count)))
+    sizes = [b - a for a, b in zip([0] + cuts, cuts + [channels])]
+    inputs = [normal(rng, tuple([shape[0], size] + shape[2:])) for size in sizes]
+    text = f" shuffle_channel_param {{ group: {group} }}" if group != 1 or rng.rand() < 0.5 else ""
+
+    def reference(xs, ps):
+        x = torch.cat(xs, 1)
+        rest = list(x.shape[2:])
+        return [x.reshape([x.shape[0], group, channels // group] + rest).transpose(1, 2)
+                .reshape([x.shape[0], channels] + rest)]
+
+    return Case(f'name: "shuffle" type: "ShuffleChannel"{text}', inputs, reference,
+                propagate=random_propagate(rng, len(inputs)))
+
+
 def gen_pad(rng):
     axes = int(rng.randint(2, 6))
     shape = random_shape(rng, axes)
@@ -1088,6 +1111,7 @@ GENERATORS = {
     "Split": (gen_split, 30),
     "Swish": (gen_swish, 30),
     "Permute": (gen_permute, 40),
+    "ShuffleChannel": (gen_shuffle_channel, 40),
     "Silence": (gen_silence, 10),
     "TanH": (gen_tanh, 30),
     "Clip": (gen_clip, 20),

@@ -563,6 +563,70 @@ def test_silu_reads_as_one_swish_layer_and_matches_pytorch(runtime, tmp_path):
     assert relative_error(got["r"], torch.sigmoid(y).numpy()) <= TOLERANCE
 
 
+class ShuffleUnits(torch.nn.Module):
+    """ShuffleNet v2's stride-1 unit twice over (x.chunk(2): two Slice nodes; cat; view,
+    transpose, view), then a shuffle of one input in 4 groups, then two slices that leave
+    pieces unread ([2, 4) and [6, 8) of 8 channels). With `keep_cat`, the first unit's
+    concatenation is also a graph output."""
+
+    def __init__(self, keep_cat):
+        super().__init__()
+        self.keep_cat = keep_cat
+        self.branch = torch.nn.Conv2d(4, 4, 3, padding=1)
+
+    @staticmethod
+    def shuffle(x, groups):
+        n, c, h, w = x.size()
+        return x.view(n, groups, c // groups, h, w).transpose(1, 2).contiguous().view(n, -1, h, w)
+
+    def forward(self, x):
+        a, b = x.chunk(2, dim=1)
+        cat = torch.cat((a, F.relu(self.branch(b))), dim=1)
+        x = self.shuffle(cat, 2)
+        a, b = x.chunk(2, dim=1)
+        x = self.shuffle(torch.cat((a, self.branch(b)), dim=1), 2)
+        x = self.shuffle(x, 4)
+        y = x[:, 2:4] + x[:, 6:8]
+        return (y, cat) if self.keep_cat else y
+
+
+@pytest.mark.parametrize("keep_cat", [False, True])
+def test_channel_shuffles_and_chunks_read_as_one_layer_each(runtime, tmp_path, keep_cat):
+    """PyTorch's channel shuffle (Reshape, Transpose, Reshape) becomes one ShuffleChannel
+    layer, with the Concat before it unless something else reads the Concat's output; the
+    Slice nodes of one input along one axis become one Slice layer. Forward and the export
+    back match PyTorch."""
+    torch.manual_seed(4)
+    model = ShuffleUnits(keep_cat).eval()
+    x = np.random.RandomState(9).standard_normal((2, 8, 5, 5)).astype(np.float32)
+    path = tmp_path / "units.onnx"
+    outputs = ["y", "cat"] if keep_cat else ["y"]
+    torch.onnx.export(model, torch.from_numpy(x), str(path), opset_version=13,
+                      input_names=["x"], output_names=outputs,
+                      dynamic_axes={"x": {0: "batch"}, **{o: {0: "batch"} for o in outputs}})
+    net = load(runtime, path, 2)
+    types = net.layer_types
+    assert types.count("ShuffleChannel") == 3
+    assert "Permute" not in types and "Reshape" not in types
+    assert types.count("Concat") == (1 if keep_cat else 0)
+    # Two chunks and the two slices of the shuffled x: one Slice layer each, the pieces no
+    # node reads ([0, 2) and [4, 6) of the last) silenced.
+    assert types.count("Slice") == 3 and types.count("Silence") == 1
+    with torch.no_grad():
+        want = model(torch.from_numpy(x))
+    want = want if keep_cat else (want,)
+    got = run(net, {"x": x})
+    for name, value in zip(outputs, want):
+        # "cat" is read inside the net too: no output of the Net's, a blob of it.
+        assert relative_error(np.array(net.blob(name).data), value.numpy()) <= TOLERANCE, name
+    written = tmp_path / "written.onnx"
+    net.save_onnx(str(written))
+    onnx.checker.check_model(str(written))
+    again = load(runtime, written, 2)
+    assert again.layer_types.count("ShuffleChannel") == 3
+    assert np.array_equal(run(again, {"x": x})[again.outputs[0]], got["y"])
+
+
 def test_the_shapes_of_pad_and_conv_transpose_outputs_feed_later_auto_pads(runtime, tmp_path):
     """auto_pad SAME needs its input's size: after a Pad and after a ConvTranspose the
     importer must know the sizes they make (each SAME here pads 0 before and 1 after; with
