@@ -607,6 +607,9 @@ std::vector<std::pair<hn::LoweringShape, index_t>> conv_cases() {
   cases.emplace_back(lowering(3, 32, 14, 14, 5, 5, 2, 2, 1, 1, 1, 1, 32), 32);
   cases.emplace_back(lowering(2, 48, 13, 11, 5, 5, 2, 2, 2, 2, 1, 1, 48), 48);
   cases.emplace_back(lowering(2, 16, 9, 12, 3, 5, 0, 1, 1, 2, 2, 1, 16), 16);
+  // ShuffleNet v2's: 58 channels (no whole vector of them), stride 2; and stride 1.
+  cases.emplace_back(lowering(2, 58, 12, 12, 3, 3, 1, 1, 2, 2, 1, 1, 58), 58);
+  cases.emplace_back(lowering(3, 29, 7, 7, 3, 3, 1, 1, 1, 1, 1, 1, 29), 29);
   cases.emplace_back(lowering(8, 16, 14, 14, 3, 3, 1, 1, 1, 1), 16);  // Winograd-sized batch
   return cases;
 }
