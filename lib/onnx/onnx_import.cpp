@@ -1383,12 +1383,16 @@ void convert_reshape(Importer& im) {
 
 void convert_batch_norm(Importer& im) {
   const std::string x = im.activation(0);
-  if (im.attr_int("training_mode", 0) != 0)
-    im.fail_node(
-        "attribute 'training_mode' is 1: the importer reads BatchNormalization on "
-        "stored statistics (a model exported for inference)");
+  // training_mode 1 (opset 14 on; PyTorch's export with TrainingMode.TRAINING): normalised by
+  // the batch's own statistics, in every phase (Caffe's use_global_stats: false), the stored
+  // ones a moving average with `momentum` the weight of the old (Caffe's
+  // moving_average_fraction). Its outputs 1 and 2 (the updated running statistics) are not
+  // computed: the BatchNorm keeps its own in its blobs.
+  const bool training = im.attr_int("training_mode", 0) != 0;
   im.only_outputs(1);
-  im.ignore("momentum");  // of the moving averages, which inference does not update
+  const float momentum = im.attr_float("momentum", 0.9f);
+  if (training && !(momentum >= 0.0f && momentum <= 1.0f))
+    im.fail_node("attribute 'momentum' is {}: a weight in [0, 1]", momentum);
   if (im.opset() < 9) im.ignore("spatial");
   const float eps = im.attr_float("epsilon", 1e-5f);
   const Constant& scale = im.constant_input(1, "scale");
@@ -1404,7 +1408,8 @@ void convert_batch_norm(Importer& im) {
   // In place where it can be, the Scale on the BatchNorm's top: the chain the Net fuses.
   const std::string y = im.in_place_output();
   pb::LayerParameter& bn = im.add_layer("BatchNorm", {x}, {y}, "/bn");
-  bn.mutable_batch_norm_param()->set_use_global_stats(true);
+  bn.mutable_batch_norm_param()->set_use_global_stats(!training);
+  if (training) bn.mutable_batch_norm_param()->set_moving_average_fraction(momentum);
   bn.mutable_batch_norm_param()->set_eps(eps);
   Importer::add_blob(bn, c, im.floats(mean, "mean"));
   Importer::add_blob(bn, c, im.floats(var, "variance"));

@@ -743,6 +743,43 @@ def test_hard_swish_of_opset_14_matches_pytorch(runtime, tmp_path):
     assert relative_error(got, F.hardswish(t(x)).numpy()) <= TOLERANCE
 
 
+def test_batch_norm_exported_for_training_normalises_by_the_batch(runtime, tmp_path):
+    """PyTorch's export with TrainingMode.TRAINING (opset 14): BatchNormalization with
+    training_mode 1 normalises by the batch's statistics, in the test phase too, as the
+    PyTorch module in train mode does; its input gradient matches too."""
+    torch.manual_seed(6)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4),
+                                torch.nn.ReLU())
+    with torch.no_grad():  # statistics and an affine far from the defaults
+        model[1].running_mean.uniform_(-1, 1)
+        model[1].running_var.uniform_(0.5, 2)
+        model[1].weight.uniform_(0.5, 2)
+        model[1].bias.uniform_(-1, 1)
+    model.train()
+    x = np.random.RandomState(8).standard_normal((3, 3, 6, 5)).astype(np.float32)
+    path = tmp_path / "bn.onnx"
+    torch.onnx.export(model, torch.from_numpy(x), str(path), opset_version=14,
+                      training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                      input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
+    node = next(n for n in onnx.load(str(path)).graph.node if n.op_type == "BatchNormalization")
+    assert any(a.name == "training_mode" and a.i == 1 for a in node.attribute)
+    xt = torch.from_numpy(x).requires_grad_(True)
+    want = model(xt)
+    net = load(runtime, path, 3, force_backward=True)
+    got = run(net, {"x": x})["y"]
+    assert relative_error(got, want.detach().numpy()) <= TOLERANCE
+    g = np.random.RandomState(9).standard_normal(got.shape).astype(np.float32)
+    net.blob("y").diff[...] = g
+    net.backward()
+    (want * torch.from_numpy(g)).sum().backward()
+    assert relative_error(np.array(net.blob("x").diff), xt.grad.numpy()) <= 1e-3
+    # The stored statistics would give another output: the batch's are the ones used.
+    model.eval()
+    with torch.no_grad():
+        assert relative_error(got, model(torch.from_numpy(x)).numpy()) > 0.01
+
+
 # ---- what the importer refuses ----------------------------------------------------------------
 
 def refused(runtime, path, batch=1):
