@@ -967,7 +967,40 @@ void convert_conv_transpose(Importer& im) {
   const std::string auto_pad = im.attr_string("auto_pad", "NOTSET");
   if (auto_pad != "NOTSET" && auto_pad != "VALID")
     im.fail_node("attribute 'auto_pad' is '{}': the importer reads NOTSET and VALID", auto_pad);
-  const Dims pads = auto_pad == "VALID" ? Dims(4, 0) : im.attr_ints("pads", Dims(4, 0));
+  Dims pads = auto_pad == "VALID" ? Dims(4, 0) : im.attr_ints("pads", Dims(4, 0));
+  Dims extra = im.attr_ints("output_padding", Dims{0, 0});
+  if (extra.size() != 2 || extra[0] < 0 || extra[1] < 0 || extra[0] > kMaxAttribute ||
+      extra[1] > kMaxAttribute)
+    im.fail_node("attribute 'output_padding' {}: 2 values in [0, {}]", dims_text(extra),
+                 kMaxAttribute);
+  if (const onnx::AttributeProto* shape = im.attribute("output_shape")) {
+    // ONNX's rule: the pads come from the output's size (those given are ignored), the
+    // larger half at the start under NOTSET. A Deconvolution pads both sides alike and
+    // adds rows at the end (output_pad): pad = the start's, output_pad = start - end +
+    // output_padding, which crops the same rows.
+    Dims out(shape->ints().begin(), shape->ints().end());
+    if (out.size() == 4) out.erase(out.begin(), out.begin() + 2);  // [N, C, H, W] given
+    const Dims in = im.dims_of(x);
+    if (auto_pad != "NOTSET" || out.size() != 2 || in.size() != 4 || in[2] < 0 || in[3] < 0)
+      im.fail_node(
+          "attribute 'output_shape' {} (auto_pad {}, input {}): the importer reads 2 spatial "
+          "sizes of a 4-D input of known size, auto_pad NOTSET",
+          dims_text(out), auto_pad, dims_text(in));
+    for (std::size_t a = 0; a < 2; ++a) {
+      const std::int64_t kernel = w.dims[2 + a];
+      const std::int64_t full =
+          stride[a] * (in[2 + a] - 1) + extra[a] + (kernel - 1) * dilation[a] + 1;
+      const std::int64_t total = full - out[a];
+      if (out[a] < 1 || total < 0)
+        im.fail_node(
+            "attribute 'output_shape' {}: axis {} of size {} needs negative pads (the "
+            "transposed convolution gives {})",
+            dims_text(out), a, out[a], full);
+      const std::int64_t start = total - total / 2, end = total / 2;
+      pads[a] = pads[a + 2] = start;
+      extra[a] += start - end;
+    }
+  }
   if (pads.size() != 4 || !symmetric(pads))
     im.fail_node(
         "attribute 'pads' {}: the importer reads 4 pads, equal on the two sides of each axis",
@@ -976,13 +1009,6 @@ void convert_conv_transpose(Importer& im) {
     if (p < 0 || p > kMaxAttribute)
       im.fail_node("attribute 'pads' {}: every pad must lie in [0, {}]", dims_text(pads),
                    kMaxAttribute);
-  const Dims extra = im.attr_ints("output_padding", Dims{0, 0});
-  if (extra.size() != 2 || extra[0] < 0 || extra[1] < 0 || extra[0] > kMaxAttribute ||
-      extra[1] > kMaxAttribute)
-    im.fail_node("attribute 'output_padding' {}: 2 values in [0, {}]", dims_text(extra),
-                 kMaxAttribute);
-  if (im.attribute("output_shape") != nullptr)
-    im.fail_node("attribute 'output_shape' is not read (give pads and output_padding instead)");
   const std::int64_t group = im.attr_int("group", 1);
   if (group < 1 || w.dims[0] % group != 0)
     im.fail_node("attribute 'group' is {}, which does not divide the {} input channels", group,

@@ -780,6 +780,26 @@ def test_batch_norm_exported_for_training_normalises_by_the_batch(runtime, tmp_p
         assert relative_error(got, model(torch.from_numpy(x)).numpy()) > 0.01
 
 
+@pytest.mark.parametrize("size", [[10, 8], [11, 9], [1, 1, 9, 7]])
+def test_conv_transpose_output_shape_sets_the_pads_as_onnx_does(runtime, tmp_path, size):
+    """ConvTranspose with output_shape (2 sizes, or [N, C, H, W]): the pads ONNX derives (the
+    larger half of the total at the start), checked against the full transposed convolution
+    cropped by hand."""
+    rng = np.random.RandomState(10)
+    x = rng_array(rng, 2, 3, 5, 4)
+    w = rng_array(rng, 3, 2, 3, 3)
+    b = rng_array(rng, 2)
+    path = one_node_model(tmp_path / "m.onnx", "ConvTranspose", {"x": x}, 4,
+                          {"strides": [2, 2], "output_shape": size}, {"w": w, "b": b})
+    got = run(load(runtime, path, 2), {"x": x})["y"]
+    full = F.conv_transpose2d(t(x), t(w), t(b), stride=2)  # 11 x 9
+    h, w_ = size[-2:]
+    top, left = (11 - h) - (11 - h) // 2, (9 - w_) - (9 - w_) // 2
+    want = full[:, :, top:top + h, left:left + w_]
+    assert got.shape == tuple(want.shape)
+    assert relative_error(got, want.numpy()) <= TOLERANCE
+
+
 # ---- what the importer refuses ----------------------------------------------------------------
 
 def refused(runtime, path, batch=1):
