@@ -1137,23 +1137,27 @@ void convert_pool(Importer& im) {
     im.fail_node("attribute 'storage_order' is 1 (column-major indices)");
   const Dims pads = node_pads(im, kernel, stride, dilation, spatial_dims(in));
   const bool ceil = im.attr_int("ceil_mode", 0) != 0;
-  // Unequal sides: for MaxPool in floor mode a Pad of the lowest float in front (no window
-  // lies wholly in the padding while pads are below the kernel); averages and ceil mode's
-  // last windows would count the padding differently.
-  if (!symmetric(pads) && (!max || ceil || pads[0] >= kernel[0] || pads[2] >= kernel[0] ||
-                           pads[1] >= kernel[1] || pads[3] >= kernel[1]))
+  // Unequal sides: in floor mode a Pad in front, for MaxPool of the lowest float (no window
+  // lies wholly in the padding while pads are below the kernel), for AveragePool with
+  // count_include_pad 1 of zeros (every window then divides by the kernel's cells, padded
+  // or not, as ONNX's does); count_include_pad 0 and ceil mode's last windows would count
+  // the padding differently.
+  const bool include_pad = !max && im.attr_int("count_include_pad", 0) != 0;
+  const bool max_padded = max && pads[0] < kernel[0] && pads[2] < kernel[0] &&
+                          pads[1] < kernel[1] && pads[3] < kernel[1];
+  if (!symmetric(pads) && (ceil || !(max ? max_padded : include_pad)))
     im.fail_node(
         "attribute 'pads' {} pads the two sides of an axis differently; the importer reads that "
-        "for MaxPool with ceil_mode 0 and pads below the kernel only",
+        "with ceil_mode 0 only, for MaxPool with pads below the kernel and for AveragePool with "
+        "count_include_pad 1",
         dims_text(pads));
   const auto [input, symmetric_pads] =
-      pad_in_front(im, x, pads, std::numeric_limits<float>::lowest());
+      pad_in_front(im, x, pads, max ? std::numeric_limits<float>::lowest() : 0.0f);
   const std::int64_t pad_h = symmetric_pads[0], pad_w = symmetric_pads[1];
   pb::PoolingParameter& p = pooling(input);
   // Without pads the two divisors agree; with them, Caffe's (the window clipped to the
   // padded input) is count_include_pad 1's as ONNX Runtime computes it.
-  if (!max && im.attr_int("count_include_pad", 0) == 0 && (pad_h > 0 || pad_w > 0))
-    p.set_count_include_pad(false);
+  if (!max && !include_pad && (pad_h > 0 || pad_w > 0)) p.set_count_include_pad(false);
   p.set_kernel_h(static_cast<std::uint32_t>(kernel[0]));
   p.set_kernel_w(static_cast<std::uint32_t>(kernel[1]));
   p.set_stride_h(static_cast<std::uint32_t>(stride[0]));

@@ -825,9 +825,24 @@ def test_an_unread_attribute_is_an_error(runtime, tmp_path):
     assert "unheard_of" in message and "Softmax" in message and "the_node" in message
 
 
+def test_unequal_pads_of_an_average_counting_the_padding_are_a_pad_in_front(runtime, tmp_path):
+    """AveragePool with count_include_pad 1 and unequal pads: zeros padded in front, every
+    window divided by the kernel's 9 cells (a naive reference: F.pad, then an unpadded
+    average)."""
+    x = np.random.RandomState(2).standard_normal((2, 2, 5, 6)).astype(np.float32)
+    path = one_node_model(tmp_path / "m.onnx", "AveragePool", {"x": x}, 4,
+                          {"kernel_shape": [3, 3], "pads": [0, 1, 1, 2], "strides": [2, 1],
+                           "count_include_pad": 1})
+    got = run(load(runtime, path, 2), {"x": x})["y"]
+    # ONNX's pads [h_begin, w_begin, h_end, w_end]; F.pad's (left, right, top, bottom).
+    want = F.avg_pool2d(F.pad(t(x), (1, 2, 0, 1)), 3, stride=(2, 1))
+    assert got.shape == tuple(want.shape)
+    assert relative_error(got, want.numpy()) <= TOLERANCE
+
+
 def test_unequal_pads_of_an_average_are_refused_not_approximated(runtime, tmp_path):
-    # A Conv's or a MaxPool's unequal pads become a Pad layer in front; an average's would
-    # count the padding differently.
+    # A Conv's or a MaxPool's unequal pads become a Pad layer in front; an average that
+    # leaves the padding out of its count (count_include_pad 0, the default) would count it.
     x = np.zeros((1, 2, 5, 5), np.float32)
     path = one_node_model(tmp_path / "m.onnx", "AveragePool", {"x": x}, 4,
                           {"kernel_shape": [3, 3], "pads": [0, 1, 1, 1]})
