@@ -347,7 +347,10 @@ class Importer {
       if (in[a] < 0 || (shape[a] != in[a] && !(shape[a] == -1 && inferred == 1)) ||
           (a >= 2 && mid[a + 1] != in[a]))
         return false;
-    if (mid[1] <= 0 || mid[2] <= 0 || mid[1] * mid[2] != in[1]) return false;
+    std::int64_t channels = 0;
+    if (mid[1] <= 0 || mid[2] <= 0 || __builtin_mul_overflow(mid[1], mid[2], &channels) ||
+        channels != in[1])
+      return false;
     const std::int64_t group = mid[1];
     std::vector<std::string> bottoms = {split.bottom(0)};
     int first_fused = n - 2;
@@ -981,7 +984,8 @@ void convert_conv_transpose(Importer& im) {
     Dims out(shape->ints().begin(), shape->ints().end());
     if (out.size() == 4) out.erase(out.begin(), out.begin() + 2);  // [N, C, H, W] given
     const Dims in = im.dims_of(x);
-    if (auto_pad != "NOTSET" || out.size() != 2 || in.size() != 4 || in[2] < 0 || in[3] < 0)
+    if (auto_pad != "NOTSET" || out.size() != 2 || in.size() != 4 || in[2] < 0 || in[3] < 0 ||
+        in[2] > kMaxDim || in[3] > kMaxDim)
       im.fail_node(
           "attribute 'output_shape' {} (auto_pad {}, input {}): the importer reads 2 spatial "
           "sizes of a 4-D input of known size, auto_pad NOTSET",
