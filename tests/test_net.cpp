@@ -142,6 +142,30 @@ TEST_CASE("weights written into a prototxt layer (Caffe's inline blobs) are its 
                     Contains("inline.prototxt") && Contains("'ip'"));
 }
 
+// Issue 35's recorded iterations (CUDA graphs; the GPU suite replays one): drivers whose
+// calls run as they are made record nothing, say so, and the net runs as before.
+TEST_CASE("a net on a driver that runs calls as they are made records no iteration") {
+  for (const char* device : {"reference", "cpu"}) {
+    INFO(device);
+    Fixture f{Device::parse(device)};
+    CHECK_FALSE(f.driver->records());
+    std::string why;
+    CHECK_FALSE(f.driver->begin_recording(why));
+    CHECK_THAT(why, Contains(device) && Contains("records none"));
+    auto net = Net::from_text(kSmallNet, "small.prototxt", f.runtime, *f.driver);
+    set_inputs(*net);
+    net->clear_param_diffs();
+    const float loss = net->forward_backward();
+    const std::vector<std::vector<float>> gradients = test::param_gradients(*net);
+    why.clear();
+    CHECK(net->record_iteration(why) == nullptr);
+    CHECK_THAT(why, Contains(device));
+    net->clear_param_diffs();
+    CHECK(net->forward_backward() == loss);
+    CHECK(test::param_gradients(*net) == gradients);
+  }
+}
+
 TEST_CASE("Net backward matches finite differences of the net loss") {
   Fixture f;
   NetOptions options;

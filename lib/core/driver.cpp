@@ -127,6 +127,16 @@ std::unique_ptr<Driver::Marks> Driver::make_marks(int) {
   return nullptr;
 }
 
+bool Driver::begin_recording(std::string& why) {
+  why = fmt::format("{} runs each call as it is made: it records none", name());
+  return false;
+}
+
+std::unique_ptr<Driver::Recording> Driver::end_recording(std::string& why) {
+  why = fmt::format("{} runs each call as it is made: it records none", name());
+  return nullptr;
+}
+
 std::string Driver::math_note(MathMode mode) const {
   if (mode == MathMode::fp32) return {};
   return fmt::format(

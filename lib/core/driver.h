@@ -152,6 +152,24 @@ class Driver {
   };
   virtual std::unique_ptr<Marks> make_marks(int count);
 
+  // ---- recordings: calls queued once, replayed as one launch ----------------------------
+  // A driver that queues its calls (a GPU's stream) can record the calls made between
+  // begin_recording() and end_recording() instead of running them, and replay them all as
+  // one launch (a CUDA graph): the same kernels on the same addresses with the same
+  // arguments, so only for work whose memory and arguments stay fixed (a net's iteration,
+  // its memory plan made). A call that waits for the device, copies through the host or
+  // allocates cannot be recorded: it throws, and end_recording() then fails. Both return
+  // false / nullptr with the reason in `why` where nothing was recorded (a driver whose calls
+  // run as they are made records nothing); nothing recorded has run.
+  class Recording {
+   public:
+    virtual ~Recording() = default;
+    virtual void replay() = 0;  // queues the recorded calls once more
+  };
+  virtual bool records() const { return false; }
+  virtual bool begin_recording(std::string& why);
+  virtual std::unique_ptr<Recording> end_recording(std::string& why);
+
   // ---- compute calls: the list, with each call's contract, is driver_calls.def ---------
 #define HN_CORE(RET, NAME, PARAMS, ARGS) RET NAME PARAMS;
 #define HN_OPTIONAL HN_CORE

@@ -538,6 +538,73 @@ void Net::backward() {
     l = impl_->backward_from(l);
 }
 
+namespace {
+// Layers that bring values in from the host: they run outside a recording.
+bool brings_data(const NetLayer& nl) {
+  return nl.kind == Kind::feed || nl.kind == Kind::input || nl.kind == Kind::dummy;
+}
+}  // namespace
+
+void Net::Impl::run_data_layers_for_recording() {
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    if (!brings_data(layers[l])) continue;
+    forward_layer(static_cast<int>(l));
+    for (int t : layers[l].tops)
+      data_of(t).read(*driver);  // the copy in, before the recorded layers read it
+  }
+}
+
+void Net::Impl::mark_replayed() {
+  const MemorySpace space = driver->memory_space();
+  const auto mark = [&](SyncedMemory& memory) {
+    if (memory.bytes() > 0 && memory.current_on(space)) memory.write(*driver);
+  };
+  for (const std::unique_ptr<SyncedMemory>& slot : slots)
+    if (slot) mark(*slot);
+  for (const NetParam& param : learnable) {
+    mark(param.tensor->data());
+    mark(param.tensor->diff());
+  }
+}
+
+std::unique_ptr<Driver::Recording> Net::record_iteration(std::string& why) {
+  why.clear();
+  Impl& m = *impl_;
+  for (const NetLayer& nl : m.layers) {
+    if (!nl.split.empty()) {
+      why = fmt::format("layer '{}' is split between devices: a recording holds one driver's calls",
+                        nl.param.name());
+      return nullptr;
+    }
+  }
+  if (model_parallel_ranks() > 1) {
+    why = "layers cut across ranks communicate inside the iteration";
+    return nullptr;
+  }
+  m.run_data_layers_for_recording();
+  m.data_batch++;  // the data layers fetched this iteration's batch
+  if (!m.driver->begin_recording(why)) return nullptr;
+  try {
+    for (int l = 0; l < num_layers();)
+      l = brings_data(m.layers[static_cast<std::size_t>(l)]) ? l + 1 : m.forward_from(l);
+    for (int l = num_layers() - 1; l >= 0;)
+      l = m.backward_from(l);
+  } catch (const std::exception& e) {
+    std::string ended;
+    m.driver->end_recording(ended);  // ends the capture; what it holds is dropped
+    why = e.what();
+    return nullptr;
+  }
+  return m.driver->end_recording(why);
+}
+
+void Net::replay_iteration(Driver::Recording& recording) {
+  impl_->run_data_layers_for_recording();
+  recording.replay();
+  impl_->data_batch++;
+  impl_->mark_replayed();
+}
+
 void Net::forward_layer(int index) {
   HN_CHECK(index >= 0 && index < num_layers(), "forward_layer({}): the net has {} layers", index,
            num_layers());

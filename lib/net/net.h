@@ -252,6 +252,15 @@ class Net {
   // fused into another (NetOptions::fuse_layers) does nothing: the other does its work.
   void forward_layer(int index);
   void backward_layer(int index);
+  // An iteration recorded on the Net's driver and replayed as one launch (a CUDA graph):
+  // forward then backward of every layer but the data layers, which run before each replay
+  // as in forward() (their copies from the host stay outside). nullptr, with the reason in
+  // `why`, where the driver records nothing (a CPU), the net is split or cut across ranks,
+  // or a layer's calls cannot be recorded (a wait for the device, a copy through the host);
+  // the recorded layers have not run then. replay_iteration runs one such iteration; the
+  // values it writes are the driver's (host reads copy them again); loss() is not updated.
+  std::unique_ptr<Driver::Recording> record_iteration(std::string& why);
+  void replay_iteration(Driver::Recording& recording);
   // Sums the weighted losses of the last forward.
   float loss() const;
   // Zeroes every learnable parameter's gradient.

@@ -247,6 +247,10 @@ struct Net::Impl {
   // that run cut alike with it, as one run; the next layer to run after them.
   int forward_from(int first);
   int backward_from(int last);
+  // Recordings (Net::record_iteration): the data layers, their tops then on the driver; what
+  // a replay wrote marked as the driver's.
+  void run_data_layers_for_recording();
+  void mark_replayed();
   // The run starting at `first`: the layer after it (before it in backward) and the calls
   // in it, in order (fewer than two: no run).
   int cut_alike_run(int first, bool backward, std::vector<int>& members,

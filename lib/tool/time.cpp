@@ -157,6 +157,10 @@ int run_time(const Args& args) {
   NetOptions options = net_options(args, phase);
   set_table_options(options, args, {"model_parallel"});
   options.force_backward = args.boolean("force-backward", true);
+  const std::string graphs_flag = args.text("graphs", "on");
+  if (graphs_flag != "on" && graphs_flag != "off")
+    throw UsageError(fmt::format("--graphs: expected on or off, got '{}'", graphs_flag));
+  const bool graphs = graphs_flag == "on";
 
   // Under mpirun: every rank times its own net, and backward overlaps the gradients'
   // allreduce as in training; rank 0 reports.
@@ -198,14 +202,33 @@ int run_time(const Args& args) {
   // which a split or a CPU pays and a GPU alone would not). Under mpirun the per-layer
   // iterations are the total.
   double whole_ms = 0.0;
+  // On a driver that records (a GPU), the whole iterations replay one recording of the
+  // layers (a CUDA graph; --graphs off: the calls one by one).
+  std::unique_ptr<Driver::Recording> recording;
   if (!sync) {
     net.forward();  // a second warm-up: the first timed iterations still varied by 2x
     net.backward();
     driver.synchronize();
+    if (graphs && driver.records() && !splits_chosen(args)) {
+      std::string why;
+      recording = net.record_iteration(why);
+      if (recording) {
+        net.replay_iteration(*recording);  // the graph's first launch uploads it
+        driver.synchronize();
+      } else {
+        fmt::print(stderr,
+                   "Note: {}: iterations not recorded as one graph ({}); timed call by call\n",
+                   driver.name(), why);
+      }
+    }
     const auto whole_start = Clock::now();
     for (int it = 0; it < iterations; ++it) {
-      net.forward();
-      net.backward();
+      if (recording) {
+        net.replay_iteration(*recording);
+      } else {
+        net.forward();
+        net.backward();
+      }
       driver.synchronize();
     }
     whole_ms = milliseconds_since(whole_start);
@@ -362,15 +385,15 @@ int run_time(const Args& args) {
                              json_string(args.has("split") ? args.text("split")
                                                            : "file " + args.text("split-file")));
     fmt::print(R"({{"total":true,"model":{},"phase":"{}","device":{}{},"math":"{}","batch":{},)"
-               R"("iterations":{},)"
+               R"("iterations":{},"graphs":{},)"
                R"("forward_ms":{},"backward_ms":{},"forward_backward_ms":{},"peak_rss_bytes":{},)"
                R"("param_bytes":{},"activation_bytes":{}{}}})"
                "\n",
                json_string(model), phase == Phase::train ? "train" : "test",
                json_string(driver.name()), split_field, math_mode_name(net.math_mode()),
-               net.batch_size(), iterations, json_number(forward_total / n),
-               json_number(backward_total / n), json_number(total_ms / n), peak_rss, param_bytes,
-               activation_bytes, comm_fields);
+               net.batch_size(), iterations, recording ? "true" : "false",
+               json_number(forward_total / n), json_number(backward_total / n),
+               json_number(total_ms / n), peak_rss, param_bytes, activation_bytes, comm_fields);
     return 0;
   }
   fmt::print("Average time per layer:\n");
@@ -424,7 +447,10 @@ Command time_command() {
       "waiting for it once per iteration; on a CPU, with a split or with --timeline, on\n"
       "the host, the drivers synchronised after each layer. The forward-backward total\n"
       "then comes from as many whole iterations, run as training runs them (no wait\n"
-      "between layers; under mpirun, the per-layer iterations themselves).\n"
+      "between layers; under mpirun, the per-layer iterations themselves); on a GPU alone\n"
+      "they replay one recording of the layers after the data layers, a CUDA graph, where\n"
+      "every layer's calls can be recorded (else a note says why; --graphs off: call by\n"
+      "call). The total line's \"graphs\" says which.\n"
       "The backward is complete, data gradients included (Caffe's force_backward), unless\n"
       "--no-force-backward. --json prints one line per layer {\"layer\",\"type\",\n"
       "\"forward_ms\",\"backward_ms\"} (convolutions add \"algorithm\", convolutions and\n"
@@ -463,6 +489,9 @@ Command time_command() {
       {"json", FlagKind::boolean, "", "print JSON lines instead of Caffe's text"},
       {"force-backward", FlagKind::boolean, "",
        "backward into every blob, inputs included (default; --no-force-backward: off)"},
+      {"graphs", FlagKind::text, "on|off",
+       "on a GPU alone, the whole iterations replay one recording of the layers, a CUDA graph "
+       "(default on)"},
   };
   for (FlagSpec& flag : tune_flags())
     command.flags.push_back(flag);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -136,6 +137,100 @@ TEST_CASE("a steady-state training iteration on cuda:0 allocates and frees nothi
                                               << " copies in, " << stats.to_host << " out");
   CHECK(stats.allocations == 0);
   CHECK(stats.frees == 0);
+}
+
+// Issue 35: an iteration recorded on cuda:0 (a CUDA graph) and replayed computes what the
+// same layers run call by call compute, bitwise, on the inputs in memory when it is
+// replayed; host reads after a replay see its results. A layer that reads a value back
+// inside the iteration (SoftmaxWithLoss's normalisation) cannot be recorded: the recording
+// fails, naming why, and the net runs as before.
+TEST_CASE("an iteration recorded on cuda:0 replays the layers' calls bitwise", "[cuda]") {
+  test::TempDir dir("hybridnn-cuda-graph");
+  const std::string layers = R"(
+layer { name: "data" type: "Input" top: "data" top: "label"
+  input_param { shape { dim: 8 dim: 3 dim: 12 dim: 12 } shape { dim: 8 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param { num_output: 6 kernel_size: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
+layer { name: "pool" type: "Pooling" bottom: "conv" top: "pool"
+  pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "pool" top: "ip"
+  inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "silence" type: "Silence" bottom: "label" }
+)";
+  Runtime runtime;
+  Driver& gpu = runtime.add(Device::parse("cuda:0"));
+  REQUIRE(gpu.records());
+  NetOptions options;
+  options.force_backward = true;
+  Net net(dir.write("graphed.prototxt", std::string("name: \"graphed\"") + layers), runtime, gpu,
+          options);
+  // The inputs and the output's gradient (where backward starts), on the GPU.
+  const auto set_inputs = [&](int seed) {
+    const BlobRef data = net.blob("data"), ip = net.blob("ip");
+    float* x = data.host_data_mut();
+    for (index_t i = 0; i < data.count(); ++i)
+      x[i] = std::sin(0.37f * static_cast<float>(i) + static_cast<float>(seed));
+    float* dy = ip.host_diff_mut();
+    for (index_t i = 0; i < ip.count(); ++i)
+      dy[i] = std::cos(0.11f * static_cast<float>(i * seed));
+    ip.diff->read(gpu);
+  };
+  // The parameters' gradients, the output and the data's gradient.
+  const auto results = [&] {
+    std::vector<std::vector<float>> r = test::param_gradients(net);
+    const BlobRef ip = net.blob("ip"), data = net.blob("data");
+    r.emplace_back(ip.host_data(), ip.host_data() + ip.count());
+    r.emplace_back(data.host_diff(), data.host_diff() + data.count());
+    return r;
+  };
+  const auto eager = [&] {
+    net.clear_param_diffs();
+    net.forward();
+    net.backward();
+    return results();
+  };
+  set_inputs(1);
+  const auto first = eager();  // cuDNN's plans and workspace made
+  std::string why;
+  net.clear_param_diffs();
+  const std::unique_ptr<Driver::Recording> recording = net.record_iteration(why);
+  INFO(why);
+  REQUIRE(recording != nullptr);
+  set_inputs(2);
+  net.clear_param_diffs();
+  net.replay_iteration(*recording);
+  const auto replayed = results();
+  set_inputs(2);
+  CHECK(replayed == eager());
+  CHECK(replayed != first);
+  set_inputs(1);
+  net.clear_param_diffs();
+  net.replay_iteration(*recording);
+  CHECK(results() == first);
+
+  // A wait inside a recording fails it; the driver runs calls again afterwards.
+  REQUIRE(gpu.begin_recording(why));
+  CHECK_THROWS(gpu.synchronize());
+  why.clear();
+  CHECK(gpu.end_recording(why) == nullptr);
+  CHECK(why.find("capture") != std::string::npos);
+  set_inputs(1);
+  CHECK(eager() == first);
+
+  // SoftmaxWithLoss reads its valid count back: not recordable, said, nothing lost.
+  std::string with_loss(layers);
+  with_loss.replace(with_loss.find("layer { name: \"silence\""), std::string::npos,
+                    "layer { name: \"loss\" type: \"SoftmaxWithLoss\" bottom: \"ip\" "
+                    "bottom: \"label\" top: \"loss\" }\n");
+  Net lossy(dir.write("lossy.prototxt", "name: \"lossy\"" + with_loss), runtime, gpu, options);
+  const BlobRef label = lossy.blob("label");
+  std::fill(label.host_data_mut(), label.host_data_mut() + label.count(), 1.0f);
+  const float loss = lossy.forward_backward();
+  why.clear();
+  CHECK(lossy.record_iteration(why) == nullptr);
+  CHECK(!why.empty());
+  CHECK(lossy.forward_backward() == loss);
 }
 
 }  // namespace

@@ -993,6 +993,12 @@ def time_math_modes(ctx):
     run, record = total()
     check(record["math"] == "FP32", f"default math: {record}")
     check("Note:" not in run.stderr, f"FP32 needs no note: {run.stderr}")
+    # Recorded iterations (CUDA graphs) are a GPU's: the CPU runs its calls one by one, and
+    # says nothing about it; --graphs takes on or off.
+    check(record["graphs"] is False, f"graphs on the CPU: {record}")
+    check(total("--graphs", "off")[1]["graphs"] is False, "--graphs off")
+    ctx.error("time", "--model", model, "--graphs", "maybe", code=2,
+              needles=["--graphs", "'maybe'", "on or off"])
     for flag, name in (("tf32", "TF32"), ("BF16", "BF16")):
         run, record = total("--math", flag)
         check(record["math"] == name, f"--math {flag}: {record}")

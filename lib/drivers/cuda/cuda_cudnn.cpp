@@ -10,6 +10,8 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,18 +51,20 @@ bool math_allowed(cudnnMathType_t math, MathMode mode) {
 }
 
 // Of cuDNN's ranking (by its heuristics, or by measured time), the first algorithm whose math
-// the mode allows, that sums directly and is deterministic (a run must be reproducible), or
-// need not be (HYBRIDNN_CUDNN_DETERMINISTIC=0); else the first allowed one that sums
-// directly; else the first allowed one; else the first.
+// the mode allows, that sums directly (or need not: HYBRIDNN_CUDNN_TRANSFORMS=1 lets FFT and
+// Winograd in) and is deterministic (a run must be reproducible), or need not be
+// (HYBRIDNN_CUDNN_DETERMINISTIC=0); else the first allowed one that sums directly; else the
+// first allowed one; else the first.
 template <class Perf>
-const Perf& pick_algorithm(const Perf* results, int count, MathMode mode, bool deterministic) {
+const Perf& pick_algorithm(const Perf* results, int count, MathMode mode, bool deterministic,
+                           bool transforms) {
   const Perf* direct = nullptr;
   const Perf* allowed = nullptr;
   for (int i = 0; i < count; ++i) {
     const Perf& r = results[i];
     if (r.status != CUDNN_STATUS_SUCCESS || !math_allowed(r.mathType, mode)) continue;
     if (allowed == nullptr) allowed = &r;
-    if (!sums_directly(r.algo)) continue;
+    if (!transforms && !sums_directly(r.algo)) continue;
     if (!deterministic || r.determinism == CUDNN_DETERMINISTIC) return r;
     if (direct == nullptr) direct = &r;
   }
@@ -77,6 +81,26 @@ bool offers(const Perf* results, int count, MathMode mode) {
     }
   }
   return false;
+}
+
+// HYBRIDNN_CUDNN_LOG=1: each convolution plan's candidates (cuDNN's ranking, with the
+// measured times under HYBRIDNN_CUDNN_ALGO=find) and choices on stderr, for GPU sessions.
+bool cudnn_logs() {
+  const char* value = std::getenv("HYBRIDNN_CUDNN_LOG");
+  return value != nullptr && std::strcmp(value, "1") == 0;
+}
+
+template <class Perf>
+std::string ranking(const Perf* results, int count) {
+  std::string text;
+  for (int i = 0; i < count; ++i) {
+    const Perf& r = results[i];
+    if (r.status != CUDNN_STATUS_SUCCESS) continue;
+    text += fmt::format(" {}:{:.3f}ms{}{}", static_cast<int>(r.algo), r.time,
+                        r.determinism == CUDNN_DETERMINISTIC ? "" : "(nondet)",
+                        r.mathType == CUDNN_FMA_MATH ? "" : "(tensor-op)");
+  }
+  return text;
 }
 
 bool fits_int(index_t value) {
@@ -411,8 +435,12 @@ ConvPlan CudaDriver::make_conv_plan(const char* call, const LoweringShape& s,
                 "cudnnGetConvolutionForwardAlgorithm_v7", "{}", what);
     }
     HN_CHECK(count > 0, "{}: cuDNN offers no forward algorithm", what);
-    const auto& best = pick_algorithm(results, count, math_mode(), cudnn_deterministic_);
+    const auto& best =
+        pick_algorithm(results, count, math_mode(), cudnn_deterministic_, cudnn_transforms_);
     plan.forward_algo = best.algo;
+    if (cudnn_logs())
+      fmt::print(stderr, "cuDNN {}: forward {} of{}\n", what, static_cast<int>(best.algo),
+                 ranking(results, count));
     check_dnn(cudnnGetConvolutionForwardWorkspaceSize(handle, plan.x.get(), plan.w.get(), conv,
                                                       plan.y.get(), best.algo, &plan.forward_bytes),
               "cudnnGetConvolutionForwardWorkspaceSize", "{}", what);
@@ -433,8 +461,12 @@ ConvPlan CudaDriver::make_conv_plan(const char* call, const LoweringShape& s,
                 "cudnnGetConvolutionBackwardDataAlgorithm_v7", "{}", what);
     }
     HN_CHECK(count > 0, "{}: cuDNN offers no backward data algorithm", what);
-    const auto& best = pick_algorithm(results, count, math_mode(), cudnn_deterministic_);
+    const auto& best =
+        pick_algorithm(results, count, math_mode(), cudnn_deterministic_, cudnn_transforms_);
     plan.data_algo = best.algo;
+    if (cudnn_logs())
+      fmt::print(stderr, "cuDNN {}: backward data {} of{}\n", what, static_cast<int>(best.algo),
+                 ranking(results, count));
     check_dnn(
         cudnnGetConvolutionBackwardDataWorkspaceSize(handle, plan.w.get(), plan.y.get(), conv,
                                                      plan.x.get(), best.algo, &plan.data_bytes),
@@ -456,8 +488,12 @@ ConvPlan CudaDriver::make_conv_plan(const char* call, const LoweringShape& s,
                 "cudnnGetConvolutionBackwardFilterAlgorithm_v7", "{}", what);
     }
     HN_CHECK(count > 0, "{}: cuDNN offers no backward filter algorithm", what);
-    const auto& best = pick_algorithm(results, count, math_mode(), cudnn_deterministic_);
+    const auto& best =
+        pick_algorithm(results, count, math_mode(), cudnn_deterministic_, cudnn_transforms_);
     plan.filter_algo = best.algo;
+    if (cudnn_logs())
+      fmt::print(stderr, "cuDNN {}: backward filter {} of{}\n", what, static_cast<int>(best.algo),
+                 ranking(results, count));
     check_dnn(
         cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, plan.x.get(), plan.y.get(), conv,
                                                        plan.w.get(), best.algo, &plan.filter_bytes),

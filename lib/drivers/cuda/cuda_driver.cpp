@@ -70,6 +70,14 @@ bool cudnn_deterministic() {
   return value == nullptr || std::strcmp(value, "0") != 0;
 }
 
+// FFT and Winograd convolutions too, where HYBRIDNN_CUDNN_TRANSFORMS=1: on an H200 they
+// halved ResNet-50's 3x3 convolutions (measured), but round further from the CPU's results
+// (1e-4 to 1e-3 of the largest value) than a split's slices may, so they are asked for.
+bool cudnn_transforms() {
+  const char* value = std::getenv("HYBRIDNN_CUDNN_TRANSFORMS");
+  return value != nullptr && std::strcmp(value, "1") == 0;
+}
+
 bool cudnn_for_depthwise() {
   const char* value = std::getenv("HYBRIDNN_CUDNN");
   return value == nullptr || std::strcmp(value, "own-depthwise") != 0;
@@ -119,6 +127,7 @@ const Cublas& cublas() {
     resolve(t.create, HN_CUBLAS_NAME(cublasCreate));
     resolve(t.destroy, HN_CUBLAS_NAME(cublasDestroy));
     resolve(t.set_stream, HN_CUBLAS_NAME(cublasSetStream));
+    resolve(t.set_workspace, HN_CUBLAS_NAME(cublasSetWorkspace));
     resolve(t.get_version, HN_CUBLAS_NAME(cublasGetVersion));
     resolve(t.sgemm, HN_CUBLAS_NAME(cublasSgemm_64));
     resolve(t.gemm_ex, HN_CUBLAS_NAME(cublasGemmEx_64));
@@ -149,6 +158,15 @@ CudaDriver::CudaDriver(const Device& device) : Driver(device), ordinal_(device.i
   check_blas(cublas().create(&blas), "cublasCreate", "device {}", ordinal_);
   blas_.reset(blas);
   check_blas(cublas().set_stream(blas, stream), "cublasSetStream", "driver stream");
+  // cuBLAS's workspace, given once (the size it takes by default on Hopper): left to itself
+  // it may allocate one while a graph is being captured, which capture forbids.
+  constexpr std::size_t kBlasWorkspaceBytes = std::size_t{32} << 20;
+  void* blas_workspace = nullptr;
+  check(cudaMalloc(&blas_workspace, kBlasWorkspaceBytes), "cudaMalloc",
+        "{} bytes of cuBLAS workspace", kBlasWorkspaceBytes);
+  blas_workspace_.reset(blas_workspace);
+  check_blas(cublas().set_workspace(blas, blas_workspace, kBlasWorkspaceBytes),
+             "cublasSetWorkspace", "{} bytes", kBlasWorkspaceBytes);
   int blas_version = 0;
   check_blas(cublas().get_version(blas, &blas_version), "cublasGetVersion", "handle");
 
@@ -184,12 +202,14 @@ CudaDriver::CudaDriver(const Device& device) : Driver(device), ordinal_(device.i
     cudnn_depthwise_ = cudnn_for_depthwise();
     cudnn_find_ = cudnn_measures();
     cudnn_deterministic_ = cudnn_deterministic();
+    cudnn_transforms_ = cudnn_transforms();
     description_ += fmt::format(
-        ", cuDNN {} (softmax, cross-channel LRN, convolution{}; {} algorithms{})",
+        ", cuDNN {} (softmax, cross-channel LRN, convolution{}; {} algorithms{}{})",
         cudnnGetVersion(),
         cudnn_depthwise_ ? ", depthwise too" : " except depthwise: HYBRIDNN_CUDNN=own-depthwise",
         cudnn_find_ ? "measured" : "heuristics'",
-        cudnn_deterministic_ ? "" : ", non-deterministic allowed");
+        cudnn_deterministic_ ? "" : ", non-deterministic allowed",
+        cudnn_transforms_ ? ", FFT and Winograd allowed" : "");
   } else {
     description_ += ", cuDNN off (HYBRIDNN_CUDNN=0)";
   }
@@ -357,6 +377,71 @@ class CudaMarks final : public Driver::Marks {
   CudaDriver& driver_;
   std::vector<EventHandle> events_;
 };
+
+// ---- recordings: CUDA graphs of the stream's work ---------------------------------
+
+class CudaRecording final : public Driver::Recording {
+ public:
+  CudaRecording(CudaDriver& driver, GraphExecHandle graph, bool checks_labels)
+      : driver_(driver), graph_(std::move(graph)), checks_labels_(checks_labels) {}
+  void replay() override {
+    HN_CHECK(!driver_.recording_, "{}: a recording replayed while recording another",
+             driver_.name());
+    driver_.activate();
+    driver_.check(cudaGraphLaunch(graph_.get(), driver_.stream()), "cudaGraphLaunch",
+                  "a recorded iteration");
+    // Its loss calls' label checks are reported at the next synchronising call, as theirs.
+    driver_.label_check_pending_ = driver_.label_check_pending_ || checks_labels_;
+  }
+
+ private:
+  CudaDriver& driver_;
+  GraphExecHandle graph_;
+  bool checks_labels_;
+};
+
+// Thread-local capture: a call of this thread that capture cannot hold (a wait for the
+// stream, an allocation) fails instead of running, and the capture with it.
+bool CudaDriver::begin_recording(std::string& why) {
+  HN_CHECK(!recording_, "{}: begin_recording while recording", name());
+  activate();
+  const cudaError_t status = cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    why = fmt::format("{}: cudaStreamBeginCapture failed: {}", name(), cuda_status_text(status));
+    return false;
+  }
+  recording_ = true;
+  pending_before_recording_ = label_check_pending_;
+  label_check_pending_ = false;
+  return true;
+}
+
+std::unique_ptr<Driver::Recording> CudaDriver::end_recording(std::string& why) {
+  HN_CHECK(recording_, "{}: end_recording without begin_recording", name());
+  activate();
+  recording_ = false;
+  const bool checks_labels = label_check_pending_;
+  label_check_pending_ = pending_before_recording_;  // nothing recorded has run
+  cudaGraph_t graph = nullptr;
+  cudaError_t status = cudaStreamEndCapture(stream(), &graph);
+  if (status != cudaSuccess || graph == nullptr) {
+    cudaGetLastError();
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    why = fmt::format("{}: the capture failed: {}{}", name(), cuda_status_text(status),
+                      why.empty() ? "" : fmt::format(" (after: {})", why));
+    return nullptr;
+  }
+  cudaGraphExec_t exec = nullptr;
+  status = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    why = fmt::format("{}: cudaGraphInstantiate failed: {}", name(), cuda_status_text(status));
+    return nullptr;
+  }
+  return std::make_unique<CudaRecording>(*this, GraphExecHandle(exec), checks_labels);
+}
 
 // TF32 and BF16 tensor cores came with compute capability 8 (Ampere); older GPUs compute
 // those modes in FP32. cuDNN has no BF16 convolution of FP32 data: BF16 runs them in TF32.

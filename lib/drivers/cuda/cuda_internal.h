@@ -39,12 +39,18 @@ struct EventDeleter {
 };
 using EventHandle = std::unique_ptr<CUevent_st, EventDeleter>;
 
+struct GraphExecDeleter {
+  void operator()(cudaGraphExec_t graph) const noexcept { cudaGraphExecDestroy(graph); }
+};
+using GraphExecHandle = std::unique_ptr<CUgraphExec_st, GraphExecDeleter>;
+
 // ---- cuBLAS, loaded when the first CUDA driver is made (cublas(), cuda_driver.cpp) ----
 
 struct Cublas {
   decltype(&cublasCreate) create = nullptr;
   decltype(&cublasDestroy) destroy = nullptr;
   decltype(&cublasSetStream) set_stream = nullptr;
+  decltype(&cublasSetWorkspace) set_workspace = nullptr;
   decltype(&cublasGetVersion) get_version = nullptr;
   decltype(&cublasSgemm_64) sgemm = nullptr;
   decltype(&cublasGemmEx_64) gemm_ex = nullptr;
@@ -135,6 +141,10 @@ class CudaDriver final : public Driver {
   // CUDA events on the driver's stream (cuda_driver.cpp).
   std::unique_ptr<Marks> make_marks(int count) override;
   std::string math_note(MathMode mode) const override;
+  // CUDA graphs: the stream's work captured, then launched as one graph (cuda_driver.cpp).
+  bool records() const override { return true; }
+  bool begin_recording(std::string& why) override;
+  std::unique_ptr<Recording> end_recording(std::string& why) override;
 
  protected:
   // ---- cuda_driver.cpp: memory, copies, synchronize -----------------------------------
@@ -235,6 +245,7 @@ class CudaDriver final : public Driver {
 
  private:
   friend class CudaMarks;
+  friend class CudaRecording;
   static constexpr std::size_t kReduceScratchBytes =
       cuda::kReduceMaxBlocks * sizeof(double) + sizeof(double);
 
@@ -322,6 +333,7 @@ class CudaDriver final : public Driver {
   bool cudnn_depthwise_ = false;     // cuDNN runs depthwise convolutions too (the default)
   bool cudnn_find_ = false;          // convolution algorithms measured (HYBRIDNN_CUDNN_ALGO)
   bool cudnn_deterministic_ = true;  // only deterministic ones (HYBRIDNN_CUDNN_DETERMINISTIC)
+  bool cudnn_transforms_ = false;    // FFT and Winograd too (HYBRIDNN_CUDNN_TRANSFORMS)
   int compute_major_ = 0;            // the GPU's compute capability, major: TF32 from 8
   std::map<ConvKey, ConvPlan> conv_plans_;
   std::vector<ConvKey> conv_plan_order_;  // insertion order, for eviction
@@ -335,6 +347,9 @@ class CudaDriver final : public Driver {
   DeviceMemory label_error_;          // cuda::LabelError, written by the loss kernels
   PinnedMemory label_error_host_;     // its copy, read by report_label_error
   bool label_check_pending_ = false;  // a loss call ran since the last report
+  bool recording_ = false;            // the stream is being captured (begin_recording)
+  bool pending_before_recording_ = false;
+  DeviceMemory blas_workspace_;  // cuBLAS's, set once: it allocates none while capturing
   mutable std::mutex allocations_mutex_;
   std::map<std::uintptr_t, std::size_t> allocations_;  // start -> bytes of live allocations
 };
