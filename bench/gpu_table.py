@@ -11,7 +11,9 @@ mode (FP32 with TF32 off; TF32 against PyTorch's defaults, TF32 convolutions; BF
 BF16 autocast with channels_last) and the ratio hybridnn / PyTorch (below 1: hybridnn is
 faster); then, where the call ran them, FP32 with cuDNN's algorithms measured
 (HYBRIDNN_CUDNN_ALGO=find), with non-deterministic ones allowed
-(HYBRIDNN_CUDNN_DETERMINISTIC=0) and with the baseline build. Times are ms per iteration,
+(HYBRIDNN_CUDNN_DETERMINISTIC=0), both, with FFT and Winograd too
+(HYBRIDNN_CUDNN_TRANSFORMS=1, deterministic or not), and with the baseline build; and whole
+iterations as one CUDA graph against call by call (--graphs on, off). Times are ms per iteration,
 forward and full backward.
 """
 
@@ -27,7 +29,9 @@ KEYS = {"bvlc_reference_caffenet": "caffenet", "resnet50": "resnet50",
 ORDER = ["caffenet", "googlenet", "resnet50", "mobilenet", "squeezenet"]
 # hybridnn's math mode -> the PyTorch mode it is compared with.
 PEERS = {"FP32": "fp32", "TF32": "default", "BF16": "bf16"}
-LABELS = ("baseline", "beside", "find", "nondet")
+# "findnondet" before "find", whose name it starts with.
+LABELS = ("baseline", "beside", "findnondet", "find", "nondet", "transforms", "fastest",
+          "graphson", "graphsoff", "cudnnlog")
 
 
 def totals(out):
@@ -96,18 +100,37 @@ def main():
             a, b = ours.get(("", key, batch, math)), theirs.get((key, batch, mode))
             cells += [cell(a), cell(b), ratio(a, b)]
         print("| " + " | ".join(cells) + " |")
-    extra = sorted({(k, b) for (label, k, b, _) in ours if label})
+    graphed = sorted({(k, b) for (label, k, b, _) in ours if label.startswith("graphs")},
+                     key=lambda kb: (ORDER.index(kb[0]) if kb[0] in ORDER else 99, kb[1]))
+    if graphed:
+        print("\nFP32 on cuda:0, whole iterations as one CUDA graph (--graphs on, the default) "
+              "and call by call (--graphs off), back to back\n")
+        print("| net | batch | graphs on | graphs off | on / off |")
+        print("|---|---|---|---|---|")
+        for key, batch in graphed:
+            on, off = ours.get(("graphson", key, batch, "FP32")), ours.get(
+                ("graphsoff", key, batch, "FP32"))
+            print(f"| {key} | {batch} | {cell(on)} | {cell(off)} | {ratio(on, off)} |")
+    extra = sorted({(k, b) for (label, k, b, _) in ours
+                    if label and not label.startswith("graphs") and label != "cudnnlog"})
     if extra:
         print("\nFP32 on cuda:0: this build; cuDNN's algorithms measured "
               "(HYBRIDNN_CUDNN_ALGO=find); non-deterministic ones allowed "
-              "(HYBRIDNN_CUDNN_DETERMINISTIC=0); the baseline build\n")
-        print("| net | batch | this build | measured | non-deterministic | baseline |")
-        print("|---|---|---|---|---|---|")
+              "(HYBRIDNN_CUDNN_DETERMINISTIC=0); both; measured with FFT and Winograd "
+              "(HYBRIDNN_CUDNN_TRANSFORMS=1); that and non-deterministic; the baseline build; "
+              "PyTorch FP32\n")
+        print("| net | batch | this build | measured | non-deterministic | both | transforms "
+              "| transforms, non-deterministic | baseline | PyTorch FP32 |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for key, batch in extra:
             print(f"| {key} | {batch} | {cell(ours.get(('', key, batch, 'FP32')))} | "
                   f"{cell(ours.get(('find', key, batch, 'FP32')))} | "
                   f"{cell(ours.get(('nondet', key, batch, 'FP32')))} | "
-                  f"{cell(ours.get(('baseline', key, batch, 'FP32')))} |")
+                  f"{cell(ours.get(('findnondet', key, batch, 'FP32')))} | "
+                  f"{cell(ours.get(('transforms', key, batch, 'FP32')))} | "
+                  f"{cell(ours.get(('fastest', key, batch, 'FP32')))} | "
+                  f"{cell(ours.get(('baseline', key, batch, 'FP32')))} | "
+                  f"{cell(theirs.get((key, batch, 'fp32')))} |")
     return 0
 
 

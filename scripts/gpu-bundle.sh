@@ -16,12 +16,15 @@
 #
 # Then, from the repository root on the GPU machine, `bash .gpu/run.sh` (every step under
 # `timeout` and within RUN_BUDGET_S, default 480 s, past which the steps left print SKIPPED)
-# runs, in this order: the GPU suite; CaffeNet, ResNet-50, MobileNet v1, GoogLeNet and
+# runs, in this order: the GPU suite; CaffeNet, SqueezeNet and GoogLeNet at batch 1, 8 and 32
+# with whole iterations as one CUDA graph and call by call (--graphs on, off), and cuDNN's
+# candidates per ResNet-50 convolution (HYBRIDNN_CUDNN_LOG=1, measured); CaffeNet, ResNet-50, MobileNet v1, GoogLeNet and
 # SqueezeNet v1.1 (batch 32, forward + backward) with `hybridnn time` on cuda:0 in each math
 # mode (--math fp32, tf32, bf16; the FP32 per-layer tables kept); the baseline tool, if any;
 # PyTorch's twins (bench/gpu_profile.py: FP32 with TF32 off, its defaults, BF16 autocast with
 # channels_last; SKIPPED without PyTorch or CUDA); FP32 with cuDNN's algorithms measured
-# (HYBRIDNN_CUDNN_ALGO=find) and with non-deterministic ones allowed; with --data, LeNet trained on Fashion-MNIST on cuda:0 in each mode;
+# (HYBRIDNN_CUDNN_ALGO=find), with non-deterministic ones allowed, both, and measured with
+# FFT and Winograd allowed (HYBRIDNN_CUDNN_TRANSFORMS=1), deterministic and not; with --data, LeNet trained on Fashion-MNIST on cuda:0 in each mode;
 # ResNet-50 and GoogLeNet at batch 128 in each mode, and their twins; torch.profiler's top
 # kernels and per-op table of ResNet-50; --split auto (each beside cuda:0 alone, back to
 # back), the CPU alone (ResNet-50 in BF16 too; at batch 2 and 8 too), the fixed splits
@@ -181,6 +184,24 @@ if ((rc != 125)); then
   note "GPU suite: exit $rc; $(grep -E 'test cases' "$OUT/cuda-tests.log" | tail -n 1)"
 fi
 
+echo "== whole iterations as one CUDA graph (the default) and call by call (--graphs off)"
+# Back to back per net and batch (not ResNet-50 or MobileNet: timed call by call either way
+# until BatchNorm's stored-statistics factor stops being read back in its forward).
+for net in bvlc_reference_caffenet squeezenet_v1.1 bvlc_googlenet; do
+  for batch in 1 8 32; do
+    for graphs in on off; do
+      LABEL=graphs$graphs time_net "$net" 20 60 10 --device cuda:0 --batch $batch --graphs $graphs
+    done
+  done
+done
+grep -h "^Note:" "$OUT"/graphson*.jsonl 2>/dev/null | sort -u | head -n 5
+# cuDNN's candidates and choices per convolution shape (HYBRIDNN_CUDNN_LOG=1), measured,
+# non-deterministic ones allowed: ResNet-50 at batch 32.
+HYBRIDNN_CUDNN_LOG=1 HYBRIDNN_CUDNN_ALGO=find HYBRIDNN_CUDNN_DETERMINISTIC=0 \
+  LABEL=cudnnlog time_net resnet50 2 60 10 --device cuda:0
+grep -h "^cuDNN " "$OUT"/cudnnlog*.jsonl >"$OUT/cudnn-resnet50-algorithms.txt" 2>/dev/null
+note "cuDNN's ResNet-50 candidates: $(wc -l <"$OUT/cudnn-resnet50-algorithms.txt") lines in $OUT/cudnn-resnet50-algorithms.txt"
+
 echo "== the zoo on cuda:0 in each math mode (batch 32, 10 iterations)"
 for net in $zoo; do
   for math in fp32 tf32 bf16; do
@@ -242,17 +263,31 @@ pytorch() {
 mkdir -p "$OUT/pytorch-b32" "$OUT/pytorch-b128"
 pytorch 32 caffenet,resnet50,mobilenet,googlenet,squeezenet 0 fp32,default,bf16
 
-echo "== cuDNN's algorithms measured, and non-deterministic ones allowed (FP32)"
-export HYBRIDNN_CUDNN_ALGO=find
-for net in resnet50 bvlc_googlenet mobilenet_v1; do
-  LABEL=find time_net "$net" 10 120 15 --device cuda:0
+echo "== cuDNN's algorithms measured, non-deterministic ones and FFT and Winograd allowed (FP32)"
+# Measured alone and non-deterministic alone changed ResNet-50 by +7 % and -3 % on an H200
+# (docs/benchmarks.md, 2026-11-28, second session), so they are no longer run. Both: the fastest measured algorithm, non-deterministic ones (PyTorch's default choice,
+# cuDNN's ALGO_0 gradients) included, with its per-layer table.
+export HYBRIDNN_CUDNN_ALGO=find HYBRIDNN_CUDNN_DETERMINISTIC=0
+for net in resnet50 bvlc_googlenet bvlc_reference_caffenet squeezenet_v1.1; do
+  LABEL=findnondet time_net "$net" 10 120 15 --device cuda:0
 done
-unset HYBRIDNN_CUDNN_ALGO
+log=$OUT/findnondetresnet50devicecuda0.jsonl
+[[ -s $log ]] && { echo "    fb_ms    fwd_ms    bwd_ms  layer                  type               algorithm"
+  layers "$log"; } >"$OUT/hybridnn-layers-resnet50-cuda0-findnondet.txt"
+# FFT and Winograd let in (HYBRIDNN_CUDNN_TRANSFORMS=1), measured: deterministic
+# (transforms), then non-deterministic ones too (fastest).
+export HYBRIDNN_CUDNN_TRANSFORMS=1 HYBRIDNN_CUDNN_DETERMINISTIC=1
+for net in resnet50 bvlc_googlenet bvlc_reference_caffenet squeezenet_v1.1 mobilenet_v1; do
+  LABEL=transforms time_net "$net" 10 120 15 --device cuda:0
+done
 export HYBRIDNN_CUDNN_DETERMINISTIC=0
-for net in resnet50 bvlc_googlenet mobilenet_v1; do
-  LABEL=nondet time_net "$net" 10 120 15 --device cuda:0
+for net in resnet50 bvlc_googlenet bvlc_reference_caffenet squeezenet_v1.1 mobilenet_v1; do
+  LABEL=fastest time_net "$net" 10 120 15 --device cuda:0
 done
-unset HYBRIDNN_CUDNN_DETERMINISTIC
+log=$OUT/fastestresnet50devicecuda0.jsonl
+[[ -s $log ]] && { echo "    fb_ms    fwd_ms    bwd_ms  layer                  type               algorithm"
+  layers "$log"; } >"$OUT/hybridnn-layers-resnet50-cuda0-fastest.txt"
+unset HYBRIDNN_CUDNN_ALGO HYBRIDNN_CUDNN_DETERMINISTIC HYBRIDNN_CUDNN_TRANSFORMS
 
 if [[ -d .gpu/fashion ]]; then
   echo "== LeNet on Fashion-MNIST on cuda:0 in each math mode"
