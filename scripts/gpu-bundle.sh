@@ -16,7 +16,7 @@
 #
 # Then, from the repository root on the GPU machine, `bash .gpu/run.sh` (every step under
 # `timeout` and within RUN_BUDGET_S, default 480 s, past which the steps left print SKIPPED)
-# runs, in this order: the GPU suite; CaffeNet, SqueezeNet and GoogLeNet at batch 1, 8 and 32
+# runs, in this order: the GPU suite; CaffeNet, SqueezeNet, GoogLeNet and ResNet-50 at batch 1, 8 and 32
 # with whole iterations as one CUDA graph and call by call (--graphs on, off), and cuDNN's
 # candidates per ResNet-50 convolution (HYBRIDNN_CUDNN_LOG=1, measured); CaffeNet, ResNet-50, MobileNet v1, GoogLeNet and
 # SqueezeNet v1.1 (batch 32, forward + backward) with `hybridnn time` on cuda:0 in each math
@@ -185,9 +185,8 @@ if ((rc != 125)); then
 fi
 
 echo "== whole iterations as one CUDA graph (the default) and call by call (--graphs off)"
-# Back to back per net and batch (not ResNet-50 or MobileNet: timed call by call either way
-# until BatchNorm's stored-statistics factor stops being read back in its forward).
-for net in bvlc_reference_caffenet squeezenet_v1.1 bvlc_googlenet; do
+# Back to back per net and batch.
+for net in bvlc_reference_caffenet squeezenet_v1.1 bvlc_googlenet resnet50; do
   for batch in 1 8 32; do
     for graphs in on off; do
       LABEL=graphs$graphs time_net "$net" 20 60 10 --device cuda:0 --batch $batch --graphs $graphs

@@ -3,6 +3,7 @@
 // statistics scaled by 1 / factor, in-place runs, splits, gradient checks and errors.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "hybridnn/error.h"
 #include "lib/core/runtime.h"
 #include "lib/layers/batch_norm_layer.h"
+#include "lib/net/net.h"
 #include "tests/layer_runs.h"
 #include "tests/support.h"
 
@@ -214,6 +216,63 @@ TEST_CASE("BatchNorm with global statistics uses the blobs scaled by 1 / factor"
         CHECK(hn::test::values(layer.params()[2]) == std::vector<float>{factor});
         CHECK(hn::test::values(layer.params()[0]) == std::vector<float>{2.0f, -1.0f, 0.5f});
       }
+    }
+  }
+}
+
+// The factor is read back from a separate-memory driver once per version of its blob (a
+// GPU's steady-state forward then waits for nothing, as a CUDA graph needs), and a new
+// value written to it is used at once: y against Caffe's formula, alone and fused with
+// Scale + ReLU.
+TEST_CASE("BatchNorm reads its stored statistics' factor once per change", "[layer][batch_norm]") {
+  hn::DriverOptions separate;
+  separate.set("separate_memory", true);
+  for (const bool fused : {false, true}) {
+    INFO((fused ? "fused with Scale and ReLU" : "alone"));
+    hn::Runtime runtime;
+    hn::Driver& driver = runtime.add(hn::Device{"reference", 0}, separate);
+    std::string text = R"(
+      layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 2 dim: 2 } } }
+      layer { name: "bn" type: "BatchNorm" bottom: "x" top: "y"
+              batch_norm_param { use_global_stats: true } })";
+    if (fused) {
+      text += R"(
+      layer { name: "scale" type: "Scale" bottom: "y" top: "y" scale_param { bias_term: true } }
+      layer { name: "relu" type: "ReLU" bottom: "y" top: "y" })";
+    }
+    auto net = hn::Net::from_text(text, "bn.prototxt", runtime, driver);
+    const std::vector<float> x = random_floats(24, 90, -2.0f, 2.0f);
+    std::copy(x.begin(), x.end(), net->blob("x").host_data_mut());
+    const auto& params = net->learnable_params();
+    REQUIRE(params.size() == (fused ? 5u : 3u));
+    const auto set = [](hn::Tensor& t, const std::vector<float>& v) {
+      std::copy(v.begin(), v.end(), static_cast<float*>(t.data().host_write()));
+    };
+    set(*params[0].tensor, {2.0f, -1.0f, 0.5f});
+    set(*params[1].tensor, {4.0f, 1.0f, 9.0f});
+    if (fused) {
+      set(*params[3].tensor, {1.0f, 1.0f, 1.0f});  // Scale's gamma and beta: identity
+      set(*params[4].tensor, {0.0f, 0.0f, 0.0f});
+    }
+    const Dims d{2, 3, 4};
+    const auto expected = [&](double factor) {
+      const Statistics st{{2.0 / factor, -1.0 / factor, 0.5 / factor},
+                          {4.0 / factor, 1.0 / factor, 9.0 / factor}};
+      std::vector<float> y = normalise(x, d, st);
+      if (fused)
+        for (float& v : y)
+          v = std::max(v, 0.0f);
+      return y;
+    };
+    for (const float factor : {2.0f, 4.0f}) {
+      INFO("factor " << factor);
+      set(*params[2].tensor, {factor});
+      net->forward();
+      const std::vector<float> first(net->blob("y").host_data(), net->blob("y").host_data() + 24);
+      CHECK(max_rel_diff(first, expected(factor)) <= kTolerance);
+      driver.reset_transfer_stats();
+      net->forward();
+      CHECK(driver.transfer_stats().to_host == 0);  // the factor was not read again
     }
   }
 }

@@ -85,10 +85,21 @@ AxisShape BatchNormLayer::row_planes(const LayerSlice& slice) const {
   return AxisShape{1, shape.outer * shape.channels, shape.inner, slice.inputs[0].layout};
 }
 
+float StoredFactor::read(Driver& driver, const Operand& weight) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (weight.version != 0 && weight.version == version_ && weight.data.address == at_)
+    return value_;
+  value_ = detail::read_scalar(driver, weight.x());
+  at_ = weight.data.address;
+  version_ = weight.version;
+  return value_;
+}
+
 void batch_norm_stored_statistics(Driver& driver, index_t channels, float eps,
                                   const Operand& mean_sum, const Operand& variance_sum,
-                                  const Operand& weight, float* neg_mean, float* inv_std) {
-  const float factor = detail::read_scalar(driver, weight.x());
+                                  const Operand& weight, StoredFactor& stored, float* neg_mean,
+                                  float* inv_std) {
+  const float factor = stored.read(driver, weight);
   const float scale = factor == 0.0f ? 0.0f : 1.0f / factor;
   driver.axpby(channels, -scale, mean_sum.x(), 0.0f, neg_mean);
   driver.axpby(channels, scale, variance_sum.x(), 0.0f, inv_std);
@@ -109,7 +120,7 @@ void BatchNormLayer::forward(const LayerSlice& slice) {
     float* neg_mean = slice.workspace.as<float>();
     float* inv_std = neg_mean + channels_;
     batch_norm_stored_statistics(driver, channels_, param_.eps, slice.params[0], slice.params[1],
-                                 slice.params[2], neg_mean, inv_std);
+                                 slice.params[2], stored_factor_, neg_mean, inv_std);
     detail::copy_floats(driver, count, x, y);
     driver.bias_forward(shape, neg_mean, y);
     driver.scale_channels(shape, inv_std, y, y);
@@ -230,7 +241,7 @@ void BatchNormLayer::backward(const LayerSlice& slice) {
     float* neg_mean = slice.workspace.as<float>();
     float* inv_std = neg_mean + channels_;
     batch_norm_stored_statistics(driver, channels_, param_.eps, slice.params[0], slice.params[1],
-                                 slice.params[2], neg_mean, inv_std);
+                                 slice.params[2], stored_factor_, neg_mean, inv_std);
     driver.scale_channels(shape, inv_std, slice.outputs[0].dx(), slice.inputs[0].mutable_dx());
     return;
   }

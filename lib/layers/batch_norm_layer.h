@@ -2,6 +2,8 @@
 // public API, lib/layers/batch_norm.h.
 #pragma once
 
+#include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -9,6 +11,22 @@
 #include "lib/layers/batch_norm.h"
 
 namespace hn {
+
+// The weight of BatchNorm's stored statistics (its third blob, one value), read back from
+// the driver once per version of the blob (Operand::version) instead of at every call: a
+// GPU's steady-state forward then waits for nothing, which a recorded iteration (a CUDA
+// graph) needs. An unknown version (0) is read every time. The slices of a split call it
+// from several threads.
+class StoredFactor {
+ public:
+  float read(Driver& driver, const Operand& weight);
+
+ private:
+  std::mutex mutex_;
+  const void* at_ = nullptr;
+  std::uint64_t version_ = 0;
+  float value_ = 0.0f;
+};
 
 // Input N x C x ... (channels = axis 1; 1 for a 1-axis input). Parameters, as Caffe's blobs
 // (never trained: Caffe fixes their lr_mult at 0):
@@ -62,12 +80,14 @@ class BatchNormLayer final : public Layer {
   BatchNormParams param_;
   Shape input_shape_;
   index_t channels_ = 0;
+  StoredFactor stored_factor_;
 };
 
 // From BatchNorm's three statistics blobs (sums of means and of variances, and their
 // weight): neg_mean = -mean and inv_std = (variance + eps)^-1/2 per channel.
 void batch_norm_stored_statistics(Driver& driver, index_t channels, float eps,
                                   const Operand& mean_sum, const Operand& variance_sum,
-                                  const Operand& weight, float* neg_mean, float* inv_std);
+                                  const Operand& weight, StoredFactor& factor, float* neg_mean,
+                                  float* inv_std);
 
 }  // namespace hn

@@ -184,7 +184,8 @@ void ScaleLayer::fused_forward(const LayerSlice& slice, const AxisShape& shape) 
   float* shift = slice.workspace.as<float>();
   float* inv_std = shift + shape.channels;
   batch_norm_stored_statistics(driver, shape.channels, fused_->eps, slice.params[own],
-                               slice.params[own + 1], slice.params[own + 2], shift, inv_std);
+                               slice.params[own + 1], slice.params[own + 2], stored_factor_, shift,
+                               inv_std);
   driver.norm_affine_forward(shape, slice.inputs[0].x(), shift, inv_std, slice.params[0].x(),
                              param_.bias_term ? slice.params[1].x() : nullptr,
                              !fused_->relu.empty(), fused_->relu_slope, slice.state[0].mutable_x(),
@@ -204,7 +205,8 @@ void ScaleLayer::fused_backward(const LayerSlice& slice, const AxisShape& shape)
     float* inv_std = shift + shape.channels;
     dx_scale = inv_std + shape.channels;
     batch_norm_stored_statistics(driver, shape.channels, fused_->eps, slice.params[own],
-                                 slice.params[own + 1], slice.params[own + 2], shift, inv_std);
+                                 slice.params[own + 1], slice.params[own + 2], stored_factor_,
+                                 shift, inv_std);
     driver.mul(shape.channels, slice.params[0].x(), inv_std, dx_scale);
   }
   float* dgamma = slice.params[0].diff.address != nullptr ? slice.params[0].mutable_dx() : nullptr;

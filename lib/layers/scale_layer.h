@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "lib/layers/batch_norm_layer.h"
 #include "lib/layers/scale.h"
 
 namespace hn {
@@ -56,6 +57,7 @@ class ScaleLayer final : public Layer {
   bool scale_is_input_ = false;
   bool splits_by_rows_ = false;
   std::optional<FusedNorm> fused_;
+  StoredFactor stored_factor_;  // the fused BatchNorm's
 };
 
 }  // namespace hn

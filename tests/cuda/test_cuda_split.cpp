@@ -141,9 +141,10 @@ TEST_CASE("a steady-state training iteration on cuda:0 allocates and frees nothi
 
 // Issue 35: an iteration recorded on cuda:0 (a CUDA graph) and replayed computes what the
 // same layers run call by call compute, bitwise, on the inputs in memory when it is
-// replayed; host reads after a replay see its results. A layer that reads a value back
-// inside the iteration (SoftmaxWithLoss's normalisation) cannot be recorded: the recording
-// fails, naming why, and the net runs as before.
+// replayed (a BatchNorm on stored statistics fused with Scale and ReLU among the layers);
+// host reads after a replay see its results. A layer that reads a value back inside the
+// iteration (SoftmaxWithLoss's normalisation) cannot be recorded: the recording fails,
+// naming why, and the net runs as before.
 TEST_CASE("an iteration recorded on cuda:0 replays the layers' calls bitwise", "[cuda]") {
   test::TempDir dir("hybridnn-cuda-graph");
   const std::string layers = R"(
@@ -151,6 +152,9 @@ layer { name: "data" type: "Input" top: "data" top: "label"
   input_param { shape { dim: 8 dim: 3 dim: 12 dim: 12 } shape { dim: 8 } } }
 layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
   convolution_param { num_output: 6 kernel_size: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "bn" type: "BatchNorm" bottom: "conv" top: "conv"
+  batch_norm_param { use_global_stats: true } }
+layer { name: "scale" type: "Scale" bottom: "conv" top: "conv" scale_param { bias_term: true } }
 layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
 layer { name: "pool" type: "Pooling" bottom: "conv" top: "pool"
   pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
@@ -165,6 +169,18 @@ layer { name: "silence" type: "Silence" bottom: "label" }
   options.force_backward = true;
   Net net(dir.write("graphed.prototxt", std::string("name: \"graphed\"") + layers), runtime, gpu,
           options);
+  // BatchNorm's stored statistics (mean 0.1, variance 2, factor 1) and Scale's gamma (1.5):
+  // fused with the ReLU, their factor read once, not inside the recording.
+  for (const NetParam& param : net.learnable_params()) {
+    const float value = param.layer == "bn"                          ? (param.index == 0   ? 0.1f
+                                                                        : param.index == 1 ? 2.0f
+                                                                                           : 1.0f)
+                        : param.layer == "scale" && param.index == 0 ? 1.5f
+                                                                     : std::nanf("");
+    if (std::isnan(value)) continue;
+    float* values = static_cast<float*>(param.tensor->data().host_write());
+    std::fill(values, values + param.tensor->count(), value);
+  }
   // The inputs and the output's gradient (where backward starts), on the GPU.
   const auto set_inputs = [&](int seed) {
     const BlobRef data = net.blob("data"), ip = net.blob("ip");
