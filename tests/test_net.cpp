@@ -164,6 +164,18 @@ TEST_CASE("a net on a driver that runs calls as they are made records no iterati
     CHECK(net->forward_backward() == loss);
     CHECK(test::param_gradients(*net) == gradients);
   }
+  // A split net is refused before any driver is asked: its calls run on several drivers.
+  Runtime runtime;
+  Driver& cpu = runtime.add(Device::parse("cpu"));
+  runtime.add(Device::parse("reference"));
+  NetOptions options;
+  options.split = Split::parse("cpu:0.5,reference:0.5");
+  auto split = Net::from_text(kSmallNet, "small.prototxt", runtime, cpu, options);
+  set_inputs(*split);
+  split->forward_backward();
+  std::string why;
+  CHECK(split->record_iteration(why) == nullptr);
+  CHECK_THAT(why, Contains("split") && Contains("'ip1'"));
 }
 
 TEST_CASE("Net backward matches finite differences of the net loss") {

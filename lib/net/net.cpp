@@ -571,9 +571,11 @@ std::unique_ptr<Driver::Recording> Net::record_iteration(std::string& why) {
   why.clear();
   Impl& m = *impl_;
   for (const NetLayer& nl : m.layers) {
-    if (!nl.split.empty()) {
-      why = fmt::format("layer '{}' is split between devices: a recording holds one driver's calls",
-                        nl.param.name());
+    if (!nl.split.empty() || !nl.output_cut.empty() || (nl.automatic && !nl.calibrated)) {
+      why = fmt::format(
+          "layer '{}' is split or cut between devices, or not yet placed: a recording holds the "
+          "calls of the Net's driver alone",
+          nl.param.name());
       return nullptr;
     }
   }
