@@ -90,17 +90,24 @@ bool cudnn_logs() {
   return value != nullptr && std::strcmp(value, "1") == 0;
 }
 
+// pick_algorithm's choice for one direction (`direction`: "forward", "backward data", ...),
+// printed with the candidates it was chosen from where HYBRIDNN_CUDNN_LOG=1.
 template <class Perf>
-std::string ranking(const Perf* results, int count) {
-  std::string text;
+const Perf& choose_algorithm(const Perf* results, int count, MathMode mode, bool deterministic,
+                             bool transforms, const std::string& what, const char* direction) {
+  const Perf& best = pick_algorithm(results, count, mode, deterministic, transforms);
+  if (!cudnn_logs()) return best;
+  std::string candidates;
   for (int i = 0; i < count; ++i) {
     const Perf& r = results[i];
     if (r.status != CUDNN_STATUS_SUCCESS) continue;
-    text += fmt::format(" {}:{:.3f}ms{}{}", static_cast<int>(r.algo), r.time,
-                        r.determinism == CUDNN_DETERMINISTIC ? "" : "(nondet)",
-                        r.mathType == CUDNN_FMA_MATH ? "" : "(tensor-op)");
+    candidates += fmt::format(" {}:{:.3f}ms{}{}", static_cast<int>(r.algo), r.time,
+                              r.determinism == CUDNN_DETERMINISTIC ? "" : "(nondet)",
+                              r.mathType == CUDNN_FMA_MATH ? "" : "(tensor-op)");
   }
-  return text;
+  fmt::print(stderr, "cuDNN {}: {} {} of{}\n", what, direction, static_cast<int>(best.algo),
+             candidates);
+  return best;
 }
 
 bool fits_int(index_t value) {
@@ -435,12 +442,9 @@ ConvPlan CudaDriver::make_conv_plan(const char* call, const LoweringShape& s,
                 "cudnnGetConvolutionForwardAlgorithm_v7", "{}", what);
     }
     HN_CHECK(count > 0, "{}: cuDNN offers no forward algorithm", what);
-    const auto& best =
-        pick_algorithm(results, count, math_mode(), cudnn_deterministic_, cudnn_transforms_);
+    const auto& best = choose_algorithm(results, count, math_mode(), cudnn_deterministic_,
+                                        cudnn_transforms_, what, "forward");
     plan.forward_algo = best.algo;
-    if (cudnn_logs())
-      fmt::print(stderr, "cuDNN {}: forward {} of{}\n", what, static_cast<int>(best.algo),
-                 ranking(results, count));
     check_dnn(cudnnGetConvolutionForwardWorkspaceSize(handle, plan.x.get(), plan.w.get(), conv,
                                                       plan.y.get(), best.algo, &plan.forward_bytes),
               "cudnnGetConvolutionForwardWorkspaceSize", "{}", what);
@@ -461,12 +465,9 @@ ConvPlan CudaDriver::make_conv_plan(const char* call, const LoweringShape& s,
                 "cudnnGetConvolutionBackwardDataAlgorithm_v7", "{}", what);
     }
     HN_CHECK(count > 0, "{}: cuDNN offers no backward data algorithm", what);
-    const auto& best =
-        pick_algorithm(results, count, math_mode(), cudnn_deterministic_, cudnn_transforms_);
+    const auto& best = choose_algorithm(results, count, math_mode(), cudnn_deterministic_,
+                                        cudnn_transforms_, what, "backward data");
     plan.data_algo = best.algo;
-    if (cudnn_logs())
-      fmt::print(stderr, "cuDNN {}: backward data {} of{}\n", what, static_cast<int>(best.algo),
-                 ranking(results, count));
     check_dnn(
         cudnnGetConvolutionBackwardDataWorkspaceSize(handle, plan.w.get(), plan.y.get(), conv,
                                                      plan.x.get(), best.algo, &plan.data_bytes),
@@ -488,12 +489,9 @@ ConvPlan CudaDriver::make_conv_plan(const char* call, const LoweringShape& s,
                 "cudnnGetConvolutionBackwardFilterAlgorithm_v7", "{}", what);
     }
     HN_CHECK(count > 0, "{}: cuDNN offers no backward filter algorithm", what);
-    const auto& best =
-        pick_algorithm(results, count, math_mode(), cudnn_deterministic_, cudnn_transforms_);
+    const auto& best = choose_algorithm(results, count, math_mode(), cudnn_deterministic_,
+                                        cudnn_transforms_, what, "backward filter");
     plan.filter_algo = best.algo;
-    if (cudnn_logs())
-      fmt::print(stderr, "cuDNN {}: backward filter {} of{}\n", what, static_cast<int>(best.algo),
-                 ranking(results, count));
     check_dnn(
         cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, plan.x.get(), plan.y.get(), conv,
                                                        plan.w.get(), best.algo, &plan.filter_bytes),
