@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs the libFuzzer targets (fuzz/, one per parser of outside input) for a time budget each,
 # starting from the committed seeds (fuzz/corpus/<target>/) and a working corpus that grows
-# across runs (build/fuzz/corpus/<target>/). Builds them in build/fuzz-build (clang, ASan +
-# UBSan + libFuzzer's coverage; apart from build/asan, whose tests that instrumentation
-# would slow down twofold).
+# across runs (build/fuzz/corpus/<target>/). Builds them in build/asan (clang, ASan + UBSan +
+# libFuzzer's coverage outside fuzz/coverage-ignore.txt), the tree of scripts/sanitize.sh
+# address: after that script, nothing is left to build.
 #
 #   scripts/fuzz.sh [--seconds N] [--runs R] [--jobs J] [TARGET...]
 #
@@ -40,9 +40,8 @@ fi
 scripts/setup.sh --sanitizers >/dev/null
 # shellcheck source=scripts/sanitizers/configure.sh
 source scripts/sanitizers/configure.sh
-sanitizer_configure build/fuzz-build address,undefined -DHYBRIDNN_FUZZ=ON -DHYBRIDNN_MPI=OFF \
-  -DHYBRIDNN_TESTS=OFF
-cmake --build build/fuzz-build -j "$(nproc)" --target "${targets[@]/#/fuzz_}"
+asan_configure
+cmake --build build/asan -j "$(nproc)" --target "${targets[@]/#/fuzz_}"
 
 export ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
@@ -54,7 +53,7 @@ run_target() {
   local status=0
   # -timeout: one input taking 10 s is a hang; -rss_limit_mb: the parsers must bound what
   # they allocate. The seeds are read, never written (new inputs go to the working corpus).
-  TMPDIR=$PWD/$work build/fuzz-build/bin/fuzz_"$target" "${budget[@]}" -timeout=10 \
+  TMPDIR=$PWD/$work build/asan/bin/fuzz_"$target" "${budget[@]}" -timeout=10 \
     -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$findings/" \
     "$corpus" "fuzz/corpus/$target" >"$log" 2>&1 || status=$?
   local executed coverage elapsed
