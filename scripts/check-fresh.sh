@@ -5,11 +5,15 @@
 # there with chroot: scripts/test.sh (the whole suite) and scripts/run.sh (the main job).
 # The root has no CUDA toolkit, so this is the CPU-only path a user without one gets.
 #
-#   scripts/check-fresh.sh [--keep] [--only test|run] [--min-accuracy A]
+#   scripts/check-fresh.sh [--keep] [--only test|run] [--min-accuracy A] [--cuda DIR]
 #
 # --keep leaves the root (its path is printed) for a look after a failure; --only runs one
 # of the two commands; --min-accuracy (default 0.85) is the least final test accuracy the
-# main job must reach. Each command's whole output goes to a log in build/check-fresh/;
+# main job must reach; --cuda DIR, after the two commands, mounts the CUDA toolkit DIR
+# (read-only, at its own path and as /usr/local/cuda) into the root and builds the CUDA
+# driver and its tests in the tree they built (only the CUDA files compile:
+# lib/drivers/cuda/CMakeLists.txt), then runs the tests (each reported skipped without a
+# GPU) -- CI's compile check of the CUDA code, without a second build of the rest. Each command's whole output goes to a log in build/check-fresh/;
 # a failing command's last lines are printed and the script exits non-zero. Needs root
 # (mmdebstrap, mounts, chroot); installs mmdebstrap when it is missing. Only committed work
 # is checked: uncommitted changes are not part of the clone.
@@ -20,17 +24,23 @@ repo=$PWD
 keep=0
 only=""
 min_accuracy=0.85
+cuda=""
 while (($#)); do
   case $1 in
     --keep) keep=1 ;;
     --only) only=${2:?--only needs test or run}; shift ;;
     --min-accuracy) min_accuracy=${2:?--min-accuracy needs a value}; shift ;;
+    --cuda) cuda=${2:?--cuda needs the CUDA toolkit directory}; shift ;;
     -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "check-fresh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 case $only in "" | test | run) ;; *) echo "check-fresh: --only takes test or run, not '$only'" >&2; exit 2 ;; esac
+if [[ -n $cuda && ! -x $cuda/bin/nvcc ]]; then
+  echo "check-fresh: --cuda $cuda: no bin/nvcc there" >&2
+  exit 2
+fi
 
 fail() { echo "check-fresh: error: $*" >&2; exit 1; }
 [[ $(id -u) -eq 0 ]] || fail "needs root (mmdebstrap --mode=root, bind mounts and chroot); run it with sudo"
@@ -139,3 +149,20 @@ if [[ $only != test ]]; then
   echo "check-fresh: main job final test accuracy $accuracy"
 fi
 echo "check-fresh: the README's commands work on a fresh Debian 12 root (commit ${head:0:12})"
+
+if [[ -n $cuda ]]; then
+  toolkit=$(readlink -f "$cuda")
+  mkdir -p "$root$toolkit"
+  mount --bind "$toolkit" "$root$toolkit"
+  mounted+=("$root$toolkit")
+  mount -o remount,bind,ro "$root$toolkit"
+  [[ $toolkit == /usr/local/cuda ]] || ln -sfn "$toolkit" "$root/usr/local/cuda"
+  # CMAKE_CUDA_COMPILER named: the first configure cached it as not found. The GPU tests
+  # exit 77 (every case skipped, with the reason) without a device.
+  step cuda in_root "export PATH=/usr/local/cuda/bin:\$PATH &&
+    cmake -S . -B build -DHYBRIDNN_CUDA=ON -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc &&
+    cmake --build build --target hybridnn-tests-cuda &&
+    { build/bin/hybridnn-tests-cuda; status=\$?; [[ \$status == 0 || \$status == 77 ]]; }"
+  tail -n 1 "$logs/cuda.log"
+  echo "check-fresh: the CUDA driver and its tests build in the same tree ($toolkit)"
+fi

@@ -73,25 +73,33 @@ else
     shards=$(nproc)
     dir=build/tsan/shards
     rm -rf "$dir" && mkdir -p "$dir"
-    "$bin" --list-test-names-only '[split],[comm],[feed],[runtime]' | sed '/^$/d' |
-      sed -e 's/[][\\,"*~]/\\&/g' |
+    # (Catch's exit status after a listing is the number of cases listed.)
+    names=$("$bin" --list-test-names-only '[split],[comm],[feed],[runtime]' | sed '/^$/d') || true
+    [[ -n $names ]] || { echo "sanitize: no test cases listed by $bin" >&2; exit 1; }
+    sed -e 's/[][\\,"*~]/\\&/g' <<<"$names" |
       awk -v dir="$dir" -v n="$shards" '{ print > (dir "/" (NR - 1) % n ".txt") }'
     pids=()
+    logs=()
     for list in "$dir"/*.txt; do
-      "$bin" -f "$list" >"${list%.txt}.log" 2>&1 &
+      logs+=("${list%.txt}.log")
+      "$bin" -f "$list" >"${logs[-1]}" 2>&1 &
       pids+=($!)
     done
     failed=0
+    ran=0
     for i in "${!pids[@]}"; do
       wait "${pids[i]}" || failed=1
-      tail -n 3 "$dir/$i.log"
+      tail -n 2 "${logs[i]}"
+      ran=$((ran + $(grep -oE 'in [0-9]+ test case' "${logs[i]}" | grep -oE '[0-9]+' || echo 0)))
     done
     if ((failed)); then
-      for log in "$dir"/*.log; do
+      for log in "${logs[@]}"; do
         grep -q 'All tests passed' "$log" || { echo "== $log"; cat "$log"; }
       done
       exit 1
     fi
+    listed=$(wc -l <<<"$names")
+    ((ran == listed)) || { echo "sanitize: $listed cases listed, $ran run (escaping?)" >&2; exit 1; }
   fi
 fi
 echo "sanitize $mode: no reports"
