@@ -13,8 +13,9 @@
 # (read-only, at its own path and as /usr/local/cuda) into the root and builds the CUDA
 # driver and its tests in the tree they built (only the CUDA files compile:
 # lib/drivers/cuda/CMakeLists.txt), then runs the tests (each reported skipped without a
-# GPU) -- CI's compile check of the CUDA code, without a second build of the rest. Each command's whole output goes to a log in build/check-fresh/;
-# a failing command's last lines are printed and the script exits non-zero. Needs root
+# GPU) -- CI's compile check of the CUDA code, without a second build of the rest. Each
+# command's whole output goes to a log in build/check-fresh/; a failing command's last
+# lines are printed and the script exits non-zero. Needs root
 # (mmdebstrap, mounts, chroot); installs mmdebstrap when it is missing. Only committed work
 # is checked: uncommitted changes are not part of the clone.
 set -euo pipefail
@@ -31,7 +32,7 @@ while (($#)); do
     --only) only=${2:?--only needs test or run}; shift ;;
     --min-accuracy) min_accuracy=${2:?--min-accuracy needs a value}; shift ;;
     --cuda) cuda=${2:?--cuda needs the CUDA toolkit directory}; shift ;;
-    -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "check-fresh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
