@@ -344,12 +344,16 @@ TEST_CASE("solver_update matches the reference for every rule on every driver",
   DYNAMIC_SECTION(config.label) {
     const auto oracle = make_reference();
     const auto driver = hn::make_driver(config.device, config.options);
-    // 100003 spans many blocks and goes parallel on a multi-threaded CPU driver.
+    // 100003 spans many blocks and goes parallel on a multi-threaded CPU driver (all rules
+    // but SGD): the split over threads, which no variant changes, runs the variant with
+    // every term only (all ten took 77 s of the suite under AddressSanitizer).
     for (const index_t n : {1, 3, 13, 97, 1031, 100003}) {
       INFO("n=" << n);
       const std::size_t count = static_cast<std::size_t>(n);
       for (const UpdateType type : kTypes) {
-        for (const SolverUpdate& u : variants(type)) {
+        std::vector<SolverUpdate> rules = variants(type);
+        if (n > 10000) rules.erase(rules.begin(), rules.end() - 1);
+        for (const SolverUpdate& u : rules) {
           INFO(label(u));
           State want = random_state(type, count, 70), got = want;
           for (int step = 0; step < 3; ++step) {
