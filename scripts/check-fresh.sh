@@ -118,7 +118,7 @@ step bootstrap mmdebstrap --variant=apt --mode=root --aptopt="$acquire" bookworm
 # The machine's own name, which a new machine's installer writes into /etc/hosts and a
 # bootstrapped root lacks (mmdebstrap copies /etc/hostname only): without it, each lookup of
 # the name (every mpirun's) waited for DNS to time out: 5.4 s per mpirun against 0.4.
-cp /etc/hosts "$root/etc/hosts"
+[[ -f /etc/hosts ]] && cp /etc/hosts "$root/etc/hosts"
 mkdir -p "$root/src"
 step clone git clone --quiet --no-checkout "$repo" "$root/src/hybridnn"
 git -C "$root/src/hybridnn" checkout --quiet "$head"
