@@ -7,7 +7,7 @@
 #
 #   scripts/fuzz.sh [--seconds N] [--runs R] [--jobs J] [TARGET...]
 #
-# --seconds: each target's budget (default 60; CI gives 30; run for hours by hand); --runs: stop a
+# --seconds: each target's budget (default 60; CI gives 10; run for hours by hand); --runs: stop a
 # target after R executions instead (its time is then unbounded unless --seconds is given
 # too); --jobs: targets run side by side (default 1). One line per target: executions, coverage, corpus size. A
 # finding (crash, sanitizer report, leak, timeout over 10 s, more than 2 GiB resident) stops
