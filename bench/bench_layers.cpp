@@ -88,8 +88,9 @@ LayersOptions parse_layers(const std::vector<std::string>& args) {
     } else if (arg == "--lowering") {
       const std::string& value = args[++i];
       bool known = false;
-      for (const Lowering l : {Lowering::automatic, Lowering::type1, Lowering::type3,
-                               Lowering::direct_1x1, Lowering::direct, Lowering::direct_plain}) {
+      for (const Lowering l :
+           {Lowering::automatic, Lowering::type1, Lowering::type3, Lowering::direct_1x1,
+            Lowering::direct, Lowering::direct_plain, Lowering::winograd}) {
         if (value == lowering_name(l)) {
           options.lowering = l;
           known = true;
@@ -122,6 +123,17 @@ ConvolutionParams conv(index_t num_output, index_t kernel, index_t stride, index
   return p;
 }
 
+// Whether a forced lowering can run the layer of `p` (the nets here give one kernel size and
+// at most one stride).
+bool lowering_applies(Lowering lowering, const ConvolutionParams& p) {
+  if (lowering == Lowering::type3) return p.group == 1;
+  if (lowering == Lowering::winograd) {
+    return p.group == 1 && p.kernel_size == std::vector<index_t>{3} &&
+           (p.stride.empty() || p.stride == std::vector<index_t>{1});
+  }
+  return true;
+}
+
 // CaffeNet (bvlc_reference_caffenet_deploy.prototxt) at batch n, without the dropout and
 // softmax layers.
 std::vector<NetLayer> caffenet(const LayersOptions& options) {
@@ -129,8 +141,8 @@ std::vector<NetLayer> caffenet(const LayersOptions& options) {
   std::vector<NetLayer> net;
   auto add_conv = [&](const char* name, Shape input, ConvolutionParams p) {
     p.chunk_bytes = options.chunk_bytes;
-    // A forced lowering applies where it can (type3: group 1 only).
-    if (options.lowering != Lowering::type3 || p.group == 1) p.lowering = options.lowering;
+    // A forced lowering applies where it can (type3: group 1 only; winograd: 3x3 stride 1).
+    if (lowering_applies(options.lowering, p)) p.lowering = options.lowering;
     auto layer = std::make_unique<ConvolutionLayer>(name, p);
     const Shape out = layer->setup({input}).at(0);
     // 2 * outputs * (C_in / group) * kernel_h * kernel_w: the weights of one output.
@@ -203,7 +215,7 @@ std::vector<NetLayer> lenet(const LayersOptions& options) {
   std::vector<NetLayer> net;
   auto add_conv = [&](const char* name, Shape input, ConvolutionParams p, bool data_gradient) {
     p.chunk_bytes = options.chunk_bytes;
-    if (options.lowering != Lowering::type3 || p.group == 1) p.lowering = options.lowering;
+    if (lowering_applies(options.lowering, p)) p.lowering = options.lowering;
     auto layer = std::make_unique<ConvolutionLayer>(name, p);
     const Shape out = layer->setup({input}).at(0);
     const double flops = 2.0 * out.count() * layer->params().at(0).count() / p.num_output;

@@ -2173,6 +2173,122 @@ TEST_CASE(
   }
 }
 
+// ---- Winograd convolution ------------------------------------------------------------
+
+// Winograd F(4x4, 3x3)'s error against the direct sum: its transforms multiply by
+// constants up to 5 (B^T), 8 (A^T) and down to 1/24 (G), and a tile's 36 points sum to its
+// outputs with cancellation, so each product's rounding error comes out amplified (Lavin
+// and Gray measured about 10x direct's error for this tile size). The bound is twice a
+// GEMM's of the same reduction length; measured on the cases below (random values in
+// [-1, 1)): at most 0.19 of a GEMM's bound forward, 0.21 for the data gradient, 0.31 for
+// the weight gradient and 0.51 on the 8-channel layer of several chunks.
+double winograd_tolerance(index_t k) {
+  return 2.0 * gemm_tolerance(k);
+}
+
+TEST_CASE(
+    "Winograd convolutions (LoweringShape::winograd) match the reference within Winograd's "
+    "bound on NCHW and blocked operands, across chunks of tiles and weight versions",
+    "[driver_ops][convolution][winograd]") {
+  using hn::Layout;
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    hn::Driver& d = *drivers.driver;
+    if (!d.capabilities().winograd) {
+      SUCCEED(d.name() << " has no Winograd convolution: it computes its direct one");
+      return;
+    }
+    std::uint32_t seed = 6700;
+    std::uint64_t last_version = 0;
+    const std::pair<hn::LoweringShape, index_t> convs[] = {
+        {hn::test::lowering(2, 16, 9, 7, 3, 3, 1, 1, 1, 1), 32},    // partial tiles
+        {hn::test::lowering(1, 3, 11, 13, 3, 3, 0, 0, 1, 1), 5},    // channels not a block
+        {hn::test::lowering(2, 24, 6, 10, 3, 3, 2, 2, 1, 1), 13},   // pad 2
+        {hn::test::lowering(1, 32, 5, 6, 3, 3, 1, 2, 1, 1), 48},    // unequal pads
+        {hn::test::lowering(3, 64, 7, 7, 3, 3, 1, 1, 1, 1), 64},    // ResNet-50's last 3x3
+        {hn::test::lowering(2, 1, 3, 3, 3, 3, 0, 0, 1, 1), 1},      // one output pixel
+        {hn::test::lowering(4, 8, 130, 126, 3, 3, 1, 1, 1, 1), 8},  // several chunks of tiles
+    };
+    const Layout layouts[] = {Layout::nchw, Layout::nchw8c, Layout::nchw16c};
+    for (const auto& conv : convs) {
+      const auto& base = conv.first;
+      const auto out_channels = conv.second;
+      for (const Layout in_layout : layouts) {
+        for (const Layout out_layout : layouts) {
+          if (base.channels % hn::layout_block(in_layout) != 0 ||
+              out_channels % hn::layout_block(out_layout) != 0 ||
+              (in_layout != Layout::nchw && out_layout != Layout::nchw &&
+               in_layout != out_layout)) {
+            continue;
+          }
+          if ((in_layout != Layout::nchw || out_layout != Layout::nchw) &&
+              !d.capabilities().blocked_layout) {
+            continue;
+          }
+          hn::LoweringShape shape = base;
+          shape.layout = in_layout;
+          shape.out_layout = out_layout;
+          shape.winograd = true;
+          INFO(shape.to_string() << " out_channels=" << out_channels);
+          const index_t oh = shape.out_h(), ow = shape.out_w();
+          const auto in_tested = [&](const std::vector<float>& v, bool back = false) {
+            return back ? relaid(v, shape.batch, shape.channels, shape.height, shape.width,
+                                 in_layout, Layout::nchw)
+                        : relaid(v, shape.batch, shape.channels, shape.height, shape.width,
+                                 Layout::nchw, in_layout);
+          };
+          const auto out_tested = [&](const std::vector<float>& v, bool back = false) {
+            return back ? relaid(v, shape.batch, out_channels, oh, ow, out_layout, Layout::nchw)
+                        : relaid(v, shape.batch, out_channels, oh, ow, Layout::nchw, out_layout);
+          };
+          hn::LoweringShape plain = base;
+          const index_t x_count = shape.image_count(),
+                        y_count = shape.batch * out_channels * oh * ow;
+          const index_t w_count = conv_weight_count(shape, out_channels);
+          const std::vector<float> xv = random_floats(x_count, seed++),
+                                   dyv = random_floats(y_count, seed++);
+          const TwinArray x(drivers, xv, in_tested(xv)), dy(drivers, dyv, out_tested(dyv));
+          const TwinArray bias(drivers, random_floats(out_channels, seed++));
+          const TwinArray y(drivers, constant(y_count, -7777.0f), constant(y_count, kNaN));
+          const TwinArray dx(drivers, constant(x_count, -7777.0f), constant(x_count, kNaN));
+          const TwinArray dw(drivers, constant(w_count, 0.5f)),
+              db(drivers, constant(out_channels, 0.5f));
+          // Two versions of new weights at one address: the second call must not reuse the
+          // first's transformed weights. (Versions name contents once: Tensor's counter.)
+          const TwinArray w(drivers, constant(w_count, 0.0f));
+          for (int round = 0; round < 2; ++round) {
+            const std::uint64_t version = ++last_version;
+            INFO("weights version " << version);
+            const std::vector<float> values = random_floats(w_count, seed++);
+            drivers.oracle->copy_from_host(w[Side::oracle], values.data(),
+                                           values.size() * sizeof(float));
+            d.copy_from_host(w[Side::tested], values.data(), values.size() * sizeof(float));
+            shape.weights_version = version;
+            const hn::Activation relu = hn::Activation::relu(round == 0 ? 0.0f : 0.125f);
+            drivers.oracle->conv_forward_activation(plain, out_channels, x[Side::oracle],
+                                                    w[Side::oracle], bias[Side::oracle], relu,
+                                                    y[Side::oracle]);
+            drivers.oracle->conv_backward(plain, out_channels, x[Side::oracle], w[Side::oracle],
+                                          dy[Side::oracle], dx[Side::oracle], dw[Side::oracle],
+                                          db[Side::oracle]);
+            d.conv_forward_activation(shape, out_channels, x[Side::tested], w[Side::tested],
+                                      bias[Side::tested], relu, y[Side::tested]);
+            d.conv_backward(shape, out_channels, x[Side::tested], w[Side::tested], dy[Side::tested],
+                            dx[Side::tested], dw[Side::tested], db[Side::tested]);
+            check_close(out_tested(y.tested(), true), y.oracle(),
+                        winograd_tolerance(shape.channels * 9));
+            check_close(in_tested(dx.tested(), true), dx.oracle(),
+                        winograd_tolerance(out_channels * 9));
+            check_close(dw.tested(), dw.oracle(), winograd_tolerance(shape.batch * oh * ow));
+            check_close(db.tested(), db.oracle(), gemm_tolerance(shape.batch * oh * ow));
+          }
+        }
+      }
+    }
+  }
+}
+
 // ---- BatchNorm + Scale + ReLU fused -------------------------------------------------
 
 TEST_CASE(

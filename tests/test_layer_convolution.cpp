@@ -125,6 +125,10 @@ std::vector<Lowering> lowerings_for(const Case& c) {
       g.pad_w == 0) {
     list.push_back(Lowering::direct_1x1);
   }
+  if (c.params.group == 1 && g.kernel_h == 3 && g.kernel_w == 3 && g.stride_h == 1 &&
+      g.stride_w == 1 && g.dilation_h == 1 && g.dilation_w == 1 && g.pad_h <= 2 && g.pad_w <= 2) {
+    list.push_back(Lowering::winograd);
+  }
   return list;
 }
 
@@ -508,8 +512,9 @@ TEST_CASE("Convolution choose rejects a lowering the shape does not allow, namin
 }
 
 TEST_CASE(
-    "A convolution on blocked operands tunes the driver's blocked kernels against its NCHW ones, "
-    "keyed by the layouts, and a driver without blocked kernels keeps every candidate",
+    "A convolution on blocked operands tunes the driver's blocked kernels against its NCHW ones "
+    "and its Winograd, keyed by the layouts, and a driver without blocked kernels keeps every "
+    "candidate",
     "[layer][convolution][tune]") {
   const auto cpu = hn::make_driver(hn::Device{"cpu", 0});
   const auto reference = hn::make_driver(hn::Device{"reference", 0});
@@ -517,7 +522,8 @@ TEST_CASE(
   hn::ConvolutionLayer layer("conv_b", square(16, 3, 1, 1));
   layer.setup({Shape{2, 16, 6, 6}});
   layer.use_layouts({hn::Layout::nchw}, {blocked});
-  CHECK(layer.candidates(*cpu) == std::vector<Lowering>{Lowering::direct, Lowering::direct_plain});
+  CHECK(layer.candidates(*cpu) ==
+        std::vector<Lowering>{Lowering::direct, Lowering::direct_plain, Lowering::winograd});
   CHECK(layer.candidates(*reference) ==
         std::vector<Lowering>{Lowering::direct, Lowering::type3, Lowering::type1});
   CHECK_THAT(

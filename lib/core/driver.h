@@ -42,6 +42,9 @@ struct Capabilities {
   // layers (NetOptions::blocked_layout): the CPU driver's is nChw16c with AVX-512, nChw8c
   // with AVX2 only (oneDNN's block, its vector width).
   Layout preferred_blocked_layout = Layout::nchw16c;
+  // conv_* compute 3x3 stride-1 ungrouped convolutions with Winograd's algorithm where the
+  // shape asks for it (LoweringShape::winograd), on NCHW and blocked operands alike.
+  bool winograd = false;
 };
 
 // One piece of memory a call reads or writes (Driver::*_operands).

@@ -88,6 +88,9 @@ struct LoweringShape {
   // reorders them in and out), so the tuner can measure a plain-layout kernel against the
   // blocked one (Lowering::direct_plain). A driver with one layout of its own ignores it.
   bool plain_kernel = false;
+  // Direct convolution calls: compute with the driver's Winograd convolution (a 3x3 kernel,
+  // stride 1; Lowering::winograd), where the driver has one (Capabilities::winograd).
+  bool winograd = false;
   // conv_forward(_activation): when not 0, names the weights' contents (Tensor versions,
   // lib/core/tensor.h): every call with the same weights address and version has the same
   // weights, so a driver may keep them in its own layout between calls. 0: unknown.

@@ -1,5 +1,6 @@
-// Convolution algorithms direct and direct_plain: the driver's own convolution (oneDNN on the
-// CPU, cuDNN on CUDA), no lowering; direct_plain asks for its NCHW kernels.
+// Convolution algorithms direct, direct_plain and winograd: the driver's own convolution
+// (oneDNN on the CPU, cuDNN on CUDA), no lowering; direct_plain asks for its NCHW kernels,
+// winograd for its Winograd convolution (the CPU driver's, conv_winograd.h).
 #include "lib/layers/conv_algorithm.h"
 
 namespace hn::detail {
@@ -8,13 +9,20 @@ namespace {
 
 class DriverConvolution final : public ConvAlgorithm {
  public:
-  explicit DriverConvolution(bool plain_kernel) : plain_kernel_(plain_kernel) {}
-  Lowering id() const override { return plain_kernel_ ? Lowering::direct_plain : Lowering::direct; }
-  // A driver with blocked kernels may also run NCHW ones (oneDNN's GEMM-based).
+  explicit DriverConvolution(Lowering kind) : kind_(kind) {}
+  Lowering id() const override { return kind_; }
+  // A driver with blocked kernels may also run NCHW ones (oneDNN's GEMM-based); Winograd
+  // where the driver has it and the layer is 3x3, stride 1, one group.
   bool applies(const ConvolutionLayer& layer, const Driver& driver) const override {
-    static_cast<void>(layer);
     const Capabilities capabilities = driver.capabilities();
-    return capabilities.convolution && (!plain_kernel_ || capabilities.blocked_layout);
+    switch (kind_) {
+      case Lowering::direct_plain:
+        return capabilities.convolution && capabilities.blocked_layout;
+      case Lowering::winograd:
+        return capabilities.winograd && winograd_shape(layer);
+      default:
+        return capabilities.convolution;
+    }
   }
   // In the driver's call (conv_forward_activation).
   void forward(const ConvolutionLayer& layer, const LayerSlice& slice) const override;
@@ -27,12 +35,13 @@ class DriverConvolution final : public ConvAlgorithm {
     LoweringShape s = layer.lowering_shape(slice.rows());
     s.layout = slice.inputs[0].layout;
     s.out_layout = slice.outputs[0].layout;
-    s.plain_kernel = plain_kernel_;
+    s.plain_kernel = kind_ == Lowering::direct_plain;
+    s.winograd = kind_ == Lowering::winograd;
     s.weights_version = slice.params[0].version;
     return s;
   }
 
-  bool plain_kernel_;
+  Lowering kind_;
 };
 
 void DriverConvolution::forward(const ConvolutionLayer& layer, const LayerSlice& slice) const {
@@ -76,13 +85,25 @@ void DriverConvolution::backward(const ConvolutionLayer& layer, const LayerSlice
 }  // namespace
 
 const ConvAlgorithm& conv_direct() {
-  static const DriverConvolution algorithm(false);
+  static const DriverConvolution algorithm(Lowering::direct);
   return algorithm;
 }
 
 const ConvAlgorithm& conv_direct_plain() {
-  static const DriverConvolution algorithm(true);
+  static const DriverConvolution algorithm(Lowering::direct_plain);
   return algorithm;
+}
+
+const ConvAlgorithm& conv_winograd() {
+  static const DriverConvolution algorithm(Lowering::winograd);
+  return algorithm;
+}
+
+bool winograd_shape(const ConvolutionLayer& layer) {
+  const ConvGeometry& geo = layer.geometry();
+  return layer.config().group == 1 && geo.kernel_h == 3 && geo.kernel_w == 3 && geo.stride_h == 1 &&
+         geo.stride_w == 1 && geo.dilation_h == 1 && geo.dilation_w == 1 && geo.pad_h <= 2 &&
+         geo.pad_w <= 2;
 }
 
 }  // namespace hn::detail

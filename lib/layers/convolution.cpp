@@ -35,6 +35,8 @@ const char* lowering_name(Lowering lowering) {
       return "direct";
     case Lowering::direct_plain:
       return "direct_plain";
+    case Lowering::winograd:
+      return "winograd";
   }
   return "unknown";
 }
@@ -167,6 +169,15 @@ std::vector<Shape> ConvolutionLayer::setup(const std::vector<Shape>& inputs) {
                "stride {}x{} pad {}x{}",
                who, geo.kernel_h, geo.kernel_w, geo.stride_h, geo.stride_w, geo.pad_h, geo.pad_w);
       break;
+    case Lowering::winograd:
+      HN_CHECK(p.group == 1 && geo.kernel_h == 3 && geo.kernel_w == 3 && geo.stride_h == 1 &&
+                   geo.stride_w == 1 && geo.dilation_h == 1 && geo.dilation_w == 1 &&
+                   geo.pad_h <= 2 && geo.pad_w <= 2,
+               "{}: lowering winograd needs a 3x3 kernel, stride 1, dilation 1, group 1 and pad "
+               "at most 2, got kernel {}x{} stride {}x{} dilation {}x{} group {} pad {}x{}",
+               who, geo.kernel_h, geo.kernel_w, geo.stride_h, geo.stride_w, geo.dilation_h,
+               geo.dilation_w, p.group, geo.pad_h, geo.pad_w);
+      break;
     case Lowering::type1:
     case Lowering::automatic:
     case Lowering::direct:
@@ -262,16 +273,20 @@ bool ConvolutionLayer::blocked_on(const Driver& driver) const {
 Lowering ConvolutionLayer::lowering_for(const Driver& driver, ConvDirection direction) const {
   const auto chosen = chosen_.find(driver.name());
   if (blocked_on(driver)) {
-    // Blocked operands go to the driver's convolution, on them or on NCHW copies.
-    if (lowering_ == Lowering::direct_plain) return Lowering::direct_plain;
-    if (chosen != chosen_.end() &&
-        chosen->second[static_cast<std::size_t>(direction)] == Lowering::direct_plain) {
-      return Lowering::direct_plain;
+    // Blocked operands go to the driver's convolution, on them or on NCHW copies, or to its
+    // Winograd convolution.
+    if (lowering_ == Lowering::direct_plain || lowering_ == Lowering::winograd) return lowering_;
+    if (chosen != chosen_.end()) {
+      const Lowering l = chosen->second[static_cast<std::size_t>(direction)];
+      if (l == Lowering::direct_plain || l == Lowering::winograd) return l;
     }
     return Lowering::direct;
   }
   if (chosen != chosen_.end()) return chosen->second[static_cast<std::size_t>(direction)];
-  if (lowering_ == Lowering::direct || lowering_ == Lowering::direct_plain) return lowering_;
+  if (lowering_ == Lowering::direct || lowering_ == Lowering::direct_plain ||
+      lowering_ == Lowering::winograd) {
+    return lowering_;
+  }
   if (config_.lowering == Lowering::automatic && driver.capabilities().convolution) {
     return Lowering::direct;
   }
@@ -280,8 +295,13 @@ Lowering ConvolutionLayer::lowering_for(const Driver& driver, ConvDirection dire
 
 std::vector<Lowering> ConvolutionLayer::candidates(const Driver& driver) const {
   if (config_.lowering != Lowering::automatic) return {lowering_for(driver)};
-  // The driver's kernels on the blocked operands, or on NCHW copies of them.
-  if (blocked_on(driver)) return {Lowering::direct, Lowering::direct_plain};
+  // The driver's kernels on the blocked operands, or on NCHW copies of them, or its
+  // Winograd convolution.
+  if (blocked_on(driver)) {
+    std::vector<Lowering> result{Lowering::direct, Lowering::direct_plain};
+    if (detail::conv_winograd().applies(*this, driver)) result.push_back(Lowering::winograd);
+    return result;
+  }
   // Otherwise every algorithm that can run this layer, in the list's order.
   std::vector<Lowering> result;
   for (const detail::ConvAlgorithm* algorithm : detail::conv_algorithms()) {
@@ -341,7 +361,10 @@ bool blocked_operands(const LayerSlice& slice) {
 // rejects them where the driver has no blocked_layout capability), on them or on NCHW copies.
 Lowering ConvolutionLayer::for_operands(const LayerSlice& slice, ConvDirection direction) const {
   const Lowering chosen = lowering_for(*slice.driver, direction);
-  if (!blocked_operands(slice) || chosen == Lowering::direct_plain) return chosen;
+  if (!blocked_operands(slice) || chosen == Lowering::direct_plain ||
+      chosen == Lowering::winograd) {
+    return chosen;
+  }
   return Lowering::direct;
 }
 

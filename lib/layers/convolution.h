@@ -24,6 +24,9 @@ enum class Lowering {
   // blocked, the driver reorders them in and out (oneDNN's GEMM-based kernels on the CPU).
   // The same as direct on drivers with one layout.
   direct_plain,
+  // The driver's own Winograd convolution F(4x4, 3x3) (the CPU driver's; 3x3 kernels,
+  // stride 1, one group, padding at most 2): on blocked or NCHW operands alike.
+  winograd,
 };
 const char* lowering_name(Lowering lowering);
 

@@ -106,7 +106,7 @@ class ConvolutionLayer final : public Layer {
 
  private:
   // Whether this layer's operands are blocked on `driver` (use_layouts and the driver's
-  // blocked_layout capability): then only direct and direct_plain can run it.
+  // blocked_layout capability): then only direct, direct_plain and winograd can run it.
   bool blocked_on(const Driver& driver) const;
   // The blocked one of the input's and output's layouts (the output's when both are), else
   // nchw.
@@ -132,7 +132,7 @@ class ConvolutionLayer final : public Layer {
   // What tune() chose, per driver name, indexed by ConvDirection.
   std::map<std::string, std::array<Lowering, 3>> chosen_;
   // Set by use_layouts: the layouts of the input and the output. Where either is blocked
-  // (nChw16c or nChw8c), every direction is direct or direct_plain.
+  // (nChw16c or nChw8c), every direction is direct, direct_plain or winograd.
   Layout in_layout_ = Layout::nchw, out_layout_ = Layout::nchw;
   ConvGeometry geometry_;  // set by setup()
 };

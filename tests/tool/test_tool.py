@@ -912,7 +912,7 @@ def time_tune_once_then_cached(ctx):
           f"no 'Tuned conv1' line on stderr:\n{measured.stderr}")
     algorithms = {r["layer"]: r.get("algorithm") for r in json_lines(measured.stdout)
                   if "layer" in r}
-    allowed = {"direct", "direct_plain", "type1", "type3", "direct_1x1"}
+    allowed = {"direct", "direct_plain", "type1", "type3", "direct_1x1", "winograd"}
     for layer in ("conv1", "conv2"):
         words = set(re.findall(r"[a-z_0-9]+", algorithms.get(layer) or ""))
         check(words and words & allowed and not words - allowed - {"forward", "backward", "data",

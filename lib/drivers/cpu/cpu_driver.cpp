@@ -9,6 +9,7 @@
 #include "lib/core/memory.h"
 #include "lib/drivers/cpu/blas.h"
 #include "lib/drivers/cpu/conv.h"
+#include "lib/drivers/cpu/conv_winograd.h"
 #include "lib/drivers/cpu/kernels.h"
 
 namespace hn::detail {
@@ -32,6 +33,7 @@ class CpuDriver final : public Driver {
     caps.blocked_layout = caps.convolution;
     if (caps.blocked_layout)
       caps.preferred_blocked_layout = cpu::DirectConvolution::preferred_layout();
+    caps.winograd = true;  // conv_winograd.h: the driver's own, with or without oneDNN
     return caps;
   }
   MemorySpace memory_space() const override { return host_space(); }
@@ -114,6 +116,9 @@ class CpuDriver final : public Driver {
 
   void do_conv_forward(const LoweringShape& shape, index_t out_channels, const float* x,
                        const float* weights, const float* bias, float* y) override {
+    if (shape.winograd) {
+      return winograd_.forward(parallel_, blas_, shape, out_channels, x, weights, bias, y, {});
+    }
     if (!cpu::DirectConvolution::available())
       return Driver::do_conv_forward(shape, out_channels, x, weights, bias, y);
     conv_.set_bf16(math_mode() == MathMode::bf16);
@@ -122,6 +127,10 @@ class CpuDriver final : public Driver {
   void do_conv_forward_activation(const LoweringShape& shape, index_t out_channels, const float* x,
                                   const float* weights, const float* bias,
                                   const Activation& activation, float* y) override {
+    if (shape.winograd) {
+      return winograd_.forward(parallel_, blas_, shape, out_channels, x, weights, bias, y,
+                               activation);
+    }
     if (!cpu::DirectConvolution::available()) {
       return Driver::do_conv_forward_activation(shape, out_channels, x, weights, bias, activation,
                                                 y);
@@ -131,6 +140,8 @@ class CpuDriver final : public Driver {
   }
   void do_conv_backward_data(const LoweringShape& shape, index_t out_channels, const float* weights,
                              const float* dy, float* dx) override {
+    if (shape.winograd)
+      return winograd_.backward_data(parallel_, blas_, shape, out_channels, weights, dy, dx);
     if (!cpu::DirectConvolution::available())
       return Driver::do_conv_backward_data(shape, out_channels, weights, dy, dx);
     conv_.set_bf16(math_mode() == MathMode::bf16);
@@ -138,6 +149,10 @@ class CpuDriver final : public Driver {
   }
   void do_conv_backward_weights(const LoweringShape& shape, index_t out_channels, const float* x,
                                 const float* dy, float* dweights, float* dbias) override {
+    if (shape.winograd) {
+      return winograd_.backward_weights(parallel_, blas_, shape, out_channels, x, dy, dweights,
+                                        dbias);
+    }
     if (!cpu::DirectConvolution::available())
       return Driver::do_conv_backward_weights(shape, out_channels, x, dy, dweights, dbias);
     conv_.set_bf16(math_mode() == MathMode::bf16);
@@ -146,6 +161,14 @@ class CpuDriver final : public Driver {
   void do_conv_backward(const LoweringShape& shape, index_t out_channels, const float* x,
                         const float* weights, const float* dy, float* dx, float* dweights,
                         float* dbias) override {
+    if (shape.winograd) {
+      if (dweights != nullptr) {
+        winograd_.backward_weights(parallel_, blas_, shape, out_channels, x, dy, dweights, dbias);
+      }
+      if (dx != nullptr)
+        winograd_.backward_data(parallel_, blas_, shape, out_channels, weights, dy, dx);
+      return;
+    }
     if (!cpu::DirectConvolution::available()) {
       return Driver::do_conv_backward(shape, out_channels, x, weights, dy, dx, dweights, dbias);
     }
@@ -342,7 +365,8 @@ class CpuDriver final : public Driver {
  private:
   cpu::Blas blas_;
   cpu::Parallel parallel_;
-  cpu::DirectConvolution conv_;  // oneDNN primitives cached per shape
+  cpu::DirectConvolution conv_;        // oneDNN primitives cached per shape
+  cpu::WinogradConvolution winograd_;  // its transformed weights kept between calls
 };
 
 }  // namespace

@@ -1,0 +1,51 @@
+// The CPU driver's Winograd convolution F(4x4, 3x3) (Lavin and Gray, "Fast Algorithms for
+// Convolutional Neural Networks", 2016): 3x3 stride-1 layers as 36 GEMMs on transformed
+// 6x6 input tiles, forward, data gradient and weight gradient, on NCHW or blocked operands
+// (conv_winograd.cpp). Asked for through LoweringShape::winograd (Lowering::winograd).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "lib/core/shapes.h"
+#include "lib/drivers/cpu/blas.h"
+
+namespace hn::detail::cpu {
+
+class Parallel;
+
+// Whether `shape` can run here: one group, a 3x3 kernel, stride 1, no dilation, padding at
+// most 2 each way (the data gradient pads dy by 2 - pad).
+bool winograd_supported(const LoweringShape& shape);
+
+// Results are the same whatever the thread count: every sum has a fixed order.
+class WinogradConvolution {
+ public:
+  // y = conv(x, weights) + bias, then `activation`.
+  void forward(Parallel& par, Blas blas, const LoweringShape& shape, index_t out_channels,
+               const float* x, const float* weights, const float* bias, float* y,
+               const Activation& activation);
+  // dx = the data gradient (overwritten).
+  void backward_data(Parallel& par, Blas blas, const LoweringShape& shape, index_t out_channels,
+                     const float* weights, const float* dy, float* dx);
+  // Adds to dweights and, when not null, to dbias.
+  void backward_weights(Parallel& par, Blas blas, const LoweringShape& shape, index_t out_channels,
+                        const float* x, const float* dy, float* dweights, float* dbias);
+
+ private:
+  // Transformed weights kept between calls by the weights' address, direction and version
+  // (LoweringShape::weights_version; 0 = unknown, transformed every call).
+  struct Transformed {
+    std::uint64_t version = 0;
+    std::vector<float> u;
+  };
+  const float* transformed(Parallel& par, const LoweringShape& shape, index_t out_channels,
+                           const float* weights, bool data_gradient);
+  std::map<std::pair<const float*, bool>, Transformed> weights_;
+  std::size_t weights_bytes_ = 0;
+  std::vector<float> u_, v_, m_, s_;  // scratch, reused between calls
+};
+
+}  // namespace hn::detail::cpu
