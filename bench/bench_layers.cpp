@@ -38,7 +38,8 @@ namespace {
 struct LayersOptions {
   int threads = 0;
   std::string blas;               // empty: the build's default
-  std::string net = "caffenet";   // or "lenet" (Caffe's mnist LeNet, batch 64)
+  std::string net = "caffenet";   // or "lenet" (Caffe's mnist LeNet, batch 64), "resnet50"
+  bool blocked = false;           // convolutions on the driver's blocked layout
   index_t batch = 0;              // 0: the net's usual batch (CaffeNet 32, LeNet 64)
   std::vector<std::string> only;  // empty: every layer
   // Overrides for the convolutions, for tuning: 0 / automatic = the library's choice.
@@ -51,7 +52,7 @@ LayersOptions parse_layers(const std::vector<std::string>& args) {
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if ((arg == "--threads" || arg == "--blas" || arg == "--batch" || arg == "--only" ||
-         arg == "--chunk-bytes" || arg == "--lowering" || arg == "--net") &&
+         arg == "--chunk-bytes" || arg == "--lowering" || arg == "--net" || arg == "--layout") &&
         i + 1 == args.size()) {
       throw UsageError{"layers: " + arg + " needs a value"};
     }
@@ -69,9 +70,15 @@ LayersOptions parse_layers(const std::vector<std::string>& args) {
       options.batch = batch;
     } else if (arg == "--net") {
       options.net = args[++i];
-      if (options.net != "caffenet" && options.net != "lenet") {
-        throw UsageError{"layers: --net takes caffenet or lenet, got '" + options.net + "'"};
+      if (options.net != "caffenet" && options.net != "lenet" && options.net != "resnet50") {
+        throw UsageError{"layers: --net takes caffenet, lenet or resnet50, got '" + options.net +
+                         "'"};
       }
+    } else if (arg == "--layout") {
+      const std::string& value = args[++i];
+      if (value != "blocked" && value != "nchw")
+        throw UsageError{"layers: --layout takes blocked or nchw, got '" + value + "'"};
+      options.blocked = value == "blocked";
     } else if (arg == "--only") {
       std::istringstream list(args[++i]);
       for (std::string name; std::getline(list, name, ',');) {
@@ -250,6 +257,36 @@ std::vector<NetLayer> lenet(const LayersOptions& options) {
   return net;
 }
 
+// ResNet-50's convolutions (resnet50_deploy.prototxt), one of each distinct shape: conv1,
+// each stage's 3x3 layer and its 1x1 layers (in, out), and the strided 1x1 ones.
+std::vector<NetLayer> resnet50(const LayersOptions& options) {
+  const index_t n = options.batch;
+  std::vector<NetLayer> net;
+  auto add_conv = [&](const std::string& name, Shape input, ConvolutionParams p) {
+    p.bias_term = false;
+    p.chunk_bytes = options.chunk_bytes;
+    if (lowering_applies(options.lowering, p)) p.lowering = options.lowering;
+    auto layer = std::make_unique<ConvolutionLayer>(name, p);
+    const Shape out = layer->setup({input}).at(0);
+    const double flops = 2.0 * out.count() * layer->params().at(0).count() / p.num_output;
+    net.push_back({std::move(layer), input, flops, name != "conv1"});
+  };
+  add_conv("conv1", Shape{n, 3, 224, 224}, conv(64, 7, 2, 3, 1));
+  const index_t widths[] = {64, 128, 256, 512}, sides[] = {56, 28, 14, 7};
+  for (int stage = 0; stage < 4; ++stage) {
+    const index_t w = widths[stage], side = sides[stage];
+    const std::string prefix = "res" + std::to_string(stage + 2);
+    add_conv(prefix + "_3x3", Shape{n, w, side, side}, conv(w, 3, 1, 1, 1));
+    add_conv(prefix + "_1x1_in", Shape{n, 4 * w, side, side}, conv(w, 1, 1, 0, 1));
+    add_conv(prefix + "_1x1_out", Shape{n, w, side, side}, conv(4 * w, 1, 1, 0, 1));
+    if (stage > 0) {
+      add_conv(prefix + "_1x1_stride2", Shape{n, 2 * w, 2 * side, 2 * side},
+               conv(4 * w, 1, 2, 0, 1));
+    }
+  }
+  return net;
+}
+
 // A buffer of `shape`'s floats on the driver, filled with random values in [-scale, scale].
 struct Array {
   Array(Driver& driver, const Shape& s, unsigned seed, float scale)
@@ -270,9 +307,19 @@ struct Timing {
 
 // Runs the layer as a kernel: buffers for every operand, one LayerSlice per direction over
 // the whole batch, the workspace allocated once.
-Timing time_layer(Driver& driver, NetLayer& entry) {
+Timing time_layer(Driver& driver, NetLayer& entry, bool blocked) {
   Layer& layer = *entry.layer;
   const Shape out_shape = layer.setup({entry.input}).at(0);
+  // Blocked operands where their channels fill the driver's blocks (as a Net lays them).
+  const Layout block_layout = driver.capabilities().preferred_blocked_layout;
+  const auto layout_of = [&](const Shape& s) {
+    return blocked && driver.capabilities().blocked_layout && s.axes() == 4 &&
+                   s[1] % layout_block(block_layout) == 0
+               ? block_layout
+               : Layout::nchw;
+  };
+  const Layout in_layout = layout_of(entry.input), out_layout = layout_of(out_shape);
+  layer.use_layouts({in_layout}, {out_layout});
   const index_t batch = entry.input[0];
   Array x(driver, entry.input, 1, 1.0f), dx(driver, entry.input, 2, 1.0f);
   Array y(driver, out_shape, 3, 1.0f), dy(driver, out_shape, 4, 1.0f);
@@ -290,8 +337,10 @@ Timing time_layer(Driver& driver, NetLayer& entry) {
   forward.begin = 0;
   forward.end = batch;
   forward.phase = Phase::train;
-  forward.inputs = {Operand{entry.input, x.pointer(), Pointer{driver.device(), nullptr, 0}}};
-  forward.outputs = {Operand{out_shape, y.pointer(), Pointer{driver.device(), nullptr, 0}}};
+  forward.inputs = {
+      Operand{entry.input, x.pointer(), Pointer{driver.device(), nullptr, 0}, in_layout}};
+  forward.outputs = {
+      Operand{out_shape, y.pointer(), Pointer{driver.device(), nullptr, 0}, out_layout}};
   for (std::size_t i = 0; i < params.size(); ++i) {
     forward.params.push_back(
         Operand{params[i].shape, params[i].pointer(), param_diffs[i].pointer()});
@@ -352,19 +401,21 @@ int run_layers(const std::vector<std::string>& args) {
 
   double conv_forward = 0.0, conv_backward = 0.0, conv_flops = 0.0;
   int convs = 0;
-  std::vector<NetLayer> layers = options.net == "lenet" ? lenet(options) : caffenet(options);
+  std::vector<NetLayer> layers = options.net == "lenet"      ? lenet(options)
+                                 : options.net == "resnet50" ? resnet50(options)
+                                                             : caffenet(options);
   double total_forward = 0.0, total_backward = 0.0;
   for (NetLayer& entry : layers) {
     const std::string name = entry.layer->name();
     if (!selected(options, name)) continue;
-    const Timing t = time_layer(*driver, entry);
+    const Timing t = time_layer(*driver, entry, options.blocked);
     const std::string type = entry.layer->type();
     std::string line = fmt::format(
         "{{\"bench\":\"layer\",\"name\":\"{}\",\"type\":\"{}\",\"batch\":{},\"threads\":{}", name,
         type, options.batch, threads);
     if (const auto* c = dynamic_cast<const ConvolutionLayer*>(entry.layer.get())) {
       line += fmt::format(",\"lowering\":\"{}\",\"fwd_chunk\":{},\"bwd_chunk\":{}",
-                          lowering_name(c->lowering_for(*driver)), c->forward_chunk(options.batch),
+                          c->algorithm(*driver), c->forward_chunk(options.batch),
                           c->backward_chunk(options.batch));
       line += fmt::format(",\"workspace_mb\":{:.1f}",
                           c->workspace_bytes(*driver, options.batch) * 1e-6);

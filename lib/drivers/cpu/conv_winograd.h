@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "lib/core/shapes.h"
-#include "lib/drivers/cpu/blas.h"
 
 namespace hn::detail::cpu {
 
@@ -24,14 +23,13 @@ bool winograd_supported(const LoweringShape& shape);
 class WinogradConvolution {
  public:
   // y = conv(x, weights) + bias, then `activation`.
-  void forward(Parallel& par, Blas blas, const LoweringShape& shape, index_t out_channels,
-               const float* x, const float* weights, const float* bias, float* y,
-               const Activation& activation);
+  void forward(Parallel& par, const LoweringShape& shape, index_t out_channels, const float* x,
+               const float* weights, const float* bias, float* y, const Activation& activation);
   // dx = the data gradient (overwritten).
-  void backward_data(Parallel& par, Blas blas, const LoweringShape& shape, index_t out_channels,
+  void backward_data(Parallel& par, const LoweringShape& shape, index_t out_channels,
                      const float* weights, const float* dy, float* dx);
   // Adds to dweights and, when not null, to dbias.
-  void backward_weights(Parallel& par, Blas blas, const LoweringShape& shape, index_t out_channels,
+  void backward_weights(Parallel& par, const LoweringShape& shape, index_t out_channels,
                         const float* x, const float* dy, float* dweights, float* dbias);
 
  private:

@@ -117,7 +117,7 @@ class CpuDriver final : public Driver {
   void do_conv_forward(const LoweringShape& shape, index_t out_channels, const float* x,
                        const float* weights, const float* bias, float* y) override {
     if (shape.winograd) {
-      return winograd_.forward(parallel_, blas_, shape, out_channels, x, weights, bias, y, {});
+      return winograd_.forward(parallel_, shape, out_channels, x, weights, bias, y, {});
     }
     if (!cpu::DirectConvolution::available())
       return Driver::do_conv_forward(shape, out_channels, x, weights, bias, y);
@@ -128,8 +128,7 @@ class CpuDriver final : public Driver {
                                   const float* weights, const float* bias,
                                   const Activation& activation, float* y) override {
     if (shape.winograd) {
-      return winograd_.forward(parallel_, blas_, shape, out_channels, x, weights, bias, y,
-                               activation);
+      return winograd_.forward(parallel_, shape, out_channels, x, weights, bias, y, activation);
     }
     if (!cpu::DirectConvolution::available()) {
       return Driver::do_conv_forward_activation(shape, out_channels, x, weights, bias, activation,
@@ -141,7 +140,7 @@ class CpuDriver final : public Driver {
   void do_conv_backward_data(const LoweringShape& shape, index_t out_channels, const float* weights,
                              const float* dy, float* dx) override {
     if (shape.winograd)
-      return winograd_.backward_data(parallel_, blas_, shape, out_channels, weights, dy, dx);
+      return winograd_.backward_data(parallel_, shape, out_channels, weights, dy, dx);
     if (!cpu::DirectConvolution::available())
       return Driver::do_conv_backward_data(shape, out_channels, weights, dy, dx);
     conv_.set_bf16(math_mode() == MathMode::bf16);
@@ -150,8 +149,7 @@ class CpuDriver final : public Driver {
   void do_conv_backward_weights(const LoweringShape& shape, index_t out_channels, const float* x,
                                 const float* dy, float* dweights, float* dbias) override {
     if (shape.winograd) {
-      return winograd_.backward_weights(parallel_, blas_, shape, out_channels, x, dy, dweights,
-                                        dbias);
+      return winograd_.backward_weights(parallel_, shape, out_channels, x, dy, dweights, dbias);
     }
     if (!cpu::DirectConvolution::available())
       return Driver::do_conv_backward_weights(shape, out_channels, x, dy, dweights, dbias);
@@ -163,10 +161,9 @@ class CpuDriver final : public Driver {
                         float* dbias) override {
     if (shape.winograd) {
       if (dweights != nullptr) {
-        winograd_.backward_weights(parallel_, blas_, shape, out_channels, x, dy, dweights, dbias);
+        winograd_.backward_weights(parallel_, shape, out_channels, x, dy, dweights, dbias);
       }
-      if (dx != nullptr)
-        winograd_.backward_data(parallel_, blas_, shape, out_channels, weights, dy, dx);
+      if (dx != nullptr) winograd_.backward_data(parallel_, shape, out_channels, weights, dy, dx);
       return;
     }
     if (!cpu::DirectConvolution::available()) {
