@@ -8,6 +8,7 @@ PyTorch, hybridnn / Caffe and the fraction of the FLOP-count limit that hybridnn
   bench/zoo.py [--nets caffenet,googlenet,resnet50,mobilenet,squeezenet] [--batch 32]
                [--iterations 10] [--chunks 5] [--threads 1,2] [--build build]
                [--tune cached] [--layout blocked] [--caffe PATH/caffe] [--markdown FILE]
+               [--torch-python VENV/bin/python ...]
 
 The three are timed alike, as bench/vs_pytorch.py does: a warm-up, then the timed
 iterations in chunks, and the figure is the best chunk's mean ms per iteration (the
@@ -38,6 +39,12 @@ softmax, as the prototxt files do. They are:
   SqueezeNet torchvision.models.squeezenet1_1(), the same layers as the Caffe v1.1 deploy
              net in bench/models (not in shared/models: a public net of GoogLeNet's family,
              1x1 and 3x3 branches joined by Concat).
+
+PyTorch: Debian's python3-torch (1.13) in this process, and with --torch-python each other
+interpreter's (e.g. today's PyPI build in a venv: `python3 -m venv ~/torch && ~/torch/bin/pip
+install torch torchvision`, a few GB with its GPU libraries, of which the benchmark needs
+the CPU part only), timed by the same code in a child process; the faster of them is
+"PyTorch" (each one's figure is in the JSON line, `pytorch_each`).
 
 Needs Debian's python3-torch and python3-torchvision; without them the script says so,
 prints {"skipped": ...} and runs hybridnn and Caffe alone. Needs the `hybridnn` and
@@ -162,10 +169,49 @@ def pytorch_best(torch, spec, shape, threads, iterations, chunks):
     for t in threads:
         for layout in LAYOUTS:
             ms, mean = pytorch_time(torch, spec, shape, t, layout, iterations, chunks)
-            note(f"{spec.key}: pytorch, {t} threads, {layout}: {ms:.2f} ms (mean {mean:.2f})")
+            note(f"{spec.key}: pytorch {torch.__version__}, {t} threads, {layout}: {ms:.2f} ms "
+                 f"(mean {mean:.2f})")
             if best is None or ms < best[0]:
                 best = (ms, t, layout)
     return best
+
+
+def child_pytorch_best(python, spec, shape, threads, iterations, chunks):
+    """pytorch_best in `python` (another interpreter's PyTorch), through --peer-child."""
+    command = [python, os.path.abspath(__file__), "--peer-child", spec.key,
+               "--shape", ",".join(map(str, shape)), "--threads", ",".join(map(str, threads)),
+               "--iterations", str(iterations), "--chunks", str(chunks)]
+    # The child must not fall back to /usr/bin/python3's PyTorch.
+    env = dict(os.environ, HYBRIDNN_ZOO_REEXEC="1", HYBRIDNN_VS_PYTORCH_REEXEC="1")
+    run = subprocess.run(command, capture_output=True, text=True, env=env)
+    sys.stderr.write(run.stderr)
+    records = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    if run.returncode != 0 or not records or "ms" not in records[-1]:
+        raise RuntimeError(f"`{' '.join(command)}` failed ({run.returncode}):\n"
+                           f"{(run.stdout + run.stderr)[-2000:]}")
+    record = records[-1]
+    return record["ms"], record["threads"], record["format"]
+
+
+def torch_version(python):
+    probe = subprocess.run([python, "-c", "import torch, torchvision; print(torch.__version__)"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0 or not probe.stdout.strip():
+        raise RuntimeError(f"{python} cannot import torch and torchvision:\n"
+                           f"{probe.stderr[-1000:]}")
+    return probe.stdout.strip().splitlines()[-1]
+
+
+def peer_child(args):
+    """--peer-child NET: this interpreter's PyTorch on NET's twin, one JSON line."""
+    import torch
+    spec = {s.key: s for s in NETS}[args.peer_child]
+    shape = [int(d) for d in args.shape.split(",")]
+    threads = [int(t) for t in args.threads.split(",")]
+    ms, best_threads, layout = pytorch_best(torch, spec, shape, threads, args.iterations,
+                                            args.chunks)
+    emit({"ms": ms, "threads": best_threads, "format": layout, "torch": torch.__version__})
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,16 +341,20 @@ def write_markdown(path, args, threads, peak, results):
     lines = [f"Batch {args.batch}, forward + full backward, ms per iteration (the best "
              f"chunk's mean; {args.iterations} timed iterations in chunks of "
              f"{max(1, args.iterations // args.chunks)}); hybridnn and BVLC Caffe "
-             f"on {max(threads)} threads, PyTorch best over {','.join(map(str, threads))} "
+             f"on {max(threads)} threads, PyTorch the fastest of "
+             f"{', '.join(sorted({v for _, row, _ in results for v in row['pytorch_each']}))} "
+             f"over {','.join(map(str, threads))} "
              f"threads and NCHW / channels_last; FLOP limit = 3 x forward FLOPs / sgemm peak "
              f"({peak['gflops']:.1f} GFLOP/s, {peak['blas']} {peak['gemm']}, {peak['threads']} "
              "threads).",
              "",
-             "| net | BVLC Caffe | PyTorch | hybridnn | hybridnn/PyTorch | hybridnn/Caffe "
+             "| net | BVLC Caffe | PyTorch (version) | hybridnn | hybridnn/PyTorch | hybridnn/Caffe "
              "| FLOP limit | fraction of limit |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for title, row, _ in results:
-        lines.append(f"| {title} | {cell(row['caffe_ms'], 1)} | {cell(row['pytorch_ms'], 1)} "
+        version = f" ({row['pytorch_best']['torch']})" if row["pytorch_best"] else ""
+        lines.append(f"| {title} | {cell(row['caffe_ms'], 1)} "
+                     f"| {cell(row['pytorch_ms'], 1)}{version} "
                      f"| {cell(row['hybridnn_ms'], 1)} | {cell(row['ratio_pytorch'], 2)} "
                      f"| {cell(row['ratio_caffe'], 2)} | {cell(row['flop_limit_ms'], 1)} "
                      f"| {cell(row['fraction_of_flop_limit'], 3)} |")
@@ -340,7 +390,15 @@ def main():
                         help="hybridnn time's --layout: blocked or nchw (blocked)")
     parser.add_argument("--caffe", help="BVLC Caffe's `caffe` binary; Caffe is left out without")
     parser.add_argument("--markdown", help="also write the results as markdown tables to FILE")
+    parser.add_argument("--torch-python", action="append", default=[], metavar="PYTHON",
+                        help="another interpreter whose PyTorch is timed too (repeatable; "
+                             "e.g. a venv's bin/python with PyPI's torch); the fastest PyTorch "
+                             "is the reference")
+    parser.add_argument("--peer-child", help=argparse.SUPPRESS)
+    parser.add_argument("--shape", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.peer_child:
+        return peer_child(args)
     known = {spec.key: spec for spec in NETS}
     names = [n for n in args.nets.split(",") if n]
     if not names or any(n not in known for n in names):
@@ -359,7 +417,15 @@ def main():
     bench_tool = build_tool(args.build, "hybridnn-bench")
 
     torch = import_torch()
-    emit({"setup": True, "torch": torch.__version__ if torch else None, "caffe": args.caffe,
+    peers = []  # (version, python) of each --torch-python that imports torch
+    for python in args.torch_python:
+        try:
+            peers.append((torch_version(python), python))
+        except (RuntimeError, OSError) as error:
+            note(f"--torch-python {python} left out: {error}")
+            emit({"skipped": f"pytorch in {python}: {error}"})
+    emit({"setup": True, "torch": torch.__version__ if torch else None,
+          "torch_peers": {python: version for version, python in peers}, "caffe": args.caffe,
           "load_1min": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
           "threads": threads, "batch": args.batch, "iterations": args.iterations,
           "chunks": args.chunks, "tune": args.tune, "layout": args.layout})
@@ -385,10 +451,19 @@ def main():
                     lambda n: hybridnn_time(tool, model, args.batch, max(threads), args.tune,
                                             args.layout, n),
                     args.iterations, args.chunks)
-                pytorch = None
+                pytorch, each = None, {}
+                chunks = min(args.chunks, args.iterations)
                 if torch:
                     pytorch = pytorch_best(torch, spec, shape, threads, args.iterations,
-                                           min(args.chunks, args.iterations))
+                                           chunks) + (torch.__version__,)
+                    each[torch.__version__] = rounded(pytorch[0])
+                for version, python in peers:
+                    note(f"{spec.key}: pytorch {version} ({python})")
+                    theirs = child_pytorch_best(python, spec, shape, threads, args.iterations,
+                                                chunks) + (version,)
+                    each[version] = rounded(theirs[0])
+                    if pytorch is None or theirs[0] < pytorch[0]:
+                        pytorch = theirs
                 caffe_ms, layers = None, []
                 if args.caffe:
                     note(f"{spec.key}: caffe")
@@ -411,8 +486,9 @@ def main():
             pytorch_ms = pytorch[0] if pytorch else None
             row = {"net": spec.key, "batch": args.batch, "hybridnn_ms": rounded(ours_ms),
                    "pytorch_ms": rounded(pytorch_ms),
-                   "pytorch_best": ({"threads": pytorch[1], "format": pytorch[2]}
-                                    if pytorch else None),
+                   "pytorch_best": ({"torch": pytorch[3], "threads": pytorch[1],
+                                     "format": pytorch[2]} if pytorch else None),
+                   "pytorch_each": each,
                    "caffe_ms": rounded(caffe_ms), "flop_limit_ms": rounded(limit_ms),
                    "ratio_pytorch": ratio(ours_ms, pytorch_ms),
                    "ratio_caffe": ratio(ours_ms, caffe_ms),
