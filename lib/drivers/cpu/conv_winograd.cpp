@@ -86,6 +86,16 @@ Plane plane_of(const View& t, index_t n, index_t c0) {
           std::min<index_t>(B, t.channels - c0), false};
 }
 
+// The plane of channels [c0, c0 + B) from that of [0, B): blocks of B channels are B
+// planes apart in NCHW and one B-blocked plane apart in nChw(B)c alike.
+template <int B>
+Plane plane_at(const Plane& first, const View& t, index_t c0) {
+  Plane pl = first;
+  pl.base += c0 * t.height * t.width;
+  if (!pl.contiguous) pl.lanes = std::min<index_t>(B, t.channels - c0);
+  return pl;
+}
+
 // Loads pixel (h, w) of `pl` into v, zero outside the image [0, height) x [0, width).
 template <int B, class V>
 inline void load_pixel(const Plane& pl, index_t height, index_t width, index_t h, index_t w, V& v) {
@@ -196,21 +206,23 @@ void input_transform(Parallel& par, const View& in, const Tiling& tl, index_t t0
   const index_t blocks = ld / B, tiles = t1 - t0;
   // A tile's channel blocks one after the other: its rows of V are written whole (cache
   // lines half written by far-apart items were read back and written again).
-  par.for_range(tiles * blocks, 60 * B, [&](index_t first, index_t last) {
-    for (index_t item = first; item < last; ++item) {
-      const index_t t = t0 + item / blocks, c0 = item % blocks * B;
+  par.for_range(tiles, blocks * 60 * B, [&](index_t first, index_t last) {
+    for (index_t t = t0 + first; t < t0 + last; ++t) {
       index_t n, h0, w0;
       tl.locate(t, n, h0, w0);
-      const Plane pl = plane_of<B>(in, n, c0);
-      V d[kPoints], r[kPoints];
-      load_block<B>(pl, in.height, in.width, h0 - tl.pad_h, w0 - tl.pad_w, kAlpha, kAlpha, d);
-      for (int j = 0; j < kAlpha; ++j)
-        bt6(d + j, kAlpha, r + j, kAlpha);  // columns
-      for (int i = 0; i < kAlpha; ++i)
-        bt6(r + i * kAlpha, 1, d + i * kAlpha, 1);  // rows
-      float* at = v + (t - t0) * ld + c0;
-      for (int p = 0; p < kPoints; ++p)
-        std::memcpy(at + p * tiles * ld, &d[p], sizeof(V));
+      const Plane plane = plane_of<B>(in, n, 0);
+      for (index_t c0 = 0; c0 < ld; c0 += B) {
+        V d[kPoints], r[kPoints];
+        load_block<B>(plane_at<B>(plane, in, c0), in.height, in.width, h0 - tl.pad_h, w0 - tl.pad_w,
+                      kAlpha, kAlpha, d);
+        for (int j = 0; j < kAlpha; ++j)
+          bt6(d + j, kAlpha, r + j, kAlpha);  // columns
+        for (int i = 0; i < kAlpha; ++i)
+          bt6(r + i * kAlpha, 1, d + i * kAlpha, 1);  // rows
+        float* at = v + (t - t0) * ld + c0;
+        for (int p = 0; p < kPoints; ++p)
+          std::memcpy(at + p * tiles * ld, &d[p], sizeof(V));
+      }
     }
   });
 }
@@ -221,21 +233,22 @@ void gradient_transform(Parallel& par, const View& dy, const Tiling& tl, index_t
                         index_t ld, float* e) {
   using V = typename Lanes<B>::type;
   const index_t blocks = ld / B, tiles = t1 - t0;
-  par.for_range(tiles * blocks, 40 * B, [&](index_t first, index_t last) {
-    for (index_t item = first; item < last; ++item) {
-      const index_t t = t0 + item / blocks, c0 = item % blocks * B;
+  par.for_range(tiles, blocks * 40 * B, [&](index_t first, index_t last) {
+    for (index_t t = t0 + first; t < t0 + last; ++t) {
       index_t n, h0, w0;
       tl.locate(t, n, h0, w0);
-      const Plane pl = plane_of<B>(dy, n, c0);
-      V d[kTile * kTile], r[kAlpha * kTile], out[kPoints];
-      load_block<B>(pl, dy.height, dy.width, h0, w0, kTile, kTile, d);
-      for (int j = 0; j < kTile; ++j)
-        a4(d + j, kTile, r + j, kTile);  // columns: 4 -> 6 rows
-      for (int i = 0; i < kAlpha; ++i)
-        a4(r + i * kTile, 1, out + i * kAlpha, 1);  // rows: 4 -> 6
-      float* at = e + (t - t0) * ld + c0;
-      for (int p = 0; p < kPoints; ++p)
-        std::memcpy(at + p * tiles * ld, &out[p], sizeof(V));
+      const Plane plane = plane_of<B>(dy, n, 0);
+      for (index_t c0 = 0; c0 < ld; c0 += B) {
+        V d[kTile * kTile], r[kAlpha * kTile], out[kPoints];
+        load_block<B>(plane_at<B>(plane, dy, c0), dy.height, dy.width, h0, w0, kTile, kTile, d);
+        for (int j = 0; j < kTile; ++j)
+          a4(d + j, kTile, r + j, kTile);  // columns: 4 -> 6 rows
+        for (int i = 0; i < kAlpha; ++i)
+          a4(r + i * kTile, 1, out + i * kAlpha, 1);  // rows: 4 -> 6
+        float* at = e + (t - t0) * ld + c0;
+        for (int p = 0; p < kPoints; ++p)
+          std::memcpy(at + p * tiles * ld, &out[p], sizeof(V));
+      }
     }
   });
 }
@@ -253,46 +266,49 @@ void output_transform(Parallel& par, const float* m, index_t ld, const Tiling& t
                       index_t channels) {
   using V = typename Lanes<B>::type;
   const index_t blocks = round_up(channels, B) / B, tiles = t1 - t0;
-  par.for_range(tiles * blocks, 50 * B, [&](index_t first, index_t last) {
-    for (index_t item = first; item < last; ++item) {
-      const index_t t = t0 + item / blocks, c0 = item % blocks * B;
+  const View out{out_data, layout, channels, tl.out_h, tl.out_w};
+  const Activation& act = epilogue.activation;
+  par.for_range(tiles, blocks * 50 * B, [&](index_t first, index_t last) {
+    for (index_t t = t0 + first; t < t0 + last; ++t) {
       index_t n, h0, w0;
       tl.locate(t, n, h0, w0);
-      V d[kPoints], r[kAlpha * kTile], y[kTile * kTile];
-      const float* at = m + (t - t0) * ld + c0;
-      for (int p = 0; p < kPoints; ++p)
-        std::memcpy(&d[p], at + p * tiles * ld, sizeof(V));
-      for (int j = 0; j < kAlpha; ++j)
-        at6(d + j, kAlpha, r + j, kAlpha);  // columns: 6 -> 4 rows (r is 4 x 6)
-      for (int i = 0; i < kTile; ++i)
-        at6(r + i * kAlpha, 1, y + i * kTile, 1);  // rows: 6 -> 4
-      V bias{};
-      if (epilogue.bias != nullptr) {
-        for (int l = 0; l < B; ++l)
-          bias[l] = c0 + l < channels ? epilogue.bias[c0 + l] : 0.0f;
-      }
-      const Activation& act = epilogue.activation;
-      const Plane pl = plane_of<B>(View{out_data, layout, channels, tl.out_h, tl.out_w}, n, c0);
-      float* base = const_cast<float*>(pl.base);
+      const Plane plane = plane_of<B>(out, n, 0);
       const int rows = static_cast<int>(std::min<index_t>(kTile, tl.out_h - h0));
       const int cols = static_cast<int>(std::min<index_t>(kTile, tl.out_w - w0));
-      for (int i = 0; i < rows; ++i) {
-        for (int j = 0; j < cols; ++j) {
-          V value = y[i * kTile + j] + bias;
-          if (act.kind == Activation::Kind::relu) {
-            const V scaled = value * act.slope;
-            value = value > 0.0f ? value : scaled;
-          } else if (act.kind == Activation::Kind::clip) {
-            // NaN stays NaN (Activation): both comparisons false.
-            value = value < act.lo ? V{} + act.lo : value;
-            value = value > act.hi ? V{} + act.hi : value;
-          }
-          float* to = base + (h0 + i) * pl.row + (w0 + j) * pl.pixel;
-          if (pl.contiguous) {
-            std::memcpy(to, &value, sizeof value);
-          } else {
-            for (index_t l = 0; l < pl.lanes; ++l)
-              to[l * pl.lane] = value[l];
+      for (index_t c0 = 0; c0 < blocks * B; c0 += B) {
+        V d[kPoints], r[kAlpha * kTile], y[kTile * kTile];
+        const float* at = m + (t - t0) * ld + c0;
+        for (int p = 0; p < kPoints; ++p)
+          std::memcpy(&d[p], at + p * tiles * ld, sizeof(V));
+        for (int j = 0; j < kAlpha; ++j)
+          at6(d + j, kAlpha, r + j, kAlpha);  // columns: 6 -> 4 rows (r is 4 x 6)
+        for (int i = 0; i < kTile; ++i)
+          at6(r + i * kAlpha, 1, y + i * kTile, 1);  // rows: 6 -> 4
+        V bias{};
+        if (epilogue.bias != nullptr) {
+          for (int l = 0; l < B; ++l)
+            bias[l] = c0 + l < channels ? epilogue.bias[c0 + l] : 0.0f;
+        }
+        const Plane pl = plane_at<B>(plane, out, c0);
+        float* base = const_cast<float*>(pl.base);
+        for (int i = 0; i < rows; ++i) {
+          for (int j = 0; j < cols; ++j) {
+            V value = y[i * kTile + j] + bias;
+            if (act.kind == Activation::Kind::relu) {
+              const V scaled = value * act.slope;
+              value = value > 0.0f ? value : scaled;
+            } else if (act.kind == Activation::Kind::clip) {
+              // NaN stays NaN (Activation): both comparisons false.
+              value = value < act.lo ? V{} + act.lo : value;
+              value = value > act.hi ? V{} + act.hi : value;
+            }
+            float* to = base + (h0 + i) * pl.row + (w0 + j) * pl.pixel;
+            if (pl.contiguous) {
+              std::memcpy(to, &value, sizeof value);
+            } else {
+              for (index_t l = 0; l < pl.lanes; ++l)
+                to[l * pl.lane] = value[l];
+            }
           }
         }
       }
