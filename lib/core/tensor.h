@@ -89,6 +89,9 @@ class SyncedMemory {
   void retain() { retained_ = true; }
   // Releases every copy and sets a new size; the contents read as zeros again.
   void resize(std::size_t bytes);
+  // A version no contents have had yet (for memory outside any SyncedMemory whose contents
+  // stay the same for a while: the tuner's weights).
+  static std::uint64_t next_version();
 
  private:
   struct Range {
@@ -119,8 +122,6 @@ class SyncedMemory {
   std::vector<Copy> copies_;
   std::uint64_t version_ = next_version();
   bool retained_ = false;
-
-  static std::uint64_t next_version();
 };
 
 // An N-d float tensor with data and diff (gradient). Reshape keeps the memory when the new

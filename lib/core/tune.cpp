@@ -62,8 +62,9 @@ namespace {
 // Bumped when a driver's kernels change which candidate wins, so that choices measured
 // against the old kernels are measured again (2: the CPU driver's own depthwise weight
 // gradient, where oneDNN's GEMM-based one had lost to direct_plain; 3: the activation fused
-// into the convolution, and blocked calls kept blocked where channels-last reordered).
-constexpr int kKernelsRevision = 3;
+// into the convolution, and blocked calls kept blocked where channels-last reordered; 4: the
+// CPU driver's Winograd convolution, and the weights measured with a version of their own).
+constexpr int kKernelsRevision = 4;
 
 constexpr char kHeader[] =
     "# hybridnn tuning cache: the fastest algorithm measured per machine, driver and shape.\n"

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "lib/core/check.h"
+#include "lib/core/tensor.h"
 
 namespace hn {
 
@@ -105,6 +106,11 @@ void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
                              written.pointer(), dy.pointer(),
                              blocked ? out_layout_ : Layout::nchw}};
     slice.params = {Operand{params_[0].shape(), w.pointer(), dw.pointer()}};
+    // One version for the measurements' weights, as a net's have between two updates: what
+    // a driver makes of them once per version (oneDNN's layout, Winograd's transformed
+    // kernels) is made at the warm-up, as in inference, where it is made once for good.
+    // (A training step pays it once per iteration: small against a batch's convolution.)
+    slice.params[0].version = SyncedMemory::next_version();
     if (config_.bias_term)
       slice.params.push_back(Operand{params_[1].shape(), b.pointer(), db.pointer()});
     slice.propagate_down = {true};
