@@ -2286,6 +2286,17 @@ TEST_CASE(
         }
       }
     }
+    if (d.capabilities().blocked_layout) {
+      // Two different blocks (nChw16c in, nChw8c out): refused before any work, by name.
+      hn::LoweringShape mixed = hn::test::lowering(1, 16, 6, 6, 3, 3, 1, 1, 1, 1);
+      mixed.layout = Layout::nchw16c;
+      mixed.out_layout = Layout::nchw8c;
+      mixed.winograd = true;
+      const DeviceArray x(d, mixed.image_count()), w(d, 16 * 16 * 9), y(d, 16 * 36);
+      CHECK_THAT(
+          error_of([&] { d.conv_forward(mixed, 16, x.data(), w.data(), nullptr, y.data()); }),
+          Contains("conv_forward (winograd)") && Contains("two blocks"));
+    }
   }
 }
 

@@ -80,8 +80,8 @@ Plane plane_of(const View& t, index_t n, index_t c0) {
   if (block >= B) {
     return {t.data + t.offset(n, c0, 0, 0), t.width * block, block, 1, B, true};
   }
-  // NCHW (a block smaller than B only in a mix of nChw8c and nChw16c: not from a Net).
-  HN_CHECK(block == 1, "winograd: layouts {} mixed with blocks of {}", layout_name(t.layout), B);
+  // NCHW (a block smaller than B would be a mix of nChw8c and nChw16c, which
+  // check_supported refused before any parallel loop).
   return {t.data + t.offset(n, c0, 0, 0),        t.width, 1, t.height * t.width,
           std::min<index_t>(B, t.channels - c0), false};
 }
@@ -513,6 +513,7 @@ void weight_gradient(Parallel& par, const View& in, const View& dy, index_t batc
                      std::vector<float>& s) {
   const index_t cp = round_up(in.channels, B), kp = round_up(dy.channels, B);
   const index_t total = batch * tl.per_image();
+  if (total == 0) return;  // nothing to add (s would hold an earlier call's sums)
   const index_t chunk = chunk_tiles(total, kPoints * (cp + kp));
   v.resize(static_cast<std::size_t>(kPoints * chunk * cp));
   e.resize(static_cast<std::size_t>(kPoints * chunk * kp));
@@ -683,6 +684,11 @@ void check_supported(const char* call, const LoweringShape& shape) {
            "{} (winograd): needs one group, a 3x3 kernel, stride 1, dilation 1 and padding at "
            "most 2, got {}",
            call, shape.to_string());
+  const index_t in_block = layout_block(shape.layout), out_block = layout_block(shape.out_layout);
+  HN_CHECK(in_block == 1 || out_block == 1 || in_block == out_block,
+           "{} (winograd): x in {} and y in {}: one blocked layout or NCHW on either side, not "
+           "two blocks ({})",
+           call, layout_name(shape.layout), layout_name(shape.out_layout), shape.to_string());
 }
 
 }  // namespace
