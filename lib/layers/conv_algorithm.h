@@ -50,9 +50,10 @@ const ConvAlgorithm& conv_direct_1x1();    // conv_1x1.cpp
 const ConvAlgorithm& conv_type3();         // conv_type3.cpp
 const ConvAlgorithm& conv_type1();         // conv_type1.cpp
 
-// Whether `layer` has a shape Winograd F(4x4, 3x3) computes (Lowering::winograd): a 3x3
-// kernel, stride 1, no dilation, one group, padding at most 2 (conv_direct.cpp).
-bool winograd_shape(const ConvolutionLayer& layer);
+// Whether Winograd F(4x4, 3x3) computes a convolution of this geometry and group count
+// (Lowering::winograd): a 3x3 kernel, stride 1, no dilation, one group, padding at most 2
+// (conv_direct.cpp).
+bool winograd_shape(const ConvGeometry& geo, index_t groups);
 
 inline std::size_t floats_bytes(index_t count) {
   return static_cast<std::size_t>(count) * sizeof(float);

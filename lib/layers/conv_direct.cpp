@@ -19,7 +19,7 @@ class DriverConvolution final : public ConvAlgorithm {
       case Lowering::direct_plain:
         return capabilities.convolution && capabilities.blocked_layout;
       case Lowering::winograd:
-        return capabilities.winograd && winograd_shape(layer);
+        return capabilities.winograd && winograd_shape(layer.geometry(), layer.config().group);
       default:
         return capabilities.convolution;
     }
@@ -99,9 +99,8 @@ const ConvAlgorithm& conv_winograd() {
   return algorithm;
 }
 
-bool winograd_shape(const ConvolutionLayer& layer) {
-  const ConvGeometry& geo = layer.geometry();
-  return layer.config().group == 1 && geo.kernel_h == 3 && geo.kernel_w == 3 && geo.stride_h == 1 &&
+bool winograd_shape(const ConvGeometry& geo, index_t groups) {
+  return groups == 1 && geo.kernel_h == 3 && geo.kernel_w == 3 && geo.stride_h == 1 &&
          geo.stride_w == 1 && geo.dilation_h == 1 && geo.dilation_w == 1 && geo.pad_h <= 2 &&
          geo.pad_w <= 2;
 }

@@ -170,9 +170,7 @@ std::vector<Shape> ConvolutionLayer::setup(const std::vector<Shape>& inputs) {
                who, geo.kernel_h, geo.kernel_w, geo.stride_h, geo.stride_w, geo.pad_h, geo.pad_w);
       break;
     case Lowering::winograd:
-      HN_CHECK(p.group == 1 && geo.kernel_h == 3 && geo.kernel_w == 3 && geo.stride_h == 1 &&
-                   geo.stride_w == 1 && geo.dilation_h == 1 && geo.dilation_w == 1 &&
-                   geo.pad_h <= 2 && geo.pad_w <= 2,
+      HN_CHECK(detail::winograd_shape(geo, p.group),
                "{}: lowering winograd needs a 3x3 kernel, stride 1, dilation 1, group 1 and pad "
                "at most 2, got kernel {}x{} stride {}x{} dilation {}x{} group {} pad {}x{}",
                who, geo.kernel_h, geo.kernel_w, geo.stride_h, geo.stride_w, geo.dilation_h,
@@ -270,23 +268,30 @@ bool ConvolutionLayer::blocked_on(const Driver& driver) const {
   return blocked_layout_used() != Layout::nchw && driver.capabilities().blocked_layout;
 }
 
+namespace {
+
+// The driver's own calls besides direct that take blocked operands as they are: on NCHW
+// copies (direct_plain) or its Winograd convolution.
+bool takes_blocked(Lowering lowering) {
+  return lowering == Lowering::direct_plain || lowering == Lowering::winograd;
+}
+
+}  // namespace
+
 Lowering ConvolutionLayer::lowering_for(const Driver& driver, ConvDirection direction) const {
   const auto chosen = chosen_.find(driver.name());
   if (blocked_on(driver)) {
     // Blocked operands go to the driver's convolution, on them or on NCHW copies, or to its
     // Winograd convolution.
-    if (lowering_ == Lowering::direct_plain || lowering_ == Lowering::winograd) return lowering_;
+    if (takes_blocked(lowering_)) return lowering_;
     if (chosen != chosen_.end()) {
       const Lowering l = chosen->second[static_cast<std::size_t>(direction)];
-      if (l == Lowering::direct_plain || l == Lowering::winograd) return l;
+      if (takes_blocked(l)) return l;
     }
     return Lowering::direct;
   }
   if (chosen != chosen_.end()) return chosen->second[static_cast<std::size_t>(direction)];
-  if (lowering_ == Lowering::direct || lowering_ == Lowering::direct_plain ||
-      lowering_ == Lowering::winograd) {
-    return lowering_;
-  }
+  if (lowering_ == Lowering::direct || takes_blocked(lowering_)) return lowering_;
   if (config_.lowering == Lowering::automatic && driver.capabilities().convolution) {
     return Lowering::direct;
   }
@@ -361,10 +366,7 @@ bool blocked_operands(const LayerSlice& slice) {
 // rejects them where the driver has no blocked_layout capability), on them or on NCHW copies.
 Lowering ConvolutionLayer::for_operands(const LayerSlice& slice, ConvDirection direction) const {
   const Lowering chosen = lowering_for(*slice.driver, direction);
-  if (!blocked_operands(slice) || chosen == Lowering::direct_plain ||
-      chosen == Lowering::winograd) {
-    return chosen;
-  }
+  if (!blocked_operands(slice) || takes_blocked(chosen)) return chosen;
   return Lowering::direct;
 }
 

@@ -198,33 +198,47 @@ index_t round_up(index_t n, index_t b) {
 // the speed). Tiles are ordered image, tile row, tile column; the transforms take a tile's
 // channel blocks one after the other, so that rows are written whole.
 
-// Phase 1: V[p][t - t0][c] for tiles [t0, t1) of `in`, channels in blocks of B.
-template <int B>
-void input_transform(Parallel& par, const View& in, const Tiling& tl, index_t t0, index_t t1,
-                     index_t ld, float* v) {
+// Phase 1: out[p][t - t0][c] for tiles [t0, t1) of `in`, channels in blocks of B: each
+// tile's Side x Side pixels from (h0 - pad_h, w0 - pad_w), zero outside the image, through
+// `pass` (a 1-D transform from Side values to 6), first down the columns, then along the
+// rows. The input transform (6x6 tiles, B^T) and the weight gradient's transform of dy
+// (4x4 tiles, A, no padding) alike.
+template <int B, int Side, class Pass>
+void tile_transform(Parallel& par, const View& in, const Tiling& tl, index_t pad_h, index_t pad_w,
+                    index_t t0, index_t t1, index_t ld, float* out, const Pass& pass) {
   using V = typename Lanes<B>::type;
   const index_t blocks = ld / B, tiles = t1 - t0;
-  // A tile's channel blocks one after the other: its rows of V are written whole (cache
-  // lines half written by far-apart items were read back and written again).
-  par.for_range(tiles, blocks * 60 * B, [&](index_t first, index_t last) {
+  // A tile's channel blocks one after the other: its rows are written whole (cache lines
+  // half written by far-apart items were read back and written again).
+  par.for_range(tiles, blocks * 15 * Side * B, [&](index_t first, index_t last) {
     for (index_t t = t0 + first; t < t0 + last; ++t) {
       index_t n, h0, w0;
       tl.locate(t, n, h0, w0);
       const Plane plane = plane_of<B>(in, n, 0);
       for (index_t c0 = 0; c0 < ld; c0 += B) {
-        V d[kPoints], r[kPoints];
-        load_block<B>(plane_at<B>(plane, in, c0), in.height, in.width, h0 - tl.pad_h, w0 - tl.pad_w,
-                      kAlpha, kAlpha, d);
-        for (int j = 0; j < kAlpha; ++j)
-          bt6(d + j, kAlpha, r + j, kAlpha);  // columns
+        V d[Side * Side], r[kAlpha * Side], o[kPoints];
+        load_block<B>(plane_at<B>(plane, in, c0), in.height, in.width, h0 - pad_h, w0 - pad_w, Side,
+                      Side, d);
+        for (int j = 0; j < Side; ++j)
+          pass(d + j, Side, r + j, Side);  // columns: Side -> 6 rows
         for (int i = 0; i < kAlpha; ++i)
-          bt6(r + i * kAlpha, 1, d + i * kAlpha, 1);  // rows
-        float* at = v + (t - t0) * ld + c0;
+          pass(r + i * Side, 1, o + i * kAlpha, 1);  // rows: Side -> 6
+        float* at = out + (t - t0) * ld + c0;
         for (int p = 0; p < kPoints; ++p)
-          std::memcpy(at + p * tiles * ld, &d[p], sizeof(V));
+          std::memcpy(at + p * tiles * ld, &o[p], sizeof(V));
       }
     }
   });
+}
+
+// Phase 1: V[p][t - t0][c] = (B^T d B)[p] of the 6x6 input tiles.
+template <int B>
+void input_transform(Parallel& par, const View& in, const Tiling& tl, index_t t0, index_t t1,
+                     index_t ld, float* v) {
+  using V = typename Lanes<B>::type;
+  tile_transform<B, kAlpha>(
+      par, in, tl, tl.pad_h, tl.pad_w, t0, t1, ld, v,
+      [](const V* d, int step, V* r, int r_step) { bt6(d, step, r, r_step); });
 }
 
 // Phase 1 of the weight gradient for dy: E[p][t - t0][o] = (A e A^T)[p] of dy's 4x4 tiles.
@@ -232,25 +246,8 @@ template <int B>
 void gradient_transform(Parallel& par, const View& dy, const Tiling& tl, index_t t0, index_t t1,
                         index_t ld, float* e) {
   using V = typename Lanes<B>::type;
-  const index_t blocks = ld / B, tiles = t1 - t0;
-  par.for_range(tiles, blocks * 40 * B, [&](index_t first, index_t last) {
-    for (index_t t = t0 + first; t < t0 + last; ++t) {
-      index_t n, h0, w0;
-      tl.locate(t, n, h0, w0);
-      const Plane plane = plane_of<B>(dy, n, 0);
-      for (index_t c0 = 0; c0 < ld; c0 += B) {
-        V d[kTile * kTile], r[kAlpha * kTile], out[kPoints];
-        load_block<B>(plane_at<B>(plane, dy, c0), dy.height, dy.width, h0, w0, kTile, kTile, d);
-        for (int j = 0; j < kTile; ++j)
-          a4(d + j, kTile, r + j, kTile);  // columns: 4 -> 6 rows
-        for (int i = 0; i < kAlpha; ++i)
-          a4(r + i * kTile, 1, out + i * kAlpha, 1);  // rows: 4 -> 6
-        float* at = e + (t - t0) * ld + c0;
-        for (int p = 0; p < kPoints; ++p)
-          std::memcpy(at + p * tiles * ld, &out[p], sizeof(V));
-      }
-    }
-  });
+  tile_transform<B, kTile>(par, dy, tl, 0, 0, t0, t1, ld, e,
+                           [](const V* d, int step, V* r, int r_step) { a4(d, step, r, r_step); });
 }
 
 struct Epilogue {
