@@ -450,6 +450,11 @@ TEST_CASE("Convolution setup errors name the layer and the shapes", "[layer][con
     hn::ConvolutionLayer direct("conv_d1", p);
     CHECK_THROWS_WITH(direct.setup({Shape{2, 4, 8, 8}}),
                       Contains("conv_d1") && Contains("direct_1x1") && Contains("3x3"));
+    ConvolutionParams strided = square(4, 3, 2, 1);
+    strided.lowering = Lowering::winograd;
+    hn::ConvolutionLayer winograd("conv_w", strided);
+    CHECK_THROWS_WITH(winograd.setup({Shape{2, 4, 8, 8}}),
+                      Contains("conv_w") && Contains("winograd") && Contains("stride 2x2"));
   }
   SECTION("num_output missing") {
     ConvolutionParams p;
