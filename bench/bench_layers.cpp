@@ -45,6 +45,9 @@ struct LayersOptions {
   // Overrides for the convolutions, for tuning: 0 / automatic = the library's choice.
   std::size_t chunk_bytes = 0;
   Lowering lowering = Lowering::automatic;
+  // Several lowerings (--lowering a,b): each layer timed with each in turn, rounds of them
+  // alternating, so that they are compared in the same moments of a noisy machine.
+  std::vector<Lowering> lowerings;
 };
 
 LayersOptions parse_layers(const std::vector<std::string>& args) {
@@ -93,17 +96,21 @@ LayersOptions parse_layers(const std::vector<std::string>& args) {
       }
       options.chunk_bytes = static_cast<std::size_t>(bytes);
     } else if (arg == "--lowering") {
-      const std::string& value = args[++i];
-      bool known = false;
-      for (const Lowering l :
-           {Lowering::automatic, Lowering::type1, Lowering::type3, Lowering::direct_1x1,
-            Lowering::direct, Lowering::direct_plain, Lowering::winograd}) {
-        if (value == lowering_name(l)) {
-          options.lowering = l;
-          known = true;
+      std::istringstream list(args[++i]);
+      for (std::string value; std::getline(list, value, ',');) {
+        bool known = false;
+        for (const Lowering l :
+             {Lowering::automatic, Lowering::type1, Lowering::type3, Lowering::direct_1x1,
+              Lowering::direct, Lowering::direct_plain, Lowering::winograd, Lowering::pointwise}) {
+          if (value == lowering_name(l)) {
+            options.lowerings.push_back(l);
+            known = true;
+          }
         }
+        if (!known) throw UsageError{"layers: unknown --lowering '" + value + "'"};
       }
-      if (!known) throw UsageError{"layers: unknown --lowering '" + value + "'"};
+      if (options.lowerings.empty()) throw UsageError{"layers: --lowering needs a value"};
+      options.lowering = options.lowerings.front();
     } else {
       throw UsageError{"layers: unknown option '" + arg + "'"};
     }
@@ -137,6 +144,10 @@ bool lowering_applies(Lowering lowering, const ConvolutionParams& p) {
   if (lowering == Lowering::winograd) {
     return p.group == 1 && p.kernel_size == std::vector<index_t>{3} &&
            (p.stride.empty() || p.stride == std::vector<index_t>{1});
+  }
+  if (lowering == Lowering::pointwise) {
+    return p.group == 1 && p.kernel_size == std::vector<index_t>{1} &&
+           (p.pad.empty() || p.pad == std::vector<index_t>{0});
   }
   return true;
 }
@@ -303,6 +314,8 @@ struct Array {
 
 struct Timing {
   double forward = 0.0, backward = 0.0;  // seconds
+  // A convolution's backward with the weight gradient alone (no data gradient); 0: not timed.
+  double weights = 0.0;
 };
 
 // Runs the layer as a kernel: buffers for every operand, one LayerSlice per direction over
@@ -364,6 +377,17 @@ Timing time_layer(Driver& driver, NetLayer& entry, bool blocked) {
     layer.backward(backward);
     driver.synchronize();
   });
+  if (entry.data_gradient && std::string(layer.type()) == "Convolution") {
+    LayerSlice weights_only = backward;
+    weights_only.propagate_down = {false};
+    weights_only.inputs[0].diff = Pointer{driver.device(), nullptr, 0};
+    t.weights = best_seconds([&] {
+      layer.backward(weights_only);
+      driver.synchronize();
+    });
+  } else if (!entry.data_gradient) {
+    t.weights = t.backward;
+  }
   return t;
 }
 
@@ -399,63 +423,105 @@ int run_layers(const std::vector<std::string>& args) {
       peak.blas, threads, peak.gflops, wait_policy ? wait_policy : "");
   std::fflush(stdout);
 
-  double conv_forward = 0.0, conv_backward = 0.0, conv_flops = 0.0;
+  // One net per lowering compared (one: the options' own).
+  const std::vector<Lowering> compared =
+      options.lowerings.size() > 1 ? options.lowerings : std::vector<Lowering>{options.lowering};
+  std::vector<std::vector<NetLayer>> nets;
+  for (const Lowering lowering : compared) {
+    LayersOptions one = options;
+    one.lowering = lowering;
+    nets.push_back(one.net == "lenet"      ? lenet(one)
+                   : one.net == "resnet50" ? resnet50(one)
+                                           : caffenet(one));
+  }
+  const int rounds = compared.size() > 1 ? 3 : 1;
+  const std::size_t ways = compared.size();
+  std::vector<double> conv_forward(ways), conv_backward(ways), total_forward(ways),
+      total_backward(ways);
+  double conv_flops = 0.0;
   int convs = 0;
-  std::vector<NetLayer> layers = options.net == "lenet"      ? lenet(options)
-                                 : options.net == "resnet50" ? resnet50(options)
-                                                             : caffenet(options);
-  double total_forward = 0.0, total_backward = 0.0;
-  for (NetLayer& entry : layers) {
-    const std::string name = entry.layer->name();
+  for (std::size_t i = 0; i < nets[0].size(); ++i) {
+    const std::string name = nets[0][i].layer->name();
     if (!selected(options, name)) continue;
-    const Timing t = time_layer(*driver, entry, options.blocked);
-    const std::string type = entry.layer->type();
-    std::string line = fmt::format(
-        "{{\"bench\":\"layer\",\"name\":\"{}\",\"type\":\"{}\",\"batch\":{},\"threads\":{}", name,
-        type, options.batch, threads);
-    if (const auto* c = dynamic_cast<const ConvolutionLayer*>(entry.layer.get())) {
-      line += fmt::format(",\"lowering\":\"{}\",\"fwd_chunk\":{},\"bwd_chunk\":{}",
-                          c->algorithm(*driver), c->forward_chunk(options.batch),
-                          c->backward_chunk(options.batch));
-      line += fmt::format(",\"workspace_mb\":{:.1f}",
-                          c->workspace_bytes(*driver, options.batch) * 1e-6);
+    // The best of `rounds` rounds, each timing every lowering in turn.
+    std::vector<Timing> best(ways);
+    for (int round = 0; round < rounds; ++round) {
+      for (std::size_t k = 0; k < ways; ++k) {
+        const Timing t = time_layer(*driver, nets[k][i], options.blocked);
+        const auto keep = [&](double mine, double& kept) {
+          if (round == 0 || (mine > 0.0 && mine < kept)) kept = mine;
+        };
+        keep(t.forward, best[k].forward);
+        keep(t.backward, best[k].backward);
+        keep(t.weights, best[k].weights);
+      }
     }
-    line += fmt::format(",\"fwd_ms\":{:.3f},\"bwd_ms\":{:.3f}", t.forward * 1e3, t.backward * 1e3);
-    if (entry.forward_flops > 0.0) {
-      const double fwd = entry.forward_flops / t.forward * 1e-9;
-      const double bwd = 2.0 * entry.forward_flops / t.backward * 1e-9;
-      line += fmt::format(
-          ",\"fwd_gflops\":{:.1f},\"bwd_gflops\":{:.1f},\"fwd_ratio_to_peak\":{:.3f},"
-          "\"bwd_ratio_to_peak\":{:.3f}",
-          fwd, bwd, fwd / peak.gflops, bwd / peak.gflops);
-    }
-    fmt::print("{}}}\n", line);
-    std::fflush(stdout);
-    std::fprintf(stderr, "layers: %s: forward %.2f ms, backward %.2f ms\n", name.c_str(),
-                 t.forward * 1e3, t.backward * 1e3);
-    total_forward += t.forward;
-    total_backward += t.backward;
-    if (type == "Convolution") {
-      conv_forward += t.forward;
-      conv_backward += t.backward;
-      conv_flops += entry.forward_flops;
-      ++convs;
+    for (std::size_t k = 0; k < ways; ++k) {
+      NetLayer& entry = nets[k][i];
+      const Timing& t = best[k];
+      const std::string type = entry.layer->type();
+      std::string line = fmt::format(
+          "{{\"bench\":\"layer\",\"name\":\"{}\",\"type\":\"{}\",\"batch\":{},\"threads\":{}", name,
+          type, options.batch, threads);
+      if (const auto* c = dynamic_cast<const ConvolutionLayer*>(entry.layer.get())) {
+        line += fmt::format(",\"lowering\":\"{}\",\"fwd_chunk\":{},\"bwd_chunk\":{}",
+                            c->algorithm(*driver), c->forward_chunk(options.batch),
+                            c->backward_chunk(options.batch));
+        line += fmt::format(",\"workspace_mb\":{:.1f}",
+                            c->workspace_bytes(*driver, options.batch) * 1e-6);
+      }
+      line +=
+          fmt::format(",\"fwd_ms\":{:.3f},\"bwd_ms\":{:.3f}", t.forward * 1e3, t.backward * 1e3);
+      if (entry.forward_flops > 0.0) {
+        const double fwd = entry.forward_flops / t.forward * 1e-9;
+        const double bwd = 2.0 * entry.forward_flops / t.backward * 1e-9;
+        line += fmt::format(
+            ",\"fwd_gflops\":{:.1f},\"bwd_gflops\":{:.1f},\"fwd_ratio_to_peak\":{:.3f},"
+            "\"bwd_ratio_to_peak\":{:.3f}",
+            fwd, bwd, fwd / peak.gflops, bwd / peak.gflops);
+        if (t.weights > 0.0) {
+          // The weight gradient alone: as many FLOPs as the forward.
+          const double wgrad = entry.forward_flops / t.weights * 1e-9;
+          line += fmt::format(
+              ",\"wgrad_ms\":{:.3f},\"wgrad_gflops\":{:.1f},\"wgrad_ratio_to_peak\":{:.3f}",
+              t.weights * 1e3, wgrad, wgrad / peak.gflops);
+        }
+      }
+      fmt::print("{}}}\n", line);
+      std::fflush(stdout);
+      std::fprintf(stderr, "layers: %s (%s): forward %.2f ms, backward %.2f ms\n", name.c_str(),
+                   lowering_name(compared[k]), t.forward * 1e3, t.backward * 1e3);
+      total_forward[k] += t.forward;
+      total_backward[k] += t.backward;
+      if (type == "Convolution") {
+        conv_forward[k] += t.forward;
+        conv_backward[k] += t.backward;
+        if (k == 0) {
+          conv_flops += entry.forward_flops;
+          ++convs;
+        }
+      }
     }
   }
-  if (convs > 0) {
-    const double fwd = conv_flops / conv_forward * 1e-9;
-    const double total = 3.0 * conv_flops / (conv_forward + conv_backward) * 1e-9;
+  for (std::size_t k = 0; k < ways; ++k) {
+    const std::string lowering =
+        ways > 1 ? fmt::format(",\"lowering\":\"{}\"", lowering_name(compared[k])) : "";
+    if (convs > 0) {
+      const double fwd = conv_flops / conv_forward[k] * 1e-9;
+      const double total = 3.0 * conv_flops / (conv_forward[k] + conv_backward[k]) * 1e-9;
+      fmt::print(
+          "{{\"bench\":\"layer_total\",\"name\":\"conv1..conv{}\"{},\"layers\":{},\"fwd_ms\":{:.3f}"
+          ","
+          "\"bwd_ms\":{:.3f},\"fwd_gflops\":{:.1f},\"fwd_ratio_to_peak\":{:.3f},"
+          "\"fwd_bwd_gflops\":{:.1f},\"fwd_bwd_ratio_to_peak\":{:.3f}}}\n",
+          convs, lowering, convs, conv_forward[k] * 1e3, conv_backward[k] * 1e3, fwd,
+          fwd / peak.gflops, total, total / peak.gflops);
+    }
     fmt::print(
-        "{{\"bench\":\"layer_total\",\"name\":\"conv1..conv{}\",\"layers\":{},\"fwd_ms\":{:.3f},"
-        "\"bwd_ms\":{:.3f},\"fwd_gflops\":{:.1f},\"fwd_ratio_to_peak\":{:.3f},"
-        "\"fwd_bwd_gflops\":{:.1f},\"fwd_bwd_ratio_to_peak\":{:.3f}}}\n",
-        convs, convs, conv_forward * 1e3, conv_backward * 1e3, fwd, fwd / peak.gflops, total,
-        total / peak.gflops);
+        "{{\"bench\":\"layer_total\",\"name\":\"all\",\"net\":\"{}\"{},\"fwd_ms\":{:.3f},"
+        "\"bwd_ms\":{:.3f}}}\n",
+        options.net, lowering, total_forward[k] * 1e3, total_backward[k] * 1e3);
   }
-  fmt::print(
-      "{{\"bench\":\"layer_total\",\"name\":\"all\",\"net\":\"{}\",\"fwd_ms\":{:.3f},"
-      "\"bwd_ms\":{:.3f}}}\n",
-      options.net, total_forward * 1e3, total_backward * 1e3);
   return 0;
 }
 

@@ -2300,6 +2300,112 @@ TEST_CASE(
   }
 }
 
+// ---- pointwise (1x1) convolution on blocked operands ---------------------------------
+
+TEST_CASE(
+    "pointwise convolutions (LoweringShape::pointwise) match the reference on blocked "
+    "operands, strided and across weight versions, and refuse what they cannot compute",
+    "[driver_ops][convolution][pointwise]") {
+  using hn::Layout;
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    hn::Driver& d = *drivers.driver;
+    if (!d.capabilities().pointwise || !d.capabilities().blocked_layout) {
+      SUCCEED(d.name() << " has no pointwise convolution on blocked operands");
+      return;
+    }
+    std::uint32_t seed = 6900;
+    std::uint64_t last_version = 0;
+    const std::pair<hn::LoweringShape, index_t> convs[] = {
+        {hn::test::lowering(2, 32, 9, 7, 1, 1, 0, 0, 1, 1), 48},    // rows of 6 not whole
+        {hn::test::lowering(1, 16, 1, 1, 1, 1, 0, 0, 1, 1), 16},    // one pixel
+        {hn::test::lowering(3, 64, 9, 11, 1, 1, 0, 0, 2, 2), 32},   // stride 2, odd sides
+        {hn::test::lowering(2, 48, 14, 14, 1, 1, 0, 0, 2, 2), 80},  // stride 2, even sides
+        {hn::test::lowering(1, 16, 7, 7, 1, 1, 0, 0, 1, 1), 224},   // batch 1: panel groups
+        {hn::test::lowering(5, 24, 30, 28, 1, 1, 0, 0, 1, 1), 8},   // long reduction, 3 blocks
+        {hn::test::lowering(2, 16, 8, 5, 1, 1, 0, 0, 3, 3), 16},    // stride 3
+    };
+    for (const auto& conv : convs) {
+      for (const Layout layout : {Layout::nchw8c, Layout::nchw16c}) {
+        const auto& base = conv.first;
+        const auto out_channels = conv.second;
+        const index_t block = hn::layout_block(layout);
+        if (base.channels % block != 0 || out_channels % block != 0) continue;
+        hn::LoweringShape shape = base;
+        shape.layout = shape.out_layout = layout;
+        shape.pointwise = true;
+        INFO(shape.to_string() << " out_channels=" << out_channels);
+        const index_t oh = shape.out_h(), ow = shape.out_w();
+        const auto in_tested = [&](const std::vector<float>& v, bool back = false) {
+          return relaid(v, shape.batch, shape.channels, shape.height, shape.width,
+                        back ? layout : Layout::nchw, back ? Layout::nchw : layout);
+        };
+        const auto out_tested = [&](const std::vector<float>& v, bool back = false) {
+          return relaid(v, shape.batch, out_channels, oh, ow, back ? layout : Layout::nchw,
+                        back ? Layout::nchw : layout);
+        };
+        const index_t x_count = shape.image_count(), y_count = shape.batch * out_channels * oh * ow;
+        const index_t w_count = conv_weight_count(shape, out_channels);
+        const std::vector<float> xv = random_floats(x_count, seed++),
+                                 dyv = random_floats(y_count, seed++);
+        const TwinArray x(drivers, xv, in_tested(xv)), dy(drivers, dyv, out_tested(dyv));
+        const TwinArray bias(drivers, random_floats(out_channels, seed++));
+        const TwinArray y(drivers, constant(y_count, -7777.0f), constant(y_count, kNaN));
+        // dx over NaN: the pixels a stride skips must come out zero.
+        const TwinArray dx(drivers, constant(x_count, -7777.0f), constant(x_count, kNaN));
+        const TwinArray dw(drivers, random_floats(w_count, seed++, -3.0f, 3.0f)),
+            db(drivers, random_floats(out_channels, seed++, -3.0f, 3.0f));
+        // Two versions of new weights at one address: the second call must not reuse the
+        // first's packed weights.
+        const TwinArray w(drivers, constant(w_count, 0.0f));
+        for (int round = 0; round < 2; ++round) {
+          const std::uint64_t version = ++last_version;
+          INFO("weights version " << version);
+          const std::vector<float> values = random_floats(w_count, seed++);
+          drivers.oracle->copy_from_host(w[Side::oracle], values.data(),
+                                         values.size() * sizeof(float));
+          d.copy_from_host(w[Side::tested], values.data(), values.size() * sizeof(float));
+          shape.weights_version = version;
+          const hn::Activation act =
+              round == 0 ? hn::Activation::relu(0.125f) : hn::Activation::clip(-0.25f, 0.5f);
+          drivers.oracle->conv_forward_activation(base, out_channels, x[Side::oracle],
+                                                  w[Side::oracle], bias[Side::oracle], act,
+                                                  y[Side::oracle]);
+          drivers.oracle->conv_backward(base, out_channels, x[Side::oracle], w[Side::oracle],
+                                        dy[Side::oracle], dx[Side::oracle], dw[Side::oracle],
+                                        db[Side::oracle]);
+          d.conv_forward_activation(shape, out_channels, x[Side::tested], w[Side::tested],
+                                    bias[Side::tested], act, y[Side::tested]);
+          d.conv_backward(shape, out_channels, x[Side::tested], w[Side::tested], dy[Side::tested],
+                          dx[Side::tested], dw[Side::tested], db[Side::tested]);
+          check_close(out_tested(y.tested(), true), y.oracle(), gemm_tolerance(shape.channels));
+          check_close(in_tested(dx.tested(), true), dx.oracle(), gemm_tolerance(out_channels));
+          check_close(dw.tested(), dw.oracle(), gemm_tolerance(shape.batch * oh * ow));
+          check_close(db.tested(), db.oracle(), gemm_tolerance(shape.batch * oh * ow));
+        }
+      }
+    }
+    // Shapes it does not compute: refused before any work, naming the call.
+    const DeviceArray a(d, 2 * 16 * 8 * 8), w(d, 16 * 16 * 9), b(d, 2 * 16 * 8 * 8);
+    hn::LoweringShape padded = hn::test::lowering(2, 16, 6, 6, 1, 1, 1, 1, 1, 1);
+    hn::LoweringShape nchw = hn::test::lowering(2, 16, 8, 8, 1, 1, 0, 0, 1, 1);
+    hn::LoweringShape mixed = nchw, three = hn::test::lowering(1, 16, 8, 8, 3, 3, 1, 1, 1, 1);
+    padded.layout = padded.out_layout = three.layout = three.out_layout = Layout::nchw8c;
+    mixed.layout = Layout::nchw16c;
+    mixed.out_layout = Layout::nchw8c;
+    for (hn::LoweringShape* s : {&padded, &nchw, &mixed, &three}) {
+      s->pointwise = true;
+      INFO(s->to_string());
+      CHECK_THAT(error_of([&] { d.conv_forward(*s, 16, a.data(), w.data(), nullptr, b.data()); }),
+                 Contains("conv_forward (pointwise)") && Contains("1x1 kernel"));
+      CHECK_THAT(
+          error_of([&] { d.conv_backward_weights(*s, 16, a.data(), b.data(), w.data(), nullptr); }),
+          Contains("conv_backward_weights (pointwise)"));
+    }
+  }
+}
+
 // ---- BatchNorm + Scale + ReLU fused -------------------------------------------------
 
 TEST_CASE(

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -15,6 +16,7 @@
 
 #include "lib/core/memory.h"
 #include "lib/core/runtime.h"
+#include "lib/layers/convolution_layer.h"
 #include "lib/net/net.h"
 #include "tests/net_runs.h"
 #include "tests/support.h"
@@ -269,7 +271,8 @@ NormRun run_labelled(Net& net, std::uint32_t seed) {
 // overridden through TuneOptions::agree as rank 0's choice would be); empty: no tuning.
 NormRun run_norm_net(const Device& device, bool fuse, bool blocked, Phase phase,
                      const std::string& conv_choice = "", const std::string& split = "",
-                     const char* text = kNormNet) {
+                     const char* text = kNormNet,
+                     const std::function<void(Net&, Driver&)>& before_run = {}) {
   Runtime runtime;
   Driver& driver = runtime.add(device);
   NetOptions options;
@@ -306,6 +309,7 @@ NormRun run_norm_net(const Device& device, bool fuse, bool blocked, Phase phase,
       }
     }
   }
+  if (before_run) before_run(*net, driver);
   return run_labelled(*net, 9);
 }
 
@@ -537,6 +541,67 @@ TEST_CASE(
   CHECK_THAT(
       test::error_of([] { run_norm_net(Device::parse("cpu"), true, true, Phase::train, "type1"); }),
       Catch::Contains("conv2") && Catch::Contains("'type1'"));
+}
+
+// 1x1 convolutions between blocked activations, one of them strided, with a bias and a
+// fused ReLU (conv1 takes the NCHW input, conv4 gives the InnerProduct an NCHW one).
+constexpr const char* kPointwiseNet = R"(
+name: "pointwise"
+layer { name: "in" type: "Input" top: "x" top: "label"
+        input_param { shape { dim: 3 dim: 16 dim: 7 dim: 6 } shape { dim: 3 } } }
+layer { name: "conv1" type: "Convolution" bottom: "x" top: "c1"
+        convolution_param { num_output: 16 kernel_size: 3 pad: 1
+                            weight_filler { type: "gaussian" std: 0.2 } } }
+layer { name: "relu1" type: "ReLU" bottom: "c1" top: "c1" }
+layer { name: "conv2" type: "Convolution" bottom: "c1" top: "c2"
+        convolution_param { num_output: 32 kernel_size: 1 bias_term: false
+                            weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "relu2" type: "ReLU" bottom: "c2" top: "c2" }
+layer { name: "conv3" type: "Convolution" bottom: "c2" top: "c3"
+        convolution_param { num_output: 16 kernel_size: 1 stride: 2
+                            weight_filler { type: "gaussian" std: 0.3 }
+                            bias_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "relu3" type: "ReLU" bottom: "c3" top: "c3" relu_param { negative_slope: 0.1 } }
+layer { name: "conv4" type: "Convolution" bottom: "c3" top: "c4"
+        convolution_param { num_output: 8 kernel_size: 3 pad: 1
+                            weight_filler { type: "gaussian" std: 0.2 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "c4" top: "logits"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "logits" bottom: "label" top: "loss" }
+)";
+
+TEST_CASE(
+    "1x1 convolutions on blocked activations computed by the driver's pointwise kernels (a "
+    "tuning candidate) equal the reference driver's",
+    "[net][layout][tune][pointwise]") {
+  const NormRun reference =
+      run_norm_net(Device::parse("reference"), false, false, Phase::train, "", "", kPointwiseNet);
+  std::vector<std::string> chosen;
+  const auto pointwise = [&](Net& net, Driver& driver) {
+    for (int l = 0; l < net.num_layers(); ++l) {
+      if (std::string(net.layer_type(l)) != "Convolution") continue;
+      auto* conv = dynamic_cast<ConvolutionLayer*>(&net.layer(l));
+      REQUIRE(conv != nullptr);
+      const std::vector<Lowering> options = conv->candidates(driver);
+      if (std::find(options.begin(), options.end(), Lowering::pointwise) == options.end()) continue;
+      for (const ConvDirection d : kConvDirections)
+        conv->choose(driver, d, Lowering::pointwise);
+      chosen.push_back(net.layer_name(l));
+    }
+  };
+  const NormRun cpu = run_norm_net(Device::parse("cpu"), true, true, Phase::train, "", "",
+                                   kPointwiseNet, pointwise);
+  // conv1 and conv4 (3x3, one side NCHW) have no pointwise kernel; conv2 and conv3 (1x1,
+  // blocked) do.
+  CHECK(chosen == std::vector<std::string>{"conv2", "conv3"});
+  for (const char* conv : {"conv2", "conv3"})
+    CHECK(cpu.algorithms.at(conv) == "pointwise");
+  CHECK(std::fabs(cpu.loss - reference.loss) <= 1e-5 * std::max(1.0f, std::fabs(reference.loss)));
+  REQUIRE(cpu.gradients.size() == reference.gradients.size());
+  for (std::size_t g = 0; g < reference.gradients.size(); ++g) {
+    INFO("gradient " << g);
+    CHECK(test::max_scaled_diff(reference.gradients[g], cpu.gradients[g]) <= 1e-5);
+  }
 }
 
 // conv1's weights are frozen (lr_mult 0) and its bias is not: its backward computes the

@@ -45,6 +45,10 @@ struct Capabilities {
   // conv_* compute 3x3 stride-1 ungrouped convolutions with Winograd's algorithm where the
   // shape asks for it (LoweringShape::winograd), on NCHW and blocked operands alike.
   bool winograd = false;
+  // conv_* compute 1x1 ungrouped unpadded convolutions (any stride) on operands in one
+  // blocked layout with kernels of the driver's own where the shape asks for it
+  // (LoweringShape::pointwise).
+  bool pointwise = false;
 };
 
 // One piece of memory a call reads or writes (Driver::*_operands).

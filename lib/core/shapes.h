@@ -91,6 +91,9 @@ struct LoweringShape {
   // Direct convolution calls: compute with the driver's Winograd convolution (a 3x3 kernel,
   // stride 1; Lowering::winograd), where the driver has one (Capabilities::winograd).
   bool winograd = false;
+  // Direct convolution calls: compute with the driver's own 1x1 kernels on blocked operands
+  // (Lowering::pointwise), where the driver has them (Capabilities::pointwise).
+  bool pointwise = false;
   // conv_forward(_activation): when not 0, names the weights' contents (Tensor versions,
   // lib/core/tensor.h): every call with the same weights address and version has the same
   // weights, so a driver may keep them in its own layout between calls. 0: unknown.

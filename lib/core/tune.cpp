@@ -63,8 +63,9 @@ namespace {
 // against the old kernels are measured again (2: the CPU driver's own depthwise weight
 // gradient, where oneDNN's GEMM-based one had lost to direct_plain; 3: the activation fused
 // into the convolution, and blocked calls kept blocked where channels-last reordered; 4: the
-// CPU driver's Winograd convolution, and the weights measured with a version of their own).
-constexpr int kKernelsRevision = 4;
+// CPU driver's Winograd convolution, and the weights measured with a version of their own; 5:
+// its pointwise (1x1) convolution).
+constexpr int kKernelsRevision = 5;
 
 constexpr char kHeader[] =
     "# hybridnn tuning cache: the fastest algorithm measured per machine, driver and shape.\n"

@@ -46,6 +46,7 @@ const ConvAlgorithm& conv_algorithm(Lowering lowering);
 const ConvAlgorithm& conv_direct();        // conv_direct.cpp
 const ConvAlgorithm& conv_direct_plain();  // conv_direct.cpp
 const ConvAlgorithm& conv_winograd();      // conv_direct.cpp
+const ConvAlgorithm& conv_pointwise();     // conv_direct.cpp
 const ConvAlgorithm& conv_direct_1x1();    // conv_1x1.cpp
 const ConvAlgorithm& conv_type3();         // conv_type3.cpp
 const ConvAlgorithm& conv_type1();         // conv_type1.cpp
@@ -54,6 +55,11 @@ const ConvAlgorithm& conv_type1();         // conv_type1.cpp
 // (Lowering::winograd): a 3x3 kernel, stride 1, no dilation, one group, padding at most 2
 // (conv_direct.cpp).
 bool winograd_shape(const ConvGeometry& geo, index_t groups);
+// Whether the driver's pointwise convolution computes this geometry (Lowering::pointwise): a
+// 1x1 kernel, no padding or dilation, one group, equal strides; it also needs the operands
+// in one blocked layout with channel counts that are multiples of its block
+// (conv_direct.cpp).
+bool pointwise_shape(const ConvGeometry& geo, index_t groups);
 
 inline std::size_t floats_bytes(index_t count) {
   return static_cast<std::size_t>(count) * sizeof(float);

@@ -1,6 +1,7 @@
-// Convolution algorithms direct, direct_plain and winograd: the driver's own convolution
-// (oneDNN on the CPU, cuDNN on CUDA), no lowering; direct_plain asks for its NCHW kernels,
-// winograd for its Winograd convolution (the CPU driver's, conv_winograd.h).
+// Convolution algorithms direct, direct_plain, winograd and pointwise: the driver's own
+// convolution (oneDNN on the CPU, cuDNN on CUDA), no lowering; direct_plain asks for its NCHW
+// kernels, winograd for its Winograd convolution (the CPU driver's, conv_winograd.h),
+// pointwise for its 1x1 kernels on blocked operands (the CPU driver's, conv_pointwise.h).
 #include "lib/layers/conv_algorithm.h"
 
 namespace hn::detail {
@@ -20,6 +21,15 @@ class DriverConvolution final : public ConvAlgorithm {
         return capabilities.convolution && capabilities.blocked_layout;
       case Lowering::winograd:
         return capabilities.winograd && winograd_shape(layer.geometry(), layer.config().group);
+      case Lowering::pointwise: {
+        // Blocked operands only: x and y in one blocked layout, whole blocks of channels.
+        const Layout layout = layer.input_layout();
+        const index_t block = layout_block(layout);
+        return capabilities.pointwise && capabilities.blocked_layout && block > 1 &&
+               layer.output_layout() == layout && layer.geometry().channels % block == 0 &&
+               layer.config().num_output % block == 0 &&
+               pointwise_shape(layer.geometry(), layer.config().group);
+      }
       default:
         return capabilities.convolution;
     }
@@ -37,6 +47,7 @@ class DriverConvolution final : public ConvAlgorithm {
     s.out_layout = slice.outputs[0].layout;
     s.plain_kernel = kind_ == Lowering::direct_plain;
     s.winograd = kind_ == Lowering::winograd;
+    s.pointwise = kind_ == Lowering::pointwise;
     s.weights_version = slice.params[0].version;
     return s;
   }
@@ -99,10 +110,21 @@ const ConvAlgorithm& conv_winograd() {
   return algorithm;
 }
 
+const ConvAlgorithm& conv_pointwise() {
+  static const DriverConvolution algorithm(Lowering::pointwise);
+  return algorithm;
+}
+
 bool winograd_shape(const ConvGeometry& geo, index_t groups) {
   return groups == 1 && geo.kernel_h == 3 && geo.kernel_w == 3 && geo.stride_h == 1 &&
          geo.stride_w == 1 && geo.dilation_h == 1 && geo.dilation_w == 1 && geo.pad_h <= 2 &&
          geo.pad_w <= 2;
+}
+
+bool pointwise_shape(const ConvGeometry& geo, index_t groups) {
+  return groups == 1 && geo.kernel_h == 1 && geo.kernel_w == 1 && geo.pad_h == 0 &&
+         geo.pad_w == 0 && geo.dilation_h == 1 && geo.dilation_w == 1 &&
+         geo.stride_h == geo.stride_w;
 }
 
 }  // namespace hn::detail

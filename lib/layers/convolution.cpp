@@ -37,6 +37,8 @@ const char* lowering_name(Lowering lowering) {
       return "direct_plain";
     case Lowering::winograd:
       return "winograd";
+    case Lowering::pointwise:
+      return "pointwise";
   }
   return "unknown";
 }
@@ -176,6 +178,13 @@ std::vector<Shape> ConvolutionLayer::setup(const std::vector<Shape>& inputs) {
                who, geo.kernel_h, geo.kernel_w, geo.stride_h, geo.stride_w, geo.dilation_h,
                geo.dilation_w, p.group, geo.pad_h, geo.pad_w);
       break;
+    case Lowering::pointwise:
+      HN_CHECK(detail::pointwise_shape(geo, p.group),
+               "{}: lowering pointwise needs a 1x1 kernel, pad 0, dilation 1, group 1 and equal "
+               "strides, got kernel {}x{} stride {}x{} dilation {}x{} group {} pad {}x{}",
+               who, geo.kernel_h, geo.kernel_w, geo.stride_h, geo.stride_w, geo.dilation_h,
+               geo.dilation_w, p.group, geo.pad_h, geo.pad_w);
+      break;
     case Lowering::type1:
     case Lowering::automatic:
     case Lowering::direct:
@@ -271,9 +280,10 @@ bool ConvolutionLayer::blocked_on(const Driver& driver) const {
 namespace {
 
 // The driver's own calls besides direct that take blocked operands as they are: on NCHW
-// copies (direct_plain) or its Winograd convolution.
+// copies (direct_plain), its Winograd convolution or its pointwise one.
 bool takes_blocked(Lowering lowering) {
-  return lowering == Lowering::direct_plain || lowering == Lowering::winograd;
+  return lowering == Lowering::direct_plain || lowering == Lowering::winograd ||
+         lowering == Lowering::pointwise;
 }
 
 }  // namespace
@@ -305,6 +315,7 @@ std::vector<Lowering> ConvolutionLayer::candidates(const Driver& driver) const {
   if (blocked_on(driver)) {
     std::vector<Lowering> result{Lowering::direct, Lowering::direct_plain};
     if (detail::conv_winograd().applies(*this, driver)) result.push_back(Lowering::winograd);
+    if (detail::conv_pointwise().applies(*this, driver)) result.push_back(Lowering::pointwise);
     return result;
   }
   // Otherwise every algorithm that can run this layer, in the list's order.

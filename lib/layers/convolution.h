@@ -27,6 +27,10 @@ enum class Lowering {
   // The driver's own Winograd convolution F(4x4, 3x3) (the CPU driver's; 3x3 kernels,
   // stride 1, one group, padding at most 2): on blocked or NCHW operands alike.
   winograd,
+  // The driver's own 1x1 convolution on blocked operands (the CPU driver's; a 1x1 kernel, no
+  // padding, any stride, one group, input and output in one blocked layout with channel
+  // counts that are multiples of its block).
+  pointwise,
 };
 const char* lowering_name(Lowering lowering);
 

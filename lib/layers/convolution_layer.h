@@ -81,6 +81,9 @@ class ConvolutionLayer final : public Layer {
   // Blocked input and output each on its own: the driver's direct convolution only.
   BlockedLayout blocked_layout() const override { return BlockedLayout::mixed; }
   void use_layouts(const std::vector<Layout>& inputs, const std::vector<Layout>& outputs) override;
+  // What use_layouts set (nchw before it).
+  Layout input_layout() const { return in_layout_; }
+  Layout output_layout() const { return out_layout_; }
   // Images lowered together by forward / backward on a slice of `rows` images (1 for
   // direct_1x1).
   index_t forward_chunk(index_t rows) const;
@@ -106,7 +109,7 @@ class ConvolutionLayer final : public Layer {
 
  private:
   // Whether this layer's operands are blocked on `driver` (use_layouts and the driver's
-  // blocked_layout capability): then only direct, direct_plain and winograd can run it.
+  // blocked_layout capability): then only direct, direct_plain, winograd and pointwise can run it.
   bool blocked_on(const Driver& driver) const;
   // The blocked one of the input's and output's layouts (the output's when both are), else
   // nchw.
@@ -132,7 +135,7 @@ class ConvolutionLayer final : public Layer {
   // What tune() chose, per driver name, indexed by ConvDirection.
   std::map<std::string, std::array<Lowering, 3>> chosen_;
   // Set by use_layouts: the layouts of the input and the output. Where either is blocked
-  // (nChw16c or nChw8c), every direction is direct, direct_plain or winograd.
+  // (nChw16c or nChw8c), every direction is direct, direct_plain, winograd or pointwise.
   Layout in_layout_ = Layout::nchw, out_layout_ = Layout::nchw;
   ConvGeometry geometry_;  // set by setup()
 };

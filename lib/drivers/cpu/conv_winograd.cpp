@@ -28,6 +28,7 @@
 
 #include "lib/core/check.h"
 #include "lib/drivers/cpu/parallel.h"
+#include "lib/drivers/cpu/simd.h"
 
 namespace hn::detail::cpu {
 
@@ -42,17 +43,6 @@ constexpr int kTile = 4;     // output tile side
 // (up to 1 MB for 512 channels each way) read once per chunk.
 constexpr std::size_t kChunkBytes = std::size_t{8} << 20;
 constexpr index_t kMinChunkTiles = 96;
-
-template <int B>
-struct Lanes;
-template <>
-struct Lanes<8> {
-  typedef float type __attribute__((vector_size(32)));
-};
-template <>
-struct Lanes<16> {
-  typedef float type __attribute__((vector_size(64)));
-};
 
 // An image tensor in one of the layouts (shapes.h).
 struct View {
@@ -291,14 +281,7 @@ void output_transform(Parallel& par, const float* m, index_t ld, const Tiling& t
         for (int i = 0; i < rows; ++i) {
           for (int j = 0; j < cols; ++j) {
             V value = y[i * kTile + j] + bias;
-            if (act.kind == Activation::Kind::relu) {
-              const V scaled = value * act.slope;
-              value = value > 0.0f ? value : scaled;
-            } else if (act.kind == Activation::Kind::clip) {
-              // NaN stays NaN (Activation): both comparisons false.
-              value = value < act.lo ? V{} + act.lo : value;
-              value = value > act.hi ? V{} + act.hi : value;
-            }
+            activate(value, act);
             float* to = base + (h0 + i) * pl.row + (w0 + j) * pl.pixel;
             if (pl.contiguous) {
               std::memcpy(to, &value, sizeof value);
@@ -616,10 +599,6 @@ void transform_weights(Parallel& par, index_t inputs, index_t outputs, index_t i
   });
 }
 
-// The bytes of transformed weights kept between calls, all layers together; past it the
-// cache starts again empty (a net's weights are transformed again at its next call).
-constexpr std::size_t kMaxTransformedBytes = std::size_t{256} << 20;
-
 }  // namespace
 
 bool winograd_supported(const LoweringShape& s) {
@@ -636,22 +615,9 @@ const float* WinogradConvolution::transformed(Parallel& par, const LoweringShape
   const index_t inputs = data_gradient ? out_channels : channels;
   const index_t outputs = data_gradient ? channels : out_channels;
   const index_t ip = round_up(inputs, b), op = round_up(outputs, b);
-  const auto count = static_cast<std::size_t>(kPoints * ip * op);
-  std::vector<float>* target = &u_;
-  if (shape.weights_version != 0) {
-    Transformed& kept = weights_[{weights, data_gradient}];
-    if (kept.version == shape.weights_version && kept.u.size() == count) return kept.u.data();
-    weights_bytes_ += count * sizeof(float) - kept.u.size() * sizeof(float);
-    if (weights_bytes_ > kMaxTransformedBytes) {
-      weights_.clear();
-      weights_bytes_ = count * sizeof(float);
-    }
-    Transformed& fresh = weights_[{weights, data_gradient}];
-    fresh.version = shape.weights_version;
-    target = &fresh.u;
-  }
-  target->resize(count);
-  float* u = target->data();
+  const auto [u, ready] = weights_.get(weights, data_gradient ? 1 : 0, shape.weights_version,
+                                       static_cast<std::size_t>(kPoints * ip * op));
+  if (ready) return u;
   const auto transform = [&](const auto& kernel) {
     if (b == 16) {
       transform_weights<16>(par, inputs, outputs, ip, op, kernel, u);
@@ -671,7 +637,7 @@ const float* WinogradConvolution::transformed(Parallel& par, const LoweringShape
       std::memcpy(g, weights + (o * channels + c) * 9, 9 * sizeof(float));
     });
   }
-  return target->data();
+  return u;
 }
 
 namespace {

@@ -4,12 +4,10 @@
 // (conv_winograd.cpp). Asked for through LoweringShape::winograd (Lowering::winograd).
 #pragma once
 
-#include <cstddef>
-#include <cstdint>
-#include <map>
 #include <vector>
 
 #include "lib/core/shapes.h"
+#include "lib/drivers/cpu/weights_cache.h"
 
 namespace hn::detail::cpu {
 
@@ -35,15 +33,10 @@ class WinogradConvolution {
  private:
   // Transformed weights kept between calls by the weights' address, direction and version
   // (LoweringShape::weights_version; 0 = unknown, transformed every call).
-  struct Transformed {
-    std::uint64_t version = 0;
-    std::vector<float> u;
-  };
   const float* transformed(Parallel& par, const LoweringShape& shape, index_t out_channels,
                            const float* weights, bool data_gradient);
-  std::map<std::pair<const float*, bool>, Transformed> weights_;
-  std::size_t weights_bytes_ = 0;
-  std::vector<float> u_, v_, m_, s_;  // scratch, reused between calls
+  WeightsCache weights_{std::size_t{256} << 20};
+  std::vector<float> v_, m_, s_;  // scratch, reused between calls
 };
 
 }  // namespace hn::detail::cpu

@@ -9,6 +9,7 @@
 #include "lib/core/memory.h"
 #include "lib/drivers/cpu/blas.h"
 #include "lib/drivers/cpu/conv.h"
+#include "lib/drivers/cpu/conv_pointwise.h"
 #include "lib/drivers/cpu/conv_winograd.h"
 #include "lib/drivers/cpu/kernels.h"
 
@@ -33,7 +34,8 @@ class CpuDriver final : public Driver {
     caps.blocked_layout = caps.convolution;
     if (caps.blocked_layout)
       caps.preferred_blocked_layout = cpu::DirectConvolution::preferred_layout();
-    caps.winograd = true;  // conv_winograd.h: the driver's own, with or without oneDNN
+    caps.winograd = true;   // conv_winograd.h: the driver's own, with or without oneDNN
+    caps.pointwise = true;  // conv_pointwise.h: the same (on blocked operands)
     return caps;
   }
   MemorySpace memory_space() const override { return host_space(); }
@@ -119,6 +121,9 @@ class CpuDriver final : public Driver {
     if (shape.winograd) {
       return winograd_.forward(parallel_, shape, out_channels, x, weights, bias, y, {});
     }
+    if (shape.pointwise) {
+      return pointwise_.forward(parallel_, shape, out_channels, x, weights, bias, y, {});
+    }
     if (!cpu::DirectConvolution::available())
       return Driver::do_conv_forward(shape, out_channels, x, weights, bias, y);
     conv_.set_bf16(math_mode() == MathMode::bf16);
@@ -129,6 +134,9 @@ class CpuDriver final : public Driver {
                                   const Activation& activation, float* y) override {
     if (shape.winograd) {
       return winograd_.forward(parallel_, shape, out_channels, x, weights, bias, y, activation);
+    }
+    if (shape.pointwise) {
+      return pointwise_.forward(parallel_, shape, out_channels, x, weights, bias, y, activation);
     }
     if (!cpu::DirectConvolution::available()) {
       return Driver::do_conv_forward_activation(shape, out_channels, x, weights, bias, activation,
@@ -141,6 +149,8 @@ class CpuDriver final : public Driver {
                              const float* dy, float* dx) override {
     if (shape.winograd)
       return winograd_.backward_data(parallel_, shape, out_channels, weights, dy, dx);
+    if (shape.pointwise)
+      return pointwise_.backward_data(parallel_, shape, out_channels, weights, dy, dx);
     if (!cpu::DirectConvolution::available())
       return Driver::do_conv_backward_data(shape, out_channels, weights, dy, dx);
     conv_.set_bf16(math_mode() == MathMode::bf16);
@@ -150,6 +160,9 @@ class CpuDriver final : public Driver {
                                 const float* dy, float* dweights, float* dbias) override {
     if (shape.winograd) {
       return winograd_.backward_weights(parallel_, shape, out_channels, x, dy, dweights, dbias);
+    }
+    if (shape.pointwise) {
+      return pointwise_.backward_weights(parallel_, shape, out_channels, x, dy, dweights, dbias);
     }
     if (!cpu::DirectConvolution::available())
       return Driver::do_conv_backward_weights(shape, out_channels, x, dy, dweights, dbias);
@@ -164,6 +177,13 @@ class CpuDriver final : public Driver {
         winograd_.backward_weights(parallel_, shape, out_channels, x, dy, dweights, dbias);
       }
       if (dx != nullptr) winograd_.backward_data(parallel_, shape, out_channels, weights, dy, dx);
+      return;
+    }
+    if (shape.pointwise) {
+      if (dweights != nullptr) {
+        pointwise_.backward_weights(parallel_, shape, out_channels, x, dy, dweights, dbias);
+      }
+      if (dx != nullptr) pointwise_.backward_data(parallel_, shape, out_channels, weights, dy, dx);
       return;
     }
     if (!cpu::DirectConvolution::available()) {
@@ -362,8 +382,9 @@ class CpuDriver final : public Driver {
  private:
   cpu::Blas blas_;
   cpu::Parallel parallel_;
-  cpu::DirectConvolution conv_;        // oneDNN primitives cached per shape
-  cpu::WinogradConvolution winograd_;  // its transformed weights kept between calls
+  cpu::DirectConvolution conv_;          // oneDNN primitives cached per shape
+  cpu::WinogradConvolution winograd_;    // its transformed weights kept between calls
+  cpu::PointwiseConvolution pointwise_;  // its packed weights kept between calls
 };
 
 }  // namespace

@@ -1,0 +1,41 @@
+// The CPU driver's own 1x1 convolutions on blocked operands (nChw8c, nChw16c): forward, data
+// gradient and weight gradient as GEMMs read in place, on a register-blocked kernel
+// (conv_pointwise.cpp). Asked for through LoweringShape::pointwise (Lowering::pointwise).
+#pragma once
+
+#include <vector>
+
+#include "lib/core/shapes.h"
+#include "lib/drivers/cpu/weights_cache.h"
+
+namespace hn::detail::cpu {
+
+class Parallel;
+
+// Whether `shape` with `out_channels` outputs can run here: one group, a 1x1 kernel, no
+// padding or dilation (any stride), x and y in the same blocked layout, both channel counts
+// multiples of its block.
+bool pointwise_supported(const LoweringShape& shape, index_t out_channels);
+
+// Results are the same whatever the thread count: every sum has a fixed order.
+class PointwiseConvolution {
+ public:
+  // y = conv(x, weights) + bias, then `activation`.
+  void forward(Parallel& par, const LoweringShape& shape, index_t out_channels, const float* x,
+               const float* weights, const float* bias, float* y, const Activation& activation);
+  // dx = the data gradient (overwritten).
+  void backward_data(Parallel& par, const LoweringShape& shape, index_t out_channels,
+                     const float* weights, const float* dy, float* dx);
+  // Adds to dweights and, when not null, to dbias.
+  void backward_weights(Parallel& par, const LoweringShape& shape, index_t out_channels,
+                        const float* x, const float* dy, float* dweights, float* dbias);
+
+ private:
+  // The weights packed by panels of outputs (forward) or of inputs (data gradient).
+  const float* packed(Parallel& par, const LoweringShape& shape, index_t out_channels,
+                      const float* weights, bool data_gradient);
+  WeightsCache weights_{std::size_t{256} << 20};
+  std::vector<float> partials_;  // the weight gradient's partial sums, reused between calls
+};
+
+}  // namespace hn::detail::cpu
