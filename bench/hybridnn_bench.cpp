@@ -56,7 +56,8 @@ const char* const kUsage =
     "  allreduce [--min BYTES] [--max BYTES] [--iterations N]   (under mpirun -np N)\n"
     "      the ring allreduce and MPI_Allreduce in the same run, sizes from --min (64K) to\n"
     "      --max (256M) by x4: time, algbw, busbw = algbw * 2(n-1)/n and #wrong per backend,\n"
-    "      then ring's busbw / mpi's\n";
+    "      and the ring with BF16 on the wire (ring_bf16, --grad-compress bf16's), then\n"
+    "      ring's and ring_bf16's busbw / mpi's\n";
 
 }  // namespace
 

@@ -100,4 +100,14 @@ std::unique_ptr<Communicator> make_communicator(const std::string& name,
   );
 }
 
+const char* grad_compression_name(GradCompression compression) {
+  return compression == GradCompression::bf16 ? "bf16" : "none";
+}
+
+GradCompression parse_grad_compression(const std::string& text) {
+  if (text == "none") return GradCompression::none;
+  if (text == "bf16") return GradCompression::bf16;
+  detail::fail("unknown gradient compression '{}' (none or bf16)", text);
+}
+
 }  // namespace hn

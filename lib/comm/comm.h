@@ -52,6 +52,15 @@ class Communicator {
   // size), so every rank holds the same bits and a rerun reproduces them.
   virtual void allreduce(Driver& driver, float* data, std::size_t count,
                          ReduceOp op = ReduceOp::sum) = 0;
+  // allreduce with the values sent as BF16 and the sums kept in FP32 at every hop (the
+  // gradient compression of Horovod and PyTorch DDP's hooks): half the bytes on the wire;
+  // every rank ends with the same bits (the sums rounded to BF16, then scaled for the mean)
+  // and a rerun reproduces them. Backends without it (compresses() false) run allreduce.
+  virtual void allreduce_bf16(Driver& driver, float* data, std::size_t count,
+                              ReduceOp op = ReduceOp::sum) {
+    allreduce(driver, data, count, op);
+  }
+  virtual bool compresses() const { return false; }
   // In place: every rank ends with `root`'s `data`.
   virtual void broadcast(Driver& driver, float* data, std::size_t count, int root) = 0;
   // `received` (size() * count floats) gets every rank's `sent` (count floats), rank r's
@@ -74,6 +83,13 @@ class Communicator {
   // (MPI_Abort). For a rank that failed while the others wait in a collective or compute.
   [[noreturn]] virtual void abort(int exit_code) noexcept = 0;
 };
+
+// How the Solver sends its gradients (SolverOptions::grad_compress): FP32, or BF16 where
+// the backend compresses (Communicator::allreduce_bf16).
+enum class GradCompression { none, bf16 };
+const char* grad_compression_name(GradCompression compression);
+// "none" or "bf16"; anything else is an hn::Error naming the value.
+GradCompression parse_grad_compression(const std::string& text);
 
 struct CommOptions {
   // How long a collective waits for the other ranks before it fails.

@@ -14,9 +14,17 @@
 // Every element of segment g is summed in ring order starting at rank g + 1, whatever the
 // timing: the order depends only on (count, size), every rank ends with the same bits, and a
 // rerun reproduces them.
+//
+// allreduce_bf16 runs the same ring with BF16 on the wire (half the bytes): each hop of the
+// reduce-scatter sends the partial sum rounded to BF16 (to nearest, ties to even) and the
+// receiver adds it to its own FP32 values; the rank that completes a segment rounds it to
+// BF16 before the allgather passes it on, so every rank holds the same bits. The order and
+// the roundings depend only on (count, size), as above.
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "lib/comm/mpi.h"
@@ -38,16 +46,41 @@ Range part(std::size_t count, std::size_t parts, std::size_t i) {
   return Range{begin, begin + base + (i < extra ? 1 : 0)};
 }
 
+// BF16 (the upper half of an FP32) rounded to nearest, ties to even; NaN stays NaN.
+std::uint16_t to_bf16(float value) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x40u);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<std::uint16_t>(bits >> 16);
+}
+
+float from_bf16(std::uint16_t half) {
+  const std::uint32_t bits = static_cast<std::uint32_t>(half) << 16;
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
 class RingCommunicator final : public MpiCommunicator {
  public:
   using MpiCommunicator::MpiCommunicator;
   std::string name() const override { return "ring"; }
 
   void allreduce(Driver& driver, float* data, std::size_t count, ReduceOp op) override {
+    reduce(driver, data, count, op, false);
+  }
+  void allreduce_bf16(Driver& driver, float* data, std::size_t count, ReduceOp op) override {
+    reduce(driver, data, count, op, true);
+  }
+  bool compresses() const override { return true; }
+
+ private:
+  void reduce(Driver& driver, float* data, std::size_t count, ReduceOp op, bool bf16) {
     const std::uint64_t seq = next_sequence();
     agree_count("allreduce", seq, count);
     HostFloats host(driver, data, count);
-    if (size_ > 1 && count > 0) ring(host.get(), count, seq);
+    if (size_ > 1 && count > 0) ring(host.get(), count, seq, bf16);
     if (op == ReduceOp::average && size_ > 1) {
       const float scale = 1.0f / static_cast<float>(size_);
       float* values = host.get();
@@ -57,11 +90,10 @@ class RingCommunicator final : public MpiCommunicator {
     host.write_back();
   }
 
- private:
-  void ring(float* buffer, std::size_t count, std::uint64_t seq);
+  void ring(float* buffer, std::size_t count, std::uint64_t seq, bool bf16);
 };
 
-void RingCommunicator::ring(float* buffer, std::size_t count, std::uint64_t seq) {
+void RingCommunicator::ring(float* buffer, std::size_t count, std::uint64_t seq, bool bf16) {
   const int n = size_, r = rank_;
   const int left = (r + n - 1) % n, right = (r + 1) % n;
   const int steps = 2 * (n - 1);
@@ -101,27 +133,53 @@ void RingCommunicator::ring(float* buffer, std::size_t count, std::uint64_t seq)
   };
   std::vector<Slot> slot(static_cast<std::size_t>(slots));
   std::vector<MPI_Request> receives(static_cast<std::size_t>(slots), MPI_REQUEST_NULL);
-  std::vector<float> incoming(static_cast<std::size_t>(slots) * max_chunk);
+  std::vector<float> incoming(bf16 ? 0 : static_cast<std::size_t>(slots) * max_chunk);
+  // With BF16 on the wire every chunk goes through a slot's staging, both ways.
+  std::vector<std::uint16_t> wire_in(bf16 ? static_cast<std::size_t>(slots) * max_chunk : 0),
+      wire_out(wire_in.size());
+  const MPI_Datatype type = bf16 ? MPI_UINT16_T : MPI_FLOAT;
   const auto tag = [&](std::size_t c, int step) { return static_cast<int>(c) * steps + step; };
 
   const auto post = [&](int i) {
     Slot& s = slot[static_cast<std::size_t>(i)];
     const Range to = chunk_range(segment_of(s.step, false), s.chunk);
-    float* destination = buffer + to.begin;
-    if (s.step < n - 1) {
-      destination = incoming.data() + static_cast<std::size_t>(i) * max_chunk;
+    const std::size_t staging = static_cast<std::size_t>(i) * max_chunk;
+    void* destination = buffer + to.begin;
+    if (bf16) {
+      destination = wire_in.data() + staging;
+      // The slot's outgoing staging is rewritten below.
+      wait_all(s.sends, "allreduce", seq, right);
+      s.sends.clear();
+    } else if (s.step < n - 1) {
+      destination = incoming.data() + staging;
     } else {
       // The allgather writes the final sums over memory an earlier send may still read.
       wait_all(s.sends, "allreduce", seq, right);
       s.sends.clear();
     }
-    check(MPI_Irecv(destination, static_cast<int>(to.size()), MPI_FLOAT, left, tag(s.chunk, s.step),
+    check(MPI_Irecv(destination, static_cast<int>(to.size()), type, left, tag(s.chunk, s.step),
                     comm_, &receives[static_cast<std::size_t>(i)]),
           "MPI_Irecv", "allreduce", seq);
     const Range from = chunk_range(segment_of(s.step, true), s.chunk);
+    const void* source = buffer + from.begin;
+    if (bf16) {
+      float* values = buffer + from.begin;
+      std::uint16_t* out = wire_out.data() + staging;
+      if (s.step == n - 1) {
+        // This rank's finished sums: kept as every other rank will receive them.
+        for (std::size_t k = 0; k < from.size(); ++k) {
+          out[k] = to_bf16(values[k]);
+          values[k] = from_bf16(out[k]);
+        }
+      } else {
+        for (std::size_t k = 0; k < from.size(); ++k)
+          out[k] = to_bf16(values[k]);
+      }
+      source = out;
+    }
     s.sends.emplace_back();
-    check(MPI_Isend(buffer + from.begin, static_cast<int>(from.size()), MPI_FLOAT, right,
-                    tag(s.chunk, s.step), comm_, &s.sends.back()),
+    check(MPI_Isend(source, static_cast<int>(from.size()), type, right, tag(s.chunk, s.step), comm_,
+                    &s.sends.back()),
           "MPI_Isend", "allreduce", seq);
   };
 
@@ -135,13 +193,25 @@ void RingCommunicator::ring(float* buffer, std::size_t count, std::uint64_t seq)
   while (active > 0) {
     const int i = wait_any(receives, "allreduce", seq, left);
     Slot& s = slot[static_cast<std::size_t>(i)];
+    const Range to = chunk_range(segment_of(s.step, false), s.chunk);
+    float* out = buffer + to.begin;
+    const std::size_t staging = static_cast<std::size_t>(i) * max_chunk;
     if (s.step < n - 1) {
       // Reduce-scatter: add the left neighbour's partial sum into ours.
-      const Range to = chunk_range(segment_of(s.step, false), s.chunk);
-      const float* in = incoming.data() + static_cast<std::size_t>(i) * max_chunk;
-      float* out = buffer + to.begin;
+      if (bf16) {
+        const std::uint16_t* in = wire_in.data() + staging;
+        for (std::size_t k = 0; k < to.size(); ++k)
+          out[k] += from_bf16(in[k]);
+      } else {
+        const float* in = incoming.data() + staging;
+        for (std::size_t k = 0; k < to.size(); ++k)
+          out[k] += in[k];
+      }
+    } else if (bf16) {
+      // Allgather: the finished sums, as their owner keeps them.
+      const std::uint16_t* in = wire_in.data() + staging;
       for (std::size_t k = 0; k < to.size(); ++k)
-        out[k] += in[k];
+        out[k] = from_bf16(in[k]);
     }
     if (++s.step < steps) {
       post(i);

@@ -16,8 +16,12 @@ double seconds_between(GradientSync::Clock::time_point a, GradientSync::Clock::t
 
 }  // namespace
 
-GradientSync::GradientSync(Net& net, Communicator& communicator, std::size_t bucket_bytes)
-    : net_(net), comm_(communicator), driver_(net.driver()) {
+GradientSync::GradientSync(Net& net, Communicator& communicator, std::size_t bucket_bytes,
+                           GradCompression compression)
+    : net_(net),
+      comm_(communicator),
+      driver_(net.driver()),
+      bf16_(compression == GradCompression::bf16) {
   HN_CHECK(bucket_bytes >= sizeof(float), "gradient buckets must hold at least one float, got {} B",
            bucket_bytes);
   std::map<std::string, int> layer_index;
@@ -152,7 +156,11 @@ void GradientSync::run_thread() {
         } else {
           const Bucket& bucket = buckets_[job];
           record.bytes = bucket.count * sizeof(float);
-          comm_.allreduce(driver_, bucket.data, bucket.count, ReduceOp::average);
+          if (bf16_) {
+            comm_.allreduce_bf16(driver_, bucket.data, bucket.count, ReduceOp::average);
+          } else {
+            comm_.allreduce(driver_, bucket.data, bucket.count, ReduceOp::average);
+          }
         }
       } catch (...) {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -167,7 +175,8 @@ void GradientSync::run_thread() {
         stats_.allreduce_seconds += seconds_between(record.start, record.end);
         stats_.bytes += record.bytes;
         const auto ranks = static_cast<std::size_t>(comm_.size());
-        stats_.sent_bytes += 2 * (ranks - 1) * record.bytes / ranks;
+        const bool halved = bf16_ && record.bucket >= 0 && comm_.compresses();
+        stats_.sent_bytes += 2 * (ranks - 1) * record.bytes / ranks / (halved ? 2 : 1);
       }
       ++finished_;
     }

@@ -53,11 +53,15 @@ class GradientSync {
     double allreduce_seconds = 0.0;  // the communication thread's busy time
     double exposed_seconds = 0.0;    // the caller's time blocked in wait()
     std::size_t bytes = 0;           // allreduced per rank
-    std::size_t sent_bytes = 0;      // sent by this rank: 2(R-1)/R of `bytes`, as the ring
+    // Sent by this rank: 2(R-1)/R of `bytes`, as the ring (half that with BF16 on the wire).
+    std::size_t sent_bytes = 0;
     int iterations = 0;
   };
 
-  GradientSync(Net& net, Communicator& communicator, std::size_t bucket_bytes);
+  // `compression`: the parameter buckets through Communicator::allreduce_bf16 (the loss and
+  // the stop flag stay FP32).
+  GradientSync(Net& net, Communicator& communicator, std::size_t bucket_bytes,
+               GradCompression compression = GradCompression::none);
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
   ~GradientSync();
@@ -106,6 +110,7 @@ class GradientSync {
   Net& net_;
   Communicator& comm_;
   Driver& driver_;
+  bool bf16_ = false;  // GradCompression::bf16
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> sharded_;  // parameters cut across ranks: scaled, not reduced
   Tensor loss_{Shape{2}};             // on the net's driver, as the communicator wants

@@ -242,6 +242,14 @@ const std::vector<Entry>& entries() {
        [](SolverOptions& o, const std::string& k, const std::string& v) {
          o.bucket_bytes = megabytes(k, v);
        }},
+      {{"grad_compress", "none|bf16",
+        "gradients sent as BF16 with FP32 sums at every hop (half the bytes; the ring backend), "
+        "or none (default)",
+        kSolverOption},
+       nullptr,
+       [](SolverOptions& o, const std::string&, const std::string& v) {
+         o.grad_compress = parse_grad_compression(v);
+       }},
       {{"bucket_bytes", "N", "gradient bucket size for the allreduce (default 25 MiB)",
         kSolverOption},
        nullptr,

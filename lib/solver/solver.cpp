@@ -381,7 +381,8 @@ void Solver::Impl::start(const std::string& solver_prototxt_path, Runtime& runti
   s.build_nets();
   if (s.comm->size() > 1) {
     s.check_ranks_agree();
-    s.sync = std::make_unique<detail::GradientSync>(*s.net, *s.comm, s.options.bucket_bytes);
+    s.sync = std::make_unique<detail::GradientSync>(*s.net, *s.comm, s.options.bucket_bytes,
+                                                    s.options.grad_compress);
   }
 }
 

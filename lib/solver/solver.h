@@ -66,6 +66,10 @@ struct SolverOptions {
   // and in the test nets built from the same prototxt.
   std::vector<std::string> model_parallel;
   std::size_t bucket_bytes = std::size_t{25} << 20;
+  // The gradients sent as BF16 with FP32 sums at every hop (Communicator::allreduce_bf16:
+  // half the bytes; the ring backend), or FP32. The loss, the checksums and the test
+  // passes' means stay FP32.
+  GradCompression grad_compress = GradCompression::none;
   int checksum_interval = 1000;  // 0: only at snapshots
   // Measured choice of algorithms in the training and test nets (NetOptions::tune).
   TuneOptions tune;

@@ -216,6 +216,7 @@ std::vector<FlagSpec> comm_flags() {
       {"comm-timeout", FlagKind::text, "SECONDS",
        "how long a collective waits for the other ranks before every rank fails (default 300)"},
       table_flag("bucket_mb"),
+      table_flag("grad_compress"),
       table_flag("model_parallel"),
   };
 }
@@ -252,6 +253,12 @@ std::size_t chosen_bucket_bytes(const Args& args) {
   SolverOptions options;
   set_table_options(options, args, {"bucket_mb"});
   return options.bucket_bytes;
+}
+
+GradCompression chosen_grad_compression(const Args& args) {
+  SolverOptions options;
+  set_table_options(options, args, {"grad_compress"});
+  return options.grad_compress;
 }
 
 Communicator* active_communicator() {

@@ -174,7 +174,9 @@ int run_time(const Args& args) {
   print_math_notes(net);
   const int layers = net.num_layers();
   std::unique_ptr<detail::GradientSync> sync;
-  if (ranks) sync = std::make_unique<detail::GradientSync>(net, comm, chosen_bucket_bytes(args));
+  if (ranks)
+    sync = std::make_unique<detail::GradientSync>(net, comm, chosen_bucket_bytes(args),
+                                                  chosen_grad_compression(args));
   const std::string timeline_path = args.text("timeline");
 
   if (!json) {

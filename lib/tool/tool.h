@@ -68,6 +68,8 @@ std::vector<FlagSpec> comm_flags();
 // when this one fails. On ranks other than 0 stdout goes to /dev/null: rank 0 reports.
 Communicator& chosen_communicator(const Args& args);
 std::size_t chosen_bucket_bytes(const Args& args);
+// --grad-compress (SolverOptions::grad_compress), for a GradientSync of the tool's own.
+GradCompression chosen_grad_compression(const Args& args);
 Communicator* active_communicator();
 
 // Measures the net's automatic splits (--split auto) before the command's work starts,

@@ -191,8 +191,8 @@ class Reporter {
 // The flags of train's own from the library's option table (the tuning ones come with
 // apply_tune_flags).
 constexpr std::initializer_list<const char*> kSolverKeys = {
-    "data", "train_data", "test_data",  "mean_file",      "max_iter", "snapshot_prefix",
-    "seed", "split",      "split_file", "model_parallel", "bucket_mb"};
+    "data", "train_data", "test_data",  "mean_file",      "max_iter",  "snapshot_prefix",
+    "seed", "split",      "split_file", "model_parallel", "bucket_mb", "grad_compress"};
 
 int run_train(const Args& args) {
   const std::string solver_path = args.required_text("solver");
@@ -209,6 +209,12 @@ int run_train(const Args& args) {
   const bool root = comm->rank() == 0;
   options.communicator = comm;
   apply_tune_flags(options, args);
+  if (options.grad_compress != GradCompression::none && comm->size() > 1 && !comm->compresses()) {
+    fmt::print(
+        "Note: the {} backend sends FP32 gradients: --grad-compress {} applies to the ring "
+        "backend\n",
+        comm->name(), grad_compression_name(options.grad_compress));
+  }
 
   Runtime runtime;
   configure_runtime(runtime, args);

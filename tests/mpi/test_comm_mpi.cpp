@@ -98,6 +98,80 @@ TEST_CASE("the ring allreduce is bitwise reproducible and agrees with MPI_Allred
   }
 }
 
+namespace {
+
+// BF16 rounded to nearest, ties to even, as a float (the test's own, from the definition).
+float bf16(float value) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  const std::uint32_t lower = bits & 0xffffu, upper = bits & 0xffff0000u;
+  std::uint32_t rounded = upper;
+  if (lower > 0x8000u || (lower == 0x8000u && (upper & 0x10000u) != 0)) rounded += 0x10000u;
+  float out;
+  std::memcpy(&out, &rounded, sizeof out);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "the ring's BF16 allreduce sums FP32 values sent as BF16 in ring order: the bits of a "
+    "simulation of the ring on every rank and run, within BF16's rounding of MPI_Allreduce",
+    "[mpi]") {
+  const std::unique_ptr<Driver> driver = host_driver();
+  const std::unique_ptr<Communicator> ring = make("ring"), mpi = make("mpi");
+  CHECK(ring->compresses());
+  CHECK_FALSE(mpi->compresses());
+  const int r = ring->rank(), n = ring->size();
+  for (const std::size_t count :
+       {std::size_t{1}, std::size_t{13}, std::size_t{100003}, (std::size_t{1} << 20) + 5}) {
+    INFO("count " << count << " on rank " << r << " of " << n);
+    std::mt19937 random(static_cast<std::uint32_t>(2000 + r));
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    std::vector<float> input(count);
+    for (float& x : input)
+      x = uniform(random);
+    std::vector<float> all(count * static_cast<std::size_t>(n));
+    mpi->allgather(*driver, input.data(), count, all.data());
+    // Segment g (n near-equal parts, the first count % n one longer) starts at rank g: each
+    // hop adds the next rank's FP32 values to the partial sum received as BF16; the rank
+    // that completes it rounds it to BF16.
+    std::vector<float> expected(count);
+    const std::size_t base = count / static_cast<std::size_t>(n),
+                      extra = count % static_cast<std::size_t>(n);
+    for (std::size_t g = 0; g < static_cast<std::size_t>(n); ++g) {
+      const std::size_t begin = g * base + std::min(g, extra), end = begin + base + (g < extra);
+      for (std::size_t i = begin; i < end; ++i) {
+        float sum = all[g * count + i];
+        for (std::size_t k = 1; k < static_cast<std::size_t>(n); ++k)
+          sum = bf16(sum) + all[(g + k) % static_cast<std::size_t>(n) * count + i];
+        expected[i] = bf16(sum);
+      }
+    }
+    std::vector<float> first = input, second = input, mean = input, reference = input;
+    ring->allreduce_bf16(*driver, first.data(), count);
+    ring->allreduce_bf16(*driver, second.data(), count);
+    CHECK(std::memcmp(first.data(), expected.data(), count * sizeof(float)) == 0);
+    CHECK(std::memcmp(second.data(), expected.data(), count * sizeof(float)) == 0);
+    ring->allreduce_bf16(*driver, mean.data(), count, ReduceOp::average);
+    std::size_t wrong_mean = 0;
+    for (std::size_t i = 0; i < count; ++i)
+      wrong_mean += mean[i] != expected[i] * (1.0f / static_cast<float>(n));
+    CHECK(wrong_mean == 0);
+    // Against the FP32 sum: one BF16 rounding (at most 2^-8 relative: 8 significant bits)
+    // per hop, of at most the magnitudes summed so far.
+    mpi->allreduce(*driver, reference.data(), count);
+    std::size_t outside = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      double magnitude = 0.0;
+      for (int k = 0; k < n; ++k)
+        magnitude += std::abs(all[static_cast<std::size_t>(k) * count + i]);
+      outside += std::abs(first[i] - reference[i]) > n * magnitude / 256.0;
+    }
+    CHECK(outside == 0);
+  }
+}
+
 TEST_CASE("the ring pipeline gives the same sums with any chunking", "[mpi]") {
   const std::unique_ptr<Driver> driver = host_driver();
   const std::size_t count = 10007;

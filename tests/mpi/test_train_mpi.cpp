@@ -49,7 +49,8 @@ struct Run {
   std::unique_ptr<Solver> solver;
   std::vector<float> losses;
 
-  Run(int batch, Communicator* comm, const Split& split = {}, int num_output_ip1 = 500) {
+  Run(int batch, Communicator* comm, const Split& split = {}, int num_output_ip1 = 500,
+      GradCompression compress = GradCompression::none) {
     const std::string net = dir.write("net.prototxt", lenet(batch, num_output_ip1));
     const std::string solver_file = dir.write(
         "solver.prototxt",
@@ -65,6 +66,7 @@ struct Run {
     options.train_data = options.test_data = "synthetic:1x28x28:10";
     options.communicator = comm;
     options.split = split;
+    options.grad_compress = compress;
     solver = std::make_unique<Solver>(solver_file, runtime, driver, options);
   }
   void train() {
@@ -144,6 +146,29 @@ TEST_CASE("ranks that split their layers between drivers train as unsplit ranks"
   // Weights: the largest element-wise relative difference, 6.4e-3 there without AVX-512.
   CHECK(max_relative_difference(split.weights(), plain.weights()) <
         (__builtin_cpu_supports("avx512f") ? 1e-3 : 2e-2));
+}
+
+TEST_CASE(
+    "ranks that send their gradients as BF16 train in step and stay near FP32 gradients' "
+    "training",
+    "[mpi][train]") {
+  const std::unique_ptr<Communicator> comm = ring();
+  Run fp32(16, comm.get());
+  fp32.train();
+  Run bf16(16, comm.get(), {}, 500, GradCompression::bf16);
+  bf16.train();
+  // The first loss comes before any update; later ones follow weights updated with
+  // gradients rounded to BF16 (2^-8 relative at most) at each hop.
+  CHECK(bf16.losses[0] == fp32.losses[0]);
+  for (int i = 1; i < kIterations; ++i) {
+    INFO("iteration " << i);
+    CHECK(std::fabs(bf16.losses[i] - fp32.losses[i]) <= 2e-2 * std::fabs(fp32.losses[i]));
+  }
+  check_identical_across_ranks(*comm, bf16.weights());
+  // Compressed: not FP32's weights, but near them.
+  const double apart = max_relative_difference(bf16.weights(), fp32.weights());
+  CHECK(apart > 0.0);
+  CHECK(apart < 5e-2);
 }
 
 TEST_CASE("ranks with different nets all fail at the start, naming the rank", "[mpi][train]") {
