@@ -2175,6 +2175,33 @@ TEST_CASE(
 
 // ---- Winograd convolution ------------------------------------------------------------
 
+// The operands of a convolution test, both sides.
+struct ConvTwins {
+  const TwinArray &x, &w, &bias, &y, &dy, &dx, &dw, &db;
+};
+
+// New weights `values` at c.w's address, then the forward (with `activation`) and both
+// gradients: the oracle's on `plain`, the tested driver's on `shape` (whose weights_version
+// names the new weights).
+void run_conv_round(const Drivers& drivers, const hn::LoweringShape& plain,
+                    const hn::LoweringShape& shape, index_t out_channels,
+                    const std::vector<float>& values, const hn::Activation& activation,
+                    const ConvTwins& c) {
+  hn::Driver& oracle = *drivers.oracle;
+  hn::Driver& d = *drivers.driver;
+  oracle.copy_from_host(c.w[Side::oracle], values.data(), values.size() * sizeof(float));
+  d.copy_from_host(c.w[Side::tested], values.data(), values.size() * sizeof(float));
+  oracle.conv_forward_activation(plain, out_channels, c.x[Side::oracle], c.w[Side::oracle],
+                                 c.bias[Side::oracle], activation, c.y[Side::oracle]);
+  oracle.conv_backward(plain, out_channels, c.x[Side::oracle], c.w[Side::oracle],
+                       c.dy[Side::oracle], c.dx[Side::oracle], c.dw[Side::oracle],
+                       c.db[Side::oracle]);
+  d.conv_forward_activation(shape, out_channels, c.x[Side::tested], c.w[Side::tested],
+                            c.bias[Side::tested], activation, c.y[Side::tested]);
+  d.conv_backward(shape, out_channels, c.x[Side::tested], c.w[Side::tested], c.dy[Side::tested],
+                  c.dx[Side::tested], c.dw[Side::tested], c.db[Side::tested]);
+}
+
 // Winograd F(4x4, 3x3)'s error against the direct sum: its transforms multiply by
 // constants up to 5 (B^T), 8 (A^T) and down to 1/24 (G), and a tile's 36 points sum to its
 // outputs with cancellation, so each product's rounding error comes out amplified (Lavin
@@ -2260,22 +2287,10 @@ TEST_CASE(
           for (int round = 0; round < 2; ++round) {
             const std::uint64_t version = ++last_version;
             INFO("weights version " << version);
-            const std::vector<float> values = random_floats(w_count, seed++);
-            drivers.oracle->copy_from_host(w[Side::oracle], values.data(),
-                                           values.size() * sizeof(float));
-            d.copy_from_host(w[Side::tested], values.data(), values.size() * sizeof(float));
             shape.weights_version = version;
-            const hn::Activation relu = hn::Activation::relu(round == 0 ? 0.0f : 0.125f);
-            drivers.oracle->conv_forward_activation(plain, out_channels, x[Side::oracle],
-                                                    w[Side::oracle], bias[Side::oracle], relu,
-                                                    y[Side::oracle]);
-            drivers.oracle->conv_backward(plain, out_channels, x[Side::oracle], w[Side::oracle],
-                                          dy[Side::oracle], dx[Side::oracle], dw[Side::oracle],
-                                          db[Side::oracle]);
-            d.conv_forward_activation(shape, out_channels, x[Side::tested], w[Side::tested],
-                                      bias[Side::tested], relu, y[Side::tested]);
-            d.conv_backward(shape, out_channels, x[Side::tested], w[Side::tested], dy[Side::tested],
-                            dx[Side::tested], dw[Side::tested], db[Side::tested]);
+            run_conv_round(drivers, plain, shape, out_channels, random_floats(w_count, seed++),
+                           hn::Activation::relu(round == 0 ? 0.0f : 0.125f),
+                           ConvTwins{x, w, bias, y, dy, dx, dw, db});
             check_close(out_tested(y.tested(), true), y.oracle(),
                         winograd_tolerance(shape.channels * 9));
             check_close(in_tested(dx.tested(), true), dx.oracle(),
@@ -2362,23 +2377,11 @@ TEST_CASE(
         for (int round = 0; round < 2; ++round) {
           const std::uint64_t version = ++last_version;
           INFO("weights version " << version);
-          const std::vector<float> values = random_floats(w_count, seed++);
-          drivers.oracle->copy_from_host(w[Side::oracle], values.data(),
-                                         values.size() * sizeof(float));
-          d.copy_from_host(w[Side::tested], values.data(), values.size() * sizeof(float));
           shape.weights_version = version;
-          const hn::Activation act =
-              round == 0 ? hn::Activation::relu(0.125f) : hn::Activation::clip(-0.25f, 0.5f);
-          drivers.oracle->conv_forward_activation(base, out_channels, x[Side::oracle],
-                                                  w[Side::oracle], bias[Side::oracle], act,
-                                                  y[Side::oracle]);
-          drivers.oracle->conv_backward(base, out_channels, x[Side::oracle], w[Side::oracle],
-                                        dy[Side::oracle], dx[Side::oracle], dw[Side::oracle],
-                                        db[Side::oracle]);
-          d.conv_forward_activation(shape, out_channels, x[Side::tested], w[Side::tested],
-                                    bias[Side::tested], act, y[Side::tested]);
-          d.conv_backward(shape, out_channels, x[Side::tested], w[Side::tested], dy[Side::tested],
-                          dx[Side::tested], dw[Side::tested], db[Side::tested]);
+          run_conv_round(
+              drivers, base, shape, out_channels, random_floats(w_count, seed++),
+              round == 0 ? hn::Activation::relu(0.125f) : hn::Activation::clip(-0.25f, 0.5f),
+              ConvTwins{x, w, bias, y, dy, dx, dw, db});
           check_close(out_tested(y.tested(), true), y.oracle(), gemm_tolerance(shape.channels));
           check_close(in_tested(dx.tested(), true), dx.oracle(), gemm_tolerance(out_channels));
           check_close(dw.tested(), dw.oracle(), gemm_tolerance(shape.batch * oh * ow));

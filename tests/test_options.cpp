@@ -30,6 +30,7 @@ std::string sample(const OptionSpec& spec) {
   if (name == "nchw|blocked") return "blocked";
   if (name == "off|once|cached") return "once";
   if (name == "SPEC") return "cpu:0.5,cpu:1:0.5";
+  if (name == "none|bf16") return "bf16";
   if (std::string(spec.key) == "split_file") return "";  // no file: no per-layer splits
   return "some_text";
 }
@@ -86,6 +87,9 @@ TEST_CASE("every option sets the structs of its kind by its key, and no other", 
   CHECK(solver.bucket_bytes == 4096u);
   REQUIRE(set_option(solver, "bucket_mb", "1.5"));
   CHECK(solver.bucket_bytes == 3u * 512u * 1024u);
+  CHECK(solver.grad_compress == GradCompression::none);
+  REQUIRE(set_option(solver, "grad_compress", "bf16"));
+  CHECK(solver.grad_compress == GradCompression::bf16);
   REQUIRE(set_option(solver, "model_parallel", "fc6,,fc7"));
   CHECK(solver.model_parallel == std::vector<std::string>{"fc6", "fc7"});
   REQUIRE(set_option(solver, "data", "synthetic:1x4x4"));
@@ -108,6 +112,8 @@ TEST_CASE("a malformed option value is an error naming the key and what it takes
     CHECK_THROWS_WITH(set_option(solver, "bucket_mb", mb),
                       Contains("bucket_mb") && Contains("MiB"));
   CHECK_THROWS_AS(set_option(solver, "split", "cpu:0.5,cpu:0.5"), Error);
+  CHECK_THROWS_WITH(set_option(solver, "grad_compress", "fp8"),
+                    Contains("grad_compress") && Contains("none or bf16") && Contains("fp8"));
 }
 
 TEST_CASE("the C ABI's header documents exactly the table's keys", "[options]") {

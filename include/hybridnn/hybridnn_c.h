@@ -271,6 +271,8 @@ HN_API hn_status hn_net_calibrate_splits(hn_net* net);
  *   tune, tune_cache, layout, fuse, math   as the net options
  *   bucket_mb              gradient bucket size for the allreduce in MiB (default 25)
  *   bucket_bytes           the same in bytes
+ *   grad_compress          none (default) or bf16: gradients sent as BF16 with FP32 sums at
+ *                          every hop (the ring backend; others send FP32)
  * and a communicator (hn_solver_options_set_communicator) for data parallelism. */
 HN_API hn_status hn_solver_options_create(hn_solver_options** out);
 HN_API void hn_solver_options_destroy(hn_solver_options* options);

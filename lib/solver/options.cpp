@@ -247,7 +247,9 @@ const std::vector<Entry>& entries() {
         "or none (default)",
         kSolverOption},
        nullptr,
-       [](SolverOptions& o, const std::string&, const std::string& v) {
+       [](SolverOptions& o, const std::string& k, const std::string& v) {
+         if (v != "none" && v != "bf16")
+           detail::fail("option {}: expected none or bf16, got '{}'", k, v);
          o.grad_compress = parse_grad_compression(v);
        }},
       {{"bucket_bytes", "N", "gradient bucket size for the allreduce (default 25 MiB)",
