@@ -454,9 +454,11 @@ const float* PointwiseConvolution::packed(Parallel& par, const LoweringShape& sh
                                           index_t out_channels, const float* weights,
                                           bool data_gradient) {
   const index_t b = layout_block(shape.layout), channels = shape.channels;
-  const auto [buffer, ready] = weights_.get(weights, data_gradient ? 1 : 0, shape.weights_version,
-                                            static_cast<std::size_t>(channels * out_channels));
-  if (ready) return buffer;
+  const std::pair<float*, bool> kept =
+      weights_.get(weights, data_gradient ? 1 : 0, shape.weights_version,
+                   static_cast<std::size_t>(channels * out_channels));
+  float* const buffer = kept.first;
+  if (kept.second) return buffer;
   if (data_gradient) {  // rows o, panels of inputs c
     pack(
         par, out_channels, channels, b,

@@ -615,9 +615,12 @@ const float* WinogradConvolution::transformed(Parallel& par, const LoweringShape
   const index_t inputs = data_gradient ? out_channels : channels;
   const index_t outputs = data_gradient ? channels : out_channels;
   const index_t ip = round_up(inputs, b), op = round_up(outputs, b);
-  const auto [u, ready] = weights_.get(weights, data_gradient ? 1 : 0, shape.weights_version,
-                                       static_cast<std::size_t>(kPoints * ip * op));
-  if (ready) return u;
+  // Not a structured binding: lambdas below capture u (C++17 lets no lambda capture one).
+  const std::pair<float*, bool> kept =
+      weights_.get(weights, data_gradient ? 1 : 0, shape.weights_version,
+                   static_cast<std::size_t>(kPoints * ip * op));
+  float* const u = kept.first;
+  if (kept.second) return u;
   const auto transform = [&](const auto& kernel) {
     if (b == 16) {
       transform_weights<16>(par, inputs, outputs, ip, op, kernel, u);
