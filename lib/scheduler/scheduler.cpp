@@ -519,6 +519,17 @@ void Scheduler::run_rows(const std::vector<LayerCall>& calls, bool backward,
     if (devices.size() > 1 && param_bytes > 0 && partial.bytes() < param_bytes)
       partial.resize(param_bytes);
   }
+  // Each device's workspace grown once, to the most any call needs, before the first is
+  // handed out: grown by a later call's prepare, it would free the one an earlier call's
+  // slice was given and is about to write (a heap corruption when the split changed).
+  for (std::size_t i = 0, d = 0; i < bounds.size(); ++i) {
+    if (bounds[i].first == bounds[i].second) continue;
+    std::size_t most = 0;
+    for (const LayerCall& call : calls)
+      most = std::max(most,
+                      call.layer->workspace_bytes(*devices[d], bounds[i].second - bounds[i].first));
+    static_cast<void>(workspace(*devices[d++], most));
+  }
   // 1. Every call's operands, in order, while every driver is idle (the copies a device can
   // make alone wait for its thread, before the call's compute).
   std::vector<std::vector<SliceRun>> runs(calls.size());
