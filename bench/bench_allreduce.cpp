@@ -45,7 +45,8 @@ std::size_t parse_bytes(const std::string& text) {
 
 int run_allreduce(const std::vector<std::string>& args) {
   std::size_t min_bytes = 64 << 10, max_bytes = std::size_t{256} << 20;
-  int iterations = 0;  // 0: by size
+  int iterations = 0;        // 0: by size
+  CommOptions ring_options;  // --chunk-bytes, --chunks-in-flight: the ring's pipeline
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
     if (i + 1 >= args.size()) throw UsageError{"allreduce: " + flag + " needs a value"};
@@ -56,12 +57,16 @@ int run_allreduce(const std::vector<std::string>& args) {
       max_bytes = parse_bytes(value);
     } else if (flag == "--iterations") {
       iterations = std::stoi(value);
+    } else if (flag == "--chunk-bytes") {
+      ring_options.chunk_bytes = parse_bytes(value);
+    } else if (flag == "--chunks-in-flight") {
+      ring_options.chunks_in_flight = std::stoi(value);
     } else {
       throw UsageError{"allreduce: unknown option '" + flag + "'"};
     }
   }
   const std::unique_ptr<Driver> host = make_driver(Device::parse("reference"));
-  const std::unique_ptr<Communicator> ring = make_communicator("ring");
+  const std::unique_ptr<Communicator> ring = make_communicator("ring", ring_options);
   const std::unique_ptr<Communicator> mpi = make_communicator("mpi");
   const int n = ring->size(), rank = ring->rank();
   for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {

@@ -4,7 +4,7 @@
 //   hybridnn-bench gemm [--threads N] [--blas NAME]      (bench_gemm.cpp)
 //   hybridnn-bench layers [--net caffenet|lenet] [--threads N] [--batch B]  (bench_layers.cpp)
 //   hybridnn-bench split [--devices LIST] [--split SPEC] [--batch B]  (bench_split.cpp)
-//   mpirun -np N hybridnn-bench allreduce [--min BYTES] [--max BYTES]  (bench_allreduce.cpp)
+//   mpirun -np N hybridnn-bench allreduce [--min BYTES] [--max BYTES] ...  (bench_allreduce.cpp)
 //   hybridnn-bench memory [--model FILE | --solver FILE] [--batch B]  (bench_memory.cpp)
 #include <algorithm>
 #include <cstdio>
@@ -53,11 +53,14 @@ const char* const kUsage =
     "      --batch: default 32; --iterations: timed after 1 warm-up, default 3; --threads: per\n"
     "      cpu driver, default every core shared out among the cpu drivers listed;\n"
     "      --layout: activations between CPU layers, default blocked (the tool's default)\n"
-    "  allreduce [--min BYTES] [--max BYTES] [--iterations N]   (under mpirun -np N)\n"
+    "  allreduce [--min BYTES] [--max BYTES] [--iterations N] [--chunk-bytes BYTES]\n"
+    "            [--chunks-in-flight K]   (under mpirun -np N)\n"
     "      the ring allreduce and MPI_Allreduce in the same run, sizes from --min (64K) to\n"
     "      --max (256M) by x4: time, algbw, busbw = algbw * 2(n-1)/n and #wrong per backend,\n"
     "      and the ring with BF16 on the wire (ring_bf16, --grad-compress bf16's), then\n"
-    "      ring's and ring_bf16's busbw / mpi's\n";
+    "      ring's and ring_bf16's busbw / mpi's; --chunk-bytes and --chunks-in-flight set\n"
+    "      the ring's pipeline (CommOptions; default: a quarter of a segment within\n"
+    "      64K-1M, 4 in flight)\n";
 
 }  // namespace
 
