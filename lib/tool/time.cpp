@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -355,15 +356,26 @@ int run_time(const Args& args) {
   const std::size_t peak_rss = peak_resident_bytes();
   const std::size_t activation_bytes = net.activation_bytes();
   if (json) {
+    // Each layer's learnable parameters (a shared one counted with the first layer that has
+    // it): what its gradients add to the allreduce.
+    std::map<std::string, std::size_t> layer_param_bytes;
+    for (const NetParam& param : net.learnable_params()) {
+      const auto floats = static_cast<std::size_t>(param.tensor->count());
+      layer_param_bytes[param.layer] += sizeof(float) * floats;
+    }
     for (int i = 0; i < layers; ++i) {
       const std::string algorithm = net.layer_algorithm(i);
       const double flops = net.layer_forward_flops(i);
-      fmt::print(R"({{"layer":{},"type":{},"forward_ms":{},"backward_ms":{}{}{}}})"
+      const auto owned = layer_param_bytes.find(net.layer_name(i));
+      fmt::print(R"({{"layer":{},"type":{},"forward_ms":{},"backward_ms":{}{}{}{}}})"
                  "\n",
                  json_string(net.layer_name(i)), json_string(net.layer_type(i)),
                  json_number(forward_ms[i] / n), json_number(backward_ms[i] / n),
                  algorithm.empty() ? "" : ",\"algorithm\":" + json_string(algorithm),
-                 flops > 0 ? ",\"forward_flops\":" + json_number(flops) : "");
+                 flops > 0 ? ",\"forward_flops\":" + json_number(flops) : "",
+                 owned == layer_param_bytes.end()
+                     ? ""
+                     : fmt::format(",\"param_bytes\":{}", owned->second));
     }
     if (split) print_split_profile(net, iterations, json);
     const std::string comm_fields =
@@ -456,7 +468,8 @@ Command time_command() {
       "The backward is complete, data gradients included (Caffe's force_backward), unless\n"
       "--no-force-backward. --json prints one line per layer {\"layer\",\"type\",\n"
       "\"forward_ms\",\"backward_ms\"} (convolutions add \"algorithm\", convolutions and\n"
-      "inner products \"forward_flops\") and a total line {\"total\":true,...,\"device\"\n"
+      "inner products \"forward_flops\", layers with parameters \"param_bytes\") and a\n"
+      "total line {\"total\":true,...,\"device\"\n"
       "(the Net's driver), \"split_spec\" (with --split: its SPEC; --split-file F: \"file F\"),\n"
       "\"forward_ms\",\"backward_ms\",\"forward_backward_ms\",\"peak_rss_bytes\",\"param_bytes\",\n"
       "\"activation_bytes\"}.\n"
