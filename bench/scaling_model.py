@@ -1,0 +1,457 @@
+#!/usr/bin/env python3
+"""A model of data-parallel scaling, calibrated on this machine (issue 39, item 4).
+
+  bench/scaling_model.py calibrate [--ranks 2,4] [--out FILE]   the collective's terms
+  bench/scaling_model.py validate  --model NET [--ranks 2,4] [--batch 32] [--threads 1]
+  bench/scaling_model.py project   [--calibration FILE] [--nets caffenet,googlenet,resnet50]
+                                   [--links 10,25,100] [--speedups 1,170] [--plot PNG]
+  bench/scaling_model.py self-test  the model's arithmetic against hand-worked values
+
+The model: an iteration is the forward, then the backward layer by layer in reverse order;
+the gradients go in buckets of --bucket-mb (25 MB, the Solver's default) in the order
+backward finishes them, each handed to one communication thread when its last layer's
+backward ends (GradientSync); the thread reduces the buckets one after another, each taking
+the ring's time
+
+    T(bytes, n) = 2 (n - 1) alpha + 2 (n - 1) / n * bytes * beta
+
+(reduce-scatter then allgather: 2 (n - 1) steps, each moving 1/n of the buffer). The
+iteration ends when both the backward and the last bucket (then the loss's two floats) are
+done. Per-layer forward and backward times and each layer's gradient bytes come from
+`hybridnn time --json`.
+
+calibrate: alpha and beta fitted (least squares on relative error) to the ring's times in
+`hybridnn-bench allreduce` over shared memory (64 KiB to 64 MiB), for each --ranks count
+apart (ranks beyond the cores share them: every hop slows, which one pair of terms cannot
+follow); one JSON line per rank count and size with the fit's prediction and its ratio to
+the time measured, then the fitted terms. --out keeps them for project.
+
+validate: the model's iteration time against `mpirun -np N hybridnn time --json` (N ranks
+over shared memory, each with --threads threads) for every N of --ranks, in the same run:
+the compute is measured as N copies of a one-process `hybridnn time` run side by side (the
+same cores and memory shared as under mpirun, without the collective; their per-layer
+times, which the copies run at the same moments), alpha and beta fitted on N ranks just
+before. One JSON line per N with the predicted and measured milliseconds and their ratio
+(the acceptance: within 15 %). --link RATE (root, iproute2; e.g. 1gbit) runs the 2 ranks
+on two simulated nodes instead: network namespaces joined by a veth pair shaped with tc
+netem to RATE and 100 us of delay (bench/model_parallel.py's), alpha and beta fitted over
+that link.
+
+project: the scaling efficiency (one rank's compute time over the modelled iteration, batch
+per rank fixed) of each net from 4 to 256 ranks, one rank per node on links of --links
+Gbit/s: beta = 8 / rate, alpha = the shared-memory fit's alpha on the fewest ranks plus
+--link-latency-us (10 us a hop), the compute this machine's, one process on every core.
+Where InnerProduct layers hold most of a net's parameters (CaffeNet), also with them
+model-parallel (NetOptions::model_parallel): their gradients leave the buckets, and each
+adds an allgather of its input over every rank's rows before its forward and a
+reduce-scatter of that gradient after its backward, unhidden. One JSON line per net, mode,
+link and rank count; --plot draws the curves (matplotlib). --speedups divides the compute
+by each factor (default 1 and 170: ResNet-50's training step takes 6.7 s here on 2 cores,
+PyTorch's FP32 one 39 ms on an H200, docs/benchmarks.md), a GPU-class rank.
+
+Open MPI runs as root with OMPI_ALLOW_RUN_AS_ROOT; in containers without CMA,
+--mca btl_vader_single_copy_mechanism none (done here). More ranks than cores are
+oversubscribed (--oversubscribe --bind-to none), one thread each unless --threads.
+"""
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MODELS = ROOT.parent / "shared" / "models"
+NETS = {
+    "lenet": ("mnist_lenet_train_test.prototxt", "synthetic:1x28x28"),
+    "caffenet": ("bvlc_reference_caffenet_deploy.prototxt", None),
+    "googlenet": ("bvlc_googlenet_deploy.prototxt", None),
+    "resnet50": ("resnet50_deploy.prototxt", None),
+}
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+
+
+def fail(message):
+    sys.exit(f"scaling_model.py: {message}")
+
+
+def mpirun(ranks, nodes=None):
+    """The launcher of `ranks` ranks over shared memory, or of 2 on two simulated nodes."""
+    launcher = shutil.which("mpirun")
+    if launcher is None:
+        fail("mpirun is not on PATH (apt-get install openmpi-bin)")
+    if nodes is not None:
+        return nodes.prefix(launcher)
+    return [launcher, "--oversubscribe", "--bind-to", "none", "--mca",
+            "btl_vader_single_copy_mechanism", "none", "-np", str(ranks)]
+
+
+def launch_env(threads, nodes=None):
+    env = dict(ENV, OMP_NUM_THREADS=str(threads))
+    if nodes is not None:
+        env["HN_NETNS_MAP"] = f"{nodes.A}={nodes.ns[0]} {nodes.B}={nodes.ns[1]}"
+    return env
+
+
+def run(command, env=None):
+    print(f"# {' '.join(command)}", file=sys.stderr, flush=True)
+    done = subprocess.run(command, capture_output=True, text=True, env=env or ENV)
+    if done.returncode != 0:
+        fail(f"`{' '.join(command)}` exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+# ---- the collective ------------------------------------------------------------------------
+
+def ring_seconds(bytes_, ranks, alpha, beta):
+    if ranks <= 1:
+        return 0.0
+    return 2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * bytes_ * beta
+
+
+def measure_allreduce(args, ranks, nodes=None):
+    lines = run(mpirun(ranks, nodes) + [str(args.build / "bin" / "hybridnn-bench"), "allreduce",
+                                        "--min", "64K", "--max", "64M"],
+                env=launch_env(1, nodes))
+    return [(ranks, line["bytes"], line["time_us"] * 1e-6) for line in lines
+            if line.get("way") == "ring"]
+
+
+def fit(points):
+    """alpha, beta minimising the relative error of ring_seconds over (ranks, bytes, s):
+    the least squares of rows (2 (n - 1) / t, 2 (n - 1) / n b / t) against 1, by the normal
+    equations."""
+    rows = [(2 * (n - 1) / t, 2 * (n - 1) / n * b / t) for n, b, t in points]
+    aa = sum(x * x for x, _ in rows)
+    ab = sum(x * y for x, y in rows)
+    bb = sum(y * y for _, y in rows)
+    a1 = sum(x for x, _ in rows)
+    b1 = sum(y for _, y in rows)
+    determinant = aa * bb - ab * ab
+    if determinant <= 0:
+        fail("cannot fit alpha and beta: the sizes measured do not tell them apart")
+    alpha = (a1 * bb - b1 * ab) / determinant
+    beta = (b1 * aa - a1 * ab) / determinant
+    return max(alpha, 0.0), max(beta, 0.0)
+
+
+def calibrate(args):
+    """alpha and beta per rank count (ranks sharing a node share its cores and memory: more
+    ranks than cores make each hop slower, which one pair of terms cannot follow)."""
+    terms = {}
+    for ranks in args.ranks:
+        points = measure_allreduce(args, ranks)
+        alpha, beta = fit(points)
+        terms[ranks] = (alpha, beta)
+        for n, b, t in points:
+            predicted = ring_seconds(b, n, alpha, beta)
+            print(json.dumps({"bench": "scaling_model", "fit": "ring", "ranks": n, "bytes": b,
+                              "measured_us": round(t * 1e6, 1),
+                              "predicted_us": round(predicted * 1e6, 1),
+                              "ratio_predicted_to_measured": round(predicted / t, 3)}))
+        print(json.dumps({"bench": "scaling_model", "ranks": ranks, "alpha_us": alpha * 1e6,
+                          "beta_gbs": 1e-9 / beta if beta > 0 else None, "cpu": cpu_name()}),
+              flush=True)
+    if args.out:
+        pathlib.Path(args.out).write_text(json.dumps(
+            {str(n): {"alpha": a, "beta": b} for n, (a, b) in terms.items()}) + "\n")
+    return terms
+
+
+# ---- the compute ---------------------------------------------------------------------------
+
+def time_command(args, net, threads):
+    prototxt, data = NETS.get(net, (net, None))
+    model = pathlib.Path(prototxt)
+    if not model.is_absolute():
+        model = MODELS / prototxt
+    if not model.exists():
+        fail(f"{model} is missing")
+    command = [str(args.build / "bin" / "hybridnn"), "time", "--model", str(model), "--batch",
+               str(args.batch), "--iterations", str(args.iterations), "--threads", str(threads),
+               "--json"]
+    if data:
+        command += ["--data", data]
+    return command
+
+
+def layers_of(lines):
+    layers = [line for line in lines if "layer" in line]
+    total = next(line for line in lines if line.get("total"))
+    return layers, total
+
+
+def compute_side_by_side(args, net, copies):
+    """Per-layer times of the slowest of `copies` one-process runs started together."""
+    command = time_command(args, net, args.threads)
+    env = dict(ENV, OMP_NUM_THREADS=str(args.threads))
+    print(f"# {copies} x {' '.join(command)}", file=sys.stderr, flush=True)
+    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=env) for _ in range(copies)]
+    results = []
+    for process in processes:
+        out, err = process.communicate()
+        if process.returncode != 0:
+            fail(f"`{' '.join(command)}` exited {process.returncode}:\n{err[-3000:]}")
+        results.append(layers_of([json.loads(line) for line in out.splitlines()
+                                  if line.startswith("{")]))
+    return max(results, key=lambda result: sum(layer["forward_ms"] + layer["backward_ms"]
+                                               for layer in result[0]))
+
+
+# ---- the iteration -------------------------------------------------------------------------
+
+def cut_bytes(layer, batch, ranks):
+    """The bytes of an InnerProduct's input over every rank's rows: what model parallelism
+    gathers before its forward and reduce-scatters after its backward (param_bytes =
+    4 (in x out + out) and forward_flops = 2 batch in x out give in and out)."""
+    weights = layer["forward_flops"] / (2 * batch)  # in x out
+    outputs = layer["param_bytes"] / 4 - weights
+    return 4 * ranks * batch * weights / outputs
+
+
+def iteration_seconds(layers, ranks, alpha, beta, bucket_bytes, cut=(), batch=0):
+    """The modelled iteration: forward, backward with the buckets' allreduce overlapping it.
+    Layers named in `cut` run model-parallel (NetOptions::model_parallel): no gradient in
+    the buckets; an allgather of their input before the forward and a reduce-scatter of its
+    gradient after the backward, each (n - 1) steps moving (n - 1) / n of it, in the way."""
+    def gathered(layer):
+        if layer["layer"] not in cut or ranks <= 1:
+            return 0.0
+        size = cut_bytes(layer, batch, ranks)
+        return (ranks - 1) * alpha + (ranks - 1) / ranks * size * beta
+    forward = sum(layer["forward_ms"] * 1e-3 + gathered(layer) for layer in layers)
+    clock = forward
+    buckets = []  # [bytes, ready]
+    for layer in reversed(layers):
+        clock += layer["backward_ms"] * 1e-3 + gathered(layer)
+        size = layer.get("param_bytes", 0)
+        if size == 0 or layer["layer"] in cut:
+            continue
+        if not buckets or (buckets[-1][0] > 0 and buckets[-1][0] + size > bucket_bytes):
+            buckets.append([0, 0.0])
+        buckets[-1][0] += size
+        buckets[-1][1] = clock
+    backward_end = clock
+    comm = 0.0
+    for size, ready in buckets:
+        comm = max(comm, ready) + ring_seconds(size, ranks, alpha, beta)
+    end = max(backward_end, comm) + ring_seconds(8, ranks, alpha, beta)
+    compute = sum(layer["forward_ms"] + layer["backward_ms"] for layer in layers) * 1e-3
+    return end, compute, len(buckets)
+
+
+def validate(args):
+    if not args.link:
+        for ranks in args.ranks:
+            validate_on(args, ranks, None)
+        return
+    if args.ranks != [2]:
+        fail("--link simulates two nodes: give --ranks 2")
+    sys.path.insert(0, str(ROOT / "bench"))
+    from model_parallel import SimulatedNodes  # the two namespaces and their veth pair
+    with tempfile.TemporaryDirectory() as work, SimulatedNodes(args.link, work) as nodes:
+        validate_on(args, 2, nodes)
+
+
+def validate_on(args, ranks, nodes):
+    alpha, beta = fit(measure_allreduce(args, ranks, nodes))
+    # The per-layer times (each layer timed over the iterations, as `hybridnn time`
+    # under mpirun times its total too): the copies run them at the same moments, where
+    # their whole-iteration totals, timed afterwards, drift apart.
+    layers, _ = compute_side_by_side(args, args.model, ranks)
+    predicted, compute, buckets = iteration_seconds(layers, ranks, alpha, beta,
+                                                    args.bucket_mb * 1e6)
+    measured_lines = run(mpirun(ranks, nodes) + time_command(args, args.model, args.threads),
+                         env=launch_env(args.threads, nodes))
+    _, measured = layers_of(measured_lines)
+    measured_ms = measured["forward_backward_ms"]
+    print(json.dumps({
+        "bench": "scaling_model", "validate": args.model, "ranks": ranks,
+        "link": nodes.shaping if nodes else "shared memory", "batch_per_rank": args.batch, "threads": args.threads,
+        "alpha_us": round(alpha * 1e6, 2), "beta_gbs": round(1e-9 / beta, 3) if beta else None,
+        "compute_ms": round(compute * 1e3, 2), "buckets": buckets,
+        "predicted_ms": round(predicted * 1e3, 2), "measured_ms": round(measured_ms, 2),
+        "measured_allreduce_ms": measured.get("allreduce_ms"),
+        "measured_exposed_ms": measured.get("exposed_comm_ms"),
+        "ratio_predicted_to_measured": round(predicted * 1e3 / measured_ms, 3),
+        "cpu": cpu_name()}), flush=True)
+
+
+def project(args):
+    # The per-hop latency of the software (ours and MPI's) from the fewest ranks measured,
+    # where every rank has a core.
+    if args.calibration:
+        terms = json.loads(pathlib.Path(args.calibration).read_text())
+        alpha = terms[str(min(int(n) for n in terms))]["alpha"]
+    else:
+        terms = calibrate(args)
+        alpha = terms[min(terms)][0]
+    curves = {}
+    cores = os.cpu_count() or 1
+    for net in args.nets:
+        lines = run(time_command(args, net, cores), env=dict(ENV, OMP_NUM_THREADS=str(cores)))
+        layers, total = layers_of(lines)
+        scale = total["forward_backward_ms"] / sum(
+            layer["forward_ms"] + layer["backward_ms"] for layer in layers)
+        for layer in layers:
+            layer["forward_ms"] *= scale
+            layer["backward_ms"] *= scale
+        # Model-parallel FC: the nets whose InnerProduct layers hold most of the parameters
+        # (CaffeNet's fc6-fc8), cut across the ranks.
+        fc = [layer["layer"] for layer in layers if layer["type"] == "InnerProduct"]
+        fc_bytes = sum(layer.get("param_bytes", 0) for layer in layers
+                       if layer["layer"] in fc)
+        total_bytes = sum(layer.get("param_bytes", 0) for layer in layers)
+        modes = [("data_parallel", ())]
+        if fc and fc_bytes > total_bytes / 2:
+            modes.append(("model_parallel_fc", tuple(fc)))
+        for speedup in args.speedups:
+            faster = [dict(layer, forward_ms=layer["forward_ms"] / speedup,
+                           backward_ms=layer["backward_ms"] / speedup) for layer in layers]
+            for gbit in args.links:
+                link_alpha = alpha + args.link_latency_us * 1e-6
+                link_beta = 8 / (gbit * 1e9)
+                for mode, cut in modes:
+                    points = []
+                    for ranks in (4, 8, 16, 32, 64, 128, 256):
+                        seconds, compute, buckets = iteration_seconds(
+                            faster, ranks, link_alpha, link_beta, args.bucket_mb * 1e6, cut,
+                            args.batch)
+                        efficiency = compute / seconds
+                        points.append((ranks, efficiency))
+                        print(json.dumps({
+                            "bench": "scaling_model", "project": net, "mode": mode,
+                            "compute_speedup": speedup, "link_gbit": gbit, "ranks": ranks,
+                            "batch_per_rank": args.batch, "compute_ms": round(compute * 1e3, 1),
+                            "iteration_ms": round(seconds * 1e3, 1), "buckets": buckets,
+                            "param_mb": round(total_bytes / 1e6, 1),
+                            "efficiency": round(efficiency, 3), "cpu": cpu_name()}), flush=True)
+                    curves[(net, gbit, mode, speedup)] = points
+    if args.plot:
+        plot(curves, args)
+
+
+def plot(curves, args):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    nets = list(dict.fromkeys(key[0] for key in curves))
+    speedups = list(dict.fromkeys(key[3] for key in curves))
+    figure, axes = plt.subplots(len(speedups), len(nets), figsize=(4.2 * len(nets),
+                                                                  3.4 * len(speedups)),
+                                sharey=True, squeeze=False)
+    for row, speedup in enumerate(speedups):
+        for column, net in enumerate(nets):
+            axis = axes[row][column]
+            colours = {}
+            for (name, gbit, mode, fast), points in curves.items():
+                if name != net or fast != speedup:
+                    continue
+                colour = colours.setdefault(gbit, f"C{len(colours)}")
+                cut = mode != "data_parallel"
+                axis.plot([p[0] for p in points], [p[1] for p in points], color=colour,
+                          marker="s" if cut else "o", linestyle="--" if cut else "-",
+                          label=f"{gbit:g} Gbit/s" + (", FC model-parallel" if cut else ""))
+            axis.set_xscale("log", base=2)
+            axis.set_ylim(0, 1.05)
+            compute = "this CPU" if speedup == 1 else f"compute / {speedup:g}"
+            axis.set_title(f"{net}, batch {args.batch} per rank, {compute}", fontsize=9)
+            axis.set_xlabel("ranks (one per node)")
+            axis.grid(True, alpha=0.3)
+            axis.legend(fontsize=7)
+        axes[row][0].set_ylabel("scaling efficiency")
+    figure.suptitle(f"Data-parallel ring allreduce with bucketed overlap, modelled (compute "
+                    f"measured on {cpu_name()}, 2 cores)", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(args.plot, dpi=100)
+    print(f"# wrote {args.plot}", file=sys.stderr)
+
+
+def self_test():
+    """The model's arithmetic against values worked out by hand (ctest runs this)."""
+    def close(a, b):
+        return abs(a - b) <= 1e-9 * max(1.0, abs(b))
+    checks = []
+    # 2 (4 - 1) 10 us + 2 (4 - 1) / 4 x 1 MB x 1 ns/B = 60 us + 1.5 ms.
+    checks.append(("ring_seconds", close(ring_seconds(1e6, 4, 1e-5, 1e-9), 1.56e-3)))
+    checks.append(("ring_seconds one rank", ring_seconds(1e6, 1, 1e-5, 1e-9) == 0.0))
+    # The fit recovers the terms of exact times.
+    points = [(n, b, ring_seconds(b, n, 5e-6, 4e-10)) for n in (2, 4)
+              for b in (65536, 1 << 20, 1 << 24)]
+    alpha, beta = fit(points)
+    checks.append(("fit", abs(alpha - 5e-6) < 1e-12 and abs(beta - 4e-10) < 1e-16))
+    # Forward 3 ms; backward c (no parameters) ends at 4 ms, b at 5 ms (bucket 0: 20 MB),
+    # a at 7 ms (10 MB more would pass 25 MB: bucket 1). At 1 GB/s on 2 ranks (bytes x 1 ns),
+    # bucket 0 runs 5-25 ms and bucket 1 25-35 ms, then the loss's 8 bytes.
+    layers = [{"layer": "a", "forward_ms": 1, "backward_ms": 2, "param_bytes": 10e6},
+              {"layer": "b", "forward_ms": 1, "backward_ms": 1, "param_bytes": 20e6},
+              {"layer": "c", "forward_ms": 1, "backward_ms": 1}]
+    seconds, compute, buckets = iteration_seconds(layers, 2, 0.0, 1e-9, 25e6)
+    checks.append(("iteration", close(seconds, 35e-3 + 8e-9) and close(compute, 7e-3)
+                   and buckets == 2))
+    # At 1 TB/s bucket 0 is hidden (5-5.02 ms); bucket 1, ready when backward ends, is not.
+    seconds, _, _ = iteration_seconds(layers, 2, 0.0, 1e-12, 25e6)
+    checks.append(("hidden", close(seconds, 7e-3 + 10e-6 + 8e-12)))
+    # An InnerProduct of 100 inputs and 10 outputs at batch 4: 2 ranks gather 2 x 4 rows of
+    # 100 floats; cut, its 4040 bytes leave the buckets and each pass moves half of 3200
+    # bytes once (2 - 1 steps).
+    fc = {"layer": "fc", "forward_ms": 1, "backward_ms": 1, "forward_flops": 2 * 4 * 100 * 10,
+          "param_bytes": 4 * (100 * 10 + 10)}
+    checks.append(("cut_bytes", close(cut_bytes(fc, 4, 2), 3200)))
+    seconds, _, buckets = iteration_seconds([fc], 2, 0.0, 1e-9, 25e6, ("fc",), 4)
+    checks.append(("cut", buckets == 0 and close(seconds, 2e-3 + 2 * 1600e-9 + 8e-9)))
+    failed = [name for name, ok in checks if not ok]
+    for name, ok in checks:
+        print(f"{'ok' if ok else 'FAILED'}: {name}")
+    sys.exit(1 if failed else 0)
+
+
+def cpu_name():
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                flags = pathlib.Path("/proc/cpuinfo").read_text()
+                return name + (", AVX-512" if "avx512f" in flags else ", AVX2")
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=("calibrate", "validate", "project", "self-test"))
+    parser.add_argument("--ranks", default="2,4")
+    parser.add_argument("--model", default="lenet", help="a NETS name or a prototxt")
+    parser.add_argument("--nets", default="caffenet,googlenet,resnet50")
+    parser.add_argument("--links", default="10,25,100")
+    parser.add_argument("--speedups", default="1,170",
+                        help="compute divided by each (170: ResNet-50's step here against "
+                             "PyTorch's FP32 one on an H200)")
+    parser.add_argument("--link-latency-us", type=float, default=10.0)
+    parser.add_argument("--link", default="", help="validate: 2 ranks on two simulated nodes "
+                        "joined by a link of this rate (tc: 1gbit, 10gbit)")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--bucket-mb", type=float, default=25.0)
+    parser.add_argument("--calibration", default="")
+    parser.add_argument("--out", default="")
+    parser.add_argument("--plot", default="")
+    parser.add_argument("--build", default=str(ROOT / "build"))
+    args = parser.parse_args()
+    args.ranks = [int(r) for r in args.ranks.split(",")]
+    args.nets = args.nets.split(",")
+    args.links = [float(g) for g in args.links.split(",")]
+    args.speedups = [float(x) for x in args.speedups.split(",")]
+    args.build = pathlib.Path(args.build)
+    if args.what == "self-test":
+        self_test()
+    {"calibrate": calibrate, "validate": validate, "project": project}[args.what](args)
+
+
+if __name__ == "__main__":
+    main()
