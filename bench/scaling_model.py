@@ -286,11 +286,11 @@ def validate_on(args, ranks, nodes):
     alpha, beta = fit(measure_allreduce(args, ranks, nodes, busy))
     # The collective competes with the compute for CPUs only where the ranks fill them.
     contention = busy[0] if ranks * args.threads >= (os.cpu_count() or 1) else 0.0
-    # The per-layer times (each layer timed over the iterations, as `hybridnn time`
-    # under mpirun times its total too): the copies run them at the same moments, where
-    # their whole-iteration totals, timed afterwards, drift apart.
-    # Each side the fastest of --repeats runs, alternating (the least disturbed: on a shared
-    # 2-core machine one run of 4 ranks moves by 15 %).
+    # The compute: the copies' per-layer times (each layer timed over the iterations, as
+    # `hybridnn time` under mpirun times its total too), which the copies run at the same
+    # moments, where their whole-iteration totals, timed afterwards, drift apart. Each side
+    # the fastest of --repeats runs, taken in turn (the least disturbed: on a shared 2-core
+    # machine one run of 4 ranks moves by 15 %).
     layers, measured = None, None
     for _ in range(args.repeats):
         candidate, _ = compute_side_by_side(args, args.model, ranks)
@@ -306,10 +306,12 @@ def validate_on(args, ranks, nodes):
     measured_ms = measured["forward_backward_ms"]
     print(json.dumps({
         "bench": "scaling_model", "validate": args.model, "ranks": ranks,
-        "link": nodes.shaping if nodes else "shared memory", "batch_per_rank": args.batch, "threads": args.threads,
-        "alpha_us": round(alpha * 1e6, 2), "beta_gbs": round(1e-9 / beta, 3) if beta else None,
+        "link": nodes.shaping if nodes else "shared memory", "batch_per_rank": args.batch,
+        "threads": args.threads, "alpha_us": round(alpha * 1e6, 2),
+        "beta_gbs": round(1e-9 / beta, 3) if beta else None,
         "compute_ms": round(compute * 1e3, 2), "buckets": buckets,
-        "comm_busy": round(contention, 3), "predicted_ms": round(predicted * 1e3, 2), "measured_ms": round(measured_ms, 2),
+        "comm_busy": round(contention, 3), "predicted_ms": round(predicted * 1e3, 2),
+        "measured_ms": round(measured_ms, 2),
         "measured_allreduce_ms": measured.get("allreduce_ms"),
         "measured_exposed_ms": measured.get("exposed_comm_ms"),
         "ratio_predicted_to_measured": round(predicted * 1e3 / measured_ms, 3),
