@@ -58,6 +58,7 @@ Open MPI runs as root with OMPI_ALLOW_RUN_AS_ROOT; in containers without CMA,
 oversubscribed (--oversubscribe --bind-to none), one thread each unless --threads.
 """
 import argparse
+import functools
 import json
 import os
 import pathlib
@@ -101,12 +102,16 @@ def launch_env(threads, nodes=None):
     return env
 
 
+def json_lines(text):
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
 def run(command, env=None):
     print(f"# {' '.join(command)}", file=sys.stderr, flush=True)
     done = subprocess.run(command, capture_output=True, text=True, env=env or ENV)
     if done.returncode != 0:
         fail(f"`{' '.join(command)}` exited {done.returncode}:\n{done.stderr[-3000:]}")
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return json_lines(done.stdout)
 
 
 # ---- the collective ------------------------------------------------------------------------
@@ -202,7 +207,7 @@ def layers_of(lines):
 def compute_side_by_side(args, net, copies):
     """Per-layer times of the slowest of `copies` one-process runs started together."""
     command = time_command(args, net, args.threads)
-    env = dict(ENV, OMP_NUM_THREADS=str(args.threads))
+    env = launch_env(args.threads)
     print(f"# {copies} x {' '.join(command)}", file=sys.stderr, flush=True)
     processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True, env=env) for _ in range(copies)]
@@ -211,8 +216,7 @@ def compute_side_by_side(args, net, copies):
         out, err = process.communicate()
         if process.returncode != 0:
             fail(f"`{' '.join(command)}` exited {process.returncode}:\n{err[-3000:]}")
-        results.append(layers_of([json.loads(line) for line in out.splitlines()
-                                  if line.startswith("{")]))
+        results.append(layers_of(json_lines(out)))
     return max(results, key=lambda result: layer_sum(result[0]))
 
 
@@ -264,7 +268,7 @@ def iteration_seconds(layers, ranks, alpha, beta, bucket_bytes, cut=(), batch=0,
     # is CPU time the backward loses.
     backward_end += busy * overlapped
     end = max(backward_end, comm) + ring_seconds(8, ranks, alpha, beta)
-    compute = sum(layer["forward_ms"] + layer["backward_ms"] for layer in layers) * 1e-3
+    compute = layer_sum(layers) * 1e-3
     return end, compute, len(buckets)
 
 
@@ -330,10 +334,8 @@ def project(args):
     curves = {}
     cores = os.cpu_count() or 1
     for net in args.nets:
-        lines = run(time_command(args, net, cores), env=dict(ENV, OMP_NUM_THREADS=str(cores)))
-        layers, total = layers_of(lines)
-        scale = total["forward_backward_ms"] / sum(
-            layer["forward_ms"] + layer["backward_ms"] for layer in layers)
+        layers, total = layers_of(run(time_command(args, net, cores), env=launch_env(cores)))
+        scale = total["forward_backward_ms"] / layer_sum(layers)
         for layer in layers:
             layer["forward_ms"] *= scale
             layer["backward_ms"] *= scale
@@ -453,15 +455,16 @@ def self_test():
     sys.exit(1 if failed else 0)
 
 
+@functools.lru_cache(maxsize=None)
 def cpu_name():
     try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                flags = pathlib.Path("/proc/cpuinfo").read_text()
-                return name + (", AVX-512" if "avx512f" in flags else ", AVX2")
+        info = pathlib.Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
+        return "unknown CPU"
+    for line in info.splitlines():
+        if line.startswith("model name"):
+            name = line.split(":", 1)[1].strip()
+            return name + (", AVX-512" if "avx512f" in info else ", AVX2")
     return "unknown CPU"
 
 

@@ -809,18 +809,17 @@ def check_time_json(ctx, records, layer_names):
         if r["type"] in ("Convolution", "InnerProduct"):
             keys.add("forward_flops")
             check(r["forward_flops"] > 0, f"no FLOPs: {r}")
+            check("param_bytes" in r, f"no param_bytes: {r}")
         if "param_bytes" in r:
             keys.add("param_bytes")
             check(r["param_bytes"] > 0 and r["param_bytes"] % 4 == 0, f"param_bytes of {r}")
-        if r["type"] in ("Convolution", "InnerProduct"):
-            check("param_bytes" in r, f"no param_bytes: {r}")
         check(set(r) == keys, f"layer keys {r}")
         check(r["forward_ms"] >= 0 and r["backward_ms"] >= 0, f"negative time {r}")
     total = totals[0]
     # The total counts each parameter's values and gradient.
     check(2 * sum(r.get("param_bytes", 0) for r in layers) == total["param_bytes"],
           f"layers' param_bytes against the total's {total['param_bytes']}")
-    if "conv1" in names and total.get("batch") and "lenet" in str(total.get("model", "")):
+    if "conv1" in names and "lenet" in str(total.get("model", "")):
         # Caffe's LeNet: 20 filters of 1 x 5 x 5 and 20 biases.
         conv1 = layers[names.index("conv1")]
         check(conv1["param_bytes"] == 4 * (20 * 25 + 20), f"LeNet conv1: {conv1}")
