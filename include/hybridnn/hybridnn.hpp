@@ -395,7 +395,8 @@ class Net {
 // The ranks of a data-parallel run (started by mpirun), or this process alone.
 class Communicator {
  public:
-  // backend: "ring", "mpi", "local", or "" for the default; timeout_seconds <= 0: 300.
+  // backend: "auto", "ring", "hier", "mpi", "local", or "" for the default (auto under
+  // mpirun, else local); timeout_seconds <= 0: 300.
   explicit Communicator(const std::string& backend = "", double timeout_seconds = 0.0) {
     hn_comm* comm = nullptr;
     c_api::check(

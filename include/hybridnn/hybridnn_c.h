@@ -272,7 +272,7 @@ HN_API hn_status hn_net_calibrate_splits(hn_net* net);
  *   bucket_mb              gradient bucket size for the allreduce in MiB (default 25)
  *   bucket_bytes           the same in bytes
  *   grad_compress          none (default) or bf16: gradients sent as BF16 with FP32 sums at
- *                          every hop (the ring backend; others send FP32)
+ *                          every hop (the ring and hier backends; others send FP32)
  * and a communicator (hn_solver_options_set_communicator) for data parallelism. */
 HN_API hn_status hn_solver_options_create(hn_solver_options** out);
 HN_API void hn_solver_options_destroy(hn_solver_options* options);
@@ -328,8 +328,10 @@ HN_API const char* hn_event_snapshot(const hn_solver_event* event);
 
 /* ---- collectives between ranks -------------------------------------------------------- */
 
-/* The ranks mpirun started (backend "ring" or "mpi"), or this process alone ("local");
- * NULL: the default ("ring" under a launcher with several ranks, else "local"). Every
+/* The ranks mpirun started (backend "auto", "ring", "hier" or "mpi"), or this process alone
+ * ("local"); NULL: the default ("auto" under a launcher with several ranks: "hier" where
+ * several nodes hold several ranks each, numbered node by node, else "ring"; "local"
+ * without a launcher). Every
  * collective waits at most `timeout_seconds` (<= 0: 300) for the other ranks, then fails
  * with HN_ERROR_TIMEOUT naming the rank. */
 HN_API hn_status hn_comm_create(const char* backend, double timeout_seconds, hn_comm** out);

@@ -20,7 +20,11 @@ const std::vector<Backend>& backends() {
   static const std::vector<Backend> table = {
     {"local", [](const CommOptions&) { return make_local_communicator(); }},
 #if HYBRIDNN_WITH_MPI
+    {"auto",
+     [](const CommOptions& options) { return detail::make_hier_communicator(options, false); }},
     {"ring", [](const CommOptions& options) { return detail::make_ring_communicator(options); }},
+    {"hier",
+     [](const CommOptions& options) { return detail::make_hier_communicator(options, true); }},
     {"mpi", [](const CommOptions& options) { return detail::make_mpi_communicator(options); }},
 #endif
 #if HYBRIDNN_WITH_NCCL
@@ -70,7 +74,7 @@ std::string default_communicator() {
   const int ranks = launched_ranks();
   if (ranks == 1) return "local";
 #if HYBRIDNN_WITH_MPI
-  return "ring";
+  return "auto";
 #else
   detail::fail(
       "started as one of {} processes by an MPI launcher, but this build of hybridnn has no MPI "
@@ -83,6 +87,8 @@ std::unique_ptr<Communicator> make_communicator(const std::string& name,
                                                 const CommOptions& options) {
   HN_CHECK(options.timeout_seconds > 0, "communicator {}: timeout must be > 0 s, got {}", name,
            options.timeout_seconds);
+  HN_CHECK(options.ranks_per_node >= 0, "communicator {}: ranks_per_node must be >= 0, got {}",
+           name, options.ranks_per_node);
   HN_CHECK(options.chunks_in_flight >= 1, "communicator {}: chunks_in_flight must be >= 1, got {}",
            name, options.chunks_in_flight);
   for (const Backend& backend : backends()) {
@@ -95,7 +101,8 @@ std::unique_ptr<Communicator> make_communicator(const std::string& name,
 #if HYBRIDNN_WITH_MPI
                ""
 #else
-               " (built without MPI: install libopenmpi-dev and rebuild for ring and mpi)"
+               " (built without MPI: install libopenmpi-dev and rebuild for auto, ring, hier and "
+               "mpi)"
 #endif
   );
 }

@@ -5,6 +5,10 @@
 //   local  one process: rank 0 of 1, every collective an identity;
 //   ring   our ring allreduce (reduce-scatter, then allgather) over non-blocking MPI
 //          point-to-point, chunked and pipelined; MPI's own collectives for the rest;
+//   hier   the ring's sums node by node: the ranks of a node add through shared memory and
+//          one leader per node runs the ring across nodes; the same bits as ring;
+//   auto   hier where several nodes hold several ranks each (numbered node by node), else
+//          ring: the default under mpirun;
 //   mpi    MPI_Allreduce and MPI's other collectives: the reference and the fallback.
 // The MPI backends exist when the library was built with MPI (HYBRIDNN_MPI); they join
 // the ranks mpirun started (MPI_COMM_WORLD), initialising MPI on first use.
@@ -44,7 +48,7 @@ class Communicator {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // "local", "ring", "mpi": for logs and errors.
+  // "local", "ring", "hier", "mpi": for logs and errors (auto names what it runs).
   virtual std::string name() const = 0;
 
   // In place, on `count` floats of `driver`'s memory: every rank ends with the sum (or the
@@ -97,6 +101,10 @@ struct CommOptions {
   // The ring's pipeline: bytes per chunk (0: chosen from the length) and chunks in flight.
   std::size_t chunk_bytes = 0;
   int chunks_in_flight = 4;
+  // The hier backend's nodes: 0 as MPI finds them (the ranks that share memory,
+  // MPI_COMM_TYPE_SHARED); k > 0 groups the ranks k at a time, nodes simulated on one
+  // machine (for tests: the ranks must still share memory).
+  int ranks_per_node = 0;
 };
 
 // The backends this build has, "local" first.
@@ -118,7 +126,7 @@ std::vector<float> allgather_host(Communicator& comm, Driver& driver,
 // `root`'s text on every rank (a collective: every rank calls it).
 std::string broadcast_text_host(Communicator& comm, Driver& driver, const std::string& text,
                                 int root);
-// The backend to use when none is named: "ring" when an MPI launcher (mpirun, srun with
+// The backend to use when none is named: "auto" when an MPI launcher (mpirun, srun with
 // PMI) started this process as one of several, else "local". Throws hn::Error when a
 // launcher started several processes but this build has no MPI.
 std::string default_communicator();

@@ -16,6 +16,9 @@ int launcher_value(std::initializer_list<const char*> variables, int minimum, in
 
 std::unique_ptr<Communicator> make_mpi_communicator(const CommOptions& options);
 std::unique_ptr<Communicator> make_ring_communicator(const CommOptions& options);
+// hier.cpp: `required` (the hier backend) refuses ranks not numbered node by node; without
+// it (auto) the flat ring runs where the hierarchy is impossible or gains nothing.
+std::unique_ptr<Communicator> make_hier_communicator(const CommOptions& options, bool required);
 // nccl.cpp, built with MPI, CUDA and NCCL (HYBRIDNN_WITH_NCCL).
 std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions& options);
 

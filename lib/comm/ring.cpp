@@ -1,5 +1,6 @@
 // The `ring` backend: our allreduce over non-blocking MPI point-to-point; broadcast,
-// allgather and barrier are MPI's (MpiCommunicator).
+// allgather and barrier are MPI's (MpiCommunicator). The pipeline (RingPass, ring.h) also
+// runs the `hier` backend's ring of node leaders (hier.cpp).
 //
 // The buffer is cut into `size` segments (the first count % size one element longer) and
 // every segment into the same number of chunks. Reduce-scatter then allgather, 2 (n - 1)
@@ -11,162 +12,157 @@
 // others and the allgather of early chunks overlaps the reduce-scatter of late ones (Gloo's
 // allreduce_ring_chunked, NCCL's ring). `chunks_in_flight` chunks move at once.
 //
-// Every element of segment g is summed in ring order starting at rank g + 1, whatever the
-// timing: the order depends only on (count, size), every rank ends with the same bits, and a
-// rerun reproduces them.
+// Every element of segment g is summed in ring order starting at rank g, whatever the
+// timing: ((x_g + x_(g+1)) + x_(g+2)) + ... + x_(g-1), indices mod n. The order depends only
+// on (count, size), every rank ends with the same bits, and a rerun reproduces them.
 //
 // allreduce_bf16 runs the same ring with BF16 on the wire (half the bytes): each hop of the
 // reduce-scatter sends the partial sum rounded to BF16 (to nearest, ties to even) and the
 // receiver adds it to its own FP32 values; the rank that completes a segment rounds it to
 // BF16 before the allgather passes it on, so every rank holds the same bits. The order and
 // the roundings depend only on (count, size), as above.
+#include "lib/comm/ring.h"
+
 #include <mpi.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "lib/comm/mpi.h"
-#include "lib/comm/mpi_communicator.h"
-#include "lib/core/check.h"
 
 namespace hn::detail {
 
-namespace {
-
-// Element range [begin, end) of part `i` of `parts` near-equal parts of [0, count).
-struct Range {
-  std::size_t begin, end;
-  std::size_t size() const { return end - begin; }
-};
-Range part(std::size_t count, std::size_t parts, std::size_t i) {
-  const std::size_t base = count / parts, extra = count % parts;
-  const std::size_t begin = i * base + std::min(i, extra);
-  return Range{begin, begin + base + (i < extra ? 1 : 0)};
+void RingCommunicator::allreduce(Driver& driver, float* data, std::size_t count, ReduceOp op) {
+  reduce(driver, data, count, op, false);
 }
 
-// BF16 (the upper half of an FP32) rounded to nearest, ties to even; NaN stays NaN.
-std::uint16_t to_bf16(float value) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x40u);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<std::uint16_t>(bits >> 16);
+void RingCommunicator::allreduce_bf16(Driver& driver, float* data, std::size_t count, ReduceOp op) {
+  reduce(driver, data, count, op, true);
 }
 
-float from_bf16(std::uint16_t half) {
-  const std::uint32_t bits = static_cast<std::uint32_t>(half) << 16;
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
+void RingCommunicator::reduce(Driver& driver, float* data, std::size_t count, ReduceOp op,
+                              bool bf16) {
+  const std::uint64_t seq = next_sequence();
+  agree_count("allreduce", seq, count);
+  HostFloats host(driver, data, count);
+  if (size_ > 1 && count > 0) sum(host.get(), count, seq, bf16);
+  if (op == ReduceOp::average && size_ > 1) {
+    const float scale = 1.0f / static_cast<float>(size_);
+    float* values = host.get();
+    for (std::size_t i = 0; i < count; ++i)
+      values[i] *= scale;
+  }
+  host.write_back();
 }
 
-class RingCommunicator final : public MpiCommunicator {
- public:
-  using MpiCommunicator::MpiCommunicator;
-  std::string name() const override { return "ring"; }
+void RingCommunicator::sum(float* buffer, std::size_t count, std::uint64_t seq, bool bf16) {
+  const int n = size_;
+  RingPass pass;
+  pass.comm = comm_;
+  pass.rank = rank_;
+  pass.size = n;
+  pass.left_peer = (rank_ + n - 1) % n;
+  pass.right_peer = (rank_ + 1) % n;
+  pass.buffer = buffer;
+  pass.part_range = [count, n](std::size_t g) {
+    return part(count, static_cast<std::size_t>(n), g);
+  };
+  pass.longest = (count + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n);
+  pass.reduce_steps = n - 1;
+  pass.steps = 2 * (n - 1);
+  pass.bf16 = bf16;
+  // Add the left neighbour's partial sum into ours.
+  pass.reduce = [buffer](int, Range chunk, const float* in) {
+    float* out = buffer + chunk.begin;
+    for (std::size_t k = 0; k < chunk.size(); ++k)
+      out[k] += in[k];
+  };
+  run(pass, seq);
+}
 
-  void allreduce(Driver& driver, float* data, std::size_t count, ReduceOp op) override {
-    reduce(driver, data, count, op, false);
-  }
-  void allreduce_bf16(Driver& driver, float* data, std::size_t count, ReduceOp op) override {
-    reduce(driver, data, count, op, true);
-  }
-  bool compresses() const override { return true; }
-
- private:
-  void reduce(Driver& driver, float* data, std::size_t count, ReduceOp op, bool bf16) {
-    const std::uint64_t seq = next_sequence();
-    agree_count("allreduce", seq, count);
-    HostFloats host(driver, data, count);
-    if (size_ > 1 && count > 0) ring(host.get(), count, seq, bf16);
-    if (op == ReduceOp::average && size_ > 1) {
-      const float scale = 1.0f / static_cast<float>(size_);
-      float* values = host.get();
-      for (std::size_t i = 0; i < count; ++i)
-        values[i] *= scale;
-    }
-    host.write_back();
-  }
-
-  void ring(float* buffer, std::size_t count, std::uint64_t seq, bool bf16);
-};
-
-void RingCommunicator::ring(float* buffer, std::size_t count, std::uint64_t seq, bool bf16) {
-  const int n = size_, r = rank_;
-  const int left = (r + n - 1) % n, right = (r + 1) % n;
-  const int steps = 2 * (n - 1);
-  // Chunks per segment: about chunk_bytes each (default: a quarter of a segment, between
-  // 64 KiB and 1 MiB), few enough that every (chunk, step) has a tag of its own.
-  const std::size_t segment = (count + static_cast<std::size_t>(n) - 1) / n;
+void RingCommunicator::run(const RingPass& pass, std::uint64_t seq) {
+  const int n = pass.size, r = pass.rank, steps = pass.steps;
+  const bool bf16 = pass.bf16;
+  float* const buffer = pass.buffer;
+  // Chunks per part: about chunk_bytes each (default: a quarter of a part, between 64 KiB
+  // and 1 MiB), few enough that every (chunk, step) has a tag of its own.
   std::size_t chunk_bytes = options_.chunk_bytes;
   if (chunk_bytes == 0)
-    chunk_bytes = std::clamp<std::size_t>(segment * sizeof(float) / 4, 64 << 10, 1 << 20);
+    chunk_bytes = std::clamp<std::size_t>(pass.longest * sizeof(float) / 4, 64 << 10, 1 << 20);
   std::size_t chunks =
-      std::max<std::size_t>(1, (segment * sizeof(float) + chunk_bytes - 1) / chunk_bytes);
+      std::max<std::size_t>(1, (pass.longest * sizeof(float) + chunk_bytes - 1) / chunk_bytes);
   chunks = std::min<std::size_t>(chunks, static_cast<std::size_t>(32767 / steps));
-  chunks = std::max<std::size_t>(chunks, (segment + kMpiMaxCount - 1) / kMpiMaxCount);
-  const auto segment_of = [&](int step, bool sending) {
-    // Reduce-scatter step t: send r - t, receive r - t - 1; allgather step s = t - (n - 1):
-    // send r + 1 - s, receive r - s.
-    const int s = step - (n - 1);
-    const int g =
-        step < n - 1 ? (sending ? r - step : r - step - 1) : (sending ? r + 1 - s : r - s);
+  chunks = std::max<std::size_t>(chunks, (pass.longest + kMpiMaxCount - 1) / kMpiMaxCount);
+  // Step t: send part r - t, receive part r - t - 1.
+  const auto part_of = [&](int step, bool sending) {
+    const int g = r - step - (sending ? 0 : 1);
     return static_cast<std::size_t>(((g % n) + n) % n);
   };
   const auto chunk_range = [&](std::size_t g, std::size_t c) {
-    const Range seg = part(count, static_cast<std::size_t>(n), g);
-    const Range in = part(seg.size(), chunks, c);
-    return Range{seg.begin + in.begin, seg.begin + in.end};
+    const Range whole = pass.part_range(g);
+    const Range in = part(whole.size(), chunks, c);
+    return Range{whole.begin + in.begin, whole.begin + in.end};
   };
-  const std::size_t max_chunk = (segment + chunks - 1) / chunks;
+  const std::size_t max_chunk = (pass.longest + chunks - 1) / chunks;
   const int slots = static_cast<int>(
       std::min<std::size_t>(chunks, static_cast<std::size_t>(options_.chunks_in_flight)));
 
-  // Per slot: the chunk it carries, its step, the receive in progress, the sends not yet
-  // known complete, and the reduce-scatter staging of its incoming chunk.
+  // Per slot: the chunk it carries, its step, and the sends not yet known complete with the
+  // parts they read.
   struct Slot {
     std::size_t chunk = 0;
     int step = 0;
     std::vector<MPI_Request> sends;
+    std::vector<std::size_t> sent_parts;
   };
   std::vector<Slot> slot(static_cast<std::size_t>(slots));
   std::vector<MPI_Request> receives(static_cast<std::size_t>(slots), MPI_REQUEST_NULL);
-  std::vector<float> incoming(bf16 ? 0 : static_cast<std::size_t>(slots) * max_chunk);
+  // The staging of the incoming chunks of the reduce steps, per slot.
+  std::vector<float> incoming(static_cast<std::size_t>(slots) * max_chunk);
   // With BF16 on the wire every chunk goes through a slot's staging, both ways.
   std::vector<std::uint16_t> wire_in(bf16 ? static_cast<std::size_t>(slots) * max_chunk : 0),
       wire_out(wire_in.size());
   const MPI_Datatype type = bf16 ? MPI_UINT16_T : MPI_FLOAT;
   const auto tag = [&](std::size_t c, int step) { return static_cast<int>(c) * steps + step; };
+  const auto settle = [&](Slot& s) {
+    wait_all(s.sends, "allreduce", seq, pass.right_peer);
+    s.sends.clear();
+    s.sent_parts.clear();
+  };
+  // Before buffer[part g] is written: the slot's sends still reading it completed.
+  const auto settle_part = [&](Slot& s, std::size_t g) {
+    if (std::find(s.sent_parts.begin(), s.sent_parts.end(), g) != s.sent_parts.end()) settle(s);
+  };
 
   const auto post = [&](int i) {
     Slot& s = slot[static_cast<std::size_t>(i)];
-    const Range to = chunk_range(segment_of(s.step, false), s.chunk);
+    const Range to = chunk_range(part_of(s.step, false), s.chunk);
     const std::size_t staging = static_cast<std::size_t>(i) * max_chunk;
     void* destination = buffer + to.begin;
-    if (bf16) {
-      destination = wire_in.data() + staging;
-      // The slot's outgoing staging is rewritten below.
-      wait_all(s.sends, "allreduce", seq, right);
-      s.sends.clear();
-    } else if (s.step < n - 1) {
-      destination = incoming.data() + staging;
+    if (bf16 || s.step >= pass.reduce_steps) {
+      // The slot's outgoing staging is rewritten below; the gather writes the final values
+      // over memory an earlier send may still read.
+      settle(s);
+      if (bf16) destination = wire_in.data() + staging;
     } else {
-      // The allgather writes the final sums over memory an earlier send may still read.
-      wait_all(s.sends, "allreduce", seq, right);
-      s.sends.clear();
+      destination = incoming.data() + staging;
     }
-    check(MPI_Irecv(destination, static_cast<int>(to.size()), type, left, tag(s.chunk, s.step),
-                    comm_, &receives[static_cast<std::size_t>(i)]),
+    check(MPI_Irecv(destination, static_cast<int>(to.size()), type, (r + n - 1) % n,
+                    tag(s.chunk, s.step), pass.comm, &receives[static_cast<std::size_t>(i)]),
           "MPI_Irecv", "allreduce", seq);
-    const Range from = chunk_range(segment_of(s.step, true), s.chunk);
+    const std::size_t g = part_of(s.step, true);
+    const Range from = chunk_range(g, s.chunk);
+    if (pass.before_send) {
+      settle_part(s, g);
+      pass.before_send(s.step, from);
+    }
     const void* source = buffer + from.begin;
     if (bf16) {
       float* values = buffer + from.begin;
       std::uint16_t* out = wire_out.data() + staging;
-      if (s.step == n - 1) {
-        // This rank's finished sums: kept as every other rank will receive them.
+      if (s.step == pass.reduce_steps) {
+        // This member's finished sums: kept as every other member will receive them.
         for (std::size_t k = 0; k < from.size(); ++k) {
           out[k] = to_bf16(values[k]);
           values[k] = from_bf16(out[k]);
@@ -178,46 +174,45 @@ void RingCommunicator::ring(float* buffer, std::size_t count, std::uint64_t seq,
       source = out;
     }
     s.sends.emplace_back();
-    check(MPI_Isend(source, static_cast<int>(from.size()), type, right, tag(s.chunk, s.step), comm_,
-                    &s.sends.back()),
+    s.sent_parts.push_back(g);
+    check(MPI_Isend(source, static_cast<int>(from.size()), type, (r + 1) % n, tag(s.chunk, s.step),
+                    pass.comm, &s.sends.back()),
           "MPI_Isend", "allreduce", seq);
   };
 
   std::size_t next_chunk = 0;
   int active = 0;
   for (int i = 0; i < slots; ++i) {
-    slot[static_cast<std::size_t>(i)] = Slot{next_chunk++, 0, {}};
+    slot[static_cast<std::size_t>(i)] = Slot{next_chunk++, 0, {}, {}};
     post(i);
     ++active;
   }
   while (active > 0) {
-    const int i = wait_any(receives, "allreduce", seq, left);
+    const int i = wait_any(receives, "allreduce", seq, pass.left_peer);
     Slot& s = slot[static_cast<std::size_t>(i)];
-    const Range to = chunk_range(segment_of(s.step, false), s.chunk);
-    float* out = buffer + to.begin;
+    const std::size_t g = part_of(s.step, false);
+    const Range to = chunk_range(g, s.chunk);
     const std::size_t staging = static_cast<std::size_t>(i) * max_chunk;
-    if (s.step < n - 1) {
-      // Reduce-scatter: add the left neighbour's partial sum into ours.
+    if (s.step < pass.reduce_steps) {
+      float* in = incoming.data() + staging;
       if (bf16) {
-        const std::uint16_t* in = wire_in.data() + staging;
+        const std::uint16_t* wire = wire_in.data() + staging;
         for (std::size_t k = 0; k < to.size(); ++k)
-          out[k] += from_bf16(in[k]);
-      } else {
-        const float* in = incoming.data() + staging;
-        for (std::size_t k = 0; k < to.size(); ++k)
-          out[k] += in[k];
+          in[k] = from_bf16(wire[k]);
       }
+      settle_part(s, g);
+      pass.reduce(s.step, to, in);
     } else if (bf16) {
-      // Allgather: the finished sums, as their owner keeps them.
-      const std::uint16_t* in = wire_in.data() + staging;
+      // Gather: the finished sums, as their owner keeps them.
+      const std::uint16_t* wire = wire_in.data() + staging;
+      float* out = buffer + to.begin;
       for (std::size_t k = 0; k < to.size(); ++k)
-        out[k] = from_bf16(in[k]);
+        out[k] = from_bf16(wire[k]);
     }
     if (++s.step < steps) {
       post(i);
     } else if (next_chunk < chunks) {
-      wait_all(s.sends, "allreduce", seq, right);
-      s.sends.clear();
+      settle(s);
       s.chunk = next_chunk++;
       s.step = 0;
       post(i);
@@ -226,10 +221,8 @@ void RingCommunicator::ring(float* buffer, std::size_t count, std::uint64_t seq,
     }
   }
   for (Slot& s : slot)
-    wait_all(s.sends, "allreduce", seq, right);
+    wait_all(s.sends, "allreduce", seq, pass.right_peer);
 }
-
-}  // namespace
 
 std::unique_ptr<Communicator> make_ring_communicator(const CommOptions& options) {
   return std::make_unique<RingCommunicator>(options);

@@ -210,8 +210,9 @@ void configure_runtime(Runtime& runtime, const Args& args) {
 std::vector<FlagSpec> comm_flags() {
   return {
       {"comm", FlagKind::text, "NAME",
-       fmt::format("collectives between ranks, a backend of this build: {} (default: ring when "
-                   "mpirun started several ranks, else local)",
+       fmt::format("collectives between ranks, a backend of this build: {} (default: auto when "
+                   "mpirun started several ranks, else local; auto runs hier where several nodes "
+                   "hold several ranks each, numbered node by node, else ring)",
                    fmt::join(communicator_backends(), ", "))},
       {"comm-timeout", FlagKind::text, "SECONDS",
        "how long a collective waits for the other ranks before every rank fails (default 300)"},

@@ -2,7 +2,8 @@
 # Open MPI's plm_rsh_agent for two "nodes" simulated with network namespaces (the tool test
 # mpi_two_simulated_nodes): mpirun calls it as ssh, `AGENT [OPTIONS] HOST COMMAND...`, and it
 # runs COMMAND through a shell in the namespace HN_NETNS_MAP gives HOST
-# ("10.77.0.1=hn_a 10.77.0.2=hn_b"). No ssh, no daemon: mpirun stays the launcher.
+# ("10.77.0.1=hn_a 10.77.0.2=hn_b"), with a /dev/shm of its own. No ssh, no daemon: mpirun
+# stays the launcher.
 set -eu
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -20,4 +21,6 @@ if [ -z "$namespace" ]; then
   echo "netns_rsh_agent: no namespace for host '$host' in HN_NETNS_MAP='${HN_NETNS_MAP:-}'" >&2
   exit 1
 fi
-exec ip netns exec "$namespace" sh -c "$*"
+# A node of its own /dev/shm, as a real one: Open MPI names its shared-memory files by host
+# name and node-local rank, which two namespaces of one machine would share.
+exec ip netns exec "$namespace" unshare --mount --uts sh -c "hostname $namespace && mount -t tmpfs -o size=1g hn-shm /dev/shm || exit 1; $*"

@@ -195,6 +195,101 @@ TEST_CASE("the ring pipeline gives the same sums with any chunking", "[mpi]") {
   }
 }
 
+namespace {
+
+// The hier backend with the ranks grouped `per_node` at a time into simulated nodes.
+std::unique_ptr<Communicator> make_grouped(const std::string& backend, int per_node,
+                                           std::size_t chunk_bytes = 0) {
+  CommOptions options;
+  options.timeout_seconds = 60.0;
+  options.ranks_per_node = per_node;
+  options.chunk_bytes = chunk_bytes;
+  return make_communicator(backend, options);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "the hierarchical allreduce gives the flat ring's bits, FP32 and BF16, on every grouping "
+    "of the ranks into nodes",
+    "[mpi][hier]") {
+  const std::unique_ptr<Driver> driver = host_driver();
+  const std::unique_ptr<Communicator> ring = make("ring");
+  const int r = ring->rank(), n = ring->size();
+  // 0: the nodes as MPI finds them (one here; two under the tool test
+  // mpi_hier_on_two_simulated_nodes).
+  // Simulated nodes must lie within the real ones (their ranks share memory).
+  for (int per_node = 0; per_node <= n; ++per_node) {
+    if (per_node > 0 && launched_local_ranks() % per_node != 0) continue;
+    // Small chunks too: many chunks in flight through the leaders' ring.
+    for (const std::size_t chunk_bytes : {std::size_t{0}, std::size_t{256}}) {
+      const std::unique_ptr<Communicator> hier = make_grouped("hier", per_node, chunk_bytes);
+      CHECK(hier->name() == "hier");
+      CHECK(hier->compresses());
+      for (const std::size_t count : {std::size_t{1}, std::size_t{3}, std::size_t{13},
+                                      std::size_t{100003}, (std::size_t{1} << 18) + 5}) {
+        if (chunk_bytes != 0 && count > 100003) continue;
+        INFO(per_node << " ranks per node, chunk_bytes " << chunk_bytes << ", count " << count
+                      << " on rank " << r << " of " << n);
+        std::mt19937 random(static_cast<std::uint32_t>(3000 + r));
+        std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+        std::vector<float> input(count);
+        for (float& x : input)
+          x = uniform(random);
+        for (const bool bf16 : {false, true}) {
+          for (const ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
+            INFO((bf16 ? "bf16" : "fp32") << (op == ReduceOp::sum ? " sum" : " mean"));
+            std::vector<float> flat = input, first = input, second = input;
+            if (bf16) {
+              ring->allreduce_bf16(*driver, flat.data(), count, op);
+              hier->allreduce_bf16(*driver, first.data(), count, op);
+              hier->allreduce_bf16(*driver, second.data(), count, op);
+            } else {
+              ring->allreduce(*driver, flat.data(), count, op);
+              hier->allreduce(*driver, first.data(), count, op);
+              hier->allreduce(*driver, second.data(), count, op);
+            }
+            std::size_t differ = 0;
+            for (std::size_t i = 0; i < count; ++i)
+              differ += std::memcmp(&flat[i], &first[i], sizeof(float)) != 0 ||
+                        std::memcmp(&flat[i], &second[i], sizeof(float)) != 0;
+            CHECK(differ == 0);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "auto runs hier where several nodes hold several ranks each, else the ring, and hier refuses "
+    "nodes of different sizes, naming them",
+    "[mpi][hier]") {
+  const std::unique_ptr<Driver> driver = host_driver();
+  const int n = make("ring")->size();
+  // The nodes as the launcher placed the ranks (one node here).
+  const int local = launched_local_ranks();
+  CHECK(make("auto")->name() == (local > 1 && launched_ranks() > local ? "hier" : "ring"));
+  CHECK(make_grouped("auto", 1)->name() == "ring");
+  if (n % 2 == 0) {
+    CHECK(make_grouped("auto", 2)->name() == (n > 2 ? "hier" : "ring"));
+  } else {
+    // Nodes of 2 and 1: not the flat ring's chains node by node.
+    CHECK(make_grouped("auto", 2)->name() == "ring");
+    CHECK_THROWS_WITH(make_grouped("hier", 2), Contains("communicator hier") &&
+                                                   Contains("different numbers of ranks") &&
+                                                   Contains("--comm ring"));
+  }
+  // Whatever it runs, auto sums as the ring does.
+  std::vector<float> data(1001);
+  for (std::size_t i = 0; i < data.size(); ++i)
+    data[i] = value(make("ring")->rank(), i) * 0.37f;
+  std::vector<float> flat = data;
+  make("ring")->allreduce(*driver, flat.data(), flat.size());
+  make_grouped("auto", 2)->allreduce(*driver, data.data(), data.size());
+  CHECK(std::memcmp(flat.data(), data.data(), data.size() * sizeof(float)) == 0);
+}
+
 TEST_CASE("broadcast, allgather and barrier on both MPI backends, device memory too", "[mpi]") {
   Runtime runtime;
   DriverOptions separate;
@@ -356,11 +451,11 @@ TEST_CASE("collectives with different sizes on different ranks fail on every ran
 TEST_CASE("every built backend is listed and an unknown one is an error naming them", "[mpi]") {
   const std::vector<std::string> backends = communicator_backends();
   // nccl too where the build found CUDA and NCCL.
-  std::vector<std::string> expected = {"local", "ring", "mpi"};
-  if (backends.size() == 4) expected.push_back("nccl");
+  std::vector<std::string> expected = {"local", "auto", "ring", "hier", "mpi"};
+  if (backends.size() == 6) expected.push_back("nccl");
   CHECK(backends == expected);
-  CHECK_THROWS_WITH(make_communicator("gloo"),
-                    Contains("unknown communicator 'gloo'") && Contains("local, ring, mpi"));
+  CHECK_THROWS_WITH(make_communicator("gloo"), Contains("unknown communicator 'gloo'") &&
+                                                   Contains("local, auto, ring, hier, mpi"));
 }
 
 TEST_CASE("nccl allreduce of integer-valued floats on GPU memory gives the exact sum",

@@ -1544,16 +1544,20 @@ class SimulatedNodes:
                     pass
             self.sh("ip", "netns", "del", ns, check_rc=False)
 
-    def mpirun(self, *args):
+    def mpirun(self, *args, per_node=1, program=None, launcher_args=()):
+        """mpirun of `program` (the tool) with `per_node` ranks on each node, numbered node by
+        node unless `launcher_args` say otherwise; the ranks of a node talk through shared
+        memory, the nodes over the shaped link."""
         hosts = self.ctx.path("hosts")
         with open(hosts, "w") as f:
-            f.write(f"{self.A} slots=1\n{self.B} slots=1\n")
+            f.write(f"{self.A} slots={per_node}\n{self.B} slots={per_node}\n")
         agent = os.path.join(self.ctx.repo, "tests", "mpi", "netns_rsh_agent.sh")
         return (["ip", "netns", "exec", self.ns[0], self.ctx.mpiexec, "--hostfile", hosts,
-                 "-np", "2", "--mca", "plm_rsh_agent", agent, "--mca", "btl", "self,tcp",
+                 "-np", str(2 * per_node), "--mca", "plm_rsh_agent", agent, "--mca", "btl",
+                 "self,vader,tcp", "--mca", "btl_vader_single_copy_mechanism", "none",
                  "--mca", "btl_tcp_if_include", "10.77.0.0/24", "--mca", "oob_tcp_if_include",
-                 "10.77.0.0/24", "--bind-to", "none", "-x", "OMP_NUM_THREADS"] +
-                [self.ctx.tool] + [str(a) for a in args])
+                 "10.77.0.0/24", "--bind-to", "none", "-x", "OMP_NUM_THREADS",
+                 *launcher_args] + [program or self.ctx.tool] + [str(a) for a in args])
 
     def env(self):
         return dict(mpi_env(), HN_NETNS_MAP=f"{self.A}={self.ns[0]} {self.B}={self.ns[1]}")
@@ -1604,6 +1608,86 @@ def mpi_two_simulated_nodes(ctx):
         stderr = "".join(errors)
         check(elapsed <= 10.0, f"the ranks took {elapsed:.1f} s to fail (deadline 5 s)")
         check("timed out after 5 s" in stderr, f"no deadline message:\n{stderr[-3000:]}")
+
+
+@case
+def mpi_hier_on_two_simulated_nodes(ctx):
+    """Two simulated nodes of two ranks each: the hierarchical allreduce's own tests (its sums
+    bit for bit the flat ring's, on the nodes MPI finds), training with the default
+    communicator (auto: hier there) giving the flat ring's losses on 4 ranks of one node, hier
+    refusing ranks numbered round the nodes, and every rank failing by the deadline when the
+    link between the nodes is cut."""
+    mpirun(ctx, 4)  # Skip without MPI
+    tests_mpi = os.path.join(os.path.dirname(ctx.tool), "hybridnn-tests-mpi")
+    if not os.path.exists(tests_mpi):
+        raise Skip(f"{tests_mpi} was not built")
+    solver, _, _ = setup_training(ctx, max_iter=20, snapshot=0, display=1, test_interval=20)
+    run_mpi(ctx, 4, "train", "--solver", solver, "--metrics", ctx.path("shm.jsonl"),
+            "--threads", 1, "--comm", "ring")
+    with SimulatedNodes(ctx) as nodes:
+        def run(command, timeout=180):
+            return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                                  cwd=ctx.work, env=nodes.env())
+
+        units = run(nodes.mpirun("[hier]", per_node=2, program=tests_mpi), timeout=300)
+        check(units.returncode == 0, f"the [hier] tests on 2 x 2 ranks exited "
+              f"{units.returncode}:\n{units.stdout[-4000:]}\n{units.stderr[-2000:]}")
+        check("All tests passed" in units.stdout, units.stdout[-2000:])
+
+        lenet = ("time", "--model", os.path.join(ctx.repo, "examples", "fashion_mnist",
+                                                 "lenet_train_test.prototxt"),
+                 "--data", "synthetic:1x28x28:10", "--iterations", 2, "--threads", 1, "--json")
+        timed = run(nodes.mpirun(*lenet, per_node=2))
+        check(timed.returncode == 0, f"time exited {timed.returncode}:\n{timed.stderr[-3000:]}")
+        total = json.loads(timed.stdout.strip().splitlines()[-1])
+        check(total["ranks"] == 4 and total["comm"] == "hier",
+              f"auto on 2 x 2 ranks should run hier: {total}")
+
+        train = run(nodes.mpirun("train", "--solver", solver, "--metrics",
+                                 ctx.path("hier.jsonl"), "--threads", 1, per_node=2))
+        check(train.returncode == 0, f"training on 2 x 2 ranks exited {train.returncode}:\n"
+              f"{train.stdout[-2000:]}\n{train.stderr[-3000:]}")
+        shm, hier = read_metrics(ctx.path("shm.jsonl")), read_metrics(ctx.path("hier.jsonl"))
+        check([(m["iter"], m["loss"], m["accuracy"]) for m in shm] ==
+              [(m["iter"], m["loss"], m["accuracy"]) for m in hier],
+              f"hier on 2 x 2 ranks differs from the flat ring on 4 ranks:\n{shm}\n{hier}")
+
+        # Ranks numbered round the nodes: hier refuses, auto runs the flat ring.
+        round_robin = ("--map-by", "node")
+        refused = run(nodes.mpirun("train", "--solver", solver, "--threads", 1, "--comm", "hier",
+                                   per_node=2, launcher_args=round_robin))
+        check(refused.returncode != 0 and "not numbered node by node" in refused.stderr,
+              f"hier with --map-by node exited {refused.returncode}:\n{refused.stderr[-3000:]}")
+        flat = run(nodes.mpirun(*lenet, per_node=2, launcher_args=round_robin))
+        check(flat.returncode == 0 and json.loads(flat.stdout.strip().splitlines()[-1])["comm"] ==
+              "ring", f"auto with --map-by node:\n{flat.stdout[-2000:]}\n{flat.stderr[-2000:]}")
+
+        # Cutting the link mid-run: every rank, leaders and the others, fails by the deadline.
+        slow, _, _ = setup_training(ctx, max_iter=100000, snapshot=0, display=1,
+                                    test_interval=100000)
+        command = nodes.mpirun("train", "--solver", slow, "--comm-timeout", 5, "--threads", 1,
+                               per_node=2)
+        pattern = f"{ctx.tool} train --solver {slow}"
+        process, _ = start_until(ctx, command, 5, env=nodes.env())
+        errors = []
+        reader = threading.Thread(target=lambda: errors.extend(process.stderr), daemon=True)
+        try:
+            reader.start()
+            check(len(ranks_running(pattern)) == 4, "four ranks should be running")
+            nodes.sh("ip", "-n", nodes.ns[0], "link", "set", nodes.veth[0], "down")
+            cut = time.monotonic()
+            while ranks_running(pattern) and time.monotonic() - cut < 20:
+                time.sleep(0.1)
+            elapsed = time.monotonic() - cut
+        finally:
+            process.kill()
+            process.wait()
+            subprocess.run(["pkill", "-9", "-f", pattern])
+        reader.join(5)
+        stderr = "".join(errors)
+        check(elapsed <= 10.0, f"the ranks took {elapsed:.1f} s to fail (deadline 5 s)")
+        check("communicator hier" in stderr and "timed out after 5 s" in stderr,
+              f"no deadline message of hier:\n{stderr[-3000:]}")
 
 
 def ranks_running(pattern):
