@@ -6,9 +6,10 @@
 //   ring   our ring allreduce (reduce-scatter, then allgather) over non-blocking MPI
 //          point-to-point, chunked and pipelined; MPI's own collectives for the rest;
 //   hier   the ring's sums node by node: the ranks of a node add through shared memory and
-//          one leader per node runs the ring across nodes; the same bits as ring;
-//   auto   hier where several nodes hold several ranks each (numbered node by node), else
-//          ring: the default under mpirun;
+//          rings between the nodes (one per local rank) carry the partial sums; the same
+//          bits as ring;
+//   auto   hier where the nodes hold several ranks each (numbered node by node), else ring:
+//          the default under mpirun;
 //   mpi    MPI_Allreduce and MPI's other collectives: the reference and the fallback.
 // The MPI backends exist when the library was built with MPI (HYBRIDNN_MPI); they join
 // the ranks mpirun started (MPI_COMM_WORLD), initialising MPI on first use.

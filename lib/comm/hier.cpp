@@ -5,26 +5,36 @@
 // j m + m - 1, Open MPI's default --map-by slot), that chain visits the nodes one after
 // the other, so it can be computed without a message between two ranks of one node:
 //
-// * the ranks of a node put their buffers in an MPI-3 shared window (one copy in), and the
-//   node's leader (its first rank) reads them there;
+// * the ranks of a node put their buffers in an MPI-3 shared window (one copy in), where
+//   every rank of the node reads them;
 // * block j, node j's m segments, starts at node j: segment j m + l is summed through the
-//   node's ranks l .. m - 1; then the leaders' ring (RingPass over one rank per node) takes
-//   every block one node on per step, and each node's leader extends every segment of it
-//   through all its ranks in order; after k steps (k nodes) block j is back at node j, whose
-//   ranks 0 .. l - 1 end segment j m + l; the leaders' ring then passes the finished blocks
-//   round (k - 1 steps) and every rank copies the node's sums out of the window.
+//   node's ranks l .. m - 1; then a ring between the nodes (RingPass) takes every block one
+//   node on per step, and each node extends every segment of it through all its ranks in
+//   order; after k steps (k nodes) block j is back at node j, whose ranks 0 .. l - 1 end
+//   segment j m + l; the ring then passes the finished blocks round (k - 1 steps) and every
+//   rank copies the node's sums out of the window.
+// * The work is shared out as NCCL's and Horovod's hierarchical rings do: local rank l of
+//   every node runs that ring for slice l of every block (m rings side by side, each
+//   joining one rank per node, "rails"), so each rank reads 1/m of the node's buffers and
+//   every rank's link carries 1/m of the traffic. The elements are independent, so the
+//   slicing changes no sum.
 //
 // A bucket's critical path crosses the network 2 k - 1 times instead of 2 (N - 1), in
-// pipelined chunks as the ring's; the bytes on each link between nodes are about the flat
-// ring's (2 x count). With BF16 on the wire each extension rounds the partial sum to BF16
-// before adding the next rank's values, as the flat ring's hops do, and the finished sums
-// are rounded once: the flat ring's bits again.
+// pipelined chunks as the ring's; the bytes between two nodes are about the flat ring's
+// (2 x count). With BF16 on the wire each extension rounds the partial sum to BF16 before
+// adding the next rank's values, as the flat ring's hops do, and the finished sums are
+// rounded once: the flat ring's bits again.
+//
+// On one node (k = 1) no message is sent at all: each rank sums its slice through the
+// window, the copy path that beats the ring's messages through MPI's shared-memory queues.
 //
 // Where the ranks are not numbered node by node the chain alternates nodes at every rank:
-// `hier` refuses it (naming the mapping), `auto` runs the flat ring. `auto` also runs the
-// flat ring on one node or with one rank per node, where the hierarchy gains nothing.
+// `hier` refuses it (naming the mapping), `auto` runs the flat ring; `auto` also runs it
+// with one rank per node, where there is nothing to share. A window too large for a node's
+// /dev/shm fails `hier` with the sizes, and `auto` runs that allreduce on the flat ring.
 #include <fmt/format.h>
 #include <mpi.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -56,24 +66,28 @@ class HierCommunicator final : public RingCommunicator {
  private:
   // Finds the nodes; the ranks agree on hierarchical_ (or all throw).
   void find_nodes(bool required);
+  // Whether every node has room for a window of `count` floats per rank (agreed by all
+  // ranks); when one has not, hier fails naming it and auto runs the flat ring.
+  bool room_for(std::size_t count, std::uint64_t seq);
   // The window holds `count` floats per rank of the node.
   void reserve(std::size_t count, std::uint64_t seq);
   void free_window();
   void node_barrier(std::uint64_t seq) const;
-  // The leader's part: the node's sums into sums_, the local ranks' values in `values`.
-  void leader_sum(const std::vector<const float*>& values, std::size_t count, std::uint64_t seq,
-                  bool bf16);
+  // This rank's slice of the node's sums into sums_, from the node's buffers in the window.
+  void slice_sum(std::size_t count, std::uint64_t seq, bool bf16);
 
   std::string name_;
+  bool required_ = false;
   bool hierarchical_ = false;
   bool broken_ = false;
-  MPI_Comm node_ = MPI_COMM_NULL, leaders_ = MPI_COMM_NULL;
+  // The node's ranks; this rank's rail (local rank l of every node, by node).
+  MPI_Comm node_ = MPI_COMM_NULL, rail_ = MPI_COMM_NULL;
   int local_rank_ = 0, local_size_ = 1, node_index_ = 0, nodes_ = 1;
   MPI_Win window_ = MPI_WIN_NULL;
   std::size_t capacity_ = 0;
-  // In the window: every non-leader's copy of its buffer (entry l for local rank l; the
-  // leader reads its own buffer), and the node's sums (the leader's part).
-  std::vector<float*> shared_;
+  // In the window: every rank's copy of its buffer (entry l for local rank l), and the
+  // node's sums (after local rank 0's buffer).
+  std::vector<const float*> shared_;
   float* sums_ = nullptr;
 };
 
@@ -84,6 +98,7 @@ void chain(float* out, Range range, int from, int to, bool fresh, bool bf16,
            const std::vector<const float*>& values) {
   float* o = out + range.begin;
   const std::size_t n = range.size();
+  if (n == 0) return;
   for (int l = from; l < to; ++l) {
     const float* v = values[static_cast<std::size_t>(l)] + range.begin;
     if (fresh && l == from) {
@@ -99,12 +114,12 @@ void chain(float* out, Range range, int from, int to, bool fresh, bool bf16,
 }
 
 HierCommunicator::HierCommunicator(const CommOptions& options, bool required)
-    : RingCommunicator(options), name_(required ? "hier" : "auto") {
+    : RingCommunicator(options), name_(required ? "hier" : "auto"), required_(required) {
   try {
     find_nodes(required);
   } catch (...) {
     if (node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
-    if (leaders_ != MPI_COMM_NULL) MPI_Comm_free(&leaders_);
+    if (rail_ != MPI_COMM_NULL) MPI_Comm_free(&rail_);
     throw;
   }
 }
@@ -156,18 +171,14 @@ void HierCommunicator::find_nodes(bool required) {
   }
   nodes_ = size_ / m;
   node_index_ = rank_ / m;
-  hierarchical_ = fault.empty() && (required || (nodes_ > 1 && m > 1));
+  hierarchical_ = fault.empty() && (required || m > 1);
   name_ = hierarchical_ ? "hier" : "ring";
   if (!hierarchical_) {
     MPI_Comm_free(&node_);
     return;
   }
-  check(MPI_Comm_split(comm_, local_rank_ == 0 ? 0 : MPI_UNDEFINED, rank_, &leaders_),
-        "MPI_Comm_split", "startup", 0);
-  if (leaders_ != MPI_COMM_NULL) {
-    check(MPI_Comm_set_errhandler(leaders_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler",
-          "startup", 0);
-  }
+  check(MPI_Comm_split(comm_, local_rank_, rank_, &rail_), "MPI_Comm_split", "startup", 0);
+  check(MPI_Comm_set_errhandler(rail_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", "startup", 0);
 }
 
 HierCommunicator::~HierCommunicator() {
@@ -178,7 +189,7 @@ HierCommunicator::~HierCommunicator() {
   if (finalized || broken_) return;
   free_window();
   if (node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
-  if (leaders_ != MPI_COMM_NULL) MPI_Comm_free(&leaders_);
+  if (rail_ != MPI_COMM_NULL) MPI_Comm_free(&rail_);
 }
 
 void HierCommunicator::free_window() {
@@ -190,6 +201,32 @@ void HierCommunicator::free_window() {
   sums_ = nullptr;
 }
 
+bool HierCommunicator::room_for(std::size_t count, std::uint64_t seq) {
+  // Open MPI's shared windows live in /dev/shm (osc_sm_backing_directory), often 64 MiB in
+  // a container: the node's m + 1 buffers must fit beside what it holds, this window's own
+  // bytes, freed first, counted free.
+  const auto bytes = [&](std::size_t floats) {
+    return static_cast<double>(local_size_ + 1) * static_cast<double>(floats) * sizeof(float);
+  };
+  struct statvfs disk {};
+  double free = bytes(count);
+  if (statvfs("/dev/shm", &disk) == 0)
+    free =
+        static_cast<double>(disk.f_bavail) * static_cast<double>(disk.f_frsize) + bytes(capacity_);
+  int room = free >= bytes(count) ? 1 : 0;
+  std::vector<MPI_Request> request(1);
+  check(MPI_Iallreduce(MPI_IN_PLACE, &room, 1, MPI_INT, MPI_MIN, comm_, request.data()),
+        "MPI_Iallreduce", "allreduce", seq);
+  wait_all(request, "allreduce", seq);
+  if (room == 1 || !required_) return room == 1;
+  throw CommunicatorError(fmt::format(
+      "communicator hier: allreduce #{} on rank {} of {}: a node has no room in /dev/shm for "
+      "the shared window of {} floats ({:.1f} MB for its {} ranks and the sums; this node has "
+      "{:.1f} MB free): give the nodes a larger /dev/shm (docker run --shm-size), or use "
+      "smaller buckets (--bucket-mb) or --comm ring",
+      seq, rank_, size_, count, bytes(count) / 1e6, local_size_, free / 1e6));
+}
+
 void HierCommunicator::reserve(std::size_t count, std::uint64_t seq) {
   if (count <= capacity_) return;
   free_window();
@@ -197,7 +234,8 @@ void HierCommunicator::reserve(std::size_t count, std::uint64_t seq) {
   MPI_Info_create(&info);
   MPI_Info_set(info, "alloc_shared_noncontig", "true");
   float* base = nullptr;
-  const int code = MPI_Win_allocate_shared(static_cast<MPI_Aint>(count * sizeof(float)),
+  const std::size_t floats = local_rank_ == 0 ? 2 * count : count;
+  const int code = MPI_Win_allocate_shared(static_cast<MPI_Aint>(floats * sizeof(float)),
                                            sizeof(float), info, node_, &base, &window_);
   MPI_Info_free(&info);
   check(code, "MPI_Win_allocate_shared", "allreduce", seq);
@@ -209,9 +247,9 @@ void HierCommunicator::reserve(std::size_t count, std::uint64_t seq) {
     void* pointer = nullptr;
     check(MPI_Win_shared_query(window_, l, &bytes, &unit, &pointer), "MPI_Win_shared_query",
           "allreduce", seq);
-    shared_[static_cast<std::size_t>(l)] = static_cast<float*>(pointer);
+    shared_[static_cast<std::size_t>(l)] = static_cast<const float*>(pointer);
+    if (l == 0) sums_ = static_cast<float*>(pointer) + count;
   }
-  sums_ = shared_[0];
   capacity_ = count;
 }
 
@@ -228,16 +266,16 @@ void HierCommunicator::sum(float* buffer, std::size_t count, std::uint64_t seq, 
     RingCommunicator::sum(buffer, count, seq, bf16);
     return;
   }
+  if (count > capacity_ && !room_for(count, seq)) {
+    RingCommunicator::sum(buffer, count, seq, bf16);
+    return;
+  }
   try {
     reserve(count, seq);
-    if (local_rank_ != 0)
-      std::memcpy(shared_[static_cast<std::size_t>(local_rank_)], buffer, count * sizeof(float));
+    std::memcpy(const_cast<float*>(shared_[static_cast<std::size_t>(local_rank_)]), buffer,
+                count * sizeof(float));
     node_barrier(seq);
-    if (local_rank_ == 0) {
-      std::vector<const float*> values(shared_.begin(), shared_.end());
-      values[0] = buffer;
-      leader_sum(values, count, seq, bf16);
-    }
+    slice_sum(count, seq, bf16);
     node_barrier(seq);
     std::memcpy(buffer, sums_, count * sizeof(float));
   } catch (...) {
@@ -246,18 +284,26 @@ void HierCommunicator::sum(float* buffer, std::size_t count, std::uint64_t seq, 
   }
 }
 
-void HierCommunicator::leader_sum(const std::vector<const float*>& values, std::size_t count,
-                                  std::uint64_t seq, bool bf16) {
-  const int m = local_size_, k = nodes_, j = node_index_;
+void HierCommunicator::slice_sum(std::size_t count, std::uint64_t seq, bool bf16) {
+  const int m = local_size_, k = nodes_, j = node_index_, l = local_rank_;
+  const std::vector<const float*>& values = shared_;
   const auto segment = [&](int g) {
     return part(count, static_cast<std::size_t>(size_), static_cast<std::size_t>(g));
   };
+  // Slice l of node b's block.
+  const auto slice = [&](std::size_t b) {
+    const int first = static_cast<int>(b) * m;
+    const Range block{segment(first).begin, segment(first + m - 1).end};
+    const Range mine = part(block.size(), static_cast<std::size_t>(m), static_cast<std::size_t>(l));
+    return Range{block.begin + mine.begin, block.begin + mine.end};
+  };
   if (k == 1) {
-    // One node: every chain from rank l round to rank l - 1 here.
-    for (int l = 0; l < m; ++l) {
-      const Range s = segment(l);
-      chain(sums_, s, l, m, true, bf16, values);
-      chain(sums_, s, 0, l, false, bf16, values);
+    // One node: every chain from rank g round to rank g - 1 here.
+    const Range mine = slice(0);
+    for (int g = 0; g < m; ++g) {
+      const Range s = intersect(mine, segment(g));
+      chain(sums_, s, g, m, true, bf16, values);
+      chain(sums_, s, 0, g, false, bf16, values);
       if (bf16) {
         for (std::size_t i = s.begin; i < s.end; ++i)
           sums_[i] = from_bf16(to_bf16(sums_[i]));
@@ -266,36 +312,36 @@ void HierCommunicator::leader_sum(const std::vector<const float*>& values, std::
     return;
   }
   RingPass pass;
-  pass.comm = leaders_;
+  pass.comm = rail_;
   pass.rank = j;
   pass.size = k;
-  pass.left_peer = (j + k - 1) % k * m;
-  pass.right_peer = (j + 1) % k * m;
+  pass.left_peer = (j + k - 1) % k * m + l;
+  pass.right_peer = (j + 1) % k * m + l;
   pass.buffer = sums_;
-  pass.part_range = [&](std::size_t b) {
-    const int first = static_cast<int>(b) * m;
-    return Range{segment(first).begin, segment(first + m - 1).end};
-  };
-  pass.longest = pass.part_range(0).size();
+  pass.part_range = slice;
+  // Block 0 is the longest, and so is its slice l.
+  pass.longest = slice(0).size();
+  if (pass.longest == 0) return;  // the same on every rank of this rail
   pass.reduce_steps = k;
   pass.steps = 2 * k - 1;
   pass.bf16 = bf16;
-  // Step 0 sends this node's block: segment j m + l through ranks l .. m - 1.
+  // Step 0 sends this node's block: segment j m + g through ranks g .. m - 1.
   pass.before_send = [&](int step, Range chunk) {
     if (step != 0) return;
-    for (int l = 0; l < m; ++l)
-      chain(sums_, intersect(chunk, segment(j * m + l)), l, m, true, bf16, values);
+    for (int g = 0; g < m; ++g)
+      chain(sums_, intersect(chunk, segment(j * m + g)), g, m, true, bf16, values);
   };
   // Another node's block through all the ranks here; this node's own block, back after k
-  // steps, through ranks 0 .. l - 1 for segment j m + l.
+  // steps, through ranks 0 .. g - 1 for segment j m + g.
   pass.reduce = [&](int step, Range chunk, const float* in) {
+    if (chunk.size() == 0) return;
     std::memcpy(sums_ + chunk.begin, in, chunk.size() * sizeof(float));
     if (((j - step - 1) % k + k) % k != j) {
       chain(sums_, chunk, 0, m, false, bf16, values);
       return;
     }
-    for (int l = 1; l < m; ++l)
-      chain(sums_, intersect(chunk, segment(j * m + l)), 0, l, false, bf16, values);
+    for (int g = 1; g < m; ++g)
+      chain(sums_, intersect(chunk, segment(j * m + g)), 0, g, false, bf16, values);
   };
   run(pass, seq);
 }

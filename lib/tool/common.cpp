@@ -211,7 +211,7 @@ std::vector<FlagSpec> comm_flags() {
   return {
       {"comm", FlagKind::text, "NAME",
        fmt::format("collectives between ranks, a backend of this build: {} (default: auto when "
-                   "mpirun started several ranks, else local; auto runs hier where several nodes "
+                   "mpirun started several ranks, else local; auto runs hier where the nodes "
                    "hold several ranks each, numbered node by node, else ring)",
                    fmt::join(communicator_backends(), ", "))},
       {"comm-timeout", FlagKind::text, "SECONDS",

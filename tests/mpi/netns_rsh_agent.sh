@@ -21,6 +21,8 @@ if [ -z "$namespace" ]; then
   echo "netns_rsh_agent: no namespace for host '$host' in HN_NETNS_MAP='${HN_NETNS_MAP:-}'" >&2
   exit 1
 fi
-# A node of its own /dev/shm, as a real one: Open MPI names its shared-memory files by host
-# name and node-local rank, which two namespaces of one machine would share.
-exec ip netns exec "$namespace" unshare --mount --uts sh -c "hostname $namespace && mount -t tmpfs -o size=1g hn-shm /dev/shm || exit 1; $*"
+# A node of its own host name and /dev/shm, as a real one: Open MPI names its shared-memory
+# files by host name and node-local rank, which two namespaces of one machine would share,
+# and finds the ranks of a node by host name.
+# HN_NETNS_SHM_SIZE sizes it (default 1g).
+exec ip netns exec "$namespace" unshare --mount --uts sh -c "hostname $namespace && mount -t tmpfs -o size=${HN_NETNS_SHM_SIZE:-1g} hn-shm /dev/shm || exit 1; $*"

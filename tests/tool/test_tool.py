@@ -1346,7 +1346,8 @@ def mpi_two_ranks_train_as_one_process_at_twice_the_batch(ctx):
     ctx.run("train", "--solver", solvers[32], "--metrics", ctx.path("one.jsonl"))
     run = run_mpi(ctx, 2, "train", "--solver", solvers[16], "--metrics", ctx.path("two.jsonl"))
     check(run.stdout.count("Solving Tiny") == 1, f"only rank 0 prints:\n{run.stdout}")
-    check("x 2 ranks (ring) = global batch 32" in run.stdout, run.stdout)
+    # The default communicator, auto: hier for two ranks of one node.
+    check("x 2 ranks (hier) = global batch 32" in run.stdout, run.stdout)
     check(re.search(r"comm exposed \d+%", run.stdout), f"no exposed share:\n{run.stdout}")
     one, two = train_losses(ctx.path("one.jsonl")), train_losses(ctx.path("two.jsonl"))
     check(len(one) == len(two) == 41, f"{len(one)} and {len(two)} train lines")
@@ -1467,7 +1468,8 @@ def mpi_time_reports_overlap_and_writes_a_timeline(ctx):
     run = run_mpi(ctx, 2, "time", "--model", net, "--data", "synthetic:1x28x28:10",
                   "--iterations", 3, "--json", "--bucket-mb", "0.5", "--timeline", trace)
     total = json.loads(run.stdout.strip().splitlines()[-1])
-    check(total["ranks"] == 2 and total["comm"] == "ring", total)
+    # auto: two ranks of one node sum through shared memory.
+    check(total["ranks"] == 2 and total["comm"] == "hier", total)
     check(total["buckets"] >= 3, f"0.5 MB buckets: {total}")
     check(total["allreduce_bytes"] == 4 * 431080 + 8, f"LeNet's gradients and the loss: {total}")
     check(total["allreduce_ms"] > 0 and 0 <= total["exposed_comm_ms"], total)
@@ -1625,14 +1627,21 @@ def mpi_hier_on_two_simulated_nodes(ctx):
     run_mpi(ctx, 4, "train", "--solver", solver, "--metrics", ctx.path("shm.jsonl"),
             "--threads", 1, "--comm", "ring")
     with SimulatedNodes(ctx) as nodes:
-        def run(command, timeout=180):
+        def run(command, timeout=180, env=None):
             return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                                  cwd=ctx.work, env=nodes.env())
+                                  cwd=ctx.work, env=env or nodes.env())
 
         units = run(nodes.mpirun("[hier]", per_node=2, program=tests_mpi), timeout=300)
         check(units.returncode == 0, f"the [hier] tests on 2 x 2 ranks exited "
               f"{units.returncode}:\n{units.stdout[-4000:]}\n{units.stderr[-2000:]}")
         check("All tests passed" in units.stdout, units.stdout[-2000:])
+        # A node whose /dev/shm has no room for the window: hier fails naming it, auto runs
+        # the flat ring.
+        cramped = run(nodes.mpirun("[.hier_shm]", per_node=2, program=tests_mpi),
+                      env=dict(nodes.env(), HN_NETNS_SHM_SIZE="24m"))
+        check(cramped.returncode == 0 and "All tests passed" in cramped.stdout,
+              f"[.hier_shm] exited {cramped.returncode}:\n{cramped.stdout[-4000:]}\n"
+              f"{cramped.stderr[-2000:]}")
 
         lenet = ("time", "--model", os.path.join(ctx.repo, "examples", "fashion_mnist",
                                                  "lenet_train_test.prototxt"),
