@@ -24,8 +24,10 @@ done. Per-layer forward and backward times and each layer's gradient bytes come 
 calibrate: alpha and beta fitted (least squares on relative error) to the ring's times in
 `hybridnn-bench allreduce` over shared memory (64 KiB to 64 MiB), for each --ranks count
 apart (ranks beyond the cores share them: every hop slows, which one pair of terms cannot
-follow); one JSON line per rank count and size with the fit's prediction and its ratio to
-the time measured, then the fitted terms. --out keeps them for project.
+follow), and from the same runs the node's share of the hierarchical allreduce (hier on
+this one node: node_alpha + bytes x node_beta); one JSON line per rank count and size with
+the fit's prediction and its ratio to the time measured, then the fitted terms. --out
+keeps them for project.
 
 validate: the model's iteration time against `mpirun -np N hybridnn time --json` (N ranks
 over shared memory, each with --threads threads) for every N of --ranks, in the same run:
@@ -48,8 +50,15 @@ Gbit/s: beta = 8 / rate, alpha = the shared-memory fit's alpha on the fewest ran
 Where InnerProduct layers hold most of a net's parameters (CaffeNet), also with them
 model-parallel (NetOptions::model_parallel): their gradients leave the buckets, and each
 adds an allgather of its input over every rank's rows before its forward and a
-reduce-scatter of that gradient after its backward, unhidden. One JSON line per net, mode,
-link and rank count; --plot draws the curves (matplotlib). --speedups divides the compute
+reduce-scatter of that gradient after its backward, unhidden. For each --per-node count m
+above 1 (default 8, a GPU server's), the nodes' ranks numbered node by node: the flat ring
+over all N ranks (each of its 2 (N - 1) steps waits for the link between nodes), and hier
+(comm/hier.cpp): the node's work, node_alpha + bytes x node_beta measured on the fewest
+--ranks here with node_beta grown by the node's memory traffic ((2 m + 2) against
+(2 n + 2) for n ranks measured: every rank copies its buffer in and the sums out and reads
+1/m of the m buffers), then 2 k - 1 steps between the k nodes, each moving 1/k of the
+buffer over the node's link. One JSON line per net, mode, link and rank count; --plot
+draws the curves (matplotlib; several ranks a node for the fastest link only). --speedups divides the compute
 by each factor (default 1 and 170: ResNet-50's training step takes 6.7 s here on 2 cores,
 PyTorch's FP32 one 39 ms on an H200, docs/benchmarks.md), a GPU-class rank.
 
@@ -122,21 +131,54 @@ def ring_seconds(bytes_, ranks, alpha, beta):
     return 2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * bytes_ * beta
 
 
-def measure_allreduce(args, ranks, nodes=None, busy=None):
+def hier_seconds(bytes_, nodes, alpha, beta, node_alpha, node_beta):
+    """The hierarchical allreduce (comm/hier.cpp) over `nodes` nodes: the node's work (the
+    buffers into the shared window, the adds, the sums out: node_alpha + bytes x node_beta,
+    fitted to one node's hier) and the rings between the nodes, 2 k - 1 steps each moving
+    1/k of the buffer over the node's link (its local ranks' rails share it)."""
+    local = node_alpha + bytes_ * node_beta
+    if nodes <= 1:
+        return local
+    return local + (2 * nodes - 1) * alpha + (2 * nodes - 1) / nodes * bytes_ * beta
+
+
+def fit_line(points):
+    """a, b of t = a + b x bytes over (bytes, seconds), least squares on relative error."""
+    rows = [(1 / t, b / t) for b, t in points]
+    aa = sum(x * x for x, _ in rows)
+    ab = sum(x * y for x, y in rows)
+    bb = sum(y * y for _, y in rows)
+    a1 = sum(x for x, _ in rows)
+    b1 = sum(y for _, y in rows)
+    determinant = aa * bb - ab * ab
+    if determinant <= 0:
+        fail("cannot fit the node's terms: the sizes measured do not tell them apart")
+    return max((a1 * bb - b1 * ab) / determinant, 0.0), max((b1 * aa - a1 * ab) / determinant, 0.0)
+
+
+def hier_points(lines, ranks):
+    return [(ranks, line["bytes"], line["time_us"] * 1e-6) for line in lines
+            if line.get("way") == "hier"]
+
+
+def measure_allreduce(args, ranks, nodes=None, busy=None, lines=None):
     """The ring's (ranks, bytes, seconds); with `busy` (a list), appends the share of the
     ranks' time the benchmark kept a CPU busy (its processes' CPU seconds over ranks x wall
-    seconds: MPI polls while it waits, and TCP's copies are the kernel's)."""
+    seconds: MPI polls while it waits, and TCP's copies are the kernel's); with `lines` (a
+    list), extends it with the benchmark's lines (hier's among them)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
-    lines = run(mpirun(ranks, nodes) + [str(args.build / "bin" / "hybridnn-bench"), "allreduce",
-                                        "--min", "64K", "--max", "64M"],
-                env=launch_env(1, nodes))
+    output = run(mpirun(ranks, nodes) + [str(args.build / "bin" / "hybridnn-bench"),
+                                         "allreduce", "--min", "64K", "--max", "64M"],
+                 env=launch_env(1, nodes))
     wall = time.monotonic() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if busy is not None:
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         busy.append(min(1.0, cpu / (ranks * wall)))
-    return [(ranks, line["bytes"], line["time_us"] * 1e-6) for line in lines
+    if lines is not None:
+        lines.extend(output)
+    return [(ranks, line["bytes"], line["time_us"] * 1e-6) for line in output
             if line.get("way") == "ring"]
 
 
@@ -163,21 +205,29 @@ def calibrate(args):
     ranks than cores make each hop slower, which one pair of terms cannot follow)."""
     terms = {}
     for ranks in args.ranks:
-        points = measure_allreduce(args, ranks)
+        lines = []
+        points = measure_allreduce(args, ranks, lines=lines)
         alpha, beta = fit(points)
-        terms[ranks] = (alpha, beta)
-        for n, b, t in points:
-            predicted = ring_seconds(b, n, alpha, beta)
-            print(json.dumps({"bench": "scaling_model", "fit": "ring", "ranks": n, "bytes": b,
+        # The same run's hier on this one node: the node's share of the hierarchical sums.
+        node = [(b, t) for n, b, t in hier_points(lines, ranks)]
+        node_alpha, node_beta = fit_line(node)
+        terms[ranks] = (alpha, beta, node_alpha, node_beta)
+        fitted = [("ring", n, b, t, ring_seconds(b, n, alpha, beta)) for n, b, t in points]
+        fitted += [("hier_node", ranks, b, t, node_alpha + b * node_beta) for b, t in node]
+        for way, n, b, t, predicted in fitted:
+            print(json.dumps({"bench": "scaling_model", "fit": way, "ranks": n, "bytes": b,
                               "measured_us": round(t * 1e6, 1),
                               "predicted_us": round(predicted * 1e6, 1),
                               "ratio_predicted_to_measured": round(predicted / t, 3)}))
         print(json.dumps({"bench": "scaling_model", "ranks": ranks, "alpha_us": alpha * 1e6,
-                          "beta_gbs": 1e-9 / beta if beta > 0 else None, "cpu": cpu_name()}),
-              flush=True)
+                          "beta_gbs": 1e-9 / beta if beta > 0 else None,
+                          "node_alpha_us": node_alpha * 1e6,
+                          "node_beta_gbs": 1e-9 / node_beta if node_beta > 0 else None,
+                          "cpu": cpu_name()}), flush=True)
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(
-            {str(n): {"alpha": a, "beta": b} for n, (a, b) in terms.items()}) + "\n")
+            {str(n): {"alpha": a, "beta": b, "node_alpha": na, "node_beta": nb}
+             for n, (a, b, na, nb) in terms.items()}) + "\n")
     return terms
 
 
@@ -235,8 +285,10 @@ def cut_bytes(layer, batch, ranks):
     return 4 * ranks * batch * weights / outputs
 
 
-def iteration_seconds(layers, ranks, alpha, beta, bucket_bytes, cut=(), batch=0, busy=0.0):
-    """The modelled iteration: forward, backward with the buckets' allreduce overlapping it.
+def iteration_seconds(layers, ranks, alpha, beta, bucket_bytes, cut=(), batch=0, busy=0.0,
+                      allreduce=None):
+    """The modelled iteration: forward, backward with the buckets' allreduce overlapping it
+    (the flat ring's time, or `allreduce(bytes)`'s).
     Layers named in `cut` run model-parallel (NetOptions::model_parallel): no gradient in
     the buckets; an allgather of their input before the forward and a reduce-scatter of its
     gradient after the backward, each (n - 1) steps moving (n - 1) / n of it, in the way."""
@@ -260,14 +312,17 @@ def iteration_seconds(layers, ranks, alpha, beta, bucket_bytes, cut=(), batch=0,
     backward_end = clock
     comm = 0.0
     overlapped = 0.0  # the allreduce's seconds while backward still runs
+    if allreduce is None:
+        def allreduce(size):
+            return ring_seconds(size, ranks, alpha, beta)
     for size, ready in buckets:
         start = max(comm, ready)
-        comm = start + ring_seconds(size, ranks, alpha, beta)
+        comm = start + allreduce(size)
         overlapped += max(0.0, min(comm, backward_end) - start)
     # Where the ranks' threads fill the cores, the collective's busy share of those seconds
     # is CPU time the backward loses.
     backward_end += busy * overlapped
-    end = max(backward_end, comm) + ring_seconds(8, ranks, alpha, beta)
+    end = max(backward_end, comm) + allreduce(8)
     compute = layer_sum(layers) * 1e-3
     return end, compute, len(buckets)
 
@@ -301,8 +356,8 @@ def validate_on(args, ranks, nodes):
         if layers is None or layer_sum(candidate) < layer_sum(layers):
             layers = candidate
         _, total = layers_of(run(mpirun(ranks, nodes) +
-                                 time_command(args, args.model, args.threads),
-                                 env=launch_env(args.threads, nodes)))
+                                 time_command(args, args.model, args.threads) +
+                                 ["--comm", "ring"], env=launch_env(args.threads, nodes)))
         if measured is None or total["forward_backward_ms"] < measured["forward_backward_ms"]:
             measured = total
     predicted, compute, buckets = iteration_seconds(layers, ranks, alpha, beta,
@@ -327,10 +382,13 @@ def project(args):
     # where every rank has a core.
     if args.calibration:
         terms = json.loads(pathlib.Path(args.calibration).read_text())
-        alpha = terms[str(min(int(n) for n in terms))]["alpha"]
+        fewest = terms[str(min(int(n) for n in terms))]
+        alpha, node_alpha, node_beta = (fewest["alpha"], fewest["node_alpha"],
+                                        fewest["node_beta"])
     else:
         terms = calibrate(args)
-        alpha = terms[min(terms)][0]
+        alpha, _, node_alpha, node_beta = terms[min(terms)]
+    fewest_ranks = min(int(n) for n in terms)
     curves = {}
     cores = os.cpu_count() or 1
     for net in args.nets:
@@ -354,18 +412,38 @@ def project(args):
             for gbit in args.links:
                 link_alpha = alpha + args.link_latency_us * 1e-6
                 link_beta = 8 / (gbit * 1e9)
-                for mode, cut in modes:
+                # One rank per node (data-parallel, model-parallel FC), then for each
+                # --per-node count above 1 the flat ring and hier over those nodes.
+                runs = [(mode, cut, 1) for mode, cut in modes]
+                runs += [(f"{comm}_{per_node}_per_node", (), per_node)
+                         for per_node in args.per_node if per_node > 1
+                         for comm in ("ring", "hier")]
+                for mode, cut, per_node in runs:
+                    # The node's share of hier, measured on `fewest_ranks` ranks here, its
+                    # bytes term grown with the node's memory traffic: each rank copies its
+                    # buffer in and the sums out and reads 1/m of all m buffers.
+                    grown = node_beta * (2 * per_node + 2) / (2 * fewest_ranks + 2)
+
+                    def hier(size, ranks=0):
+                        return hier_seconds(size, ranks // per_node, link_alpha, link_beta,
+                                            node_alpha, grown)
                     points = []
                     for ranks in (4, 8, 16, 32, 64, 128, 256):
+                        if ranks < 2 * per_node:
+                            continue
+                        collective = None
+                        if mode.startswith("hier"):
+                            collective = functools.partial(hier, ranks=ranks)
                         seconds, compute, buckets = iteration_seconds(
                             faster, ranks, link_alpha, link_beta, args.bucket_mb * 1e6, cut,
-                            args.batch)
+                            args.batch, allreduce=collective)
                         efficiency = compute / seconds
                         points.append((ranks, efficiency))
                         print(json.dumps({
                             "bench": "scaling_model", "project": net, "mode": mode,
-                            "compute_speedup": speedup, "link_gbit": gbit, "ranks": ranks,
-                            "batch_per_rank": args.batch, "compute_ms": round(compute * 1e3, 1),
+                            "ranks_per_node": per_node, "compute_speedup": speedup,
+                            "link_gbit": gbit, "ranks": ranks, "batch_per_rank": args.batch,
+                            "compute_ms": round(compute * 1e3, 1),
                             "iteration_ms": round(seconds * 1e3, 1), "buckets": buckets,
                             "param_mb": round(total_bytes / 1e6, 1),
                             "efficiency": round(efficiency, 3), "cpu": cpu_name()}), flush=True)
@@ -387,19 +465,29 @@ def plot(curves, args):
         for column, net in enumerate(nets):
             axis = axes[row][column]
             colours = {}
+            fastest = max(key[1] for key in curves)
             for (name, gbit, mode, fast), points in curves.items():
                 if name != net or fast != speedup:
                     continue
+                # Several ranks per node: the fastest link's alone, for legibility.
+                nodes = mode.endswith("_per_node")
+                if nodes and gbit != fastest:
+                    continue
                 colour = colours.setdefault(gbit, f"C{len(colours)}")
-                cut = mode != "data_parallel"
+                style, marker, label = "-", "o", f"{gbit:g} Gbit/s"
+                if mode == "model_parallel_fc":
+                    style, marker, label = "--", "s", label + ", FC model-parallel"
+                elif nodes:
+                    comm, per_node = mode.split("_")[:2]
+                    style, marker = (":", "^") if comm == "hier" else ("-.", "v")
+                    label += f", {per_node} ranks a node, {comm}"
                 axis.plot([p[0] for p in points], [p[1] for p in points], color=colour,
-                          marker="s" if cut else "o", linestyle="--" if cut else "-",
-                          label=f"{gbit:g} Gbit/s" + (", FC model-parallel" if cut else ""))
+                          marker=marker, linestyle=style, label=label)
             axis.set_xscale("log", base=2)
             axis.set_ylim(0, 1.05)
             compute = "this CPU" if speedup == 1 else f"compute / {speedup:g}"
             axis.set_title(f"{net}, batch {args.batch} per rank, {compute}", fontsize=9)
-            axis.set_xlabel("ranks (one per node)")
+            axis.set_xlabel("ranks")
             axis.grid(True, alpha=0.3)
             axis.legend(fontsize=7)
         axes[row][0].set_ylabel("scaling efficiency")
@@ -449,6 +537,19 @@ def self_test():
     checks.append(("cut_bytes", close(cut_bytes(fc, 4, 2), 3200)))
     seconds, _, buckets = iteration_seconds([fc], 2, 0.0, 1e-9, 25e6, ("fc",), 4)
     checks.append(("cut", buckets == 0 and close(seconds, 2e-3 + 2 * 1600e-9 + 8e-9)))
+    # hier: on one node the node's term alone; on 4 nodes 10 us + 1 ns/B x 1 MB inside, then
+    # 7 steps of 5 us and 7/4 x 1 MB at 0.1 ns/B: 10 + 35 + 1000 + 175 us.
+    checks.append(("hier_seconds one node", close(hier_seconds(1e6, 1, 5e-6, 1e-10, 1e-5, 1e-9),
+                                                  1.01e-3)))
+    checks.append(("hier_seconds", close(hier_seconds(1e6, 4, 5e-6, 1e-10, 1e-5, 1e-9),
+                                         1.22e-3)))
+    checks.append(("fit_line", all(abs(x - y) < 1e-15 for x, y in zip(
+        fit_line([(b, 2e-5 + b * 3e-10) for b in (65536, 1 << 20, 1 << 24)]), (2e-5, 3e-10)))))
+    # iteration_seconds with another collective: the hand-worked iteration above, each
+    # bucket twice as long (5-45 ms, 45-65 ms), the loss's 16 ns.
+    seconds, _, _ = iteration_seconds(layers, 2, 0.0, 0.0, 25e6,
+                                      allreduce=lambda size: 2e-9 * size)
+    checks.append(("iteration, another collective", close(seconds, 65e-3 + 16e-9)))
     failed = [name for name, ok in checks if not ok]
     for name, ok in checks:
         print(f"{'ok' if ok else 'FAILED'}: {name}")
@@ -479,6 +580,8 @@ def main():
                         help="compute divided by each (170: ResNet-50's step here against "
                              "PyTorch's FP32 one on an H200)")
     parser.add_argument("--link-latency-us", type=float, default=10.0)
+    parser.add_argument("--per-node", default="1,8",
+                        help="project: ranks a node; above 1, the flat ring and hier")
     parser.add_argument("--link", default="", help="validate: 2 ranks on two simulated nodes "
                         "joined by a link of this rate (tc: 1gbit, 10gbit)")
     parser.add_argument("--batch", type=int, default=32)
@@ -495,6 +598,7 @@ def main():
     args.nets = args.nets.split(",")
     args.links = [float(g) for g in args.links.split(",")]
     args.speedups = [float(x) for x in args.speedups.split(",")]
+    args.per_node = [int(x) for x in args.per_node.split(",")]
     args.build = pathlib.Path(args.build)
     if args.what == "self-test":
         self_test()

@@ -330,8 +330,8 @@ HN_API const char* hn_event_snapshot(const hn_solver_event* event);
 
 /* The ranks mpirun started (backend "auto", "ring", "hier" or "mpi"), or this process alone
  * ("local"); NULL: the default ("auto" under a launcher with several ranks: "hier" where
- * the nodes hold several ranks each, numbered node by node, else "ring"; "local" without
- * a launcher). Every
+ * the nodes hold several ranks each, numbered node by node (on one node, at least 3), else
+ * "ring"; "local" without a launcher). Every
  * collective waits at most `timeout_seconds` (<= 0: 300) for the other ranks, then fails
  * with HN_ERROR_TIMEOUT naming the rank. */
 HN_API hn_status hn_comm_create(const char* backend, double timeout_seconds, hn_comm** out);

@@ -8,8 +8,8 @@
 //   hier   the ring's sums node by node: the ranks of a node add through shared memory and
 //          rings between the nodes (one per local rank) carry the partial sums; the same
 //          bits as ring;
-//   auto   hier where the nodes hold several ranks each (numbered node by node), else ring:
-//          the default under mpirun;
+//   auto   hier where the nodes hold several ranks each (numbered node by node; on one
+//          node, at least 3), else ring: the default under mpirun;
 //   mpi    MPI_Allreduce and MPI's other collectives: the reference and the fallback.
 // The MPI backends exist when the library was built with MPI (HYBRIDNN_MPI); they join
 // the ranks mpirun started (MPI_COMM_WORLD), initialising MPI on first use.

@@ -30,7 +30,8 @@
 //
 // Where the ranks are not numbered node by node the chain alternates nodes at every rank:
 // `hier` refuses it (naming the mapping), `auto` runs the flat ring; `auto` also runs it
-// with one rank per node, where there is nothing to share. A window too large for a node's
+// with one rank per node, where there is nothing to share, and for 2 ranks of one node,
+// which sum as fast through MPI's shared-memory queues. A window too large for a node's
 // /dev/shm fails `hier` with the sizes, and `auto` runs that allreduce on the flat ring.
 #include <fmt/format.h>
 #include <mpi.h>
@@ -85,6 +86,8 @@ class HierCommunicator final : public RingCommunicator {
   int local_rank_ = 0, local_size_ = 1, node_index_ = 0, nodes_ = 1;
   MPI_Win window_ = MPI_WIN_NULL;
   std::size_t capacity_ = 0;
+  // The smallest count a node had no room for (auto runs those on the flat ring).
+  std::size_t no_room_ = SIZE_MAX;
   // In the window: every rank's copy of its buffer (entry l for local rank l), and the
   // node's sums (after local rank 0's buffer).
   std::vector<const float*> shared_;
@@ -171,7 +174,9 @@ void HierCommunicator::find_nodes(bool required) {
   }
   nodes_ = size_ / m;
   node_index_ = rank_ / m;
-  hierarchical_ = fault.empty() && (required || m > 1);
+  // auto: several ranks a node, and on one node at least 3 (2 ranks of one node sum as
+  // fast through MPI's queues as through the window here: docs/benchmarks.md).
+  hierarchical_ = fault.empty() && (required || (m > 1 && (nodes_ > 1 || m > 2)));
   name_ = hierarchical_ ? "hier" : "ring";
   if (!hierarchical_) {
     MPI_Comm_free(&node_);
@@ -266,7 +271,9 @@ void HierCommunicator::sum(float* buffer, std::size_t count, std::uint64_t seq, 
     RingCommunicator::sum(buffer, count, seq, bf16);
     return;
   }
-  if (count > capacity_ && !room_for(count, seq)) {
+  // (Every rank takes the same branch: capacity_ and no_room_ follow agreed decisions.)
+  if (count >= no_room_ || (count > capacity_ && !room_for(count, seq))) {
+    no_room_ = std::min(no_room_, count);
     RingCommunicator::sum(buffer, count, seq, bf16);
     return;
   }

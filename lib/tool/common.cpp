@@ -212,7 +212,8 @@ std::vector<FlagSpec> comm_flags() {
       {"comm", FlagKind::text, "NAME",
        fmt::format("collectives between ranks, a backend of this build: {} (default: auto when "
                    "mpirun started several ranks, else local; auto runs hier where the nodes "
-                   "hold several ranks each, numbered node by node, else ring)",
+                   "hold several ranks each, numbered node by node (on one node, at least 3), else "
+                   "ring)",
                    fmt::join(communicator_backends(), ", "))},
       {"comm-timeout", FlagKind::text, "SECONDS",
        "how long a collective waits for the other ranks before every rank fails (default 300)"},

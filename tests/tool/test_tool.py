@@ -1346,8 +1346,8 @@ def mpi_two_ranks_train_as_one_process_at_twice_the_batch(ctx):
     ctx.run("train", "--solver", solvers[32], "--metrics", ctx.path("one.jsonl"))
     run = run_mpi(ctx, 2, "train", "--solver", solvers[16], "--metrics", ctx.path("two.jsonl"))
     check(run.stdout.count("Solving Tiny") == 1, f"only rank 0 prints:\n{run.stdout}")
-    # The default communicator, auto: hier for two ranks of one node.
-    check("x 2 ranks (hier) = global batch 32" in run.stdout, run.stdout)
+    # The default communicator, auto: the flat ring for two ranks of one node.
+    check("x 2 ranks (ring) = global batch 32" in run.stdout, run.stdout)
     check(re.search(r"comm exposed \d+%", run.stdout), f"no exposed share:\n{run.stdout}")
     one, two = train_losses(ctx.path("one.jsonl")), train_losses(ctx.path("two.jsonl"))
     check(len(one) == len(two) == 41, f"{len(one)} and {len(two)} train lines")
@@ -1468,8 +1468,8 @@ def mpi_time_reports_overlap_and_writes_a_timeline(ctx):
     run = run_mpi(ctx, 2, "time", "--model", net, "--data", "synthetic:1x28x28:10",
                   "--iterations", 3, "--json", "--bucket-mb", "0.5", "--timeline", trace)
     total = json.loads(run.stdout.strip().splitlines()[-1])
-    # auto: two ranks of one node sum through shared memory.
-    check(total["ranks"] == 2 and total["comm"] == "hier", total)
+    # auto: two ranks of one node sum on the flat ring.
+    check(total["ranks"] == 2 and total["comm"] == "ring", total)
     check(total["buckets"] >= 3, f"0.5 MB buckets: {total}")
     check(total["allreduce_bytes"] == 4 * 431080 + 8, f"LeNet's gradients and the loss: {total}")
     check(total["allreduce_ms"] > 0 and 0 <= total["exposed_comm_ms"], total)
