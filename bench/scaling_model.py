@@ -53,12 +53,12 @@ adds an allgather of its input over every rank's rows before its forward and a
 reduce-scatter of that gradient after its backward, unhidden. For each --per-node count m
 above 1 (default 8, a GPU server's), the nodes' ranks numbered node by node: the flat ring
 over all N ranks (each of its 2 (N - 1) steps waits for the link between nodes), and hier
-(comm/hier.cpp): the node's work, node_alpha + bytes x node_beta measured on the fewest
---ranks here with node_beta grown by the node's memory traffic ((2 m + 2) against
-(2 n + 2) for n ranks measured: every rank copies its buffer in and the sums out and reads
-1/m of the m buffers), then 2 k - 1 steps between the k nodes, each moving 1/k of the
-buffer over the node's link. One JSON line per net, mode, link and rank count; --plot
-draws the curves (matplotlib; several ranks a node for the fastest link only). --speedups divides the compute
+(comm/hier.cpp): the node's latency, node_alpha measured on the fewest --ranks here, then
+2 k - 1 steps between the k nodes, each moving 1/k of the buffer over the node's link.
+Both leave out the copies inside a node (as the one-rank-a-node projections leave out the
+NIC's): what differs is the hops and the bytes on the link. One JSON line per net, mode,
+link and rank count; --plot draws the curves (matplotlib; several ranks a node for the
+fastest link only). --speedups divides the compute
 by each factor (default 1 and 170: ResNet-50's training step takes 6.7 s here on 2 cores,
 PyTorch's FP32 one 39 ms on an H200, docs/benchmarks.md), a GPU-class rank.
 
@@ -383,12 +383,10 @@ def project(args):
     if args.calibration:
         terms = json.loads(pathlib.Path(args.calibration).read_text())
         fewest = terms[str(min(int(n) for n in terms))]
-        alpha, node_alpha, node_beta = (fewest["alpha"], fewest["node_alpha"],
-                                        fewest["node_beta"])
+        alpha, node_alpha = fewest["alpha"], fewest["node_alpha"]
     else:
         terms = calibrate(args)
-        alpha, _, node_alpha, node_beta = terms[min(terms)]
-    fewest_ranks = min(int(n) for n in terms)
+        alpha, _, node_alpha, _ = terms[min(terms)]
     curves = {}
     cores = os.cpu_count() or 1
     for net in args.nets:
@@ -419,14 +417,13 @@ def project(args):
                          for per_node in args.per_node if per_node > 1
                          for comm in ("ring", "hier")]
                 for mode, cut, per_node in runs:
-                    # The node's share of hier, measured on `fewest_ranks` ranks here, its
-                    # bytes term grown with the node's memory traffic: each rank copies its
-                    # buffer in and the sums out and reads 1/m of all m buffers.
-                    grown = node_beta * (2 * per_node + 2) / (2 * fewest_ranks + 2)
-
+                    # The node's share of hier: its latency as measured here (two barriers,
+                    # the copies of a small buffer), its bytes left out as the ring's copies
+                    # are (a GPU server's NVLink or a node's memory moves them faster than
+                    # the link): the comparison is the hops' and the link's.
                     def hier(size, ranks=0):
                         return hier_seconds(size, ranks // per_node, link_alpha, link_beta,
-                                            node_alpha, grown)
+                                            node_alpha, 0.0)
                     points = []
                     for ranks in (4, 8, 16, 32, 64, 128, 256):
                         if ranks < 2 * per_node:
@@ -474,13 +471,13 @@ def plot(curves, args):
                 if nodes and gbit != fastest:
                     continue
                 colour = colours.setdefault(gbit, f"C{len(colours)}")
-                style, marker, label = "-", "o", f"{gbit:g} Gbit/s"
+                style, marker, label = "-", "o", f"{gbit:g} Gbit/s, 1 rank a node"
                 if mode == "model_parallel_fc":
-                    style, marker, label = "--", "s", label + ", FC model-parallel"
+                    style, marker, label = "--", "s", f"{gbit:g} Gbit/s, FC model-parallel"
                 elif nodes:
                     comm, per_node = mode.split("_")[:2]
                     style, marker = (":", "^") if comm == "hier" else ("-.", "v")
-                    label += f", {per_node} ranks a node, {comm}"
+                    label = f"{gbit:g} Gbit/s, {per_node} ranks a node, {comm}"
                 axis.plot([p[0] for p in points], [p[1] for p in points], color=colour,
                           marker=marker, linestyle=style, label=label)
             axis.set_xscale("log", base=2)
@@ -491,8 +488,9 @@ def plot(curves, args):
             axis.grid(True, alpha=0.3)
             axis.legend(fontsize=7)
         axes[row][0].set_ylabel("scaling efficiency")
-    figure.suptitle(f"Data-parallel ring allreduce with bucketed overlap, modelled (compute "
-                    f"measured on {cpu_name()}, 2 cores)", fontsize=9)
+    figure.suptitle(f"Data-parallel training with the bucketed allreduce overlapping backward "
+                    f"(ring; hier with 8 ranks a node), modelled (compute measured on "
+                    f"{cpu_name()}, 2 cores)", fontsize=9)
     figure.tight_layout()
     figure.savefig(args.plot, dpi=100)
     print(f"# wrote {args.plot}", file=sys.stderr)

@@ -20,8 +20,8 @@
 //   slicing changes no sum.
 //
 // A bucket's critical path crosses the network 2 k - 1 times instead of 2 (N - 1), in
-// pipelined chunks as the ring's; the bytes between two nodes are about the flat ring's
-// (2 x count). With BF16 on the wire each extension rounds the partial sum to BF16 before
+// pipelined chunks as the ring's, and a node's link carries (2 k - 1) / k of the buffer
+// against the flat ring's 2 (N - 1) / N. With BF16 on the wire each extension rounds the partial sum to BF16 before
 // adding the next rank's values, as the flat ring's hops do, and the finished sums are
 // rounded once: the flat ring's bits again.
 //
