@@ -21,12 +21,13 @@
 //
 // A bucket's critical path crosses the network 2 k - 1 times instead of 2 (N - 1), in
 // pipelined chunks as the ring's, and a node's link carries (2 k - 1) / k of the buffer
-// against the flat ring's 2 (N - 1) / N. With BF16 on the wire each extension rounds the partial sum to BF16 before
-// adding the next rank's values, as the flat ring's hops do, and the finished sums are
-// rounded once: the flat ring's bits again.
+// against the flat ring's 2 (N - 1) / N. With BF16 on the wire each extension rounds the
+// partial sum to BF16 before adding the next rank's values, as the flat ring's hops do, and
+// the finished sums are rounded once: the flat ring's bits again.
 //
 // On one node (k = 1) no message is sent at all: each rank sums its slice through the
-// window, the copy path that beats the ring's messages through MPI's shared-memory queues.
+// window, instead of the ring's messages through MPI's shared-memory queues (measured ahead
+// of them with 4 ranks, level with 2: docs/benchmarks.md).
 //
 // Where the ranks are not numbered node by node the chain alternates nodes at every rank:
 // `hier` refuses it (naming the mapping), `auto` runs the flat ring; `auto` also runs it
