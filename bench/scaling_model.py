@@ -144,16 +144,7 @@ def hier_seconds(bytes_, nodes, alpha, beta, node_alpha, node_beta):
 
 def fit_line(points):
     """a, b of t = a + b x bytes over (bytes, seconds), least squares on relative error."""
-    rows = [(1 / t, b / t) for b, t in points]
-    aa = sum(x * x for x, _ in rows)
-    ab = sum(x * y for x, y in rows)
-    bb = sum(y * y for _, y in rows)
-    a1 = sum(x for x, _ in rows)
-    b1 = sum(y for _, y in rows)
-    determinant = aa * bb - ab * ab
-    if determinant <= 0:
-        fail("cannot fit the node's terms: the sizes measured do not tell them apart")
-    return max((a1 * bb - b1 * ab) / determinant, 0.0), max((b1 * aa - a1 * ab) / determinant, 0.0)
+    return least_squares([(1 / t, b / t) for b, t in points], "the node's terms")
 
 
 def hier_points(lines, ranks):
@@ -182,11 +173,9 @@ def measure_allreduce(args, ranks, nodes=None, busy=None, lines=None):
             if line.get("way") == "ring"]
 
 
-def fit(points):
-    """alpha, beta minimising the relative error of ring_seconds over (ranks, bytes, s):
-    the least squares of rows (2 (n - 1) / t, 2 (n - 1) / n b / t) against 1, by the normal
-    equations."""
-    rows = [(2 * (n - 1) / t, 2 * (n - 1) / n * b / t) for n, b, t in points]
+def least_squares(rows, what):
+    """The non-negative (a, b) minimising the squares of a x + b y - 1 over rows (x, y),
+    by the normal equations."""
     aa = sum(x * x for x, _ in rows)
     ab = sum(x * y for x, y in rows)
     bb = sum(y * y for _, y in rows)
@@ -194,10 +183,15 @@ def fit(points):
     b1 = sum(y for _, y in rows)
     determinant = aa * bb - ab * ab
     if determinant <= 0:
-        fail("cannot fit alpha and beta: the sizes measured do not tell them apart")
-    alpha = (a1 * bb - b1 * ab) / determinant
-    beta = (b1 * aa - a1 * ab) / determinant
-    return max(alpha, 0.0), max(beta, 0.0)
+        fail(f"cannot fit {what}: the sizes measured do not tell them apart")
+    return max((a1 * bb - b1 * ab) / determinant, 0.0), max((b1 * aa - a1 * ab) / determinant, 0.0)
+
+
+def fit(points):
+    """alpha, beta minimising the relative error of ring_seconds over (ranks, bytes, s):
+    the least squares of rows (2 (n - 1) / t, 2 (n - 1) / n b / t) against 1."""
+    return least_squares([(2 * (n - 1) / t, 2 * (n - 1) / n * b / t) for n, b, t in points],
+                         "alpha and beta")
 
 
 def calibrate(args):

@@ -1585,31 +1585,39 @@ def mpi_two_simulated_nodes(ctx):
               [(m["iter"], m["loss"], m["accuracy"]) for m in tcp],
               f"2 nodes over TCP differ from 2 ranks over shared memory:\n{shm}\n{tcp}")
 
-        # Cutting the link mid-run: every rank fails within 2 x the deadline. (mpirun itself
-        # then waits on a daemon it cannot reach: the ranks' exits are what counts.)
-        slow, _, _ = setup_training(ctx, max_iter=100000, snapshot=0, display=1,
-                                    test_interval=100000)
-        command = nodes.mpirun("train", "--solver", slow, "--comm-timeout", 5, "--threads", 1)
-        pattern = f"{ctx.tool} train --solver {slow}"
-        process, _ = start_until(ctx, command, 10, env=nodes.env())
-        errors = []
-        reader = threading.Thread(target=lambda: errors.extend(process.stderr), daemon=True)
-        try:
-            reader.start()
-            check(len(ranks_running(pattern)) == 2, "two ranks should be running")
-            nodes.sh("ip", "-n", nodes.ns[0], "link", "set", nodes.veth[0], "down")
-            cut = time.monotonic()
-            while ranks_running(pattern) and time.monotonic() - cut < 20:
-                time.sleep(0.1)
-            elapsed = time.monotonic() - cut
-        finally:
-            process.kill()
-            process.wait()
-            subprocess.run(["pkill", "-9", "-f", pattern])
-        reader.join(5)
-        stderr = "".join(errors)
-        check(elapsed <= 10.0, f"the ranks took {elapsed:.1f} s to fail (deadline 5 s)")
-        check("timed out after 5 s" in stderr, f"no deadline message:\n{stderr[-3000:]}")
+        cut_link_mid_run(ctx, nodes, per_node=1, after=10, needles=("timed out after 5 s",))
+
+
+def cut_link_mid_run(ctx, nodes, per_node, after, needles):
+    """Training on the simulated nodes with a 5 s deadline; cutting the link after iteration
+    `after`, every rank fails within 2 x the deadline with the needles on stderr. (mpirun
+    itself then waits on a daemon it cannot reach: the ranks' exits are what counts.)"""
+    slow, _, _ = setup_training(ctx, max_iter=100000, snapshot=0, display=1,
+                                test_interval=100000)
+    command = nodes.mpirun("train", "--solver", slow, "--comm-timeout", 5, "--threads", 1,
+                           per_node=per_node)
+    pattern = f"{ctx.tool} train --solver {slow}"
+    process, _ = start_until(ctx, command, after, env=nodes.env())
+    errors = []
+    reader = threading.Thread(target=lambda: errors.extend(process.stderr), daemon=True)
+    try:
+        reader.start()
+        running = len(ranks_running(pattern))
+        check(running == 2 * per_node, f"{running} ranks running, not {2 * per_node}")
+        nodes.sh("ip", "-n", nodes.ns[0], "link", "set", nodes.veth[0], "down")
+        cut = time.monotonic()
+        while ranks_running(pattern) and time.monotonic() - cut < 20:
+            time.sleep(0.1)
+        elapsed = time.monotonic() - cut
+    finally:
+        process.kill()
+        process.wait()
+        subprocess.run(["pkill", "-9", "-f", pattern])
+    reader.join(5)
+    stderr = "".join(errors)
+    check(elapsed <= 10.0, f"the ranks took {elapsed:.1f} s to fail (deadline 5 s)")
+    for needle in needles:
+        check(needle in stderr, f"no '{needle}' on stderr:\n{stderr[-3000:]}")
 
 
 @case
@@ -1671,32 +1679,10 @@ def mpi_hier_on_two_simulated_nodes(ctx):
         check(flat.returncode == 0 and json.loads(flat.stdout.strip().splitlines()[-1])["comm"] ==
               "ring", f"auto with --map-by node:\n{flat.stdout[-2000:]}\n{flat.stderr[-2000:]}")
 
-        # Cutting the link mid-run: every rank, leaders and the others, fails by the deadline.
-        slow, _, _ = setup_training(ctx, max_iter=100000, snapshot=0, display=1,
-                                    test_interval=100000)
-        command = nodes.mpirun("train", "--solver", slow, "--comm-timeout", 5, "--threads", 1,
-                               per_node=2)
-        pattern = f"{ctx.tool} train --solver {slow}"
-        process, _ = start_until(ctx, command, 5, env=nodes.env())
-        errors = []
-        reader = threading.Thread(target=lambda: errors.extend(process.stderr), daemon=True)
-        try:
-            reader.start()
-            check(len(ranks_running(pattern)) == 4, "four ranks should be running")
-            nodes.sh("ip", "-n", nodes.ns[0], "link", "set", nodes.veth[0], "down")
-            cut = time.monotonic()
-            while ranks_running(pattern) and time.monotonic() - cut < 20:
-                time.sleep(0.1)
-            elapsed = time.monotonic() - cut
-        finally:
-            process.kill()
-            process.wait()
-            subprocess.run(["pkill", "-9", "-f", pattern])
-        reader.join(5)
-        stderr = "".join(errors)
-        check(elapsed <= 10.0, f"the ranks took {elapsed:.1f} s to fail (deadline 5 s)")
-        check("communicator hier" in stderr and "timed out after 5 s" in stderr,
-              f"no deadline message of hier:\n{stderr[-3000:]}")
+        # Cutting the link mid-run: every rank, the ones at the link and the others waiting
+        # in their node, fails by the deadline.
+        cut_link_mid_run(ctx, nodes, per_node=2, after=5,
+                         needles=("communicator hier: allreduce", "timed out after 5 s"))
 
 
 def ranks_running(pattern):
