@@ -209,64 +209,82 @@ std::unique_ptr<Communicator> make_grouped(const std::string& backend, int per_n
 
 }  // namespace
 
-TEST_CASE(
-    "the hierarchical allreduce gives the flat ring's bits, FP32 and BF16, on every grouping "
-    "of the ranks into nodes",
-    "[mpi][hier]") {
-  const std::unique_ptr<Driver> driver = host_driver();
-  const std::unique_ptr<Communicator> ring = make("ring");
-  const int r = ring->rank(), n = ring->size();
-  // 0: the nodes as MPI finds them (one here; two under the tool test
-  // mpi_hier_on_two_simulated_nodes).
-  // Simulated nodes must lie within the real ones (their ranks share memory).
-  for (int per_node = 0; per_node <= n; ++per_node) {
-    if (per_node > 0 && launched_local_ranks() % per_node != 0) continue;
-    // Small chunks too: many chunks in flight through the leaders' ring.
-    for (const std::size_t chunk_bytes : {std::size_t{0}, std::size_t{256}}) {
-      const std::unique_ptr<Communicator> hier = make_grouped("hier", per_node, chunk_bytes);
-      CHECK(hier->name() == "hier");
-      CHECK(hier->compresses());
-      for (const std::size_t count : {std::size_t{1}, std::size_t{3}, std::size_t{13},
-                                      std::size_t{100003}, (std::size_t{1} << 18) + 5}) {
-        if (chunk_bytes != 0 && count > 100003) continue;
-        INFO(per_node << " ranks per node, chunk_bytes " << chunk_bytes << ", count " << count
-                      << " on rank " << r << " of " << n);
-        std::mt19937 random(static_cast<std::uint32_t>(3000 + r));
-        std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-        std::vector<float> input(count);
-        for (float& x : input)
-          x = uniform(random);
-        for (const bool bf16 : {false, true}) {
-          for (const ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
-            INFO((bf16 ? "bf16" : "fp32") << (op == ReduceOp::sum ? " sum" : " mean"));
-            std::vector<float> flat = input, first = input, second = input;
-            if (bf16) {
-              ring->allreduce_bf16(*driver, flat.data(), count, op);
-              hier->allreduce_bf16(*driver, first.data(), count, op);
-              hier->allreduce_bf16(*driver, second.data(), count, op);
-            } else {
-              ring->allreduce(*driver, flat.data(), count, op);
-              hier->allreduce(*driver, first.data(), count, op);
-              hier->allreduce(*driver, second.data(), count, op);
-            }
-            std::size_t differ = 0;
-            for (std::size_t i = 0; i < count; ++i)
-              differ += std::memcmp(&flat[i], &first[i], sizeof(float)) != 0 ||
-                        std::memcmp(&flat[i], &second[i], sizeof(float)) != 0;
-            CHECK(differ == 0);
+namespace {
+
+// hier on nodes of `per_node` ranks (0: as MPI finds them) against the flat ring, bit for bit:
+// FP32 and BF16, sum and mean, twice, for several lengths, small chunks too (many chunks in
+// flight between the nodes).
+void check_hier_against_ring(Driver& driver, Communicator& ring, int per_node) {
+  const int r = ring.rank(), n = ring.size();
+  for (const std::size_t chunk_bytes : {std::size_t{0}, std::size_t{256}}) {
+    const std::unique_ptr<Communicator> hier = make_grouped("hier", per_node, chunk_bytes);
+    CHECK(hier->name() == "hier");
+    CHECK(hier->compresses());
+    for (const std::size_t count : {std::size_t{1}, std::size_t{3}, std::size_t{13},
+                                    std::size_t{100003}, (std::size_t{1} << 18) + 5}) {
+      if (chunk_bytes != 0 && count > 100003) continue;
+      INFO(per_node << " ranks per node, chunk_bytes " << chunk_bytes << ", count " << count
+                    << " on rank " << r << " of " << n);
+      std::mt19937 random(static_cast<std::uint32_t>(3000 + r));
+      std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+      std::vector<float> input(count);
+      for (float& x : input)
+        x = uniform(random);
+      for (const bool bf16 : {false, true}) {
+        for (const ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
+          INFO((bf16 ? "bf16" : "fp32") << (op == ReduceOp::sum ? " sum" : " mean"));
+          std::vector<float> flat = input, first = input, second = input;
+          if (bf16) {
+            ring.allreduce_bf16(driver, flat.data(), count, op);
+            hier->allreduce_bf16(driver, first.data(), count, op);
+            hier->allreduce_bf16(driver, second.data(), count, op);
+          } else {
+            ring.allreduce(driver, flat.data(), count, op);
+            hier->allreduce(driver, first.data(), count, op);
+            hier->allreduce(driver, second.data(), count, op);
           }
+          std::size_t differ = 0;
+          for (std::size_t i = 0; i < count; ++i)
+            differ += std::memcmp(&flat[i], &first[i], sizeof(float)) != 0 ||
+                      std::memcmp(&flat[i], &second[i], sizeof(float)) != 0;
+          CHECK(differ == 0);
         }
       }
     }
   }
 }
 
+}  // namespace
+
+// (The tool test mpi_hier_on_two_simulated_nodes runs the [hier_nodes] cases on two nodes.)
+TEST_CASE(
+    "the hierarchical allreduce gives the flat ring's bits, FP32 and BF16, on the nodes MPI "
+    "finds",
+    "[mpi][hier][hier_nodes]") {
+  const std::unique_ptr<Driver> driver = host_driver();
+  const std::unique_ptr<Communicator> ring = make("ring");
+  check_hier_against_ring(*driver, *ring, 0);
+}
+
+TEST_CASE(
+    "the hierarchical allreduce gives the flat ring's bits, FP32 and BF16, on every grouping "
+    "of the ranks into nodes simulated on one machine",
+    "[mpi][hier]") {
+  const std::unique_ptr<Driver> driver = host_driver();
+  const std::unique_ptr<Communicator> ring = make("ring");
+  // Simulated nodes must lie within the real ones (their ranks share memory).
+  for (int per_node = 1; per_node <= ring->size(); ++per_node) {
+    if (launched_local_ranks() % per_node == 0) check_hier_against_ring(*driver, *ring, per_node);
+  }
+}
+
 TEST_CASE(
     "auto runs hier where the nodes hold several ranks each, else the ring, and hier refuses "
     "nodes of different sizes, naming them",
-    "[mpi][hier]") {
+    "[mpi][hier][hier_nodes]") {
   const std::unique_ptr<Driver> driver = host_driver();
-  const int n = make("ring")->size();
+  const std::unique_ptr<Communicator> ring = make("ring");
+  const int n = ring->size(), r = ring->rank();
   // The nodes as the launcher placed the ranks (one node here), numbered node by node:
   // hier for several ranks a node on several nodes, or at least 3 on one.
   const int local = launched_local_ranks();
@@ -285,9 +303,9 @@ TEST_CASE(
   // Whatever it runs, auto sums as the ring does.
   std::vector<float> data(1001);
   for (std::size_t i = 0; i < data.size(); ++i)
-    data[i] = value(make("ring")->rank(), i) * 0.37f;
+    data[i] = value(r, i) * 0.37f;
   std::vector<float> flat = data;
-  make("ring")->allreduce(*driver, flat.data(), flat.size());
+  ring->allreduce(*driver, flat.data(), flat.size());
   make_grouped("auto", 2)->allreduce(*driver, data.data(), data.size());
   CHECK(std::memcmp(flat.data(), data.data(), data.size() * sizeof(float)) == 0);
 }

@@ -1639,8 +1639,8 @@ def mpi_hier_on_two_simulated_nodes(ctx):
             return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
                                   cwd=ctx.work, env=env or nodes.env())
 
-        units = run(nodes.mpirun("[hier]", per_node=2, program=tests_mpi), timeout=300)
-        check(units.returncode == 0, f"the [hier] tests on 2 x 2 ranks exited "
+        units = run(nodes.mpirun("[hier_nodes]", per_node=2, program=tests_mpi), timeout=300)
+        check(units.returncode == 0, f"the [hier_nodes] tests on 2 x 2 ranks exited "
               f"{units.returncode}:\n{units.stdout[-4000:]}\n{units.stderr[-2000:]}")
         check("All tests passed" in units.stdout, units.stdout[-2000:])
         # A node whose /dev/shm has no room for the window: hier fails naming it, auto runs
