@@ -450,10 +450,12 @@ TEST_CASE(
 }
 
 // x (of `in`) padded: out[i] = x[i - before] inside, `value` elsewhere (a naive loop over
-// every output element).
+// every output element); with `mode` reflect or edge, each index outside mapped inside on
+// its own (mirrored about the edge, or clamped to it), as numpy.pad's reflect and edge.
 std::vector<float> naive_pad(const Shape& in, const std::vector<index_t>& before,
                              const std::vector<index_t>& after, float value,
-                             const std::vector<float>& x) {
+                             const std::vector<float>& x,
+                             hn::PadMode mode = hn::PadMode::constant) {
   const std::size_t rank = static_cast<std::size_t>(in.axes());
   std::vector<index_t> out(rank);
   index_t total = 1;
@@ -466,9 +468,12 @@ std::vector<float> naive_pad(const Shape& in, const std::vector<index_t>& before
     index_t rest = e, from = 0, stride = 1;
     bool inside = true;
     for (std::size_t a = rank; a-- > 0;) {
-      const index_t i = rest % out[a] - before[a];
+      index_t i = rest % out[a] - before[a];
       rest /= out[a];
-      inside = inside && i >= 0 && i < in[static_cast<int>(a)];
+      const index_t n = in[static_cast<int>(a)];
+      if (mode == hn::PadMode::reflect) i = i < 0 ? -i : i >= n ? 2 * (n - 1) - i : i;
+      if (mode == hn::PadMode::edge) i = std::clamp<index_t>(i, 0, n - 1);
+      inside = inside && i >= 0 && i < n;
       from += i * stride;
       stride *= in[static_cast<int>(a)];
     }
@@ -521,6 +526,59 @@ TEST_CASE(
       CHECK(run.input_diffs[0] == want_dx);
       hn::test::check_split_equals_whole(layer, *driver, {c.input}, {x}, RunSpec{{0, 2, 3}}, 0.0);
     }
+  }
+}
+
+TEST_CASE(
+    "Pad in reflect and edge modes mirrors or repeats the edges as a naive loop does, corners "
+    "too, and adds each border's gradient to the element it copied, on every driver",
+    "[layer][pad]") {
+  const auto config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    struct Case {
+      hn::PadParams params;
+      std::vector<index_t> before, after;
+      Shape input;
+    };
+    std::uint32_t seed = 270;
+    for (const hn::PadMode mode : {hn::PadMode::reflect, hn::PadMode::edge}) {
+      const std::vector<Case> cases = {
+          // H and W, unequal sides: the corners come from both passes.
+          {{2, {2, 1}, {1, 3}, 0.0f, mode}, {0, 0, 2, 1}, {0, 0, 1, 3}, Shape{3, 3, 4, 5}},
+          // C, H and W, one count for all (reflect: below every length).
+          {{1, {1}, {}, 0.0f, mode}, {0, 1, 1, 1}, {0, 1, 1, 1}, Shape{3, 2, 3, 2}},
+          // The last axis only.
+          {{-1, {3}, {2}, 0.0f, mode}, {0, 0, 3}, {0, 0, 2}, Shape{3, 3, 4}},
+      };
+      for (const Case& c : cases) {
+        INFO((mode == hn::PadMode::reflect ? "reflect" : "edge")
+             << ", input " << c.input.to_string() << ", axis " << c.params.axis);
+        hn::PadLayer layer("pad", c.params);
+        const std::vector<Shape> outs = layer.setup({c.input});
+        const auto x = random_floats(static_cast<std::size_t>(c.input.count()), seed++);
+        const auto dy = random_floats(static_cast<std::size_t>(outs[0].count()), seed++);
+        const auto run = run_layer(layer, *driver, {c.input}, {x}, {dy});
+        CHECK(run.outputs[0] == naive_pad(c.input, c.before, c.after, 0.0f, x, mode));
+        // dx[i]: the sum of dy over every output element that copied x[i], in the order the
+        // layer adds them (the interior's, then each axis's borders from the first axis),
+        // within a float rounding of a naive sum through the index map.
+        std::vector<float> index(x.size());
+        for (std::size_t e = 0; e < index.size(); ++e)
+          index[e] = static_cast<float>(e);
+        const auto where = naive_pad(c.input, c.before, c.after, -1.0f, index, mode);
+        std::vector<double> want_dx(x.size(), 0.0);
+        for (std::size_t e = 0; e < where.size(); ++e)
+          want_dx[static_cast<std::size_t>(where[e])] += dy[e];
+        REQUIRE(run.input_diffs[0].size() == want_dx.size());
+        for (std::size_t e = 0; e < want_dx.size(); ++e)
+          CHECK(run.input_diffs[0][e] == Approx(want_dx[e]).margin(1e-5));
+        hn::test::check_split_equals_whole(layer, *driver, {c.input}, {x}, RunSpec{{0, 2, 3}}, 0.0);
+      }
+    }
+    hn::PadLayer wide("pad6", {2, {3}, {}, 0.0f, hn::PadMode::reflect});
+    CHECK_THROWS_WITH(wide.setup({Shape{2, 3, 3}}),
+                      Contains("pad6") && Contains("reflect") && Contains("2x3x3"));
   }
 }
 
@@ -585,6 +643,10 @@ TEST_CASE(
     hn::test::check_layer_gradients(permute, *driver, {a}, {xa});
     hn::PadLayer pad("pad", hn::PadParams{1, {1, 0}, {0, 2}, 0.5f});
     hn::test::check_layer_gradients(pad, *driver, {a}, {xa});
+    hn::PadLayer reflect("reflect", hn::PadParams{1, {1, 2}, {1, 1}, 0.0f, hn::PadMode::reflect});
+    hn::test::check_layer_gradients(reflect, *driver, {a}, {xa});
+    hn::PadLayer edge("edge", hn::PadParams{1, {0, 2}, {1, 3}, 0.0f, hn::PadMode::edge});
+    hn::test::check_layer_gradients(edge, *driver, {a}, {xa});
     hn::ShuffleChannelLayer shuffle("shuffle", hn::ShuffleChannelParams{3});
     hn::test::check_layer_gradients(shuffle, *driver, {a, b}, {xa, xb});
   }

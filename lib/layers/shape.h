@@ -89,11 +89,15 @@ std::unique_ptr<Layer> make_shuffle_channel_layer(std::string name, ShuffleChann
 // Pads axes [axis, rank) with a constant (ONNX's Pad in constant mode, PyTorch's F.pad):
 // `before` and `after` hold one count for every padded axis, or a single count for all of
 // them; `after` empty takes `before`'s. axis >= 1: the batch axis is never padded.
+// ONNX's Pad modes: the value; the input mirrored about its edge (the edge not repeated,
+// every pad below the axis's length); the edge repeated.
+enum class PadMode { constant, reflect, edge };
 struct PadParams {
   int axis = 2;  // negative counts from the end
   std::vector<index_t> before;
   std::vector<index_t> after;
   float value = 0.0f;
+  PadMode mode = PadMode::constant;
 };
 std::unique_ptr<Layer> make_pad_layer(std::string name, PadParams params);
 

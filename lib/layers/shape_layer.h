@@ -140,9 +140,12 @@ class PadLayer final : public Layer {
   std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
   void forward(const LayerSlice& slice) override;
   void backward(const LayerSlice& slice) override;
+  // reflect and edge: backward gathers the borders' gradients in a copy of the output's.
+  std::size_t workspace_bytes(const Driver& driver, index_t rows) const override;
 
  private:
   PadParams param_;
+  Shape output_;                         // set by setup
   std::vector<index_t> before_, after_;  // per axis of the input, set by setup
 };
 

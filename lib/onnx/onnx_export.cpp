@@ -131,6 +131,12 @@ class Exporter {
     for (std::int64_t v : values)
       a.add_ints(v);
   }
+  static void attr(onnx::NodeProto& n, const char* name, const std::string& value) {
+    onnx::AttributeProto& a = *n.add_attribute();
+    a.set_name(name);
+    a.set_type(onnx::AttributeProto::STRING);
+    a.set_s(value);
+  }
   // An initializer named LAYER/WHAT holding `values` in `dims`.
   std::string initializer(const std::string& what, const Dims& dims,
                           const std::vector<float>& values) {
@@ -351,7 +357,7 @@ void write_softmax(Exporter& ex) {
                  static_cast<std::int64_t>(ex.layer().softmax_param().axis()));
 }
 
-// Pad: ONNX's Pad in constant mode, its pads as an input (opset 11 and later).
+// Pad: ONNX's Pad, its pads as an input (opset 11 and later), the mode as an attribute.
 void write_pad(Exporter& ex) {
   ex.bottoms(1);
   const pb::PadParameter& p = ex.layer().pad_param();
@@ -366,7 +372,8 @@ void write_pad(Exporter& ex) {
   const std::string x = ex.bottom(0);
   const std::string pads_name = ex.int64_initializer("pads", pads);
   const std::string value = ex.initializer("value", {}, {p.value()});
-  ex.node("Pad", {x, pads_name, value}, {ex.top(0)});
+  onnx::NodeProto& n = ex.node("Pad", {x, pads_name, value}, {ex.top(0)});
+  if (p.mode() != "constant") Exporter::attr(n, "mode", p.mode());
 }
 
 void write_lrn(Exporter& ex) {

@@ -1507,9 +1507,8 @@ void convert_identity(Importer& im) {
   im.alias(im.output(0), im.input(0));
 }
 
-// Pad: only where it pads nothing (PyTorch writes one before some AveragePools); other
-// pads are an error until a Pad layer exists.
-// Pad in constant mode: a Pad layer over the axes after the batch (none padded: an alias).
+// Pad in constant, reflect and edge modes: a Pad layer over the axes after the batch (none
+// padded: an alias); wrap (opset 19) is an error.
 void convert_pad(Importer& im) {
   const std::string mode = im.attr_string("mode", "constant");
   Dims pads;
@@ -1544,8 +1543,9 @@ void convert_pad(Importer& im) {
     im.alias(im.output(0), im.input(0));
     return;
   }
-  if (mode != "constant")
-    im.fail_node("attribute 'mode' is '{}': the importer reads mode 'constant' only", mode);
+  if (mode != "constant" && mode != "reflect" && mode != "edge")
+    im.fail_node("attribute 'mode' is '{}': the importer reads modes constant, reflect and edge",
+                 mode);
   if (pads[0] != 0 || pads[rank] != 0) im.fail_node("pads {} pad the batch axis", dims_text(pads));
   pb::PadParameter& p =
       *im.add_layer("Pad", {im.activation(0)}, {im.output(0)}).mutable_pad_param();
@@ -1555,6 +1555,7 @@ void convert_pad(Importer& im) {
     p.add_pad_after(static_cast<std::uint32_t>(pads[a + rank]));
   }
   p.set_value(value);
+  p.set_mode(mode);
 }
 
 void convert_constant(Importer& im) {

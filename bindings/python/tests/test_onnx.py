@@ -290,6 +290,20 @@ def case_pad(rng):
     return "Pad", {"x": x}, {"pads": pads, "value": np.array(0.5, np.float32)}, {}, want
 
 
+def case_pad_reflect(rng):
+    x = rng_array(rng, 2, 3, 4, 5)
+    pads = np.array([0, 0, 1, 2, 0, 0, 2, 1], np.int64)
+    want = F.pad(t(x), (2, 1, 1, 2), mode="reflect")
+    return "Pad", {"x": x}, {"pads": pads}, {"mode": "reflect"}, want
+
+
+def case_pad_edge(rng):
+    x = rng_array(rng, 2, 3, 4, 5)
+    pads = np.array([0, 0, 3, 0, 0, 0, 1, 4], np.int64)
+    want = F.pad(t(x), (0, 4, 3, 1), mode="replicate")
+    return "Pad", {"x": x}, {"pads": pads}, {"mode": "edge"}, want
+
+
 def case_log_softmax(rng):
     x = rng_array(rng, 3, 6) * 30  # probabilities far below float's smallest
     return "LogSoftmax", {"x": x}, {}, {"axis": 1}, F.log_softmax(t(x), dim=1)
@@ -498,7 +512,8 @@ def case_squeeze(rng):
 
 
 CASES = [case_conv, case_conv_same_upper, case_conv_unequal_pads, case_conv_same_upper_stride_2,
-         case_max_pool_same_upper, case_pad, case_log_softmax, case_conv_transpose, case_gemm, case_gemm_trans_b, case_matmul,
+         case_max_pool_same_upper, case_pad, case_pad_reflect, case_pad_edge, case_log_softmax,
+         case_conv_transpose, case_gemm, case_gemm_trans_b, case_matmul,
          case_max_pool_ceil, case_average_pool, case_average_pool_without_pads_counted,
          case_average_pool_ceil_without_pads_counted, case_global_average_pool, case_global_max_pool,
          case_batch_norm, case_leaky_relu, case_softmax, case_lrn, case_flatten, case_reshape,
@@ -850,12 +865,17 @@ def test_unequal_pads_of_an_average_are_refused_not_approximated(runtime, tmp_pa
     assert "the_node" in message and "AveragePool" in message and "'pads' [0, 1, 1, 1]" in message
 
 
-def test_pad_modes_other_than_constant_are_refused(runtime, tmp_path):
+def test_pad_wrap_and_reflect_wider_than_the_input_are_refused(runtime, tmp_path):
     x = np.zeros((1, 2, 5, 5), np.float32)
-    path = one_node_model(tmp_path / "m.onnx", "Pad", {"x": x}, 4, {"mode": "reflect"},
+    path = one_node_model(tmp_path / "m.onnx", "Pad", {"x": x}, 4, {"mode": "wrap"},
                           {"pads": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)})
     message = refused(runtime, path)
-    assert "the_node" in message and "Pad" in message and "'reflect'" in message
+    assert "the_node" in message and "Pad" in message and "'wrap'" in message
+    # A mirror of 5 rows has at most 4 to give on each side.
+    path = one_node_model(tmp_path / "wide.onnx", "Pad", {"x": x}, 4, {"mode": "reflect"},
+                          {"pads": np.array([0, 0, 5, 0, 0, 0, 0, 0], np.int64)})
+    message = refused(runtime, path)
+    assert "reflect pads axis 2" in message and "1x2x5x5" in message
 
 
 def test_an_opset_outside_the_supported_range_is_refused(runtime, tmp_path):
