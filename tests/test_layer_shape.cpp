@@ -482,6 +482,22 @@ std::vector<float> naive_pad(const Shape& in, const std::vector<index_t>& before
   return y;
 }
 
+// A Pad layer's parameters, the counts they give per axis of the input, and the input.
+struct PadCase {
+  hn::PadParams params;
+  std::vector<index_t> before, after;
+  Shape input;
+};
+
+// For every output element of the naive pad of `c`, the input element it copies (-1: the
+// constant).
+std::vector<float> pad_sources(const PadCase& c, hn::PadMode mode) {
+  std::vector<float> index(static_cast<std::size_t>(c.input.count()));
+  for (std::size_t e = 0; e < index.size(); ++e)
+    index[e] = static_cast<float>(e);
+  return naive_pad(c.input, c.before, c.after, -1.0f, index, mode);
+}
+
 TEST_CASE(
     "Pad fills around the input as a naive loop does and takes back the interior's "
     "gradients on every driver",
@@ -489,12 +505,7 @@ TEST_CASE(
   const auto config = GENERATE(from_range(hn::test::driver_configs()));
   DYNAMIC_SECTION(config.label) {
     const auto driver = hn::make_driver(config.device, config.options);
-    struct Case {
-      hn::PadParams params;
-      std::vector<index_t> before, after;  // per axis of the input
-      Shape input;
-    };
-    const std::vector<Case> cases = {
+    const std::vector<PadCase> cases = {
         {{2, {1, 0}, {0, 1}, 0.0f}, {0, 0, 1, 0}, {0, 0, 0, 1}, Shape{3, 2, 4, 5}},  // SAME
         {{2, {2}, {}, -1.5f}, {0, 0, 2, 2}, {0, 0, 2, 2}, Shape{3, 2, 3, 3}},        // one for all
         {{1, {1, 0, 0}, {2, 0, 0}, 0.0f}, {0, 1, 0, 0}, {0, 2, 0, 0}, Shape{3, 2, 2, 3}},  // C
@@ -502,7 +513,7 @@ TEST_CASE(
         {{1, {0}, {}, 0.0f}, {0, 0}, {0, 0}, Shape{3, 5}},             // nothing
     };
     std::uint32_t seed = 170;
-    for (const Case& c : cases) {
+    for (const PadCase& c : cases) {
       INFO("input " << c.input.to_string() << ", axis " << c.params.axis);
       hn::PadLayer layer("pad", c.params);
       const std::vector<Shape> outs = layer.setup({c.input});
@@ -516,10 +527,7 @@ TEST_CASE(
       const auto run = run_layer(layer, *driver, {c.input}, {x}, {dy});
       CHECK(run.outputs[0] == naive_pad(c.input, c.before, c.after, c.params.value, x));
       // dx[i] = dy[i + before]: the naive pad's inverse, read through an index map.
-      std::vector<float> index(x.size());
-      for (std::size_t e = 0; e < index.size(); ++e)
-        index[e] = static_cast<float>(e);
-      const auto where = naive_pad(c.input, c.before, c.after, -1.0f, index);
+      const auto where = pad_sources(c, hn::PadMode::constant);
       std::vector<float> want_dx(x.size());
       for (std::size_t e = 0; e < where.size(); ++e)
         if (where[e] >= 0.0f) want_dx[static_cast<std::size_t>(where[e])] = dy[e];
@@ -536,14 +544,9 @@ TEST_CASE(
   const auto config = GENERATE(from_range(hn::test::driver_configs()));
   DYNAMIC_SECTION(config.label) {
     const auto driver = hn::make_driver(config.device, config.options);
-    struct Case {
-      hn::PadParams params;
-      std::vector<index_t> before, after;
-      Shape input;
-    };
     std::uint32_t seed = 270;
     for (const hn::PadMode mode : {hn::PadMode::reflect, hn::PadMode::edge}) {
-      const std::vector<Case> cases = {
+      const std::vector<PadCase> cases = {
           // H and W, unequal sides: the corners come from both passes.
           {{2, {2, 1}, {1, 3}, 0.0f, mode}, {0, 0, 2, 1}, {0, 0, 1, 3}, Shape{3, 3, 4, 5}},
           // C, H and W, one count for all (reflect: below every length).
@@ -551,7 +554,7 @@ TEST_CASE(
           // The last axis only.
           {{-1, {3}, {2}, 0.0f, mode}, {0, 0, 3}, {0, 0, 2}, Shape{3, 3, 4}},
       };
-      for (const Case& c : cases) {
+      for (const PadCase& c : cases) {
         INFO((mode == hn::PadMode::reflect ? "reflect" : "edge")
              << ", input " << c.input.to_string() << ", axis " << c.params.axis);
         hn::PadLayer layer("pad", c.params);
@@ -563,10 +566,7 @@ TEST_CASE(
         // dx[i]: the sum of dy over every output element that copied x[i], in the order the
         // layer adds them (the interior's, then each axis's borders from the first axis),
         // within a float rounding of a naive sum through the index map.
-        std::vector<float> index(x.size());
-        for (std::size_t e = 0; e < index.size(); ++e)
-          index[e] = static_cast<float>(e);
-        const auto where = naive_pad(c.input, c.before, c.after, -1.0f, index, mode);
+        const auto where = pad_sources(c, mode);
         std::vector<double> want_dx(x.size(), 0.0);
         for (std::size_t e = 0; e < where.size(); ++e)
           want_dx[static_cast<std::size_t>(where[e])] += dy[e];

@@ -1580,12 +1580,17 @@ def mpi_two_simulated_nodes(ctx):
         check(run.returncode == 0, f"2 nodes over TCP exited {run.returncode}:\n"
               f"{run.stdout[-2000:]}\n{run.stderr[-3000:]}")
         # The ring sums in an order fixed by (length, ranks): the transport changes no bit.
-        shm, tcp = read_metrics(ctx.path("shm.jsonl")), read_metrics(ctx.path("tcp.jsonl"))
-        check([(m["iter"], m["loss"], m["accuracy"]) for m in shm] ==
-              [(m["iter"], m["loss"], m["accuracy"]) for m in tcp],
-              f"2 nodes over TCP differ from 2 ranks over shared memory:\n{shm}\n{tcp}")
+        check_same_training(ctx.path("shm.jsonl"), ctx.path("tcp.jsonl"),
+                            "2 nodes over TCP differ from 2 ranks over shared memory")
 
         cut_link_mid_run(ctx, nodes, per_node=1, after=10, needles=("timed out after 5 s",))
+
+
+def check_same_training(first, second, what):
+    """Two runs' metrics files hold the same iterations, losses and accuracies, bit for bit."""
+    a, b = read_metrics(first), read_metrics(second)
+    check([(m["iter"], m["loss"], m["accuracy"]) for m in a] ==
+          [(m["iter"], m["loss"], m["accuracy"]) for m in b], f"{what}:\n{a}\n{b}")
 
 
 def cut_link_mid_run(ctx, nodes, per_node, after, needles):
@@ -1664,10 +1669,8 @@ def mpi_hier_on_two_simulated_nodes(ctx):
                                  ctx.path("hier.jsonl"), "--threads", 1, per_node=2))
         check(train.returncode == 0, f"training on 2 x 2 ranks exited {train.returncode}:\n"
               f"{train.stdout[-2000:]}\n{train.stderr[-3000:]}")
-        shm, hier = read_metrics(ctx.path("shm.jsonl")), read_metrics(ctx.path("hier.jsonl"))
-        check([(m["iter"], m["loss"], m["accuracy"]) for m in shm] ==
-              [(m["iter"], m["loss"], m["accuracy"]) for m in hier],
-              f"hier on 2 x 2 ranks differs from the flat ring on 4 ranks:\n{shm}\n{hier}")
+        check_same_training(ctx.path("shm.jsonl"), ctx.path("hier.jsonl"),
+                            "hier on 2 x 2 ranks differs from the flat ring on 4 ranks")
 
         # Ranks numbered round the nodes: hier refuses, auto runs the flat ring.
         round_robin = ("--map-by", "node")
