@@ -67,10 +67,11 @@ void permute(Driver& driver, const std::vector<index_t>& dims, const std::vector
 }
 
 // src (of `dims`) permuted by `order` into dst, for `rows` rows of the batch: with the batch
-// first and kept, each row on its own (the order without axis 0); else the whole tensor.
+// first and kept, each row on its own (the order without axis 0); else the whole tensor (a
+// scalar, of no axes, is copied).
 void permute_slice(Driver& driver, const std::vector<index_t>& dims, const std::vector<int>& order,
                    index_t rows, const float* src, float* dst) {
-  if (order[0] != 0) {
+  if (order.empty() || order[0] != 0) {
     permute(driver, dims, order, src, dst);
     return;
   }
