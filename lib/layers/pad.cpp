@@ -31,6 +31,7 @@ namespace {
 void copy_interior(Driver& driver, const std::vector<index_t>& dims,
                    const std::vector<index_t>& before, const std::vector<index_t>& after,
                    bool to_output, const float* src, float* dst) {
+  if (Shape(dims).count() == 0) return;  // nothing to copy (and no memory to offset into)
   const std::size_t rank = dims.size();
   std::size_t last = rank;  // the last padded axis
   for (std::size_t a = rank; a-- > 0;)
@@ -102,6 +103,7 @@ void border_slabs(Driver& driver, PadMode mode, const std::vector<index_t>& dims
   std::vector<index_t> out(rank), stride(rank, 1);
   for (std::size_t a = 0; a < rank; ++a)
     out[a] = dims[a] + before[a] + after[a];
+  if (Shape(out).count() == 0) return;  // no borders to fill
   for (std::size_t a = rank; a-- > 1;)
     stride[a - 1] = stride[a] * out[a];
   const auto slabs = [&](std::size_t a) {

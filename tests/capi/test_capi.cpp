@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -662,7 +663,7 @@ layer { name: "ip2" type: "InnerProduct" bottom: "sig" top: "ip2"
 }
 
 // Every layer type the library knows (read from the error of an unknown one, so that a new
-// type is swept too), with its default parameters (and the required ones), on
+// type is swept too), with its default parameters (and those it requires), on
 // inputs of 0 to 4 axes, one or two of them, whole and split: each call returns a status, none
 // crashes or reads outside a buffer (a rank-0 input crashed Permute; CI's fuzzer found it). A
 // scalar through Permute is itself.
@@ -684,24 +685,28 @@ TEST_CASE("C ABI: every layer type on inputs of any rank fails or runs, scalars 
   REQUIRE(types.size() > 20);
   CHECK(std::find(types.begin(), types.end(), "Permute") != types.end());
 
+  // The parameters a type requires (Pad's reach axis 1 of a batch of none too).
+  const std::map<std::string, std::string> required{
+      {"Clip", "clip_param { min: -1 max: 1 }"},
+      {"Pooling", "pooling_param { kernel_size: 1 }"},
+      {"InnerProduct", "inner_product_param { num_output: 2 }"},
+      {"Convolution", "convolution_param { num_output: 2 kernel_size: 1 }"},
+      {"Deconvolution", "convolution_param { num_output: 2 kernel_size: 1 }"},
+      {"Pad", "pad_param { axis: 1 pad_before: 1 mode: \"edge\" }"}};
   hn::Runtime runtime;
   hn::Driver reference = runtime.add("reference");
   hn::Driver second = runtime.add("reference:1");
   const std::vector<std::vector<std::vector<int64_t>>> input_sets{
-      {{}}, {{3}}, {{2, 3}}, {{2, 3, 2}}, {{2, 3, 2, 2}}, {{}, {}}, {{2, 3}, {2}}, {{0, 3}}};
+      {{}},          {{3}},    {{2, 3}},    {{2, 3, 2}},    {{2, 3, 2, 2}}, {{}, {}},
+      {{2, 3}, {2}}, {{0, 3}}, {{0, 3, 2}}, {{2, 0, 2, 2}}, {{2, 3, 0, 2}}};
   for (const std::string& type : types) {
     for (const auto& dims_set : input_sets) {
       for (const char* split : {"", "reference:0.5,reference:1:0.5"}) {
         INFO(type << " on " << dims_set.size() << " inputs, the first of " << dims_set[0].size()
                   << " axes, split '" << split << "'");
         hn_layer* layer = nullptr;
-        const std::string params = type == "Clip"      ? " clip_param { min: -1 max: 1 }"
-                                   : type == "Pooling" ? " pooling_param { kernel_size: 1 }"
-                                   : type == "InnerProduct"
-                                       ? " inner_product_param { num_output: 2 }"
-                                   : type == "Convolution" || type == "Deconvolution"
-                                       ? " convolution_param { num_output: 2 kernel_size: 1 }"
-                                       : "";
+        const auto known = required.find(type);
+        const std::string params = known == required.end() ? "" : " " + known->second;
         const hn_status created =
             hn_layer_create(("name: \"l\" type: \"" + type + "\"" + params).c_str(), &layer);
         INFO(hn_last_error());
