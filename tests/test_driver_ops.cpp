@@ -602,7 +602,7 @@ std::vector<std::pair<hn::LoweringShape, index_t>> conv_cases() {
   cases.emplace_back(lowering(2, 64, 7, 9, 3, 3, 2, 2, 1, 1, 2, 2), 16);     // dilation 2
   cases.emplace_back(lowering(2, 32, 8, 8, 1, 1, 0, 0, 1, 1, 1, 1, 2), 64);  // 1x1, groups 2
   cases.emplace_back(lowering(1, 32, 10, 8, 3, 3, 1, 1, 1, 1, 1, 1, 32), 32);  // depthwise
-  // Depthwise shapes whose weight gradient the CPU driver computes itself on NCHW (oneDNN's
+  // Depthwise shapes whose weight gradient the CPU driver computes itself (oneDNN's
   // depthwise kernel takes 3x3 only): EfficientNet's 5x5, stride 2 on odd sizes, dilated.
   cases.emplace_back(lowering(3, 32, 14, 14, 5, 5, 2, 2, 1, 1, 1, 1, 32), 32);
   cases.emplace_back(lowering(2, 48, 13, 11, 5, 5, 2, 2, 2, 2, 1, 1, 48), 48);
@@ -1982,6 +1982,11 @@ TEST_CASE(
         {hn::test::lowering(2, 32, 11, 11, 5, 5, 2, 2, 2, 2, 1, 1, 2), 32},  // groups 2
         {hn::test::lowering(2, 64, 13, 13, 3, 3, 1, 1, 1, 1, 1, 1, 2), 64},  // per-group
         {hn::test::lowering(2, 32, 10, 8, 3, 3, 1, 1, 1, 1, 1, 1, 32), 32},  // depthwise
+        // Depthwise weight gradients of the CPU driver's own on blocked operands: EfficientNet's
+        // 5x5, stride 2 on odd sizes, a 3x5 dilated window.
+        {hn::test::lowering(2, 32, 14, 14, 5, 5, 2, 2, 1, 1, 1, 1, 32), 32},
+        {hn::test::lowering(2, 48, 13, 11, 5, 5, 2, 2, 2, 2, 1, 1, 48), 48},
+        {hn::test::lowering(2, 16, 9, 12, 3, 5, 0, 1, 1, 2, 2, 1, 16), 16},
         {hn::test::lowering(2, 3, 17, 17, 7, 7, 3, 3, 2, 2), 32},  // 3 channels in: NCHW only
     };
     for (const auto& conv : convs) {

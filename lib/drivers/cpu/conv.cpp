@@ -105,10 +105,10 @@ DirectConvolution::~DirectConvolution() = default;
 
 namespace {
 
-// A depthwise weight gradient on NCHW that oneDNN would compute with its GEMM-based kernel
-// (its depthwise one takes 3x3 windows only): conv_depthwise.h's instead.
+// A depthwise weight gradient that oneDNN would compute with its GEMM-based kernel (its
+// depthwise one takes 3x3 windows only): conv_depthwise.h's instead.
 bool own_depthwise(const Entry& e, const LoweringShape& shape, index_t out_channels) {
-  return depthwise_nchw(shape, out_channels) && e.implementation.find("gemm") != std::string::npos;
+  return depthwise_own(shape, out_channels) && e.implementation.find("gemm") != std::string::npos;
 }
 
 // Runs `body` with oneDNN's OpenMP team at the driver's size (primitives size their work
