@@ -11,8 +11,8 @@
 // and of dy that are NCHW into pixel-major buffers ([pixel][lanes]; a blocked operand's
 // planes are pixel-major already), and for each tap adds dy * x over the output pixels into
 // one sum per lane (a fixed-size loop the compiler vectorises: 16 lanes are one AVX-512
-// register, two AVX2 ones). Each image's sum is added to the tap's total in image order, so the result depends
-// on the shape only, not on the thread count.
+// register, two AVX2 ones). Each image's sum is added to the tap's total in image order, so
+// the result depends on the shape only, not on the thread count.
 #include "lib/drivers/cpu/kernels.h"  // first: see eigen.h
 
 #include "lib/drivers/cpu/conv_depthwise.h"
