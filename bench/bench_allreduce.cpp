@@ -1,7 +1,8 @@
 // hybridnn-bench allreduce: the ring allreduce against MPI's, in the same run, under mpirun.
 // For each size from --min to --max bytes (x4): the `ring` and `mpi` communicators (the
 // latter MPI_Iallreduce, waited for against its deadline) and MPI_Allreduce called directly
-// (blocking, as an MPI program would): each one's mean time over the iterations, algbw =
+// (blocking, as an MPI program would), taking turns run by run: each one's median time over
+// the iterations (each run's time its slowest rank's; the mean beside it), algbw =
 // bytes / time and busbw = algbw * 2 (n - 1) / n (nccl-tests' columns), and #wrong:
 // elements differing from the exact sum of integer-valued inputs, over all ranks. Rank 0
 // prints one JSON line per size and way, then ring's busbw over the best of MPI's two. A
@@ -81,14 +82,16 @@ int run_allreduce(const std::vector<std::string>& args) {
                          ? iterations
                          : static_cast<int>(std::clamp<std::size_t>((64u << 20) / bytes, 5, 50));
     std::vector<float> data(count);
-    double busbw[5] = {0.0, 0.0, 0.0, 0.0, 0.0};
-    for (int b = 0; b < 5; ++b) {
-      if (b == 2 && !HYBRIDNN_WITH_MPI) continue;
-      Communicator& comm = b == 0 || b == 3 ? *ring : b == 4 ? *hier : *mpi;
-      const std::string way = b == 2 ? "MPI_Allreduce" : b == 3 ? "ring_bf16" : comm.name();
-      double total = 0.0;
-      std::size_t wrong = 0;
-      for (int run = -1; run < runs; ++run) {  // run -1 warms up
+    // The ways take turns, one allreduce each per round, so that all of them meet the same
+    // moments of a shared machine; each run's time is its slowest rank's, and a way's time
+    // is the median of its runs (a preempted run moves a mean by tens of percent).
+    constexpr int kWays = 5;
+    std::vector<double> seconds(static_cast<std::size_t>(kWays * runs), 0.0);
+    std::size_t wrong[kWays] = {0, 0, 0, 0, 0};
+    for (int run = -1; run < runs; ++run) {  // run -1 warms up
+      for (int b = 0; b < kWays; ++b) {
+        if (b == 2 && !HYBRIDNN_WITH_MPI) continue;
+        Communicator& comm = b == 0 || b == 3 ? *ring : b == 4 ? *hier : *mpi;
         for (std::size_t i = 0; i < count; ++i)
           data[i] = static_cast<float>((rank + 1) * static_cast<int>(i % 31 + 1));
         mpi->barrier();
@@ -103,31 +106,54 @@ int run_allreduce(const std::vector<std::string>& args) {
                         MPI_COMM_WORLD);
 #endif
         }
-        const double seconds =
+        const double took =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        if (run >= 0) total += seconds;
+        if (run >= 0) seconds[static_cast<std::size_t>(b * runs + run)] = took;
         for (std::size_t i = 0; i < count; ++i) {
           const float exact = static_cast<float>(n * (n + 1) / 2 * static_cast<int>(i % 31 + 1));
-          wrong += b == 3 ? std::abs(data[i] - exact) > n * exact / 256.0f : data[i] != exact;
+          wrong[b] += b == 3 ? std::abs(data[i] - exact) > n * exact / 256.0f : data[i] != exact;
         }
       }
-      // The slowest rank's time is the collective's.
-      float mine[2] = {static_cast<float>(total / runs), static_cast<float>(wrong)};
-      std::vector<float> all(2 * static_cast<std::size_t>(n));
-      mpi->allgather(*host, mine, 2, all.data());
-      double time = 0.0, wrong_total = 0.0;
+    }
+    // Every rank's times and wrong counts, then each run's slowest rank.
+    std::vector<float> mine(seconds.begin(), seconds.end());
+    for (const std::size_t w : wrong)
+      mine.push_back(static_cast<float>(w));
+    std::vector<float> all(mine.size() * static_cast<std::size_t>(n));
+    mpi->allgather(*host, mine.data(), mine.size(), all.data());
+    double busbw[kWays] = {0.0, 0.0, 0.0, 0.0, 0.0};
+    for (int b = 0; b < kWays; ++b) {
+      if (b == 2 && !HYBRIDNN_WITH_MPI) continue;
+      const std::string way = b == 2   ? "MPI_Allreduce"
+                              : b == 3 ? "ring_bf16"
+                              : b == 4 ? hier->name()
+                              : b == 0 ? ring->name()
+                                       : mpi->name();
+      std::vector<double> slowest(static_cast<std::size_t>(runs), 0.0);
+      double wrong_total = 0.0;
       for (int r = 0; r < n; ++r) {
-        time = std::max(time, static_cast<double>(all[2 * static_cast<std::size_t>(r)]));
-        wrong_total += all[2 * static_cast<std::size_t>(r) + 1];
+        const float* theirs = all.data() + static_cast<std::size_t>(r) * mine.size();
+        for (int run = 0; run < runs; ++run)
+          slowest[static_cast<std::size_t>(run)] = std::max(
+              slowest[static_cast<std::size_t>(run)], static_cast<double>(theirs[b * runs + run]));
+        wrong_total += theirs[kWays * runs + b];
       }
+      std::sort(slowest.begin(), slowest.end());
+      const std::size_t half = slowest.size() / 2;
+      const double time =
+          slowest.size() % 2 == 1 ? slowest[half] : (slowest[half - 1] + slowest[half]) / 2.0;
+      double mean = 0.0;
+      for (const double t : slowest)
+        mean += t / runs;
       const double algbw = static_cast<double>(bytes) / time / 1e9;
       busbw[b] = algbw * 2.0 * (n - 1) / n;
       if (rank == 0) {
         std::printf("%s\n", fmt::format("{{\"bench\":\"allreduce\",\"way\":\"{}\",\"ranks\":{},"
                                         "\"bytes\":{},\"iterations\":{},\"time_us\":{:.1f},"
-                                        "\"algbw_gbs\":{:.3f},\"busbw_gbs\":{:.3f},\"wrong\":{}}}",
-                                        way, n, bytes, runs, time * 1e6, algbw, busbw[b],
-                                        static_cast<long>(wrong_total))
+                                        "\"mean_time_us\":{:.1f},\"algbw_gbs\":{:.3f},"
+                                        "\"busbw_gbs\":{:.3f},\"wrong\":{}}}",
+                                        way, n, bytes, runs, time * 1e6, mean * 1e6, algbw,
+                                        busbw[b], static_cast<long>(wrong_total))
                                 .c_str());
       }
     }
