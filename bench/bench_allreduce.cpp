@@ -159,14 +159,19 @@ int run_allreduce(const std::vector<std::string>& args) {
     }
     if (rank == 0) {
       const double best_mpi = std::max(busbw[1], busbw[2]);
-      std::printf("%s\n", fmt::format("{{\"bench\":\"allreduce\",\"ranks\":{},\"bytes\":{},"
-                                      "\"ratio_ring_to_mpi_busbw\":{:.3f},"
-                                      "\"ratio_ring_bf16_to_mpi_busbw\":{:.3f},"
-                                      "\"ratio_hier_to_ring_busbw\":{:.3f},"
-                                      "\"ratio_hier_to_mpi_busbw\":{:.3f}}}",
-                                      n, bytes, busbw[0] / best_mpi, busbw[3] / best_mpi,
-                                      busbw[4] / busbw[0], busbw[4] / best_mpi)
-                              .c_str());
+      // One rank moves no bytes (busbw 0): its ratios are null, not NaN.
+      const auto ratio = [](double a, double b) {
+        return b > 0.0 ? fmt::format("{:.3f}", a / b) : std::string("null");
+      };
+      std::printf("%s\n",
+                  fmt::format("{{\"bench\":\"allreduce\",\"ranks\":{},\"bytes\":{},"
+                              "\"ratio_ring_to_mpi_busbw\":{},"
+                              "\"ratio_ring_bf16_to_mpi_busbw\":{},"
+                              "\"ratio_hier_to_ring_busbw\":{},"
+                              "\"ratio_hier_to_mpi_busbw\":{}}}",
+                              n, bytes, ratio(busbw[0], best_mpi), ratio(busbw[3], best_mpi),
+                              ratio(busbw[4], busbw[0]), ratio(busbw[4], best_mpi))
+                      .c_str());
       std::fflush(stdout);
     }
   }
