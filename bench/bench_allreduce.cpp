@@ -1,11 +1,12 @@
 // hybridnn-bench allreduce: the ring allreduce against MPI's, in the same run, under mpirun.
 // For each size from --min to --max bytes (x4): the `ring` and `mpi` communicators (the
 // latter MPI_Iallreduce, waited for against its deadline) and MPI_Allreduce called directly
-// (blocking, as an MPI program would), taking turns run by run: each one's median time over
-// the iterations (each run's time its slowest rank's; the mean beside it), algbw =
-// bytes / time and busbw = algbw * 2 (n - 1) / n (nccl-tests' columns), and #wrong:
+// (blocking, as an MPI program would), taking turns run by run: each one's mean time over
+// the iterations (each run's time its slowest rank's), algbw = bytes / time and busbw =
+// algbw * 2 (n - 1) / n (nccl-tests' columns), the median run's time and busbw, and #wrong:
 // elements differing from the exact sum of integer-valued inputs, over all ranks. Rank 0
-// prints one JSON line per size and way, then ring's busbw over the best of MPI's two. A
+// prints one JSON line per size and way, then ring's median busbw over the best of MPI's two
+// (a median: a preempted run of a shared machine moves a mean by tens of percent). A
 // fourth way, ring_bf16, is the ring with BF16 on the wire (allreduce_bf16: half the bytes),
 // its busbw counted in the FP32 bytes reduced and its #wrong the elements further than BF16's
 // rounding (n x 2^-8 relative) from the exact sum. A fifth, hier, is the hierarchical
@@ -140,20 +141,22 @@ int run_allreduce(const std::vector<std::string>& args) {
       }
       std::sort(slowest.begin(), slowest.end());
       const std::size_t half = slowest.size() / 2;
-      const double time =
+      const double median =
           slowest.size() % 2 == 1 ? slowest[half] : (slowest[half - 1] + slowest[half]) / 2.0;
       double mean = 0.0;
       for (const double t : slowest)
         mean += t / runs;
-      const double algbw = static_cast<double>(bytes) / time / 1e9;
-      busbw[b] = algbw * 2.0 * (n - 1) / n;
+      const double algbw = static_cast<double>(bytes) / mean / 1e9;
+      const double bus = 2.0 * (n - 1) / n;
+      busbw[b] = static_cast<double>(bytes) / median / 1e9 * bus;
       if (rank == 0) {
         std::printf("%s\n", fmt::format("{{\"bench\":\"allreduce\",\"way\":\"{}\",\"ranks\":{},"
                                         "\"bytes\":{},\"iterations\":{},\"time_us\":{:.1f},"
-                                        "\"mean_time_us\":{:.1f},\"algbw_gbs\":{:.3f},"
-                                        "\"busbw_gbs\":{:.3f},\"wrong\":{}}}",
-                                        way, n, bytes, runs, time * 1e6, mean * 1e6, algbw,
-                                        busbw[b], static_cast<long>(wrong_total))
+                                        "\"algbw_gbs\":{:.3f},\"busbw_gbs\":{:.3f},"
+                                        "\"median_time_us\":{:.1f},\"median_busbw_gbs\":{:.3f},"
+                                        "\"wrong\":{}}}",
+                                        way, n, bytes, runs, mean * 1e6, algbw, algbw * bus,
+                                        median * 1e6, busbw[b], static_cast<long>(wrong_total))
                                 .c_str());
       }
     }
