@@ -1,7 +1,7 @@
 // The weight gradient of a depthwise convolution on NCHW or blocked operands (nChw8c,
 // nChw16c), for the shapes oneDNN 2.6 computes with its GEMM-based kernel (its depthwise
 // weight-gradient kernel takes 3x3 windows only): EfficientNet's 5x5 depthwise layers at
-// batch 32 took 47-72 ms each there on NCHW, 20x their forward, and 60-150 ms on nChw8c
+// batch 32 took 47-72 ms each there on NCHW, 20x their forward, and 50-210 ms on nChw8c
 // (reordered to NCHW for it) on an AVX2-only EPYC.
 //
 // dW[c][kh][kw] = sum over images and output pixels of dy[n][c][oh][ow] *
