@@ -84,8 +84,9 @@ int run_allreduce(const std::vector<std::string>& args) {
                          : static_cast<int>(std::clamp<std::size_t>((64u << 20) / bytes, 5, 50));
     std::vector<float> data(count);
     // The ways take turns, one allreduce each per round, so that all of them meet the same
-    // moments of a shared machine; each run's time is its slowest rank's, and a way's time
-    // is the median of its runs (a preempted run moves a mean by tens of percent).
+    // moments of a shared machine; each run's time is its slowest rank's, and a way's
+    // figures are the mean of its runs and, for the ratios, the median (a preempted run moves
+    // a mean by tens of percent).
     constexpr int kWays = 5;
     std::vector<double> seconds(static_cast<std::size_t>(kWays * runs), 0.0);
     std::size_t wrong[kWays] = {0, 0, 0, 0, 0};
