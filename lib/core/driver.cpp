@@ -845,12 +845,24 @@ DriverOperands& DriverOperands::add(const char* name, const void* address, std::
   return *this;
 }
 
+class Driver::CallScope {
+ public:
+  explicit CallScope(Driver& driver) : driver_(driver) { driver_.enter_call(); }
+  ~CallScope() { driver_.leave_call(); }
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+
+ private:
+  Driver& driver_;
+};
+
 #define HN_CORE(RET, NAME, PARAMS, ARGS)                                \
   RET Driver::NAME PARAMS {                                             \
     const DriverOperands operands = NAME##_operands ARGS;               \
     for (const DriverOperand& operand : operands)                       \
       check_range(#NAME, operand.name, operand.address, operand.bytes); \
     if (!operands.work) return RET();                                   \
+    const CallScope scope(*this);                                       \
     return do_##NAME ARGS;                                              \
   }
 #define HN_OPTIONAL HN_CORE

@@ -206,6 +206,14 @@ class Driver {
 #define HN_OPTIONAL(RET, NAME, PARAMS, ARGS) virtual RET do_##NAME PARAMS;
 #include "lib/core/driver_calls.def"
 
+  // Around every compute call of driver_calls.def (its public wrapper, after the operands'
+  // checks): a driver that sets per-thread state for its calls (the CPU driver flushing
+  // denormals) sets it in enter_call and restores it in leave_call, which runs whether the
+  // call returns or throws. Calls made from inside a call (none of the built-in drivers'
+  // do) enter and leave again, nested.
+  virtual void enter_call() {}
+  virtual void leave_call() noexcept {}
+
   // For the driver's own allocations and waits outside allocate() and synchronize().
   void count_allocation() {
     ++stats_.allocations;
@@ -215,6 +223,8 @@ class Driver {
   }
 
  private:
+  class CallScope;  // enter_call() ... leave_call() (driver.cpp)
+
   // Throws hn::Error when [address, address + bytes) is not memory this driver owns.
   void check_range(const char* call, const char* argument, const void* address,
                    std::size_t bytes) const;

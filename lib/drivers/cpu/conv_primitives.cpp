@@ -280,9 +280,13 @@ Descs descs(const Geometry& geo, Inner layout, Call call) {
 // DirectConvolution::fuses). A NaN must not come out finite, but oneDNN's x64 `clip`,
 // `clip_v2`, `bounded_relu` and slope-0 `relu` are max/min instructions, which return the
 // bound for a NaN. A `relu` with a slope compares (NaN fails x > 0) and multiplies (NaN *
-// slope is NaN): a slope-0 ReLU is two ReLUs of slope FLT_TRUE_MIN, the first taking x < 0
-// to at most 4.8e-7 in magnitude and the second to -0 exactly (0 * x too is -0), NaN staying
-// NaN. A clip's upper bound is a `clip_v2` from -infinity after that: a NaN comes out as
+// slope is NaN): a slope-0 ReLU is three ReLUs of slope FLT_MIN (2^-126, the smallest
+// normal float), taking x < 0 to at most 4, then 2^-124, then -0 exactly (2^-250 rounds to
+// zero, flushed or not), NaN staying NaN. The slope must be normal: with the driver's
+// denormals flushed (denormals.h), a denormal slope reads as 0 where oneDNN tests it when
+// making the primitive, and it picks its max instruction (FLT_TRUE_MIN's two passes did
+// so); those two passes also made a denormal of nearly every negative output.
+// A clip's upper bound is a `clip_v2` from -infinity after that: a NaN comes out as
 // -infinity (the max returns the bound), not finite; every finite result is the clip's.
 dnnl::convolution_forward::primitive_desc forward_desc(const dnnl::engine& engine,
                                                        const Geometry& geo, Inner layout,
@@ -298,9 +302,9 @@ dnnl::convolution_forward::primitive_desc forward_desc(const dnnl::engine& engin
     if (a.kind == Activation::Kind::relu && a.slope != 0.0f) {
       ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, a.slope, 0.0f);
     } else {
-      const float tiny = std::numeric_limits<float>::denorm_min();
-      ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, tiny, 0.0f);
-      ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, tiny, 0.0f);
+      const float tiny = std::numeric_limits<float>::min();
+      for (int pass = 0; pass < 3; ++pass)
+        ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, tiny, 0.0f);
       if (a.kind == Activation::Kind::clip) {
         ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_clip_v2,
                            -std::numeric_limits<float>::infinity(), a.hi);

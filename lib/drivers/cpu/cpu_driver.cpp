@@ -11,6 +11,7 @@
 #include "lib/drivers/cpu/conv.h"
 #include "lib/drivers/cpu/conv_pointwise.h"
 #include "lib/drivers/cpu/conv_winograd.h"
+#include "lib/drivers/cpu/denormals.h"
 #include "lib/drivers/cpu/kernels.h"
 
 namespace hn::detail {
@@ -22,8 +23,8 @@ constexpr std::size_t kAlignment = 64;
 
 class CpuDriver final : public Driver {
  public:
-  CpuDriver(const Device& device, int threads, cpu::Blas blas)
-      : Driver(device), blas_(blas), parallel_(threads) {}
+  CpuDriver(const Device& device, int threads, cpu::Blas blas, bool flush_denormals)
+      : Driver(device), blas_(blas), parallel_(threads), flush_denormals_(flush_denormals) {}
 
   Capabilities capabilities() const override {
     Capabilities caps;
@@ -41,8 +42,9 @@ class CpuDriver final : public Driver {
   MemorySpace memory_space() const override { return host_space(); }
   bool owns(const void*, std::size_t) const override { return true; }
   std::string description() const override {
-    return fmt::format("{}: {} thread{}, BLAS {}", name(), parallel_.threads(),
-                       parallel_.threads() == 1 ? "" : "s", cpu::blas_name(blas_));
+    return fmt::format("{}: {} thread{}, BLAS {}{}", name(), parallel_.threads(),
+                       parallel_.threads() == 1 ? "" : "s", cpu::blas_name(blas_),
+                       flush_denormals_ ? "" : ", denormals kept");
   }
   // CPUs have no TF32. BF16 products exist on CPUs with AVX512_BF16 (and AMX), where
   // oneDNN's BF16 convolutions run about twice as fast as FP32 ones (a 3x3 64-channel layer
@@ -379,12 +381,25 @@ class CpuDriver final : public Driver {
     cpu::solver_update(parallel_, u, n, param, grad, history, history2);
   }
 
+ protected:
+  void enter_call() override {
+    if (flush_denormals_) {
+      cpu::begin_flushing_denormals(parallel_.threads());
+    } else {
+      cpu::keep_denormals_on_team();
+    }
+  }
+  void leave_call() noexcept override {
+    if (flush_denormals_) cpu::end_flushing_denormals();
+  }
+
  private:
   cpu::Blas blas_;
   cpu::Parallel parallel_;
   cpu::DirectConvolution conv_;          // oneDNN primitives cached per shape
   cpu::WinogradConvolution winograd_;    // its transformed weights kept between calls
   cpu::PointwiseConvolution pointwise_;  // its packed weights kept between calls
+  bool flush_denormals_;                 // option denormals=flush (denormals.h)
 };
 
 }  // namespace
@@ -409,10 +424,16 @@ DriverKind cpu_driver_kind() {
              "cpu driver {}: threads {} is too many for {} core{} (at most {}; 0 = one per core)",
              device.name(), threads, cores, cores == 1 ? "" : "s", most);
     if (threads == 0) threads = cores;
-    return std::make_unique<CpuDriver>(device, threads, cpu::parse_blas(options.text("blas")));
+    return std::make_unique<CpuDriver>(device, threads, cpu::parse_blas(options.text("blas")),
+                                       options.text("denormals", "flush") == "flush");
   };
   kind.options = {{"threads", "worker threads (default 0: one per core)", {}},
-                  {"blas", "the GEMM library (default: the first)", cpu::blas_names()}};
+                  {"blas", "the GEMM library (default: the first)", cpu::blas_names()},
+                  {"denormals",
+                   "flush (default): results and inputs below the smallest normal float are "
+                   "zero during the driver's calls, as in TensorFlow (operations on them are "
+                   "about 100x slower on Intel cores); keep: IEEE denormals",
+                   {"flush", "keep"}}};
   return kind;
 }
 
