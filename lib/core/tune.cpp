@@ -64,8 +64,9 @@ namespace {
 // gradient, where oneDNN's GEMM-based one had lost to direct_plain; 3: the activation fused
 // into the convolution, and blocked calls kept blocked where channels-last reordered; 4: the
 // CPU driver's Winograd convolution, and the weights measured with a version of their own; 5:
-// its pointwise (1x1) convolution).
-constexpr int kKernelsRevision = 5;
+// its pointwise (1x1) convolution; 6: denormals flushed in the CPU driver's calls, whose
+// assists had slowed some candidates 5x on Intel cores, and the fused ReLU's three passes).
+constexpr int kKernelsRevision = 6;
 
 constexpr char kHeader[] =
     "# hybridnn tuning cache: the fastest algorithm measured per machine, driver and shape.\n"
