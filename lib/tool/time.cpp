@@ -108,8 +108,6 @@ class Timeline {
   std::vector<float> spans_;
 };
 
-// The runs of layers cut alike that whole iterations make (the per-layer timing waits
-// after every layer).
 // The net's image inputs (Input layers' tops of 4 axes with more than one value per image)
 // filled with uniform values in [-1, 1), the same every run, so kernels are timed on data
 // like a real input's: on zeros every activation is zero, and costs that depend on the
@@ -131,6 +129,8 @@ std::vector<std::string> fill_image_inputs(Net& net) {
   return filled;
 }
 
+// The runs of layers cut alike that whole iterations make (the per-layer timing waits
+// after every layer).
 void print_layer_runs(const Net& net) {
   for (const bool backward : {false, true}) {
     std::string text;

@@ -55,10 +55,10 @@ void end_flushing_denormals() noexcept {
   if (--state.depth == 0) _mm_setcsr(state.saved);
 }
 
+// The threads an earlier flushing call set: back to IEEE for a driver that keeps them.
 void keep_denormals_on_team() {
 #ifdef _OPENMP
   if (state.depth > 0 || state.team <= 1) return;
-    // The threads an earlier flushing call set: back to IEEE for a driver that keeps them.
 #pragma omp parallel num_threads(state.team)
   if (omp_get_thread_num() != 0) _mm_setcsr(_mm_getcsr() & ~kFlushBits);
   state.team = 1;
