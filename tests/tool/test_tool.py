@@ -899,6 +899,25 @@ def time_text_like_caffe(ctx):
         check(re.search(pattern, run.stdout), f"no /{pattern}/ in:\n{run.stdout}")
 
 
+@case
+def time_fills_image_inputs_with_random_values(ctx):
+    # `time` fills 4-D image inputs with uniform values in [-1, 1) (kernels timed on zeros
+    # hide value-dependent costs such as denormals) and leaves other inputs zero. Here the
+    # loss is sum((image - target)^2) / (2 * batch): with the target left zero, its
+    # expectation over 2 * 3 * 8 * 8 = 384 uniform values is 384 / 3 / 4 = 32 (standard
+    # deviation 1.5); zeros give 0, and a target filled too would give about twice 32.
+    net = write(ctx, "random_inputs.prototxt", """name: "random_inputs"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } } }
+layer { name: "target" type: "Input" top: "target" input_param { shape { dim: 2 dim: 192 } } }
+layer { name: "flat" type: "Flatten" bottom: "data" top: "flat" }
+layer { name: "loss" type: "EuclideanLoss" bottom: "flat" bottom: "target" top: "loss" }
+""")
+    run = ctx.run("time", "--model", net, "--iterations", 1)
+    check("Input data holds uniform random values in [-1, 1)" in run.stdout, run.stdout)
+    loss = float(re.search(r"Initial loss: (\S+)", run.stdout).group(1))
+    check(26 < loss < 38, f"loss {loss}: the image input is not uniform in [-1, 1)\n{run.stdout}")
+
+
 LENET = "mnist_lenet_train_test.prototxt"
 LENET_SPLIT_LAYERS = ["conv1", "pool1", "conv2", "pool2", "ip1", "relu1", "ip2"]
 # A split cuts these by rows; ip1 (500 outputs of 800 inputs) by its outputs instead, where
