@@ -118,7 +118,9 @@ void chain(float* out, Range range, int from, int to, bool fresh, bool bf16,
 }
 
 HierCommunicator::HierCommunicator(const CommOptions& options, bool required)
-    : RingCommunicator(options), name_(required ? "hier" : "auto"), required_(required) {
+    : RingCommunicator(options, required ? "hier" : "auto"),
+      name_(required ? "hier" : "auto"),
+      required_(required) {
   try {
     find_nodes(required);
   } catch (...) {

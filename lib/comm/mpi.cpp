@@ -5,8 +5,10 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -67,14 +69,49 @@ void HostFloats::write_back() {
   if (host_ != data_) driver_.copy_from_host(data_, host_, count_ * sizeof(float));
 }
 
-MpiCommunicator::MpiCommunicator(const CommOptions& options) : options_(options) {
+MpiCommunicator::MpiCommunicator(const CommOptions& options, const char* backend)
+    : options_(options), backend_(backend) {
   ensure_mpi();
-  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  // MPI_Comm_dup would wait for every rank without a deadline.
+  std::vector<MPI_Request> request(1);
+  check(MPI_Comm_idup(MPI_COMM_WORLD, &comm_, request.data()), "MPI_Comm_idup", "startup", 0);
+  wait_all(request, "startup", 0);
   // MPI's default handler (MPI_ERRORS_ARE_FATAL) ends every rank on an error such as a
   // truncated message; returned, each becomes a CommunicatorError naming the collective.
-  check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-  MPI_Comm_rank(comm_, &rank_);
-  MPI_Comm_size(comm_, &size_);
+  check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", "startup", 0);
+  agree_backend();
+  starting_ = false;
+}
+
+std::string MpiCommunicator::label() const {
+  return starting_ ? std::string(backend_) : name();
+}
+
+void MpiCommunicator::agree_backend() {
+  if (size_ == 1) return;
+  constexpr std::size_t kName = 16;
+  std::array<char, kName> mine{};
+  std::strncpy(mine.data(), backend_, kName - 1);
+  std::vector<char> all(kName * static_cast<std::size_t>(size_));
+  std::vector<MPI_Request> request(1);
+  check(MPI_Iallgather(mine.data(), kName, MPI_CHAR, all.data(), kName, MPI_CHAR, comm_,
+                       request.data()),
+        "MPI_Iallgather", "startup", 0);
+  wait_all(request, "startup", 0);
+  std::string differ;
+  for (int r = 0; r < size_; ++r) {
+    const char* theirs = all.data() + kName * static_cast<std::size_t>(r);
+    if (std::strncmp(theirs, mine.data(), kName) != 0)
+      differ += fmt::format("{}rank {}: {}", differ.empty() ? "" : ", ", r,
+                            std::string(theirs, strnlen(theirs, kName)));
+  }
+  if (differ.empty()) return;
+  throw CommunicatorError(fmt::format(
+      "communicator {}: startup on rank {} of {}: the ranks asked for different communicators "
+      "(this rank {}; {}): every rank must pass the same --comm",
+      backend_, rank_, size_, backend_, differ));
 }
 
 void MpiCommunicator::check(int code, const char* call, const char* what, std::uint64_t seq) const {
@@ -83,7 +120,7 @@ void MpiCommunicator::check(int code, const char* call, const char* what, std::u
   int length = 0;
   MPI_Error_string(code, text, &length);
   throw CommunicatorError(fmt::format("communicator {}: {} #{} on rank {} of {}: {} failed: {}",
-                                      name(), what, seq, rank_, size_, call,
+                                      label(), what, seq, rank_, size_, call,
                                       std::string(text, static_cast<std::size_t>(length))));
 }
 
@@ -128,8 +165,8 @@ void MpiCommunicator::timed_out(const char* what, std::uint64_t seq, int peer) c
                       "not running the same collectives)",
                       size_ - 1);
   throw CommunicatorError(
-      fmt::format("communicator {}: {} #{} on rank {} of {} timed out after {} s: {}", name(), what,
-                  seq, rank_, size_, options_.timeout_seconds, waited));
+      fmt::format("communicator {}: {} #{} on rank {} of {} timed out after {} s: {}", label(),
+                  what, seq, rank_, size_, options_.timeout_seconds, waited));
 }
 
 void MpiCommunicator::abort(int exit_code) noexcept {

@@ -31,7 +31,13 @@ class HostFloats {
 
 class MpiCommunicator : public Communicator {
  public:
-  explicit MpiCommunicator(const CommOptions& options);
+  // `backend`: the name the caller asked for (auto, ring, hier, mpi, nccl). At startup the
+  // ranks duplicate MPI_COMM_WORLD (MPI_Comm_idup) and compare their backends (one
+  // MPI_Iallgather), both waited for against the deadline: ranks that asked for different
+  // backends fail at once naming them, where they would otherwise wait in each other's
+  // collectives, and every rank has arrived before a backend's blocking collectives at its
+  // construction (hier's MPI_Comm_split_type and MPI_Comm_split).
+  explicit MpiCommunicator(const CommOptions& options, const char* backend = "mpi");
   ~MpiCommunicator() override;
 
   int rank() const override { return rank_; }
@@ -69,11 +75,20 @@ class MpiCommunicator : public Communicator {
   // Throws a CommunicatorError naming `call`, the collective `what` (#seq) and this rank
   // unless `code` is MPI_SUCCESS (the communicator returns MPI's errors, never aborts).
   void check(int code, const char* call, const char* what, std::uint64_t seq) const;
+  // Throws a CommunicatorError naming the ranks whose backend differs from this rank's.
+  void agree_backend();
+  // The backend's name in errors: name(), or while this class is constructed the one asked
+  // for.
+  std::string label() const;
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   CommOptions options_;
   std::uint64_t sequence_ = 0;
+  // The backend asked for; errors name it until the subclass is constructed (a virtual
+  // name() called from this class's constructor would be this class's).
+  const char* backend_;
+  bool starting_ = true;
 };
 
 // Throws hn::Error naming `call` and MPI's message when `code` is not MPI_SUCCESS.

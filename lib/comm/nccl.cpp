@@ -43,7 +43,7 @@ int local_rank() {
 
 class NcclCommunicator final : public MpiCommunicator {
  public:
-  explicit NcclCommunicator(const CommOptions& options) : MpiCommunicator(options) {
+  explicit NcclCommunicator(const CommOptions& options) : MpiCommunicator(options, "nccl") {
     int devices = 0;
     check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
     HN_CHECK(devices > 0, "communicator nccl: rank {} of {} sees no CUDA device", rank_, size_);

@@ -73,7 +73,8 @@ struct RingPass {
 // allgather); broadcast, allgather and barrier are MPI's (MpiCommunicator).
 class RingCommunicator : public MpiCommunicator {
  public:
-  using MpiCommunicator::MpiCommunicator;
+  explicit RingCommunicator(const CommOptions& options, const char* backend = "ring")
+      : MpiCommunicator(options, backend) {}
   std::string name() const override { return "ring"; }
 
   void allreduce(Driver& driver, float* data, std::size_t count, ReduceOp op) override;

@@ -1451,6 +1451,28 @@ def mpi_ranks_with_different_nets_fail_at_start(ctx):
 
 
 @case
+def mpi_ranks_with_different_communicators_fail_at_start(ctx):
+    """Ranks that pass different --comm fail at once, each naming the others' backends (they
+    had waited in each other's collectives: hier's blocking MPI_Comm_split_type against the
+    ring's first allgather, until the deadline or mpirun ended them)."""
+    solvers = batch16_and_32(ctx)
+    start = time.monotonic()
+    command = (mpirun(ctx, 1) + [ctx.tool, "train", "--solver", solvers[16], "--comm", "ring",
+                                 "--comm-timeout", "30", "--threads", "1", ":", "-np", "1",
+                                 ctx.tool, "train", "--solver", solvers[16], "--comm", "hier",
+                                 "--comm-timeout", "30", "--threads", "1"])
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ctx.work,
+                         env=mpi_env())
+    elapsed = time.monotonic() - start
+    check(run.returncode != 0, f"ranks with different communicators exited 0:\n{run.stdout}")
+    check(elapsed < 20, f"they took {elapsed:.1f} s to fail (the deadline is 30 s)")
+    needle = "the ranks asked for different communicators (this rank {}; rank {}: {})"
+    for mine, other, theirs in (("ring", 1, "hier"), ("hier", 0, "ring")):
+        text = needle.format(mine, other, theirs)
+        check(text in run.stderr, f"stderr lacks '{text}':\n{run.stderr[-3000:]}")
+
+
+@case
 def mpi_ranks_take_rank_0s_tuning(ctx):
     """Ranks whose tuning caches disagree compute with rank 0's choices (broadcast at set-up),
     so the run is that of one model: rank 1 records rank 0's choices in its own cache."""
