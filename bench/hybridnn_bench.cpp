@@ -59,8 +59,7 @@ const char* const kUsage =
     "      --max (256M) by x4: time, algbw, busbw = algbw * 2(n-1)/n and #wrong per backend,\n"
     "      and the ring with BF16 on the wire (ring_bf16, --grad-compress bf16's), then\n"
     "      ring's and ring_bf16's busbw / mpi's; --chunk-bytes and --chunks-in-flight set\n"
-    "      the ring's pipeline (CommOptions; default: a quarter of a segment within\n"
-    "      64K-1M, 4 in flight)\n";
+    "      the ring's pipeline (CommOptions; default: chunks of 256 KiB, 2 in flight)\n";
 
 }  // namespace
 

@@ -99,9 +99,9 @@ GradCompression parse_grad_compression(const std::string& text);
 struct CommOptions {
   // How long a collective waits for the other ranks before it fails.
   double timeout_seconds = 300.0;
-  // The ring's pipeline: bytes per chunk (0: chosen from the length) and chunks in flight.
+  // The ring's pipeline: bytes per chunk (0: the default, 256 KiB) and chunks in flight.
   std::size_t chunk_bytes = 0;
-  int chunks_in_flight = 4;
+  int chunks_in_flight = 2;
   // The hier backend's nodes: 0 as MPI finds them (the ranks that share memory,
   // MPI_COMM_TYPE_SHARED); k > 0 groups the ranks k at a time, nodes simulated on one
   // machine (for tests: the ranks must still share memory).

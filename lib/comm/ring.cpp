@@ -33,6 +33,20 @@
 
 namespace hn::detail {
 
+namespace {
+
+// `buffer`'s memory for at least `count` elements, kept between calls (a vector made per
+// call cost its zeroing and, past malloc's mmap threshold, its page faults every time).
+constexpr std::size_t kDefaultChunkBytes = std::size_t{256} << 10;
+
+template <typename T>
+T* grown(std::vector<T>& buffer, std::size_t count) {
+  if (buffer.size() < count) buffer.resize(count);
+  return buffer.data();
+}
+
+}  // namespace
+
 void RingCommunicator::allreduce(Driver& driver, float* data, std::size_t count, ReduceOp op) {
   reduce(driver, data, count, op, false);
 }
@@ -85,11 +99,11 @@ void RingCommunicator::run(const RingPass& pass, std::uint64_t seq) {
   const int n = pass.size, r = pass.rank, steps = pass.steps;
   const bool bf16 = pass.bf16;
   float* const buffer = pass.buffer;
-  // Chunks per part: about chunk_bytes each (default: a quarter of a part, between 64 KiB
-  // and 1 MiB), few enough that every (chunk, step) has a tag of its own.
+  // Chunks per part: about chunk_bytes each (default 256 KiB: on 2 and 4 ranks over shared
+  // memory the best of 64 KiB to 1 MiB and of a quarter of a part, at 1-64 MiB:
+  // docs/benchmarks.md), few enough that every (chunk, step) has a tag of its own.
   std::size_t chunk_bytes = options_.chunk_bytes;
-  if (chunk_bytes == 0)
-    chunk_bytes = std::clamp<std::size_t>(pass.longest * sizeof(float) / 4, 64 << 10, 1 << 20);
+  if (chunk_bytes == 0) chunk_bytes = kDefaultChunkBytes;
   std::size_t chunks =
       std::max<std::size_t>(1, (pass.longest * sizeof(float) + chunk_bytes - 1) / chunk_bytes);
   chunks = std::min<std::size_t>(chunks, static_cast<std::size_t>(32767 / steps));
@@ -119,10 +133,11 @@ void RingCommunicator::run(const RingPass& pass, std::uint64_t seq) {
   std::vector<Slot> slot(static_cast<std::size_t>(slots));
   std::vector<MPI_Request> receives(static_cast<std::size_t>(slots), MPI_REQUEST_NULL);
   // The staging of the incoming chunks of the reduce steps, per slot.
-  std::vector<float> incoming(static_cast<std::size_t>(slots) * max_chunk);
+  float* const incoming = grown(staging_, static_cast<std::size_t>(slots) * max_chunk);
   // With BF16 on the wire every chunk goes through a slot's staging, both ways.
-  std::vector<std::uint16_t> wire_in(bf16 ? static_cast<std::size_t>(slots) * max_chunk : 0),
-      wire_out(wire_in.size());
+  const std::size_t wire_count = bf16 ? static_cast<std::size_t>(slots) * max_chunk : 0;
+  std::uint16_t* const wire_in = grown(wire_in_, wire_count);
+  std::uint16_t* const wire_out = grown(wire_out_, wire_count);
   const MPI_Datatype type = bf16 ? MPI_UINT16_T : MPI_FLOAT;
   const auto tag = [&](std::size_t c, int step) { return static_cast<int>(c) * steps + step; };
   const auto settle = [&](Slot& s) {
@@ -144,9 +159,9 @@ void RingCommunicator::run(const RingPass& pass, std::uint64_t seq) {
       // The slot's outgoing staging is rewritten below; the gather writes the final values
       // over memory an earlier send may still read.
       settle(s);
-      if (bf16) destination = wire_in.data() + staging;
+      if (bf16) destination = wire_in + staging;
     } else {
-      destination = incoming.data() + staging;
+      destination = incoming + staging;
     }
     check(MPI_Irecv(destination, static_cast<int>(to.size()), type, (r + n - 1) % n,
                     tag(s.chunk, s.step), pass.comm, &receives[static_cast<std::size_t>(i)]),
@@ -160,7 +175,7 @@ void RingCommunicator::run(const RingPass& pass, std::uint64_t seq) {
     const void* source = buffer + from.begin;
     if (bf16) {
       float* values = buffer + from.begin;
-      std::uint16_t* out = wire_out.data() + staging;
+      std::uint16_t* out = wire_out + staging;
       if (s.step == pass.reduce_steps) {
         // This member's finished sums: kept as every other member will receive them.
         for (std::size_t k = 0; k < from.size(); ++k) {
@@ -194,9 +209,9 @@ void RingCommunicator::run(const RingPass& pass, std::uint64_t seq) {
     const Range to = chunk_range(g, s.chunk);
     const std::size_t staging = static_cast<std::size_t>(i) * max_chunk;
     if (s.step < pass.reduce_steps) {
-      float* in = incoming.data() + staging;
+      float* in = incoming + staging;
       if (bf16) {
-        const std::uint16_t* wire = wire_in.data() + staging;
+        const std::uint16_t* wire = wire_in + staging;
         for (std::size_t k = 0; k < to.size(); ++k)
           in[k] = from_bf16(wire[k]);
       }
@@ -204,7 +219,7 @@ void RingCommunicator::run(const RingPass& pass, std::uint64_t seq) {
       pass.reduce(s.step, to, in);
     } else if (bf16) {
       // Gather: the finished sums, as their owner keeps them.
-      const std::uint16_t* wire = wire_in.data() + staging;
+      const std::uint16_t* wire = wire_in + staging;
       float* out = buffer + to.begin;
       for (std::size_t k = 0; k < to.size(); ++k)
         out[k] = from_bf16(wire[k]);

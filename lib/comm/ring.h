@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "lib/comm/mpi_communicator.h"
 
@@ -88,6 +89,9 @@ class RingCommunicator : public MpiCommunicator {
   void run(const RingPass& pass, std::uint64_t seq);
 
  private:
+  // The staging of incoming chunks, and of BF16 on the wire both ways, kept between calls.
+  std::vector<float> staging_;
+  std::vector<std::uint16_t> wire_in_, wire_out_;
   void reduce(Driver& driver, float* data, std::size_t count, ReduceOp op, bool bf16);
 };
 
