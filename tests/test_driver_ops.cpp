@@ -692,6 +692,86 @@ TEST_CASE("conv_forward, conv_backward_data and conv_backward_weights match the 
   }
 }
 
+TEST_CASE(
+    "depthwise convolutions on NCHW kernels (plain_kernel: the CPU driver's own forward and "
+    "gradients) match the reference, with and without bias and ReLU",
+    "[driver_ops][convolution]") {
+  // Widths below, at and above one 16-pixel transpose tile; channel counts with a partial
+  // group of 16; strides 1 and 2, 5x5 and dilated windows, padding past the window.
+  const hn::LoweringShape cases[] = {
+      lowering(2, 58, 12, 12, 3, 3, 1, 1, 2, 2, 1, 1, 58),  // ShuffleNet's, stride 2
+      lowering(3, 29, 7, 7, 3, 3, 1, 1, 1, 1, 1, 1, 29),    // stride 1, 7x7
+      lowering(2, 32, 17, 19, 3, 3, 1, 1, 1, 1, 1, 1, 32),  // planes of 323 pixels
+      lowering(1, 16, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 16),    // one tile exactly
+      lowering(2, 48, 13, 11, 5, 5, 2, 2, 2, 2, 1, 1, 48),  // 5x5, stride 2, odd sizes
+      lowering(2, 7, 9, 12, 3, 5, 0, 1, 1, 2, 2, 1, 7),     // dilated 3x5, 7 channels
+      lowering(1, 20, 6, 6, 3, 3, 3, 3, 2, 2, 1, 1, 20),    // padding past the window
+  };
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 3700;
+    index_t case_index = 0;
+    for (hn::LoweringShape shape : cases) {
+      shape.plain_kernel = true;
+      const index_t c = shape.channels;
+      const bool with_bias = case_index++ % 2 == 0;
+      INFO(shape.to_string() << (with_bias ? " with bias" : " no bias"));
+      const index_t x_count = shape.image_count(), w_count = conv_weight_count(shape, c);
+      const index_t y_count = shape.batch * c * shape.out_h() * shape.out_w();
+      const double taps = gemm_tolerance(shape.kernel_h * shape.kernel_w);
+      const double sums = gemm_tolerance(shape.batch * shape.out_h() * shape.out_w());
+      const TwinArray x(drivers, random_floats(x_count, seed++));
+      const TwinArray w(drivers, random_floats(w_count, seed++));
+      const TwinArray bias(drivers, random_floats(c, seed++));
+      const TwinArray dy(drivers, random_floats(y_count, seed++));
+      const float* no = nullptr;
+      {
+        INFO("conv_forward (overwrites y)");
+        const TwinArray y(drivers, constant(y_count, -7777.0f), constant(y_count, kNaN));
+        run_both(drivers, [&](hn::Driver& d, Side s) {
+          d.conv_forward(shape, c, x[s], w[s], with_bias ? bias[s] : no, y[s]);
+        });
+        check_close(y, taps);
+      }
+      {
+        INFO("conv_forward_activation, ReLU");
+        const TwinArray y(drivers, constant(y_count, -7777.0f), constant(y_count, kNaN));
+        run_both(drivers, [&](hn::Driver& d, Side s) {
+          if (s == Side::oracle) {
+            d.conv_forward(shape, c, x[s], w[s], bias[s], y[s]);
+            d.relu_forward(y_count, 0.0f, y[s], y[s]);
+          } else {
+            d.conv_forward_activation(shape, c, x[s], w[s], bias[s], hn::Activation::relu(0.0f),
+                                      y[s]);
+          }
+        });
+        check_close(y, taps);
+      }
+      {
+        INFO("conv_backward_data (overwrites dx, zeros where no output reads)");
+        const TwinArray dx(drivers, constant(x_count, -7777.0f), constant(x_count, kNaN));
+        run_both(drivers, [&](hn::Driver& d, Side s) {
+          d.conv_backward_data(shape, c, w[s], dy[s], dx[s]);
+        });
+        check_close(dx, taps);
+      }
+      {
+        INFO("conv_backward (both gradients: adds to dweights and dbias)");
+        const TwinArray dx(drivers, constant(x_count, -7777.0f), constant(x_count, kNaN));
+        const TwinArray dw(drivers, random_floats(w_count, seed++, -3.0f, 3.0f));
+        const TwinArray db(drivers, random_floats(c, seed++, -3.0f, 3.0f));
+        run_both(drivers, [&](hn::Driver& d, Side s) {
+          d.conv_backward(shape, c, x[s], w[s], dy[s], dx[s], dw[s], with_bias ? db[s] : nullptr);
+        });
+        check_close(dx, taps);
+        check_close(dw, sums);
+        check_close(db, sums);
+      }
+    }
+  }
+}
+
 TEST_CASE("convolution calls on alternating shapes and fresh buffers match the reference",
           "[driver_ops][convolution]") {
   // Drivers that cache per-shape state must bind each call's own addresses.

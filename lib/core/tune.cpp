@@ -66,7 +66,7 @@ namespace {
 // CPU driver's Winograd convolution, and the weights measured with a version of their own; 5:
 // its pointwise (1x1) convolution; 6: denormals flushed in the CPU driver's calls, whose
 // assists had slowed some candidates 5x on Intel cores, and the fused ReLU's three passes).
-constexpr int kKernelsRevision = 6;
+constexpr int kKernelsRevision = 7;
 
 constexpr char kHeader[] =
     "# hybridnn tuning cache: the fastest algorithm measured per machine, driver and shape.\n"

@@ -282,6 +282,10 @@ void DirectConvolution::forward(Parallel& par, const LoweringShape& shape, index
     small_conv_forward(par, shape, out_channels, x, weights, bias, y);
     return after();
   }
+  if (depthwise_plain(shape, out_channels)) {
+    depthwise_forward(par, shape, x, weights, bias, y);
+    return after();
+  }
   bool separate = apart;
   run(Call::forward, par.threads(), shape, out_channels, [&] {
     if (!impl_) impl_ = std::make_unique<Impl>();
@@ -323,6 +327,10 @@ void DirectConvolution::forward(Parallel& par, const LoweringShape& shape, index
 void DirectConvolution::backward_data(Parallel& par, Blas blas, const LoweringShape& shape,
                                       index_t out_channels, const float* weights, const float* dy,
                                       float* dx) {
+  if (depthwise_plain(shape, out_channels)) {
+    depthwise_backward_data(par, shape, weights, dy, dx);
+    return;
+  }
   run(Call::backward_data, par.threads(), shape, out_channels, [&] {
     if (!impl_) impl_ = std::make_unique<Impl>();
     const Entry& e = impl_->entry(Call::backward_data, shape, out_channels, false, bf16_);
@@ -341,6 +349,10 @@ void DirectConvolution::backward_weights(Parallel& par, const LoweringShape& sha
                                          float* dweights, float* dbias) {
   if (small_conv_supported(shape)) {
     small_conv_backward_weights(par, shape, out_channels, x, dy, dweights, dbias);
+    return;
+  }
+  if (depthwise_plain(shape, out_channels)) {
+    depthwise_backward_weights(par, shape, x, dy, dweights, dbias);
     return;
   }
   run(Call::backward_weights, par.threads(), shape, out_channels, [&] {
@@ -364,7 +376,10 @@ void DirectConvolution::backward(Parallel& par, Blas blas, const LoweringShape& 
     if (dweights != nullptr) backward_weights(par, shape, out_channels, x, dy, dweights, dbias);
     if (dx != nullptr) backward_data(par, blas, shape, out_channels, weights, dy, dx);
   };
-  if (dx == nullptr || dweights == nullptr || small_conv_supported(shape)) return apart();
+  if (dx == nullptr || dweights == nullptr || small_conv_supported(shape) ||
+      depthwise_plain(shape, out_channels)) {
+    return apart();
+  }
   bool shared = false;
   run(Call::backward_data, par.threads(), shape, out_channels, [&] {
     if (!impl_) impl_ = std::make_unique<Impl>();

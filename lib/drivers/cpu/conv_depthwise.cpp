@@ -13,12 +13,24 @@
 // one sum per lane (a fixed-size loop the compiler vectorises: 16 lanes are one AVX-512
 // register, two AVX2 ones). Each image's sum is added to the tap's total in image order, so
 // the result depends on the shape only, not on the thread count.
+//
+// The forward and the data gradient on NCHW operands (depthwise_plain) run the same way: a
+// task takes one image and 16 channels, transposes their planes of x (or dy) into a
+// pixel-major buffer in cache, computes the output pixel by pixel with one 16-lane
+// multiply-add per tap (any stride, dilation or row length), and transposes the result back
+// into the caller's NCHW planes. Where oneDNN's depthwise kernel runs on blocked copies, the
+// copies go through memory: stage 2 of ShuffleNet v2 (58 channels, 56x56, stride 2, batch
+// 32) spent 6.2 ms of the 9 of its backward in reorders.
 #include "lib/drivers/cpu/kernels.h"  // first: see eigen.h
 
 #include "lib/drivers/cpu/conv_depthwise.h"
 
 #include <algorithm>
 #include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace hn::detail::cpu {
 
@@ -39,6 +51,75 @@ Range valid(index_t size, index_t out, index_t stride, index_t pad, index_t offs
   lo = std::min(lo, out);
   hi = std::clamp(hi, lo, out);
   return {lo, hi};
+}
+
+constexpr index_t kLanes = 16;
+
+#if defined(__AVX512F__)
+// r[i] becomes column i of the 16 x 16 matrix whose rows r holds.
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  const auto pd = [](__m512 v) { return _mm512_castps_pd(v); };
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[4 * i]), pd(t[4 * i + 2])));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[4 * i]), pd(t[4 * i + 2])));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[4 * i + 1]), pd(t[4 * i + 3])));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[4 * i + 1]), pd(t[4 * i + 3])));
+  }
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < 4; ++j) {
+      t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + j + 4], 0x88);
+      t[8 * i + j + 4] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + j + 4], 0xdd);
+    }
+  }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+    r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
+  }
+}
+#endif
+
+// `lanes` NCHW planes of `plane` pixels (lane l at planes + l * plane) into pixel-major
+// `out` ([plane][kLanes]); the lanes from `lanes` on are zero.
+void to_pixel_major(const float* planes, index_t plane, index_t lanes, float* out) {
+  index_t p0 = 0;
+#if defined(__AVX512F__)
+  for (; p0 + kLanes <= plane; p0 += kLanes) {
+    __m512 r[kLanes];
+    for (index_t l = 0; l < kLanes; ++l)
+      r[l] = l < lanes ? _mm512_loadu_ps(planes + l * plane + p0) : _mm512_setzero_ps();
+    transpose16(r);
+    for (index_t i = 0; i < kLanes; ++i)
+      _mm512_storeu_ps(out + (p0 + i) * kLanes, r[i]);
+  }
+#endif
+  for (index_t p = p0; p < plane; ++p) {
+    for (index_t l = 0; l < kLanes; ++l)
+      out[p * kLanes + l] = l < lanes ? planes[l * plane + p] : 0.0f;
+  }
+}
+
+// The reverse for the first `lanes` lanes: pixel-major `in` into NCHW planes.
+void from_pixel_major(const float* in, index_t plane, index_t lanes, float* planes) {
+  index_t p0 = 0;
+#if defined(__AVX512F__)
+  for (; p0 + kLanes <= plane; p0 += kLanes) {
+    __m512 r[kLanes];
+    for (index_t i = 0; i < kLanes; ++i)
+      r[i] = _mm512_loadu_ps(in + (p0 + i) * kLanes);
+    transpose16(r);
+    for (index_t l = 0; l < lanes; ++l)
+      _mm512_storeu_ps(planes + l * plane + p0, r[l]);
+  }
+#endif
+  for (index_t l = 0; l < lanes; ++l) {
+    for (index_t p = p0; p < plane; ++p)
+      planes[l * plane + p] = in[p * kLanes + l];
+  }
 }
 
 }  // namespace
@@ -122,6 +203,10 @@ void backward_weights_in_blocks(Parallel& par, const LoweringShape& s, const flo
     const auto planes = [&](const float* data, bool blocked, index_t plane, index_t n,
                             index_t block, index_t lanes, std::vector<float>& buffer) {
       if (blocked) return data + (n * blocks + block) * plane * L;
+      if constexpr (L == kLanes) {
+        to_pixel_major(data + (n * s.channels + block * L) * plane, plane, lanes, buffer.data());
+        return static_cast<const float*>(buffer.data());
+      }
       for (index_t l = 0; l < lanes; ++l) {
         const float* from = data + (n * s.channels + block * L + l) * plane;
         for (index_t p = 0; p < plane; ++p)
@@ -153,6 +238,147 @@ void depthwise_backward_weights(Parallel& par, const LoweringShape& s, const flo
   const index_t block = std::max(layout_block(s.layout), layout_block(s.out_layout));
   if (block == 8) return backward_weights_in_blocks<8>(par, s, x, dy, dweights, dbias);
   backward_weights_in_blocks<16>(par, s, x, dy, dweights, dbias);
+}
+
+bool depthwise_plain(const LoweringShape& s, index_t out_channels) {
+  return s.plain_kernel && s.layout == Layout::nchw && s.out_layout == Layout::nchw &&
+         depthwise_own(s, out_channels);
+}
+
+namespace {
+
+// The taps [lo, hi) along one axis that read inside the input, per output coordinate.
+std::vector<Range> taps_inside(index_t size, index_t out, index_t kernel, index_t stride,
+                               index_t pad, index_t dilation) {
+  std::vector<Range> taps(static_cast<std::size_t>(out));
+  for (index_t o = 0; o < out; ++o) {
+    index_t lo = kernel, hi = 0;
+    for (index_t k = 0; k < kernel; ++k) {
+      const index_t i = o * stride - pad + k * dilation;
+      if (i < 0 || i >= size) continue;
+      lo = std::min(lo, k);
+      hi = k + 1;
+    }
+    taps[static_cast<std::size_t>(o)] = lo < hi ? Range{lo, hi} : Range{0, 0};
+  }
+  return taps;
+}
+
+// body(n, c0, lanes, weights) for every image n and group of kLanes channels from c0
+// (`lanes` of them), with their weights pixel-major ([tap][kLanes], zero past `lanes`).
+template <class Body>
+void for_channel_groups(Parallel& par, const LoweringShape& s, const float* weights, index_t cost,
+                        const Body& body) {
+  const index_t taps = s.kernel_h * s.kernel_w;
+  const index_t groups = (s.channels + kLanes - 1) / kLanes;
+  par.for_range(s.batch * groups, cost * kLanes, [&](index_t first, index_t last) {
+    std::vector<float> w(static_cast<std::size_t>(taps * kLanes));
+    for (index_t item = first; item < last; ++item) {
+      const index_t n = item / groups, c0 = item % groups * kLanes;
+      const index_t lanes = std::min(kLanes, s.channels - c0);
+      to_pixel_major(weights + c0 * taps, taps, lanes, w.data());
+      body(n, c0, lanes, w.data());
+    }
+  });
+}
+
+}  // namespace
+
+void depthwise_forward(Parallel& par, const LoweringShape& s, const float* x, const float* weights,
+                       const float* bias, float* y) {
+  const index_t out_h = s.out_h(), out_w = s.out_w(), taps = s.kernel_h * s.kernel_w;
+  const index_t in_plane = s.height * s.width, out_plane = out_h * out_w;
+  const std::vector<Range> rows =
+      taps_inside(s.height, out_h, s.kernel_h, s.stride_h, s.pad_h, s.dilation_h);
+  const std::vector<Range> cols =
+      taps_inside(s.width, out_w, s.kernel_w, s.stride_w, s.pad_w, s.dilation_w);
+  const index_t cost = in_plane + out_plane * (taps + 1);
+  for_channel_groups(
+      par, s, weights, cost, [&](index_t n, index_t c0, index_t lanes, const float* w) {
+        thread_local std::vector<float> in, out;
+        in.resize(static_cast<std::size_t>(in_plane * kLanes));
+        out.resize(static_cast<std::size_t>(out_plane * kLanes));
+        to_pixel_major(x + (n * s.channels + c0) * in_plane, in_plane, lanes, in.data());
+        float b[kLanes] = {};
+        for (index_t l = 0; l < lanes && bias != nullptr; ++l)
+          b[l] = bias[c0 + l];
+        for (index_t oh = 0; oh < out_h; ++oh) {
+          const Range kh_range = rows[static_cast<std::size_t>(oh)];
+          for (index_t ow = 0; ow < out_w; ++ow) {
+            const Range kw_range = cols[static_cast<std::size_t>(ow)];
+            float acc[kLanes];
+            for (index_t l = 0; l < kLanes; ++l)
+              acc[l] = b[l];
+            for (index_t kh = kh_range.lo; kh < kh_range.hi; ++kh) {
+              const index_t ih = oh * s.stride_h - s.pad_h + kh * s.dilation_h;
+              for (index_t kw = kw_range.lo; kw < kw_range.hi; ++kw) {
+                const index_t iw = ow * s.stride_w - s.pad_w + kw * s.dilation_w;
+                const float* v = in.data() + (ih * s.width + iw) * kLanes;
+                const float* k = w + (kh * s.kernel_w + kw) * kLanes;
+                for (index_t l = 0; l < kLanes; ++l)
+                  acc[l] += k[l] * v[l];
+              }
+            }
+            float* o = out.data() + (oh * out_w + ow) * kLanes;
+            for (index_t l = 0; l < kLanes; ++l)
+              o[l] = acc[l];
+          }
+        }
+        from_pixel_major(out.data(), out_plane, lanes, y + (n * s.channels + c0) * out_plane);
+      });
+}
+
+void depthwise_backward_data(Parallel& par, const LoweringShape& s, const float* weights,
+                             const float* dy, float* dx) {
+  const index_t out_h = s.out_h(), out_w = s.out_w(), taps = s.kernel_h * s.kernel_w;
+  const index_t in_plane = s.height * s.width, out_plane = out_h * out_w;
+  // Per input row (column): the (tap, output row (column)) pairs that read it, taps in
+  // ascending order.
+  struct Reader {
+    index_t tap, out;
+  };
+  const auto readers = [](index_t size, index_t out, index_t kernel, index_t stride, index_t pad,
+                          index_t dilation) {
+    std::vector<std::vector<Reader>> by_input(static_cast<std::size_t>(size));
+    for (index_t k = 0; k < kernel; ++k) {
+      for (index_t o = 0; o < out; ++o) {
+        const index_t i = o * stride - pad + k * dilation;
+        if (i >= 0 && i < size) by_input[static_cast<std::size_t>(i)].push_back({k, o});
+      }
+    }
+    return by_input;
+  };
+  const auto rows = readers(s.height, out_h, s.kernel_h, s.stride_h, s.pad_h, s.dilation_h);
+  const auto cols = readers(s.width, out_w, s.kernel_w, s.stride_w, s.pad_w, s.dilation_w);
+  const index_t cost = 2 * in_plane * (1 + taps) + out_plane;
+  for_channel_groups(
+      par, s, weights, cost, [&](index_t n, index_t c0, index_t lanes, const float* w) {
+        thread_local std::vector<float> grad, sums;
+        grad.resize(static_cast<std::size_t>(out_plane * kLanes));
+        sums.resize(static_cast<std::size_t>(in_plane * kLanes));
+        to_pixel_major(dy + (n * s.channels + c0) * out_plane, out_plane, lanes, grad.data());
+        // Each input pixel's sum over the (output pixel, tap) pairs that read it, in (kh, kw)
+        // order; 0 where none does.
+        for (index_t ih = 0; ih < s.height; ++ih) {
+          const std::vector<Reader>& by_row = rows[static_cast<std::size_t>(ih)];
+          for (index_t iw = 0; iw < s.width; ++iw) {
+            const std::vector<Reader>& by_col = cols[static_cast<std::size_t>(iw)];
+            float acc[kLanes] = {};
+            for (const Reader& r : by_row) {
+              for (const Reader& c : by_col) {
+                const float* g = grad.data() + (r.out * out_w + c.out) * kLanes;
+                const float* k = w + (r.tap * s.kernel_w + c.tap) * kLanes;
+                for (index_t l = 0; l < kLanes; ++l)
+                  acc[l] += k[l] * g[l];
+              }
+            }
+            float* o = sums.data() + (ih * s.width + iw) * kLanes;
+            for (index_t l = 0; l < kLanes; ++l)
+              o[l] = acc[l];
+          }
+        }
+        from_pixel_major(sums.data(), in_plane, lanes, dx + (n * s.channels + c0) * in_plane);
+      });
 }
 
 }  // namespace hn::detail::cpu

@@ -1,5 +1,5 @@
-// The CPU driver's own weight gradient for depthwise convolutions on NCHW and blocked
-// operands (conv_depthwise.cpp).
+// The CPU driver's own depthwise convolutions (conv_depthwise.cpp): the weight gradient on
+// NCHW and blocked operands, and the forward and data gradient on NCHW ones.
 #pragma once
 
 #include "lib/core/shapes.h"
@@ -16,5 +16,17 @@ bool depthwise_own(const LoweringShape& shape, index_t out_channels);
 // channel's sums in one fixed order, whatever the thread count.
 void depthwise_backward_weights(Parallel& par, const LoweringShape& shape, const float* x,
                                 const float* dy, float* dweights, float* dbias);
+
+// Whether the driver's NCHW kernels for `shape` (LoweringShape::plain_kernel, the tuner's
+// direct_plain) are the ones below: a depthwise convolution whose x and y are both NCHW,
+// which oneDNN 2.6 runs with its GEMM-based kernel there (its depthwise kernel takes blocked
+// operands, reordered in and out at every call: ShuffleNet v2's 58 to 232 channels).
+bool depthwise_plain(const LoweringShape& shape, index_t out_channels);
+// y = x (*) weights (+ bias), overwriting y; x and y NCHW, weights [channels][1][kh][kw].
+void depthwise_forward(Parallel& par, const LoweringShape& shape, const float* x,
+                       const float* weights, const float* bias, float* y);
+// dx = the data gradient of dy, overwriting dx (0 where no output reads x).
+void depthwise_backward_data(Parallel& par, const LoweringShape& shape, const float* weights,
+                             const float* dy, float* dx);
 
 }  // namespace hn::detail::cpu
