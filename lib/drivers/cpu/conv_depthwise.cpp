@@ -141,22 +141,35 @@ void image_sums(const LoweringShape& s, const float* xb, const float* gb, bool b
     const Range rows = valid(s.height, out_h, s.stride_h, s.pad_h, kh * s.dilation_h);
     for (index_t kw = 0; kw < s.kernel_w; ++kw) {
       const Range cols = valid(s.width, out_w, s.stride_w, s.pad_w, kw * s.dilation_w);
-      float acc[L] = {};
+      // Four partial sums (output columns ow mod 4), added at the end: one chain of
+      // multiply-adds would wait on its own latency at every pixel.
+      constexpr index_t kChains = 4;
+      float acc[kChains][L] = {};
       for (index_t oh = rows.lo; oh < rows.hi; ++oh) {
         const index_t ih = oh * s.stride_h - s.pad_h + kh * s.dilation_h;
         const float* grow = gb + oh * out_w * L;
         const float* xrow = xb + ih * s.width * L;
-        for (index_t ow = cols.lo; ow < cols.hi; ++ow) {
+        index_t ow = cols.lo;
+        for (; ow + kChains <= cols.hi; ow += kChains) {
+          for (index_t c = 0; c < kChains; ++c) {
+            const index_t iw = (ow + c) * s.stride_w - s.pad_w + kw * s.dilation_w;
+            const float* g = grow + (ow + c) * L;
+            const float* v = xrow + iw * L;
+            for (index_t l = 0; l < L; ++l)
+              acc[c][l] += g[l] * v[l];
+          }
+        }
+        for (; ow < cols.hi; ++ow) {
           const index_t iw = ow * s.stride_w - s.pad_w + kw * s.dilation_w;
           const float* g = grow + ow * L;
           const float* v = xrow + iw * L;
           for (index_t l = 0; l < L; ++l)
-            acc[l] += g[l] * v[l];
+            acc[(ow - cols.lo) % kChains][l] += g[l] * v[l];
         }
       }
       float* t = total + (kh * s.kernel_w + kw) * L;
       for (index_t l = 0; l < L; ++l)
-        t[l] += acc[l];
+        t[l] += (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]);
     }
   }
   if (bias) {
@@ -282,6 +295,41 @@ void for_channel_groups(Parallel& par, const LoweringShape& s, const float* weig
   });
 }
 
+// Output pixels computed together where their windows lie inside the row: one accumulator
+// each, so a tap's multiply-adds overlap instead of waiting on each other (one accumulator
+// per pixel ran at the latency of the chain, 4 cycles a tap).
+constexpr index_t kBlockPixels = 4;
+
+// Whether the taps `range` of a window are all of the kernel's.
+struct FullRange {
+  index_t kernel;
+  bool operator()(const Range& r) const { return r.lo == 0 && r.hi == kernel; }
+};
+
+// kBlockPixels outputs ow, ow + 1, ... of row oh, every tap of each row inside the input.
+void forward_pixels(const LoweringShape& s, const float* in, const float* w, const float* b,
+                    Range kh_range, index_t oh, index_t ow, float* out) {
+  float acc[kBlockPixels][kLanes];
+  for (index_t p = 0; p < kBlockPixels; ++p)
+    for (index_t l = 0; l < kLanes; ++l)
+      acc[p][l] = b[l];
+  for (index_t kh = kh_range.lo; kh < kh_range.hi; ++kh) {
+    const index_t ih = oh * s.stride_h - s.pad_h + kh * s.dilation_h;
+    const float* row = in + ih * s.width * kLanes;
+    for (index_t kw = 0; kw < s.kernel_w; ++kw) {
+      const float* k = w + (kh * s.kernel_w + kw) * kLanes;
+      for (index_t p = 0; p < kBlockPixels; ++p) {
+        const float* v = row + ((ow + p) * s.stride_w - s.pad_w + kw * s.dilation_w) * kLanes;
+        for (index_t l = 0; l < kLanes; ++l)
+          acc[p][l] += k[l] * v[l];
+      }
+    }
+  }
+  for (index_t p = 0; p < kBlockPixels; ++p)
+    for (index_t l = 0; l < kLanes; ++l)
+      out[p * kLanes + l] = acc[p][l];
+}
+
 }  // namespace
 
 void depthwise_forward(Parallel& par, const LoweringShape& s, const float* x, const float* weights,
@@ -292,6 +340,7 @@ void depthwise_forward(Parallel& par, const LoweringShape& s, const float* x, co
       taps_inside(s.height, out_h, s.kernel_h, s.stride_h, s.pad_h, s.dilation_h);
   const std::vector<Range> cols =
       taps_inside(s.width, out_w, s.kernel_w, s.stride_w, s.pad_w, s.dilation_w);
+  const FullRange full{s.kernel_w};
   const index_t cost = in_plane + out_plane * (taps + 1);
   for_channel_groups(
       par, s, weights, cost, [&](index_t n, index_t c0, index_t lanes, const float* w) {
@@ -304,8 +353,15 @@ void depthwise_forward(Parallel& par, const LoweringShape& s, const float* x, co
           b[l] = bias[c0 + l];
         for (index_t oh = 0; oh < out_h; ++oh) {
           const Range kh_range = rows[static_cast<std::size_t>(oh)];
-          for (index_t ow = 0; ow < out_w; ++ow) {
+          for (index_t ow = 0; ow < out_w;) {
             const Range kw_range = cols[static_cast<std::size_t>(ow)];
+            if (ow + kBlockPixels <= out_w && full(kw_range) &&
+                full(cols[static_cast<std::size_t>(ow + kBlockPixels - 1)])) {
+              forward_pixels(s, in.data(), w, b, kh_range, oh, ow,
+                             out.data() + (oh * out_w + ow) * kLanes);
+              ow += kBlockPixels;
+              continue;
+            }
             float acc[kLanes];
             for (index_t l = 0; l < kLanes; ++l)
               acc[l] = b[l];
@@ -322,6 +378,7 @@ void depthwise_forward(Parallel& par, const LoweringShape& s, const float* x, co
             float* o = out.data() + (oh * out_w + ow) * kLanes;
             for (index_t l = 0; l < kLanes; ++l)
               o[l] = acc[l];
+            ++ow;
           }
         }
         from_pixel_major(out.data(), out_plane, lanes, y + (n * s.channels + c0) * out_plane);
@@ -350,6 +407,10 @@ void depthwise_backward_data(Parallel& par, const LoweringShape& s, const float*
   };
   const auto rows = readers(s.height, out_h, s.kernel_h, s.stride_h, s.pad_h, s.dilation_h);
   const auto cols = readers(s.width, out_w, s.kernel_w, s.stride_w, s.pad_w, s.dilation_w);
+  // A column read by every tap of the kernel's row.
+  const auto full_row = [&](const std::vector<Reader>& by_col) {
+    return static_cast<index_t>(by_col.size()) == s.kernel_w;
+  };
   const index_t cost = 2 * in_plane * (1 + taps) + out_plane;
   for_channel_groups(
       par, s, weights, cost, [&](index_t n, index_t c0, index_t lanes, const float* w) {
@@ -363,6 +424,27 @@ void depthwise_backward_data(Parallel& par, const LoweringShape& s, const float*
           const std::vector<Reader>& by_row = rows[static_cast<std::size_t>(ih)];
           for (index_t iw = 0; iw < s.width; ++iw) {
             const std::vector<Reader>& by_col = cols[static_cast<std::size_t>(iw)];
+            // Stride 1 inside the row: inputs iw .. iw + 3 read the same taps, each at the
+            // output one further on, so they are summed together (one accumulator each).
+            if (s.stride_w == 1 && iw + kBlockPixels <= s.width && full_row(by_col) &&
+                full_row(cols[static_cast<std::size_t>(iw + kBlockPixels - 1)])) {
+              float block[kBlockPixels][kLanes] = {};
+              for (const Reader& r : by_row) {
+                for (const Reader& c : by_col) {
+                  const float* g = grad.data() + (r.out * out_w + c.out) * kLanes;
+                  const float* k = w + (r.tap * s.kernel_w + c.tap) * kLanes;
+                  for (index_t p = 0; p < kBlockPixels; ++p)
+                    for (index_t l = 0; l < kLanes; ++l)
+                      block[p][l] += k[l] * g[p * kLanes + l];
+                }
+              }
+              float* o = sums.data() + (ih * s.width + iw) * kLanes;
+              for (index_t p = 0; p < kBlockPixels; ++p)
+                for (index_t l = 0; l < kLanes; ++l)
+                  o[p * kLanes + l] = block[p][l];
+              iw += kBlockPixels - 1;
+              continue;
+            }
             float acc[kLanes] = {};
             for (const Reader& r : by_row) {
               for (const Reader& c : by_col) {
