@@ -693,33 +693,41 @@ TEST_CASE("conv_forward, conv_backward_data and conv_backward_weights match the 
 }
 
 TEST_CASE(
-    "depthwise convolutions on NCHW kernels (plain_kernel: the CPU driver's own forward and "
-    "gradients) match the reference, with and without bias and ReLU",
+    "depthwise and 1x1 convolutions on NCHW kernels (plain_kernel: the CPU driver's own "
+    "depthwise ones, oneDNN's GEMM-based 1x1) match the reference, with and without bias and "
+    "ReLU",
     "[driver_ops][convolution]") {
   // Widths below, at and above one 16-pixel transpose tile; channel counts with a partial
   // group of 16; strides 1 and 2, 5x5 and dilated windows, padding past the window.
-  const hn::LoweringShape cases[] = {
-      lowering(2, 58, 12, 12, 3, 3, 1, 1, 2, 2, 1, 1, 58),  // ShuffleNet's, stride 2
-      lowering(3, 29, 7, 7, 3, 3, 1, 1, 1, 1, 1, 1, 29),    // stride 1, 7x7
-      lowering(2, 32, 17, 19, 3, 3, 1, 1, 1, 1, 1, 1, 32),  // planes of 323 pixels
-      lowering(1, 16, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 16),    // one tile exactly
-      lowering(2, 48, 13, 11, 5, 5, 2, 2, 2, 2, 1, 1, 48),  // 5x5, stride 2, odd sizes
-      lowering(2, 7, 9, 12, 3, 5, 0, 1, 1, 2, 2, 1, 7),     // dilated 3x5, 7 channels
-      lowering(1, 20, 6, 6, 3, 3, 3, 3, 2, 2, 1, 1, 20),    // padding past the window
+  // (shape, outputs): depthwise ones, then 1x1 ones (ShuffleNet's between its depthwise
+  // layers, and odd sizes).
+  const std::pair<hn::LoweringShape, index_t> cases[] = {
+      {lowering(2, 58, 12, 12, 3, 3, 1, 1, 2, 2, 1, 1, 58), 58},  // ShuffleNet's, stride 2
+      {lowering(3, 29, 7, 7, 3, 3, 1, 1, 1, 1, 1, 1, 29), 29},    // stride 1, 7x7
+      {lowering(2, 32, 17, 19, 3, 3, 1, 1, 1, 1, 1, 1, 32), 32},  // planes of 323 pixels
+      {lowering(1, 16, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 16), 16},    // one tile exactly
+      {lowering(2, 48, 13, 11, 5, 5, 2, 2, 2, 2, 1, 1, 48), 48},  // 5x5, stride 2, odd sizes
+      {lowering(2, 7, 9, 12, 3, 5, 0, 1, 1, 2, 2, 1, 7), 7},      // dilated 3x5, 7 channels
+      {lowering(1, 20, 6, 6, 3, 3, 3, 3, 2, 2, 1, 1, 20), 20},    // padding past the window
+      {lowering(2, 58, 14, 14, 1, 1, 0, 0, 1, 1), 58},            // ShuffleNet's 1x1
+      {lowering(3, 5, 7, 7, 1, 1, 0, 0, 1, 1), 13},               // 49 pixels, 13 outputs
+      {lowering(1, 24, 16, 8, 1, 1, 0, 0, 1, 1), 6},              // 128 pixels, 6 outputs
+      {lowering(2, 9, 11, 13, 1, 1, 0, 0, 1, 1), 1},              // one output row
   };
   const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
   DYNAMIC_SECTION(config.label) {
     const Drivers drivers(config);
     std::uint32_t seed = 3700;
     index_t case_index = 0;
-    for (hn::LoweringShape shape : cases) {
+    for (auto [shape, c] : cases) {
       shape.plain_kernel = true;
-      const index_t c = shape.channels;
       const bool with_bias = case_index++ % 2 == 0;
       INFO(shape.to_string() << (with_bias ? " with bias" : " no bias"));
       const index_t x_count = shape.image_count(), w_count = conv_weight_count(shape, c);
       const index_t y_count = shape.batch * c * shape.out_h() * shape.out_w();
-      const double taps = gemm_tolerance(shape.kernel_h * shape.kernel_w);
+      // Sums over the taps and channels of a window (the forward, the data gradient).
+      const double taps = gemm_tolerance(std::max(shape.channels, c) / shape.groups *
+                                         shape.kernel_h * shape.kernel_w);
       const double sums = gemm_tolerance(shape.batch * shape.out_h() * shape.out_w());
       const TwinArray x(drivers, random_floats(x_count, seed++));
       const TwinArray w(drivers, random_floats(w_count, seed++));

@@ -24,13 +24,10 @@
 #include "lib/drivers/cpu/kernels.h"  // first: see eigen.h
 
 #include "lib/drivers/cpu/conv_depthwise.h"
+#include "lib/drivers/cpu/pixel_major.h"
 
 #include <algorithm>
 #include <vector>
-
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 namespace hn::detail::cpu {
 
@@ -53,74 +50,7 @@ Range valid(index_t size, index_t out, index_t stride, index_t pad, index_t offs
   return {lo, hi};
 }
 
-constexpr index_t kLanes = 16;
-
-#if defined(__AVX512F__)
-// r[i] becomes column i of the 16 x 16 matrix whose rows r holds.
-inline void transpose16(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  const auto pd = [](__m512 v) { return _mm512_castps_pd(v); };
-  for (int i = 0; i < 4; ++i) {
-    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[4 * i]), pd(t[4 * i + 2])));
-    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[4 * i]), pd(t[4 * i + 2])));
-    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[4 * i + 1]), pd(t[4 * i + 3])));
-    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[4 * i + 1]), pd(t[4 * i + 3])));
-  }
-  for (int i = 0; i < 2; ++i) {
-    for (int j = 0; j < 4; ++j) {
-      t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + j + 4], 0x88);
-      t[8 * i + j + 4] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + j + 4], 0xdd);
-    }
-  }
-  for (int j = 0; j < 8; ++j) {
-    r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
-    r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
-  }
-}
-#endif
-
-// `lanes` NCHW planes of `plane` pixels (lane l at planes + l * plane) into pixel-major
-// `out` ([plane][kLanes]); the lanes from `lanes` on are zero.
-void to_pixel_major(const float* planes, index_t plane, index_t lanes, float* out) {
-  index_t p0 = 0;
-#if defined(__AVX512F__)
-  for (; p0 + kLanes <= plane; p0 += kLanes) {
-    __m512 r[kLanes];
-    for (index_t l = 0; l < kLanes; ++l)
-      r[l] = l < lanes ? _mm512_loadu_ps(planes + l * plane + p0) : _mm512_setzero_ps();
-    transpose16(r);
-    for (index_t i = 0; i < kLanes; ++i)
-      _mm512_storeu_ps(out + (p0 + i) * kLanes, r[i]);
-  }
-#endif
-  for (index_t p = p0; p < plane; ++p) {
-    for (index_t l = 0; l < kLanes; ++l)
-      out[p * kLanes + l] = l < lanes ? planes[l * plane + p] : 0.0f;
-  }
-}
-
-// The reverse for the first `lanes` lanes: pixel-major `in` into NCHW planes.
-void from_pixel_major(const float* in, index_t plane, index_t lanes, float* planes) {
-  index_t p0 = 0;
-#if defined(__AVX512F__)
-  for (; p0 + kLanes <= plane; p0 += kLanes) {
-    __m512 r[kLanes];
-    for (index_t i = 0; i < kLanes; ++i)
-      r[i] = _mm512_loadu_ps(in + (p0 + i) * kLanes);
-    transpose16(r);
-    for (index_t l = 0; l < lanes; ++l)
-      _mm512_storeu_ps(planes + l * plane + p0, r[l]);
-  }
-#endif
-  for (index_t l = 0; l < lanes; ++l) {
-    for (index_t p = p0; p < plane; ++p)
-      planes[l * plane + p] = in[p * kLanes + l];
-  }
-}
+constexpr index_t kLanes = kPixelMajorLanes;
 
 }  // namespace
 
