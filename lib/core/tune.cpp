@@ -65,8 +65,10 @@ namespace {
 // into the convolution, and blocked calls kept blocked where channels-last reordered; 4: the
 // CPU driver's Winograd convolution, and the weights measured with a version of their own; 5:
 // its pointwise (1x1) convolution; 6: denormals flushed in the CPU driver's calls, whose
-// assists had slowed some candidates 5x on Intel cores, and the fused ReLU's three passes).
-constexpr int kKernelsRevision = 7;
+// assists had slowed some candidates 5x on Intel cores, and the fused ReLU's three passes; 7:
+// the CPU driver's own depthwise forward and data gradient on NCHW operands; 8: the same with
+// four accumulators, ahead of oneDNN's at every ShuffleNet shape).
+constexpr int kKernelsRevision = 8;
 
 constexpr char kHeader[] =
     "# hybridnn tuning cache: the fastest algorithm measured per machine, driver and shape.\n"
