@@ -35,10 +35,11 @@ namespace hn::detail {
 
 namespace {
 
-// `buffer`'s memory for at least `count` elements, kept between calls (a vector made per
-// call cost its zeroing and, past malloc's mmap threshold, its page faults every time).
+// The ring's default chunk (CommOptions::chunk_bytes 0).
 constexpr std::size_t kDefaultChunkBytes = std::size_t{256} << 10;
 
+// `buffer`'s memory for at least `count` elements, kept between calls (a vector made per
+// call cost its zeroing and, past malloc's mmap threshold, its page faults every time).
 template <typename T>
 T* grown(std::vector<T>& buffer, std::size_t count) {
   if (buffer.size() < count) buffer.resize(count);
