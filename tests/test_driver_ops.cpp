@@ -719,7 +719,10 @@ TEST_CASE(
     const Drivers drivers(config);
     std::uint32_t seed = 3700;
     index_t case_index = 0;
-    for (auto [shape, c] : cases) {
+    for (const auto& entry : cases) {
+      // (Not a structured binding: C++17 lambdas cannot capture those.)
+      hn::LoweringShape shape = entry.first;
+      const index_t c = entry.second;
       shape.plain_kernel = true;
       const bool with_bias = case_index++ % 2 == 0;
       INFO(shape.to_string() << (with_bias ? " with bias" : " no bias"));

@@ -119,9 +119,14 @@ void MpiCommunicator::check(int code, const char* call, const char* what, std::u
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
   MPI_Error_string(code, text, &length);
-  throw CommunicatorError(fmt::format("communicator {}: {} #{} on rank {} of {}: {} failed: {}",
-                                      label(), what, seq, rank_, size_, call,
-                                      std::string(text, static_cast<std::size_t>(length))));
+  fail_with(fmt::format("communicator {}: {} #{} on rank {} of {}: {} failed: {}", label(), what,
+                        seq, rank_, size_, call,
+                        std::string(text, static_cast<std::size_t>(length))));
+}
+
+void MpiCommunicator::fail_with(const std::string& message) const {
+  if (failed_.empty() && !starting_) failed_ = message;
+  throw CommunicatorError(message);
 }
 
 void MpiCommunicator::agree_count(const char* what, std::uint64_t seq, std::size_t count,
@@ -150,6 +155,12 @@ MpiCommunicator::~MpiCommunicator() {
 }
 
 std::uint64_t MpiCommunicator::next_sequence() {
+  if (!failed_.empty()) {
+    throw CommunicatorError(
+        fmt::format("communicator {}: rank {} of {} takes no collective after a failed one, whose "
+                    "transfers may still be under way (make a new communicator): {}",
+                    name(), rank_, size_, failed_));
+  }
   return ++sequence_;
 }
 
@@ -164,9 +175,8 @@ void MpiCommunicator::timed_out(const char* what, std::uint64_t seq, int peer) c
                       "one of the other {} ranks did not arrive (it died, stopped or is "
                       "not running the same collectives)",
                       size_ - 1);
-  throw CommunicatorError(
-      fmt::format("communicator {}: {} #{} on rank {} of {} timed out after {} s: {}", label(),
-                  what, seq, rank_, size_, options_.timeout_seconds, waited));
+  fail_with(fmt::format("communicator {}: {} #{} on rank {} of {} timed out after {} s: {}",
+                        label(), what, seq, rank_, size_, options_.timeout_seconds, waited));
 }
 
 void MpiCommunicator::abort(int exit_code) noexcept {

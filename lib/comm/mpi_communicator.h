@@ -55,7 +55,11 @@ class MpiCommunicator : public Communicator {
   [[noreturn]] void abort(int exit_code) noexcept override;
 
  protected:
-  // The sequence number of the collective starting now, for errors.
+  // The sequence number of the collective starting now, for errors. Throws a
+  // CommunicatorError naming the first failure once a collective has timed out or MPI has
+  // returned an error: that collective's requests may still be pending, with the tags the
+  // next one would use. (Ranks that passed different sizes are still in step: agree_count
+  // fails before any transfer, and the next collective runs.)
   std::uint64_t next_sequence();
   // Waits for every request, until the deadline of collective `what` (#seq); past it,
   // throws hn::Error naming them and `peer`, the rank waited for (-1: any other rank).
@@ -75,6 +79,9 @@ class MpiCommunicator : public Communicator {
   // Throws a CommunicatorError naming `call`, the collective `what` (#seq) and this rank
   // unless `code` is MPI_SUCCESS (the communicator returns MPI's errors, never aborts).
   void check(int code, const char* call, const char* what, std::uint64_t seq) const;
+  // Throws a CommunicatorError with `message`, which after startup becomes the failure
+  // next_sequence() names.
+  [[noreturn]] void fail_with(const std::string& message) const;
   // Throws a CommunicatorError naming the ranks whose backend differs from this rank's.
   void agree_backend();
   // The backend's name in errors: name(), or while this class is constructed the one asked
@@ -89,6 +96,8 @@ class MpiCommunicator : public Communicator {
   // name() called from this class's constructor would be this class's).
   const char* backend_;
   bool starting_ = true;
+  // The first failed collective's error (empty: none).
+  mutable std::string failed_;
 };
 
 // Throws hn::Error naming `call` and MPI's message when `code` is not MPI_SUCCESS.

@@ -5,12 +5,14 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -489,6 +491,34 @@ TEST_CASE("collectives with different sizes on different ranks fail on every ran
     std::vector<float> ones(5, 1.0f);
     comm->allreduce(*driver, ones.data(), ones.size());
     CHECK(ones == std::vector<float>(5, static_cast<float>(n)));
+  }
+}
+
+TEST_CASE(
+    "a communicator whose collective timed out refuses the next one, naming the first failure",
+    "[mpi]") {
+  // Rank 0 enters a barrier the others reach only after its deadline. Its request stays
+  // pending with the tag the next collective would use, so the next one must fail at once
+  // instead of starting. The others then complete that barrier (rank 0's pending request
+  // matches theirs), and a fresh communicator brings every rank back in step.
+  for (const std::string backend : {"ring", "mpi"}) {
+    std::unique_ptr<Communicator> comm = make(backend, 0.5);
+    const int r = comm->rank(), n = comm->size();
+    INFO(backend << " rank " << r << " of " << n);
+    const std::unique_ptr<Driver> driver = host_driver();
+    std::vector<float> data(8, 1.0f);
+    if (r == 0) {
+      CHECK_THROWS_WITH(comm->barrier(), Contains("barrier #1") && Contains("timed out"));
+      CHECK_THROWS_WITH(comm->allreduce(*driver, data.data(), data.size()),
+                        Contains("no collective after a failed one") && Contains("barrier #1") &&
+                            Contains("timed out"));
+      CHECK_THROWS_WITH(comm->barrier(), Contains("no collective after a failed one"));
+      CHECK(data == std::vector<float>(8, 1.0f));
+    } else {
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+      comm->barrier();
+    }
+    make(backend)->barrier();
   }
 }
 
