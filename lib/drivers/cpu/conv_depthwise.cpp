@@ -16,11 +16,13 @@
 //
 // The forward and the data gradient on NCHW operands (depthwise_plain) run the same way: a
 // task takes one image and 16 channels, transposes their planes of x (or dy) into a
-// pixel-major buffer in cache, computes the output pixel by pixel with one 16-lane
-// multiply-add per tap (any stride, dilation or row length), and transposes the result back
-// into the caller's NCHW planes. Where oneDNN's depthwise kernel runs on blocked copies, the
-// copies go through memory: stage 2 of ShuffleNet v2 (58 channels, 56x56, stride 2, batch
-// 32) spent 6.2 ms of the 9 of its backward in reorders.
+// pixel-major buffer in cache (pixel_major.h), computes the output with one 16-lane
+// multiply-add per tap (any stride, dilation or row length; four output pixels at a time
+// where their windows lie inside the row; the data gradient gathers per input pixel the
+// taps that read it), and transposes the result back into the caller's NCHW planes. Where
+// oneDNN's depthwise kernel runs on blocked copies, the copies go through memory: stage 2 of
+// ShuffleNet v2 (58 channels, 56x56, stride 2, batch 32) spent 6.2 ms of the 9 of its
+// backward in reorders.
 #include "lib/drivers/cpu/kernels.h"  // first: see eigen.h
 
 #include "lib/drivers/cpu/conv_depthwise.h"
