@@ -238,26 +238,54 @@ struct FullRange {
   bool operator()(const Range& r) const { return r.lo == 0 && r.hi == kernel; }
 };
 
-// kBlockPixels outputs ow, ow + 1, ... of row oh, every tap of each row inside the input.
+// Outputs ow .. ow + P - 1 of row oh (P accumulators), their taps kh_range x kw_range.
+template <index_t P>
 void forward_pixels(const LoweringShape& s, const float* in, const float* w, const float* b,
-                    Range kh_range, index_t oh, index_t ow, float* out) {
-  float acc[kBlockPixels][kLanes];
-  for (index_t p = 0; p < kBlockPixels; ++p)
+                    Range kh_range, Range kw_range, index_t oh, index_t ow, float* out) {
+  float acc[P][kLanes];
+  for (index_t p = 0; p < P; ++p)
     for (index_t l = 0; l < kLanes; ++l)
       acc[p][l] = b[l];
   for (index_t kh = kh_range.lo; kh < kh_range.hi; ++kh) {
     const index_t ih = oh * s.stride_h - s.pad_h + kh * s.dilation_h;
     const float* row = in + ih * s.width * kLanes;
-    for (index_t kw = 0; kw < s.kernel_w; ++kw) {
+    for (index_t kw = kw_range.lo; kw < kw_range.hi; ++kw) {
       const float* k = w + (kh * s.kernel_w + kw) * kLanes;
-      for (index_t p = 0; p < kBlockPixels; ++p) {
+      for (index_t p = 0; p < P; ++p) {
         const float* v = row + ((ow + p) * s.stride_w - s.pad_w + kw * s.dilation_w) * kLanes;
         for (index_t l = 0; l < kLanes; ++l)
           acc[p][l] += k[l] * v[l];
       }
     }
   }
-  for (index_t p = 0; p < kBlockPixels; ++p)
+  for (index_t p = 0; p < P; ++p)
+    for (index_t l = 0; l < kLanes; ++l)
+      out[p * kLanes + l] = acc[p][l];
+}
+
+// Per input row (column) of a data gradient: a (tap, output row (column)) pair that reads it.
+struct Reader {
+  index_t tap, out;
+};
+
+// Inputs iw .. iw + P - 1 of one row (P accumulators): each one's sum over the pairs that
+// read it, by_row x by_col (for P > 1 the inputs after iw read the same taps, each at the
+// output one further on: stride 1 inside the row), in (kh, kw) order.
+template <index_t P>
+void gather_pixels(const LoweringShape& s, const float* grad, index_t out_w, const float* w,
+                   const std::vector<Reader>& by_row, const std::vector<Reader>& by_col,
+                   float* out) {
+  float acc[P][kLanes] = {};
+  for (const Reader& r : by_row) {
+    for (const Reader& c : by_col) {
+      const float* g = grad + (r.out * out_w + c.out) * kLanes;
+      const float* k = w + (r.tap * s.kernel_w + c.tap) * kLanes;
+      for (index_t p = 0; p < P; ++p)
+        for (index_t l = 0; l < kLanes; ++l)
+          acc[p][l] += k[l] * g[p * kLanes + l];
+    }
+  }
+  for (index_t p = 0; p < P; ++p)
     for (index_t l = 0; l < kLanes; ++l)
       out[p * kLanes + l] = acc[p][l];
 }
@@ -287,30 +315,15 @@ void depthwise_forward(Parallel& par, const LoweringShape& s, const float* x, co
           const Range kh_range = rows[static_cast<std::size_t>(oh)];
           for (index_t ow = 0; ow < out_w;) {
             const Range kw_range = cols[static_cast<std::size_t>(ow)];
+            float* o = out.data() + (oh * out_w + ow) * kLanes;
             if (ow + kBlockPixels <= out_w && full(kw_range) &&
                 full(cols[static_cast<std::size_t>(ow + kBlockPixels - 1)])) {
-              forward_pixels(s, in.data(), w, b, kh_range, oh, ow,
-                             out.data() + (oh * out_w + ow) * kLanes);
+              forward_pixels<kBlockPixels>(s, in.data(), w, b, kh_range, kw_range, oh, ow, o);
               ow += kBlockPixels;
-              continue;
+            } else {
+              forward_pixels<1>(s, in.data(), w, b, kh_range, kw_range, oh, ow, o);
+              ++ow;
             }
-            float acc[kLanes];
-            for (index_t l = 0; l < kLanes; ++l)
-              acc[l] = b[l];
-            for (index_t kh = kh_range.lo; kh < kh_range.hi; ++kh) {
-              const index_t ih = oh * s.stride_h - s.pad_h + kh * s.dilation_h;
-              for (index_t kw = kw_range.lo; kw < kw_range.hi; ++kw) {
-                const index_t iw = ow * s.stride_w - s.pad_w + kw * s.dilation_w;
-                const float* v = in.data() + (ih * s.width + iw) * kLanes;
-                const float* k = w + (kh * s.kernel_w + kw) * kLanes;
-                for (index_t l = 0; l < kLanes; ++l)
-                  acc[l] += k[l] * v[l];
-              }
-            }
-            float* o = out.data() + (oh * out_w + ow) * kLanes;
-            for (index_t l = 0; l < kLanes; ++l)
-              o[l] = acc[l];
-            ++ow;
           }
         }
         from_pixel_major(out.data(), out_plane, lanes, y + (n * s.channels + c0) * out_plane);
@@ -323,9 +336,6 @@ void depthwise_backward_data(Parallel& par, const LoweringShape& s, const float*
   const index_t in_plane = s.height * s.width, out_plane = out_h * out_w;
   // Per input row (column): the (tap, output row (column)) pairs that read it, taps in
   // ascending order.
-  struct Reader {
-    index_t tap, out;
-  };
   const auto readers = [](index_t size, index_t out, index_t kernel, index_t stride, index_t pad,
                           index_t dilation) {
     std::vector<std::vector<Reader>> by_input(static_cast<std::size_t>(size));
@@ -354,41 +364,17 @@ void depthwise_backward_data(Parallel& par, const LoweringShape& s, const float*
         // order; 0 where none does.
         for (index_t ih = 0; ih < s.height; ++ih) {
           const std::vector<Reader>& by_row = rows[static_cast<std::size_t>(ih)];
-          for (index_t iw = 0; iw < s.width; ++iw) {
+          for (index_t iw = 0; iw < s.width;) {
             const std::vector<Reader>& by_col = cols[static_cast<std::size_t>(iw)];
-            // Stride 1 inside the row: inputs iw .. iw + 3 read the same taps, each at the
-            // output one further on, so they are summed together (one accumulator each).
+            float* o = sums.data() + (ih * s.width + iw) * kLanes;
             if (s.stride_w == 1 && iw + kBlockPixels <= s.width && full_row(by_col) &&
                 full_row(cols[static_cast<std::size_t>(iw + kBlockPixels - 1)])) {
-              float block[kBlockPixels][kLanes] = {};
-              for (const Reader& r : by_row) {
-                for (const Reader& c : by_col) {
-                  const float* g = grad.data() + (r.out * out_w + c.out) * kLanes;
-                  const float* k = w + (r.tap * s.kernel_w + c.tap) * kLanes;
-                  for (index_t p = 0; p < kBlockPixels; ++p)
-                    for (index_t l = 0; l < kLanes; ++l)
-                      block[p][l] += k[l] * g[p * kLanes + l];
-                }
-              }
-              float* o = sums.data() + (ih * s.width + iw) * kLanes;
-              for (index_t p = 0; p < kBlockPixels; ++p)
-                for (index_t l = 0; l < kLanes; ++l)
-                  o[p * kLanes + l] = block[p][l];
-              iw += kBlockPixels - 1;
-              continue;
+              gather_pixels<kBlockPixels>(s, grad.data(), out_w, w, by_row, by_col, o);
+              iw += kBlockPixels;
+            } else {
+              gather_pixels<1>(s, grad.data(), out_w, w, by_row, by_col, o);
+              ++iw;
             }
-            float acc[kLanes] = {};
-            for (const Reader& r : by_row) {
-              for (const Reader& c : by_col) {
-                const float* g = grad.data() + (r.out * out_w + c.out) * kLanes;
-                const float* k = w + (r.tap * s.kernel_w + c.tap) * kLanes;
-                for (index_t l = 0; l < kLanes; ++l)
-                  acc[l] += k[l] * g[l];
-              }
-            }
-            float* o = sums.data() + (ih * s.width + iw) * kLanes;
-            for (index_t l = 0; l < kLanes; ++l)
-              o[l] = acc[l];
           }
         }
         from_pixel_major(sums.data(), in_plane, lanes, dx + (n * s.channels + c0) * in_plane);
