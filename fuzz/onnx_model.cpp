@@ -5,9 +5,18 @@
 #include <string>
 
 #include "fuzz/fuzz.h"
+#include "lib/core/memory.h"
 #include "lib/core/runtime.h"
 #include "lib/drivers/builtin.h"
 #include "lib/net/net.h"
+
+// A model's shapes may ask for any size: past 64 MiB the library's own limit refuses them as
+// an hn::Error (as the net builder's target sets it), where libFuzzer's RSS limit would end
+// the run.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  hn::set_host_memory_limit(std::size_t{64} << 20);
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   hn::register_builtin_drivers();
