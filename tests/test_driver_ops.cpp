@@ -964,6 +964,45 @@ TEST_CASE("copy_strided copies the block bit for bit and leaves the padding on e
   }
 }
 
+TEST_CASE(
+    "copy_strided_batched copies every image's block bit for bit and leaves the rest on every "
+    "driver",
+    "[driver_ops][elementwise]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    std::uint32_t seed = 665;
+    // batch, rows, cols, src_ld, src_stride, dst_ld, dst_stride: one image, images apart
+    // on both sides, images back to back (one block), one source for every image, and
+    // ShuffleNet v2's cut (a run of channels of each image into every other channel).
+    const std::vector<std::vector<index_t>> cases = {{1, 3, 7, 7, 0, 7, 0},
+                                                     {4, 3, 5, 5, 17, 10, 31},
+                                                     {5, 4, 6, 6, 24, 6, 24},
+                                                     {3, 2, 4, 4, 0, 4, 8},
+                                                     {3, 0, 4, 4, 9, 4, 9},
+                                                     {0, 3, 4, 4, 12, 4, 12},
+                                                     {32, 29, 196, 196, 22736, 392, 11368}};
+    for (const auto& c : cases) {
+      const index_t batch = c[0], rows = c[1], cols = c[2], src_ld = c[3], src_stride = c[4],
+                    dst_ld = c[5], dst_stride = c[6];
+      INFO("copy_strided_batched batch=" << batch << " rows=" << rows << " cols=" << cols
+                                         << " src_ld=" << src_ld << " src_stride=" << src_stride
+                                         << " dst_ld=" << dst_ld << " dst_stride=" << dst_stride);
+      const auto span = [&](index_t ld, index_t stride) {
+        return std::max<index_t>(1, (std::max<index_t>(batch, 1) - 1) * stride +
+                                        (std::max<index_t>(rows, 1) - 1) * ld + cols);
+      };
+      const TwinArray src(drivers, random_floats(span(src_ld, src_stride), seed++));
+      const TwinArray dst(drivers, constant(span(dst_ld, dst_stride), kSentinel));
+      run_both(drivers, [&](hn::Driver& d, Side s) {
+        d.copy_strided_batched(batch, rows, cols, src[s], src_ld, src_stride, dst[s], dst_ld,
+                               dst_stride);
+      });
+      check_identical(dst);
+    }
+  }
+}
+
 TEST_CASE("scale_channels matches the reference on every driver, in place too",
           "[driver_ops][elementwise]") {
   const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
@@ -1826,6 +1865,7 @@ TEST_CASE("calls with no elements leave memory untouched on every driver", "[dri
     d.powx(0, a.data(), 2.0f, c.data());
     d.copy_strided(0, 3, a.data(), 3, c.data(), 4);
     d.copy_strided(3, 0, a.data(), 1, c.data(), 1);
+    d.copy_strided_batched(0, 3, 3, a.data(), 3, 9, c.data(), 3, 9);
     d.scale_channels(no_outer, a.data(), b.data(), c.data());
     d.max_accumulate(0, a.data(), 0, c.data(), mask.data());
     d.max_select(0, mask.data(), 0, a.data(), c.data());
@@ -1925,6 +1965,8 @@ TEST_CASE("misuse errors name the call and the sizes on every driver", "[driver_
                Contains("lift_backward") && Contains("out_channels must be > 0, got 0"));
     CHECK_THAT(error_of([&] { d.copy_strided(2, 5, a.data(), 4, c.data(), 5); }),
                Contains("copy_strided") && Contains("src_ld=4") && Contains("cols=5"));
+    CHECK_THAT(error_of([&] { d.copy_strided_batched(2, 2, 2, a.data(), 2, 4, c.data(), 3, 4); }),
+               Contains("copy_strided_batched") && Contains("overlap") && Contains("dst_stride=4"));
     CHECK_THAT(error_of([&] { d.max_accumulate(4, a.data(), -1, c.data(), mask.data()); }),
                Contains("max_accumulate") && Contains("got -1"));
     CHECK_THAT(error_of([&] { d.powx(-2, a.data(), 1.0f, c.data()); }),

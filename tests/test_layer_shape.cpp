@@ -405,9 +405,32 @@ std::vector<float> naive_shuffle(const std::vector<Shape>& ins,
   return y;
 }
 
+// The channels of `y` (images x channels x inner) cut at `points` (none: in `parts` equal
+// pieces): each piece's values, image by image (a naive loop).
+std::vector<std::vector<float>> naive_cut(const std::vector<float>& y, index_t images,
+                                          index_t channels, std::vector<index_t> points,
+                                          index_t parts) {
+  const index_t inner = static_cast<index_t>(y.size()) / (images * channels);
+  if (points.empty())
+    for (index_t p = 1; p < parts; ++p)
+      points.push_back(p * channels / parts);
+  points.insert(points.begin(), 0);
+  points.push_back(channels);
+  std::vector<std::vector<float>> pieces;
+  for (std::size_t p = 0; p + 1 < points.size(); ++p) {
+    std::vector<float> piece;
+    for (index_t n = 0; n < images; ++n)
+      for (index_t c = points[p]; c < points[p + 1]; ++c)
+        for (index_t e = 0; e < inner; ++e)
+          piece.push_back(y[static_cast<std::size_t>((n * channels + c) * inner + e)]);
+    pieces.push_back(piece);
+  }
+  return pieces;
+}
+
 TEST_CASE(
-    "ShuffleChannel joins and shuffles the channels as a naive loop does and routes gradients "
-    "back on every driver",
+    "ShuffleChannel joins, shuffles and cuts the channels as a naive loop does and routes "
+    "gradients back on every driver",
     "[layer][shuffle_channel]") {
   const auto config = GENERATE(from_range(hn::test::driver_configs()));
   DYNAMIC_SECTION(config.label) {
@@ -415,34 +438,61 @@ TEST_CASE(
     struct Case {
       std::vector<Shape> inputs;
       int group;
+      std::vector<index_t> points;  // slice points of the outputs
+      int outputs;                  // 0: one per point and one more
     };
     const std::vector<Case> cases = {
-        {{Shape{3, 6, 2, 5}}, 2},                     // one input (ShuffleNet v1's)
-        {{Shape{3, 6, 2, 5}}, 3},                     //
-        {{Shape{3, 4, 3, 2}, Shape{3, 4, 3, 2}}, 2},  // a ShuffleNet v2 unit: one copy each
-        {{Shape{2, 2, 5}, Shape{2, 4, 5}}, 3},        // inputs across the groups
-        {{Shape{2, 3, 4}, Shape{2, 1, 4}, Shape{2, 2, 4}}, 2},
-        {{Shape{4, 6}}, 2},  // two axes
+        {{Shape{3, 6, 2, 5}}, 2, {}, 0},                     // one input (ShuffleNet v1's)
+        {{Shape{3, 6, 2, 5}}, 3, {}, 0},                     //
+        {{Shape{3, 4, 3, 2}, Shape{3, 4, 3, 2}}, 2, {}, 0},  // a ShuffleNet v2 unit's shuffle
+        {{Shape{2, 2, 5}, Shape{2, 4, 5}}, 3, {}, 0},        // inputs across the groups
+        {{Shape{2, 3, 4}, Shape{2, 1, 4}, Shape{2, 2, 4}}, 2, {}, 0},
+        {{Shape{4, 6}}, 2, {}, 0},  // two axes
+        // cut: a ShuffleNet v2 unit's shuffle and the next one's chunk in two
+        {{Shape{3, 6, 2, 3}, Shape{3, 6, 2, 3}}, 2, {}, 2},
+        {{Shape{3, 5, 2, 3}, Shape{3, 5, 2, 3}}, 2, {}, 2},  // odd halves
+        {{Shape{2, 2, 5}, Shape{2, 4, 5}}, 3, {1, 4}, 0},    // uneven pieces across groups
+        {{Shape{2, 7, 3}}, 7, {3}, 0},                       // one input, pieces of 3 and 4
     };
     std::uint32_t seed = 120;
     for (const Case& c : cases) {
       INFO(c.inputs.size() << " inputs, the first " << c.inputs[0].to_string() << ", group "
-                           << c.group);
-      hn::ShuffleChannelLayer layer("shuffle", hn::ShuffleChannelParams{c.group});
+                           << c.group << ", " << c.points.size() << " slice points, " << c.outputs
+                           << " outputs");
+      hn::ShuffleChannelLayer layer("shuffle", hn::ShuffleChannelParams{c.group, c.points},
+                                    c.outputs);
       const std::vector<Shape> outs = layer.setup(c.inputs);
-      std::vector<index_t> want = c.inputs[0].dims();
-      for (std::size_t i = 1; i < c.inputs.size(); ++i)
-        want[1] += c.inputs[i][1];
-      REQUIRE(outs == std::vector<Shape>{Shape(want)});
+      const index_t images = c.inputs[0][0];
+      index_t channels = 0;
+      for (const Shape& in : c.inputs)
+        channels += in[1];
+      const index_t parts = c.outputs > 0 ? c.outputs : static_cast<index_t>(c.points.size()) + 1;
+      REQUIRE(static_cast<index_t>(outs.size()) == parts);
       std::vector<std::vector<float>> xs;
       for (const Shape& in : c.inputs)
         xs.push_back(random_floats(static_cast<std::size_t>(in.count()), seed++));
-      const auto dy = random_floats(static_cast<std::size_t>(outs[0].count()), seed++);
-      const auto run = run_layer(layer, *driver, c.inputs, xs, {dy});
-      CHECK(run.outputs[0] == naive_shuffle(c.inputs, xs, c.group));
+      std::vector<std::vector<float>> dys;
+      std::vector<float> dy_whole;  // the outputs' gradients joined back, image by image
+      for (const Shape& out : outs)
+        dys.push_back(random_floats(static_cast<std::size_t>(out.count()), seed++));
+      for (index_t n = 0; n < images; ++n)
+        for (std::size_t o = 0; o < outs.size(); ++o) {
+          const index_t per_image = outs[o].count() / images;
+          dy_whole.insert(dy_whole.end(), dys[o].begin() + n * per_image,
+                          dys[o].begin() + (n + 1) * per_image);
+        }
+      const std::vector<std::vector<float>> want =
+          naive_cut(naive_shuffle(c.inputs, xs, c.group), images, channels, c.points, parts);
+      for (std::size_t o = 0; o < outs.size(); ++o) {
+        std::vector<index_t> dims = c.inputs[0].dims();
+        dims[1] = static_cast<index_t>(want[o].size()) / (outs[o].count() / outs[o][1]);
+        CHECK(outs[o] == Shape(dims));
+      }
+      const auto run = run_layer(layer, *driver, c.inputs, xs, dys);
+      CHECK(run.outputs == want);
       // dx: dy's channels back where they came from, checked by shuffling the gradients
       // forward again.
-      CHECK(naive_shuffle(c.inputs, run.input_diffs, c.group) == dy);
+      CHECK(naive_shuffle(c.inputs, run.input_diffs, c.group) == dy_whole);
       hn::test::check_split_equals_whole(layer, *driver, c.inputs, xs,
                                          RunSpec{{0, 1, c.inputs[0][0]}}, 0.0);
     }
@@ -647,8 +697,10 @@ TEST_CASE(
     hn::test::check_layer_gradients(reflect, *driver, {a}, {xa});
     hn::PadLayer edge("edge", hn::PadParams{1, {0, 2}, {1, 3}, 0.0f, hn::PadMode::edge});
     hn::test::check_layer_gradients(edge, *driver, {a}, {xa});
-    hn::ShuffleChannelLayer shuffle("shuffle", hn::ShuffleChannelParams{3});
+    hn::ShuffleChannelLayer shuffle("shuffle", hn::ShuffleChannelParams{3, {}});
     hn::test::check_layer_gradients(shuffle, *driver, {a, b}, {xa, xb});
+    hn::ShuffleChannelLayer cut("cut", hn::ShuffleChannelParams{3, {2}});
+    hn::test::check_layer_gradients(cut, *driver, {a, b}, {xa, xb});
   }
 }
 
@@ -682,13 +734,24 @@ TEST_CASE("Shape layer setup errors name the layer and the shapes",
     CHECK_THROWS_WITH(uneven.setup({Shape{2, 6, 3}}),
                       Contains("slice5") && Contains("evenly") && Contains("2x6x3"));
   }
-  SECTION("ShuffleChannel with a group that does not divide the channels, or inputs apart") {
-    hn::ShuffleChannelLayer layer("shuffle1", hn::ShuffleChannelParams{4});
+  SECTION(
+      "ShuffleChannel with a group that does not divide the channels, inputs apart, or a cut "
+      "that does not fit") {
+    hn::ShuffleChannelLayer layer("shuffle1", hn::ShuffleChannelParams{4, {}});
     CHECK_THROWS_WITH(layer.setup({Shape{2, 3, 4}, Shape{2, 3, 4}}),
                       Contains("shuffle1") && Contains("group 4") && Contains("6 channels"));
-    hn::ShuffleChannelLayer apart("shuffle2", hn::ShuffleChannelParams{2});
+    hn::ShuffleChannelLayer apart("shuffle2", hn::ShuffleChannelParams{2, {}});
     CHECK_THROWS_WITH(apart.setup({Shape{2, 3, 4}, Shape{2, 3, 5}}),
                       Contains("shuffle2") && Contains("2x3x4") && Contains("2x3x5"));
+    hn::ShuffleChannelLayer beyond("shuffle3", hn::ShuffleChannelParams{2, {2, 6}});
+    CHECK_THROWS_WITH(beyond.setup({Shape{2, 3, 4}, Shape{2, 3, 4}}),
+                      Contains("shuffle3") && Contains("(0, 6)") && Contains("2x3x4"));
+    hn::ShuffleChannelLayer counted("shuffle4", hn::ShuffleChannelParams{2, {2}}, 3);
+    CHECK_THROWS_WITH(counted.setup({Shape{2, 6, 4}}),
+                      Contains("shuffle4") && Contains("3 outputs"));
+    hn::ShuffleChannelLayer uneven("shuffle5", hn::ShuffleChannelParams{2, {}}, 4);
+    CHECK_THROWS_WITH(uneven.setup({Shape{2, 6, 4}}),
+                      Contains("shuffle5") && Contains("evenly") && Contains("2x6x4"));
   }
   SECTION("Flatten with axis after end_axis + 1") {
     // {2, 1} is Caffe's count(2, 2): an axis of 1 inserted.

@@ -408,6 +408,31 @@ DriverOperands Driver::copy_strided_operands(index_t rows, index_t cols, const f
   return ops;
 }
 
+DriverOperands Driver::copy_strided_batched_operands(index_t batch, index_t rows, index_t cols,
+                                                     const float* src, index_t src_ld,
+                                                     index_t src_stride, float* dst, index_t dst_ld,
+                                                     index_t dst_stride) const {
+  DriverOperands ops;
+  HN_CHECK(batch >= 0 && rows >= 0 && cols >= 0,
+           "copy_strided_batched: sizes must be >= 0, got batch={} rows={} cols={}", batch, rows,
+           cols);
+  HN_CHECK(src_ld >= cols && dst_ld >= cols && src_stride >= 0 && dst_stride >= 0,
+           "copy_strided_batched: leading dimensions src_ld={} dst_ld={} must be >= cols={} and "
+           "strides src_stride={} dst_stride={} >= 0",
+           src_ld, dst_ld, cols, src_stride, dst_stride);
+  const std::size_t src_image = matrix_bytes(rows, cols, src_ld);
+  const std::size_t dst_image = matrix_bytes(rows, cols, dst_ld);
+  HN_CHECK(batch <= 1 || dst_image <= floats(dst_stride),
+           "copy_strided_batched: the images of dst overlap (rows={} cols={} dst_ld={}, "
+           "dst_stride={})",
+           rows, cols, dst_ld, dst_stride);
+  const bool any = batch > 0 && rows > 0 && cols > 0;
+  ops.read("src", src, any ? floats((batch - 1) * src_stride) + src_image : 0);
+  ops.update("dst", dst, any ? floats((batch - 1) * dst_stride) + dst_image : 0);
+  ops.work = any;
+  return ops;
+}
+
 DriverOperands Driver::scale_channels_operands(const AxisShape& shape, const float* scale,
                                                const float* x, float* y) const {
   DriverOperands ops;

@@ -162,6 +162,13 @@ void Driver::do_swap_axes(index_t d0, index_t d1, index_t inner, const float* sr
   }
 }
 
+void Driver::do_copy_strided_batched(index_t batch, index_t rows, index_t cols, const float* src,
+                                     index_t src_ld, index_t src_stride, float* dst, index_t dst_ld,
+                                     index_t dst_stride) {
+  for (index_t b = 0; b < batch; ++b)
+    copy_strided(rows, cols, src + b * src_stride, src_ld, dst + b * dst_stride, dst_ld);
+}
+
 void Driver::do_conv_forward_activation(const LoweringShape& shape, index_t out_channels,
                                         const float* x, const float* weights, const float* bias,
                                         const Activation& activation, float* y) {

@@ -342,6 +342,14 @@ void copy_strided(index_t rows, index_t cols, const float* src, index_t src_ld, 
       dst[r * dst_ld + c] = src[r * src_ld + c];
   }
 }
+void copy_strided_batched(index_t batch, index_t rows, index_t cols, const float* src,
+                          index_t src_ld, index_t src_stride, float* dst, index_t dst_ld,
+                          index_t dst_stride) {
+  for (index_t b = 0; b < batch; ++b)
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t c = 0; c < cols; ++c)
+        dst[b * dst_stride + r * dst_ld + c] = src[b * src_stride + r * src_ld + c];
+}
 void scale_channels(const AxisShape& shape, const float* scale, const float* x, float* y) {
   for (index_t o = 0; o < shape.outer; ++o) {
     for (index_t c = 0; c < shape.channels; ++c) {

@@ -102,8 +102,9 @@ std::unique_ptr<Layer> make_permute_layer(std::string name, PermuteParams params
   return std::make_unique<PermuteLayer>(std::move(name), std::move(params));
 }
 
-std::unique_ptr<Layer> make_shuffle_channel_layer(std::string name, ShuffleChannelParams params) {
-  return std::make_unique<ShuffleChannelLayer>(std::move(name), params);
+std::unique_ptr<Layer> make_shuffle_channel_layer(std::string name, ShuffleChannelParams params,
+                                                  int num_outputs) {
+  return std::make_unique<ShuffleChannelLayer>(std::move(name), std::move(params), num_outputs);
 }
 
 std::unique_ptr<Layer> make_swish_layer(std::string name, SwishParams params) {

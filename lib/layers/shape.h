@@ -77,14 +77,18 @@ std::unique_ptr<Layer> make_permute_layer(std::string name, PermuteParams params
 
 // ShuffleNet's channel shuffle (the ShuffleChannel layer of its Caffe ports; ONNX's
 // Reshape [N, g, C/g, ...] -> Transpose (1 2) -> Reshape [N, C, ...]): output channel
-// k * group + j is input channel j * (C / group) + k. hybridnn's extension: several inputs
-// are first joined along the channels (axis 1) as Concat joins them, in one pass (a
-// ShuffleNet v2 unit's Concat and shuffle). Every input has at least 2 axes, the same
-// shape but for axis 1; C, their channels together, is a multiple of `group`.
+// k * group + j is input channel j * (C / group) + k. hybridnn's extensions, each in the
+// same one pass: several inputs are first joined along the channels (axis 1) as Concat
+// joins them (a ShuffleNet v2 unit's Concat and shuffle), and several outputs cut the
+// shuffled channels as a Slice along axis 1 cuts them (the next unit's chunk in two), at
+// `slice_point` or, without points, in equal parts. Every input has at least 2 axes, the
+// same shape but for axis 1; C, their channels together, is a multiple of `group`.
 struct ShuffleChannelParams {
   int group = 1;
+  std::vector<index_t> slice_point;  // as SliceParams::slice_point, along the channels
 };
-std::unique_ptr<Layer> make_shuffle_channel_layer(std::string name, ShuffleChannelParams params);
+std::unique_ptr<Layer> make_shuffle_channel_layer(std::string name, ShuffleChannelParams params,
+                                                  int num_outputs = 0);
 
 // Pads axes [axis, rank) with a constant (ONNX's Pad in constant mode, PyTorch's F.pad):
 // `before` and `after` hold one count for every padded axis, or a single count for all of

@@ -116,12 +116,13 @@ class PermuteLayer final : public Layer {
   std::vector<int> order_;  // complete, set by setup
 };
 
-// Joins its inputs along the channels and shuffles them (ShuffleChannelParams): one
-// strided copy per input and group, per image where an input is not one whole group
+// Joins its inputs along the channels, shuffles them and cuts them into its outputs
+// (ShuffleChannelParams): one strided copy of the batch per input, group and output
 // (lib/layers/shuffle_channel.cpp).
 class ShuffleChannelLayer final : public Layer {
  public:
-  ShuffleChannelLayer(std::string name, ShuffleChannelParams params);
+  // num_outputs 0: one per slice point and one more.
+  ShuffleChannelLayer(std::string name, ShuffleChannelParams params, int num_outputs = 0);
   const char* type() const override { return "ShuffleChannel"; }
   std::vector<Shape> setup(const std::vector<Shape>& inputs) override;
   void forward(const LayerSlice& slice) override;
@@ -129,6 +130,7 @@ class ShuffleChannelLayer final : public Layer {
 
  private:
   ShuffleChannelParams param_;
+  int num_outputs_;
 };
 
 // Pads with a constant (PadParams): a fill and one strided copy per block of the output

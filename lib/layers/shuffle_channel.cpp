@@ -1,9 +1,10 @@
 // ShuffleChannel layer (ShuffleNet's channel shuffle, its inputs joined along the channels
-// first): with K = C / group, output channel k * group + j is channel j * K + k of the
-// joined input. Each input's channels that fall in group j go to every group-th output
-// channel from one place on: one strided copy (rows: those channels, a row: one channel's
-// pixels), per image unless the input is exactly one group, when the rows of all images
-// follow one stride (ShuffleNet v2: two inputs, two groups, one copy each).
+// first and its output cut along them last): with K = C / group, shuffled channel
+// k * group + j is channel j * K + k of the joined input. Each input's channels that fall in
+// group j go to every group-th shuffled channel from one place on, and those that fall in
+// one output to every group-th channel of it: one strided copy of the whole batch per input,
+// group and output (rows: those channels, a row: one channel's pixels). ShuffleNet v2's
+// unit, Concat -> shuffle -> chunk(2), is one pass: two inputs, two groups, two outputs.
 #include <algorithm>
 #include <limits>
 #include <utility>
@@ -17,11 +18,17 @@
 namespace hn {
 namespace {
 
-// Calls move(input, rows, input offset, output offset, output row stride) for every run of
-// channels, offsets in floats from the start of that input's and the output's first image;
-// `inner` floats a channel, `images` images.
+// Ceiling of x / d for d > 0, 0 for x <= 0.
+index_t ceil_div(index_t x, index_t d) {
+  return x <= 0 ? 0 : (x + d - 1) / d;
+}
+
+// Calls move(input, output, rows, input offset, output offset, output row stride) for every
+// run of channels, offsets in floats from the start of that input's and that output's first
+// image.
 template <class Move>
-void for_each_run(const std::vector<Operand>& inputs, index_t group, index_t images, Move&& move) {
+void for_each_run(const std::vector<Operand>& inputs, const std::vector<Operand>& outputs,
+                  index_t group, Move&& move) {
   index_t channels = 0;
   for (const Operand& x : inputs)
     channels += x.shape[1];
@@ -31,17 +38,21 @@ void for_each_run(const std::vector<Operand>& inputs, index_t group, index_t ima
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const index_t own = inputs[i].shape[1];
     for (index_t j = 0; j < group; ++j) {
-      const index_t lo = std::max(first, j * per_group);
-      const index_t hi = std::min(first + own, (j + 1) * per_group);
-      if (lo >= hi) continue;
-      const index_t k = lo - j * per_group;  // output channel k * group + j
-      if (own == per_group && hi - lo == own) {
-        move(i, images * own, index_t{0}, j * inner, group * inner);
-        continue;
+      // Joined channels j * per_group + k, k in [k_lo, k_hi), are the input's in group j;
+      // each goes to shuffled channel k * group + j.
+      const index_t k_lo = std::max(first, j * per_group) - j * per_group;
+      const index_t k_hi = std::min(first + own, (j + 1) * per_group) - j * per_group;
+      if (k_lo >= k_hi) continue;
+      index_t out_first = 0;  // the output's first shuffled channel
+      for (std::size_t o = 0; o < outputs.size(); ++o) {
+        const index_t out_own = outputs[o].shape[1];
+        const index_t a = std::max(k_lo, ceil_div(out_first - j, group));
+        const index_t b = std::min(k_hi, ceil_div(out_first + out_own - j, group));
+        if (a < b)
+          move(i, o, b - a, (j * per_group + a - first) * inner,
+               (a * group + j - out_first) * inner, group * inner);
+        out_first += out_own;
       }
-      for (index_t n = 0; n < images; ++n)
-        move(i, hi - lo, (n * own + lo - first) * inner, (n * channels + k * group + j) * inner,
-             group * inner);
     }
     first += own;
   }
@@ -49,8 +60,12 @@ void for_each_run(const std::vector<Operand>& inputs, index_t group, index_t ima
 
 }  // namespace
 
-ShuffleChannelLayer::ShuffleChannelLayer(std::string name, ShuffleChannelParams params)
-    : Layer(std::move(name)), param_(params) {}
+ShuffleChannelLayer::ShuffleChannelLayer(std::string name, ShuffleChannelParams params,
+                                         int num_outputs)
+    : Layer(std::move(name)),
+      param_(std::move(params)),
+      num_outputs_(num_outputs > 0 ? num_outputs
+                                   : static_cast<int>(param_.slice_point.size()) + 1) {}
 
 std::vector<Shape> ShuffleChannelLayer::setup(const std::vector<Shape>& inputs) {
   check_input_count(inputs, 1, std::numeric_limits<int>::max());
@@ -72,29 +87,64 @@ std::vector<Shape> ShuffleChannelLayer::setup(const std::vector<Shape>& inputs) 
   HN_CHECK(param_.group >= 1 && dims[1] % param_.group == 0,
            "{}: group {} does not divide the {} channels of the input{} ({})", describe(),
            param_.group, dims[1], inputs.size() > 1 ? "s joined" : "", first.to_string());
-  return {Shape(dims)};
+  // The outputs: the shuffled channels cut as a Slice along axis 1 cuts them.
+  const index_t channels = dims[1];
+  const auto& points = param_.slice_point;
+  std::vector<index_t> sizes;
+  if (!points.empty()) {
+    HN_CHECK(static_cast<int>(points.size()) == num_outputs_ - 1,
+             "{}: {} slice points for {} outputs ({} channels); need one fewer points than "
+             "outputs",
+             describe(), points.size(), num_outputs_, channels);
+    index_t previous = 0;
+    for (const index_t point : points) {
+      HN_CHECK(previous < point && point < channels,
+               "{}: slice points must increase strictly inside (0, {}) along the channels; got "
+               "{} after {} (input {})",
+               describe(), channels, point, previous, first.to_string());
+      sizes.push_back(point - previous);
+      previous = point;
+    }
+    sizes.push_back(channels - previous);
+  } else {
+    HN_CHECK(channels % num_outputs_ == 0,
+             "{}: {} outputs do not evenly divide the {} channels (input {})", describe(),
+             num_outputs_, channels, first.to_string());
+    sizes.assign(static_cast<std::size_t>(num_outputs_), channels / num_outputs_);
+  }
+  std::vector<Shape> outputs;
+  for (const index_t size : sizes) {
+    dims[1] = size;
+    outputs.emplace_back(dims);
+  }
+  return outputs;
 }
 
 void ShuffleChannelLayer::forward(const LayerSlice& slice) {
-  float* y = slice.outputs[0].mutable_x();
   const index_t inner = slice.outputs[0].shape.count(2, slice.outputs[0].shape.axes());
-  for_each_run(slice.inputs, param_.group, slice.rows(),
-               [&](std::size_t i, index_t rows, index_t from, index_t to, index_t to_ld) {
-                 slice.driver->copy_strided(rows, inner, slice.inputs[i].x() + from, inner, y + to,
-                                            to_ld);
-               });
+  for_each_run(
+      slice.inputs, slice.outputs, param_.group,
+      [&](std::size_t i, std::size_t o, index_t rows, index_t from, index_t to, index_t to_ld) {
+        const Operand &x = slice.inputs[i], &y = slice.outputs[o];
+        slice.driver->copy_strided_batched(slice.rows(), rows, inner, x.x() + from, inner,
+                                           x.shape[1] * inner, y.mutable_x() + to, to_ld,
+                                           y.shape[1] * inner);
+      });
 }
 
-// Each input's gradient: its channels of dy, moved back.
+// Each input's gradient: its channels of the outputs' dy, moved back. The runs tile every
+// input, so they overwrite all of dx.
 void ShuffleChannelLayer::backward(const LayerSlice& slice) {
-  const float* dy = slice.outputs[0].dx();
   const index_t inner = slice.outputs[0].shape.count(2, slice.outputs[0].shape.axes());
-  for_each_run(slice.inputs, param_.group, slice.rows(),
-               [&](std::size_t i, index_t rows, index_t from, index_t to, index_t to_ld) {
-                 if (!slice.propagate_down[i]) return;
-                 slice.driver->copy_strided(rows, inner, dy + to, to_ld,
-                                            slice.inputs[i].mutable_dx() + from, inner);
-               });
+  for_each_run(
+      slice.inputs, slice.outputs, param_.group,
+      [&](std::size_t i, std::size_t o, index_t rows, index_t from, index_t to, index_t to_ld) {
+        if (!slice.propagate_down[i]) return;
+        const Operand &x = slice.inputs[i], &y = slice.outputs[o];
+        slice.driver->copy_strided_batched(slice.rows(), rows, inner, y.dx() + to, to_ld,
+                                           y.shape[1] * inner, x.mutable_dx() + from, inner,
+                                           x.shape[1] * inner);
+      });
 }
 
 // ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------
@@ -106,7 +156,8 @@ using namespace detail;
 std::unique_ptr<Layer> make_shuffle_channel(const pb::LayerParameter& p) {
   ShuffleChannelParams params;
   params.group = to_int(p, "group", p.shuffle_channel_param().group());
-  return std::make_unique<ShuffleChannelLayer>(p.name(), params);
+  params.slice_point = to_indices(p.shuffle_channel_param().slice_point());
+  return std::make_unique<ShuffleChannelLayer>(p.name(), std::move(params), p.top_size());
 }
 
 }  // namespace

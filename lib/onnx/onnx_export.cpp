@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <numeric>
 #include <set>
 #include <string>
 #include <utility>
@@ -553,9 +554,18 @@ void write_permute(Exporter& ex) {
 
 // ShuffleChannel: the bottoms joined by a Concat along the channels (more than one), then
 // PyTorch's channel_shuffle: Reshape [N, g, C/g, ...], Transpose (1 2), Reshape [N, C, ...]
-// (the batch copied: 0), which the importer reads back as one ShuffleChannel.
+// (the batch copied: 0), then a Split along the channels into the tops (more than one),
+// which the importer reads back as one ShuffleChannel.
 void write_shuffle_channel(Exporter& ex) {
-  const Dims out = ex.shape(ex.layer().top(0));
+  Dims out = ex.shape(ex.layer().top(0));
+  Dims sizes;  // each top's channels
+  for (const std::string& top : ex.layer().top()) {
+    const Dims piece = ex.shape(top);
+    if (piece.size() != out.size() || piece.size() < 2)
+      ex.fail_layer("tops of {} and {} axes", out.size(), piece.size());
+    sizes.push_back(piece[1]);
+  }
+  if (out.size() >= 2) out[1] = std::accumulate(sizes.begin(), sizes.end(), std::int64_t{0});
   const std::int64_t group = ex.layer().shuffle_channel_param().group();
   if (out.size() < 2 || group < 1 || out[1] % group != 0)
     ex.fail_layer("group {} for an output of {} axes", group, out.size());
@@ -576,7 +586,17 @@ void write_shuffle_channel(Exporter& ex) {
   const std::string grouped = ex.temporary("/groups"), swapped = ex.temporary("/transpose");
   ex.node("Reshape", {x, ex.int64_initializer("groups_shape", split)}, {grouped}, "/groups");
   Exporter::attr(ex.node("Transpose", {grouped}, {swapped}, "/transpose"), "perm", perm);
-  ex.node("Reshape", {swapped, ex.int64_initializer("shape", back)}, {ex.top(0)});
+  if (ex.layer().top_size() == 1) {
+    ex.node("Reshape", {swapped, ex.int64_initializer("shape", back)}, {ex.top(0)});
+    return;
+  }
+  const std::string shuffled = ex.temporary("/shuffled");
+  ex.node("Reshape", {swapped, ex.int64_initializer("shape", back)}, {shuffled}, "/shuffled");
+  std::vector<std::string> outputs;
+  for (int t = 0; t < ex.layer().top_size(); ++t)
+    outputs.push_back(ex.top(t));
+  Exporter::attr(ex.node("Split", {shuffled, ex.int64_initializer("split", sizes)}, outputs),
+                 "axis", std::int64_t{1});
 }
 
 // Slice: Split, the sizes from the tops' shapes.

@@ -442,6 +442,40 @@ class Importer {
     }
     return false;
   }
+  // A Slice along the channels of a ShuffleChannel layer's only output that nothing else
+  // reads (the next ShuffleNet v2 unit's chunk in two) becomes that layer's cut: its tops
+  // and slice points move to the ShuffleChannel, which writes the pieces in its one pass.
+  void fold_shuffle_slices() {
+    std::set<std::string> kept;  // graph outputs
+    for (const onnx::ValueInfoProto& out : model_.graph().output())
+      kept.insert(resolve(out.name()));
+    std::map<std::string, int> readers;
+    for (const pb::LayerParameter& layer : net_.layer())
+      for (const std::string& b : layer.bottom())
+        ++readers[b];
+    std::map<std::string, int> shuffles;  // the sole top of each ShuffleChannel -> its index
+    for (int l = 0; l < net_.layer_size(); ++l) {
+      const pb::LayerParameter& layer = net_.layer(l);
+      if (layer.type() == "ShuffleChannel" && layer.top_size() == 1) {
+        shuffles[layer.top(0)] = l;
+        continue;
+      }
+      if (layer.type() != "Slice" || layer.bottom_size() != 1 ||
+          layer.slice_param().has_slice_dim() || layer.slice_param().axis() != 1)
+        continue;
+      const std::string& x = layer.bottom(0);
+      const auto producer = shuffles.find(x);
+      if (producer == shuffles.end() || readers[x] != 1 || kept.count(x) > 0) continue;
+      pb::LayerParameter& shuffle = *net_.mutable_layer(producer->second);
+      shuffle.clear_top();
+      for (const std::string& top : layer.top())
+        shuffle.add_top(top);
+      for (std::uint32_t point : layer.slice_param().slice_point())
+        shuffle.mutable_shuffle_channel_param()->add_slice_point(point);
+      shuffles.erase(producer);
+      net_.mutable_layer()->DeleteSubrange(l--, 1);
+    }
+  }
   // The index of the Silence layer that alone reads `blob` (an unused piece), or -1.
   int silence_of(const std::string& blob) const {
     int found = -1;
@@ -2066,6 +2100,7 @@ OnnxModel Importer::run() {
         fail_node("attribute '{}' is not supported for {}", a.name(), n.op_type());
     }
   }
+  fold_shuffle_slices();
   OnnxModel model;
   for (const pb::LayerParameter& layer : net_.layer())
     if (layer.has_input_param()) model.inputs.push_back(layer.top(0));

@@ -221,6 +221,12 @@ class CpuDriver final : public Driver {
                        index_t dst_ld) override {
     cpu::copy_strided(parallel_, rows, cols, src, src_ld, dst, dst_ld);
   }
+  void do_copy_strided_batched(index_t batch, index_t rows, index_t cols, const float* src,
+                               index_t src_ld, index_t src_stride, float* dst, index_t dst_ld,
+                               index_t dst_stride) override {
+    cpu::copy_strided_batched(parallel_, batch, rows, cols, src, src_ld, src_stride, dst, dst_ld,
+                              dst_stride);
+  }
   void do_scale_channels(const AxisShape& shape, const float* scale, const float* x,
                          float* y) override {
     if (shape.layout != Layout::nchw)

@@ -131,6 +131,24 @@ void copy_strided(Parallel& par, index_t rows, index_t cols, const float* src, i
   });
 }
 
+// One parallel range over every row of every image.
+void copy_strided_batched(Parallel& par, index_t batch, index_t rows, index_t cols,
+                          const float* src, index_t src_ld, index_t src_stride, float* dst,
+                          index_t dst_ld, index_t dst_stride) {
+  if (batch == 1 || (src_stride == rows * src_ld && dst_stride == rows * dst_ld)) {
+    copy_strided(par, batch == 1 ? rows : batch * rows, cols, src, src_ld, dst, dst_ld);
+    return;
+  }
+  if (rows == 0) return;
+  par.for_range(batch * rows, cols * kCostCopy, [&](index_t first, index_t last) {
+    for (index_t i = first; i < last; ++i) {
+      const index_t b = i / rows, r = i % rows;
+      std::memcpy(dst + b * dst_stride + r * dst_ld, src + b * src_stride + r * src_ld,
+                  sizeof(float) * cols);
+    }
+  });
+}
+
 void scale_channels(Parallel& par, const AxisShape& s, const float* scale, const float* x,
                     float* y) {
   if (s.inner == 1) {

@@ -48,6 +48,9 @@ void add_scalar(Parallel& par, index_t n, float alpha, float* x);
 void powx(Parallel& par, index_t n, const float* x, float exponent, float* y);
 void copy_strided(Parallel& par, index_t rows, index_t cols, const float* src, index_t src_ld,
                   float* dst, index_t dst_ld);
+void copy_strided_batched(Parallel& par, index_t batch, index_t rows, index_t cols,
+                          const float* src, index_t src_ld, index_t src_stride, float* dst,
+                          index_t dst_ld, index_t dst_stride);
 void scale_channels(Parallel& par, const AxisShape& shape, const float* scale, const float* x,
                     float* y);
 void max_accumulate(Parallel& par, index_t n, const float* x, std::int32_t index, float* y,
