@@ -611,6 +611,13 @@ std::vector<std::pair<hn::LoweringShape, index_t>> conv_cases() {
   cases.emplace_back(lowering(2, 58, 12, 12, 3, 3, 1, 1, 2, 2, 1, 1, 58), 58);
   cases.emplace_back(lowering(3, 29, 7, 7, 3, 3, 1, 1, 1, 1, 1, 1, 29), 29);
   cases.emplace_back(lowering(8, 16, 14, 14, 3, 3, 1, 1, 1, 1), 16);  // Winograd-sized batch
+  // First layers of few channels with strides (the CPU driver's conv_small): ShuffleNet v2's
+  // conv1 on odd sizes, 5x5 with stride 2 down the rows only, a column stride of 3, and a
+  // row of 40 phases (two and a half vectors of each).
+  cases.emplace_back(lowering(2, 3, 23, 37, 3, 3, 1, 1, 2, 2), 24);
+  cases.emplace_back(lowering(3, 1, 17, 20, 5, 5, 2, 2, 2, 1), 12);
+  cases.emplace_back(lowering(2, 2, 9, 50, 3, 4, 0, 1, 1, 3), 9);
+  cases.emplace_back(lowering(1, 4, 6, 80, 2, 5, 1, 2, 1, 2), 5);
   return cases;
 }
 

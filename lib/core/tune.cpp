@@ -67,8 +67,9 @@ namespace {
 // its pointwise (1x1) convolution; 6: denormals flushed in the CPU driver's calls, whose
 // assists had slowed some candidates 5x on Intel cores, and the fused ReLU's three passes; 7:
 // the CPU driver's own depthwise forward and data gradient on NCHW operands; 8: the same with
-// four accumulators, ahead of oneDNN's at every ShuffleNet shape).
-constexpr int kKernelsRevision = 8;
+// four accumulators, ahead of oneDNN's at every ShuffleNet shape; 9: the CPU driver's own
+// convolution of few input channels with column strides, ShuffleNet v2's conv1).
+constexpr int kKernelsRevision = 9;
 
 constexpr char kHeader[] =
     "# hybridnn tuning cache: the fastest algorithm measured per machine, driver and shape.\n"

@@ -271,7 +271,7 @@ void execute(const dnnl::stream& stream, Call call, const Entry& e,
 void DirectConvolution::forward(Parallel& par, const LoweringShape& shape, index_t out_channels,
                                 const float* x, const float* weights, const float* bias, float* y,
                                 const Activation& activation) {
-  const bool apart = small_conv_supported(shape) || !fuses(activation);
+  const bool apart = !fuses(activation);
   const auto after = [&] {
     const index_t n = shape.batch * out_channels * shape.out_h() * shape.out_w();
     if (activation.kind == Activation::Kind::relu) relu_forward(par, n, activation.slope, y, y);
@@ -279,8 +279,7 @@ void DirectConvolution::forward(Parallel& par, const LoweringShape& shape, index
       clip_forward(par, n, activation.lo, activation.hi, y, y);
   };
   if (small_conv_supported(shape)) {
-    small_conv_forward(par, shape, out_channels, x, weights, bias, y);
-    return after();
+    return small_conv_forward(par, shape, out_channels, x, weights, bias, activation, y);
   }
   if (depthwise_plain(shape, out_channels)) {
     depthwise_forward(par, shape, x, weights, bias, y);

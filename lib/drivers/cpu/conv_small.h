@@ -8,12 +8,15 @@ namespace hn::detail::cpu {
 
 class Parallel;
 
-// Whether `shape` is computed here instead of by oneDNN: one group, stride 1, no dilation,
-// at most 4 input channels, kernel at most 11x5, rows of at least 8 outputs, a build with
-// AVX-512, and no plain_kernel asked for (that is oneDNN's NCHW kernel).
+// Whether `shape` is computed here instead of by oneDNN: one group, a column stride of at
+// most 4 (any row stride), no dilation, at most 4 input channels, kernel at most 11x5, rows
+// of at least 8 outputs, a build with AVX-512, and no plain_kernel asked for (that is
+// oneDNN's NCHW kernel).
 bool small_conv_supported(const LoweringShape& shape);
+// y = activation(x (*) weights + bias), overwriting y.
 void small_conv_forward(Parallel& par, const LoweringShape& shape, index_t out_channels,
-                        const float* x, const float* weights, const float* bias, float* y);
+                        const float* x, const float* weights, const float* bias,
+                        const Activation& activation, float* y);
 // Adds to dweights and, when not null, to dbias; the same sums whatever the thread count.
 void small_conv_backward_weights(Parallel& par, const LoweringShape& shape, index_t out_channels,
                                  const float* x, const float* dy, float* dweights, float* dbias);
