@@ -326,6 +326,10 @@ void DirectConvolution::forward(Parallel& par, const LoweringShape& shape, index
 void DirectConvolution::backward_data(Parallel& par, Blas blas, const LoweringShape& shape,
                                       index_t out_channels, const float* weights, const float* dy,
                                       float* dx) {
+  if (small_conv_supported(shape)) {
+    small_conv_backward_data(par, shape, out_channels, weights, dy, dx);
+    return;
+  }
   if (depthwise_plain(shape, out_channels)) {
     depthwise_backward_data(par, shape, weights, dy, dx);
     return;

@@ -1,6 +1,6 @@
 // The CPU driver's own direct convolution for layers with very few input channels (a net's
 // first layer: LeNet's conv1 has 1 channel, 5x5, stride 1; ShuffleNet v2's 3, 3x3, stride
-// 2), forward and weight gradient, on NCHW directly with AVX-512.
+// 2), forward, data gradient and weight gradient, on NCHW directly with AVX-512.
 //
 // oneDNN's kernels block output channels by 16 (LeNet conv1: 20 padded to 32), and the
 // caller's NCHW tensors are reordered into that layout and back on every call, which cost
@@ -113,10 +113,20 @@ const float* phased_image(const LoweringShape& s, const float* image, std::vecto
 // The inputs of one 16-wide output vector: per tap inside the image, the input address of
 // lane 0, the lane mask, and the tap's index in a weight row [c][kh][kw].
 struct Taps {
+  explicit Taps(index_t capacity)
+      : at(static_cast<std::size_t>(capacity)),
+        mask(static_cast<std::size_t>(capacity)),
+        weight(static_cast<std::size_t>(capacity)) {}
+  void add(const float* address, __mmask16 lanes, index_t weight_index) {
+    const auto i = static_cast<std::size_t>(count++);
+    at[i] = address;
+    mask[i] = lanes;
+    weight[i] = weight_index;
+  }
   index_t count = 0;
-  const float* at[kMaxChannels * kMaxKernelH * kMaxKernelW];
-  __mmask16 mask[kMaxChannels * kMaxKernelH * kMaxKernelW];
-  index_t weight[kMaxChannels * kMaxKernelH * kMaxKernelW];
+  std::vector<const float*> at;
+  std::vector<__mmask16> mask;
+  std::vector<index_t> weight;
 };
 
 // Output channels [co0, co0 + B) of one output vector: B accumulators that stay in
@@ -145,9 +155,12 @@ void forward_block(const Taps& t, const float* weights, index_t taps, const floa
   for (int j = 0; j < B; ++j)
     acc[j] = bias != nullptr ? _mm512_set1_ps(bias[j]) : _mm512_setzero_ps();
   const index_t count = t.count;
+  const float* const* at = t.at.data();
+  const __mmask16* masks = t.mask.data();
+  const index_t* offsets = t.weight.data();
   for (index_t i = 0; i < count; ++i) {
-    const __m512 v = _mm512_maskz_loadu_ps(t.mask[i], t.at[i]);
-    const float* w = weights + t.weight[i];
+    const __m512 v = _mm512_maskz_loadu_ps(masks[i], at[i]);
+    const float* w = weights + offsets[i];
 #pragma GCC unroll 8
     for (int j = 0; j < B; ++j)
       acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(w[j * taps]), v, acc[j]);
@@ -191,7 +204,7 @@ void forward_image(const LoweringShape& s, index_t out_channels, const float* x,
       masks[static_cast<std::size_t>(chunk * s.kernel_w + kw)] =
           tap_mask(s, out_w, chunk * kLanes, kw);
   }
-  Taps t;
+  Taps t(taps);
   for (index_t oh = 0; oh < out_h; ++oh) {
     for (index_t chunk = 0; chunk < chunks; ++chunk) {
       const index_t ow0 = chunk * kLanes;
@@ -202,12 +215,9 @@ void forward_image(const LoweringShape& s, index_t out_channels, const float* x,
           const index_t ih = oh * s.stride_h - s.pad_h + kh;
           if (ih < 0 || ih >= s.height) continue;
           const float* row = x + (c * s.height + ih) * row_floats;
-          for (index_t kw = 0; kw < s.kernel_w; ++kw) {
-            t.at[t.count] = lane0(row, ow0 + offsets[kw]);
-            t.mask[t.count] = chunk_masks[kw];
-            t.weight[t.count] = (c * s.kernel_h + kh) * s.kernel_w + kw;
-            ++t.count;
-          }
+          for (index_t kw = 0; kw < s.kernel_w; ++kw)
+            t.add(lane0(row, ow0 + offsets[kw]), chunk_masks[kw],
+                  (c * s.kernel_h + kh) * s.kernel_w + kw);
         }
       }
       const __mmask16 out_mask = store_mask(out_w, ow0);
@@ -218,6 +228,151 @@ void forward_image(const LoweringShape& s, index_t out_channels, const float* x,
                               out_mask);
       }
     }
+  }
+}
+
+// The data gradient's outputs [0, B) of one 16-wide vector: for each tap (a kernel row and
+// column: dy's row at lane 0 and the mask, the weights' offset), the sum over the output
+// channels co of w[co][j][kh][kw] * dy[co][...] (dy's channels `dy_plane` floats apart,
+// the weights' `per_co`, the outputs' `kernel`). Four output channels at a time into four
+// sets of accumulators (B is at most 4: one set alone would wait on its own sums).
+template <int B>
+void data_block(const Taps& t, index_t out_channels, index_t dy_plane, const float* weights,
+                index_t per_co, index_t kernel, float* y, index_t y_plane, __mmask16 out_mask) {
+  constexpr int kSets = 4;
+  __m512 acc[kSets][B];
+#pragma GCC unroll 4
+  for (int k = 0; k < kSets; ++k) {
+#pragma GCC unroll 4
+    for (int j = 0; j < B; ++j)
+      acc[k][j] = _mm512_setzero_ps();
+  }
+  for (index_t i = 0; i < t.count; ++i) {
+    const float* at = t.at[static_cast<std::size_t>(i)];
+    const __mmask16 mask = t.mask[static_cast<std::size_t>(i)];
+    const float* w = weights + t.weight[static_cast<std::size_t>(i)];
+    index_t co = 0;
+    for (; co + kSets <= out_channels; co += kSets) {
+#pragma GCC unroll 4
+      for (int k = 0; k < kSets; ++k) {
+        const __m512 v = _mm512_maskz_loadu_ps(mask, lane0(at, (co + k) * dy_plane));
+#pragma GCC unroll 4
+        for (int j = 0; j < B; ++j)
+          acc[k][j] =
+              _mm512_fmadd_ps(_mm512_set1_ps(w[(co + k) * per_co + j * kernel]), v, acc[k][j]);
+      }
+    }
+    for (; co < out_channels; ++co) {
+      const __m512 v = _mm512_maskz_loadu_ps(mask, lane0(at, co * dy_plane));
+#pragma GCC unroll 4
+      for (int j = 0; j < B; ++j)
+        acc[0][j] = _mm512_fmadd_ps(_mm512_set1_ps(w[co * per_co + j * kernel]), v, acc[0][j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < B; ++j) {
+    const __m512 sum =
+        _mm512_add_ps(_mm512_add_ps(acc[0][j], acc[1][j]), _mm512_add_ps(acc[2][j], acc[3][j]));
+    _mm512_mask_storeu_ps(y + j * y_plane, out_mask, sum);
+  }
+}
+
+using DataBlock = void (*)(const Taps&, index_t, index_t, const float*, index_t, index_t, float*,
+                           index_t, __mmask16);
+
+DataBlock data_kernel(index_t block) {
+  static constexpr DataBlock kernels[] = {nullptr, &data_block<1>, &data_block<2>, &data_block<3>,
+                                          &data_block<4>};
+  return kernels[block];
+}
+
+// The data gradient of one image: dx[c][ih][iw] = sum over (co, kh, kw) of
+// w[co][c][kh][kw] * dy[co][oh][ow] where ih = oh * stride_h - pad_h + kh and
+// iw = ow * S - pad_w + kw. Computed phase by phase (iw = j * S + p, into `phased`, rows of
+// phases as split_phases lays them out): for phase p the kernel columns with
+// (p + pad_w - kw) % S == 0 read dy at ow = j + (p + pad_w - kw) / S, so 16 consecutive j
+// read 16 consecutive ow, a masked load as in the forward, with the image's channels the
+// block of outputs (data_block, B = channels).
+void backward_data_image(const LoweringShape& s, index_t out_channels, const float* weights,
+                         const float* dy, float* phased) {
+  const index_t out_h = s.out_h(), out_w = s.out_w(), out_plane = out_h * out_w;
+  const index_t stride = s.stride_w, wp = phase_width(s), row_floats = phased_row(s);
+  const index_t kernel = s.kernel_h * s.kernel_w, per_co = s.channels * kernel;
+  const index_t chunks = (wp + kLanes - 1) / kLanes;
+  // Per phase and chunk: the lanes to write, and per kernel column the lanes that read dy
+  // (0: the column reads nothing there) and its column offset d.
+  struct Column {
+    __mmask16 lanes = 0;
+    index_t d = 0;
+  };
+  std::vector<__mmask16> inside(static_cast<std::size_t>(stride * chunks));
+  std::vector<Column> columns(static_cast<std::size_t>(stride * chunks * s.kernel_w));
+  for (index_t p = 0; p < stride; ++p) {
+    for (index_t chunk = 0; chunk < chunks; ++chunk) {
+      const index_t j0 = chunk * kLanes, at = p * chunks + chunk;
+      std::uint32_t write = 0;
+      for (index_t l = 0; l < kLanes; ++l) {
+        const index_t j = j0 + l;
+        if (j < wp && j * stride + p < s.width) write |= 1u << l;
+      }
+      inside[static_cast<std::size_t>(at)] = static_cast<__mmask16>(write);
+      for (index_t kw = 0; kw < s.kernel_w; ++kw) {
+        const index_t q = p + s.pad_w - kw;
+        if (((q % stride) + stride) % stride != 0) continue;
+        const index_t d = q / stride;  // exact
+        std::uint32_t lanes = 0;
+        for (index_t l = 0; l < kLanes; ++l) {
+          const index_t ow = j0 + l + d;
+          if ((write >> l & 1u) != 0 && ow >= 0 && ow < out_w) lanes |= 1u << l;
+        }
+        columns[static_cast<std::size_t>(at * s.kernel_w + kw)] =
+            Column{static_cast<__mmask16>(lanes), d};
+      }
+    }
+  }
+  Taps t(kernel);
+  for (index_t ih = 0; ih < s.height; ++ih) {
+    for (index_t p = 0; p < stride; ++p) {
+      for (index_t chunk = 0; chunk < chunks; ++chunk) {
+        const index_t j0 = chunk * kLanes, at = p * chunks + chunk;
+        t.count = 0;
+        for (index_t kh = 0; kh < s.kernel_h; ++kh) {
+          const index_t r = ih + s.pad_h - kh;
+          if (r < 0 || r % s.stride_h != 0 || r / s.stride_h >= out_h) continue;
+          const float* row = dy + (r / s.stride_h) * out_w;
+          for (index_t kw = 0; kw < s.kernel_w; ++kw) {
+            const Column& c = columns[static_cast<std::size_t>(at * s.kernel_w + kw)];
+            if (c.lanes != 0) t.add(lane0(row, j0 + c.d), c.lanes, kh * s.kernel_w + kw);
+          }
+        }
+        data_kernel(s.channels)(t, out_channels, out_plane, weights, per_co, kernel,
+                                phased + ih * row_floats + p * wp + j0, s.height * row_floats,
+                                inside[static_cast<std::size_t>(at)]);
+      }
+    }
+  }
+}
+
+// The reverse of split_phases: rows of phases back into the image's rows.
+void merge_phases(const LoweringShape& s, const float* phased, float* image) {
+  const index_t stride = s.stride_w, wp = phase_width(s), rows = s.channels * s.height;
+  for (index_t r = 0; r < rows; ++r) {
+    const float* in = phased + r * stride * wp;
+    float* out = image + r * s.width;
+    index_t j = 0;
+    if (stride == 2) {
+      // 32 columns of the row from 16 of each phase.
+      const __m512i low = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+      const __m512i high =
+          _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+      for (; 2 * (j + kLanes) <= s.width; j += kLanes) {
+        const __m512 even = _mm512_loadu_ps(in + j), odd = _mm512_loadu_ps(in + wp + j);
+        _mm512_storeu_ps(out + 2 * j, _mm512_permutex2var_ps(even, low, odd));
+        _mm512_storeu_ps(out + 2 * j + kLanes, _mm512_permutex2var_ps(even, high, odd));
+      }
+    }
+    for (index_t iw = j * stride; iw < s.width; ++iw)
+      out[iw] = in[(iw % stride) * wp + iw / stride];
   }
 }
 
@@ -383,6 +538,24 @@ void small_conv_forward(Parallel& par, const LoweringShape& s, index_t out_chann
   });
 }
 
+void small_conv_backward_data(Parallel& par, const LoweringShape& s, index_t out_channels,
+                              const float* weights, const float* dy, float* dx) {
+  const index_t in_image = s.channels * s.height * s.width;
+  const index_t out_image = out_channels * s.out_h() * s.out_w();
+  const index_t cost = out_image * s.channels * s.kernel_h * s.kernel_w / 8;
+  par.for_range(s.batch, cost, [&](index_t first, index_t last) {
+    std::vector<float> scratch;
+    if (s.stride_w > 1)
+      scratch.resize(static_cast<std::size_t>(s.channels * s.height * phased_row(s)));
+    for (index_t n = first; n < last; ++n) {
+      float* image = dx + n * in_image;
+      backward_data_image(s, out_channels, weights, dy + n * out_image,
+                          s.stride_w > 1 ? scratch.data() : image);
+      if (s.stride_w > 1) merge_phases(s, scratch.data(), image);
+    }
+  });
+}
+
 void small_conv_backward_weights(Parallel& par, const LoweringShape& s, index_t out_channels,
                                  const float* x, const float* dy, float* dweights, float* dbias) {
   const index_t weights = out_channels * s.channels * s.kernel_h * s.kernel_w;
@@ -421,6 +594,8 @@ bool small_conv_supported(const LoweringShape&) {
 }
 void small_conv_forward(Parallel&, const LoweringShape&, index_t, const float*, const float*,
                         const float*, const Activation&, float*) {}
+void small_conv_backward_data(Parallel&, const LoweringShape&, index_t, const float*, const float*,
+                              float*) {}
 void small_conv_backward_weights(Parallel&, const LoweringShape&, index_t, const float*,
                                  const float*, float*, float*) {}
 

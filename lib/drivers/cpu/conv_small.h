@@ -1,5 +1,6 @@
 // The CPU driver's own direct convolution for layers with very few input channels (LeNet's
-// conv1), forward and weight gradient on NCHW (conv_small.cpp).
+// conv1, ShuffleNet v2's), forward, data gradient and weight gradient on NCHW
+// (conv_small.cpp).
 #pragma once
 
 #include "lib/core/shapes.h"
@@ -17,6 +18,9 @@ bool small_conv_supported(const LoweringShape& shape);
 void small_conv_forward(Parallel& par, const LoweringShape& shape, index_t out_channels,
                         const float* x, const float* weights, const float* bias,
                         const Activation& activation, float* y);
+// dx = the data gradient of dy, overwriting dx.
+void small_conv_backward_data(Parallel& par, const LoweringShape& shape, index_t out_channels,
+                              const float* weights, const float* dy, float* dx);
 // Adds to dweights and, when not null, to dbias; the same sums whatever the thread count.
 void small_conv_backward_weights(Parallel& par, const LoweringShape& shape, index_t out_channels,
                                  const float* x, const float* dy, float* dweights, float* dbias);
