@@ -68,7 +68,8 @@ namespace {
 // assists had slowed some candidates 5x on Intel cores, and the fused ReLU's three passes; 7:
 // the CPU driver's own depthwise forward and data gradient on NCHW operands; 8: the same with
 // four accumulators, ahead of oneDNN's at every ShuffleNet shape; 9: the CPU driver's own
-// convolution of few input channels with column strides, ShuffleNet v2's conv1).
+// convolution of few input channels with column strides, ShuffleNet v2's conv1, and its
+// pointwise kernel in 12 rows on AVX-512).
 constexpr int kKernelsRevision = 9;
 
 constexpr char kHeader[] =

@@ -6,10 +6,13 @@
 //   weight gradient: dw[o][c] += sum_(n, p) dy[o][p] x[c][s p]   rows o, vectors of B inputs c
 // (s p: pixel p's place in the strided image), on one register-blocked kernel: 6 rows x 2
 // vectors of accumulators (12 of AVX2's 16 registers), each step of the reduction one
-// broadcast per row and one vector load per column. The weights are packed by panels of 2B
-// outputs once per weights version. oneDNN 2.6's jit_1x1:avx2 kernels ran ResNet-50's 1x1
-// weight gradients at 0.64-0.92 of the sgemm peak and their data gradients at 0.64-1.0 on a
-// 2-core AVX2 EPYC (batch 32), the strided layers lowest.
+// broadcast per row and one vector load per column; where stride 1 puts the rows B floats
+// apart on both sides, one base pointer addresses them all and AVX-512 takes 12 rows x 2
+// vectors (24 of its 32 registers; the pointer per row had kept it at 6: ResNet-50's 1x1
+// forward layers, as the tuner measured them on the Xeon, 767 ms in all before, 689 after).
+// The weights are packed by panels of 2B outputs once per weights version. oneDNN 2.6's
+// jit_1x1:avx2 kernels ran ResNet-50's 1x1 weight gradients at 0.64-0.92 of the sgemm peak and
+// their data gradients at 0.64-1.0 on a 2-core AVX2 EPYC (batch 32), the strided layers lowest.
 #include "lib/drivers/cpu/conv_pointwise.h"
 
 #include <algorithm>
@@ -70,6 +73,48 @@ void channels_kernel(const float* const* a_rows, index_t blocks, index_t a_block
       V value = acc[r][j] + shift;
       activate(value, activation);
       std::memcpy(c_rows[r] + c_offset + j * c_vector, &value, sizeof(V));
+    }
+  }
+}
+
+// channels_kernel where the rows lie B floats apart on both sides (row r's channels at
+// a + r * B, its outputs at c + r * B: the consecutive pixels of a stride-1 forward or data
+// gradient in nChw(B)c), so that one base register addresses every row and R can go past
+// the general kernel's 6 rows (AVX-512's 32 registers hold 12 rows x 2 vectors).
+template <int B, int R, int NV>
+void dense_kernel(const float* a0, index_t blocks, index_t a_block, const float* b, float* c0,
+                  index_t c_vector, const float* bias, const Activation& activation) {
+  using V = typename Lanes<B>::type;
+  V acc[R][NV];
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < NV; ++j)
+      acc[r][j] = V{};
+  }
+  const float* a = a0;
+  for (index_t i = 0; i < blocks; ++i) {
+    // As channels_kernel: the next block of channels lies a plane away.
+    for (int r = 0; r < R * B; r += 16)
+      __builtin_prefetch(a + a_block + r);
+    for (int q = 0; q < B; ++q) {
+      V bv[NV];
+      for (int j = 0; j < NV; ++j)
+        std::memcpy(&bv[j], b + (q * NV + j) * B, sizeof(V));
+      for (int r = 0; r < R; ++r) {
+        const float av = a[r * B + q];
+        for (int j = 0; j < NV; ++j)
+          acc[r][j] += av * bv[j];
+      }
+    }
+    b += B * NV * B;
+    a += a_block;
+  }
+  for (int j = 0; j < NV; ++j) {
+    V shift{};
+    if (bias != nullptr) std::memcpy(&shift, bias + j * B, sizeof(V));
+    for (int r = 0; r < R; ++r) {
+      V value = acc[r][j] + shift;
+      activate(value, activation);
+      std::memcpy(c0 + r * B + j * c_vector, &value, sizeof(V));
     }
   }
 }
@@ -159,6 +204,38 @@ struct ChannelsProduct {
   }
 };
 
+// Calls kernel.template run<R, NV>() for `rows` (1 to R) and NV vectors.
+template <int R, int NV, class Kernel>
+void run_rows(int rows, const Kernel& kernel) {
+  if constexpr (R == 1) {
+    kernel.template run<1, NV>();
+  } else {
+    if (rows == R) return kernel.template run<R, NV>();
+    run_rows<R - 1, NV>(rows, kernel);
+  }
+}
+
+// The arguments of dense_kernel, for run_rows().
+template <int B>
+struct DenseProduct {
+  const float* a;
+  index_t blocks, a_block;
+  const float* b;
+  float* c;
+  index_t c_vector;
+  const float* bias;
+  const Activation* activation;
+  template <int R, int NV>
+  void run() const {
+    dense_kernel<B, R, NV>(a, blocks, a_block, b, c, c_vector, bias, *activation);
+  }
+};
+
+// Rows of dense_kernel's block: 12 x 2 vectors of AVX-512's 32 registers, 6 x 2 of AVX2's
+// 16 (as the general kernel).
+template <int B>
+constexpr int kDenseRows = B == 16 ? 12 : 6;
+
 // The arguments of pixels_kernel, for dispatch().
 template <int B>
 struct PixelsProduct {
@@ -247,6 +324,33 @@ void multiply(Parallel& par, const Image& in, index_t s_in, const Image& out, in
                       }
                     }
                     const index_t pixels = (h1 - h0) * grid_w;
+                    if (s_in == 1 && s_out == 1) {
+                      // The item's pixels lie B floats apart in both (rows h0 to h1 of one
+                      // image, one after the other).
+                      const float* a0 = in.at(n, h0, 0, B);
+                      float* c0 = out_data + (out.at(n, h0, 0, B) - out.data);
+                      for (index_t panel = p0; panel < p1; ++panel) {
+                        const index_t o0 = panel * 2 * B, width = panel_width(o0, outputs, B);
+                        constexpr int R = kDenseRows<B>;
+                        for (index_t r0 = 0; r0 < pixels; r0 += R) {
+                          const DenseProduct<B> product{a0 + r0 * B,
+                                                        k / B,
+                                                        in.plane() * B,
+                                                        packed + o0 * k,
+                                                        c0 + o0 * out.plane() + r0 * B,
+                                                        out.plane() * B,
+                                                        bias != nullptr ? bias + o0 : nullptr,
+                                                        &activation};
+                          const int rows = static_cast<int>(std::min<index_t>(R, pixels - r0));
+                          if (width == 2 * B) {
+                            run_rows<R, 2>(rows, product);
+                          } else {
+                            run_rows<R, 1>(rows, product);
+                          }
+                        }
+                      }
+                      continue;
+                    }
                     a.resize(pixels);
                     c.resize(pixels);
                     for (index_t p = 0; p < pixels; ++p) {
