@@ -20,6 +20,14 @@ inline int canonical_axis(const std::string& who, const char* field, int axis, c
   return axis < 0 ? axis + axes : axis;
 }
 
+// The sizes of the `pieces` parts that Caffe's slice points cut an axis of size `dim` into
+// (Slice, ShuffleChannel's cut): the points strictly increasing inside (0, dim), one fewer
+// than the pieces, or none for equal parts. Errors name `who`, the axis (`along`: "axis 1",
+// "the channels") and the input's shape (lib/layers/slice.cpp).
+std::vector<index_t> cut_sizes(const std::string& who, index_t dim,
+                               const std::vector<index_t>& points, int pieces,
+                               const std::string& along, const Shape& input);
+
 // Elements of `shape` in a slice of `rows` batch rows (a tensor without axes is one row).
 inline index_t slice_count(const Shape& shape, index_t rows) {
   return shape.axes() == 0 ? shape.count() : rows * shape.count(1, shape.axes());

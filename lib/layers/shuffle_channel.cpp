@@ -88,34 +88,13 @@ std::vector<Shape> ShuffleChannelLayer::setup(const std::vector<Shape>& inputs) 
            "{}: group {} does not divide the {} channels of the input{} ({})", describe(),
            param_.group, dims[1], inputs.size() > 1 ? "s joined" : "", first.to_string());
   // The outputs: the shuffled channels cut as a Slice along axis 1 cuts them.
-  const index_t channels = dims[1];
-  const auto& points = param_.slice_point;
-  std::vector<index_t> sizes;
-  if (!points.empty()) {
-    HN_CHECK(static_cast<int>(points.size()) == num_outputs_ - 1,
-             "{}: {} slice points for {} outputs ({} channels); need one fewer points than "
-             "outputs",
-             describe(), points.size(), num_outputs_, channels);
-    index_t previous = 0;
-    for (const index_t point : points) {
-      HN_CHECK(previous < point && point < channels,
-               "{}: slice points must increase strictly inside (0, {}) along the channels; got "
-               "{} after {} (input {})",
-               describe(), channels, point, previous, first.to_string());
-      sizes.push_back(point - previous);
-      previous = point;
-    }
-    sizes.push_back(channels - previous);
-  } else {
-    HN_CHECK(channels % num_outputs_ == 0,
-             "{}: {} outputs do not evenly divide the {} channels (input {})", describe(),
-             num_outputs_, channels, first.to_string());
-    sizes.assign(static_cast<std::size_t>(num_outputs_), channels / num_outputs_);
-  }
+  const std::vector<index_t> sizes = detail::cut_sizes(describe(), dims[1], param_.slice_point,
+                                                       num_outputs_, "the channels", first);
   std::vector<Shape> outputs;
   for (const index_t size : sizes) {
-    dims[1] = size;
-    outputs.emplace_back(dims);
+    std::vector<index_t> piece = first.dims();
+    piece[1] = size;
+    outputs.emplace_back(std::move(piece));
   }
   return outputs;
 }

@@ -1,5 +1,6 @@
 // Slice layer: each output is a block of columns of the input viewed as
 // [count(0, axis)][count(axis)], moved with one strided copy per output (lib/layers/common.h).
+#include <string>
 #include <utility>
 
 #include "hybridnn.pb.h"
@@ -9,6 +10,37 @@
 #include "lib/layers/shape_layer.h"
 
 namespace hn {
+
+namespace detail {
+
+std::vector<index_t> cut_sizes(const std::string& who, index_t dim,
+                               const std::vector<index_t>& points, int pieces,
+                               const std::string& along, const Shape& input) {
+  std::vector<index_t> sizes;
+  if (points.empty()) {
+    HN_CHECK(pieces > 0 && dim % pieces == 0,
+             "{}: {} outputs do not evenly divide {} of size {} (input {})", who, pieces, along,
+             dim, input.to_string());
+    sizes.assign(static_cast<std::size_t>(pieces), dim / pieces);
+    return sizes;
+  }
+  HN_CHECK(static_cast<int>(points.size()) == pieces - 1,
+           "{}: {} slice points for {} outputs (input {}); need one fewer points than outputs", who,
+           points.size(), pieces, input.to_string());
+  index_t previous = 0;
+  for (const index_t point : points) {
+    HN_CHECK(previous < point && point < dim,
+             "{}: slice points must increase strictly inside (0, {}) along {}; got {} after {} "
+             "(input {})",
+             who, dim, along, point, previous, input.to_string());
+    sizes.push_back(point - previous);
+    previous = point;
+  }
+  sizes.push_back(dim - previous);
+  return sizes;
+}
+
+}  // namespace detail
 
 SliceLayer::SliceLayer(std::string name, SliceParams params, int num_outputs)
     : Layer(std::move(name)),
@@ -26,29 +58,8 @@ std::vector<Shape> SliceLayer::setup(const std::vector<Shape>& inputs) {
   } else {
     axis_ = detail::canonical_axis(describe(), "axis", param_.axis, in);
   }
-  const index_t dim = in[axis_];
-  const auto& points = param_.slice_point;
-  std::vector<index_t> sizes;
-  if (!points.empty()) {
-    HN_CHECK(static_cast<int>(points.size()) == num_outputs_ - 1,
-             "{}: {} slice points for {} outputs (input {}); need one fewer points than outputs",
-             describe(), points.size(), num_outputs_, in.to_string());
-    index_t previous = 0;
-    for (const index_t point : points) {
-      HN_CHECK(previous < point && point < dim,
-               "{}: slice points must increase strictly inside (0, {}) along axis {}; got {} "
-               "after {} (input {})",
-               describe(), dim, axis_, point, previous, in.to_string());
-      sizes.push_back(point - previous);
-      previous = point;
-    }
-    sizes.push_back(dim - previous);
-  } else {
-    HN_CHECK(dim % num_outputs_ == 0,
-             "{}: {} outputs do not evenly divide axis {} of size {} (input {})", describe(),
-             num_outputs_, axis_, dim, in.to_string());
-    sizes.assign(static_cast<std::size_t>(num_outputs_), dim / num_outputs_);
-  }
+  const std::vector<index_t> sizes = detail::cut_sizes(
+      describe(), in[axis_], param_.slice_point, num_outputs_, "axis " + std::to_string(axis_), in);
   std::vector<Shape> outputs;
   for (const index_t size : sizes) {
     std::vector<index_t> dims = in.dims();
