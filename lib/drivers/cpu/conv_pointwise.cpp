@@ -30,6 +30,22 @@ namespace {
 
 constexpr int kRows = 6;  // rows of the kernel's block (outputs, or weights' rows)
 
+// The block's end: each accumulator + its vector's bias, activated, stored at out(r, j)
+// (row r, vector j). Shared by the forward and data-gradient kernels.
+template <int B, int R, int NV, class V, class Out>
+void store_rows(const V (&acc)[R][NV], const float* bias, const Activation& activation,
+                const Out& out) {
+  for (int j = 0; j < NV; ++j) {
+    V shift{};
+    if (bias != nullptr) std::memcpy(&shift, bias + j * B, sizeof(V));
+    for (int r = 0; r < R; ++r) {
+      V value = acc[r][j] + shift;
+      activate(value, activation);
+      std::memcpy(out(r, j), &value, sizeof(V));
+    }
+  }
+}
+
 // y rows (+ bias, activation) = A B for R rows and NV vectors of B lanes, the reduction over
 // input channels in blocks of B: row r's channel i * B + q at a[r][i * a_block + q], the
 // weights packed as rows of NV vectors (b + (i * B + q) * NV * B); the result's row r,
@@ -66,15 +82,8 @@ void channels_kernel(const float* const* a_rows, index_t blocks, index_t a_block
     for (int r = 0; r < R; ++r)
       a[r] += a_block;
   }
-  for (int j = 0; j < NV; ++j) {
-    V shift{};
-    if (bias != nullptr) std::memcpy(&shift, bias + j * B, sizeof(V));
-    for (int r = 0; r < R; ++r) {
-      V value = acc[r][j] + shift;
-      activate(value, activation);
-      std::memcpy(c_rows[r] + c_offset + j * c_vector, &value, sizeof(V));
-    }
-  }
+  store_rows<B>(acc, bias, activation,
+                [&](int r, int j) { return c_rows[r] + c_offset + j * c_vector; });
 }
 
 // channels_kernel where the rows lie B floats apart on both sides (row r's channels at
@@ -108,15 +117,7 @@ void dense_kernel(const float* a0, index_t blocks, index_t a_block, const float*
     b += B * NV * B;
     a += a_block;
   }
-  for (int j = 0; j < NV; ++j) {
-    V shift{};
-    if (bias != nullptr) std::memcpy(&shift, bias + j * B, sizeof(V));
-    for (int r = 0; r < R; ++r) {
-      V value = acc[r][j] + shift;
-      activate(value, activation);
-      std::memcpy(c0 + r * B + j * c_vector, &value, sizeof(V));
-    }
-  }
+  store_rows<B>(acc, bias, activation, [&](int r, int j) { return c0 + r * B + j * c_vector; });
 }
 
 // Where a weight gradient's x lies for pixels_kernel: vector j of pixel (m, p) at
@@ -161,30 +162,24 @@ void pixels_kernel(const float* const* a_rows, index_t images, index_t pixels, i
   }
 }
 
-// Calls kernel.template run<R, NV>() for `rows` (1 to kRows) and `vectors` (1 or 2).
-template <class Kernel>
-void dispatch(int rows, int vectors, const Kernel& kernel) {
-  const auto with = [&](auto nv) {
-    constexpr int NV = decltype(nv)::value;
-    switch (rows) {
-      case 6:
-        return kernel.template run<6, NV>();
-      case 5:
-        return kernel.template run<5, NV>();
-      case 4:
-        return kernel.template run<4, NV>();
-      case 3:
-        return kernel.template run<3, NV>();
-      case 2:
-        return kernel.template run<2, NV>();
-      default:
-        return kernel.template run<1, NV>();
-    }
-  };
-  if (vectors == 2) {
-    with(std::integral_constant<int, 2>{});
+// Calls kernel.template run<R, NV>() for `rows` (1 to R) and NV vectors.
+template <int R, int NV, class Kernel>
+void run_rows(int rows, const Kernel& kernel) {
+  if constexpr (R == 1) {
+    kernel.template run<1, NV>();
   } else {
-    with(std::integral_constant<int, 1>{});
+    if (rows == R) return kernel.template run<R, NV>();
+    run_rows<R - 1, NV>(rows, kernel);
+  }
+}
+
+// Calls kernel.template run<R, NV>() for `rows` (1 to MaxRows) and `vectors` (1 or 2).
+template <int MaxRows, class Kernel>
+void dispatch(int rows, int vectors, const Kernel& kernel) {
+  if (vectors == 2) {
+    run_rows<MaxRows, 2>(rows, kernel);
+  } else {
+    run_rows<MaxRows, 1>(rows, kernel);
   }
 }
 
@@ -204,18 +199,7 @@ struct ChannelsProduct {
   }
 };
 
-// Calls kernel.template run<R, NV>() for `rows` (1 to R) and NV vectors.
-template <int R, int NV, class Kernel>
-void run_rows(int rows, const Kernel& kernel) {
-  if constexpr (R == 1) {
-    kernel.template run<1, NV>();
-  } else {
-    if (rows == R) return kernel.template run<R, NV>();
-    run_rows<R - 1, NV>(rows, kernel);
-  }
-}
-
-// The arguments of dense_kernel, for run_rows().
+// The arguments of dense_kernel, for dispatch().
 template <int B>
 struct DenseProduct {
   const float* a;
@@ -341,12 +325,8 @@ void multiply(Parallel& par, const Image& in, index_t s_in, const Image& out, in
                                                         out.plane() * B,
                                                         bias != nullptr ? bias + o0 : nullptr,
                                                         &activation};
-                          const int rows = static_cast<int>(std::min<index_t>(R, pixels - r0));
-                          if (width == 2 * B) {
-                            run_rows<R, 2>(rows, product);
-                          } else {
-                            run_rows<R, 1>(rows, product);
-                          }
+                          dispatch<R>(static_cast<int>(std::min<index_t>(R, pixels - r0)),
+                                      static_cast<int>(width / B), product);
                         }
                       }
                       continue;
@@ -369,8 +349,8 @@ void multiply(Parallel& par, const Image& in, index_t s_in, const Image& out, in
                       for (index_t r0 = 0; r0 < pixels; r0 += kRows) {
                         product.a = a.data() + r0;
                         product.c = c.data() + r0;
-                        dispatch(static_cast<int>(std::min<index_t>(kRows, pixels - r0)),
-                                 static_cast<int>(width / B), product);
+                        dispatch<kRows>(static_cast<int>(std::min<index_t>(kRows, pixels - r0)),
+                                        static_cast<int>(width / B), product);
                       }
                     }
                   }
@@ -431,7 +411,7 @@ struct WeightGradient {
                 a[r] = dy.at(n, h0, 0, B) + o / B * plane * B + o % B;
                 c[r] = target + o * channels() + c0;
               }
-              dispatch(count, static_cast<int>(width / B), product);
+              dispatch<kRows>(count, static_cast<int>(width / B), product);
             }
           }
         }
