@@ -2755,6 +2755,93 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "conv_forward_residual equals conv_forward, a sum and the activation of the reference on "
+    "every driver, NCHW and blocked, the driver's own 1x1 kernels included",
+    "[driver_ops][convolution]") {
+  using hn::Activation;
+  using hn::Layout;
+  const Activation activations[] = {Activation{}, Activation::relu(0.0f),
+                                    Activation::clip(-0.3f, 0.4f), Activation::relu(0.1f),
+                                    Activation::clip(0.0f, 6.0f)};
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    hn::Driver& d = *drivers.driver;
+    const hn::Capabilities caps = d.capabilities();
+    std::uint32_t seed = 7100;
+    std::size_t case_index = 0;
+    auto cases = conv_cases();
+    cases.emplace_back(lowering(2, 2, 12, 12, 5, 5, 0, 0, 1, 1), 20);  // conv_small
+    cases.emplace_back(lowering(3, 32, 7, 6, 1, 1, 0, 0, 1, 1), 48);   // ResNet's conv3
+    cases.emplace_back(lowering(2, 32, 9, 9, 1, 1, 0, 0, 2, 2), 64);   // its strided shortcut
+    for (const auto& [base, out_channels] : cases) {
+      const Activation& activation = activations[case_index % std::size(activations)];
+      ++case_index;
+      // Blocked where the channels allow; the 1x1 ones on the driver's pointwise kernels too.
+      for (const int mode : {0, 1, 2}) {
+        hn::LoweringShape shape = base;
+        const Layout layout = caps.preferred_blocked_layout;
+        const index_t block = hn::layout_block(layout);
+        if (mode > 0) {
+          if (!caps.blocked_layout || shape.channels % block != 0 || out_channels % block != 0)
+            continue;
+          shape.layout = shape.out_layout = layout;
+        }
+        if (mode == 2) {
+          if (!caps.pointwise || shape.groups != 1 || shape.kernel_h != 1 || shape.kernel_w != 1 ||
+              shape.pad_h != 0 || shape.pad_w != 0 || shape.stride_h != shape.stride_w)
+            continue;
+          shape.pointwise = true;
+        }
+        INFO(shape.to_string() << " out_channels=" << out_channels << " activation "
+                               << activation.to_string() << (shape.pointwise ? " pointwise" : ""));
+        const index_t oh = shape.out_h(), ow = shape.out_w();
+        const index_t y_count = shape.batch * out_channels * oh * ow;
+        const std::vector<float> xv = random_floats(shape.image_count(), seed++);
+        const std::vector<float> rv = random_floats(y_count, seed++);
+        const TwinArray x(drivers, xv,
+                          relaid(xv, shape.batch, shape.channels, shape.height, shape.width,
+                                 Layout::nchw, shape.layout));
+        const TwinArray r(
+            drivers, rv,
+            relaid(rv, shape.batch, out_channels, oh, ow, Layout::nchw, shape.out_layout));
+        const TwinArray w(drivers, random_floats(conv_weight_count(shape, out_channels), seed++));
+        const TwinArray bias(drivers, random_floats(out_channels, seed++));
+        const TwinArray y(drivers, constant(y_count, -7777.0f), constant(y_count, kNaN));
+        hn::LoweringShape plain = shape;
+        plain.layout = plain.out_layout = Layout::nchw;
+        plain.pointwise = false;
+        drivers.oracle->conv_forward(plain, out_channels, x[Side::oracle], w[Side::oracle],
+                                     bias[Side::oracle], y[Side::oracle]);
+        std::vector<float> oracle = y.oracle();
+        for (std::size_t i = 0; i < oracle.size(); ++i) {
+          float v = oracle[i] + rv[i];
+          if (activation.kind == Activation::Kind::relu && !(v > 0.0f)) v *= activation.slope;
+          if (activation.kind == Activation::Kind::clip)
+            v = std::min(std::max(v, activation.lo), activation.hi);
+          oracle[i] = v;
+        }
+        d.conv_forward_residual(shape, out_channels, x[Side::tested], w[Side::tested],
+                                bias[Side::tested], r[Side::tested], activation, y[Side::tested]);
+        const std::vector<float> tested =
+            relaid(y.tested(), shape.batch, out_channels, oh, ow, shape.out_layout, Layout::nchw);
+        check_close(
+            tested, oracle,
+            gemm_tolerance(shape.channels / shape.groups * shape.kernel_h * shape.kernel_w));
+      }
+    }
+    // The residual must not overlap y.
+    const TwinArray a(drivers, constant(32, 1.0f));
+    CHECK_THAT(error_of([&] {
+                 d.conv_forward_residual(lowering(1, 1, 4, 4, 1, 1, 0, 0, 1, 1), 1, a[Side::tested],
+                                         a[Side::tested], nullptr, a[Side::tested] + 8,
+                                         Activation{}, a[Side::tested]);
+               }),
+               Contains("conv_forward_residual") && Contains("residual"));
+  }
+}
+
+TEST_CASE(
     "conv_forward with weights versions computes with the weights of each call on every "
     "driver: a new version or 0 after the contents change, two weights arrays in turn",
     "[driver_ops][convolution]") {

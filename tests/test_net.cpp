@@ -458,6 +458,138 @@ TEST_CASE(
   }
 }
 
+// Residual sums for NetOptions::fuse_layers: add2 (conv2's output + conv1's, a ReLU in place
+// after it) runs as conv2; add4 as conv4, the input computed last (conv3's output came
+// first, as ResNet's shortcut convolution after conv3); add5 has a coefficient other than 1
+// and stays apart.
+const char* kResidualNet = R"(
+name: "residuals"
+layer { name: "in" type: "Input" top: "x" top: "label"
+        input_param { shape { dim: 3 dim: 16 dim: 6 dim: 5 } shape { dim: 3 } } }
+layer { name: "conv1" type: "Convolution" bottom: "x" top: "c1"
+        convolution_param { num_output: 16 kernel_size: 3 pad: 1
+                            weight_filler { type: "gaussian" std: 0.2 } } }
+layer { name: "relu1" type: "ReLU" bottom: "c1" top: "c1" }
+layer { name: "conv2" type: "Convolution" bottom: "c1" top: "c2"
+        convolution_param { num_output: 16 kernel_size: 1
+                            weight_filler { type: "gaussian" std: 0.3 }
+                            bias_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "add2" type: "Eltwise" bottom: "c2" bottom: "c1" top: "s2" }
+layer { name: "relu2" type: "ReLU" bottom: "s2" top: "s2" }
+layer { name: "conv3" type: "Convolution" bottom: "s2" top: "c3"
+        convolution_param { num_output: 16 kernel_size: 1 bias_term: false
+                            weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "conv4" type: "Convolution" bottom: "s2" top: "c4"
+        convolution_param { num_output: 16 kernel_size: 3 pad: 1
+                            weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "add4" type: "Eltwise" bottom: "c3" bottom: "c4" top: "s4" }
+layer { name: "conv5" type: "Convolution" bottom: "s4" top: "c5"
+        convolution_param { num_output: 16 kernel_size: 1
+                            weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "add5" type: "Eltwise" bottom: "c5" bottom: "s4" top: "s5"
+        eltwise_param { coeff: 1 coeff: 0.5 } }
+layer { name: "pool" type: "Pooling" bottom: "s5" top: "p"
+        pooling_param { pool: AVE global_pooling: true } }
+layer { name: "ip" type: "InnerProduct" bottom: "p" top: "logits"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "logits" bottom: "label" top: "loss" }
+)";
+
+TEST_CASE(
+    "Net runs an Eltwise SUM as the convolution computing one of its inputs and computes what "
+    "the layers apart do, with every algorithm, NCHW and blocked, unsplit and split",
+    "[net][fusion]") {
+  const auto check_same = [](const NormRun& fused, const NormRun& plain) {
+    CHECK(std::fabs(fused.loss - plain.loss) <= 1e-5 * std::max(1.0f, std::fabs(plain.loss)));
+    REQUIRE(fused.gradients.size() == plain.gradients.size());
+    for (std::size_t g = 0; g < plain.gradients.size(); ++g) {
+      INFO("gradient " << g);
+      CHECK(test::max_scaled_diff(plain.gradients[g], fused.gradients[g]) <= 1e-5);
+    }
+  };
+  const auto check_fused = [](const NormRun& fused) {
+    CHECK(fused.algorithms.at("add2") == "fused into 'conv2'");
+    CHECK(fused.algorithms.at("relu2") == "fused into 'conv2'");
+    CHECK_THAT(fused.algorithms.at("conv2"), Catch::EndsWith(", fused: + Eltwise 'add2'"));
+    CHECK(fused.algorithms.at("add4") == "fused into 'conv4'");
+    CHECK_THAT(fused.algorithms.at("conv4"), Catch::EndsWith(", fused: + Eltwise 'add4'"));
+    CHECK_THAT(fused.algorithms.at("conv3"), !Catch::Contains("Eltwise"));
+    CHECK(fused.algorithms.at("add5").empty());
+  };
+  const NormRun reference =
+      run_norm_net(Device::parse("reference"), false, false, Phase::train, "", "", kResidualNet);
+  for (const char* device : {"cpu", "reference"}) {
+    for (const bool blocked : {false, true}) {
+      INFO(device << (blocked ? ", blocked" : ", NCHW"));
+      const NormRun fused =
+          run_norm_net(Device::parse(device), true, blocked, Phase::train, "", "", kResidualNet);
+      const NormRun plain =
+          run_norm_net(Device::parse(device), false, blocked, Phase::train, "", "", kResidualNet);
+      check_fused(fused);
+      CHECK(plain.algorithms.at("add2").empty());
+      check_same(fused, plain);
+      check_same(fused, reference);
+    }
+  }
+  // The CPU driver's kernels: oneDNN's (the sum as its post-op), a lowering (the sum in a
+  // pass after it), and its own 1x1 kernels on blocked activations (in their last step).
+  for (const auto& [choice, blocked] : std::vector<std::pair<const char*, bool>>{
+           {"direct", true}, {"direct", false}, {"type1", false}}) {
+    INFO(choice << (blocked ? ", blocked" : ", NCHW"));
+    const NormRun fused =
+        run_norm_net(Device::parse("cpu"), true, blocked, Phase::train, choice, "", kResidualNet);
+    check_fused(fused);
+    check_same(fused, reference);
+  }
+  std::vector<std::string> pointwise;
+  const auto choose_pointwise = [&](Net& net, Driver& driver) {
+    for (int l = 0; l < net.num_layers(); ++l) {
+      if (std::string(net.layer_type(l)) != "Convolution") continue;
+      auto* conv = dynamic_cast<ConvolutionLayer*>(&net.layer(l));
+      REQUIRE(conv != nullptr);
+      const std::vector<Lowering> options = conv->candidates(driver);
+      if (std::find(options.begin(), options.end(), Lowering::pointwise) == options.end()) continue;
+      for (const ConvDirection d : kConvDirections)
+        conv->choose(driver, d, Lowering::pointwise);
+      pointwise.push_back(net.layer_name(l));
+    }
+  };
+  const NormRun on_pointwise = run_norm_net(Device::parse("cpu"), true, true, Phase::train, "", "",
+                                            kResidualNet, choose_pointwise);
+  CHECK(pointwise == std::vector<std::string>{"conv2", "conv3", "conv5"});
+  check_fused(on_pointwise);
+  check_same(on_pointwise, reference);
+  // Each device of a split adds its rows of the other input and copies its rows of the
+  // gradient.
+  for (const char* split : {"reference:0.5,reference:1:0.5", "cpu:0.34,reference:1:0.66"}) {
+    INFO(split);
+    const Device device = Device::parse(split[0] == 'c' ? "cpu" : "reference");
+    const NormRun fused = run_norm_net(device, true, false, Phase::train, "", split, kResidualNet);
+    check_fused(fused);
+    check_same(fused, reference);
+  }
+}
+
+TEST_CASE("Reading a convolution output that a fused sum never writes is an error naming it",
+          "[net][fusion]") {
+  Fixture f(Device::parse("cpu"));
+  NetOptions options;
+  options.fuse_layers = true;
+  auto net = Net::from_text(kResidualNet, "residuals.prototxt", f.runtime, *f.driver, options);
+  net->forward();
+  CHECK_THAT(test::error_of([&] { static_cast<void>(net->blob("c2").host_data()); }),
+             Catch::Contains("'c2'") && Catch::Contains("conv2") && Catch::Contains("keep_blobs"));
+  // Kept, it is written: the two layers run apart.
+  options.keep_blobs = {"c2"};
+  auto kept = Net::from_text(kResidualNet, "residuals.prototxt", f.runtime, *f.driver, options);
+  for (int l = 0; l < kept->num_layers(); ++l) {
+    if (kept->layer_name(l) == "add2")
+      CHECK(kept->layer_algorithm(l) == "fused: Eltwise + ReLU 'relu2'");
+  }
+  kept->forward();
+  CHECK(kept->blob("c2").host_data() != nullptr);
+}
+
 TEST_CASE(
     "A net with ReLUs and Clips fused into its convolutions has gradients that match "
     "finite differences",

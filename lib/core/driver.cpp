@@ -4,6 +4,7 @@
 #include "lib/core/driver.h"
 
 #include <cmath>
+#include <cstdint>
 #include <initializer_list>
 #include <utility>
 
@@ -304,6 +305,24 @@ DriverOperands Driver::conv_forward_activation_operands(const LoweringShape& sha
   activation.validate("conv_forward_activation");
   return conv_forward_ops(*this, "conv_forward_activation", shape, out_channels, x, weights, bias,
                           y);
+}
+
+DriverOperands Driver::conv_forward_residual_operands(
+    const LoweringShape& shape, index_t out_channels, const float* x, const float* weights,
+    const float* bias, const float* residual, const Activation& activation, float* y) const {
+  activation.validate("conv_forward_residual");
+  DriverOperands ops =
+      conv_forward_ops(*this, "conv_forward_residual", shape, out_channels, x, weights, bias, y);
+  if (shape.batch == 0) return ops;
+  const std::size_t bytes = conv_output_bytes(shape, out_channels);
+  // y is written before the residual is read (the composed form's two calls).
+  const auto r = reinterpret_cast<std::uintptr_t>(residual),
+             out = reinterpret_cast<std::uintptr_t>(y);
+  HN_CHECK(r + bytes <= out || out + bytes <= r,
+           "conv_forward_residual: the residual overlaps y ({} out_channels={}, {} bytes each)",
+           shape.to_string(), out_channels, bytes);
+  ops.read("residual", residual, bytes);
+  return ops;
 }
 
 DriverOperands Driver::conv_backward_data_operands(const LoweringShape& shape, index_t out_channels,

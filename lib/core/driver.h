@@ -238,5 +238,9 @@ class Driver {
 // clip_forward (nothing for Activation::Kind::none): conv_forward_activation's second half
 // where a driver or an algorithm does not fuse it.
 void apply_activation(Driver& driver, index_t n, const Activation& activation, float* y);
+// y = activation(y + residual) in place, as two calls (lincomb_relu, or lincomb then
+// apply_activation): conv_forward_residual's second half where a driver has no fused form.
+void add_activate(Driver& driver, index_t n, const float* residual, const Activation& activation,
+                  float* y);
 
 }  // namespace hn

@@ -177,6 +177,25 @@ void Driver::do_conv_forward_activation(const LoweringShape& shape, index_t out_
                    y);
 }
 
+void Driver::do_conv_forward_residual(const LoweringShape& shape, index_t out_channels,
+                                      const float* x, const float* weights, const float* bias,
+                                      const float* residual, const Activation& activation,
+                                      float* y) {
+  conv_forward(shape, out_channels, x, weights, bias, y);
+  add_activate(*this, shape.batch * out_channels * shape.out_h() * shape.out_w(), residual,
+               activation, y);
+}
+
+void add_activate(Driver& driver, index_t n, const float* residual, const Activation& activation,
+                  float* y) {
+  if (activation.kind == Activation::Kind::relu) {
+    driver.lincomb_relu(n, 1.0f, y, 1.0f, residual, activation.slope, y);
+    return;
+  }
+  driver.lincomb(n, 1.0f, y, 1.0f, residual, y);
+  apply_activation(driver, n, activation, y);
+}
+
 void apply_activation(Driver& driver, index_t n, const Activation& activation, float* y) {
   switch (activation.kind) {
     case Activation::Kind::none:

@@ -290,6 +290,18 @@ void conv_forward_activation(const LoweringShape& shape, index_t out_channels, c
     clip_forward(n, activation.lo, activation.hi, y, y);
 }
 
+void conv_forward_residual(const LoweringShape& shape, index_t out_channels, const float* x,
+                           const float* weights, const float* bias, const float* residual,
+                           const Activation& activation, float* y) {
+  conv_forward(shape, out_channels, x, weights, bias, y);
+  const index_t n = conv_out_count(shape, out_channels);
+  for (index_t i = 0; i < n; ++i)
+    y[i] += residual[i];
+  if (activation.kind == Activation::Kind::relu) relu_forward(n, activation.slope, y, y);
+  if (activation.kind == Activation::Kind::clip)
+    clip_forward(n, activation.lo, activation.hi, y, y);
+}
+
 // ---- element-wise -------------------------------------------------------------------
 
 void fill(index_t n, float value, float* x) {

@@ -29,6 +29,8 @@ class ConvAlgorithm {
   }
   // Computes y, with the layer's fused activation (ConvolutionLayer::activation) where
   // applies_activation(); the layer applies it after the others.
+  // With a fused residual (ConvolutionLayer::residual), also adds the slice's second input
+  // before the activation where applies_activation(); the layer adds it after the others.
   virtual void forward(const ConvolutionLayer& layer, const LayerSlice& slice) const = 0;
   virtual bool applies_activation() const { return false; }
   // The gradients `want` asks for, the bias gradient included.

@@ -34,7 +34,7 @@ class DriverConvolution final : public ConvAlgorithm {
         return capabilities.convolution;
     }
   }
-  // In the driver's call (conv_forward_activation).
+  // In the driver's call (conv_forward_activation, or conv_forward_residual).
   void forward(const ConvolutionLayer& layer, const LayerSlice& slice) const override;
   bool applies_activation() const override { return true; }
   // Adds the bias gradient itself.
@@ -59,6 +59,12 @@ void DriverConvolution::forward(const ConvolutionLayer& layer, const LayerSlice&
   const ConvolutionParams& p = layer.config();
   const float* bias = p.bias_term ? slice.params[1].x() : nullptr;
   const Activation activation = layer.activation();
+  if (layer.residual()) {
+    slice.driver->conv_forward_residual(shape(layer, slice), p.num_output, slice.inputs[0].x(),
+                                        slice.params[0].x(), bias, slice.inputs[1].x(), activation,
+                                        slice.outputs[0].mutable_x());
+    return;
+  }
   if (activation.kind != Activation::Kind::none) {
     slice.driver->conv_forward_activation(shape(layer, slice), p.num_output, slice.inputs[0].x(),
                                           slice.params[0].x(), bias, activation,

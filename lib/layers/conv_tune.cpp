@@ -66,7 +66,9 @@ void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
   const std::string layouts =
       blocked ? fmt::format(" layout {}/{}", layout_name(in_layout_), layout_name(out_layout_))
               : std::string();
-  const auto key = [&](ConvDirection d) { return shape + layouts + " " + direction_name(d); };
+  // A fused residual sum changes what the forward costs, by algorithm.
+  const std::string sum = residual_ ? " residual" : "";
+  const auto key = [&](ConvDirection d) { return shape + layouts + sum + " " + direction_name(d); };
   std::array<Lowering, 3> choice{};
   bool cached = true;
   for (ConvDirection d : kConvDirections) {
@@ -96,6 +98,7 @@ void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
     const Buffer w = tune_buffer(driver, weight_count, 3),
                  dw = tune_buffer(driver, weight_count, 0);
     const Buffer b = tune_buffer(driver, bias_count, 4), db = tune_buffer(driver, bias_count, 0);
+    const Buffer r = tune_buffer(driver, residual_ ? out_count : 0, 5);
     const Buffer workspace(driver, scratch);
     LayerSlice slice;
     slice.driver = &driver;
@@ -105,6 +108,10 @@ void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
     slice.outputs = {Operand{Shape{rows, config_.num_output, geo.out_h, geo.out_w},
                              written.pointer(), dy.pointer(),
                              blocked ? out_layout_ : Layout::nchw}};
+    if (residual_) {
+      slice.inputs.push_back(
+          Operand{slice.outputs[0].shape, r.pointer(), Pointer{}, slice.outputs[0].layout});
+    }
     slice.params = {Operand{params_[0].shape(), w.pointer(), dw.pointer()}};
     // One version for the measurements' weights, as a net's have between two updates: what
     // a driver makes of them once per version (oneDNN's layout, Winograd's transformed

@@ -358,9 +358,10 @@ std::string ConvolutionLayer::algorithm(const Driver& driver) const {
   const Lowering forward = lowering_for(driver, ConvDirection::forward);
   const Lowering data = lowering_for(driver, ConvDirection::backward_data);
   const Lowering weights = lowering_for(driver, ConvDirection::backward_weights);
-  if (forward == data && data == weights) return name(forward);
-  return fmt::format("forward {}, backward data {}, backward weights {}", name(forward), name(data),
-                     name(weights));
+  const std::string sum = residual_ ? fmt::format(", fused: + Eltwise '{}'", residual_->sum) : "";
+  if (forward == data && data == weights) return name(forward) + sum;
+  return fmt::format("forward {}, backward data {}, backward weights {}{}", name(forward),
+                     name(data), name(weights), sum);
 }
 
 // ---- dispatch: what runs each direction, by conv_algorithm ------------------------------
@@ -388,12 +389,18 @@ void ConvolutionLayer::forward(const LayerSlice& slice) {
 
 void ConvolutionLayer::run_forward(const LayerSlice& slice, Lowering lowering) const {
   HN_CHECK(lowering != Lowering::automatic, "{}: forward called before setup", describe());
+  HN_CHECK(!residual_ || slice.inputs.size() == 2,
+           "{}: runs the sum '{}' as its calls and takes its other input second, got {} inputs",
+           describe(), residual_ ? residual_->sum : "", slice.inputs.size());
   const detail::ConvAlgorithm& algorithm = detail::conv_algorithm(lowering);
   algorithm.forward(*this, slice);
-  if (fused_ && !algorithm.applies_activation()) {
-    const Operand& y = slice.outputs[0];
-    apply_activation(*slice.driver, detail::slice_count(y.shape, slice.rows()), fused_->activation,
-                     y.mutable_x());
+  if (algorithm.applies_activation()) return;
+  const Operand& y = slice.outputs[0];
+  const index_t n = detail::slice_count(y.shape, slice.rows());
+  if (residual_) {
+    add_activate(*slice.driver, n, slice.inputs[1].x(), activation(), y.mutable_x());
+  } else if (fused_) {
+    apply_activation(*slice.driver, n, fused_->activation, y.mutable_x());
   }
 }
 
@@ -427,12 +434,24 @@ ConvolutionLayer::Wanted ConvolutionLayer::wanted(const LayerSlice& slice) const
                 config_.bias_term && slice.params[1].diff.address != nullptr};
 }
 
+bool ConvolutionLayer::wants_residual_gradient(const LayerSlice& slice) const {
+  return residual_ && slice.inputs.size() == 2 && slice.propagate_down.size() == 2 &&
+         slice.propagate_down[1] && slice.inputs[1].diff.address != nullptr;
+}
+
 // The data gradient and the parameter gradients may have different algorithms; the bias
 // gradient goes with the weights'.
 void ConvolutionLayer::backward(const LayerSlice& slice) {
   if (slice.rows() == 0) return;
   const Wanted want = wanted(slice);
-  if (fused_ && (want.dx || want.dw || want.db)) activation_backward(slice);
+  const bool want_dr = wants_residual_gradient(slice);
+  if (fused_ && (want.dx || want.dw || want.db || want_dr)) activation_backward(slice);
+  if (want_dr) {
+    // The sum's gradient: its inputs' are its output's.
+    const Operand& y = slice.outputs[0];
+    detail::copy_floats(*slice.driver, detail::slice_count(y.shape, slice.rows()), y.dx(),
+                        slice.inputs[1].mutable_dx());
+  }
   const Lowering data = for_operands(slice, ConvDirection::backward_data);
   const Lowering params = for_operands(slice, ConvDirection::backward_weights);
   if (data == params || !want.dx || !(want.dw || want.db)) {

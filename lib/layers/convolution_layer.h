@@ -78,6 +78,14 @@ class ConvolutionLayer final : public Layer {
   void fuse_activation(std::optional<FusedActivation> fused) override { fused_ = std::move(fused); }
   // The fused activation, or none.
   Activation activation() const { return fused_ ? fused_->activation : Activation{}; }
+  // An Eltwise SUM of this layer's output and another blob (NetOptions::fuse_layers): the
+  // slice's second input is the other blob, its output the sum's; forward adds it before
+  // the fused activation (in the driver's call, conv_forward_residual, where the algorithm
+  // is the driver's convolution; in a pass after the others), and backward, after the
+  // activation's gradient, copies dy into the second input's gradient (a sum's gradient).
+  bool can_fuse_residual() const override { return true; }
+  void fuse_residual(std::optional<FusedResidual> fused) override { residual_ = std::move(fused); }
+  bool residual() const { return residual_.has_value(); }
   // Blocked input and output each on its own: the driver's direct convolution only.
   BlockedLayout blocked_layout() const override { return BlockedLayout::mixed; }
   void use_layouts(const std::vector<Layout>& inputs, const std::vector<Layout>& outputs) override;
@@ -118,6 +126,8 @@ class ConvolutionLayer final : public Layer {
   index_t chunk_for(Lowering lowering, index_t rows, std::size_t target) const;
   std::size_t workspace_for(Lowering lowering, index_t rows) const;
   Wanted wanted(const LayerSlice& slice) const;
+  // Whether backward writes the fused residual's gradient.
+  bool wants_residual_gradient(const LayerSlice& slice) const;
   // What runs `direction` on the slice: lowering_for, or direct where its operands are
   // blocked and the choice was a lowering.
   Lowering for_operands(const LayerSlice& slice, ConvDirection direction) const;
@@ -131,6 +141,7 @@ class ConvolutionLayer final : public Layer {
 
   ConvolutionParams config_;
   std::optional<FusedActivation> fused_;
+  std::optional<FusedResidual> residual_;
   Lowering lowering_ = Lowering::automatic;
   // What tune() chose, per driver name, indexed by ConvDirection.
   std::map<std::string, std::array<Lowering, 3>> chosen_;

@@ -18,6 +18,14 @@ static_assert(sizeof(float) == sizeof(std::int32_t), "MAX keeps int32 indices in
 EltwiseLayer::EltwiseLayer(std::string name, EltwiseParams params)
     : Layer(std::move(name)), param_(std::move(params)) {}
 
+bool EltwiseLayer::is_plain_sum() const {
+  if (param_.operation != EltwiseOp::sum) return false;
+  for (float c : param_.coeff) {
+    if (c != 1.0f) return false;
+  }
+  return true;
+}
+
 void EltwiseLayer::fuse_relu(std::optional<FusedRelu> fused) {
   HN_CHECK(!fused || (can_fuse_relu() && fused->slope >= 0.0f),
            "{}: only a SUM can take in a ReLU, and only one with a negative_slope >= 0 (got "

@@ -31,6 +31,7 @@ class EltwiseLayer final : public Layer {
   bool can_fuse_relu() const override { return param_.operation == EltwiseOp::sum; }
   // Called after setup(); std::nullopt undoes it.
   void fuse_relu(std::optional<FusedRelu> fused) override;
+  bool is_plain_sum() const override;
   std::string algorithm(const Driver& driver) const override;
 
  private:

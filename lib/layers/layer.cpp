@@ -36,6 +36,10 @@ void Layer::fuse_activation(std::optional<FusedActivation> fused) {
   HN_CHECK(!fused, "{}: cannot run an activation as its calls", describe());
 }
 
+void Layer::fuse_residual(std::optional<FusedResidual> fused) {
+  HN_CHECK(!fused, "{}: cannot run a residual sum as its calls", describe());
+}
+
 void sum_rows(Driver& driver, index_t rows, index_t width, const float* row_sums, float* total) {
   if (width == 0) return;
   if (rows == 0) {

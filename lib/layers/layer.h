@@ -200,6 +200,12 @@ class Layer {
     std::string layer;  // the fused layer's name
     Activation activation;
   };
+  // A sum of the convolution's output and another blob (a residual block's end), run as the
+  // convolution's calls: the other blob is the call's second input, the sum's output its
+  // output.
+  struct FusedResidual {
+    std::string sum;  // the fused layer's name
+  };
   // FusionRole::norm: its eps when it normalises with stored statistics in `phase`.
   virtual std::optional<float> stored_norm_eps(Phase phase) const {
     static_cast<void>(phase);
@@ -221,6 +227,12 @@ class Layer {
   // FusionRole::conv: the same for the rectifier in place after it.
   virtual bool can_fuse_activation() const { return false; }
   virtual void fuse_activation(std::optional<FusedActivation> fused);
+  // FusionRole::sum: whether it adds exactly its inputs (no coefficients other than 1), so
+  // that the convolution computing one of them may add the other (fuse_residual).
+  virtual bool is_plain_sum() const { return false; }
+  // FusionRole::conv: whether it can take such a sum in now (after setup), and taking one.
+  virtual bool can_fuse_residual() const { return false; }
+  virtual void fuse_residual(std::optional<FusedResidual> fused);
 
   std::vector<Tensor>& params() { return params_; }
   std::vector<Tensor>& state() { return state_; }

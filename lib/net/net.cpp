@@ -88,6 +88,18 @@ detail::LayerCall Net::Impl::call_of(int index, bool backward) {
   for (int t : nl.tops)
     call.outputs.push_back(detail::CallTensor{blobs[t].shape, &data_of(t),
                                               backward ? &diff_of(t) : nullptr, blobs[t].layout});
+  if (nl.fused_residual >= 0) {
+    // The sum's other input second, its output in place of this layer's own.
+    const NetLayer& sum = layers[static_cast<std::size_t>(nl.fused_residual)];
+    const std::size_t other = sum.bottoms[0] == nl.tops[0] ? 1 : 0;
+    const int r = sum.bottoms[other], z = sum.tops[0];
+    const bool gradient = backward && sum.propagate_down[other];
+    call.inputs.push_back(detail::CallTensor{blobs[r].shape, &data_of(r),
+                                             gradient ? &diff_of(r) : nullptr, blobs[r].layout});
+    propagate_down.push_back(sum.propagate_down[other]);
+    call.outputs[0] = detail::CallTensor{blobs[z].shape, &data_of(z),
+                                         backward ? &diff_of(z) : nullptr, blobs[z].layout};
+  }
   for (Tensor* param : nl.params)
     call.params.push_back(detail::CallTensor{param->shape(), &param->data(), &param->diff()});
   if (nl.fused_norm >= 0) {
@@ -120,8 +132,14 @@ const Split& Net::Impl::upstream_split(int blob) const {
   // other's, their split its split).
   while (producer >= 0 && (layers[producer].kind == Kind::split ||
                            (layers[producer].fused_into >= 0 && layers[producer].parts.empty() &&
-                            !layers[producer].bottoms.empty())))
+                            !layers[producer].bottoms.empty()))) {
+    const int host = layers[producer].fused_into;
+    if (host >= 0 && layers[host].fused_residual == producer) {
+      producer = host;  // a sum computed by the convolution that feeds it
+      break;
+    }
     producer = blobs[layers[producer].bottoms[0]].producer;
+  }
   if (producer < 0 || layers[producer].kind != Kind::compute) return none;
   return layers[producer].split;
 }
@@ -708,6 +726,13 @@ void Net::check_blob_holds(const std::string& name, bool diff) const {
         "fused (fuse_layers), the ReLU's gradient going straight into the Eltwise's inputs; name "
         "'{}' in keep_blobs (or turn fuse_layers off) to read it",
         impl_->name, impl_->origin, name, blob.gradient_fused_by, name);
+  }
+  if (!blob.summed_by.empty()) {
+    detail::fail(
+        "net '{}' ({}): blob '{}' is never written: Convolution '{}' adds the Eltwise's other "
+        "input in its call and writes the sum instead (fuse_layers); name '{}' in keep_blobs "
+        "(or turn fuse_layers off) to read it",
+        impl_->name, impl_->origin, name, blob.summed_by, name);
   }
   if (!blob.columns_of.empty()) {
     detail::fail(

@@ -7,7 +7,13 @@
 // calls (EltwiseLayer::fuse_relu). A ReLU (slope >= 0) or a Clip in place on a
 // convolution's output runs as the convolution's calls (ConvolutionLayer::fuse_activation):
 // on the CPU driver inside oneDNN's convolution, which applies it while the output is in
-// registers (MobileNet v2's ReLU6 after each convolution took a fifth of its forward).
+// registers (MobileNet v2's ReLU6 after each convolution took a fifth of its forward). An
+// Eltwise SUM of two inputs that a convolution's output alone feeds, the other input
+// computed before the convolution, runs as the convolution's calls with the rectifier in
+// place after it (ConvolutionLayer::fuse_residual, Driver::conv_forward_residual): the end
+// of ResNet's bottleneck and of MobileNet v2's inverted residual, as ONNX Runtime fuses it.
+// The convolution runs where it did, writing the sum's output; its own output blob is
+// never written (BlobVersion::summed_by).
 //
 // The chain must be in place on one blob (so the Scale's operands are the BatchNorm's input
 // and the ReLU's output, the same memory) with each version consumed only by the next layer
@@ -31,13 +37,18 @@ FusionRole role(const NetLayer& nl) {
 }  // namespace
 
 void Net::Impl::plan_fusion() {
-  for (BlobVersion& blob : blobs)
+  for (BlobVersion& blob : blobs) {
     blob.gradient_fused_by.clear();
+    blob.summed_by.clear();
+  }
   for (NetLayer& nl : layers) {
-    nl.fused_into = nl.fused_norm = -1;
+    nl.fused_into = nl.fused_norm = nl.fused_residual = -1;
     if (role(nl) == FusionRole::affine) nl.layer->fuse_norm(std::nullopt);
     if (role(nl) == FusionRole::sum) nl.layer->fuse_relu(std::nullopt);
-    if (role(nl) == FusionRole::conv) nl.layer->fuse_activation(std::nullopt);
+    if (role(nl) == FusionRole::conv) {
+      nl.layer->fuse_activation(std::nullopt);
+      nl.layer->fuse_residual(std::nullopt);
+    }
   }
   if (!options.fuse_layers) return;
   // A layer that computes one top, by rows (not cut by outputs), with no loss weight.
@@ -104,9 +115,55 @@ void Net::Impl::plan_fusion() {
     layers[l].fused_into = affine_index;
     affine.fused_norm = norm_index;
   }
+  // The activation a rectifier in place after layer `l` computes, when the layer before it
+  // may compute it instead and its output is not asked for (its gradient would be left as
+  // the rectifier's input gradient); `index` is set to the rectifier's.
+  const auto fusable_after = [&](int l, int& index) -> std::optional<Activation> {
+    index = next_in_place(l);
+    if (index < 0) return std::nullopt;
+    const NetLayer& rectifier_layer = layers[static_cast<std::size_t>(index)];
+    if (role(rectifier_layer) != FusionRole::rectifier) return std::nullopt;
+    if (blobs[static_cast<std::size_t>(rectifier_layer.tops[0])].keep) return std::nullopt;
+    return rectifier_layer.layer->fusable_activation();
+  };
   for (std::size_t l = 0; l < layers.size(); ++l) {
     NetLayer& sum = layers[l];
-    if (role(sum) != FusionRole::sum || !sum.layer->can_fuse_relu() ||
+    const int s = static_cast<int>(l);
+    if (role(sum) != FusionRole::sum || !sum.layer->is_plain_sum() || !runs_alone(s) ||
+        sum.bottoms.size() != 2)
+      continue;
+    // Of the two inputs, the one computed last (ResNet's first block of a stage computes
+    // its shortcut's convolution after conv3).
+    const int p0 = blobs[static_cast<std::size_t>(sum.bottoms[0])].producer;
+    const int p1 = blobs[static_cast<std::size_t>(sum.bottoms[1])].producer;
+    const std::size_t mine = p0 > p1 ? 0 : 1;
+    BlobVersion& own = blobs[static_cast<std::size_t>(sum.bottoms[mine])];
+    const BlobVersion& other = blobs[static_cast<std::size_t>(sum.bottoms[1 - mine])];
+    const BlobVersion& out = blobs[static_cast<std::size_t>(sum.tops[0])];
+    const int c = own.producer;
+    if (c < 0 || p0 == p1) continue;
+    NetLayer& conv = layers[static_cast<std::size_t>(c)];
+    if (role(conv) != FusionRole::conv || !conv.layer->can_fuse_residual() || !runs_alone(c) ||
+        conv.tops[0] != sum.bottoms[mine] || own.keep || own.consumers.size() != 1 ||
+        !cut_alike(c, s) || conv.needs_backward != sum.needs_backward ||
+        out.data_group == other.data_group || own.layout != out.layout ||
+        other.layout != out.layout)
+      continue;
+    int rectifier_index = -1;
+    if (const std::optional<Activation> activation = fusable_after(s, rectifier_index)) {
+      NetLayer& rectifier_layer = layers[static_cast<std::size_t>(rectifier_index)];
+      conv.layer->fuse_activation(
+          Layer::FusedActivation{rectifier_layer.param.name(), *activation});
+      rectifier_layer.fused_into = c;
+    }
+    conv.layer->fuse_residual(Layer::FusedResidual{sum.param.name()});
+    conv.fused_residual = s;
+    sum.fused_into = c;
+    own.summed_by = conv.param.name();
+  }
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    NetLayer& sum = layers[l];
+    if (role(sum) != FusionRole::sum || !sum.layer->can_fuse_relu() || sum.fused_into >= 0 ||
         !runs_alone(static_cast<int>(l)))
       continue;
     const int relu_index = next_in_place(static_cast<int>(l));
@@ -127,14 +184,12 @@ void Net::Impl::plan_fusion() {
   for (std::size_t l = 0; l < layers.size(); ++l) {
     NetLayer& conv = layers[l];
     if (role(conv) != FusionRole::conv || !conv.layer->can_fuse_activation() ||
-        !runs_alone(static_cast<int>(l)))
+        conv.fused_residual >= 0 || !runs_alone(static_cast<int>(l)))
       continue;
-    const int next = next_in_place(static_cast<int>(l));
-    if (next < 0) continue;
+    int next = -1;
+    const std::optional<Activation> activation = fusable_after(static_cast<int>(l), next);
+    if (!activation) continue;
     NetLayer& rectifier_layer = layers[static_cast<std::size_t>(next)];
-    if (role(rectifier_layer) != FusionRole::rectifier) continue;
-    const std::optional<Activation> activation = rectifier_layer.layer->fusable_activation();
-    if (!activation || blobs[static_cast<std::size_t>(rectifier_layer.tops[0])].keep) continue;
     conv.layer->fuse_activation(Layer::FusedActivation{rectifier_layer.param.name(), *activation});
     rectifier_layer.fused_into = static_cast<int>(l);
   }

@@ -63,6 +63,9 @@ struct BlobVersion {
   // The first of consecutive layers cut by outputs that pass this blob as each part's
   // columns (plan_column_chains): neither its values nor its gradient are ever gathered.
   std::string columns_of;
+  // The Convolution that computes this blob into the Eltwise SUM it alone feeds
+  // (net_fusion.cpp): the sum's output holds the values, this blob none.
+  std::string summed_by;
 };
 
 // The registered layer types whose outputs can be cut (OutputCut; across ranks too), sorted:
@@ -98,6 +101,9 @@ struct NetLayer {
   // Fusion (net_fusion.cpp): a layer whose work another runs has fused_into = that layer
   // and does nothing itself; a Scale that runs its BatchNorm has fused_norm = its index.
   int fused_into = -1, fused_norm = -1;
+  // A Convolution that runs the Eltwise SUM reading its output has fused_residual = the
+  // sum's index (its call takes the sum's other input second and writes the sum's output).
+  int fused_residual = -1;
   // A layer cut by outputs (split_axis: OUTPUT, net_output_cut.cpp): one part per device
   // with outputs, each the layer computing its columns with its own parameters; `layer` is
   // the whole one, for shapes only. `output_cut` is the split as given.

@@ -30,6 +30,8 @@ void Net::Impl::plan_memory() {
   const bool on_host = driver->memory_space() == host_space();
   for (std::size_t b = 0; b < blobs.size(); ++b) {
     const BlobVersion& blob = blobs[b];
+    // A convolution's output that it adds into a sum instead is never written or read.
+    if (!blob.summed_by.empty()) continue;
     if (on_host) {
       check_host_bytes(sizeof(float) * static_cast<std::size_t>(blob.shape.count()), [&] {
         return fmt::format("{}: top '{}' ({})", where(blob.producer), blob.name,
@@ -69,6 +71,19 @@ void Net::Impl::plan_memory() {
     }
     if (producer.needs_backward) touch(blob.diff_group, bwd(blob.producer));
     if (!written || blob.keep || input || !options.reuse_memory) diff.pinned = true;
+  }
+  // A convolution running the sum after it (plan_fusion) writes the sum's output and reads
+  // its other input in its own steps, before the sum's.
+  for (int l = 0; l < n; ++l) {
+    const NetLayer& conv = layers[static_cast<std::size_t>(l)];
+    if (conv.fused_residual < 0) continue;
+    const NetLayer& sum = layers[static_cast<std::size_t>(conv.fused_residual)];
+    for (int blob : {sum.tops[0], sum.bottoms[0], sum.bottoms[1]}) {
+      const BlobVersion& version = blobs[static_cast<std::size_t>(blob)];
+      if (!version.summed_by.empty()) continue;
+      touch(version.data_group, fwd(l));
+      if (any_backward && conv.needs_backward) touch(version.diff_group, bwd(l));
+    }
   }
   // Groups never touched (no backward) need no memory. The rest are placed largest first,
   // each in the smallest slot none of whose groups is live while it is (best fit): a slot is

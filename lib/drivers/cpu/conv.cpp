@@ -207,7 +207,8 @@ namespace {
 // copy, Impl::weights_in_layout).
 void execute(const dnnl::stream& stream, Call call, const Entry& e,
              const std::array<const float*, 4>& at, void* scratch, char* arena,
-             const memory* diff_dst = nullptr, void* weights_inner = nullptr) {
+             const memory* diff_dst = nullptr, void* weights_inner = nullptr,
+             const float* residual = nullptr) {
   if (e.per_group) {
     for (index_t g = 0; g < e.group_count; ++g) {
       std::array<const float*, 4> part{};
@@ -240,6 +241,10 @@ void execute(const dnnl::stream& stream, Call call, const Entry& e,
         load(stream, e.c, scratch);
         args.emplace(DNNL_ARG_BIAS, e.c.inner);
       }
+      if (residual != nullptr) {
+        e.residual.set_data_handle(const_cast<float*>(residual));
+        args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, e.residual);
+      }
       e.primitive.execute(stream, args);
       store(stream, e.d, scratch);
       break;
@@ -270,16 +275,25 @@ void execute(const dnnl::stream& stream, Call call, const Entry& e,
 
 void DirectConvolution::forward(Parallel& par, const LoweringShape& shape, index_t out_channels,
                                 const float* x, const float* weights, const float* bias, float* y,
-                                const Activation& activation) {
-  const bool apart = !fuses(activation);
+                                const Activation& activation, const float* residual) {
+  // The post-ops: the residual's sum, then the activation where oneDNN applies it.
+  const bool apart = residual != nullptr
+                         ? activation.kind != Activation::Kind::none && !fuses(activation)
+                         : !fuses(activation);
+  const index_t n = shape.batch * out_channels * shape.out_h() * shape.out_w();
   const auto after = [&] {
-    const index_t n = shape.batch * out_channels * shape.out_h() * shape.out_w();
+    if (residual != nullptr && activation.kind == Activation::Kind::relu)
+      return lincomb_relu(par, n, 1.0f, y, 1.0f, residual, activation.slope, y);
+    if (residual != nullptr) lincomb(par, n, 1.0f, y, 1.0f, residual, y);
     if (activation.kind == Activation::Kind::relu) relu_forward(par, n, activation.slope, y, y);
     if (activation.kind == Activation::Kind::clip)
       clip_forward(par, n, activation.lo, activation.hi, y, y);
   };
   if (small_conv_supported(shape)) {
-    return small_conv_forward(par, shape, out_channels, x, weights, bias, activation, y);
+    if (residual == nullptr)
+      return small_conv_forward(par, shape, out_channels, x, weights, bias, activation, y);
+    small_conv_forward(par, shape, out_channels, x, weights, bias, Activation{}, y);
+    return after();
   }
   if (depthwise_plain(shape, out_channels)) {
     depthwise_forward(par, shape, x, weights, bias, y);
@@ -288,26 +302,10 @@ void DirectConvolution::forward(Parallel& par, const LoweringShape& shape, index
   bool separate = apart;
   run(Call::forward, par.threads(), shape, out_channels, [&] {
     if (!impl_) impl_ = std::make_unique<Impl>();
+    const bool sum = residual != nullptr;
     const Entry* fused = nullptr;
     if (!apart) {
-      fused = &impl_->entry(Call::forward, shape, out_channels, bias != nullptr, bf16_, activation);
-      if (!fused->use_post_ops) {
-        // The post-ops only where they keep the kernel the call has without them: oneDNN's
-        // Winograd takes no such chain (ResNet-50's 3x3 layers fell back to its direct
-        // kernel: 1,090 -> 1,255 ms forward at batch 32), and its GEMM-based and reference
-        // kernels apply post-ops element by element after the fact (MobileNet v2's 24 -> 144
-        // 1x1 layers: 155 ms instead of 12). Decided once per entry.
-        const std::string alone =
-            impl_->entry(Call::forward, shape, out_channels, bias != nullptr, bf16_).implementation;
-        // Looked up again: making the other entry may have evicted this one.
-        Entry& again =
-            impl_->entry(Call::forward, shape, out_channels, bias != nullptr, bf16_, activation);
-        const std::string& impl = again.implementation;
-        again.use_post_ops = impl == alone && impl.find("gemm") == std::string::npos &&
-                             impl.find("ref") == std::string::npos;
-        fused = &again;
-      }
-      if (!*fused->use_post_ops) fused = nullptr;
+      fused = fused_entry(shape, out_channels, bias != nullptr, activation, sum);
     }
     separate = fused == nullptr;
     const Entry& e = fused != nullptr
@@ -317,10 +315,43 @@ void DirectConvolution::forward(Parallel& par, const LoweringShape& shape, index
     if (shape.weights_version != 0 && !e.per_group && e.b.reordered)
       weights_inner = impl_->weights_in_layout(e, weights, shape.weights_version);
     execute(impl_->stream, Call::forward, e, {x, weights, bias, y}, impl_->scratch.get(),
-            impl_->reserve_arena(e.inner_bytes()), nullptr, weights_inner);
+            impl_->reserve_arena(e.inner_bytes()), nullptr, weights_inner,
+            fused != nullptr ? residual : nullptr);
     impl_->stream.wait();
   });
   if (separate) after();
+}
+
+// The forward call with post-ops (the residual's sum when `sum`, then `activation`), or null
+// where the kernel without them should run and the driver's passes apply them after it.
+// The post-ops only where they keep the kernel the call has without them: oneDNN's
+// Winograd takes no such chain (ResNet-50's 3x3 layers fell back to its direct kernel:
+// 1,090 -> 1,255 ms forward at batch 32), and its GEMM-based and reference kernels apply
+// post-ops element by element after the fact (MobileNet v2's 24 -> 144 1x1 layers: 155 ms
+// instead of 12). The residual only where the kernel writes y in the caller's layout (the
+// sum reads it in that layout) and not group by group. Decided once per entry.
+const Entry* DirectConvolution::fused_entry(const LoweringShape& shape, index_t out_channels,
+                                            bool has_bias, const Activation& activation, bool sum) {
+  Entry* fused = nullptr;
+  try {
+    fused = &impl_->entry(Call::forward, shape, out_channels, has_bias, bf16_, activation, sum);
+  } catch (const dnnl::error&) {
+    if (!sum) throw;
+    return nullptr;  // no kernel takes this residual: the driver's sum after the call
+  }
+  if (!fused->use_post_ops) {
+    const std::string alone =
+        impl_->entry(Call::forward, shape, out_channels, has_bias, bf16_).implementation;
+    // Looked up again: making the other entry may have evicted this one.
+    Entry& again =
+        impl_->entry(Call::forward, shape, out_channels, has_bias, bf16_, activation, sum);
+    const std::string& impl = again.implementation;
+    again.use_post_ops = impl == alone && impl.find("gemm") == std::string::npos &&
+                         impl.find("ref") == std::string::npos &&
+                         (!sum || (again.residual && !again.d.reordered && !again.per_group));
+    fused = &again;
+  }
+  return *fused->use_post_ops ? fused : nullptr;
 }
 
 void DirectConvolution::backward_data(Parallel& par, Blas blas, const LoweringShape& shape,
@@ -439,7 +470,8 @@ DirectConvolution::DirectConvolution() = default;
 DirectConvolution::~DirectConvolution() = default;
 
 void DirectConvolution::forward(Parallel&, const LoweringShape&, index_t, const float*,
-                                const float*, const float*, float*, const Activation&) {
+                                const float*, const float*, float*, const Activation&,
+                                const float*) {
   fail("conv_forward: this build has no oneDNN");
 }
 void DirectConvolution::backward_data(Parallel&, Blas, const LoweringShape&, index_t, const float*,

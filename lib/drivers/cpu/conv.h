@@ -39,11 +39,12 @@ class DirectConvolution {
   void set_bf16(bool on) { bf16_ = on && bf16_available(); }
 
   // Layers with very few input channels (LeNet's conv1) run on conv_small.h's kernels.
-  // `activation` is applied to y: in oneDNN's call where fuses() (its post-ops), else by the
-  // driver's kernel after it.
+  // `residual` (when not null, laid out as y) is added to y, then `activation` applied: in
+  // oneDNN's call where it runs the same kernel with them (its binary and eltwise post-ops;
+  // the activation where fuses()), else by the driver's kernels after it.
   void forward(Parallel& par, const LoweringShape& shape, index_t out_channels, const float* x,
-               const float* weights, const float* bias, float* y,
-               const Activation& activation = {});
+               const float* weights, const float* bias, float* y, const Activation& activation = {},
+               const float* residual = nullptr);
   // Shapes whose input channels oneDNN would pad heavily (3 channels blocked by 16) are
   // lowered instead: a GEMM per image and col2im, on `par` and `blas`.
   void backward_data(Parallel& par, Blas blas, const LoweringShape& shape, index_t out_channels,
@@ -59,6 +60,8 @@ class DirectConvolution {
 
  private:
   struct Impl;
+  const struct Entry* fused_entry(const LoweringShape& shape, index_t out_channels, bool has_bias,
+                                  const Activation& activation, bool sum);
   std::unique_ptr<Impl> impl_;
   bool bf16_ = false;
 };

@@ -26,7 +26,7 @@ using dnnl::memory;
 enum class Call { forward, backward_data, backward_weights };
 
 // The cache's key: a call's kind and shape (make_key, conv_primitives.cpp).
-using Key = std::array<index_t, 23>;
+using Key = std::array<index_t, 24>;
 
 // One tensor of a call: `user` wraps the caller's buffer (address set per call),
 // `inner` is what the primitive reads or writes. They are the same memory when the layouts
@@ -73,6 +73,9 @@ struct Entry {
   // A forward call with post-ops: whether to use it (DirectConvolution::forward decides at
   // its first use: only where the call without them runs the same kernel).
   std::optional<bool> use_post_ops;
+  // A forward call adding a residual (DirectConvolution::forward): the binary post-op's
+  // second input, laid out as y (address set per call).
+  memory residual;
   // Set when the groups run one after the other as convolutions of their own (for
   // Winograd): `per_group` is group 0's call, and group g's operands are group 0's
   // shifted by g * group_step floats (operands in the order of a, b, c, d).
@@ -124,13 +127,14 @@ struct DirectConvolution::Impl {
   void* weights_in_layout(const Entry& e, const float* weights, std::uint64_t version);
   void reserve_scratch(std::size_t bytes);
   // `bf16`: the call's inputs as BF16 (DirectConvolution::set_bf16), where oneDNN has a
-  // fast kernel for it; else the FP32 entry. `activation`: the forward call's post-op.
+  // fast kernel for it; else the FP32 entry. `activation`: the forward call's post-op;
+  // `residual`: a sum with a tensor laid out as y before it.
   Entry& entry(Call call, const LoweringShape& s, index_t out_channels, bool has_bias, bool bf16,
-               const Activation& activation = {});
+               const Activation& activation = {}, bool residual = false);
   Entry create(Call call, const LoweringShape& s, index_t out_channels, bool has_bias, bool bf16,
-               const Activation& activation) const;
+               const Activation& activation, bool residual) const;
   Entry create_fp32(Call call, const LoweringShape& s, index_t out_channels, bool has_bias,
-                    const Activation& activation) const;
+                    const Activation& activation, bool residual) const;
   Entry build(Call call, const Geometry& geo, bool has_bias, Inner layout) const;
 };
 

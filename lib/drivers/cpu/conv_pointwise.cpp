@@ -30,18 +30,32 @@ namespace {
 
 constexpr int kRows = 6;  // rows of the kernel's block (outputs, or weights' rows)
 
-// The block's end: each accumulator + its vector's bias, activated, stored at out(r, j)
-// (row r, vector j). Shared by the forward and data-gradient kernels.
+// A tensor laid out as the output y, added to it before the activation (a residual block's
+// sum): its value for y's element at p is at(p). None where `r` is null.
+struct Residual {
+  const float* y = nullptr;
+  const float* r = nullptr;
+  const float* at(const float* p) const { return r + (p - y); }
+};
+
+// The block's end: each accumulator + its vector's bias [+ the residual], activated, stored
+// at out(r, j) (row r, vector j). Shared by the forward and data-gradient kernels.
 template <int B, int R, int NV, class V, class Out>
-void store_rows(const V (&acc)[R][NV], const float* bias, const Activation& activation,
-                const Out& out) {
+void store_rows(const V (&acc)[R][NV], const float* bias, const Residual& residual,
+                const Activation& activation, const Out& out) {
   for (int j = 0; j < NV; ++j) {
     V shift{};
     if (bias != nullptr) std::memcpy(&shift, bias + j * B, sizeof(V));
     for (int r = 0; r < R; ++r) {
       V value = acc[r][j] + shift;
+      float* to = out(r, j);
+      if (residual.r != nullptr) {
+        V add;
+        std::memcpy(&add, residual.at(to), sizeof(V));
+        value += add;
+      }
       activate(value, activation);
-      std::memcpy(out(r, j), &value, sizeof(V));
+      std::memcpy(to, &value, sizeof(V));
     }
   }
 }
@@ -53,7 +67,7 @@ void store_rows(const V (&acc)[R][NV], const float* bias, const Activation& acti
 template <int B, int R, int NV>
 void channels_kernel(const float* const* a_rows, index_t blocks, index_t a_block, const float* b,
                      float* const* c_rows, index_t c_offset, index_t c_vector, const float* bias,
-                     const Activation& activation) {
+                     const Residual& residual, const Activation& activation) {
   using V = typename Lanes<B>::type;
   const float* a[R];
   for (int r = 0; r < R; ++r)
@@ -82,7 +96,7 @@ void channels_kernel(const float* const* a_rows, index_t blocks, index_t a_block
     for (int r = 0; r < R; ++r)
       a[r] += a_block;
   }
-  store_rows<B>(acc, bias, activation,
+  store_rows<B>(acc, bias, residual, activation,
                 [&](int r, int j) { return c_rows[r] + c_offset + j * c_vector; });
 }
 
@@ -92,7 +106,8 @@ void channels_kernel(const float* const* a_rows, index_t blocks, index_t a_block
 // the general kernel's 6 rows (AVX-512's 32 registers hold 12 rows x 2 vectors).
 template <int B, int R, int NV>
 void dense_kernel(const float* a0, index_t blocks, index_t a_block, const float* b, float* c0,
-                  index_t c_vector, const float* bias, const Activation& activation) {
+                  index_t c_vector, const float* bias, const Residual& residual,
+                  const Activation& activation) {
   using V = typename Lanes<B>::type;
   V acc[R][NV];
   for (int r = 0; r < R; ++r) {
@@ -117,7 +132,8 @@ void dense_kernel(const float* a0, index_t blocks, index_t a_block, const float*
     b += B * NV * B;
     a += a_block;
   }
-  store_rows<B>(acc, bias, activation, [&](int r, int j) { return c0 + r * B + j * c_vector; });
+  store_rows<B>(acc, bias, residual, activation,
+                [&](int r, int j) { return c0 + r * B + j * c_vector; });
 }
 
 // Where a weight gradient's x lies for pixels_kernel: vector j of pixel (m, p) at
@@ -192,10 +208,12 @@ struct ChannelsProduct {
   float* const* c;
   index_t c_offset, c_vector;
   const float* bias;
+  const Residual* residual;
   const Activation* activation;
   template <int R, int NV>
   void run() const {
-    channels_kernel<B, R, NV>(a, blocks, a_block, b, c, c_offset, c_vector, bias, *activation);
+    channels_kernel<B, R, NV>(a, blocks, a_block, b, c, c_offset, c_vector, bias, *residual,
+                              *activation);
   }
 };
 
@@ -208,10 +226,11 @@ struct DenseProduct {
   float* c;
   index_t c_vector;
   const float* bias;
+  const Residual* residual;
   const Activation* activation;
   template <int R, int NV>
   void run() const {
-    dense_kernel<B, R, NV>(a, blocks, a_block, b, c, c_vector, bias, *activation);
+    dense_kernel<B, R, NV>(a, blocks, a_block, b, c, c_vector, bias, *residual, *activation);
   }
 };
 
@@ -268,12 +287,13 @@ struct Image {
 };
 
 // out[k][(s_out h, s_out w)] = sum_i packed-weights(i, k) in[i][(s_in h, s_in w)] (+ bias,
-// activation) over the grid_h x grid_w pixels (h, w): the forward (s_in the stride, s_out 1)
-// and the data gradient (s_in 1, s_out the stride, the pixels no tap reaches set to zero).
+// + residual, activation) over the grid_h x grid_w pixels (h, w): the forward (s_in the
+// stride, s_out 1) and the data gradient (s_in 1, s_out the stride, the pixels no tap
+// reaches set to zero).
 template <int B>
 void multiply(Parallel& par, const Image& in, index_t s_in, const Image& out, index_t s_out,
               index_t batch, index_t grid_h, index_t grid_w, const float* packed, const float* bias,
-              const Activation& activation) {
+              const Residual& residual, const Activation& activation) {
   const index_t k = in.channels, outputs = out.channels;
   const index_t panels = (outputs + 2 * B - 1) / (2 * B);
   // Items: an image's rows (about 96 pixels: their inputs stay in L2 while every panel of
@@ -324,6 +344,7 @@ void multiply(Parallel& par, const Image& in, index_t s_in, const Image& out, in
                                                         c0 + o0 * out.plane() + r0 * B,
                                                         out.plane() * B,
                                                         bias != nullptr ? bias + o0 : nullptr,
+                                                        &residual,
                                                         &activation};
                           dispatch<R>(static_cast<int>(std::min<index_t>(R, pixels - r0)),
                                       static_cast<int>(width / B), product);
@@ -345,7 +366,7 @@ void multiply(Parallel& par, const Image& in, index_t s_in, const Image& out, in
                           in.plane() * B,  packed + o0 * k,
                           nullptr,         o0 * out.plane(),
                           out.plane() * B, bias != nullptr ? bias + o0 : nullptr,
-                          &activation};
+                          &residual,       &activation};
                       for (index_t r0 = 0; r0 < pixels; r0 += kRows) {
                         product.a = a.data() + r0;
                         product.c = c.data() + r0;
@@ -557,16 +578,17 @@ const float* PointwiseConvolution::packed(Parallel& par, const LoweringShape& sh
 
 void PointwiseConvolution::forward(Parallel& par, const LoweringShape& shape, index_t out_channels,
                                    const float* x, const float* weights, const float* bias,
-                                   float* y, const Activation& activation) {
+                                   float* y, const Activation& activation, const float* residual) {
   check_supported("conv_forward", shape, out_channels);
   const float* w = packed(par, shape, out_channels, weights, false);
   const Image in{x, shape.channels, shape.height, shape.width};
   const Image out{y, out_channels, shape.out_h(), shape.out_w()};
+  const Residual sum{y, residual};
   if (layout_block(shape.layout) == 16) {
-    multiply<16>(par, in, shape.stride_h, out, 1, shape.batch, out.height, out.width, w, bias,
+    multiply<16>(par, in, shape.stride_h, out, 1, shape.batch, out.height, out.width, w, bias, sum,
                  activation);
   } else {
-    multiply<8>(par, in, shape.stride_h, out, 1, shape.batch, out.height, out.width, w, bias,
+    multiply<8>(par, in, shape.stride_h, out, 1, shape.batch, out.height, out.width, w, bias, sum,
                 activation);
   }
 }
@@ -580,10 +602,10 @@ void PointwiseConvolution::backward_data(Parallel& par, const LoweringShape& sha
   const Image out{dx, shape.channels, shape.height, shape.width};
   if (layout_block(shape.layout) == 16) {
     multiply<16>(par, in, 1, out, shape.stride_h, shape.batch, in.height, in.width, w, nullptr,
-                 Activation{});
+                 Residual{}, Activation{});
   } else {
     multiply<8>(par, in, 1, out, shape.stride_h, shape.batch, in.height, in.width, w, nullptr,
-                Activation{});
+                Residual{}, Activation{});
   }
 }
 

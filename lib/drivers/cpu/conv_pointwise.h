@@ -20,9 +20,11 @@ bool pointwise_supported(const LoweringShape& shape, index_t out_channels);
 // Results are the same whatever the thread count: every sum has a fixed order.
 class PointwiseConvolution {
  public:
-  // y = conv(x, weights) + bias, then `activation`.
+  // y = conv(x, weights) + bias [+ residual, laid out as y, when not null], then
+  // `activation`: all in the kernel's last step, while each block of y is in registers.
   void forward(Parallel& par, const LoweringShape& shape, index_t out_channels, const float* x,
-               const float* weights, const float* bias, float* y, const Activation& activation);
+               const float* weights, const float* bias, float* y, const Activation& activation,
+               const float* residual = nullptr);
   // dx = the data gradient (overwritten).
   void backward_data(Parallel& par, const LoweringShape& shape, index_t out_channels,
                      const float* weights, const float* dy, float* dx);

@@ -41,9 +41,10 @@ index_t float_bits(float value) {
 }
 
 Key make_key(Call call, const LoweringShape& s, index_t out_channels, bool has_bias, bool bf16,
-             const Activation& activation) {
+             const Activation& activation, bool residual) {
   return {static_cast<index_t>(call),
           static_cast<index_t>(activation.kind),
+          residual ? 1 : 0,
           float_bits(activation.kind == Activation::Kind::relu ? activation.slope : activation.lo),
           float_bits(activation.hi),
           bf16 ? 1 : 0,
@@ -143,8 +144,10 @@ struct Geometry {
   index_t in_per_group, out_per_group;
   memory::dims strides, dilates, pad_l, pad_r;
   bool bf16;
-  // The forward call's post-op (the gradients' calls ignore it).
+  // The forward call's post-ops (the gradients' calls ignore them): the residual's sum
+  // (a binary add of a tensor in the caller's layout of y), then the activation.
   Activation activation;
+  bool residual = false;
 
   Geometry(const LoweringShape& s, index_t out_channels, bool has_bias, bool one_group = false,
            bool with_bf16 = false)
@@ -296,10 +299,13 @@ dnnl::convolution_forward::primitive_desc forward_desc(const dnnl::engine& engin
                                              d.weights, d.bias, d.dst, geo.strides, geo.dilates,
                                              geo.pad_l, geo.pad_r);
   dnnl::primitive_attr attr = user_scratchpad();
-  if (post_op && geo.activation.kind != Activation::Kind::none) {
+  if (post_op && (geo.activation.kind != Activation::Kind::none || geo.residual)) {
     dnnl::post_ops ops;
+    if (geo.residual) ops.append_binary(dnnl::algorithm::binary_add, geo.dst_user);
     const Activation& a = geo.activation;
-    if (a.kind == Activation::Kind::relu && a.slope != 0.0f) {
+    if (a.kind == Activation::Kind::none) {
+      // the residual alone
+    } else if (a.kind == Activation::Kind::relu && a.slope != 0.0f) {
       ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, a.slope, 0.0f);
     } else {
       const float tiny = std::numeric_limits<float>::min();
@@ -405,15 +411,16 @@ void DirectConvolution::Impl::reserve_scratch(std::size_t bytes) {
 }
 
 Entry& DirectConvolution::Impl::entry(Call call, const LoweringShape& s, index_t out_channels,
-                                      bool has_bias, bool bf16, const Activation& activation) {
-  const Key key = make_key(call, s, out_channels, has_bias, bf16, activation);
+                                      bool has_bias, bool bf16, const Activation& activation,
+                                      bool residual) {
+  const Key key = make_key(call, s, out_channels, has_bias, bf16, activation, residual);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   if (cache.size() >= kMaxCachedShapes) {
     cache.erase(order.front());
     order.pop_front();
   }
-  Entry made = create(call, s, out_channels, has_bias, bf16, activation);
+  Entry made = create(call, s, out_channels, has_bias, bf16, activation, residual);
   reserve_scratch(scratch_bytes(made));
   order.push_back(key);
   return cache.emplace(key, std::move(made)).first->second;
@@ -422,15 +429,16 @@ Entry& DirectConvolution::Impl::entry(Call call, const LoweringShape& s, index_t
 // In BF16, the call on BF16 inputs in the layout the FP32 call chose, where that is
 // blocked or channels-last and oneDNN has a fast (JIT) kernel for it; else the FP32 call.
 Entry DirectConvolution::Impl::create(Call call, const LoweringShape& s, index_t out_channels,
-                                      bool has_bias, bool bf16,
-                                      const Activation& activation) const {
-  Entry fp32 = create_fp32(call, s, out_channels, has_bias, activation);
+                                      bool has_bias, bool bf16, const Activation& activation,
+                                      bool residual) const {
+  Entry fp32 = create_fp32(call, s, out_channels, has_bias, activation, residual);
   if (!bf16 || fp32.lowered || fp32.per_group || s.plain_kernel) return fp32;
   const Inner layout = fp32.inner_layout;
   if (layout == Inner::plain) return fp32;
   try {
     Geometry geo(s, out_channels, has_bias, false, true);
     geo.activation = activation;
+    geo.residual = residual;
     Entry half = build(call, geo, has_bias, layout);
     const std::string& impl = half.implementation;
     if (impl.find("jit") != std::string::npos && impl.find("gemm") == std::string::npos &&
@@ -448,10 +456,12 @@ Entry DirectConvolution::Impl::create(Call call, const LoweringShape& s, index_t
 // for it, else plain NCHW (the data gradient: the driver's own lowering). Plain NCHW too
 // when the caller asks for it (LoweringShape::plain_kernel, a candidate the tuner times).
 Entry DirectConvolution::Impl::create_fp32(Call call, const LoweringShape& s, index_t out_channels,
-                                           bool has_bias, const Activation& activation) const {
+                                           bool has_bias, const Activation& activation,
+                                           bool residual) const {
   const auto geometry = [&](bool one_group) {
     Geometry geo(s, out_channels, has_bias, one_group);
     geo.activation = activation;
+    geo.residual = residual && !one_group;
     return geo;
   };
   if (s.plain_kernel) return build(call, geometry(false), has_bias, Inner::plain);
@@ -526,6 +536,7 @@ Entry DirectConvolution::Impl::build(Call call, const Geometry& geo, bool has_bi
       e.primitive = dnnl::convolution_forward(fwd);
       e.scratch = scratch_memory(engine, fwd.scratchpad_desc());
       e.implementation = fwd.impl_info_str();
+      if (geo.residual) e.residual = memory(geo.dst_user, engine, nullptr);
       e.a = make_input(engine, geo.src_user, fwd.src_desc());
       e.b = make_input(engine, geo.weights_plain, fwd.weights_desc());
       if (has_bias) e.c = make_input(engine, geo.bias_plain, fwd.bias_desc());

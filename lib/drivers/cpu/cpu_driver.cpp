@@ -147,6 +147,20 @@ class CpuDriver final : public Driver {
     conv_.set_bf16(math_mode() == MathMode::bf16);
     conv_.forward(parallel_, shape, out_channels, x, weights, bias, y, activation);
   }
+  void do_conv_forward_residual(const LoweringShape& shape, index_t out_channels, const float* x,
+                                const float* weights, const float* bias, const float* residual,
+                                const Activation& activation, float* y) override {
+    if (shape.pointwise) {
+      return pointwise_.forward(parallel_, shape, out_channels, x, weights, bias, y, activation,
+                                residual);
+    }
+    if (shape.winograd || !cpu::DirectConvolution::available()) {
+      return Driver::do_conv_forward_residual(shape, out_channels, x, weights, bias, residual,
+                                              activation, y);
+    }
+    conv_.set_bf16(math_mode() == MathMode::bf16);
+    conv_.forward(parallel_, shape, out_channels, x, weights, bias, y, activation, residual);
+  }
   void do_conv_backward_data(const LoweringShape& shape, index_t out_channels, const float* weights,
                              const float* dy, float* dx) override {
     if (shape.winograd)
