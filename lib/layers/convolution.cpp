@@ -406,14 +406,14 @@ void ConvolutionLayer::run_forward(const LayerSlice& slice, Lowering lowering) c
 
 // What the in-place layer's backward would do: dy (its output's gradient, the same memory
 // as its input's) becomes its input's gradient.
-void ConvolutionLayer::activation_backward(const LayerSlice& slice) const {
+// Written to `to` (dy itself, or the fused residual's gradient).
+void ConvolutionLayer::activation_backward(const LayerSlice& slice, float* to) const {
   const Operand& y = slice.outputs[0];
   const index_t n = detail::slice_count(y.shape, slice.rows());
   const Activation& a = fused_->activation;
-  if (a.kind == Activation::Kind::relu)
-    slice.driver->relu_backward(n, a.slope, y.x(), y.dx(), y.mutable_dx());
+  if (a.kind == Activation::Kind::relu) slice.driver->relu_backward(n, a.slope, y.x(), y.dx(), to);
   if (a.kind == Activation::Kind::clip)
-    detail::clip_backward_from_output(*slice.driver, n, a.lo, a.hi, y.x(), y.dx(), y.mutable_dx());
+    detail::clip_backward_from_output(*slice.driver, n, a.lo, a.hi, y.x(), y.dx(), to);
 }
 
 // Adds the bias to output rows [first, first + images) of the slice, right after a chunk
@@ -439,19 +439,34 @@ bool ConvolutionLayer::wants_residual_gradient(const LayerSlice& slice) const {
          slice.propagate_down[1] && slice.inputs[1].diff.address != nullptr;
 }
 
-// The data gradient and the parameter gradients may have different algorithms; the bias
-// gradient goes with the weights'.
+// The fused activation's gradient first, then the convolution's.
 void ConvolutionLayer::backward(const LayerSlice& slice) {
   if (slice.rows() == 0) return;
   const Wanted want = wanted(slice);
-  const bool want_dr = wants_residual_gradient(slice);
-  if (fused_ && (want.dx || want.dw || want.db || want_dr)) activation_backward(slice);
-  if (want_dr) {
-    // The sum's gradient: its inputs' are its output's.
-    const Operand& y = slice.outputs[0];
-    detail::copy_floats(*slice.driver, detail::slice_count(y.shape, slice.rows()), y.dx(),
-                        slice.inputs[1].mutable_dx());
+  if (!wants_residual_gradient(slice)) {
+    if (fused_ && (want.dx || want.dw || want.db))
+      activation_backward(slice, slice.outputs[0].mutable_dx());
+    run_gradients(slice, want);
+    return;
   }
+  // The sum's inputs' gradient is its output's: the activation's input gradient goes
+  // straight into the other input's, which the convolution's gradients then read as their
+  // dy (one pass over it: neither the in-place write nor a copy after it).
+  float* dr = slice.inputs[1].mutable_dx();
+  if (fused_) {
+    activation_backward(slice, dr);
+  } else {
+    const Operand& y = slice.outputs[0];
+    detail::copy_floats(*slice.driver, detail::slice_count(y.shape, slice.rows()), y.dx(), dr);
+  }
+  LayerSlice through = slice;
+  through.outputs[0].diff = slice.inputs[1].diff;
+  run_gradients(through, want);
+}
+
+// The data gradient and the parameter gradients may have different algorithms; the bias
+// gradient goes with the weights'.
+void ConvolutionLayer::run_gradients(const LayerSlice& slice, Wanted want) const {
   const Lowering data = for_operands(slice, ConvDirection::backward_data);
   const Lowering params = for_operands(slice, ConvDirection::backward_weights);
   if (data == params || !want.dx || !(want.dw || want.db)) {

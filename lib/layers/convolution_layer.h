@@ -136,8 +136,10 @@ class ConvolutionLayer final : public Layer {
   void run_forward(const LayerSlice& slice, Lowering lowering) const;
   void run_backward(const LayerSlice& slice, Lowering lowering, Wanted want) const;
 
-  // The fused activation's gradient on dy, in place.
-  void activation_backward(const LayerSlice& slice) const;
+  // The fused activation's gradient on dy, written to `to` (dy itself: in place).
+  void activation_backward(const LayerSlice& slice, float* to) const;
+  // The gradients `want` asks for, from the slice's dy.
+  void run_gradients(const LayerSlice& slice, Wanted want) const;
 
   ConvolutionParams config_;
   std::optional<FusedActivation> fused_;
