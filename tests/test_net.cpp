@@ -414,18 +414,35 @@ layer { name: "ip" type: "InnerProduct" bottom: "p" top: "logits"
 layer { name: "loss" type: "SoftmaxWithLoss" bottom: "logits" bottom: "label" top: "loss" }
 )";
 
+// The loss and every gradient of `fused` equal `plain`'s within float rounding.
+void check_same_run(const NormRun& fused, const NormRun& plain) {
+  CHECK(std::fabs(fused.loss - plain.loss) <= 1e-5 * std::max(1.0f, std::fabs(plain.loss)));
+  REQUIRE(fused.gradients.size() == plain.gradients.size());
+  for (std::size_t g = 0; g < plain.gradients.size(); ++g) {
+    INFO("gradient " << g);
+    CHECK(test::max_scaled_diff(plain.gradients[g], fused.gradients[g]) <= 1e-5);
+  }
+}
+
+// Makes every convolution of `net` that has the driver's pointwise kernels run on them in
+// every direction, listing their names in `chosen`.
+void choose_pointwise(Net& net, Driver& driver, std::vector<std::string>& chosen) {
+  for (int l = 0; l < net.num_layers(); ++l) {
+    if (std::string(net.layer_type(l)) != "Convolution") continue;
+    auto* conv = dynamic_cast<ConvolutionLayer*>(&net.layer(l));
+    REQUIRE(conv != nullptr);
+    const std::vector<Lowering> options = conv->candidates(driver);
+    if (std::find(options.begin(), options.end(), Lowering::pointwise) == options.end()) continue;
+    for (const ConvDirection d : kConvDirections)
+      conv->choose(driver, d, Lowering::pointwise);
+    chosen.push_back(net.layer_name(l));
+  }
+}
+
 TEST_CASE(
     "Net runs an in-place ReLU or Clip as the convolution before it and computes what the "
     "layers apart do, NCHW and blocked, unsplit and split, on the CPU and reference drivers",
     "[net][fusion]") {
-  const auto check_same = [](const NormRun& fused, const NormRun& plain) {
-    CHECK(std::fabs(fused.loss - plain.loss) <= 1e-5 * std::max(1.0f, std::fabs(plain.loss)));
-    REQUIRE(fused.gradients.size() == plain.gradients.size());
-    for (std::size_t g = 0; g < plain.gradients.size(); ++g) {
-      INFO("gradient " << g);
-      CHECK(test::max_scaled_diff(plain.gradients[g], fused.gradients[g]) <= 1e-5);
-    }
-  };
   const auto check_fused = [](const NormRun& fused) {
     CHECK(fused.algorithms.at("relu1") == "fused into 'conv1'");
     CHECK(fused.algorithms.at("clip2") == "fused into 'conv2'");
@@ -442,7 +459,7 @@ TEST_CASE(
                                          "", kConvActivationNet);
       check_fused(fused);
       CHECK(plain.algorithms.at("relu1").empty());
-      check_same(fused, plain);
+      check_same_run(fused, plain);
     }
   }
   // Each device of a split runs the activation on its rows, its gradient on its copy of dy.
@@ -454,7 +471,7 @@ TEST_CASE(
     const NormRun fused =
         run_norm_net(device, true, false, Phase::train, "", split, kConvActivationNet);
     check_fused(fused);
-    check_same(fused, plain);
+    check_same_run(fused, plain);
   }
 }
 
@@ -499,14 +516,6 @@ TEST_CASE(
     "Net runs an Eltwise SUM as the convolution computing one of its inputs and computes what "
     "the layers apart do, with every algorithm, NCHW and blocked, unsplit and split",
     "[net][fusion]") {
-  const auto check_same = [](const NormRun& fused, const NormRun& plain) {
-    CHECK(std::fabs(fused.loss - plain.loss) <= 1e-5 * std::max(1.0f, std::fabs(plain.loss)));
-    REQUIRE(fused.gradients.size() == plain.gradients.size());
-    for (std::size_t g = 0; g < plain.gradients.size(); ++g) {
-      INFO("gradient " << g);
-      CHECK(test::max_scaled_diff(plain.gradients[g], fused.gradients[g]) <= 1e-5);
-    }
-  };
   const auto check_fused = [](const NormRun& fused) {
     CHECK(fused.algorithms.at("add2") == "fused into 'conv2'");
     CHECK(fused.algorithms.at("relu2") == "fused into 'conv2'");
@@ -527,8 +536,8 @@ TEST_CASE(
           run_norm_net(Device::parse(device), false, blocked, Phase::train, "", "", kResidualNet);
       check_fused(fused);
       CHECK(plain.algorithms.at("add2").empty());
-      check_same(fused, plain);
-      check_same(fused, reference);
+      check_same_run(fused, plain);
+      check_same_run(fused, reference);
     }
   }
   // The CPU driver's kernels: oneDNN's (the sum as its post-op), a lowering (the sum in a
@@ -539,26 +548,15 @@ TEST_CASE(
     const NormRun fused =
         run_norm_net(Device::parse("cpu"), true, blocked, Phase::train, choice, "", kResidualNet);
     check_fused(fused);
-    check_same(fused, reference);
+    check_same_run(fused, reference);
   }
   std::vector<std::string> pointwise;
-  const auto choose_pointwise = [&](Net& net, Driver& driver) {
-    for (int l = 0; l < net.num_layers(); ++l) {
-      if (std::string(net.layer_type(l)) != "Convolution") continue;
-      auto* conv = dynamic_cast<ConvolutionLayer*>(&net.layer(l));
-      REQUIRE(conv != nullptr);
-      const std::vector<Lowering> options = conv->candidates(driver);
-      if (std::find(options.begin(), options.end(), Lowering::pointwise) == options.end()) continue;
-      for (const ConvDirection d : kConvDirections)
-        conv->choose(driver, d, Lowering::pointwise);
-      pointwise.push_back(net.layer_name(l));
-    }
-  };
-  const NormRun on_pointwise = run_norm_net(Device::parse("cpu"), true, true, Phase::train, "", "",
-                                            kResidualNet, choose_pointwise);
+  const NormRun on_pointwise =
+      run_norm_net(Device::parse("cpu"), true, true, Phase::train, "", "", kResidualNet,
+                   [&](Net& net, Driver& driver) { choose_pointwise(net, driver, pointwise); });
   CHECK(pointwise == std::vector<std::string>{"conv2", "conv3", "conv5"});
   check_fused(on_pointwise);
-  check_same(on_pointwise, reference);
+  check_same_run(on_pointwise, reference);
   // Each device of a split adds its rows of the other input and copies its rows of the
   // gradient.
   for (const char* split : {"reference:0.5,reference:1:0.5", "cpu:0.34,reference:1:0.66"}) {
@@ -566,7 +564,7 @@ TEST_CASE(
     const Device device = Device::parse(split[0] == 'c' ? "cpu" : "reference");
     const NormRun fused = run_norm_net(device, true, false, Phase::train, "", split, kResidualNet);
     check_fused(fused);
-    check_same(fused, reference);
+    check_same_run(fused, reference);
   }
 }
 
@@ -709,20 +707,9 @@ TEST_CASE(
   const NormRun reference =
       run_norm_net(Device::parse("reference"), false, false, Phase::train, "", "", kPointwiseNet);
   std::vector<std::string> chosen;
-  const auto pointwise = [&](Net& net, Driver& driver) {
-    for (int l = 0; l < net.num_layers(); ++l) {
-      if (std::string(net.layer_type(l)) != "Convolution") continue;
-      auto* conv = dynamic_cast<ConvolutionLayer*>(&net.layer(l));
-      REQUIRE(conv != nullptr);
-      const std::vector<Lowering> options = conv->candidates(driver);
-      if (std::find(options.begin(), options.end(), Lowering::pointwise) == options.end()) continue;
-      for (const ConvDirection d : kConvDirections)
-        conv->choose(driver, d, Lowering::pointwise);
-      chosen.push_back(net.layer_name(l));
-    }
-  };
-  const NormRun cpu = run_norm_net(Device::parse("cpu"), true, true, Phase::train, "", "",
-                                   kPointwiseNet, pointwise);
+  const NormRun cpu =
+      run_norm_net(Device::parse("cpu"), true, true, Phase::train, "", "", kPointwiseNet,
+                   [&](Net& net, Driver& driver) { choose_pointwise(net, driver, chosen); });
   // conv1 and conv4 (3x3, one side NCHW) have no pointwise kernel; conv2 and conv3 (1x1,
   // blocked) do.
   CHECK(chosen == std::vector<std::string>{"conv2", "conv3"});
