@@ -6,15 +6,18 @@ torch.onnx.export (opset 13, a symbolic batch, 224x224), then
 * forward at batch 1 and 32: hybridnn (the model read from the .onnx file, the cpu driver,
   the tool's defaults: blocked activations, convolutions tuned once and cached) against ONNX
   Runtime's CPU provider, same threads, same run;
-* forward + full backward at batch 32 (parameter and input gradients; BatchNorm on its
-  stored statistics on both sides, as an imported model trains): `hybridnn time` on the
-  .onnx file against PyTorch (eval mode, NCHW and channels_last, the faster), Debian's
+* forward + full backward at batch 32 (parameter and input gradients, the parameter
+  gradients zeroed each step; BatchNorm on its stored statistics on both sides, as an
+  imported model trains): the .onnx file's net in its training phase (as `hybridnn time`
+  runs it) against PyTorch (eval mode, NCHW and channels_last, the faster), Debian's
   python3-torch here and, with --torch PYTHON, another PyTorch (PyPI's in a venv) too: the
-  faster of all is the reference.
+  faster of all is the reference. Each model's PyTorch steps are timed right before its
+  hybridnn steps, so that a shared machine's drift over the run falls on both alike.
 
 One JSON line per model, pass and batch, each with its ratio (hybridnn / the peer: below 1
-hybridnn is faster). Timing: a warm-up, then chunks of iterations; the figure is the best
-chunk's mean (the least disturbed on a shared machine), the mean of all chunks beside it.
+hybridnn is faster). Timing, the same on every side: a warm-up, then chunks of iterations;
+the figure is the best chunk's mean (the least disturbed on a shared machine), the mean of
+all chunks beside it.
 
   bench/onnx.py [--build build] [--models resnet50,...] [--threads N] [--chunks 3]
                 [--torch /path/to/venv/bin/python]
@@ -141,15 +144,37 @@ def ort_forward(ort, path, batch, threads, chunks):
     return best_of_chunks(lambda: session.run(None, {"data": x}), chunks, per_chunk(batch))
 
 
-def hybridnn_train_step(tool, path, chunks):
-    """`hybridnn time` on the .onnx file at batch 32: forward + full backward, ms."""
-    run = subprocess.run([tool, "time", "--model", path, "--batch", "32", "--iterations",
-                          str(2 * chunks), "--json"], capture_output=True, text=True,
-                         timeout=1800)
-    if run.returncode != 0:
-        raise RuntimeError(run.stderr.strip().splitlines()[-1] if run.stderr else "failed")
-    total = next(json.loads(l) for l in run.stdout.splitlines() if '"total"' in l)
-    return total["forward_backward_ms"]
+def hybridnn_train_step(hn, path, chunks):
+    """(best chunk's mean, mean) ms of forward + full backward at batch 32, as PyTorch's."""
+    import numpy as np
+    rt = hn.Runtime()
+    net = hn.Net(rt, rt.add("cpu"), path, batch=32, phase="train", layout="blocked",
+                 tune="cached", force_backward=True)
+    net.blob("data").data[...] = np.random.default_rng(0).standard_normal(
+        (32, 3, SIZE, SIZE)).astype(np.float32)
+
+    def step():
+        net.clear_param_diffs()
+        net.forward()
+        net.backward()
+
+    return best_of_chunks(step, chunks, 2)
+
+
+def peer_times(models, args):
+    """{model: (best ms, mean ms, label)}: the faster of Debian's PyTorch and --torch's."""
+    peers = pytorch_times(models, args.threads, args.chunks)
+    if args.torch:
+        run = subprocess.run([args.torch, os.path.abspath(__file__), "--pytorch-only",
+                              "--models", ",".join(models), "--threads", str(args.threads),
+                              "--chunks", str(args.chunks)], capture_output=True, text=True)
+        for line in run.stdout.splitlines():
+            r = json.loads(line)
+            if r["ms"] < peers[r["model"]][0]:
+                peers[r["model"]] = (r["ms"], r["mean_ms"], r["label"])
+        if run.returncode != 0:
+            note(f"{args.torch}: {run.stderr.strip()[-500:]}")
+    return peers
 
 
 def main():
@@ -191,21 +216,8 @@ def main():
     except ImportError:
         ort = None
         note("onnxruntime is not installed (pip install onnxruntime): no forward comparison")
-    tool = os.path.join(args.build, "bin", "hybridnn")
     cpu = cpu_name()
     common = {"bench": "onnx", "cpu": cpu, "threads": args.threads}
-
-    peers = pytorch_times(models, args.threads, args.chunks)
-    if args.torch:
-        run = subprocess.run([args.torch, os.path.abspath(__file__), "--pytorch-only",
-                              "--models", args.models, "--threads", str(args.threads),
-                              "--chunks", str(args.chunks)], capture_output=True, text=True)
-        for line in run.stdout.splitlines():
-            r = json.loads(line)
-            if r["ms"] < peers[r["model"]][0]:
-                peers[r["model"]] = (r["ms"], r["mean_ms"], r["label"])
-        if run.returncode != 0:
-            note(f"{args.torch}: {run.stderr.strip()[-500:]}")
 
     with tempfile.TemporaryDirectory() as folder:
         for name in models:
@@ -227,12 +239,12 @@ def main():
                                    "onnxruntime_mean_ms": round(ort_mean, 2),
                                    "ratio": round(ms / ort_ms, 3)})
                 emit(record)
-            ms = hybridnn_train_step(tool, path, args.chunks)
-            peer_ms, peer_mean, label = peers[name]
+            peer_ms, peer_mean, label = peer_times([name], args)[name]
+            ms, mean = hybridnn_train_step(hn, path, args.chunks)
             emit({**common, "model": name, "pass": "forward_backward", "batch": 32,
-                  "hybridnn_ms": round(ms, 2), "pytorch": label,
-                  "pytorch_ms": round(peer_ms, 2), "pytorch_mean_ms": round(peer_mean, 2),
-                  "ratio": round(ms / peer_ms, 3)})
+                  "hybridnn_ms": round(ms, 2), "hybridnn_mean_ms": round(mean, 2),
+                  "pytorch": label, "pytorch_ms": round(peer_ms, 2),
+                  "pytorch_mean_ms": round(peer_mean, 2), "ratio": round(ms / peer_ms, 3)})
     return 0
 
 
