@@ -280,14 +280,22 @@ void conv_backward(const LoweringShape& shape, index_t out_channels, const float
   if (dx != nullptr) conv_backward_data(shape, out_channels, weights, dy, dx);
 }
 
+namespace {
+
+// y = activation(y) in place on n floats (nothing for none).
+void activate(index_t n, const Activation& activation, float* y) {
+  if (activation.kind == Activation::Kind::relu) relu_forward(n, activation.slope, y, y);
+  if (activation.kind == Activation::Kind::clip)
+    clip_forward(n, activation.lo, activation.hi, y, y);
+}
+
+}  // namespace
+
 void conv_forward_activation(const LoweringShape& shape, index_t out_channels, const float* x,
                              const float* weights, const float* bias, const Activation& activation,
                              float* y) {
   conv_forward(shape, out_channels, x, weights, bias, y);
-  const index_t n = conv_out_count(shape, out_channels);
-  if (activation.kind == Activation::Kind::relu) relu_forward(n, activation.slope, y, y);
-  if (activation.kind == Activation::Kind::clip)
-    clip_forward(n, activation.lo, activation.hi, y, y);
+  activate(conv_out_count(shape, out_channels), activation, y);
 }
 
 void conv_forward_residual(const LoweringShape& shape, index_t out_channels, const float* x,
@@ -297,9 +305,7 @@ void conv_forward_residual(const LoweringShape& shape, index_t out_channels, con
   const index_t n = conv_out_count(shape, out_channels);
   for (index_t i = 0; i < n; ++i)
     y[i] += residual[i];
-  if (activation.kind == Activation::Kind::relu) relu_forward(n, activation.slope, y, y);
-  if (activation.kind == Activation::Kind::clip)
-    clip_forward(n, activation.lo, activation.hi, y, y);
+  activate(n, activation, y);
 }
 
 // ---- element-wise -------------------------------------------------------------------
