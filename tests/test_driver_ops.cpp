@@ -2460,11 +2460,12 @@ TEST_CASE(
   }
 }
 
-// ---- pointwise (1x1) convolution on blocked operands ---------------------------------
+// ---- pointwise (1x1) convolution on blocked and NCHW operands -------------------------
 
 TEST_CASE(
     "pointwise convolutions (LoweringShape::pointwise) match the reference on blocked "
-    "operands, strided and across weight versions, and refuse what they cannot compute",
+    "operands, strided, on NCHW ones and across weight versions, and refuse what they cannot "
+    "compute",
     "[driver_ops][convolution][pointwise]") {
   using hn::Layout;
   const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
@@ -2485,13 +2486,21 @@ TEST_CASE(
         {hn::test::lowering(1, 16, 7, 7, 1, 1, 0, 0, 1, 1), 224},   // batch 1: panel groups
         {hn::test::lowering(5, 24, 30, 28, 1, 1, 0, 0, 1, 1), 8},   // long reduction, 3 blocks
         {hn::test::lowering(2, 16, 8, 5, 1, 1, 0, 0, 3, 3), 16},    // stride 3
+        // NCHW only (channel counts no multiple of a block): ShuffleNet's 58 channels on 7x7
+        // (tiles across images, 12-row panels not whole), a tiny one, one whose tiles stay
+        // inside an image (a 64-pixel plane), and more inputs than outputs.
+        {hn::test::lowering(3, 58, 7, 7, 1, 1, 0, 0, 1, 1), 29},
+        {hn::test::lowering(2, 5, 3, 3, 1, 1, 0, 0, 1, 1), 13},
+        {hn::test::lowering(2, 24, 8, 8, 1, 1, 0, 0, 1, 1), 58},
+        {hn::test::lowering(3, 116, 6, 5, 1, 1, 0, 0, 1, 1), 20},
     };
     for (const auto& conv : convs) {
-      for (const Layout layout : {Layout::nchw8c, Layout::nchw16c}) {
+      for (const Layout layout : {Layout::nchw8c, Layout::nchw16c, Layout::nchw}) {
         const auto& base = conv.first;
         const auto out_channels = conv.second;
         const index_t block = hn::layout_block(layout);
         if (base.channels % block != 0 || out_channels % block != 0) continue;
+        if (layout == Layout::nchw && base.stride_h != 1) continue;  // stride 1 there
         hn::LoweringShape shape = base;
         shape.layout = shape.out_layout = layout;
         shape.pointwise = true;
@@ -2531,14 +2540,30 @@ TEST_CASE(
           check_close(in_tested(dx.tested(), true), dx.oracle(), gemm_tolerance(out_channels));
           check_close(dw.tested(), dw.oracle(), gemm_tolerance(shape.batch * oh * ow));
           check_close(db.tested(), db.oracle(), gemm_tolerance(shape.batch * oh * ow));
+          if (layout != Layout::nchw) continue;
+          // On NCHW conv_backward computes both in one pass: bitwise the separate calls.
+          const DeviceArray dx1(d, x_count), dx2(d, x_count);
+          const DeviceArray dw1(d, constant(w_count, 0.5f)), dw2(d, constant(w_count, 0.5f));
+          const DeviceArray db1(d, constant(out_channels, 0.5f)),
+              db2(d, constant(out_channels, 0.5f));
+          d.conv_backward(shape, out_channels, x[Side::tested], w[Side::tested], dy[Side::tested],
+                          dx1.data(), dw1.data(), db1.data());
+          d.conv_backward_weights(shape, out_channels, x[Side::tested], dy[Side::tested],
+                                  dw2.data(), db2.data());
+          d.conv_backward_data(shape, out_channels, w[Side::tested], dy[Side::tested], dx2.data());
+          CHECK(dx1.host() == dx2.host());
+          CHECK(dw1.host() == dw2.host());
+          CHECK(db1.host() == db2.host());
+          CHECK(dx1.host() == dx.tested());
         }
       }
     }
     // Shapes it does not compute: refused before any work, naming the call.
     const DeviceArray a(d, 2 * 16 * 8 * 8), w(d, 16 * 16 * 9), b(d, 2 * 16 * 8 * 8);
     hn::LoweringShape padded = hn::test::lowering(2, 16, 6, 6, 1, 1, 1, 1, 1, 1);
-    hn::LoweringShape nchw = hn::test::lowering(2, 16, 8, 8, 1, 1, 0, 0, 1, 1);
-    hn::LoweringShape mixed = nchw, three = hn::test::lowering(1, 16, 8, 8, 3, 3, 1, 1, 1, 1);
+    hn::LoweringShape nchw = hn::test::lowering(2, 16, 8, 8, 1, 1, 0, 0, 2, 2);  // strided
+    hn::LoweringShape mixed = hn::test::lowering(2, 16, 8, 8, 1, 1, 0, 0, 1, 1),
+                      three = hn::test::lowering(1, 16, 8, 8, 3, 3, 1, 1, 1, 1);
     padded.layout = padded.out_layout = three.layout = three.out_layout = Layout::nchw8c;
     mixed.layout = Layout::nchw16c;
     mixed.out_layout = Layout::nchw8c;
@@ -2774,22 +2799,25 @@ TEST_CASE(
     cases.emplace_back(lowering(2, 2, 12, 12, 5, 5, 0, 0, 1, 1), 20);  // conv_small
     cases.emplace_back(lowering(3, 32, 7, 6, 1, 1, 0, 0, 1, 1), 48);   // ResNet's conv3
     cases.emplace_back(lowering(2, 32, 9, 9, 1, 1, 0, 0, 2, 2), 64);   // its strided shortcut
+    cases.emplace_back(lowering(3, 58, 7, 7, 1, 1, 0, 0, 1, 1), 29);   // NCHW pointwise only
     for (const auto& [base, out_channels] : cases) {
       const Activation& activation = activations[case_index % std::size(activations)];
       ++case_index;
-      // Blocked where the channels allow; the 1x1 ones on the driver's pointwise kernels too.
-      for (const int mode : {0, 1, 2}) {
+      // Blocked where the channels allow; the 1x1 ones on the driver's pointwise kernels too,
+      // blocked (mode 2) and NCHW (mode 3, stride 1).
+      for (const int mode : {0, 1, 2, 3}) {
         hn::LoweringShape shape = base;
         const Layout layout = caps.preferred_blocked_layout;
         const index_t block = hn::layout_block(layout);
-        if (mode > 0) {
+        if (mode == 1 || mode == 2) {
           if (!caps.blocked_layout || shape.channels % block != 0 || out_channels % block != 0)
             continue;
           shape.layout = shape.out_layout = layout;
         }
-        if (mode == 2) {
+        if (mode >= 2) {
           if (!caps.pointwise || shape.groups != 1 || shape.kernel_h != 1 || shape.kernel_w != 1 ||
-              shape.pad_h != 0 || shape.pad_w != 0 || shape.stride_h != shape.stride_w)
+              shape.pad_h != 0 || shape.pad_w != 0 || shape.stride_h != shape.stride_w ||
+              (mode == 3 && shape.stride_h != 1))
             continue;
           shape.pointwise = true;
         }

@@ -565,7 +565,7 @@ TEST_CASE(
   const std::string cache = dir.file("sub/tune.txt");  // the directory is made on save
   const auto cpu = hn::make_driver(hn::Device{"cpu", 0});
   const Shape input{4, 16, 10, 10};
-  const ConvolutionParams params = square(24, 1, 1, 0);  // 1x1: five candidates on the CPU
+  const ConvolutionParams params = square(24, 1, 1, 0);  // 1x1: six candidates on the CPU
   std::vector<hn::TuneReport> reports;
   hn::TuneOptions options;
   options.cache_path = cache;
@@ -593,8 +593,8 @@ TEST_CASE(
     layer.setup({input});
     const std::vector<Lowering> candidates = layer.candidates(*cpu);
     CHECK(candidates == std::vector<Lowering>{Lowering::direct, Lowering::direct_plain,
-                                              Lowering::direct_1x1, Lowering::type3,
-                                              Lowering::type1});
+                                              Lowering::pointwise, Lowering::direct_1x1,
+                                              Lowering::type3, Lowering::type1});
     layer.tune(*cpu, 4, tuner);
     REQUIRE(reports.size() == 1);
     CHECK(reports[0].measured);
@@ -672,7 +672,7 @@ TEST_CASE(
   const hn::test::TempDir dir;
   const auto cpu = hn::make_driver(hn::Device{"cpu", 0});
   const Shape input{4, 16, 10, 10};
-  const ConvolutionParams params = square(24, 1, 1, 0);  // 1x1: five candidates on the CPU
+  const ConvolutionParams params = square(24, 1, 1, 0);  // 1x1: six candidates on the CPU
   for (const hn::TuneMode mode : {hn::TuneMode::once, hn::TuneMode::cached}) {
     INFO(hn::tune_mode_name(mode));
     hn::TuneOptions options;

@@ -45,9 +45,9 @@ struct Capabilities {
   // conv_* compute 3x3 stride-1 ungrouped convolutions with Winograd's algorithm where the
   // shape asks for it (LoweringShape::winograd), on NCHW and blocked operands alike.
   bool winograd = false;
-  // conv_* compute 1x1 ungrouped unpadded convolutions (any stride) on operands in one
-  // blocked layout with kernels of the driver's own where the shape asks for it
-  // (LoweringShape::pointwise).
+  // conv_* compute 1x1 ungrouped unpadded convolutions with kernels of the driver's own where
+  // the shape asks for it (LoweringShape::pointwise): any stride on operands in one blocked
+  // layout, stride 1 on NCHW ones.
   bool pointwise = false;
 };
 

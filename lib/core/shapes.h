@@ -91,8 +91,8 @@ struct LoweringShape {
   // Direct convolution calls: compute with the driver's Winograd convolution (a 3x3 kernel,
   // stride 1; Lowering::winograd), where the driver has one (Capabilities::winograd).
   bool winograd = false;
-  // Direct convolution calls: compute with the driver's own 1x1 kernels on blocked operands
-  // (Lowering::pointwise), where the driver has them (Capabilities::pointwise).
+  // Direct convolution calls: compute with the driver's own 1x1 kernels (Lowering::pointwise),
+  // where the driver has them (Capabilities::pointwise).
   bool pointwise = false;
   // conv_forward(_activation): when not 0, names the weights' contents (Tensor versions,
   // lib/core/tensor.h): every call with the same weights address and version has the same

@@ -69,8 +69,8 @@ namespace {
 // the CPU driver's own depthwise forward and data gradient on NCHW operands; 8: the same with
 // four accumulators, ahead of oneDNN's at every ShuffleNet shape; 9: the CPU driver's own
 // convolution of few input channels with column strides, ShuffleNet v2's conv1, and its
-// pointwise kernel in 12 rows on AVX-512).
-constexpr int kKernelsRevision = 9;
+// pointwise kernel in 12 rows on AVX-512; 10: its pointwise kernels on NCHW operands).
+constexpr int kKernelsRevision = 10;
 
 constexpr char kHeader[] =
     "# hybridnn tuning cache: the fastest algorithm measured per machine, driver and shape.\n"

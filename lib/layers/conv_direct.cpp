@@ -1,7 +1,7 @@
 // Convolution algorithms direct, direct_plain, winograd and pointwise: the driver's own
 // convolution (oneDNN on the CPU, cuDNN on CUDA), no lowering; direct_plain asks for its NCHW
 // kernels, winograd for its Winograd convolution (the CPU driver's, conv_winograd.h),
-// pointwise for its 1x1 kernels on blocked operands (the CPU driver's, conv_pointwise.h).
+// pointwise for its own 1x1 kernels (the CPU driver's, conv_pointwise.h).
 #include "lib/layers/conv_algorithm.h"
 
 namespace hn::detail {
@@ -22,13 +22,18 @@ class DriverConvolution final : public ConvAlgorithm {
       case Lowering::winograd:
         return capabilities.winograd && winograd_shape(layer.geometry(), layer.config().group);
       case Lowering::pointwise: {
-        // Blocked operands only: x and y in one blocked layout, whole blocks of channels.
+        // x and y in one blocked layout with whole blocks of channels, or both NCHW with
+        // stride 1.
         const Layout layout = layer.input_layout();
         const index_t block = layout_block(layout);
-        return capabilities.pointwise && capabilities.blocked_layout && block > 1 &&
-               layer.output_layout() == layout && layer.geometry().channels % block == 0 &&
-               layer.config().num_output % block == 0 &&
-               pointwise_shape(layer.geometry(), layer.config().group);
+        const ConvGeometry& geo = layer.geometry();
+        if (!capabilities.pointwise || layer.output_layout() != layout ||
+            !pointwise_shape(geo, layer.config().group)) {
+          return false;
+        }
+        if (layout == Layout::nchw) return geo.stride_h == 1;
+        return capabilities.blocked_layout && block > 1 && geo.channels % block == 0 &&
+               layer.config().num_output % block == 0;
       }
       default:
         return capabilities.convolution;

@@ -122,9 +122,12 @@ void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
       slice.params.push_back(Operand{params_[1].shape(), b.pointer(), db.pointer()});
     slice.propagate_down = {true};
     slice.workspace = workspace.pointer();
+    // Each candidate's time per direction (infinity where it gave up).
+    std::vector<std::array<double, 3>> times(options.size());
     for (ConvDirection d : kConvDirections) {
       double best = 0.0;
-      for (Lowering l : options) {
+      for (std::size_t i = 0; i < options.size(); ++i) {
+        const Lowering l = options[i];
         // A candidate whose warm-up alone takes 1.5 times the best is not timed again.
         const double give_up = l == options.front() ? 0.5 : std::min(0.5, 1.5 * best);
         const double seconds = Tuner::time(
@@ -143,12 +146,14 @@ void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
               }
             },
             2, give_up);
+        times[i][static_cast<std::size_t>(d)] = seconds;
         if (l == options.front() || seconds < best) {
           best = seconds;
           choice[static_cast<std::size_t>(d)] = l;
         }
       }
     }
+    choose_joint_backward(slice, options, times, choice);
   }
   // Under data parallelism every rank takes rank 0's choice (TuneOptions::agree).
   for (ConvDirection d : kConvDirections) {
@@ -171,6 +176,39 @@ void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
   report.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   tuner.report(report);
+}
+
+// One algorithm may compute both gradients in one call faster than the two apart (the CPU
+// driver's NCHW pointwise kernels read dy once for both: its layers of few channels wait on
+// memory). Where the directions' winners differ, each candidate whose two times sum to less
+// than 1.5 times theirs is timed computing both, and the fastest way is kept.
+void ConvolutionLayer::choose_joint_backward(const LayerSlice& slice,
+                                             const std::vector<Lowering>& options,
+                                             const std::vector<std::array<double, 3>>& times,
+                                             std::array<Lowering, 3>& choice) const {
+  const auto data = static_cast<std::size_t>(ConvDirection::backward_data);
+  const auto weights = static_cast<std::size_t>(ConvDirection::backward_weights);
+  if (choice[data] == choice[weights]) return;
+  const auto time_of = [&](Lowering l, std::size_t d) {
+    const auto at = std::find(options.begin(), options.end(), l);
+    return times[static_cast<std::size_t>(at - options.begin())][d];
+  };
+  double best = time_of(choice[data], data) + time_of(choice[weights], weights);
+  const double apart = best;
+  for (std::size_t i = 0; i < options.size(); ++i) {
+    if (!(times[i][data] + times[i][weights] < 1.5 * apart)) continue;
+    const Lowering l = options[i];
+    const double seconds = Tuner::time(
+        *slice.driver,
+        [&] {
+          run_backward(slice, l, Wanted{true, true, config_.bias_term});
+        },
+        2, std::min(0.5, 1.5 * best));
+    if (seconds < best) {
+      best = seconds;
+      choice[data] = choice[weights] = l;
+    }
+  }
 }
 
 }  // namespace hn

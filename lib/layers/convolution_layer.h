@@ -135,6 +135,11 @@ class ConvolutionLayer final : public Layer {
   // gradient too where `want` asks for it.
   void run_forward(const LayerSlice& slice, Lowering lowering) const;
   void run_backward(const LayerSlice& slice, Lowering lowering, Wanted want) const;
+  // The tuner's last step (conv_tune.cpp): both gradients by one algorithm where that is
+  // faster than the directions' winners apart; `times`: options' seconds per direction.
+  void choose_joint_backward(const LayerSlice& slice, const std::vector<Lowering>& options,
+                             const std::vector<std::array<double, 3>>& times,
+                             std::array<Lowering, 3>& choice) const;
 
   // The fused activation's gradient on dy, written to `to` (dy itself: in place).
   void activation_backward(const LayerSlice& slice, float* to) const;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "lib/core/check.h"
+#include "lib/drivers/cpu/conv_pointwise_plain.h"
 #include "lib/drivers/cpu/parallel.h"
 #include "lib/drivers/cpu/simd.h"
 
@@ -538,9 +539,9 @@ void bias_gradient(Parallel& par, const Image& dy, index_t batch, float* dbias) 
 
 void check_supported(const char* call, const LoweringShape& shape, index_t out_channels) {
   HN_CHECK(pointwise_supported(shape, out_channels),
-           "{} (pointwise): needs one group, a 1x1 kernel, no padding or dilation, x and y in "
-           "one blocked layout and channel counts that are multiples of its block, got {} "
-           "with {} outputs, x in {} and y in {}",
+           "{} (pointwise): needs one group, a 1x1 kernel, no padding or dilation, and x and y "
+           "in one blocked layout with channel counts that are multiples of its block, or both "
+           "NCHW with stride 1, got {} with {} outputs, x in {} and y in {}",
            call, shape.to_string(), out_channels, layout_name(shape.layout),
            layout_name(shape.out_layout));
 }
@@ -548,6 +549,7 @@ void check_supported(const char* call, const LoweringShape& shape, index_t out_c
 }  // namespace
 
 bool pointwise_supported(const LoweringShape& s, index_t out_channels) {
+  if (pointwise_plain_supported(s)) return true;
   const index_t block = layout_block(s.layout);
   return s.groups == 1 && s.kernel_h == 1 && s.kernel_w == 1 && s.pad_h == 0 && s.pad_w == 0 &&
          s.dilation_h == 1 && s.dilation_w == 1 && s.stride_h >= 1 && s.stride_h == s.stride_w &&
@@ -558,6 +560,15 @@ bool pointwise_supported(const LoweringShape& s, index_t out_channels) {
 const float* PointwiseConvolution::packed(Parallel& par, const LoweringShape& shape,
                                           index_t out_channels, const float* weights,
                                           bool data_gradient) {
+  if (shape.layout == Layout::nchw) {  // conv_pointwise_plain.h's panels (tags 2 and 3)
+    const std::pair<float*, bool> kept =
+        weights_.get(weights, data_gradient ? 3 : 2, shape.weights_version,
+                     pointwise_plain_packed_count(shape, out_channels, data_gradient));
+    if (!kept.second) {
+      pointwise_plain_pack(par, shape, out_channels, weights, data_gradient, kept.first);
+    }
+    return kept.first;
+  }
   const index_t b = layout_block(shape.layout), channels = shape.channels;
   const std::pair<float*, bool> kept =
       weights_.get(weights, data_gradient ? 1 : 0, shape.weights_version,
@@ -581,6 +592,9 @@ void PointwiseConvolution::forward(Parallel& par, const LoweringShape& shape, in
                                    float* y, const Activation& activation, const float* residual) {
   check_supported("conv_forward", shape, out_channels);
   const float* w = packed(par, shape, out_channels, weights, false);
+  if (shape.layout == Layout::nchw) {
+    return pointwise_plain_forward(par, shape, out_channels, x, w, bias, residual, activation, y);
+  }
   const Image in{x, shape.channels, shape.height, shape.width};
   const Image out{y, out_channels, shape.out_h(), shape.out_w()};
   const Residual sum{y, residual};
@@ -598,6 +612,9 @@ void PointwiseConvolution::backward_data(Parallel& par, const LoweringShape& sha
                                          const float* dy, float* dx) {
   check_supported("conv_backward_data", shape, out_channels);
   const float* w = packed(par, shape, out_channels, weights, true);
+  if (shape.layout == Layout::nchw) {
+    return pointwise_plain_backward_data(par, shape, out_channels, w, dy, dx);
+  }
   const Image in{dy, out_channels, shape.out_h(), shape.out_w()};
   const Image out{dx, shape.channels, shape.height, shape.width};
   if (layout_block(shape.layout) == 16) {
@@ -613,6 +630,10 @@ void PointwiseConvolution::backward_weights(Parallel& par, const LoweringShape& 
                                             index_t out_channels, const float* x, const float* dy,
                                             float* dweights, float* dbias) {
   check_supported("conv_backward_weights", shape, out_channels);
+  if (shape.layout == Layout::nchw) {
+    return pointwise_plain_backward_weights(par, shape, out_channels, x, dy, dweights, dbias,
+                                            partials_);
+  }
   const Image in{x, shape.channels, shape.height, shape.width};
   const Image grad{dy, out_channels, shape.out_h(), shape.out_w()};
   if (layout_block(shape.layout) == 16) {
@@ -622,6 +643,19 @@ void PointwiseConvolution::backward_weights(Parallel& par, const LoweringShape& 
     weight_gradient<8>(par, in, grad, shape.stride_h, shape.batch, dweights, partials_);
     if (dbias != nullptr) bias_gradient<8>(par, grad, shape.batch, dbias);
   }
+}
+
+void PointwiseConvolution::backward(Parallel& par, const LoweringShape& shape, index_t out_channels,
+                                    const float* x, const float* weights, const float* dy,
+                                    float* dx, float* dweights, float* dbias) {
+  if (dx != nullptr && dweights != nullptr && shape.layout == Layout::nchw) {
+    check_supported("conv_backward", shape, out_channels);
+    const float* w = packed(par, shape, out_channels, weights, true);
+    return pointwise_plain_backward(par, shape, out_channels, x, w, dy, dx, dweights, dbias,
+                                    partials_);
+  }
+  if (dweights != nullptr) backward_weights(par, shape, out_channels, x, dy, dweights, dbias);
+  if (dx != nullptr) backward_data(par, shape, out_channels, weights, dy, dx);
 }
 
 }  // namespace hn::detail::cpu

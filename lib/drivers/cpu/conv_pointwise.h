@@ -13,8 +13,8 @@ namespace hn::detail::cpu {
 class Parallel;
 
 // Whether `shape` with `out_channels` outputs can run here: one group, a 1x1 kernel, no
-// padding or dilation (any stride), x and y in the same blocked layout, both channel counts
-// multiples of its block.
+// padding or dilation, and x and y in the same blocked layout with both channel counts
+// multiples of its block (any stride), or x and y NCHW with stride 1 (conv_pointwise_plain.h).
 bool pointwise_supported(const LoweringShape& shape, index_t out_channels);
 
 // Results are the same whatever the thread count: every sum has a fixed order.
@@ -31,6 +31,10 @@ class PointwiseConvolution {
   // Adds to dweights and, when not null, to dbias.
   void backward_weights(Parallel& par, const LoweringShape& shape, index_t out_channels,
                         const float* x, const float* dy, float* dweights, float* dbias);
+  // Both: dx (when not null) overwritten, dweights (when not null) and dbias added to. On NCHW
+  // operands the two in one pass over dy (conv_pointwise_plain.h).
+  void backward(Parallel& par, const LoweringShape& shape, index_t out_channels, const float* x,
+                const float* weights, const float* dy, float* dx, float* dweights, float* dbias);
 
  private:
   // The weights packed by panels of outputs (forward) or of inputs (data gradient).

@@ -36,7 +36,7 @@ class CpuDriver final : public Driver {
     if (caps.blocked_layout)
       caps.preferred_blocked_layout = cpu::DirectConvolution::preferred_layout();
     caps.winograd = true;   // conv_winograd.h: the driver's own, with or without oneDNN
-    caps.pointwise = true;  // conv_pointwise.h: the same (on blocked operands)
+    caps.pointwise = true;  // conv_pointwise.h: the same
     return caps;
   }
   MemorySpace memory_space() const override { return host_space(); }
@@ -196,11 +196,8 @@ class CpuDriver final : public Driver {
       return;
     }
     if (shape.pointwise) {
-      if (dweights != nullptr) {
-        pointwise_.backward_weights(parallel_, shape, out_channels, x, dy, dweights, dbias);
-      }
-      if (dx != nullptr) pointwise_.backward_data(parallel_, shape, out_channels, weights, dy, dx);
-      return;
+      return pointwise_.backward(parallel_, shape, out_channels, x, weights, dy, dx, dweights,
+                                 dbias);
     }
     if (!cpu::DirectConvolution::available()) {
       return Driver::do_conv_backward(shape, out_channels, x, weights, dy, dx, dweights, dbias);
