@@ -2780,6 +2780,89 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "conv_backward_relu equals relu_backward then conv_backward of the reference on every "
+    "driver, the driver's own NCHW 1x1 kernels included, and refuses a y over dy",
+    "[driver_ops][convolution]") {
+  using hn::Layout;
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const Drivers drivers(config);
+    hn::Driver& d = *drivers.driver;
+    const hn::Capabilities caps = d.capabilities();
+    std::uint32_t seed = 7300;
+    auto cases = conv_cases();
+    cases.emplace_back(lowering(3, 58, 7, 7, 1, 1, 0, 0, 1, 1), 29);  // NCHW pointwise
+    cases.emplace_back(lowering(2, 24, 8, 8, 1, 1, 0, 0, 1, 1), 58);
+    std::size_t case_index = 0;
+    for (const auto& [base, out_channels] : cases) {
+      const float slope = case_index % 2 == 0 ? 0.0f : 0.125f;
+      const bool has_pointwise = caps.pointwise && base.groups == 1 && base.kernel_h == 1 &&
+                                 base.kernel_w == 1 && base.pad_h == 0 && base.pad_w == 0 &&
+                                 base.stride_h == 1 && base.stride_w == 1;
+      const int chosen_want = static_cast<int>(case_index++ % 3);
+      // Both gradients, the weights' alone, the data's alone: all three where the driver's
+      // pointwise kernels run the shape (both: its one pass), else one per case.
+      for (const int want : {0, 1, 2}) {
+        if (!has_pointwise && want != chosen_want) continue;
+        for (const bool pointwise : {false, true}) {
+          if (pointwise && !has_pointwise) continue;
+          hn::LoweringShape shape = base;
+          shape.pointwise = pointwise;
+          INFO(shape.to_string() << " out_channels=" << out_channels << " slope " << slope
+                                 << " want " << want << (pointwise ? " pointwise" : ""));
+          const index_t y_count = shape.batch * out_channels * shape.out_h() * shape.out_w();
+          const index_t x_count = shape.image_count();
+          const index_t w_count = conv_weight_count(shape, out_channels);
+          // y: half of it at or under zero, exact zeros included.
+          std::vector<float> yv = random_floats(y_count, seed++);
+          for (std::size_t i = 0; i < yv.size(); i += 7)
+            yv[i] = 0.0f;
+          const TwinArray x(drivers, random_floats(x_count, seed++)),
+              w(drivers, random_floats(w_count, seed++)), y(drivers, yv),
+              dy(drivers, random_floats(y_count, seed++));
+          const TwinArray dx(drivers, constant(x_count, -7777.0f), constant(x_count, kNaN));
+          const TwinArray dw(drivers, random_floats(w_count, seed++, -3.0f, 3.0f)),
+              db(drivers, random_floats(out_channels, seed++, -3.0f, 3.0f));
+          const auto at = [&](const TwinArray& a, Side side, bool wanted) {
+            return wanted ? a[side] : nullptr;
+          };
+          const bool want_dx = want != 1, want_dw = want != 2;
+          hn::LoweringShape plain = shape;
+          plain.pointwise = false;
+          drivers.oracle->relu_backward(y_count, slope, y[Side::oracle], dy[Side::oracle],
+                                        dy[Side::oracle]);
+          drivers.oracle->conv_backward(plain, out_channels, x[Side::oracle], w[Side::oracle],
+                                        dy[Side::oracle], at(dx, Side::oracle, want_dx),
+                                        at(dw, Side::oracle, want_dw),
+                                        at(db, Side::oracle, want_dw));
+          d.conv_backward_relu(shape, out_channels, x[Side::tested], w[Side::tested],
+                               y[Side::tested], slope, dy[Side::tested],
+                               at(dx, Side::tested, want_dx), at(dw, Side::tested, want_dw),
+                               at(db, Side::tested, want_dw));
+          // The rectifier's gradient is one product per element: the same everywhere.
+          CHECK(dy.tested() == dy.oracle());
+          const index_t reduction = shape.batch * shape.out_h() * shape.out_w();
+          if (want_dx) {
+            check_close(
+                dx.tested(), dx.oracle(),
+                gemm_tolerance(out_channels / shape.groups * shape.kernel_h * shape.kernel_w));
+          }
+          check_close(dw.tested(), dw.oracle(), gemm_tolerance(reduction));
+          check_close(db.tested(), db.oracle(), gemm_tolerance(reduction));
+        }
+      }
+    }
+    const TwinArray a(drivers, constant(2 * 4 * 4, 1.0f));
+    CHECK_THAT(error_of([&] {
+                 d.conv_backward_relu(lowering(2, 1, 4, 4, 1, 1, 0, 0, 1, 1), 1, a[Side::tested],
+                                      a[Side::tested], a[Side::tested] + 1, 0.0f, a[Side::tested],
+                                      nullptr, nullptr, nullptr);
+               }),
+               Contains("conv_backward_relu") && Contains("y overlaps dy"));
+  }
+}
+
+TEST_CASE(
     "conv_forward_residual equals conv_forward, a sum and the activation of the reference on "
     "every driver, NCHW and blocked, the driver's own 1x1 kernels included",
     "[driver_ops][convolution]") {

@@ -701,25 +701,32 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "logits" bottom: "label" to
 )";
 
 TEST_CASE(
-    "1x1 convolutions on blocked activations computed by the driver's pointwise kernels (a "
-    "tuning candidate) equal the reference driver's",
+    "1x1 convolutions on blocked and NCHW activations computed by the driver's pointwise "
+    "kernels (a tuning candidate), a fused ReLU's gradient with them, equal the reference "
+    "driver's",
     "[net][layout][tune][pointwise]") {
   const NormRun reference =
       run_norm_net(Device::parse("reference"), false, false, Phase::train, "", "", kPointwiseNet);
-  std::vector<std::string> chosen;
-  const NormRun cpu =
-      run_norm_net(Device::parse("cpu"), true, true, Phase::train, "", "", kPointwiseNet,
-                   [&](Net& net, Driver& driver) { choose_pointwise(net, driver, chosen); });
-  // conv1 and conv4 (3x3, one side NCHW) have no pointwise kernel; conv2 and conv3 (1x1,
-  // blocked) do.
-  CHECK(chosen == std::vector<std::string>{"conv2", "conv3"});
-  for (const char* conv : {"conv2", "conv3"})
-    CHECK(cpu.algorithms.at(conv) == "pointwise");
-  CHECK(std::fabs(cpu.loss - reference.loss) <= 1e-5 * std::max(1.0f, std::fabs(reference.loss)));
-  REQUIRE(cpu.gradients.size() == reference.gradients.size());
-  for (std::size_t g = 0; g < reference.gradients.size(); ++g) {
-    INFO("gradient " << g);
-    CHECK(test::max_scaled_diff(reference.gradients[g], cpu.gradients[g]) <= 1e-5);
+  for (const bool blocked : {true, false}) {
+    INFO((blocked ? "blocked" : "NCHW"));
+    std::vector<std::string> chosen;
+    const NormRun cpu =
+        run_norm_net(Device::parse("cpu"), true, blocked, Phase::train, "", "", kPointwiseNet,
+                     [&](Net& net, Driver& driver) { choose_pointwise(net, driver, chosen); });
+    // conv1 and conv4 (3x3, one side NCHW) have no pointwise kernel; conv2 and conv3 (1x1)
+    // do where they are blocked; on NCHW conv2 (stride 1, its ReLU's gradient in the
+    // driver's conv_backward_relu), not conv3 (stride 2).
+    const std::vector<std::string> expected =
+        blocked ? std::vector<std::string>{"conv2", "conv3"} : std::vector<std::string>{"conv2"};
+    CHECK(chosen == expected);
+    for (const std::string& conv : expected)
+      CHECK(cpu.algorithms.at(conv) == "pointwise");
+    CHECK(std::fabs(cpu.loss - reference.loss) <= 1e-5 * std::max(1.0f, std::fabs(reference.loss)));
+    REQUIRE(cpu.gradients.size() == reference.gradients.size());
+    for (std::size_t g = 0; g < reference.gradients.size(); ++g) {
+      INFO("gradient " << g);
+      CHECK(test::max_scaled_diff(reference.gradients[g], cpu.gradients[g]) <= 1e-5);
+    }
   }
 }
 

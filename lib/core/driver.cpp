@@ -373,6 +373,38 @@ DriverOperands Driver::conv_backward_operands(const LoweringShape& shape, index_
   return ops;
 }
 
+DriverOperands Driver::conv_backward_relu_operands(const LoweringShape& shape, index_t out_channels,
+                                                   const float* x, const float* weights,
+                                                   const float* y, float negative_slope, float* dy,
+                                                   float* dx, float* dweights, float* dbias) const {
+  DriverOperands ops;
+  check_conv(*this, "conv_backward_relu", shape, out_channels);
+  HN_CHECK(dweights != nullptr || dbias == nullptr,
+           "conv_backward_relu: dbias given without dweights ({} out_channels={})",
+           shape.to_string(), out_channels);
+  HN_CHECK(std::isfinite(negative_slope), "conv_backward_relu: negative_slope {} is not finite",
+           negative_slope);
+  if (shape.batch == 0) return DriverOperands::nothing();
+  const std::size_t bytes = conv_output_bytes(shape, out_channels);
+  // dy is written where y is still to be read (the driver's image by image form).
+  const auto out = reinterpret_cast<std::uintptr_t>(y), grad = reinterpret_cast<std::uintptr_t>(dy);
+  HN_CHECK(out + bytes <= grad || grad + bytes <= out,
+           "conv_backward_relu: y overlaps dy ({} out_channels={}, {} bytes each)",
+           shape.to_string(), out_channels, bytes);
+  ops.read("y", y, bytes);
+  ops.update("dy", dy, bytes);
+  if (dweights != nullptr) {
+    ops.read("x", x, floats(shape.image_count()));
+    ops.update("dweights", dweights, conv_weight_bytes(shape, out_channels));
+    if (dbias != nullptr) ops.update("dbias", dbias, floats(out_channels));
+  }
+  if (dx != nullptr) {
+    ops.read("weights", weights, conv_weight_bytes(shape, out_channels));
+    ops.update("dx", dx, floats(shape.image_count()));
+  }
+  return ops;
+}
+
 // ---- element-wise and reductions ---------------------------------------------------
 
 DriverOperands Driver::fill_operands(index_t n, float, float* x) const {

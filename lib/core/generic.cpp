@@ -216,6 +216,14 @@ void Driver::do_conv_backward(const LoweringShape& shape, index_t out_channels, 
   if (dx != nullptr) conv_backward_data(shape, out_channels, weights, dy, dx);
 }
 
+void Driver::do_conv_backward_relu(const LoweringShape& shape, index_t out_channels, const float* x,
+                                   const float* weights, const float* y, float negative_slope,
+                                   float* dy, float* dx, float* dweights, float* dbias) {
+  relu_backward(shape.batch * out_channels * shape.out_h() * shape.out_w(), negative_slope, y, dy,
+                dy);
+  conv_backward(shape, out_channels, x, weights, dy, dx, dweights, dbias);
+}
+
 // Two rank-1 GEMMs: the bias spread over a channel's positions, then added to every outer
 // block.
 void Driver::do_bias_forward(const AxisShape& shape, const float* bias, float* y) {

@@ -280,6 +280,13 @@ void conv_backward(const LoweringShape& shape, index_t out_channels, const float
   if (dx != nullptr) conv_backward_data(shape, out_channels, weights, dy, dx);
 }
 
+void conv_backward_relu(const LoweringShape& shape, index_t out_channels, const float* x,
+                        const float* weights, const float* y, float negative_slope, float* dy,
+                        float* dx, float* dweights, float* dbias) {
+  relu_backward(conv_out_count(shape, out_channels), negative_slope, y, dy, dy);
+  conv_backward(shape, out_channels, x, weights, dy, dx, dweights, dbias);
+}
+
 namespace {
 
 // y = activation(y) in place on n floats (nothing for none).

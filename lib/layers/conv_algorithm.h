@@ -36,6 +36,17 @@ class ConvAlgorithm {
   // The gradients `want` asks for, the bias gradient included.
   virtual void backward(const ConvolutionLayer& layer, const LayerSlice& slice,
                         Wanted want) const = 0;
+  // The fused ReLU's gradient (its negative slope) on the slice's dy in place, then
+  // backward, in one driver call (Driver::conv_backward_relu); false where the algorithm has
+  // none for `want`, having done nothing.
+  virtual bool backward_relu(const ConvolutionLayer& layer, const LayerSlice& slice, Wanted want,
+                             float slope) const {
+    static_cast<void>(layer);
+    static_cast<void>(slice);
+    static_cast<void>(want);
+    static_cast<void>(slope);
+    return false;
+  }
 };
 
 // The algorithms, in the order they are tried: the most specialised first, ending with the

@@ -44,6 +44,9 @@ class DriverConvolution final : public ConvAlgorithm {
   bool applies_activation() const override { return true; }
   // Adds the bias gradient itself.
   void backward(const ConvolutionLayer& layer, const LayerSlice& slice, Wanted want) const override;
+  // Where both gradients are wanted.
+  bool backward_relu(const ConvolutionLayer& layer, const LayerSlice& slice, Wanted want,
+                     float slope) const override;
 
  private:
   LoweringShape shape(const ConvolutionLayer& layer, const LayerSlice& slice) const {
@@ -102,6 +105,17 @@ void DriverConvolution::backward(const ConvolutionLayer& layer, const LayerSlice
     slice.driver->conv_backward_data(s, num_output, weights.x(), slice.outputs[0].dx(),
                                      slice.inputs[0].mutable_dx());
   }
+}
+
+bool DriverConvolution::backward_relu(const ConvolutionLayer& layer, const LayerSlice& slice,
+                                      Wanted want, float slope) const {
+  if (!want.dx || !want.dw) return false;
+  const Operand& weights = slice.params[0];
+  slice.driver->conv_backward_relu(
+      shape(layer, slice), layer.config().num_output, slice.inputs[0].x(), weights.x(),
+      slice.outputs[0].x(), slope, slice.outputs[0].mutable_dx(), slice.inputs[0].mutable_dx(),
+      weights.mutable_dx(), want.db ? slice.params[1].mutable_dx() : nullptr);
+  return true;
 }
 
 }  // namespace

@@ -444,6 +444,16 @@ void ConvolutionLayer::backward(const LayerSlice& slice) {
   if (slice.rows() == 0) return;
   const Wanted want = wanted(slice);
   if (!wants_residual_gradient(slice)) {
+    // A ReLU's gradient and both of the convolution's in one driver call, where one
+    // algorithm computes both (a driver may then read dy once).
+    if (fused_ && fused_->activation.kind == Activation::Kind::relu) {
+      const Lowering data = for_operands(slice, ConvDirection::backward_data);
+      if (data == for_operands(slice, ConvDirection::backward_weights) &&
+          detail::conv_algorithm(data).backward_relu(*this, slice, want,
+                                                     fused_->activation.slope)) {
+        return;
+      }
+    }
     if (fused_ && (want.dx || want.dw || want.db))
       activation_backward(slice, slice.outputs[0].mutable_dx());
     run_gradients(slice, want);

@@ -658,4 +658,22 @@ void PointwiseConvolution::backward(Parallel& par, const LoweringShape& shape, i
   if (dx != nullptr) backward_data(par, shape, out_channels, weights, dy, dx);
 }
 
+bool PointwiseConvolution::fuses_relu(const LoweringShape& shape, const float* dx,
+                                      const float* dweights) {
+  return dx != nullptr && dweights != nullptr && shape.layout == Layout::nchw;
+}
+
+void PointwiseConvolution::backward_relu(Parallel& par, const LoweringShape& shape,
+                                         index_t out_channels, const float* x, const float* weights,
+                                         const float* y, float slope, float* dy, float* dx,
+                                         float* dweights, float* dbias) {
+  check_supported("conv_backward_relu", shape, out_channels);
+  HN_CHECK(fuses_relu(shape, dx, dweights),
+           "conv_backward_relu (pointwise): fused on NCHW operands with dx and dweights only");
+  const float* w = packed(par, shape, out_channels, weights, true);
+  const ReluMask mask{y, slope, dy};
+  pointwise_plain_backward(par, shape, out_channels, x, w, dy, dx, dweights, dbias, partials_,
+                           &mask);
+}
+
 }  // namespace hn::detail::cpu

@@ -233,12 +233,13 @@ void gradient_block(int rows, const float* dy, index_t plane, const float* xt, f
 // group g's dw[o][c] at g * count + o * width + c, then each group's dbias[o].
 struct WeightSums {
   index_t batch, channels, outputs, plane, panels, width, groups, count;
+  bool bias;  // whether the bias gradient is summed too
   const float* x;
   const float* dy;
   float* partials;
 
   WeightSums(const LoweringShape& shape, index_t out_channels, const float* x_in,
-             const float* dy_in, bool bias, std::vector<float>& storage)
+             const float* dy_in, bool with_bias, std::vector<float>& storage)
       : batch(shape.batch),
         channels(shape.channels),
         outputs(out_channels),
@@ -247,9 +248,10 @@ struct WeightSums {
         width(panels * kTile),
         groups(std::min(batch, kImageGroups)),
         count(outputs * width),
+        bias(with_bias),
         x(x_in),
         dy(dy_in) {
-    storage.assign(static_cast<std::size_t>(groups * (count + (bias ? outputs : 0))), 0.0f);
+    storage.assign(static_cast<std::size_t>(groups * (count + (with_bias ? outputs : 0))), 0.0f);
     partials = storage.data();
   }
 
@@ -276,8 +278,9 @@ struct WeightSums {
     }
   }
 
-  // Image n's dy summed per output, added to group g's bias sums.
+  // Image n's dy summed per output, added to group g's bias sums (nothing without a bias).
   void add_bias(index_t g, index_t n) const {
+    if (!bias) return;
     float* sums = partials + groups * count + g * outputs;
     for (index_t o = 0; o < outputs; ++o) {
       const float* row = dy + (n * outputs + o) * plane;
@@ -393,18 +396,29 @@ void pointwise_plain_backward_weights(Parallel& par, const LoweringShape& shape,
 
 void pointwise_plain_backward(Parallel& par, const LoweringShape& shape, index_t out_channels,
                               const float* x, const float* packed, const float* dy, float* dx,
-                              float* dweights, float* dbias, std::vector<float>& partials) {
+                              float* dweights, float* dbias, std::vector<float>& partials,
+                              const ReluMask* mask) {
   const WeightSums sums(shape, out_channels, x, dy, dbias != nullptr, partials);
   const Activation none;
   const Product data{sums.plane, out_channels, shape.channels, dy, packed,
                      nullptr,    nullptr,      none,           dx};
+  const index_t image = out_channels * sums.plane;  // floats of an image's dy
   // Items: a group of images, image after image: its dy read from memory by the weight
-  // gradient's first panel, from cache by the rest, the bias and the data gradient.
+  // gradient's first panel (or the mask), from cache by the rest, the bias and the data
+  // gradient.
   par.for_range(sums.groups,
                 shape.batch / sums.groups * sums.plane * out_channels * 2 * shape.channels,
                 [&](index_t first, index_t last) {
                   for (index_t g = first; g < last; ++g) {
                     for (index_t n = sums.first_image(g); n < sums.first_image(g + 1); ++n) {
+                      if (mask != nullptr) {
+                        // relu_backward's expression, bitwise.
+                        const float* y = mask->y + n * image;
+                        float* grad = mask->dy + n * image;
+                        const float slope = mask->slope;
+                        for (index_t i = 0; i < image; ++i)
+                          grad[i] = grad[i] * (y[i] > 0.0f ? 1.0f : slope);
+                      }
                       sums.add_image(g, n, 0, sums.panels);
                       sums.add_bias(g, n);
                       data.run(n * sums.plane, (n + 1) * sums.plane);

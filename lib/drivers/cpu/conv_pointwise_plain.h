@@ -36,13 +36,24 @@ void pointwise_plain_backward_weights(Parallel& par, const LoweringShape& shape,
                                       index_t out_channels, const float* x, const float* dy,
                                       float* dweights, float* dbias, std::vector<float>& partials);
 
+// The rectifier's gradient applied to dy image by image before pointwise_plain_backward reads
+// it: dy = dy * (y > 0 ? 1 : slope), written back in place (`dy` is the memory of the call's
+// dy, which it then reads).
+struct ReluMask {
+  const float* y = nullptr;
+  float slope = 0.0f;
+  float* dy = nullptr;
+};
+
 // Both at once: dx = the data gradient (overwritten), and adds the weight gradient to
 // dweights and, when not null, the bias gradient to dbias, image after image, so that each
 // image's dy is read from memory once for all three (the separate calls read all of dy
 // three times: layers of few channels wait on memory, not on arithmetic). The same sums as
 // the separate calls.
+// With `mask`, each image's dy is first masked (ReluMask).
 void pointwise_plain_backward(Parallel& par, const LoweringShape& shape, index_t out_channels,
                               const float* x, const float* packed, const float* dy, float* dx,
-                              float* dweights, float* dbias, std::vector<float>& partials);
+                              float* dweights, float* dbias, std::vector<float>& partials,
+                              const ReluMask* mask = nullptr);
 
 }  // namespace hn::detail::cpu

@@ -205,6 +205,16 @@ class CpuDriver final : public Driver {
     conv_.set_bf16(math_mode() == MathMode::bf16);
     conv_.backward(parallel_, blas_, shape, out_channels, x, weights, dy, dx, dweights, dbias);
   }
+  void do_conv_backward_relu(const LoweringShape& shape, index_t out_channels, const float* x,
+                             const float* weights, const float* y, float negative_slope, float* dy,
+                             float* dx, float* dweights, float* dbias) override {
+    if (shape.pointwise && cpu::PointwiseConvolution::fuses_relu(shape, dx, dweights)) {
+      return pointwise_.backward_relu(parallel_, shape, out_channels, x, weights, y, negative_slope,
+                                      dy, dx, dweights, dbias);
+    }
+    Driver::do_conv_backward_relu(shape, out_channels, x, weights, y, negative_slope, dy, dx,
+                                  dweights, dbias);
+  }
 
   void do_fill(index_t n, float value, float* x) override { cpu::fill(parallel_, n, value, x); }
   void do_scale(index_t n, float alpha, float* x) override { cpu::scale(parallel_, n, alpha, x); }
