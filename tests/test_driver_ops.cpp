@@ -2783,7 +2783,6 @@ TEST_CASE(
     "conv_backward_relu equals relu_backward then conv_backward of the reference on every "
     "driver, the driver's own NCHW 1x1 kernels included, and refuses a y over dy",
     "[driver_ops][convolution]") {
-  using hn::Layout;
   const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
   DYNAMIC_SECTION(config.label) {
     const Drivers drivers(config);

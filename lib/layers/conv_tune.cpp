@@ -122,7 +122,7 @@ void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
       slice.params.push_back(Operand{params_[1].shape(), b.pointer(), db.pointer()});
     slice.propagate_down = {true};
     slice.workspace = workspace.pointer();
-    // Each candidate's time per direction (infinity where it gave up).
+    // Each candidate's time per direction (its warm-up's where it was not timed again).
     std::vector<std::array<double, 3>> times(options.size());
     for (ConvDirection d : kConvDirections) {
       double best = 0.0;
