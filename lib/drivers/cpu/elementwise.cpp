@@ -273,16 +273,16 @@ void bias_backward(Parallel& par, const AxisShape& s, const float* dy, float bet
 // ReLU and dropout are plain loops over one chunk, in functions of their own: Eigen 3.4's
 // select() is not vectorised, and inside a lambda run in parallel the compiler must assume a
 // float store may overwrite a captured float (slope, scale, ratio) and stays scalar.
+void relu_backward_run(index_t n, float slope, const float* x, const float* dy, float* dx) {
+  for (index_t i = 0; i < n; ++i)
+    dx[i] = dy[i] * (x[i] > 0.0f ? 1.0f : slope);
+}
+
 namespace {
 
 void relu_forward_run(index_t n, float slope, const float* x, float* y) {
   for (index_t i = 0; i < n; ++i)
     y[i] = x[i] > 0.0f ? x[i] : slope * x[i];
-}
-
-void relu_backward_run(index_t n, float slope, const float* x, const float* dy, float* dx) {
-  for (index_t i = 0; i < n; ++i)
-    dx[i] = dy[i] * (x[i] > 0.0f ? 1.0f : slope);
 }
 
 void clip_forward_run(index_t n, float lo, float hi, const float* x, float* y) {

@@ -74,6 +74,9 @@ void lincomb_relu(Parallel& par, index_t n, float alpha, const float* a, float b
                   float slope, float* y);
 void relu_backward(Parallel& par, index_t n, float slope, const float* x, const float* dy,
                    float* dx);
+// relu_backward's loop on the calling thread, for kernels that mask inside their own
+// parallel work (conv_pointwise_plain.cpp): the same expression, so the same bits.
+void relu_backward_run(index_t n, float slope, const float* x, const float* dy, float* dx);
 void sigmoid_forward(Parallel& par, index_t n, const float* x, float* y);
 void sigmoid_backward(Parallel& par, index_t n, const float* y, const float* dy, float* dx);
 void tanh_forward(Parallel& par, index_t n, const float* x, float* y);
