@@ -2779,6 +2779,14 @@ TEST_CASE(
   }
 }
 
+// Whether a driver of `caps` runs `shape` on its pointwise kernels (LoweringShape::pointwise):
+// one group, a 1x1 kernel without padding, equal strides; stride 1 where x and y are NCHW.
+bool takes_pointwise(const hn::Capabilities& caps, const hn::LoweringShape& shape, bool nchw) {
+  return caps.pointwise && shape.groups == 1 && shape.kernel_h == 1 && shape.kernel_w == 1 &&
+         shape.pad_h == 0 && shape.pad_w == 0 && shape.stride_h == shape.stride_w &&
+         (!nchw || shape.stride_h == 1);
+}
+
 TEST_CASE(
     "conv_backward_relu equals relu_backward then conv_backward of the reference on every "
     "driver, the driver's own NCHW 1x1 kernels included, and refuses a y over dy",
@@ -2795,9 +2803,7 @@ TEST_CASE(
     std::size_t case_index = 0;
     for (const auto& [base, out_channels] : cases) {
       const float slope = case_index % 2 == 0 ? 0.0f : 0.125f;
-      const bool has_pointwise = caps.pointwise && base.groups == 1 && base.kernel_h == 1 &&
-                                 base.kernel_w == 1 && base.pad_h == 0 && base.pad_w == 0 &&
-                                 base.stride_h == 1 && base.stride_w == 1;
+      const bool has_pointwise = takes_pointwise(caps, base, true);
       const int chosen_want = static_cast<int>(case_index++ % 3);
       // Both gradients, the weights' alone, the data's alone: all three where the driver's
       // pointwise kernels run the shape (both: its one pass), else one per case.
@@ -2897,10 +2903,7 @@ TEST_CASE(
           shape.layout = shape.out_layout = layout;
         }
         if (mode >= 2) {
-          if (!caps.pointwise || shape.groups != 1 || shape.kernel_h != 1 || shape.kernel_w != 1 ||
-              shape.pad_h != 0 || shape.pad_w != 0 || shape.stride_h != shape.stride_w ||
-              (mode == 3 && shape.stride_h != 1))
-            continue;
+          if (!takes_pointwise(caps, shape, mode == 3)) continue;
           shape.pointwise = true;
         }
         INFO(shape.to_string() << " out_channels=" << out_channels << " activation "
