@@ -648,7 +648,7 @@ void PointwiseConvolution::backward_weights(Parallel& par, const LoweringShape& 
 void PointwiseConvolution::backward(Parallel& par, const LoweringShape& shape, index_t out_channels,
                                     const float* x, const float* weights, const float* dy,
                                     float* dx, float* dweights, float* dbias) {
-  if (dx != nullptr && dweights != nullptr && shape.layout == Layout::nchw) {
+  if (one_pass(shape, dx, dweights)) {
     check_supported("conv_backward", shape, out_channels);
     const float* w = packed(par, shape, out_channels, weights, true);
     return pointwise_plain_backward(par, shape, out_channels, x, w, dy, dx, dweights, dbias,
@@ -658,8 +658,8 @@ void PointwiseConvolution::backward(Parallel& par, const LoweringShape& shape, i
   if (dx != nullptr) backward_data(par, shape, out_channels, weights, dy, dx);
 }
 
-bool PointwiseConvolution::fuses_relu(const LoweringShape& shape, const float* dx,
-                                      const float* dweights) {
+bool PointwiseConvolution::one_pass(const LoweringShape& shape, const float* dx,
+                                    const float* dweights) {
   return dx != nullptr && dweights != nullptr && shape.layout == Layout::nchw;
 }
 
@@ -668,7 +668,7 @@ void PointwiseConvolution::backward_relu(Parallel& par, const LoweringShape& sha
                                          const float* y, float slope, float* dy, float* dx,
                                          float* dweights, float* dbias) {
   check_supported("conv_backward_relu", shape, out_channels);
-  HN_CHECK(fuses_relu(shape, dx, dweights),
+  HN_CHECK(one_pass(shape, dx, dweights),
            "conv_backward_relu (pointwise): fused on NCHW operands with dx and dweights only");
   const float* w = packed(par, shape, out_channels, weights, true);
   const ReluMask mask{y, slope, dy};

@@ -35,10 +35,11 @@ class PointwiseConvolution {
   // operands the two in one pass over dy (conv_pointwise_plain.h).
   void backward(Parallel& par, const LoweringShape& shape, index_t out_channels, const float* x,
                 const float* weights, const float* dy, float* dx, float* dweights, float* dbias);
-  // Whether backward_relu computes these gradients (NCHW operands, dx and dweights both).
-  static bool fuses_relu(const LoweringShape& shape, const float* dx, const float* dweights);
+  // Whether backward (and backward_relu) compute these gradients in one pass over dy (NCHW
+  // operands, dx and dweights both).
+  static bool one_pass(const LoweringShape& shape, const float* dx, const float* dweights);
   // The rectifier's gradient on dy in place (dy * (y > 0 ? 1 : slope)), then backward, image
-  // by image, where fuses_relu.
+  // by image, where one_pass.
   void backward_relu(Parallel& par, const LoweringShape& shape, index_t out_channels,
                      const float* x, const float* weights, const float* y, float slope, float* dy,
                      float* dx, float* dweights, float* dbias);

@@ -208,7 +208,7 @@ class CpuDriver final : public Driver {
   void do_conv_backward_relu(const LoweringShape& shape, index_t out_channels, const float* x,
                              const float* weights, const float* y, float negative_slope, float* dy,
                              float* dx, float* dweights, float* dbias) override {
-    if (shape.pointwise && cpu::PointwiseConvolution::fuses_relu(shape, dx, dweights)) {
+    if (shape.pointwise && cpu::PointwiseConvolution::one_pass(shape, dx, dweights)) {
       return pointwise_.backward_relu(parallel_, shape, out_channels, x, weights, y, negative_slope,
                                       dy, dx, dweights, dbias);
     }
