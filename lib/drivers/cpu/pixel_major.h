@@ -75,6 +75,40 @@ inline void to_pixel_major(const float* planes, index_t plane, index_t lanes, fl
   }
 }
 
+// The same into a padded pixel-major image of `padded_width` columns: pixel (h, w) of the
+// height x width planes at out + ((h + top) * padded_width + w + left) * 16. The margins are
+// not written.
+inline void to_pixel_major_padded(const float* planes, index_t height, index_t width, index_t lanes,
+                                  float* out, index_t top, index_t left, index_t padded_width) {
+  constexpr index_t L = kPixelMajorLanes;
+  const index_t plane = height * width;
+  index_t p0 = 0;
+#if defined(__AVX512F__)
+  for (; p0 + L <= plane; p0 += L) {
+    __m512 r[L];
+    for (index_t l = 0; l < L; ++l)
+      r[l] = l < lanes ? _mm512_loadu_ps(planes + l * plane + p0) : _mm512_setzero_ps();
+    transpose16(r);
+    // The 16 pixels run along a row and on into the next ones.
+    index_t w = p0 % width;
+    float* to = out + ((p0 / width + top) * padded_width + w + left) * L;
+    for (index_t i = 0; i < L; ++i) {
+      _mm512_storeu_ps(to, r[i]);
+      to += L;
+      if (++w == width) {
+        w = 0;
+        to += (padded_width - width) * L;
+      }
+    }
+  }
+#endif
+  for (index_t p = p0; p < plane; ++p) {
+    float* to = out + ((p / width + top) * padded_width + p % width + left) * L;
+    for (index_t l = 0; l < L; ++l)
+      to[l] = l < lanes ? planes[l * plane + p] : 0.0f;
+  }
+}
+
 // The reverse for the first `lanes` lanes: pixel-major rows (in + p * 16) into NCHW planes.
 inline void from_pixel_major(const float* in, index_t plane, index_t lanes, float* planes) {
   constexpr index_t L = kPixelMajorLanes;
@@ -92,6 +126,39 @@ inline void from_pixel_major(const float* in, index_t plane, index_t lanes, floa
   for (index_t l = 0; l < lanes; ++l) {
     for (index_t p = p0; p < plane; ++p)
       planes[l * plane + p] = in[p * L + l];
+  }
+}
+
+// The reverse of to_pixel_major_padded for the first `lanes` lanes: the height x width pixels
+// of a padded pixel-major image (pixel (h, w) at in + ((h + top) * padded_width + w + left) *
+// 16) into NCHW planes.
+inline void from_pixel_major_padded(const float* in, index_t height, index_t width, index_t lanes,
+                                    float* planes, index_t top, index_t left,
+                                    index_t padded_width) {
+  constexpr index_t L = kPixelMajorLanes;
+  const index_t plane = height * width;
+  index_t p0 = 0;
+#if defined(__AVX512F__)
+  for (; p0 + L <= plane; p0 += L) {
+    __m512 r[L];
+    index_t w = p0 % width;
+    const float* from = in + ((p0 / width + top) * padded_width + w + left) * L;
+    for (index_t i = 0; i < L; ++i) {
+      r[i] = _mm512_loadu_ps(from);
+      from += L;
+      if (++w == width) {
+        w = 0;
+        from += (padded_width - width) * L;
+      }
+    }
+    transpose16(r);
+    for (index_t l = 0; l < lanes; ++l)
+      _mm512_storeu_ps(planes + l * plane + p0, r[l]);
+  }
+#endif
+  for (index_t l = 0; l < lanes; ++l) {
+    for (index_t p = p0; p < plane; ++p)
+      planes[l * plane + p] = in[((p / width + top) * padded_width + p % width + left) * L + l];
   }
 }
 
