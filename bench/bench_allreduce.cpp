@@ -12,7 +12,14 @@
 // rounding (n x 2^-8 relative) from the exact sum. A fifth, hier, is the hierarchical
 // allreduce (the ring's sums node by node: the ranks of a node through shared memory, a ring
 // of node leaders between nodes) on the nodes MPI finds, or on nodes of --ranks-per-node
-// ranks simulated on one machine; its ratios are to the ring and to MPI.
+// ranks simulated on one machine; its ratios are to the ring and to MPI. A sixth,
+// ring_shared, is the ring communicator's allreduce of a buffer in its shared memory
+// (Communicator::shared_buffer, where every rank is on one node: no message, each rank sums
+// its segment through the others' buffers), the values written there before the clock
+// starts, as the Solver's gradient buckets are packed there; a seventh, ring_shared_copies,
+// counts copying the values in and the sums out too (what a bucket of one parameter, which
+// would otherwise be reduced where it lies, pays). Both are absent (null ratios) where the
+// ranks span nodes or /dev/shm lacks the room.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -77,6 +84,7 @@ int run_allreduce(const std::vector<std::string>& args) {
   const std::unique_ptr<Communicator> mpi = make_communicator("mpi");
   const std::unique_ptr<Communicator> hier = make_communicator("hier", ring_options);
   const int n = ring->size(), rank = ring->rank();
+  float* const shared = ring->shared_buffer(max_bytes / sizeof(float));
   for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
     const std::size_t count = bytes / sizeof(float);
     const int runs = iterations > 0
@@ -87,21 +95,31 @@ int run_allreduce(const std::vector<std::string>& args) {
     // moments of a shared machine; each run's time is its slowest rank's, and a way's
     // figures are the mean of its runs and, for the ratios, the median (a preempted run moves
     // a mean by tens of percent).
-    constexpr int kWays = 5;
+    constexpr int kWays = 7;
+    // A way that does not run here (MPI_Allreduce without MPI, the shared ones without
+    // shared memory).
+    const auto absent = [&](int b) {
+      return (b == 2 && !HYBRIDNN_WITH_MPI) || (b >= 5 && shared == nullptr);
+    };
     std::vector<double> seconds(static_cast<std::size_t>(kWays * runs), 0.0);
-    std::size_t wrong[kWays] = {0, 0, 0, 0, 0};
+    std::size_t wrong[kWays] = {0, 0, 0, 0, 0, 0, 0};
     for (int run = -1; run < runs; ++run) {  // run -1 warms up
       for (int b = 0; b < kWays; ++b) {
-        if (b == 2 && !HYBRIDNN_WITH_MPI) continue;
-        Communicator& comm = b == 0 || b == 3 ? *ring : b == 4 ? *hier : *mpi;
+        if (absent(b)) continue;
+        Communicator& comm = b == 0 || b == 3 || b >= 5 ? *ring : b == 4 ? *hier : *mpi;
+        float* const values = b == 5 ? shared : data.data();
         for (std::size_t i = 0; i < count; ++i)
-          data[i] = static_cast<float>((rank + 1) * static_cast<int>(i % 31 + 1));
+          values[i] = static_cast<float>((rank + 1) * static_cast<int>(i % 31 + 1));
         mpi->barrier();
         const auto start = std::chrono::steady_clock::now();
-        if (b == 3) {
+        if (b == 6) {
+          std::copy_n(data.data(), count, shared);
+          comm.allreduce(*host, shared, count);
+          std::copy_n(shared, count, data.data());
+        } else if (b == 3) {
           comm.allreduce_bf16(*host, data.data(), count);
         } else if (b != 2) {
-          comm.allreduce(*host, data.data(), count);
+          comm.allreduce(*host, values, count);
         } else {
 #if HYBRIDNN_WITH_MPI
           MPI_Allreduce(MPI_IN_PLACE, data.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
@@ -113,7 +131,8 @@ int run_allreduce(const std::vector<std::string>& args) {
         if (run >= 0) seconds[static_cast<std::size_t>(b * runs + run)] = took;
         for (std::size_t i = 0; i < count; ++i) {
           const float exact = static_cast<float>(n * (n + 1) / 2 * static_cast<int>(i % 31 + 1));
-          wrong[b] += b == 3 ? std::abs(data[i] - exact) > n * exact / 256.0f : data[i] != exact;
+          wrong[b] +=
+              b == 3 ? std::abs(values[i] - exact) > n * exact / 256.0f : values[i] != exact;
         }
       }
     }
@@ -123,12 +142,14 @@ int run_allreduce(const std::vector<std::string>& args) {
       mine.push_back(static_cast<float>(w));
     std::vector<float> all(mine.size() * static_cast<std::size_t>(n));
     mpi->allgather(*host, mine.data(), mine.size(), all.data());
-    double busbw[kWays] = {0.0, 0.0, 0.0, 0.0, 0.0};
+    double busbw[kWays] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
     for (int b = 0; b < kWays; ++b) {
-      if (b == 2 && !HYBRIDNN_WITH_MPI) continue;
+      if (absent(b)) continue;
       const std::string way = b == 2   ? "MPI_Allreduce"
                               : b == 3 ? "ring_bf16"
                               : b == 4 ? hier->name()
+                              : b == 5 ? "ring_shared"
+                              : b == 6 ? "ring_shared_copies"
                               : b == 0 ? ring->name()
                                        : mpi->name();
       std::vector<double> slowest(static_cast<std::size_t>(runs), 0.0);
@@ -172,9 +193,12 @@ int run_allreduce(const std::vector<std::string>& args) {
                               "\"ratio_ring_to_mpi_busbw\":{},"
                               "\"ratio_ring_bf16_to_mpi_busbw\":{},"
                               "\"ratio_hier_to_ring_busbw\":{},"
-                              "\"ratio_hier_to_mpi_busbw\":{}}}",
+                              "\"ratio_hier_to_mpi_busbw\":{},"
+                              "\"ratio_ring_shared_to_mpi_busbw\":{},"
+                              "\"ratio_ring_shared_copies_to_mpi_busbw\":{}}}",
                               n, bytes, ratio(busbw[0], best_mpi), ratio(busbw[3], best_mpi),
-                              ratio(busbw[4], busbw[0]), ratio(busbw[4], best_mpi))
+                              ratio(busbw[4], busbw[0]), ratio(busbw[4], best_mpi),
+                              ratio(busbw[5], best_mpi), ratio(busbw[6], best_mpi))
                       .c_str());
       std::fflush(stdout);
     }

@@ -66,6 +66,19 @@ class Communicator {
     allreduce(driver, data, count, op);
   }
   virtual bool compresses() const { return false; }
+  // Host memory for `count` floats whose allreduce runs in place without messages (the
+  // ring and hier backends with every rank on one node: an MPI-3 shared window, in which
+  // each rank sums its segment through all the ranks' buffers), or nullptr where the
+  // backend has none, the ranks span nodes, some rank passed 0 or another count, or
+  // /dev/shm lacks the room: the caller's own memory is then as good. A collective: every
+  // rank calls it at the same point. The first call only: later ones return nullptr. The
+  // memory lasts as long as the communicator; an allreduce of a range of it takes the
+  // shared path when every rank passes the same range (their disagreement is an error
+  // naming it, as different counts are).
+  virtual float* shared_buffer(std::size_t count) {
+    (void)count;
+    return nullptr;
+  }
   // In place: every rank ends with `root`'s `data`.
   virtual void broadcast(Driver& driver, float* data, std::size_t count, int root) = 0;
   // `received` (size() * count floats) gets every rank's `sent` (count floats), rank r's

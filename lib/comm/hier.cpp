@@ -95,28 +95,6 @@ class HierCommunicator final : public RingCommunicator {
   float* sums_ = nullptr;
 };
 
-// The partial sums of out[range] extended through local ranks [from, to) in order, each
-// rank's values added to the partial sum (rounded to BF16 first, as a hop of the flat ring
-// sends it); `fresh`: the chain starts at `from`, whose values are copied.
-void chain(float* out, Range range, int from, int to, bool fresh, bool bf16,
-           const std::vector<const float*>& values) {
-  float* o = out + range.begin;
-  const std::size_t n = range.size();
-  if (n == 0) return;
-  for (int l = from; l < to; ++l) {
-    const float* v = values[static_cast<std::size_t>(l)] + range.begin;
-    if (fresh && l == from) {
-      std::memcpy(o, v, n * sizeof(float));
-    } else if (bf16) {
-      for (std::size_t k = 0; k < n; ++k)
-        o[k] = from_bf16(to_bf16(o[k])) + v[k];
-    } else {
-      for (std::size_t k = 0; k < n; ++k)
-        o[k] += v[k];
-    }
-  }
-}
-
 HierCommunicator::HierCommunicator(const CommOptions& options, bool required)
     : RingCommunicator(options, required ? "hier" : "auto"),
       name_(required ? "hier" : "auto"),

@@ -130,7 +130,7 @@ void MpiCommunicator::fail_with(const std::string& message) const {
 }
 
 void MpiCommunicator::agree_count(const char* what, std::uint64_t seq, std::size_t count,
-                                  std::uint64_t shape) const {
+                                  std::uint64_t shape, const char* shape_what) const {
   if (size_ == 1) return;
   // The largest and, negated, the smallest count and digest of all ranks in one MPI_MAX.
   const auto value = static_cast<long long>(count);
@@ -141,11 +141,17 @@ void MpiCommunicator::agree_count(const char* what, std::uint64_t seq, std::size
         "MPI_Iallreduce", what, seq);
   wait_all(request, what, seq);
   if (bounds[0] == -bounds[1] && bounds[2] == -bounds[3]) return;
+  if (bounds[0] == -bounds[1]) {
+    throw CommunicatorError(fmt::format(
+        "communicator {}: {} #{} on rank {} of {}: the ranks passed {} floats each but differ "
+        "{} (this rank {}; among all ranks {} to {}); every rank must pass the same",
+        name(), what, seq, rank_, size_, count, shape_what, digest, -bounds[3], bounds[2]));
+  }
   throw CommunicatorError(fmt::format(
       "communicator {}: {} #{} on rank {} of {}: the ranks passed different sizes (this rank {} "
-      "floats{}; among all ranks {} to {}); every rank must pass the same",
-      name(), what, seq, rank_, size_, count, shape != 0 ? " in its blocks" : "", -bounds[1],
-      bounds[0]));
+      "floats{}{}; among all ranks {} to {}); every rank must pass the same",
+      name(), what, seq, rank_, size_, count, shape != 0 ? " " : "", shape != 0 ? shape_what : "",
+      -bounds[1], bounds[0]));
 }
 
 MpiCommunicator::~MpiCommunicator() {

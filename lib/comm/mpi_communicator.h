@@ -74,8 +74,9 @@ class MpiCommunicator : public Communicator {
   // this rank unless every rank passes the same `count` (and `shape`, a digest of per-rank
   // block counts, for the v-forms): ranks that disagree would fail inside MPI or, where a
   // receive expects more than is sent, finish with wrong sums. One 16-byte allreduce.
-  void agree_count(const char* what, std::uint64_t seq, std::size_t count,
-                   std::uint64_t shape = 0) const;
+  // `shape_what` names what `shape` describes in the errors ("in its blocks").
+  void agree_count(const char* what, std::uint64_t seq, std::size_t count, std::uint64_t shape = 0,
+                   const char* shape_what = "in its blocks") const;
   // Throws a CommunicatorError naming `call`, the collective `what` (#seq) and this rank
   // unless `code` is MPI_SUCCESS (the communicator returns MPI's errors, never aborts).
   void check(int code, const char* call, const char* what, std::uint64_t seq) const;

@@ -24,9 +24,11 @@
 #include "lib/comm/ring.h"
 
 #include <mpi.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "lib/comm/mpi.h"
@@ -59,9 +61,18 @@ void RingCommunicator::allreduce_bf16(Driver& driver, float* data, std::size_t c
 void RingCommunicator::reduce(Driver& driver, float* data, std::size_t count, ReduceOp op,
                               bool bf16) {
   const std::uint64_t seq = next_sequence();
-  agree_count("allreduce", seq, count);
   HostFloats host(driver, data, count);
-  if (size_ > 1 && count > 0) sum(host.get(), count, seq, bf16);
+  // Every rank's place in its shared buffer (0: outside it, k: at offset k - 1) is agreed
+  // with the count, so that all ranks take the same path.
+  const std::size_t offset = count > 0 ? shared_offset(host.get(), count) : kNotShared;
+  const std::uint64_t place = offset == kNotShared ? 0 : offset + 1;
+  agree_count("allreduce", seq, count, place << 1,
+              "in their places in the shared buffer (0: outside it, k: at offset k - 1)");
+  if (size_ > 1 && count > 0 && offset != kNotShared) {
+    sum_shared(offset, count, seq, bf16);
+  } else if (size_ > 1 && count > 0) {
+    sum(host.get(), count, seq, bf16);
+  }
   if (op == ReduceOp::average && size_ > 1) {
     const float scale = 1.0f / static_cast<float>(size_);
     float* values = host.get();
@@ -238,6 +249,138 @@ void RingCommunicator::run(const RingPass& pass, std::uint64_t seq) {
   }
   for (Slot& s : slot)
     wait_all(s.sends, "allreduce", seq, pass.right_peer);
+}
+
+RingCommunicator::~RingCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  // After a failed collective the other ranks may be gone: freeing the window (a collective
+  // of the node) could wait for them forever, so it is left to the exit.
+  if (finalized || shared_broken_) return;
+  if (shared_window_ != MPI_WIN_NULL) {
+    MPI_Win_unlock_all(shared_window_);
+    MPI_Win_free(&shared_window_);
+  }
+  if (shared_node_ != MPI_COMM_NULL) MPI_Comm_free(&shared_node_);
+}
+
+float* RingCommunicator::shared_buffer(std::size_t count) {
+  if (shared_asked_ || size_ == 1) return nullptr;
+  shared_asked_ = true;
+  const std::uint64_t seq = next_sequence();
+  // The smallest of each value over all ranks (of a negated one: the largest).
+  const auto agree = [&](long long* values, int n) {
+    std::vector<MPI_Request> request(1);
+    check(MPI_Iallreduce(MPI_IN_PLACE, values, n, MPI_LONG_LONG, MPI_MIN, comm_, request.data()),
+          "MPI_Iallreduce", "shared_buffer", seq);
+    wait_all(request, "shared_buffer", seq);
+  };
+  try {
+    // Every rank here (waited for against the deadline) with the same count, before the
+    // blocking calls below.
+    long long counts[2] = {static_cast<long long>(count), -static_cast<long long>(count)};
+    agree(counts, 2);
+    if (counts[0] <= 0 || counts[0] != -counts[1]) return nullptr;
+    // The ranks that share this node's memory: all of them, and room for every rank's buffer
+    // in /dev/shm, where Open MPI's shared windows live (often 64 MiB in a container).
+    check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &shared_node_),
+          "MPI_Comm_split_type", "shared_buffer", seq);
+    check(MPI_Comm_set_errhandler(shared_node_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler",
+          "shared_buffer", seq);
+    int node_size = 0;
+    MPI_Comm_size(shared_node_, &node_size);
+    const double bytes = static_cast<double>(size_) * static_cast<double>(count) * sizeof(float);
+    struct statvfs disk {};
+    const bool room =
+        statvfs("/dev/shm", &disk) != 0 ||
+        static_cast<double>(disk.f_bavail) * static_cast<double>(disk.f_frsize) >= bytes;
+    long long fits = node_size == size_ && room ? 1 : 0;
+    agree(&fits, 1);
+    if (fits == 0) {
+      MPI_Comm_free(&shared_node_);
+      return nullptr;
+    }
+    float* base = nullptr;
+    MPI_Info info;
+    MPI_Info_create(&info);
+    MPI_Info_set(info, "alloc_shared_noncontig", "true");
+    const int code =
+        MPI_Win_allocate_shared(static_cast<MPI_Aint>(count * sizeof(float)), sizeof(float), info,
+                                shared_node_, &base, &shared_window_);
+    MPI_Info_free(&info);
+    check(code, "MPI_Win_allocate_shared", "shared_buffer", seq);
+    check(MPI_Win_lock_all(MPI_MODE_NOCHECK, shared_window_), "MPI_Win_lock_all", "shared_buffer",
+          seq);
+    shared_.assign(static_cast<std::size_t>(size_), nullptr);
+    for (int r = 0; r < size_; ++r) {
+      MPI_Aint size = 0;
+      int unit = 0;
+      void* pointer = nullptr;
+      check(MPI_Win_shared_query(shared_window_, r, &size, &unit, &pointer), "MPI_Win_shared_query",
+            "shared_buffer", seq);
+      shared_[static_cast<std::size_t>(r)] = static_cast<float*>(pointer);
+    }
+    shared_count_ = count;
+    return shared_[static_cast<std::size_t>(rank_)];
+  } catch (...) {
+    shared_broken_ = true;
+    throw;
+  }
+}
+
+std::size_t RingCommunicator::shared_offset(const float* buffer, std::size_t count) const {
+  if (shared_count_ == 0) return kNotShared;
+  // Compared as addresses: the buffer may be any memory.
+  const auto begin = reinterpret_cast<std::uintptr_t>(shared_[static_cast<std::size_t>(rank_)]);
+  const auto at = reinterpret_cast<std::uintptr_t>(buffer);
+  if (at < begin || (at - begin) % sizeof(float) != 0) return kNotShared;
+  const std::size_t offset = (at - begin) / sizeof(float);
+  return offset < shared_count_ && count <= shared_count_ - offset ? offset : kNotShared;
+}
+
+void RingCommunicator::shared_barrier(std::uint64_t seq) const {
+  MPI_Win_sync(shared_window_);
+  std::vector<MPI_Request> request(1);
+  check(MPI_Ibarrier(shared_node_, request.data()), "MPI_Ibarrier", "allreduce", seq);
+  wait_all(request, "allreduce", seq);
+  MPI_Win_sync(shared_window_);
+}
+
+void RingCommunicator::sum_shared(std::size_t offset, std::size_t count, std::uint64_t seq,
+                                  bool bf16) {
+  const int n = size_;
+  std::vector<const float*> values(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r)
+    values[static_cast<std::size_t>(r)] = shared_[static_cast<std::size_t>(r)] + offset;
+  // This rank's segment of the ring (the one it would finish last there): the chain from
+  // this rank round to the one before it, a piece at a time into a buffer in cache, then
+  // into every rank's buffer. No other rank reads or writes this segment.
+  const Range mine = part(count, static_cast<std::size_t>(n), static_cast<std::size_t>(rank_));
+  constexpr std::size_t kPiece = 4096;
+  float piece[kPiece];
+  std::vector<const float*> at(static_cast<std::size_t>(n));
+  try {
+    shared_barrier(seq);  // every rank's values are in
+    for (std::size_t begin = mine.begin; begin < mine.end; begin += kPiece) {
+      const Range range{0, std::min(mine.end - begin, kPiece)};
+      for (std::size_t r = 0; r < at.size(); ++r)
+        at[r] = values[r] + begin;
+      chain(piece, range, rank_, n, true, bf16, at);
+      chain(piece, range, 0, rank_, false, bf16, at);
+      if (bf16) {
+        for (std::size_t i = 0; i < range.end; ++i)
+          piece[i] = from_bf16(to_bf16(piece[i]));
+      }
+      for (int r = 0; r < n; ++r) {
+        std::memcpy(shared_[static_cast<std::size_t>(r)] + offset + begin, piece,
+                    range.end * sizeof(float));
+      }
+    }
+    shared_barrier(seq);  // every segment is out
+  } catch (...) {
+    shared_broken_ = true;
+    throw;
+  }
 }
 
 std::unique_ptr<Communicator> make_ring_communicator(const CommOptions& options) {

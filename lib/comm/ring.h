@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -44,6 +45,28 @@ inline float from_bf16(std::uint16_t half) {
   return value;
 }
 
+// The partial sums of out[range] extended through members [from, to) of `values` in order,
+// each member's values added to the partial sum (rounded to BF16 first, as a hop of the
+// ring sends it); `fresh`: the chain starts at `from`, whose values are copied.
+inline void chain(float* out, Range range, int from, int to, bool fresh, bool bf16,
+                  const std::vector<const float*>& values) {
+  float* o = out + range.begin;
+  const std::size_t n = range.size();
+  if (n == 0) return;
+  for (int l = from; l < to; ++l) {
+    const float* v = values[static_cast<std::size_t>(l)] + range.begin;
+    if (fresh && l == from) {
+      std::memcpy(o, v, n * sizeof(float));
+    } else if (bf16) {
+      for (std::size_t k = 0; k < n; ++k)
+        o[k] = from_bf16(to_bf16(o[k])) + v[k];
+    } else {
+      for (std::size_t k = 0; k < n; ++k)
+        o[k] += v[k];
+    }
+  }
+}
+
 // One pipelined pass round a ring of `size` members of `comm` (this process is `rank`).
 // The buffer is cut into `size` parts, every part into the same number of chunks; at step t
 // each member sends chunk c of part (rank - t) to its right neighbour and receives chunk c of
@@ -72,27 +95,47 @@ struct RingPass {
 
 // The `ring` backend: the allreduce is one RingPass over all ranks (reduce-scatter, then
 // allgather); broadcast, allgather and barrier are MPI's (MpiCommunicator).
+//
+// With every rank on one node, shared_buffer() gives memory in an MPI-3 shared window, and
+// the allreduce of a buffer there sends no message: each rank sums its own segment through
+// every rank's buffer in the ring's order (the same chains, the same bits) and writes the
+// sums into all of them, between two barriers of the node.
 class RingCommunicator : public MpiCommunicator {
  public:
   explicit RingCommunicator(const CommOptions& options, const char* backend = "ring")
       : MpiCommunicator(options, backend) {}
+  ~RingCommunicator() override;
   std::string name() const override { return "ring"; }
 
   void allreduce(Driver& driver, float* data, std::size_t count, ReduceOp op) override;
   void allreduce_bf16(Driver& driver, float* data, std::size_t count, ReduceOp op) override;
   bool compresses() const override { return true; }
+  float* shared_buffer(std::size_t count) override;
 
  protected:
   // The sum over the ranks of `count` (> 0) floats of host memory, in place, in the flat
   // ring's order (collective `seq`).
   virtual void sum(float* buffer, std::size_t count, std::uint64_t seq, bool bf16);
   void run(const RingPass& pass, std::uint64_t seq);
+  // Where [buffer, buffer + count) lies inside this rank's shared buffer: its offset there;
+  // else kNotShared.
+  static constexpr std::size_t kNotShared = SIZE_MAX;
+  std::size_t shared_offset(const float* buffer, std::size_t count) const;
+  // The sum of the `count` floats at `offset` of every rank's shared buffer, in place.
+  void sum_shared(std::size_t offset, std::size_t count, std::uint64_t seq, bool bf16);
 
  private:
   // The staging of incoming chunks, and of BF16 on the wire both ways, kept between calls.
   std::vector<float> staging_;
   std::vector<std::uint16_t> wire_in_, wire_out_;
+  // The shared buffers: the ranks (all of one node), the window, every rank's buffer.
+  MPI_Comm shared_node_ = MPI_COMM_NULL;
+  MPI_Win shared_window_ = MPI_WIN_NULL;
+  std::vector<float*> shared_;
+  std::size_t shared_count_ = 0;
+  bool shared_asked_ = false, shared_broken_ = false;
   void reduce(Driver& driver, float* data, std::size_t count, ReduceOp op, bool bf16);
+  void shared_barrier(std::uint64_t seq) const;
 };
 
 }  // namespace hn::detail

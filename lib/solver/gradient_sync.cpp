@@ -52,8 +52,19 @@ GradientSync::GradientSync(Net& net, Communicator& communicator, std::size_t buc
     bucket.count += count;
     bucket.ready_after = owner->second;  // the smallest owner so far: parameters go downwards
   }
+  // Where the communicator's allreduce runs in place in shared memory (every rank on one
+  // node: Communicator::shared_buffer), every bucket is packed there, one parameter's too.
+  // Every rank asks (a collective); a driver whose memory the host cannot address asks for
+  // nothing, and then no rank gets the memory.
+  std::size_t total = 0;
+  for (const Bucket& bucket : buckets_)
+    total += bucket.count;
+  float* shared = communicator.shared_buffer(driver_.capabilities().host_addressable ? total : 0);
   for (Bucket& bucket : buckets_) {
-    if (bucket.params.size() > 1) {
+    if (shared != nullptr) {
+      bucket.shared = shared;
+      shared += bucket.count;
+    } else if (bucket.params.size() > 1) {
       bucket.buffer = std::make_unique<Tensor>(Shape{static_cast<index_t>(bucket.count)});
     }
   }
@@ -107,10 +118,10 @@ void GradientSync::drain() {
 void GradientSync::issue(int index) {
   Bucket& bucket = buckets_[index];
   const std::vector<NetParam>& params = net_.learnable_params();
-  if (!bucket.buffer) {
+  if (!bucket.packed()) {
     bucket.data = params[bucket.params[0]].tensor->diff_write(driver_);
   } else {
-    bucket.data = bucket.buffer->data_write(driver_);
+    bucket.data = bucket.shared != nullptr ? bucket.shared : bucket.buffer->data_write(driver_);
     for (std::size_t i = 0; i < bucket.params.size(); ++i) {
       Tensor& tensor = *params[bucket.params[i]].tensor;
       driver_.copy(bucket.data + bucket.offsets[i], tensor.diff_read(driver_),
@@ -198,7 +209,7 @@ GradientSync::Result GradientSync::wait() {
   if (error) std::rethrow_exception(error);
   const std::vector<NetParam>& params = net_.learnable_params();
   for (Bucket& bucket : buckets_) {
-    if (!bucket.buffer) continue;
+    if (!bucket.packed()) continue;
     for (std::size_t i = 0; i < bucket.params.size(); ++i) {
       Tensor& tensor = *params[bucket.params[i]].tensor;
       driver_.copy(tensor.diff_write(driver_), bucket.data + bucket.offsets[i],

@@ -8,7 +8,9 @@
 // up to `bucket_bytes` each (a larger parameter gets a bucket of its own). The order depends
 // only on the net, so every rank issues the same buckets in the same order, and the
 // collectives' sequence numbers agree. A bucket of one parameter is reduced in place; others
-// are packed into one buffer on the net's driver and unpacked by wait(). After the
+// are packed into one buffer on the net's driver and unpacked by wait(). Where the
+// communicator offers shared memory (every rank on one node: Communicator::shared_buffer),
+// every bucket is packed there, and its allreduce sends no message. After the
 // parameter buckets come two floats: the iteration's loss, so that every rank sees the mean
 // loss of the global batch, and whether this rank was asked to stop, so that all stop
 // after the same iteration.
@@ -99,7 +101,9 @@ class GradientSync {
     std::size_t count = 0;
     int ready_after = 0;             // the layer whose backward makes it final
     std::unique_ptr<Tensor> buffer;  // multi-parameter buckets
+    float* shared = nullptr;         // or every bucket, in the communicator's shared buffer
     float* data = nullptr;           // what the thread reduces
+    bool packed() const { return buffer != nullptr || shared != nullptr; }
   };
 
   void drain();  // waits until the communication thread has finished every job issued

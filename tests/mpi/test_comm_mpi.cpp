@@ -197,6 +197,63 @@ TEST_CASE("the ring pipeline gives the same sums with any chunking", "[mpi]") {
   }
 }
 
+TEST_CASE(
+    "allreduce in the shared buffer: the bits of the ring by messages, FP32 and BF16, sum "
+    "and mean, at any offset, on the ring, hier and auto backends",
+    "[mpi]") {
+  const std::unique_ptr<Driver> driver = host_driver();
+  const std::unique_ptr<Communicator> messages = make("ring");
+  for (const std::string backend : {"ring", "hier", "auto"}) {
+    const std::unique_ptr<Communicator> comm = make(backend);
+    const int r = comm->rank(), n = comm->size();
+    INFO(backend << " on rank " << r << " of " << n);
+    const std::size_t capacity = (std::size_t{1} << 20) + 117;
+    float* const shared = comm->shared_buffer(capacity);
+    // mpirun starts every rank of these tests on this machine: one node.
+    REQUIRE(shared != nullptr);
+    CHECK(comm->shared_buffer(capacity) == nullptr);  // the first call only
+    const std::pair<std::size_t, std::size_t> ranges[] = {
+        {0, 1}, {0, 13}, {5, 100003}, {116, std::size_t{1} << 20}, {capacity - 7, 7}};
+    for (const auto& [offset, count] : ranges) {
+      std::mt19937 random(static_cast<std::uint32_t>(4000 + r));
+      std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+      std::vector<float> input(count);
+      for (float& x : input)
+        x = uniform(random);
+      for (const bool bf16 : {false, true}) {
+        for (const ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
+          INFO("offset " << offset << " count " << count << (bf16 ? " bf16" : " fp32")
+                         << (op == ReduceOp::sum ? " sum" : " mean"));
+          std::vector<float> expected = input;
+          std::copy(input.begin(), input.end(), shared + offset);
+          std::fill(shared, shared + offset, -1.0f);  // around the range: untouched
+          if (bf16) {
+            messages->allreduce_bf16(*driver, expected.data(), count, op);
+            comm->allreduce_bf16(*driver, shared + offset, count, op);
+          } else {
+            messages->allreduce(*driver, expected.data(), count, op);
+            comm->allreduce(*driver, shared + offset, count, op);
+          }
+          CHECK(std::memcmp(shared + offset, expected.data(), count * sizeof(float)) == 0);
+          CHECK(std::count(shared, shared + offset, -1.0f) == static_cast<long>(offset));
+        }
+      }
+    }
+    // Ranks that pass different places fail together, naming them, and stay in step.
+    std::vector<float> own(8, 1.0f);
+    std::fill(shared, shared + 8, 1.0f);
+    CHECK_THROWS_WITH(comm->allreduce(*driver, r == 0 ? shared : own.data(), 8),
+                      Contains("allreduce") && Contains("places in the shared buffer") &&
+                          Contains(fmt::format("rank {} of {}", r, n)));
+    comm->allreduce(*driver, shared, 8);
+    CHECK(std::vector<float>(shared, shared + 8) == std::vector<float>(8, static_cast<float>(n)));
+  }
+  // No buffer where some rank asks for none (a driver whose memory the host cannot address).
+  const std::unique_ptr<Communicator> comm = make("ring");
+  CHECK(comm->shared_buffer(comm->rank() == 0 ? 0 : 100) == nullptr);
+  CHECK(make("mpi")->shared_buffer(100) == nullptr);  // a backend without shared buffers
+}
+
 namespace {
 
 // The hier backend with the ranks grouped `per_node` at a time into simulated nodes.

@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -169,6 +170,65 @@ TEST_CASE(
   const double apart = max_relative_difference(bf16.weights(), fp32.weights());
   CHECK(apart > 0.0);
   CHECK(apart < 5e-2);
+}
+
+namespace {
+
+// A communicator that passes every call on to `inner`, counting the allreduces of ranges of
+// its shared buffer.
+class Watching final : public Communicator {
+ public:
+  explicit Watching(Communicator& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  std::string name() const override { return inner_.name(); }
+  float* shared_buffer(std::size_t count) override {
+    begin_ = inner_.shared_buffer(count);
+    end_ = begin_ != nullptr ? begin_ + count : nullptr;
+    return begin_;
+  }
+  void allreduce(Driver& driver, float* data, std::size_t count, ReduceOp op) override {
+    if (begin_ != nullptr && data >= begin_ && data + count <= end_) ++in_shared;
+    inner_.allreduce(driver, data, count, op);
+  }
+  void broadcast(Driver& driver, float* data, std::size_t count, int root) override {
+    inner_.broadcast(driver, data, count, root);
+  }
+  void allgather(Driver& driver, const float* sent, std::size_t count, float* received) override {
+    inner_.allgather(driver, sent, count, received);
+  }
+  void barrier() override { inner_.barrier(); }
+  [[noreturn]] void abort(int exit_code) noexcept override {
+    inner_.abort(exit_code);
+    std::abort();  // (inner_.abort does not return)
+  }
+  int in_shared = 0;
+
+ private:
+  Communicator& inner_;
+  float* begin_ = nullptr;
+  float* end_ = nullptr;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "ranks whose gradient buckets lie in the communicator's shared buffer train to the bits of "
+    "the ring by messages",
+    "[mpi][train]") {
+  const std::unique_ptr<Communicator> shared = ring(), messages = ring();
+  Watching watched(*shared);
+  Run in_window(16, &watched);
+  in_window.train();
+  // Every bucket of every iteration went through the shared buffer.
+  CHECK(watched.in_shared >= kIterations);
+  REQUIRE(messages->shared_buffer(0) == nullptr);  // asked for none: its buckets go by messages
+  Run by_messages(16, messages.get());
+  by_messages.train();
+  CHECK(in_window.losses == by_messages.losses);
+  const std::vector<float> a = in_window.weights(), b = by_messages.weights();
+  REQUIRE(a.size() == b.size());
+  CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 TEST_CASE("ranks with different nets all fail at the start, naming the rank", "[mpi][train]") {
