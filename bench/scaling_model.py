@@ -30,7 +30,9 @@ the fit's prediction and its ratio to the time measured, then the fitted terms. 
 keeps them for project.
 
 validate: the model's iteration time against `mpirun -np N hybridnn time --json` (N ranks
-over shared memory, each with --threads threads) for every N of --ranks, in the same run:
+over shared memory, each with --threads threads; alpha and beta fitted to the benchmark's
+ring_shared times, the allreduce in the communicator's shared buffer where the Solver packs
+its buckets on one node) for every N of --ranks, in the same run:
 the compute is measured as N copies of a one-process `hybridnn time` run side by side (the
 same cores and memory shared as under mpirun, without the collective; their per-layer
 times, which the copies run at the same moments), alpha and beta fitted on N ranks just
@@ -152,11 +154,13 @@ def hier_points(lines, ranks):
             if line.get("way") == "hier"]
 
 
-def measure_allreduce(args, ranks, nodes=None, busy=None, lines=None):
-    """The ring's (ranks, bytes, seconds); with `busy` (a list), appends the share of the
-    ranks' time the benchmark kept a CPU busy (its processes' CPU seconds over ranks x wall
-    seconds: MPI polls while it waits, and TCP's copies are the kernel's); with `lines` (a
-    list), extends it with the benchmark's lines (hier's among them)."""
+def measure_allreduce(args, ranks, nodes=None, busy=None, lines=None, shared=False):
+    """The ring's (ranks, bytes, seconds); with `shared`, the ring's in its shared buffer
+    where the benchmark has it (ring_shared: every rank on one node, where the Solver's
+    gradient buckets lie there), else by messages; with `busy` (a list), appends the share
+    of the ranks' time the benchmark kept a CPU busy (its processes' CPU seconds over ranks x
+    wall seconds: MPI polls while it waits, and TCP's copies are the kernel's); with `lines`
+    (a list), extends it with the benchmark's lines (hier's among them)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     output = run(mpirun(ranks, nodes) + [str(args.build / "bin" / "hybridnn-bench"),
@@ -169,8 +173,10 @@ def measure_allreduce(args, ranks, nodes=None, busy=None, lines=None):
         busy.append(min(1.0, cpu / (ranks * wall)))
     if lines is not None:
         lines.extend(output)
+    ways = {line.get("way") for line in output}
+    way = "ring_shared" if shared and "ring_shared" in ways else "ring"
     return [(ranks, line["bytes"], line["time_us"] * 1e-6) for line in output
-            if line.get("way") == "ring"]
+            if line.get("way") == way]
 
 
 def least_squares(rows, what):
@@ -336,7 +342,8 @@ def validate(args):
 
 def validate_on(args, ranks, nodes):
     busy = []
-    alpha, beta = fit(measure_allreduce(args, ranks, nodes, busy))
+    # On one node the gradient buckets lie in the communicator's shared buffer: its times.
+    alpha, beta = fit(measure_allreduce(args, ranks, nodes, busy, shared=nodes is None))
     # The collective competes with the compute for CPUs only where the ranks fill them.
     contention = busy[0] if ranks * args.threads >= (os.cpu_count() or 1) else 0.0
     # The compute: the copies' per-layer times (each layer timed over the iterations, as
