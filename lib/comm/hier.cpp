@@ -216,35 +216,15 @@ bool HierCommunicator::room_for(std::size_t count, std::uint64_t seq) {
 void HierCommunicator::reserve(std::size_t count, std::uint64_t seq) {
   if (count <= capacity_) return;
   free_window();
-  MPI_Info info;
-  MPI_Info_create(&info);
-  MPI_Info_set(info, "alloc_shared_noncontig", "true");
-  float* base = nullptr;
-  const std::size_t floats = local_rank_ == 0 ? 2 * count : count;
-  const int code = MPI_Win_allocate_shared(static_cast<MPI_Aint>(floats * sizeof(float)),
-                                           sizeof(float), info, node_, &base, &window_);
-  MPI_Info_free(&info);
-  check(code, "MPI_Win_allocate_shared", "allreduce", seq);
-  check(MPI_Win_lock_all(MPI_MODE_NOCHECK, window_), "MPI_Win_lock_all", "allreduce", seq);
-  shared_.assign(static_cast<std::size_t>(local_size_), nullptr);
-  for (int l = 0; l < local_size_; ++l) {
-    MPI_Aint bytes = 0;
-    int unit = 0;
-    void* pointer = nullptr;
-    check(MPI_Win_shared_query(window_, l, &bytes, &unit, &pointer), "MPI_Win_shared_query",
-          "allreduce", seq);
-    shared_[static_cast<std::size_t>(l)] = static_cast<const float*>(pointer);
-    if (l == 0) sums_ = static_cast<float*>(pointer) + count;
-  }
+  std::vector<float*> members;
+  window_ = allocate_window(node_, local_rank_ == 0 ? 2 * count : count, members, "allreduce", seq);
+  shared_.assign(members.begin(), members.end());
+  sums_ = members[0] + count;
   capacity_ = count;
 }
 
 void HierCommunicator::node_barrier(std::uint64_t seq) const {
-  MPI_Win_sync(window_);
-  std::vector<MPI_Request> request(1);
-  check(MPI_Ibarrier(node_, request.data()), "MPI_Ibarrier", "allreduce", seq);
-  wait_all(request, "allreduce", seq);
-  MPI_Win_sync(window_);
+  window_barrier(window_, node_, seq);
 }
 
 void HierCommunicator::sum(float* buffer, std::size_t count, std::uint64_t seq, bool bf16) {

@@ -300,32 +300,40 @@ float* RingCommunicator::shared_buffer(std::size_t count) {
       MPI_Comm_free(&shared_node_);
       return nullptr;
     }
-    float* base = nullptr;
-    MPI_Info info;
-    MPI_Info_create(&info);
-    MPI_Info_set(info, "alloc_shared_noncontig", "true");
-    const int code =
-        MPI_Win_allocate_shared(static_cast<MPI_Aint>(count * sizeof(float)), sizeof(float), info,
-                                shared_node_, &base, &shared_window_);
-    MPI_Info_free(&info);
-    check(code, "MPI_Win_allocate_shared", "shared_buffer", seq);
-    check(MPI_Win_lock_all(MPI_MODE_NOCHECK, shared_window_), "MPI_Win_lock_all", "shared_buffer",
-          seq);
-    shared_.assign(static_cast<std::size_t>(size_), nullptr);
-    for (int r = 0; r < size_; ++r) {
-      MPI_Aint size = 0;
-      int unit = 0;
-      void* pointer = nullptr;
-      check(MPI_Win_shared_query(shared_window_, r, &size, &unit, &pointer), "MPI_Win_shared_query",
-            "shared_buffer", seq);
-      shared_[static_cast<std::size_t>(r)] = static_cast<float*>(pointer);
-    }
+    shared_window_ = allocate_window(shared_node_, count, shared_, "shared_buffer", seq);
     shared_count_ = count;
     return shared_[static_cast<std::size_t>(rank_)];
   } catch (...) {
     shared_broken_ = true;
     throw;
   }
+}
+
+MPI_Win RingCommunicator::allocate_window(MPI_Comm node, std::size_t floats,
+                                          std::vector<float*>& members, const char* what,
+                                          std::uint64_t seq) const {
+  MPI_Info info;
+  MPI_Info_create(&info);
+  MPI_Info_set(info, "alloc_shared_noncontig", "true");
+  float* base = nullptr;
+  MPI_Win window = MPI_WIN_NULL;
+  const int code = MPI_Win_allocate_shared(static_cast<MPI_Aint>(floats * sizeof(float)),
+                                           sizeof(float), info, node, &base, &window);
+  MPI_Info_free(&info);
+  check(code, "MPI_Win_allocate_shared", what, seq);
+  check(MPI_Win_lock_all(MPI_MODE_NOCHECK, window), "MPI_Win_lock_all", what, seq);
+  int size = 0;
+  MPI_Comm_size(node, &size);
+  members.assign(static_cast<std::size_t>(size), nullptr);
+  for (int r = 0; r < size; ++r) {
+    MPI_Aint bytes = 0;
+    int unit = 0;
+    void* pointer = nullptr;
+    check(MPI_Win_shared_query(window, r, &bytes, &unit, &pointer), "MPI_Win_shared_query", what,
+          seq);
+    members[static_cast<std::size_t>(r)] = static_cast<float*>(pointer);
+  }
+  return window;
 }
 
 std::size_t RingCommunicator::shared_offset(const float* buffer, std::size_t count) const {
@@ -338,12 +346,12 @@ std::size_t RingCommunicator::shared_offset(const float* buffer, std::size_t cou
   return offset < shared_count_ && count <= shared_count_ - offset ? offset : kNotShared;
 }
 
-void RingCommunicator::shared_barrier(std::uint64_t seq) const {
-  MPI_Win_sync(shared_window_);
+void RingCommunicator::window_barrier(MPI_Win window, MPI_Comm node, std::uint64_t seq) const {
+  MPI_Win_sync(window);
   std::vector<MPI_Request> request(1);
-  check(MPI_Ibarrier(shared_node_, request.data()), "MPI_Ibarrier", "allreduce", seq);
+  check(MPI_Ibarrier(node, request.data()), "MPI_Ibarrier", "allreduce", seq);
   wait_all(request, "allreduce", seq);
-  MPI_Win_sync(shared_window_);
+  MPI_Win_sync(window);
 }
 
 void RingCommunicator::sum_shared(std::size_t offset, std::size_t count, std::uint64_t seq,
@@ -360,7 +368,7 @@ void RingCommunicator::sum_shared(std::size_t offset, std::size_t count, std::ui
   float piece[kPiece];
   std::vector<const float*> at(static_cast<std::size_t>(n));
   try {
-    shared_barrier(seq);  // every rank's values are in
+    window_barrier(shared_window_, shared_node_, seq);  // every rank's values are in
     for (std::size_t begin = mine.begin; begin < mine.end; begin += kPiece) {
       const Range range{0, std::min(mine.end - begin, kPiece)};
       for (std::size_t r = 0; r < at.size(); ++r)
@@ -376,7 +384,7 @@ void RingCommunicator::sum_shared(std::size_t offset, std::size_t count, std::ui
                     range.end * sizeof(float));
       }
     }
-    shared_barrier(seq);  // every segment is out
+    window_barrier(shared_window_, shared_node_, seq);  // every segment is out
   } catch (...) {
     shared_broken_ = true;
     throw;

@@ -123,6 +123,14 @@ class RingCommunicator : public MpiCommunicator {
   std::size_t shared_offset(const float* buffer, std::size_t count) const;
   // The sum of the `count` floats at `offset` of every rank's shared buffer, in place.
   void sum_shared(std::size_t offset, std::size_t count, std::uint64_t seq, bool bf16);
+  // An MPI-3 shared window over `node` with `floats` floats of this rank's, locked for
+  // passive access; every member's memory in `members` (by rank in `node`). Errors name the
+  // collective `what` (#seq).
+  MPI_Win allocate_window(MPI_Comm node, std::size_t floats, std::vector<float*>& members,
+                          const char* what, std::uint64_t seq) const;
+  // Returns once every member of `node` has called it (against the deadline of allreduce
+  // #seq); what each wrote to `window` before it, every member sees after it.
+  void window_barrier(MPI_Win window, MPI_Comm node, std::uint64_t seq) const;
 
  private:
   // The staging of incoming chunks, and of BF16 on the wire both ways, kept between calls.
@@ -135,7 +143,6 @@ class RingCommunicator : public MpiCommunicator {
   std::size_t shared_count_ = 0;
   bool shared_asked_ = false, shared_broken_ = false;
   void reduce(Driver& driver, float* data, std::size_t count, ReduceOp op, bool bf16);
-  void shared_barrier(std::uint64_t seq) const;
 };
 
 }  // namespace hn::detail

@@ -50,6 +50,38 @@ inline void transpose16(__m512 r[16]) {
     r[j + 8] = _mm512_mask_shuffle_f32x4(a, all, a, b, 0xdd);
   }
 }
+
+// Pixels p0 .. p0 + 15 of `lanes` NCHW planes (lane l at planes + l * plane; lanes from
+// `lanes` on zero) as 16 pixel-major rows: r[i] is pixel p0 + i.
+inline void load_pixels(const float* planes, index_t plane, index_t p0, index_t lanes,
+                        __m512 r[16]) {
+  for (index_t l = 0; l < 16; ++l)
+    r[l] = l < lanes ? _mm512_loadu_ps(planes + l * plane + p0) : _mm512_setzero_ps();
+  transpose16(r);
+}
+
+// Where pixels p0 .. p0 + 15 of an image `width` pixels wide lie in a padded one of `padded_width`
+// columns (pixel (h, w) at (h + top) * padded_width + w + left): at[i], in pixels. They run
+// along a row and on into the next ones.
+inline void padded_pixels(index_t p0, index_t width, index_t top, index_t left,
+                          index_t padded_width, index_t at[16]) {
+  index_t w = p0 % width;
+  index_t offset = (p0 / width + top) * padded_width + w + left;
+  for (index_t i = 0; i < 16; ++i) {
+    at[i] = offset++;
+    if (++w == width) {
+      w = 0;
+      offset += padded_width - width;
+    }
+  }
+}
+
+// The reverse: 16 pixel-major rows (r[i], pixel p0 + i) into the first `lanes` planes.
+inline void store_pixels(__m512 r[16], index_t plane, index_t p0, index_t lanes, float* planes) {
+  transpose16(r);
+  for (index_t l = 0; l < lanes; ++l)
+    _mm512_storeu_ps(planes + l * plane + p0, r[l]);
+}
 #endif
 
 // `lanes` (<= 16) NCHW planes of `plane` pixels (lane l at planes + l * plane) into the
@@ -62,9 +94,7 @@ inline void to_pixel_major(const float* planes, index_t plane, index_t lanes, fl
 #if defined(__AVX512F__)
   for (; p0 + L <= plane; p0 += L) {
     __m512 r[L];
-    for (index_t l = 0; l < L; ++l)
-      r[l] = l < lanes ? _mm512_loadu_ps(planes + l * plane + p0) : _mm512_setzero_ps();
-    transpose16(r);
+    load_pixels(planes, plane, p0, lanes, r);
     for (index_t i = 0; i < L; ++i)
       _mm512_storeu_ps(out + (p0 + i) * stride, r[i]);
   }
@@ -86,20 +116,11 @@ inline void to_pixel_major_padded(const float* planes, index_t height, index_t w
 #if defined(__AVX512F__)
   for (; p0 + L <= plane; p0 += L) {
     __m512 r[L];
-    for (index_t l = 0; l < L; ++l)
-      r[l] = l < lanes ? _mm512_loadu_ps(planes + l * plane + p0) : _mm512_setzero_ps();
-    transpose16(r);
-    // The 16 pixels run along a row and on into the next ones.
-    index_t w = p0 % width;
-    float* to = out + ((p0 / width + top) * padded_width + w + left) * L;
-    for (index_t i = 0; i < L; ++i) {
-      _mm512_storeu_ps(to, r[i]);
-      to += L;
-      if (++w == width) {
-        w = 0;
-        to += (padded_width - width) * L;
-      }
-    }
+    load_pixels(planes, plane, p0, lanes, r);
+    index_t at[L];
+    padded_pixels(p0, width, top, left, padded_width, at);
+    for (index_t i = 0; i < L; ++i)
+      _mm512_storeu_ps(out + at[i] * L, r[i]);
   }
 #endif
   for (index_t p = p0; p < plane; ++p) {
@@ -118,9 +139,7 @@ inline void from_pixel_major(const float* in, index_t plane, index_t lanes, floa
     __m512 r[L];
     for (index_t i = 0; i < L; ++i)
       r[i] = _mm512_loadu_ps(in + (p0 + i) * L);
-    transpose16(r);
-    for (index_t l = 0; l < lanes; ++l)
-      _mm512_storeu_ps(planes + l * plane + p0, r[l]);
+    store_pixels(r, plane, p0, lanes, planes);
   }
 #endif
   for (index_t l = 0; l < lanes; ++l) {
@@ -141,19 +160,11 @@ inline void from_pixel_major_padded(const float* in, index_t height, index_t wid
 #if defined(__AVX512F__)
   for (; p0 + L <= plane; p0 += L) {
     __m512 r[L];
-    index_t w = p0 % width;
-    const float* from = in + ((p0 / width + top) * padded_width + w + left) * L;
-    for (index_t i = 0; i < L; ++i) {
-      r[i] = _mm512_loadu_ps(from);
-      from += L;
-      if (++w == width) {
-        w = 0;
-        from += (padded_width - width) * L;
-      }
-    }
-    transpose16(r);
-    for (index_t l = 0; l < lanes; ++l)
-      _mm512_storeu_ps(planes + l * plane + p0, r[l]);
+    index_t at[L];
+    padded_pixels(p0, width, top, left, padded_width, at);
+    for (index_t i = 0; i < L; ++i)
+      r[i] = _mm512_loadu_ps(in + at[i] * L);
+    store_pixels(r, plane, p0, lanes, planes);
   }
 #endif
   for (index_t l = 0; l < lanes; ++l) {
