@@ -360,9 +360,9 @@ void RingCommunicator::sum_shared(std::size_t offset, std::size_t count, std::ui
   std::vector<const float*> values(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r)
     values[static_cast<std::size_t>(r)] = shared_[static_cast<std::size_t>(r)] + offset;
-  // This rank's segment of the ring (the one it would finish last there): the chain from
-  // this rank round to the one before it, a piece at a time into a buffer in cache, then
-  // into every rank's buffer. No other rank reads or writes this segment.
+  // Segment r of the ring's parts, whose chain there starts at rank r, for this rank r: the
+  // chain from this rank round to the one before it, a piece at a time into a buffer in
+  // cache, then into every rank's buffer. No other rank reads or writes this segment.
   const Range mine = part(count, static_cast<std::size_t>(n), static_cast<std::size_t>(rank_));
   constexpr std::size_t kPiece = 4096;
   float piece[kPiece];
