@@ -39,6 +39,26 @@ float value(int rank, std::size_t i) {
   return static_cast<float>((rank + 1) * static_cast<int>(i % 97 + 1));
 }
 
+// `count` values uniform in [-1, 1) from `seed`.
+std::vector<float> uniform_values(std::size_t count, std::uint32_t seed) {
+  std::mt19937 random(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<float> values(count);
+  for (float& x : values)
+    x = uniform(random);
+  return values;
+}
+
+// comm's allreduce, or its allreduce_bf16 with `bf16`.
+void reduce(Communicator& comm, Driver& driver, float* data, std::size_t count, ReduceOp op,
+            bool bf16) {
+  if (bf16) {
+    comm.allreduce_bf16(driver, data, count, op);
+  } else {
+    comm.allreduce(driver, data, count, op);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("allreduce of integer-valued floats gives the exact sum for every length", "[mpi]") {
@@ -75,11 +95,7 @@ TEST_CASE("the ring allreduce is bitwise reproducible and agrees with MPI_Allred
   const int r = ring->rank(), n = ring->size();
   for (const std::size_t count : {std::size_t{13}, std::size_t{100003}, std::size_t{3} << 20}) {
     INFO("count " << count << " on rank " << r);
-    std::mt19937 random(static_cast<std::uint32_t>(1000 + r));
-    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-    std::vector<float> input(count);
-    for (float& x : input)
-      x = uniform(random);
+    const std::vector<float> input = uniform_values(count, static_cast<std::uint32_t>(1000 + r));
     std::vector<float> first = input, second = input, reference = input;
     ring->allreduce(*driver, first.data(), count);
     ring->allreduce(*driver, second.data(), count);
@@ -128,11 +144,7 @@ TEST_CASE(
   for (const std::size_t count :
        {std::size_t{1}, std::size_t{13}, std::size_t{100003}, (std::size_t{1} << 20) + 5}) {
     INFO("count " << count << " on rank " << r << " of " << n);
-    std::mt19937 random(static_cast<std::uint32_t>(2000 + r));
-    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-    std::vector<float> input(count);
-    for (float& x : input)
-      x = uniform(random);
+    const std::vector<float> input = uniform_values(count, static_cast<std::uint32_t>(2000 + r));
     std::vector<float> all(count * static_cast<std::size_t>(n));
     mpi->allgather(*driver, input.data(), count, all.data());
     // Segment g (n near-equal parts, the first count % n one longer) starts at rank g: each
@@ -215,11 +227,7 @@ TEST_CASE(
     const std::pair<std::size_t, std::size_t> ranges[] = {
         {0, 1}, {0, 13}, {5, 100003}, {116, std::size_t{1} << 20}, {capacity - 7, 7}};
     for (const auto& [offset, count] : ranges) {
-      std::mt19937 random(static_cast<std::uint32_t>(4000 + r));
-      std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-      std::vector<float> input(count);
-      for (float& x : input)
-        x = uniform(random);
+      const std::vector<float> input = uniform_values(count, static_cast<std::uint32_t>(4000 + r));
       for (const bool bf16 : {false, true}) {
         for (const ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
           INFO("offset " << offset << " count " << count << (bf16 ? " bf16" : " fp32")
@@ -227,13 +235,8 @@ TEST_CASE(
           std::vector<float> expected = input;
           std::copy(input.begin(), input.end(), shared + offset);
           std::fill(shared, shared + offset, -1.0f);  // around the range: untouched
-          if (bf16) {
-            messages->allreduce_bf16(*driver, expected.data(), count, op);
-            comm->allreduce_bf16(*driver, shared + offset, count, op);
-          } else {
-            messages->allreduce(*driver, expected.data(), count, op);
-            comm->allreduce(*driver, shared + offset, count, op);
-          }
+          reduce(*messages, *driver, expected.data(), count, op, bf16);
+          reduce(*comm, *driver, shared + offset, count, op, bf16);
           CHECK(std::memcmp(shared + offset, expected.data(), count * sizeof(float)) == 0);
           CHECK(std::count(shared, shared + offset, -1.0f) == static_cast<long>(offset));
         }
@@ -284,24 +287,14 @@ void check_hier_against_ring(Driver& driver, Communicator& ring, int per_node) {
       if (chunk_bytes != 0 && count > 100003) continue;
       INFO(per_node << " ranks per node, chunk_bytes " << chunk_bytes << ", count " << count
                     << " on rank " << r << " of " << n);
-      std::mt19937 random(static_cast<std::uint32_t>(3000 + r));
-      std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-      std::vector<float> input(count);
-      for (float& x : input)
-        x = uniform(random);
+      const std::vector<float> input = uniform_values(count, static_cast<std::uint32_t>(3000 + r));
       for (const bool bf16 : {false, true}) {
         for (const ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
           INFO((bf16 ? "bf16" : "fp32") << (op == ReduceOp::sum ? " sum" : " mean"));
           std::vector<float> flat = input, first = input, second = input;
-          if (bf16) {
-            ring.allreduce_bf16(driver, flat.data(), count, op);
-            hier->allreduce_bf16(driver, first.data(), count, op);
-            hier->allreduce_bf16(driver, second.data(), count, op);
-          } else {
-            ring.allreduce(driver, flat.data(), count, op);
-            hier->allreduce(driver, first.data(), count, op);
-            hier->allreduce(driver, second.data(), count, op);
-          }
+          reduce(ring, driver, flat.data(), count, op, bf16);
+          reduce(*hier, driver, first.data(), count, op, bf16);
+          reduce(*hier, driver, second.data(), count, op, bf16);
           std::size_t differ = 0;
           for (std::size_t i = 0; i < count; ++i)
             differ += std::memcmp(&flat[i], &first[i], sizeof(float)) != 0 ||
