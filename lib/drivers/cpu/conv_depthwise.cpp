@@ -77,11 +77,10 @@ Padded x_padding(const LoweringShape& s) {
           std::max(reach_w, s.pad_w + s.width)};
 }
 
-// Zeros the margins around the height x width pixels (L lanes each) of a padded image.
-template <index_t L>
+// Zeros the margins around the height x width pixels (16 lanes each) of a padded image.
 void zero_margins(const Padded& p, index_t height, index_t width, float* image) {
   const auto zero = [&](index_t row, index_t col, index_t count) {
-    std::fill_n(image + (row * p.cols + col) * L, count * L, 0.0f);
+    std::fill_n(image + (row * p.cols + col) * kLanes, count * kLanes, 0.0f);
   };
   for (index_t r = 0; r < p.rows; ++r) {
     if (r < p.top || r >= p.top + height) {
@@ -97,7 +96,7 @@ void zero_margins(const Padded& p, index_t height, index_t width, float* image) 
 // zeroed.
 void fill_padded(const float* planes, index_t height, index_t width, index_t lanes, const Padded& p,
                  float* image) {
-  zero_margins<kLanes>(p, height, width, image);
+  zero_margins(p, height, width, image);
   to_pixel_major_padded(planes, height, width, lanes, image, p.top, p.left, p.cols);
 }
 
@@ -396,9 +395,6 @@ bool gathers_by_correlation(const LoweringShape& s) {
          s.pad_w <= (s.kernel_w - 1) * s.dilation_w;
 }
 
-// The data gradient at any stride into dx padded like x (x_padding, `cols` columns, zeroed
-// first): each output pixel's dy, times each tap's weights, added at the pixel the tap reads
-// (in the order of the output pixels, then of the taps).
 // Adds w[tap] * g at every tap's pixel of `at` (the window's first pixel).
 void scatter_pixel(const Window& k, index_t cols, const float* __restrict g,
                    const float* __restrict w, float* __restrict at) {
@@ -413,6 +409,9 @@ void scatter_pixel(const Window& k, index_t cols, const float* __restrict g,
   }
 }
 
+// The data gradient at any stride into dx padded like x (x_padding, `cols` columns, zeroed
+// first): each output pixel's dy, times each tap's weights, added at the pixel the tap reads
+// (in the order of the output pixels, then of the taps).
 void scatter(const Window& k, const float* grad, index_t out_h, index_t out_w, const float* w,
              index_t cols, float* sums) {
   for (index_t oh = 0; oh < out_h; ++oh)
