@@ -19,14 +19,18 @@
 // starts, as the Solver's gradient buckets are packed there; a seventh, ring_shared_copies,
 // counts copying the values in and the sums out too (what a bucket of one parameter, which
 // would otherwise be reduced where it lies, pays). Both are absent (null ratios) where the
-// ranks span nodes or /dev/shm lacks the room.
+// ranks span nodes or /dev/shm lacks the room. --busy-threads N runs N threads of
+// arithmetic on every rank throughout (the overlapped backward's compute, which the
+// collective shares the cores with in training).
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #if HYBRIDNN_WITH_MPI
@@ -53,11 +57,39 @@ std::size_t parse_bytes(const std::string& text) {
   return static_cast<std::size_t>(number * scale);
 }
 
+// Threads that keep a core busy with arithmetic until destroyed.
+class BusyThreads {
+ public:
+  explicit BusyThreads(int count) {
+    for (int t = 0; t < count; ++t)
+      threads_.emplace_back([this] {
+        float x = 1.0f;
+        while (!stop_.load(std::memory_order_relaxed))
+          for (int i = 0; i < 4096; ++i)
+            x = x * 0.999999f + 1e-7f;
+        sink_.store(x, std::memory_order_relaxed);
+      });
+  }
+  ~BusyThreads() {
+    stop_ = true;
+    for (std::thread& thread : threads_)
+      thread.join();
+  }
+  BusyThreads(const BusyThreads&) = delete;
+  BusyThreads& operator=(const BusyThreads&) = delete;
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<float> sink_{0.0f};
+  std::vector<std::thread> threads_;
+};
+
 }  // namespace
 
 int run_allreduce(const std::vector<std::string>& args) {
   std::size_t min_bytes = 64 << 10, max_bytes = std::size_t{256} << 20;
-  int iterations = 0;        // 0: by size
+  int iterations = 0;  // 0: by size
+  int busy_threads = 0;
   CommOptions ring_options;  // --chunk-bytes, --chunks-in-flight: the ring's pipeline
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
@@ -73,6 +105,9 @@ int run_allreduce(const std::vector<std::string>& args) {
       ring_options.chunk_bytes = parse_bytes(value);
     } else if (flag == "--chunks-in-flight") {
       ring_options.chunks_in_flight = std::stoi(value);
+    } else if (flag == "--busy-threads") {
+      busy_threads = std::stoi(value);
+      if (busy_threads < 0) throw UsageError{"allreduce: --busy-threads must be 0 or more"};
     } else if (flag == "--ranks-per-node") {
       ring_options.ranks_per_node = std::stoi(value);
     } else {
@@ -85,6 +120,7 @@ int run_allreduce(const std::vector<std::string>& args) {
   const std::unique_ptr<Communicator> hier = make_communicator("hier", ring_options);
   const int n = ring->size(), rank = ring->rank();
   float* const shared = ring->shared_buffer(max_bytes / sizeof(float));
+  const BusyThreads busy(busy_threads);
   for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
     const std::size_t count = bytes / sizeof(float);
     const int runs = iterations > 0
@@ -172,14 +208,15 @@ int run_allreduce(const std::vector<std::string>& args) {
       const double bus = 2.0 * (n - 1) / n;
       busbw[b] = static_cast<double>(bytes) / median / 1e9 * bus;
       if (rank == 0) {
-        std::printf("%s\n", fmt::format("{{\"bench\":\"allreduce\",\"way\":\"{}\",\"ranks\":{},"
-                                        "\"bytes\":{},\"iterations\":{},\"time_us\":{:.1f},"
-                                        "\"algbw_gbs\":{:.3f},\"busbw_gbs\":{:.3f},"
-                                        "\"median_time_us\":{:.1f},\"median_busbw_gbs\":{:.3f},"
-                                        "\"wrong\":{}}}",
-                                        way, n, bytes, runs, mean * 1e6, algbw, algbw * bus,
-                                        median * 1e6, busbw[b], static_cast<long>(wrong_total))
-                                .c_str());
+        std::printf("%s\n",
+                    fmt::format("{{\"bench\":\"allreduce\",\"way\":\"{}\",\"ranks\":{},"
+                                "\"bytes\":{},\"iterations\":{},\"time_us\":{:.1f},"
+                                "\"algbw_gbs\":{:.3f},\"busbw_gbs\":{:.3f},"
+                                "\"median_time_us\":{:.1f},\"median_busbw_gbs\":{:.3f},"
+                                "\"wrong\":{},\"busy_threads\":{}}}",
+                                way, n, bytes, runs, mean * 1e6, algbw, algbw * bus, median * 1e6,
+                                busbw[b], static_cast<long>(wrong_total), busy_threads)
+                        .c_str());
       }
     }
     if (rank == 0) {
@@ -188,18 +225,18 @@ int run_allreduce(const std::vector<std::string>& args) {
       const auto ratio = [](double a, double b) {
         return b > 0.0 ? fmt::format("{:.3f}", a / b) : std::string("null");
       };
-      std::printf("%s\n",
-                  fmt::format("{{\"bench\":\"allreduce\",\"ranks\":{},\"bytes\":{},"
-                              "\"ratio_ring_to_mpi_busbw\":{},"
-                              "\"ratio_ring_bf16_to_mpi_busbw\":{},"
-                              "\"ratio_hier_to_ring_busbw\":{},"
-                              "\"ratio_hier_to_mpi_busbw\":{},"
-                              "\"ratio_ring_shared_to_mpi_busbw\":{},"
-                              "\"ratio_ring_shared_copies_to_mpi_busbw\":{}}}",
-                              n, bytes, ratio(busbw[0], best_mpi), ratio(busbw[3], best_mpi),
-                              ratio(busbw[4], busbw[0]), ratio(busbw[4], best_mpi),
-                              ratio(busbw[5], best_mpi), ratio(busbw[6], best_mpi))
-                      .c_str());
+      std::printf("%s\n", fmt::format("{{\"bench\":\"allreduce\",\"ranks\":{},\"bytes\":{},"
+                                      "\"busy_threads\":{},\"ratio_ring_to_mpi_busbw\":{},"
+                                      "\"ratio_ring_bf16_to_mpi_busbw\":{},"
+                                      "\"ratio_hier_to_ring_busbw\":{},"
+                                      "\"ratio_hier_to_mpi_busbw\":{},"
+                                      "\"ratio_ring_shared_to_mpi_busbw\":{},"
+                                      "\"ratio_ring_shared_copies_to_mpi_busbw\":{}}}",
+                                      n, bytes, busy_threads, ratio(busbw[0], best_mpi),
+                                      ratio(busbw[3], best_mpi), ratio(busbw[4], busbw[0]),
+                                      ratio(busbw[4], best_mpi), ratio(busbw[5], best_mpi),
+                                      ratio(busbw[6], best_mpi))
+                              .c_str());
       std::fflush(stdout);
     }
   }

@@ -54,12 +54,14 @@ const char* const kUsage =
     "      cpu driver, default every core shared out among the cpu drivers listed;\n"
     "      --layout: activations between CPU layers, default blocked (the tool's default)\n"
     "  allreduce [--min BYTES] [--max BYTES] [--iterations N] [--chunk-bytes BYTES]\n"
-    "            [--chunks-in-flight K]   (under mpirun -np N)\n"
+    "            [--chunks-in-flight K] [--busy-threads N]   (under mpirun -np N)\n"
     "      the ring allreduce and MPI_Allreduce in the same run, sizes from --min (64K) to\n"
     "      --max (256M) by x4: time, algbw, busbw = algbw * 2(n-1)/n and #wrong per backend,\n"
     "      and the ring with BF16 on the wire (ring_bf16, --grad-compress bf16's), then\n"
     "      ring's and ring_bf16's busbw / mpi's; --chunk-bytes and --chunks-in-flight set\n"
-    "      the ring's pipeline (CommOptions; default: chunks of 256 KiB, 2 in flight)\n";
+    "      the ring's pipeline (CommOptions; default: chunks of 256 KiB, 2 in flight);\n"
+    "      --busy-threads: N threads of arithmetic on every rank throughout (the compute\n"
+    "      that training's collective overlaps)\n";
 
 }  // namespace
 
