@@ -32,7 +32,9 @@ keeps them for project.
 validate: the model's iteration time against `mpirun -np N hybridnn time --json` (N ranks
 over shared memory, each with --threads threads; alpha and beta fitted to the benchmark's
 ring_shared times, the allreduce in the communicator's shared buffer where the Solver packs
-its buckets on one node) for every N of --ranks, in the same run:
+its buckets on one node, over the sizes from a quarter of the net's smallest bucket up: a
+link's shaper passes smaller sizes at memory speed, in its burst) for every N of --ranks, in
+the same run:
 the compute is measured as N copies of a one-process `hybridnn time` run side by side (the
 same cores and memory shared as under mpirun, without the collective; their per-layer
 times, which the copies run at the same moments), alpha and beta fitted on N ranks just
@@ -179,6 +181,17 @@ def measure_allreduce(args, ranks, nodes=None, busy=None, lines=None, shared=Fal
             if line.get("way") == way]
 
 
+def bucket_sized(points, buckets):
+    """The points (ranks, bytes, seconds) from a quarter of the smallest bucket up (at least
+    the two largest sizes): the sizes the model applies the fit to. One line cannot follow
+    both a link's small sizes, which its shaper's burst (tbf's 1 MB) passes at memory speed,
+    and the buckets of tens of MB that pay its rate."""
+    smallest = min((size for size, _ in buckets), default=0)
+    sizes = sorted({b for _, b, _ in points})
+    floor = min(smallest / 4, sizes[-2] if len(sizes) > 1 else 0)
+    return [point for point in points if point[1] >= floor]
+
+
 def least_squares(rows, what):
     """The non-negative (a, b) minimising the squares of a x + b y - 1 over rows (x, y),
     by the normal equations."""
@@ -285,6 +298,23 @@ def cut_bytes(layer, batch, ranks):
     return 4 * ranks * batch * weights / outputs
 
 
+def buckets_of(layers, bucket_bytes, cut=()):
+    """The Solver's gradient buckets (GradientSync) in the order backward fills them: (bytes,
+    the position in backward order of the layer whose backward completes the bucket). A
+    layer's gradient joins the open bucket unless that would pass bucket_bytes; a layer
+    larger than a bucket has one of its own. Layers named in `cut` have no gradient there."""
+    buckets = []  # [bytes, last]
+    for position, layer in enumerate(reversed(layers)):
+        size = layer.get("param_bytes", 0)
+        if size == 0 or layer["layer"] in cut:
+            continue
+        if not buckets or (buckets[-1][0] > 0 and buckets[-1][0] + size > bucket_bytes):
+            buckets.append([0, 0])
+        buckets[-1][0] += size
+        buckets[-1][1] = position
+    return [tuple(bucket) for bucket in buckets]
+
+
 def iteration_seconds(layers, ranks, alpha, beta, bucket_bytes, cut=(), batch=0, busy=0.0,
                       allreduce=None):
     """The modelled iteration: forward, backward with the buckets' allreduce overlapping it
@@ -299,16 +329,11 @@ def iteration_seconds(layers, ranks, alpha, beta, bucket_bytes, cut=(), batch=0,
         return (ranks - 1) * alpha + (ranks - 1) / ranks * size * beta
     forward = sum(layer["forward_ms"] * 1e-3 + gathered(layer) for layer in layers)
     clock = forward
-    buckets = []  # [bytes, ready]
+    ends = []  # when each layer's backward ends, in backward order
     for layer in reversed(layers):
         clock += layer["backward_ms"] * 1e-3 + gathered(layer)
-        size = layer.get("param_bytes", 0)
-        if size == 0 or layer["layer"] in cut:
-            continue
-        if not buckets or (buckets[-1][0] > 0 and buckets[-1][0] + size > bucket_bytes):
-            buckets.append([0, 0.0])
-        buckets[-1][0] += size
-        buckets[-1][1] = clock
+        ends.append(clock)
+    buckets = [(size, ends[last]) for size, last in buckets_of(layers, bucket_bytes, cut)]
     backward_end = clock
     comm = 0.0
     overlapped = 0.0  # the allreduce's seconds while backward still runs
@@ -343,7 +368,7 @@ def validate(args):
 def validate_on(args, ranks, nodes):
     busy = []
     # On one node the gradient buckets lie in the communicator's shared buffer: its times.
-    alpha, beta = fit(measure_allreduce(args, ranks, nodes, busy, shared=nodes is None))
+    points = measure_allreduce(args, ranks, nodes, busy, shared=nodes is None)
     # The collective competes with the compute for CPUs only where the ranks fill them.
     contention = busy[0] if ranks * args.threads >= (os.cpu_count() or 1) else 0.0
     # The compute: the copies' per-layer times (each layer timed over the iterations, as
@@ -361,6 +386,7 @@ def validate_on(args, ranks, nodes):
                                  ["--comm", "ring"], env=launch_env(args.threads, nodes)))
         if measured is None or total["forward_backward_ms"] < measured["forward_backward_ms"]:
             measured = total
+    alpha, beta = fit(bucket_sized(points, buckets_of(layers, args.bucket_mb * 1e6)))
     predicted, compute, buckets = iteration_seconds(layers, ranks, alpha, beta,
                                                     args.bucket_mb * 1e6, busy=contention)
     measured_ms = measured["forward_backward_ms"]
@@ -549,6 +575,15 @@ def self_test():
     seconds, _, _ = iteration_seconds(layers, 2, 0.0, 0.0, 25e6,
                                       allreduce=lambda size: 2e-9 * size)
     checks.append(("iteration, another collective", close(seconds, 65e-3 + 16e-9)))
+    # bucket_sized: buckets of 20 MB and 10 MB keep the sizes from 2.5 MB; one of 1 KB keeps
+    # all; none above the largest sizes keeps the two largest.
+    sized = [(2, b, 1.0) for b in (65536, 1 << 20, 1 << 22, 1 << 24)]
+    checks.append(("bucket_sized", [b for _, b, _ in bucket_sized(sized, buckets_of(layers, 25e6))]
+                   == [1 << 22, 1 << 24]))
+    checks.append(("bucket_sized, small", len(bucket_sized(sized, [(1000, 0)])) == 4))
+    checks.append(("bucket_sized, large", [b for _, b, _ in bucket_sized(sized, [(1e9, 0)])]
+                   == [1 << 22, 1 << 24]))
+    checks.append(("buckets_of", buckets_of(layers, 25e6) == [(20e6, 1), (10e6, 2)]))
     failed = [name for name, ok in checks if not ok]
     for name, ok in checks:
         print(f"{'ok' if ok else 'FAILED'}: {name}")
