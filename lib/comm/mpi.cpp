@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdlib>
@@ -82,16 +83,7 @@ MpiCommunicator::MpiCommunicator(const CommOptions& options, const char* backend
   // truncated message; returned, each becomes a CommunicatorError naming the collective.
   check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", "startup", 0);
   agree_backend();
-  // Every rank has arrived (agree_backend): MPI_Comm_split_type cannot wait without end.
-  if (size_ > 1) {
-    MPI_Comm node = MPI_COMM_NULL;
-    check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
-          "MPI_Comm_split_type", "startup", 0);
-    int local = size_;
-    MPI_Comm_size(node, &local);
-    MPI_Comm_free(&node);
-    spans_nodes_ = local < size_;
-  }
+  find_nodes();
   starting_ = false;
 }
 
@@ -122,6 +114,30 @@ void MpiCommunicator::agree_backend() {
       "communicator {}: startup on rank {} of {}: the ranks asked for different communicators "
       "(this rank {}; {}): every rank must pass the same --comm",
       backend_, rank_, size_, backend_, differ));
+}
+
+void MpiCommunicator::find_nodes() {
+  node_of_.assign(static_cast<std::size_t>(size_), 0);
+  if (size_ == 1) return;
+  // Every rank has arrived (agree_backend): MPI_Comm_split_type cannot wait without end.
+  MPI_Comm node = MPI_COMM_NULL;
+  check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+        "MPI_Comm_split_type", "startup", 0);
+  // A node is named by its first rank (of comm_).
+  MPI_Group node_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+  MPI_Comm_group(node, &node_group);
+  MPI_Comm_group(comm_, &group);
+  int first = 0, leader = rank_;
+  MPI_Group_translate_ranks(node_group, 1, &first, group, &leader);
+  MPI_Group_free(&node_group);
+  MPI_Group_free(&group);
+  MPI_Comm_free(&node);
+  std::vector<MPI_Request> request(1);
+  check(MPI_Iallgather(&leader, 1, MPI_INT, node_of_.data(), 1, MPI_INT, comm_, request.data()),
+        "MPI_Iallgather", "startup", 0);
+  wait_all(request, "startup", 0);
+  spans_nodes_ = std::any_of(node_of_.begin(), node_of_.end(),
+                             [&](int other) { return other != node_of_.front(); });
 }
 
 void MpiCommunicator::check(int code, const char* call, const char* what, std::uint64_t seq) const {
@@ -187,10 +203,13 @@ void MpiCommunicator::timed_out(const char* what, std::uint64_t seq, int peer) c
                       "rank {} did not arrive (it, or a rank it waits for, died, stopped "
                       "or is not running the same collectives)",
                       peer)
-                : fmt::format(
-                      "one of the other {} ranks did not arrive (it died, stopped or is "
-                      "not running the same collectives)",
-                      size_ - 1);
+      : peer == kNodeRanks ? std::string(
+                                 "one of the other ranks of this node did not arrive (it died, "
+                                 "stopped or is not running the same collectives)")
+                           : fmt::format(
+                                 "one of the other {} ranks did not arrive (it died, stopped or is "
+                                 "not running the same collectives)",
+                                 size_ - 1);
   fail_with(fmt::format("communicator {}: {} #{} on rank {} of {} timed out after {} s: {}",
                         label(), what, seq, rank_, size_, options_.timeout_seconds, waited));
 }
@@ -211,10 +230,14 @@ void MpiCommunicator::pause(std::chrono::steady_clock::time_point start, const c
   const auto waited = std::chrono::steady_clock::now() - start;
   if (waited > std::chrono::duration<double>(options_.timeout_seconds)) timed_out(what, seq, peer);
   // Over shared memory MPI moves the bytes only while both sides poll: sleeping there slows
-  // 1-16 MiB allreduces 2-4x. Across nodes the kernel moves them, and a thread that only
-  // yields loses the CPU to busy compute threads (the overlapped backward): past a short
-  // spin, waits sleep, and the scheduler wakes them ahead of the compute.
-  if (!spans_nodes_ || waited < kSpinBeforeSleep)
+  // 1-16 MiB allreduces 2-4x. From another node the kernel or the NIC moves them, and a
+  // thread that only yields loses the CPU to busy compute threads (the overlapped
+  // backward): past a short spin, waits on another node sleep, and the scheduler wakes them
+  // ahead of the compute.
+  const bool remote = peer >= 0 && peer < size_ ? node_of_[static_cast<std::size_t>(peer)] !=
+                                                      node_of_[static_cast<std::size_t>(rank_)]
+                                                : peer != kNodeRanks && spans_nodes_;
+  if (!remote || waited < kSpinBeforeSleep)
     std::this_thread::yield();
   else
     std::this_thread::sleep_for(kSleep);

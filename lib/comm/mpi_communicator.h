@@ -62,12 +62,15 @@ class MpiCommunicator : public Communicator {
   // next one would use. (Ranks that passed different sizes are still in step: agree_count
   // fails before any transfer, and the next collective runs.)
   std::uint64_t next_sequence();
+  // The `peer` of a wait on ranks of this node only (a barrier of the node).
+  static constexpr int kNodeRanks = -2;
   // Waits for every request, until the deadline of collective `what` (#seq); past it,
-  // throws hn::Error naming them and `peer`, the rank waited for (-1: any other rank).
+  // throws hn::Error naming them and `peer`, the rank waited for (-1: any other rank;
+  // kNodeRanks: any other rank of this node).
   // Completed requests become MPI_REQUEST_NULL.
-  // One turn of a wait begun at `start`: throws as wait_all once it has lasted the timeout;
-  // else yields the CPU, or, on a communicator that spans nodes, sleeps once the wait has
-  // lasted kSpinBeforeSleep.
+  // One turn of a wait begun at `start` on `peer` (as wait_all's): throws as wait_all once it
+  // has lasted the timeout; else yields the CPU, or, where the peer is on another node (any
+  // rank: the communicator spans nodes), sleeps once the wait has lasted kSpinBeforeSleep.
   void pause(std::chrono::steady_clock::time_point start, const char* what, std::uint64_t seq,
              int peer) const;
   void wait_all(std::vector<MPI_Request>& requests, const char* what, std::uint64_t seq,
@@ -91,6 +94,8 @@ class MpiCommunicator : public Communicator {
   [[noreturn]] void fail_with(const std::string& message) const;
   // Throws a CommunicatorError naming the ranks whose backend differs from this rank's.
   void agree_backend();
+  // Fills node_of_ and spans_nodes_ (MPI_Comm_split_type, then one MPI_Iallgather).
+  void find_nodes();
   // The backend's name in errors: name(), or while this class is constructed the one asked
   // for.
   std::string label() const;
@@ -103,8 +108,9 @@ class MpiCommunicator : public Communicator {
   // name() called from this class's constructor would be this class's).
   const char* backend_;
   bool starting_ = true;
-  // Whether the ranks are on more than one node (MPI_Comm_split_type at startup): there the
-  // waits sleep (pause).
+  // Each rank's node, named by its first rank, and whether there is more than one
+  // (find_nodes): waits on a rank of another node sleep (pause).
+  std::vector<int> node_of_;
   bool spans_nodes_ = false;
   // The first failed collective's error (empty: none).
   mutable std::string failed_;
@@ -113,7 +119,7 @@ class MpiCommunicator : public Communicator {
 // Throws hn::Error naming `call` and MPI's message when `code` is not MPI_SUCCESS.
 void check_mpi(int code, const char* call);
 
-// A wait on a communicator that spans nodes spins this long, then sleeps kSleep at a time
+// A wait on a rank of another node spins this long, then sleeps kSleep at a time
 // (pause): over a 1 Gbit/s link with a busy thread per core, a 64 MiB ring took 1.0-1.3 s
 // yielding and 0.57-0.59 s sleeping (0.56 s alone).
 constexpr std::chrono::microseconds kSpinBeforeSleep{50};

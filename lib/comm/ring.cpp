@@ -350,7 +350,7 @@ void RingCommunicator::window_barrier(MPI_Win window, MPI_Comm node, std::uint64
   MPI_Win_sync(window);
   std::vector<MPI_Request> request(1);
   check(MPI_Ibarrier(node, request.data()), "MPI_Ibarrier", "allreduce", seq);
-  wait_all(request, "allreduce", seq);
+  wait_all(request, "allreduce", seq, kNodeRanks);
   MPI_Win_sync(window);
 }
 
