@@ -232,7 +232,7 @@ void MpiCommunicator::pause(std::chrono::steady_clock::time_point start, const c
   // Over shared memory MPI moves the bytes only while both sides poll: sleeping there slows
   // 1-16 MiB allreduces 2-4x. From another node the kernel or the NIC moves them, and a
   // thread that only yields loses the CPU to busy compute threads (the overlapped
-  // backward): past a short spin, waits on another node sleep, and the scheduler wakes them
+  // backward): past a spin of 1 ms, waits on another node sleep, and the scheduler wakes them
   // ahead of the compute.
   const bool remote = peer >= 0 && peer < size_ ? node_of_[static_cast<std::size_t>(peer)] !=
                                                       node_of_[static_cast<std::size_t>(rank_)]

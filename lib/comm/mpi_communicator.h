@@ -121,8 +121,10 @@ void check_mpi(int code, const char* call);
 
 // A wait on a rank of another node spins this long, then sleeps kSleep at a time
 // (pause): over a 1 Gbit/s link with a busy thread per core, a 64 MiB ring took 1.0-1.3 s
-// yielding and 0.57-0.59 s sleeping (0.56 s alone).
-constexpr std::chrono::microseconds kSpinBeforeSleep{50};
+// yielding throughout and 0.58-0.59 s so (0.56 s alone). Sleeping from 50 us on slowed
+// 2 nodes x 2 ranks at 10 Gbit/s, unloaded, 1.3-2.5x from 256 KiB to 16 MiB; from 1 ms on
+// it is level with yielding there.
+constexpr std::chrono::microseconds kSpinBeforeSleep{1000};
 constexpr std::chrono::microseconds kSleep{20};
 
 // The largest count one MPI call carries (an int).
