@@ -39,8 +39,11 @@ the compute is measured as N copies of a one-process `hybridnn time` run side by
 same cores and memory shared as under mpirun, without the collective; their per-layer
 times, which the copies run at the same moments), alpha and beta fitted on N ranks just
 before; each side the fastest of --repeats runs, taken in turn. Where the ranks' threads
-fill the cores, the backward loses the CPU time the collective takes while they overlap:
-its busy share (the benchmark's CPU seconds over ranks x wall seconds) of the overlapped
+fill the cores, the collective is slower while the backward runs, and the backward loses
+the CPU time the collective takes while they overlap: a bucket started under the backward
+takes the time of alpha and beta fitted to the benchmark run again beside a busy thread for
+each of a rank's threads (--busy-threads), and the backward loses the collective's busy
+share (the unloaded benchmark's CPU seconds over ranks x wall seconds) of the overlapped
 seconds. One JSON line per N with the predicted and measured milliseconds and their ratio
 (the acceptance: within 15 %). --link RATE (root, iproute2; e.g. 1gbit) runs the 2 ranks
 on two simulated nodes instead: network namespaces joined by a veth pair shaped with tc
@@ -156,17 +159,20 @@ def hier_points(lines, ranks):
             if line.get("way") == "hier"]
 
 
-def measure_allreduce(args, ranks, nodes=None, busy=None, lines=None, shared=False):
+def measure_allreduce(args, ranks, nodes=None, busy=None, lines=None, shared=False,
+                      busy_threads=0):
     """The ring's (ranks, bytes, seconds); with `shared`, the ring's in its shared buffer
     where the benchmark has it (ring_shared: every rank on one node, where the Solver's
     gradient buckets lie there), else by messages; with `busy` (a list), appends the share
     of the ranks' time the benchmark kept a CPU busy (its processes' CPU seconds over ranks x
     wall seconds: MPI polls while it waits, and TCP's copies are the kernel's); with `lines`
-    (a list), extends it with the benchmark's lines (hier's among them)."""
+    (a list), extends it with the benchmark's lines (hier's among them); with busy_threads,
+    that many threads of arithmetic beside every rank (the backward it overlaps)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     output = run(mpirun(ranks, nodes) + [str(args.build / "bin" / "hybridnn-bench"),
-                                         "allreduce", "--min", "64K", "--max", "64M"],
+                                         "allreduce", "--min", "64K", "--max", "64M",
+                                         "--busy-threads", str(busy_threads)],
                  env=launch_env(1, nodes))
     wall = time.monotonic() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -316,9 +322,10 @@ def buckets_of(layers, bucket_bytes, cut=()):
 
 
 def iteration_seconds(layers, ranks, alpha, beta, bucket_bytes, cut=(), batch=0, busy=0.0,
-                      allreduce=None):
+                      allreduce=None, loaded=None):
     """The modelled iteration: forward, backward with the buckets' allreduce overlapping it
-    (the flat ring's time, or `allreduce(bytes)`'s).
+    (the flat ring's time, or `allreduce(bytes)`'s; a bucket that starts while the backward
+    runs takes `loaded(bytes)` where given: the collective beside busy compute threads).
     Layers named in `cut` run model-parallel (NetOptions::model_parallel): no gradient in
     the buckets; an allgather of their input before the forward and a reduce-scatter of its
     gradient after the backward, each (n - 1) steps moving (n - 1) / n of it, in the way."""
@@ -342,7 +349,8 @@ def iteration_seconds(layers, ranks, alpha, beta, bucket_bytes, cut=(), batch=0,
             return ring_seconds(size, ranks, alpha, beta)
     for size, ready in buckets:
         start = max(comm, ready)
-        comm = start + allreduce(size)
+        comm = start + (loaded or allreduce)(size) if start < backward_end else \
+            start + allreduce(size)
         overlapped += max(0.0, min(comm, backward_end) - start)
     # Where the ranks' threads fill the cores, the collective's busy share of those seconds
     # is CPU time the backward loses.
@@ -369,8 +377,12 @@ def validate_on(args, ranks, nodes):
     busy = []
     # On one node the gradient buckets lie in the communicator's shared buffer: its times.
     points = measure_allreduce(args, ranks, nodes, busy, shared=nodes is None)
-    # The collective competes with the compute for CPUs only where the ranks fill them.
-    contention = busy[0] if ranks * args.threads >= (os.cpu_count() or 1) else 0.0
+    # The collective competes with the compute for CPUs only where the ranks fill them; there
+    # it is timed again beside a busy thread for each of a rank's compute threads.
+    full = ranks * args.threads >= (os.cpu_count() or 1)
+    contention = busy[0] if full else 0.0
+    loaded_points = measure_allreduce(args, ranks, nodes, shared=nodes is None,
+                                      busy_threads=args.threads) if full else None
     # The compute: the copies' per-layer times (each layer timed over the iterations, as
     # `hybridnn time` under mpirun times its total too), which the copies run at the same
     # moments, where their whole-iteration totals, timed afterwards, drift apart. Each side
@@ -386,15 +398,26 @@ def validate_on(args, ranks, nodes):
                                  ["--comm", "ring"], env=launch_env(args.threads, nodes)))
         if measured is None or total["forward_backward_ms"] < measured["forward_backward_ms"]:
             measured = total
-    alpha, beta = fit(bucket_sized(points, buckets_of(layers, args.bucket_mb * 1e6)))
+    sizes = buckets_of(layers, args.bucket_mb * 1e6)
+    alpha, beta = fit(bucket_sized(points, sizes))
+    loaded, loaded_terms = None, (None, None)
+    if loaded_points:
+        loaded_terms = fit(bucket_sized(loaded_points, sizes))
+
+        def loaded(size):
+            return ring_seconds(size, ranks, *loaded_terms)
     predicted, compute, buckets = iteration_seconds(layers, ranks, alpha, beta,
-                                                    args.bucket_mb * 1e6, busy=contention)
+                                                    args.bucket_mb * 1e6, busy=contention,
+                                                    loaded=loaded)
     measured_ms = measured["forward_backward_ms"]
     print(json.dumps({
         "bench": "scaling_model", "validate": args.model, "ranks": ranks,
         "link": nodes.shaping if nodes else "shared memory", "batch_per_rank": args.batch,
         "threads": args.threads, "alpha_us": round(alpha * 1e6, 2),
         "beta_gbs": round(1e-9 / beta, 3) if beta else None,
+        "loaded_alpha_us": round(loaded_terms[0] * 1e6, 2) if loaded else None,
+        "loaded_beta_gbs": round(1e-9 / loaded_terms[1], 3) if loaded and loaded_terms[1]
+        else None,
         "compute_ms": round(compute * 1e3, 2), "buckets": buckets,
         "comm_busy": round(contention, 3), "predicted_ms": round(predicted * 1e3, 2),
         "measured_ms": round(measured_ms, 2),
@@ -575,6 +598,11 @@ def self_test():
     seconds, _, _ = iteration_seconds(layers, 2, 0.0, 0.0, 25e6,
                                       allreduce=lambda size: 2e-9 * size)
     checks.append(("iteration, another collective", close(seconds, 65e-3 + 16e-9)))
+    # Beside busy threads bucket 0 takes twice as long (5-9 ms, started under the backward);
+    # bucket 1, started at 9 ms after the backward (7 ms), the unloaded 1 ms.
+    seconds, _, _ = iteration_seconds(layers, 2, 0.0, 1e-10, 25e6,
+                                      loaded=lambda size: 2e-10 * size)
+    checks.append(("loaded", close(seconds, 10e-3 + 8e-10)))
     # bucket_sized: buckets of 20 MB and 10 MB keep the sizes from 2.5 MB; one of 1 KB keeps
     # all; none above the largest sizes keeps the two largest.
     sized = [(2, b, 1.0) for b in (65536, 1 << 20, 1 << 22, 1 << 24)]
