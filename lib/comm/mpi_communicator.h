@@ -68,16 +68,16 @@ class MpiCommunicator : public Communicator {
   // throws hn::Error naming them and `peer`, the rank waited for (-1: any other rank;
   // kNodeRanks: any other rank of this node).
   // Completed requests become MPI_REQUEST_NULL.
-  // One turn of a wait begun at `start` on `peer` (as wait_all's): throws as wait_all once it
-  // has lasted the timeout; else yields the CPU, or, where the peer is on another node (any
-  // rank: the communicator spans nodes), sleeps once the wait has lasted kSpinBeforeSleep.
-  void pause(std::chrono::steady_clock::time_point start, const char* what, std::uint64_t seq,
-             int peer) const;
   void wait_all(std::vector<MPI_Request>& requests, const char* what, std::uint64_t seq,
                 int peer = -1) const;
   // Index of one completed request among `requests` (MPI_Testany), waiting as wait_all.
   int wait_any(std::vector<MPI_Request>& requests, const char* what, std::uint64_t seq,
                int peer = -1) const;
+  // One turn of a wait begun at `start` on `peer` (as wait_all's): throws as wait_all once it
+  // has lasted the timeout; else yields the CPU, or, where the peer is on another node (any
+  // rank: the communicator spans nodes), sleeps once the wait has lasted kSpinBeforeSleep.
+  void pause(std::chrono::steady_clock::time_point start, const char* what, std::uint64_t seq,
+             int peer) const;
   [[noreturn]] void timed_out(const char* what, std::uint64_t seq, int peer) const;
   // Throws a CommunicatorError naming the collective `what` (#seq), its `count` floats and
   // this rank unless every rank passes the same `count` (and `shape`, a digest of per-rank
@@ -120,10 +120,10 @@ class MpiCommunicator : public Communicator {
 void check_mpi(int code, const char* call);
 
 // A wait on a rank of another node spins this long, then sleeps kSleep at a time
-// (pause): over a 1 Gbit/s link with a busy thread per core, a 64 MiB ring took 1.0-1.3 s
-// yielding throughout and 0.58-0.59 s so (0.56 s alone). Sleeping from 50 us on slowed
-// 2 nodes x 2 ranks at 10 Gbit/s, unloaded, 1.3-2.5x from 256 KiB to 16 MiB; from 1 ms on
-// it is level with yielding there.
+// (pause). Over a 1 Gbit/s link with a busy thread per core a 64 MiB ring took 1.0-1.3 s
+// yielding throughout, 0.58-0.59 s sleeping past 1 ms (0.56 s alone). Sleeping past 50 us
+// slowed 2 nodes x 2 ranks at 10 Gbit/s, unloaded, 1.3-2.5x from 256 KiB to 16 MiB; past
+// 1 ms it is level with yielding there.
 constexpr std::chrono::microseconds kSpinBeforeSleep{1000};
 constexpr std::chrono::microseconds kSleep{20};
 
