@@ -349,8 +349,8 @@ def iteration_seconds(layers, ranks, alpha, beta, bucket_bytes, cut=(), batch=0,
             return ring_seconds(size, ranks, alpha, beta)
     for size, ready in buckets:
         start = max(comm, ready)
-        comm = start + (loaded or allreduce)(size) if start < backward_end else \
-            start + allreduce(size)
+        under_backward = loaded is not None and start < backward_end
+        comm = start + (loaded if under_backward else allreduce)(size)
         overlapped += max(0.0, min(comm, backward_end) - start)
     # Where the ranks' threads fill the cores, the collective's busy share of those seconds
     # is CPU time the backward loses.
