@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -31,6 +32,7 @@ struct SplitOptions {
   std::vector<Device> devices;  // empty: the default (see the usage text)
   std::string split;            // empty: equal fractions over the devices
   int iterations = 3;
+  int rounds = 3;       // alternating rounds of `iterations`, each configuration's fastest kept
   int threads = -1;     // -1: every core shared out among the cpu drivers listed
   bool blocked = true;  // activations between CPU layers blocked, as the tool's default
 };
@@ -50,7 +52,7 @@ SplitOptions parse_split_options(const std::vector<std::string>& args) {
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if ((arg == "--model" || arg == "--batch" || arg == "--devices" || arg == "--split" ||
-         arg == "--iterations" || arg == "--threads" || arg == "--layout") &&
+         arg == "--iterations" || arg == "--rounds" || arg == "--threads" || arg == "--layout") &&
         i + 1 == args.size()) {
       throw UsageError{"split: " + arg + " needs a value"};
     }
@@ -60,6 +62,8 @@ SplitOptions parse_split_options(const std::vector<std::string>& args) {
       options.batch = parse_number(arg, args[++i], 1, 4096);
     } else if (arg == "--iterations") {
       options.iterations = static_cast<int>(parse_number(arg, args[++i], 1, 100000));
+    } else if (arg == "--rounds") {
+      options.rounds = static_cast<int>(parse_number(arg, args[++i], 1, 1000));
     } else if (arg == "--threads") {
       options.threads = parse_threads("split", args[++i]);
     } else if (arg == "--split") {
@@ -130,75 +134,113 @@ struct Measurement {
   std::map<std::string, double> copy_s, copy_mb;  // seconds and megabytes
   double calibration_s = 0.0;
   LayerSplits layer_splits;
+  std::string kept = "unchecked";  // what the whole-net check kept: measured, uniform, alone
 };
 
-// One configuration: a Net on `main` with `split`; the input filled once, automatic splits
-// measured (untimed) before one warm-up iteration, then `iterations` timed ones.
-Measurement measure(const Device& main, const Split& split, const SplitOptions& options,
-                    int threads, bool barrier_per_layer = false) {
-  // Fresh drivers for every configuration: nothing one leaves behind (cached primitives,
-  // memory) carries over to the next.
-  Runtime runtime;
-  for (const Device& d : options.devices) {
-    DriverOptions driver_options;
-    if (d.kind == "cpu") driver_options.set("threads", threads);
-    // The reference driver stands in for a device with its own memory, as a GPU would be.
-    if (d.kind == "reference") driver_options.set("separate_memory", true);
-    runtime.add(d, driver_options);
+// One configuration: its own drivers and a Net on `main` with `split`, the input filled once
+// and automatic splits measured (untimed) at construction, then timed in rounds.
+class Configuration {
+ public:
+  Configuration(const Device& main, const Split& split, const SplitOptions& options, int threads,
+                bool barrier_per_layer)
+      : iterations_(options.iterations) {
+    // Fresh drivers for every configuration: nothing one leaves behind (cached primitives,
+    // memory) carries over to the next.
+    for (const Device& d : options.devices) {
+      DriverOptions driver_options;
+      if (d.kind == "cpu") driver_options.set("threads", threads);
+      // The reference driver stands in for a device with its own memory, as a GPU would be.
+      if (d.kind == "reference") driver_options.set("separate_memory", true);
+      runtime_.add(d, driver_options);
+    }
+    NetOptions net_options;
+    net_options.batch_size = options.batch;
+    net_options.force_backward = true;
+    net_options.blocked_layout = options.blocked;
+    net_options.barrier_per_layer = barrier_per_layer;
+    net_options.split = split;
+    net_ = std::make_unique<Net>(options.model, runtime_, runtime_.driver(main), net_options);
+    fill_inputs(*net_);
+    if (net_->needs_split_calibration()) {
+      const auto start = Clock::now();
+      net_->calibrate_splits([](const std::string& layer, const Split& chosen) {
+        std::fprintf(stderr, "split:   %-8s %s\n", layer.c_str(), chosen.to_string().c_str());
+      });
+      calibration_.calibration_s = std::chrono::duration<double>(Clock::now() - start).count();
+      calibration_.layer_splits = net_->layer_splits();
+      if (const Net::SplitCheck check = net_->split_check(); check.checked) {
+        using Kept = Net::SplitCheck::Kept;
+        for (const Net::SplitCheck::Tried& tried : check.uniform_tried)
+          std::fprintf(stderr, "split: whole net, %s for every layer: %.1f ms%s\n",
+                       tried.split.to_string().c_str(), tried.seconds * 1e3,
+                       tried.balanced ? " (balanced)" : "");
+        calibration_.kept = check.kept == Kept::measured  ? "measured"
+                            : check.kept == Kept::uniform ? "uniform"
+                                                          : "alone";
+        std::fprintf(stderr,
+                     "split: whole net, measured splits %.1f ms, %s alone %.1f ms: keeping %s\n",
+                     check.measured_seconds * 1e3, check.alone.name().c_str(),
+                     check.alone_seconds * 1e3, calibration_.kept.c_str());
+      }
+    }
+    iteration();  // warm-up
   }
-  NetOptions net_options;
-  net_options.batch_size = options.batch;
-  net_options.force_backward = true;
-  net_options.blocked_layout = options.blocked;
-  net_options.barrier_per_layer = barrier_per_layer;
-  net_options.split = split;
-  Net net(options.model, runtime, runtime.driver(main), net_options);
-  fill_inputs(net);
-  const auto iteration = [&] {
-    net.forward();
-    net.backward();
-    for (Driver* driver : runtime.drivers())
-      driver->synchronize();
-  };
 
-  Measurement m;
-  if (net.needs_split_calibration()) {
+  // `iterations` timed iterations.
+  Measurement time_round() {
+    net_->reset_profile();
     const auto start = Clock::now();
-    net.calibrate_splits([](const std::string& layer, const Split& chosen) {
-      std::fprintf(stderr, "split:   %-8s %s\n", layer.c_str(), chosen.to_string().c_str());
-    });
-    m.calibration_s = std::chrono::duration<double>(Clock::now() - start).count();
-    m.layer_splits = net.layer_splits();
-  }
-  iteration();
-  net.reset_profile();
-  const auto start = Clock::now();
-  for (int i = 0; i < options.iterations; ++i)
-    iteration();
-  m.wall = std::chrono::duration<double>(Clock::now() - start).count();
-  m.images_per_s = static_cast<double>(options.batch) * options.iterations / m.wall;
-  for (const LayerProfile& layer : net.profile()) {
-    m.in_layers += layer.forward_seconds + layer.backward_seconds;
-    double fastest_forward = 1e30, slowest_forward = 0.0;
-    double fastest_backward = 1e30, slowest_backward = 0.0;
-    for (const SliceProfile& slice : layer.devices) {
-      const std::string name = slice.device.name();
-      m.busy[name] += slice.forward_busy + slice.backward_busy;
-      m.waiting[name] += slice.waiting;
-      m.copy_s[name] += slice.copy_seconds;
-      m.copy_mb[name] += slice.copy_bytes * 1e-6;
-      fastest_forward = std::min(fastest_forward, slice.forward_busy);
-      slowest_forward = std::max(slowest_forward, slice.forward_busy);
-      fastest_backward = std::min(fastest_backward, slice.backward_busy);
-      slowest_backward = std::max(slowest_backward, slice.backward_busy);
+    for (int i = 0; i < iterations_; ++i)
+      iteration();
+    Measurement m;
+    m.wall = std::chrono::duration<double>(Clock::now() - start).count();
+    m.images_per_s = static_cast<double>(net_->batch_size()) * iterations_ / m.wall;
+    for (const LayerProfile& layer : net_->profile()) {
+      m.in_layers += layer.forward_seconds + layer.backward_seconds;
+      double fastest_forward = 1e30, slowest_forward = 0.0;
+      double fastest_backward = 1e30, slowest_backward = 0.0;
+      for (const SliceProfile& slice : layer.devices) {
+        const std::string name = slice.device.name();
+        m.busy[name] += slice.forward_busy + slice.backward_busy;
+        m.waiting[name] += slice.waiting;
+        m.copy_s[name] += slice.copy_seconds;
+        m.copy_mb[name] += slice.copy_bytes * 1e-6;
+        fastest_forward = std::min(fastest_forward, slice.forward_busy);
+        slowest_forward = std::max(slowest_forward, slice.forward_busy);
+        fastest_backward = std::min(fastest_backward, slice.backward_busy);
+        slowest_backward = std::max(slowest_backward, slice.backward_busy);
+      }
+      if (!layer.devices.empty()) {
+        m.imbalance += slowest_forward - fastest_forward + slowest_backward - fastest_backward;
+        m.outside_slices += std::max(0.0, layer.forward_seconds - slowest_forward) +
+                            std::max(0.0, layer.backward_seconds - slowest_backward);
+      }
     }
-    if (!layer.devices.empty()) {
-      m.imbalance += slowest_forward - fastest_forward + slowest_backward - fastest_backward;
-      m.outside_slices += std::max(0.0, layer.forward_seconds - slowest_forward) +
-                          std::max(0.0, layer.backward_seconds - slowest_backward);
-    }
+    m.calibration_s = calibration_.calibration_s;
+    m.layer_splits = calibration_.layer_splits;
+    m.kept = calibration_.kept;
+    return m;
   }
-  return m;
+
+  const Measurement& calibration() const { return calibration_; }
+
+ private:
+  void iteration() {
+    net_->forward();
+    net_->backward();
+    for (Driver* driver : runtime_.drivers())
+      driver->synchronize();
+  }
+
+  Runtime runtime_;
+  std::unique_ptr<Net> net_;  // after runtime_: destroyed first
+  int iterations_;
+  Measurement calibration_;  // the automatic split's: calibration_s, layer_splits, kept
+};
+
+// The fastest of a configuration's rounds.
+void keep_fastest(std::optional<Measurement>& best, Measurement m) {
+  if (!best || m.wall < best->wall) best = std::move(m);
 }
 
 // The fields every configuration prints after its own: time, the busy and waiting
@@ -302,46 +344,66 @@ int run_split(const std::vector<std::string>& args) {
       "{{\"bench\":\"split\",\"net\":\"{}\",\"batch\":{},\"threads\":{},\"layout\":\"{}\"",
       net_label, options.batch, threads, options.blocked ? "blocked" : "nchw");
 
-  // Each driver alone, with the whole batch.
-  std::vector<Measurement> singles;
+  // Timed in alternating rounds, each configuration keeping its fastest: compared in the same
+  // moments of a machine whose speed drifts. The automatic split is calibrated once and kept
+  // for every round; the others are built anew in each (one Net at a time beside it, so the
+  // memory is two configurations', not five).
+  const Split automatic = Split::automatic(options.devices);
+  std::fprintf(stderr, "split: %s: calibrating ...\n", automatic.to_string().c_str());
+  Configuration automatic_run(options.devices[0], automatic, options, threads, false);
+  std::fprintf(stderr, "split: calibration took %.2f s\n",
+               automatic_run.calibration().calibration_s);
+  std::vector<std::optional<Measurement>> singles(options.devices.size());
+  std::optional<Measurement> fixed_best, barrier_best, automatic_best;
+  for (int round = 1; round <= options.rounds; ++round) {
+    std::fprintf(stderr, "split: round %d of %d ...\n", round, options.rounds);
+    for (std::size_t i = 0; i < options.devices.size(); ++i) {
+      const Device& d = options.devices[i];
+      keep_fastest(singles[i],
+                   Configuration(d, Split::single(d), options, threads, false).time_round());
+    }
+    // The Net's own driver (whole-batch layers) is the first device of the split.
+    keep_fastest(
+        fixed_best,
+        Configuration(fixed.shares()[0].device, fixed, options, threads, false).time_round());
+    // The same split with a barrier after every layer (NetOptions::barrier_per_layer), as
+    // before runs of layers cut alike.
+    keep_fastest(
+        barrier_best,
+        Configuration(fixed.shares()[0].device, fixed, options, threads, true).time_round());
+    keep_fastest(automatic_best, automatic_run.time_round());
+  }
+
+  const Measurement& f = *fixed_best;
+  const Measurement& b = *barrier_best;
+  const Measurement& a = *automatic_best;
   double fastest = 0.0, sum = 0.0;
-  for (const Device& d : options.devices) {
-    std::fprintf(stderr, "split: single %s ...\n", d.name().c_str());
-    singles.push_back(measure(d, Split::single(d), options, threads));
-    fastest = std::max(fastest, singles.back().images_per_s);
-    sum += singles.back().images_per_s;
-    std::fprintf(stderr, "split: single %s: %.2f images/s\n", d.name().c_str(),
-                 singles.back().images_per_s);
-    report_busy("single", {d}, singles.back());
+  for (const auto& single : singles) {
+    fastest = std::max(fastest, single->images_per_s);
+    sum += single->images_per_s;
   }
   for (std::size_t i = 0; i < options.devices.size(); ++i) {
     const Device& d = options.devices[i];
+    const Measurement& m = *singles[i];
+    std::fprintf(stderr, "split: single %s: %.2f images/s\n", d.name().c_str(), m.images_per_s);
+    report_busy("single", {d}, m);
     fmt::print(
         "{},\"config\":\"single\",\"devices\":\"{}\",\"ratio_to_fastest_single\":{:.3f}{}}}\n",
-        head, d.name(), singles[i].images_per_s / fastest, common_fields({d}, singles[i], options));
+        head, d.name(), m.images_per_s / fastest, common_fields({d}, m, options));
   }
-  std::fflush(stdout);
-
-  // The Net's own driver (whole-batch layers) is the first device of the split.
   const auto ratios = [&](const Measurement& m) {
     return fmt::format(
         ",\"efficiency\":{:.3f},\"sum_single_images_per_s\":{:.2f},"
         "\"ratio_to_fastest_single\":{:.3f}",
         m.images_per_s / sum, sum, m.images_per_s / fastest);
   };
-  std::fprintf(stderr, "split: fixed %s ...\n", fixed.to_string().c_str());
-  const Measurement f = measure(fixed.shares()[0].device, fixed, options, threads);
   std::fprintf(stderr, "split: fixed: %.2f images/s, efficiency %.3f\n", f.images_per_s,
                f.images_per_s / sum);
   report_busy("fixed", options.devices, f);
   fmt::print("{},\"config\":\"fixed\",\"devices\":\"{}\",\"split\":\"{}\"{}{}}}\n", head,
              device_list(options.devices), fixed.to_string(), ratios(f),
              common_fields(options.devices, f, options));
-  std::fflush(stdout);
-  // The same split with a barrier after every layer (NetOptions::barrier_per_layer), as
-  // before runs of layers cut alike.
-  std::fprintf(stderr, "split: fixed, a barrier per layer ...\n");
-  const Measurement b = measure(fixed.shares()[0].device, fixed, options, threads, true);
+
   std::fprintf(stderr, "split: fixed, a barrier per layer: %.2f images/s, efficiency %.3f\n",
                b.images_per_s, b.images_per_s / sum);
   fmt::print(
@@ -349,11 +411,7 @@ int run_split(const std::vector<std::string>& args) {
       "\"runs_speedup\":{:.3f}{}{}}}\n",
       head, device_list(options.devices), fixed.to_string(), f.images_per_s / b.images_per_s,
       ratios(b), common_fields(options.devices, b, options));
-  std::fflush(stdout);
 
-  const Split automatic = Split::automatic(options.devices);
-  std::fprintf(stderr, "split: %s: calibrating ...\n", automatic.to_string().c_str());
-  const Measurement a = measure(options.devices[0], automatic, options, threads);
   std::fprintf(stderr, "split: auto: %.2f images/s, efficiency %.3f (calibration %.2f s)\n",
                a.images_per_s, a.images_per_s / sum, a.calibration_s);
   report_busy("auto", options.devices, a);
@@ -365,9 +423,9 @@ int run_split(const std::vector<std::string>& args) {
   layers += "}";
   fmt::print(
       "{},\"config\":\"auto\",\"devices\":\"{}\",\"split\":\"{}\",\"layer_splits\":{},"
-      "\"calibration_s\":{:.2f}{}{}}}\n",
-      head, device_list(options.devices), automatic.to_string(), layers, a.calibration_s, ratios(a),
-      common_fields(options.devices, a, options));
+      "\"kept\":\"{}\",\"calibration_s\":{:.2f}{}{}}}\n",
+      head, device_list(options.devices), automatic.to_string(), layers, a.kept, a.calibration_s,
+      ratios(a), common_fields(options.devices, a, options));
   return 0;
 }
 

@@ -3,7 +3,7 @@
 //
 //   hybridnn-bench gemm [--threads N] [--blas NAME]      (bench_gemm.cpp)
 //   hybridnn-bench layers [--net caffenet|lenet] [--threads N] [--batch B]  (bench_layers.cpp)
-//   hybridnn-bench split [--devices LIST] [--split SPEC] [--batch B]  (bench_split.cpp)
+//   hybridnn-bench split [--devices LIST] [--split SPEC] [--batch B] ...  (bench_split.cpp)
 //   mpirun -np N hybridnn-bench allreduce [--min BYTES] [--max BYTES] ...  (bench_allreduce.cpp)
 //   hybridnn-bench memory [--model FILE | --solver FILE] [--batch B]  (bench_memory.cpp)
 #include <algorithm>
@@ -39,8 +39,8 @@ const char* const kUsage =
     "      several lowerings: each layer timed with each in turn, the best of 3 rounds, one\n"
     "      line per lowering, compared in the same moments of a noisy machine);\n"
     "      --layout blocked: the operands in the driver's blocked layout (default nchw)\n"
-    "  split [--devices LIST] [--split SPEC] [--batch B] [--iterations N] [--threads N]\n"
-    "        [--model FILE] [--layout blocked|nchw]\n"
+    "  split [--devices LIST] [--split SPEC] [--batch B] [--iterations N] [--rounds R]\n"
+    "        [--threads N] [--model FILE] [--layout blocked|nchw]\n"
     "      CaffeNet (shared/models) forward + complete backward through a Net, in images/s:\n"
     "      each device alone (ratio to the fastest), a fixed split (--split, default equal\n"
     "      fractions) and the automatic split (measured first, untimed: calibration_s; the\n"
@@ -50,8 +50,10 @@ const char* const kUsage =
     "      without a GPU, cpu,cpu:1 with 1 thread each, which on a 2-core machine shows how\n"
     "      close the scheduler gets to running two drivers side by side. reference may be\n"
     "      listed (with its own memory) but is the naive oracle: minutes per iteration.\n"
-    "      --batch: default 32; --iterations: timed after 1 warm-up, default 3; --threads: per\n"
-    "      cpu driver, default every core shared out among the cpu drivers listed;\n"
+    "      --batch: default 32; --iterations: timed per round after 1 warm-up, default 3;\n"
+    "      --rounds: every configuration is built first, then timed in R alternating rounds\n"
+    "      (default 3), each reporting its fastest; --threads: per cpu driver, default every\n"
+    "      core shared out among the cpu drivers listed;\n"
     "      --layout: activations between CPU layers, default blocked (the tool's default)\n"
     "  allreduce [--min BYTES] [--max BYTES] [--iterations N] [--chunk-bytes BYTES]\n"
     "            [--chunks-in-flight K] [--busy-threads N]   (under mpirun -np N)\n"

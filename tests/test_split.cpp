@@ -145,6 +145,29 @@ TEST_CASE(
   CHECK(Split::only(devices, devices[1]).to_string() == "cpu:0.0,cpu:1:1.0,reference:0.0");
 }
 
+TEST_CASE("Split balanced gives each device rows in proportion to its speed in a timing") {
+  // 17 and 15 of 32 rows, each device as fast as the other (17 rows in 0.34 s, 15 in
+  // 0.30 s: 50 rows a second each): halves.
+  const Split uneven = Split::parse("cpu:0.53,cpu:1:0.47");
+  REQUIRE(uneven.partition(32)[0].second == 17);
+  const Split halves = uneven.balanced(32, {0.34, 0.30});
+  REQUIRE(halves.shares().size() == 2);
+  CHECK(halves.shares()[0].device.name() == "cpu");
+  CHECK(halves.shares()[0].fraction == Approx(0.5).epsilon(1e-12));
+  CHECK(halves.partition(32)[0] == std::pair<index_t, index_t>{0, 16});
+  // 16 rows in 0.2 s (80/s) and 16 in 0.6 s (26.7/s): 3 to 1.
+  const Split three_to_one = Split::parse("cpu:0.5,cpu:1:0.5").balanced(32, {0.2, 0.6});
+  CHECK(three_to_one.shares()[0].fraction == Approx(0.75).epsilon(1e-12));
+  // A device without rows keeps none, whatever its busy time; one with rows and no busy
+  // time leaves nothing to go by.
+  const Split one_idle = Split::parse("cpu:0.0,cpu:1:0.5,reference:0.5");
+  const Split kept_out = one_idle.balanced(8, {0.0, 0.1, 0.3});
+  CHECK(kept_out.shares()[0].fraction == 0.0);
+  CHECK(kept_out.shares()[1].fraction == Approx(0.75).epsilon(1e-12));
+  CHECK(one_idle.balanced(8, {0.0, 0.0, 0.3}).empty());
+  CHECK_THROWS_WITH(halves.balanced(32, {0.1}), Catch::Contains("2 shares, 1 busy times"));
+}
+
 TEST_CASE("Split check_devices names a device without a driver and those present") {
   Runtime runtime;
   runtime.add(Device::parse("reference"));

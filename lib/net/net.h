@@ -365,23 +365,35 @@ class Net {
   // InnerProduct's was made as the net was built (NetOptions::cuts_like): its cut by outputs
   // (output_cut) or its one device.
   // Then the whole net is timed (a forward and a backward, the second of two runs) with the
-  // measured splits and with every automatic layer on the one device that got most of the
-  // work, and the faster is kept (split_check()): per-layer timings do not show the copies
-  // between layers cut differently, nor a slow slice holding up every layer after it.
+  // measured splits, with one split for every layer and with every automatic layer on the
+  // one device that got most of the work, and the fastest is kept (split_check()): per-layer
+  // timings do not show the copies between layers cut differently, nor a slow slice holding
+  // up every layer after it.
   void calibrate_splits(
       const std::function<void(const std::string& layer, const Split& split)>& on_layer = {});
   // What calibrate_splits' whole-net check measured; `checked` is false before
   // calibrate_splits, and when every automatic layer came out on one device anyway. Three
   // candidates are timed: the per-layer splits as measured; `uniform`, one split for every
-  // automatic layer, each device's share of their measured work (no rows move between
-  // layers: per-layer fractions near each other cost a copy at every layer and gain
-  // nothing); and every automatic layer on the device with most of that work. The faster
-  // split is kept unless the device alone is within 3 %. The uniform split is searched
-  // for: from each device's share of the work, the shares of the devices other than
-  // `alone` are scaled by 0.5 and 1.5, then by a step between the fastest and its
-  // neighbour (0.25, 0.75, 1.25 or 2), each timed as the others; `uniform` is the fastest.
+  // automatic layer (no rows move between layers: per-layer fractions near each other cost
+  // a copy at every layer and gain nothing); and every automatic layer on the device with
+  // most of their measured work (forward flops by fraction). The uniform split is searched
+  // for: from each device's share of that work, the shares of the devices other than
+  // `alone` are scaled by 0.5 and 1.5, then by a step between the fastest and its neighbour
+  // (0.25, 0.75, 1.25 or 2); then the fastest is balanced, each device given rows in
+  // proportion to its speed in that timing (its rows over its busy seconds in the automatic
+  // layers: the devices measured in the same moments), and the result balanced again, each
+  // new cut timed as the others. `uniform` is the fastest, or a balanced cut within 3 % of
+  // it (the fastest may only have met a faster moment of the machine). The measured splits
+  // are kept only where 3 % faster than `uniform`, and a split only where 3 % faster than
+  // the device alone.
   struct SplitCheck {
     enum class Kept { measured, uniform, alone };
+    // One split for every automatic layer, timed.
+    struct Tried {
+      Split split;
+      double seconds = 0.0;
+      bool balanced = false;  // from an earlier one's busy seconds per device
+    };
     bool checked = false;
     double measured_seconds = 0.0;  // forward + backward with the measured splits
     double uniform_seconds = 0.0;   // the same with `uniform` for every automatic layer
@@ -389,10 +401,10 @@ class Net {
     Split uniform;
     Device alone;
     Kept kept = Kept::measured;
-    // Every split for every layer timed, in order, with its seconds: the first the shares
-    // of the work, the others the search's (those cutting the batch as an earlier one
-    // does are not timed again).
-    std::vector<std::pair<Split, double>> uniform_tried;
+    // Every split for every layer timed, in order: the first the shares of the work, then
+    // the search's and the balanced ones (those cutting the batch as an earlier one does are
+    // not timed again).
+    std::vector<Tried> uniform_tried;
   };
   SplitCheck split_check() const;
   // Per-layer timing of the compute layers since construction or the last reset.

@@ -140,6 +140,19 @@ Split Split::proportional(const std::vector<Device>& devices, const std::vector<
   return Split(std::move(shares));
 }
 
+Split Split::balanced(index_t rows, const std::vector<double>& busy_seconds) const {
+  HN_CHECK(busy_seconds.size() == shares_.size(), "Split::balanced: {} shares, {} busy times",
+           shares_.size(), busy_seconds.size());
+  const auto bounds = partition(rows);
+  std::vector<double> speeds;
+  for (std::size_t s = 0; s < bounds.size(); ++s) {
+    const double held = static_cast<double>(bounds[s].second - bounds[s].first);
+    if (held > 0.0 && !(busy_seconds[s] > 0.0 && std::isfinite(busy_seconds[s]))) return Split();
+    speeds.push_back(held > 0.0 ? held / busy_seconds[s] : 0.0);
+  }
+  return proportional(devices(), speeds);
+}
+
 Split Split::automatic(std::vector<Device> devices) {
   Split split;
   split.automatic_ = true;

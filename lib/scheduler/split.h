@@ -37,6 +37,11 @@ class Split {
   // d gets weights[d] / their sum, the last what the others leave, so that the fractions
   // sum to 1.
   static Split proportional(const std::vector<Device>& devices, const std::vector<double>& weights);
+  // This split balanced by what its slices of `rows` took: each device with rows gets a share
+  // in proportion to its speed, its rows over `busy_seconds[i]` (the seconds share i was
+  // busy, measured in the same moments as the others'); a device without rows keeps none.
+  // Empty when a device with rows has no busy time to go by.
+  Split balanced(index_t rows, const std::vector<double>& busy_seconds) const;
   // Fractions measured at run time among `devices` (empty: every available device but the
   // oracles, see measured_devices()). Throws when a device appears twice.
   static Split automatic(std::vector<Device> devices = {});

@@ -286,9 +286,9 @@ void settle_splits(Net& net, const Args& args, bool json) {
       const std::string uniform = check.uniform.to_string();
       if (check.uniform_tried.size() > 1) {
         std::string tried;
-        for (const auto& [split, seconds] : check.uniform_tried)
-          tried += fmt::format("{}{} {:.1f} ms", tried.empty() ? "" : ", ", split.to_string(),
-                               seconds * 1e3);
+        for (const Net::SplitCheck::Tried& one : check.uniform_tried)
+          tried += fmt::format("{}{} {:.1f} ms{}", tried.empty() ? "" : ", ", one.split.to_string(),
+                               one.seconds * 1e3, one.balanced ? " (balanced)" : "");
         fmt::print(progress, "One split for every layer, searched: {}\n", tried);
       }
       fmt::print(progress,
