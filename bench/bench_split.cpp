@@ -35,6 +35,7 @@ struct SplitOptions {
   int rounds = 3;       // alternating rounds of `iterations`, each configuration's fastest kept
   int threads = -1;     // -1: every core shared out among the cpu drivers listed
   bool blocked = true;  // activations between CPU layers blocked, as the tool's default
+  TuneMode tune = TuneMode::cached;  // the tool's default
 };
 
 long parse_number(const std::string& option, const std::string& value, long low, long high) {
@@ -68,6 +69,12 @@ SplitOptions parse_split_options(const std::vector<std::string>& args) {
       options.threads = parse_threads("split", args[++i]);
     } else if (arg == "--split") {
       options.split = args[++i];
+    } else if (arg == "--tune") {
+      try {
+        options.tune = parse_tune_mode(args[++i]);
+      } catch (const Error& e) {
+        throw UsageError{std::string("split: --tune: ") + e.what()};
+      }
     } else if (arg == "--layout") {
       const std::string layout = args[++i];
       if (layout != "nchw" && layout != "blocked")
@@ -159,6 +166,7 @@ class Configuration {
     net_options.blocked_layout = options.blocked;
     net_options.barrier_per_layer = barrier_per_layer;
     net_options.split = split;
+    net_options.tune.mode = options.tune;
     net_ = std::make_unique<Net>(options.model, runtime_, runtime_.driver(main), net_options);
     fill_inputs(*net_);
     if (net_->needs_split_calibration()) {
@@ -341,8 +349,10 @@ int run_split(const std::vector<std::string>& args) {
                options.model.c_str(), static_cast<long>(options.batch),
                device_list(options.devices).c_str(), threads);
   const std::string head = fmt::format(
-      "{{\"bench\":\"split\",\"net\":\"{}\",\"batch\":{},\"threads\":{},\"layout\":\"{}\"",
-      net_label, options.batch, threads, options.blocked ? "blocked" : "nchw");
+      "{{\"bench\":\"split\",\"net\":\"{}\",\"batch\":{},\"threads\":{},\"layout\":\"{}\","
+      "\"tune\":\"{}\"",
+      net_label, options.batch, threads, options.blocked ? "blocked" : "nchw",
+      tune_mode_name(options.tune));
 
   // Timed in alternating rounds, each configuration keeping its fastest: compared in the same
   // moments of a machine whose speed drifts. The automatic split is calibrated once and kept

@@ -354,7 +354,7 @@ if [[ -x $B/hybridnn-bench ]]; then
   for net in bvlc_reference_caffenet resnet50; do
     step "bench split $net" 150 40 $B/hybridnn-bench split --model "$M/${net}_deploy.prototxt" \
       --devices cuda:0,cpu --split cuda:0:0.9,cpu:0.1 --threads $(($(nproc) - 1)) \
-      --iterations 5 --rounds 1 >"$OUT/bench-split-$net.jsonl" 2>"$OUT/bench-split-$net.log"
+      --iterations 5 --rounds 1 --tune off >"$OUT/bench-split-$net.jsonl" 2>"$OUT/bench-split-$net.log"
     while read -r line; do
       note "bench split $net: $(echo "$line" | grep -o '"config":"[a-z_]*"\|"devices":"[^"]*"\|"images_per_s":[0-9.]*\|"efficiency":[0-9.]*\|"runs_speedup":[0-9.]*' | tr '\n' ' ')"
     done <"$OUT/bench-split-$net.jsonl"
