@@ -1080,6 +1080,13 @@ void Net::check_splits_whole(std::uint64_t position) {
   use(check.kept == SplitCheck::Kept::alone     ? single
       : check.kept == SplitCheck::Kept::uniform ? same
                                                 : measured);
+  // A layer was tuned for the slices of its measured split; cut otherwise now, it is tuned
+  // again for its new slices at the next forward (a choice made for 17 rows held for 16:
+  // oneDNN's Winograd weight gradient, for one, pays only above about 16 images a thread).
+  for (std::size_t a = 0; a < automatic.size(); ++a) {
+    NetLayer& nl = net.layers[static_cast<std::size_t>(automatic[a])];
+    if (nl.split.partition(net.batch) != measured[a].partition(net.batch)) nl.tuned = false;
+  }
   seek_data(position);
   restore();
   net.split_check = check;
