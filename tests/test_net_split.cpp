@@ -13,9 +13,9 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <mutex>
-#include <map>
 #include <set>
 #include <stdexcept>
 #include <string>
