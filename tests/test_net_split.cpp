@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -697,7 +698,7 @@ TEST_CASE("an automatic split measures every layer and leaves the net's state as
       first += f * measured[l].shares()[0].fraction;
     }
     // The search starts there; `uniform` is the fastest split for every layer it timed, or a
-    // balanced one within 3 % of it; no cut of the batch is timed twice.
+    // balanced one near it; no cut of the batch is timed twice.
     REQUIRE_FALSE(check.uniform_tried.empty());
     const Split& start = check.uniform_tried.front().split;
     REQUIRE(start.shares().size() == measured[0].shares().size());
@@ -719,7 +720,18 @@ TEST_CASE("an automatic split measures every layer and leaves the net's state as
           tried.seconds != check.uniform_seconds)
         continue;
       found = true;
-      CHECK((tried.seconds == fastest || (tried.balanced && tried.seconds <= 1.03 * fastest)));
+      // A balanced cut within 10 % of the fastest moves no more than a row per device from
+      // it where it is more than 3 % slower.
+      CHECK((tried.seconds == fastest || (tried.balanced && tried.seconds <= 1.1 * fastest)));
+      if (tried.seconds <= 1.03 * fastest) continue;
+      for (const Net::SplitCheck::Tried& quickest : check.uniform_tried) {
+        if (quickest.seconds != fastest) continue;
+        const auto rows = tried.split.partition(net.batch_size());
+        const auto other = quickest.split.partition(net.batch_size());
+        for (std::size_t r = 0; r < rows.size(); ++r)
+          CHECK(std::abs((rows[r].second - rows[r].first) - (other[r].second - other[r].first)) <=
+                1);
+      }
     }
     CHECK(found);
     // The measured splits need to be 3 % faster than the uniform one, a split 3 % faster than

@@ -383,8 +383,9 @@ class Net {
   // proportion to its speed in that timing (its rows over its busy seconds in the automatic
   // layers: the devices measured in the same moments), and the result balanced again, each
   // new cut timed as the others. `uniform` is the fastest, or a balanced cut within 3 % of
-  // it (the fastest may only have met a faster moment of the machine); where a balanced cut
-  // is within 10 % of a fastest that is not, the two are timed once more, in turn, each
+  // it, or within 10 % of it moving no device's rows by more than one (the fastest may only
+  // have met a faster moment of the machine); where a balanced cut is within 10 % of a
+  // fastest that is not and neither holds, the two are timed once more, in turn, each
   // keeping its faster timing. The measured splits
   // are kept only where 3 % faster than `uniform`, and a split only where 3 % faster than
   // the device alone.
