@@ -139,6 +139,10 @@ struct Measurement {
   double imbalance = 0.0, outside_slices = 0.0;
   std::map<std::string, double> busy, waiting;    // seconds, by device name
   std::map<std::string, double> copy_s, copy_mb;  // seconds and megabytes
+};
+
+// What an automatic split's calibration took and chose.
+struct Calibration {
   double calibration_s = 0.0;
   LayerSplits layer_splits;
   std::string kept = "unchecked";  // what the whole-net check kept: measured, uniform, alone
@@ -224,13 +228,10 @@ class Configuration {
                             std::max(0.0, layer.backward_seconds - slowest_backward);
       }
     }
-    m.calibration_s = calibration_.calibration_s;
-    m.layer_splits = calibration_.layer_splits;
-    m.kept = calibration_.kept;
     return m;
   }
 
-  const Measurement& calibration() const { return calibration_; }
+  const Calibration& calibration() const { return calibration_; }
 
  private:
   void iteration() {
@@ -243,7 +244,7 @@ class Configuration {
   Runtime runtime_;
   std::unique_ptr<Net> net_;  // after runtime_: destroyed first
   int iterations_;
-  Measurement calibration_;  // the automatic split's: calibration_s, layer_splits, kept
+  Calibration calibration_;  // an automatic split's
 };
 
 // The fastest of a configuration's rounds.
@@ -387,6 +388,7 @@ int run_split(const std::vector<std::string>& args) {
   const Measurement& f = *fixed_best;
   const Measurement& b = *barrier_best;
   const Measurement& a = *automatic_best;
+  const Calibration& calibration = automatic_run.calibration();
   double fastest = 0.0, sum = 0.0;
   for (const auto& single : singles) {
     fastest = std::max(fastest, single->images_per_s);
@@ -423,10 +425,10 @@ int run_split(const std::vector<std::string>& args) {
       ratios(b), common_fields(options.devices, b, options));
 
   std::fprintf(stderr, "split: auto: %.2f images/s, efficiency %.3f (calibration %.2f s)\n",
-               a.images_per_s, a.images_per_s / sum, a.calibration_s);
+               a.images_per_s, a.images_per_s / sum, calibration.calibration_s);
   report_busy("auto", options.devices, a);
   std::string layers = "{";
-  for (const auto& [layer, split] : a.layer_splits) {
+  for (const auto& [layer, split] : calibration.layer_splits) {
     layers +=
         fmt::format("{}\"{}\":\"{}\"", layers.size() > 1 ? "," : "", layer, split.to_string());
   }
@@ -434,8 +436,8 @@ int run_split(const std::vector<std::string>& args) {
   fmt::print(
       "{},\"config\":\"auto\",\"devices\":\"{}\",\"split\":\"{}\",\"layer_splits\":{},"
       "\"kept\":\"{}\",\"calibration_s\":{:.2f}{}{}}}\n",
-      head, device_list(options.devices), automatic.to_string(), layers, a.kept, a.calibration_s,
-      ratios(a), common_fields(options.devices, a, options));
+      head, device_list(options.devices), automatic.to_string(), layers, calibration.kept,
+      calibration.calibration_s, ratios(a), common_fields(options.devices, a, options));
   return 0;
 }
 

@@ -953,8 +953,15 @@ void Net::check_splits_whole(std::uint64_t position) {
   check.checked = true;
   check.alone = alone;
   check.uniform = uniform;
-  // Each split for every layer timed, with each device's busy seconds in its timing.
-  std::vector<std::map<std::string, double>> tried_busy;
+  // Each share's busy seconds in the latest timing.
+  const auto busy_by_share = [&](const Split& split) {
+    std::vector<double> seconds;
+    for (const SplitShare& share : split.shares()) {
+      const auto found = busy.find(share.device.name());
+      seconds.push_back(found == busy.end() ? 0.0 : found->second);
+    }
+    return seconds;
+  };
   const auto tried_before = [&](const Split& candidate) {
     for (const SplitCheck::Tried& tried : check.uniform_tried)
       if (tried.split.partition(net.batch) == candidate.partition(net.batch)) return true;
@@ -963,8 +970,7 @@ void Net::check_splits_whole(std::uint64_t position) {
   const auto time_uniform = [&](const Split& candidate, bool balanced) {
     use(std::vector<Split>(automatic.size(), candidate));
     const double seconds = iteration_seconds();
-    check.uniform_tried.push_back({candidate, seconds, balanced});
-    tried_busy.push_back(busy);
+    check.uniform_tried.push_back({candidate, seconds, balanced, busy_by_share(candidate)});
   };
   try {
     check.measured_seconds = iteration_seconds();
@@ -973,8 +979,8 @@ void Net::check_splits_whole(std::uint64_t position) {
       time_uniform(uniform, false);
       check.uniform_seconds = check.uniform_tried.back().seconds;
     } else {
-      check.uniform_tried.push_back({uniform, check.measured_seconds, false});
-      tried_busy.push_back(busy);
+      check.uniform_tried.push_back(
+          {uniform, check.measured_seconds, false, busy_by_share(uniform)});
     }
     // The search: the devices other than `alone` with their shares scaled by k (alone takes
     // the rest); k = 1 is `uniform`.
@@ -1008,7 +1014,7 @@ void Net::check_splits_whole(std::uint64_t position) {
     if (rows_on(uniform) > 1) {
       try_scale(0.5);
       try_scale(1.5);
-      const double k = scales[std::min(fastest_tried(), scales.size() - 1)];
+      const double k = scales[fastest_tried()];
       try_scale(k == 1.0 ? 0.75 : k < 1.0 ? 0.25 : 2.0);
       if (k == 1.0) try_scale(1.25);
       // Balanced: the fastest so far with each device's rows in proportion to its speed in
@@ -1016,13 +1022,8 @@ void Net::check_splits_whole(std::uint64_t position) {
       // where timings of different iterations differ by a machine's drift), twice at most.
       std::size_t from = fastest_tried();
       for (int step = 0; step < 2; ++step) {
-        const Split& base = check.uniform_tried[from].split;
-        std::vector<double> busy_seconds;
-        for (const SplitShare& share : base.shares()) {
-          const auto seconds = tried_busy[from].find(share.device.name());
-          busy_seconds.push_back(seconds == tried_busy[from].end() ? 0.0 : seconds->second);
-        }
-        const Split candidate = base.balanced(net.batch, busy_seconds);
+        const SplitCheck::Tried& base = check.uniform_tried[from];
+        const Split candidate = base.split.balanced(net.batch, base.busy_seconds);
         if (candidate.empty()) break;
         if (tried_before(candidate)) break;
         time_uniform(candidate, true);

@@ -396,6 +396,9 @@ class Net {
       Split split;
       double seconds = 0.0;
       bool balanced = false;  // from an earlier one's busy seconds per device
+      // Each share's busy seconds in the automatic layers in that timing (its first; the
+      // balanced cut goes by them).
+      std::vector<double> busy_seconds;
     };
     bool checked = false;
     double measured_seconds = 0.0;  // forward + backward with the measured splits
