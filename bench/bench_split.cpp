@@ -16,6 +16,7 @@
 
 #include "bench/bench_common.h"
 #include "hybridnn/error.h"
+#include "lib/core/affinity.h"
 #include "lib/core/runtime.h"
 #include "lib/net/net.h"
 #include "lib/scheduler/split.h"
@@ -36,6 +37,9 @@ struct SplitOptions {
   int threads = -1;     // -1: every core shared out among the cpu drivers listed
   bool blocked = true;  // activations between CPU layers blocked, as the tool's default
   TuneMode tune = TuneMode::cached;  // the tool's default
+  // The splits' CPU drivers each on cores of their own, as the Runtime binds them
+  // (Runtime::provide); false: not bound (--cores any). Single devices are never bound.
+  bool bind = true;
 };
 
 long parse_number(const std::string& option, const std::string& value, long low, long high) {
@@ -53,7 +57,8 @@ SplitOptions parse_split_options(const std::vector<std::string>& args) {
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if ((arg == "--model" || arg == "--batch" || arg == "--devices" || arg == "--split" ||
-         arg == "--iterations" || arg == "--rounds" || arg == "--threads" || arg == "--layout") &&
+         arg == "--iterations" || arg == "--rounds" || arg == "--threads" || arg == "--layout" ||
+         arg == "--tune" || arg == "--cores") &&
         i + 1 == args.size()) {
       throw UsageError{"split: " + arg + " needs a value"};
     }
@@ -80,6 +85,11 @@ SplitOptions parse_split_options(const std::vector<std::string>& args) {
       if (layout != "nchw" && layout != "blocked")
         throw UsageError{"split: --layout takes nchw or blocked, got '" + layout + "'"};
       options.blocked = layout == "blocked";
+    } else if (arg == "--cores") {
+      const std::string cores = args[++i];
+      if (cores != "shared" && cores != "any")
+        throw UsageError{"split: --cores takes shared or any, got '" + cores + "'"};
+      options.bind = cores == "shared";
     } else if (arg == "--devices") {
       std::istringstream list(args[++i]);
       for (std::string name; std::getline(list, name, ',');) {
@@ -156,10 +166,22 @@ class Configuration {
                 bool barrier_per_layer)
       : iterations_(options.iterations) {
     // Fresh drivers for every configuration: nothing one leaves behind (cached primitives,
-    // memory) carries over to the next.
+    // memory) carries over to the next. A split's CPU drivers on cores of their own, the
+    // last left to the GPUs' driver threads, as Runtime::provide shares them out.
+    std::vector<std::vector<int>> cores;
+    if (options.bind && split.devices().size() > 1) {
+      const auto count = [&](const char* kind) {
+        return static_cast<int>(std::count_if(options.devices.begin(), options.devices.end(),
+                                              [&](const Device& d) { return d.kind == kind; }));
+      };
+      cores = detail::share_cores(detail::allowed_cores(), count("cpu"), count("cuda"));
+    }
+    std::size_t team = 0;
     for (const Device& d : options.devices) {
       DriverOptions driver_options;
       if (d.kind == "cpu") driver_options.set("threads", threads);
+      if (d.kind == "cpu" && !cores.empty())
+        driver_options.set("cores", detail::format_cores(cores.at(team++)));
       // The reference driver stands in for a device with its own memory, as a GPU would be.
       if (d.kind == "reference") driver_options.set("separate_memory", true);
       runtime_.add(d, driver_options);
@@ -351,9 +373,9 @@ int run_split(const std::vector<std::string>& args) {
                device_list(options.devices).c_str(), threads);
   const std::string head = fmt::format(
       "{{\"bench\":\"split\",\"net\":\"{}\",\"batch\":{},\"threads\":{},\"layout\":\"{}\","
-      "\"tune\":\"{}\"",
+      "\"tune\":\"{}\",\"cores\":\"{}\"",
       net_label, options.batch, threads, options.blocked ? "blocked" : "nchw",
-      tune_mode_name(options.tune));
+      tune_mode_name(options.tune), options.bind ? "shared" : "any");
 
   // Timed in alternating rounds, each configuration keeping its fastest: compared in the same
   // moments of a machine whose speed drifts. The automatic split is calibrated once and kept

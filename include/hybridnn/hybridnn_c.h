@@ -94,7 +94,8 @@ typedef struct hn_comm hn_comm;
 HN_API hn_status hn_runtime_create(hn_runtime** out);
 HN_API void hn_runtime_destroy(hn_runtime* runtime);
 /* Adds the driver of `device` and returns a handle to it. `options` is NULL or
- * "key=value,key=value" with the driver's options (cpu: threads=N, blas=onednn|openblas).
+ * "key=value,key=value" with the driver's options (cpu: threads=N, blas=onednn|openblas,
+ * cores=0-5: the cores its threads run on, one core or range here, as commas part options).
  * Adding a device twice returns the driver already there. */
 HN_API hn_status hn_runtime_add_driver(hn_runtime* runtime, const char* device, const char* options,
                                        hn_driver** out);

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <thread>
 
+#include "lib/core/affinity.h"
 #include "lib/core/check.h"
 #include "lib/core/transfer.h"
 #include "lib/core/worker.h"
@@ -96,30 +96,48 @@ void Runtime::provide(const std::vector<Device>& devices) {
   }
   if (missing.empty()) return;
   DriverOptions options = driver_options_;
-  if (options.values().count("threads") == 0) {
-    // Teams side by side would each start a thread per core and wait on each other at
-    // every barrier; so would the ranks an MPI launcher started on this node. An
-    // accelerator's driver thread takes a core too: it waits on its device (spinning, CUDA's
-    // default), and a team with a thread on that core waits for it (16 cores beside an
-    // H200, split cpu:0.25,cuda:0:0.75: CaffeNet's conv5 forward took the CPU 7.4 ms with
-    // 16 threads, 1.8 with 15).
-    long teams = 0, accelerators = 0;
-    for (const Device& device : all) {
-      const DriverKind kind = driver_kind(device.kind);
-      teams += kind.multithreaded ? 1 : 0;
-      accelerators += kind.accelerator ? 1 : 0;
-    }
-    const long cores = static_cast<long>(std::max(1u, std::thread::hardware_concurrency()));
-    const long sharing = teams * processes_per_host_;
-    const long free_cores = std::max(1L, cores - accelerators * processes_per_host_);
-    if (teams > 0 && (sharing > 1 || accelerators > 0))
-      options.set("threads", static_cast<int>(std::max(1L, free_cores / std::max(1L, sharing))));
+  // Teams side by side would each start a thread per core and wait on each other at every
+  // barrier; so would the ranks an MPI launcher started on this node. An accelerator's
+  // driver thread takes a core too: it waits on its device (spinning, CUDA's default), and a
+  // team with a thread on that core waits for it (16 cores beside an H200, split
+  // cpu:0.25,cuda:0:0.75: CaffeNet's conv5 forward took the CPU 7.4 ms with 16 threads, 1.8
+  // with 15).
+  long teams = 0, accelerators = 0;
+  for (const Device& device : all) {
+    const DriverKind kind = driver_kind(device.kind);
+    teams += kind.multithreaded ? 1 : 0;
+    accelerators += kind.accelerator ? 1 : 0;
   }
+  const std::vector<int> allowed = detail::allowed_cores();
+  const long cores = static_cast<long>(allowed.size());
+  const long sharing = teams * processes_per_host_;
+  const long free_cores = std::max(1L, cores - accelerators * processes_per_host_);
+  const bool shared = teams > 0 && (sharing > 1 || accelerators > 0);
+  if (options.values().count("threads") == 0 && shared)
+    options.set("threads", static_cast<int>(std::max(1L, free_cores / std::max(1L, sharing))));
+  // Each team of this process on cores of its own, in device order, the last ones left to
+  // the accelerators' driver threads: unless the options name the cores, or other processes
+  // share the same cores (ranks on a node that the launcher did not bind apart).
+  const bool bind = shared && options.values().count("cores") == 0 && processes_per_host_ == 1;
+  const std::vector<std::vector<int>> team_cores =
+      bind ? detail::share_cores(allowed, static_cast<int>(teams), static_cast<int>(accelerators))
+           : std::vector<std::vector<int>>{};
+  const auto options_of = [&](const Device& device) {
+    DriverOptions own = options;
+    if (!bind || !driver_kind(device.kind).multithreaded) return own;
+    std::size_t team = 0;
+    for (const Device& other : all) {
+      if (other == device) break;
+      team += driver_kind(other.kind).multithreaded ? 1 : 0;
+    }
+    own.set("cores", detail::format_cores(team_cores.at(team)));
+    return own;
+  };
   // Every device that can be made is; then one error lists those that cannot.
   std::string failures;
   for (const Device& device : missing) {
     try {
-      add(device, options_for(driver_kind(device.kind), options));
+      add(device, options_for(driver_kind(device.kind), options_of(device)));
     } catch (const Error& error) {
       failures += fmt::format("{}{}", failures.empty() ? "" : "; ", error.what());
     }

@@ -52,9 +52,13 @@ class Runtime {
   // net's own device and those its splits name: the Net calls it when it is built), all in
   // one go. Unless the options fix `threads`, kinds that run teams of host threads
   // (DriverKind::multithreaded) divide this process's share of the cores among them, less
-  // one core for each accelerator's driver thread, counting the drivers already present.
-  // Drivers already present are kept as they are. Throws hn::Error naming each device that
-  // cannot be made (no such hardware, kind not built) after making the others.
+  // one core for each accelerator's driver thread, counting the drivers already present;
+  // unless they name `cores`, each such team is bound to cores of its own (share_cores,
+  // affinity.h: this process's cores in device order, the last left to the accelerators'
+  // threads) where teams sit beside an accelerator or each other in this process alone on
+  // its cores (one process per host). Drivers already present are kept as they are. Throws
+  // hn::Error naming each device that cannot be made (no such hardware, kind not built) after
+  // making the others.
   void provide(const std::vector<Device>& devices);
   // Throws hn::Error listing the devices present when there is none for `device`.
   Driver& driver(const Device& device) const;

@@ -12,13 +12,18 @@
 #include <thread>
 #include <utility>
 
+#include "lib/core/affinity.h"
 #include "lib/core/runtime.h"
 
 namespace hn::detail {
 
 class DeviceWorker {
  public:
-  DeviceWorker() : thread_([this] { loop(); }) {}
+  DeviceWorker()
+      : thread_([this] {
+          mark_library_thread();
+          loop();
+        }) {}
   DeviceWorker(const DeviceWorker&) = delete;
   DeviceWorker& operator=(const DeviceWorker&) = delete;
   ~DeviceWorker() {

@@ -90,6 +90,10 @@ std::vector<FlagSpec> device_flags() {
       {"threads", FlagKind::integer, "N",
        "CPU driver threads (default 0: every core, shared out among the CPU drivers of a split, "
        "less one per GPU in it)"},
+      {"cores", FlagKind::text, "LIST|any",
+       "the cores CPU drivers run on, as taskset lists them (0-5,8), or any (default: in a "
+       "split with a GPU or several CPU drivers, each CPU driver on cores of its own, the last "
+       "cores left to the GPUs' driver threads; else any)"},
       {"blas", FlagKind::text, "NAME", "CPU driver GEMM: onednn or openblas (default: build's)"},
       {"denormals", FlagKind::text, "flush|keep",
        "CPU driver: values below the smallest normal float are zero in its calls (flush, the "
@@ -197,6 +201,7 @@ void configure_runtime(Runtime& runtime, const Args& args) {
   DriverOptions options;
   if (args.has("threads"))
     options.set("threads", static_cast<int>(args.integer("threads", 0, 0, 4096)));
+  if (args.has("cores")) options.set("cores", args.text("cores"));
   if (args.has("blas")) options.set("blas", args.text("blas"));
   if (args.has("denormals")) options.set("denormals", args.text("denormals"));
   const std::string memory = args.text("reference-memory", "host");

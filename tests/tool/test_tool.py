@@ -929,6 +929,17 @@ def lenet(ctx):
     return shared_model(ctx, LENET)
 
 
+def cores_text(cores):
+    """A list of cores as taskset and the tool write it: "0-3,6"."""
+    runs = []
+    for core in sorted(cores):
+        if runs and runs[-1][1] == core - 1:
+            runs[-1][1] = core
+        else:
+            runs.append([core, core])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
 def time_lenet(ctx, batch, *args):
     return ctx.run("time", "--model", lenet(ctx), "--data", "synthetic:1x28x28", "--batch",
                    batch, "--iterations", 2, *args)
@@ -1119,13 +1130,21 @@ def time_split_reports_each_device(ctx):
     check(conv2["reference"]["copy_bytes"] == grads2, f"conv2 reference: {conv2['reference']}")
     ctx.error("time", "--model", lenet(ctx), "--reference-memory", "far", code=2,
               needles=["--reference-memory", "'far'"])
-    # Two CPU drivers side by side share the cores unless --threads says otherwise.
-    cores = os.cpu_count() or 1
+    # Two CPU drivers side by side share the cores unless --threads says otherwise, each
+    # bound to its own half of them (the first half for cpu) unless --cores says otherwise.
+    allowed = sorted(os.sched_getaffinity(0))
+    want = max(1, len(allowed) // 2)
     header = time_lenet(ctx, 7, "--split", "cpu:0.5,cpu:1:0.5").stdout.splitlines()[0]
-    want = max(1, cores // 2)
-    check(f"cpu: {want} thread{'' if want == 1 else 's'}," in header, header)
+    check(f"cpu: {want} thread{'' if want == 1 else 's'} on cores {cores_text(allowed[:want])},"
+          in header, header)
     header = time_lenet(ctx, 7, "--split", "cpu:0.5,cpu:1:0.5", "--threads", 2).stdout
-    check("cpu: 2 threads," in header.splitlines()[0], header.splitlines()[0])
+    check(re.search(r"cpu: 2 threads on cores \S+,", header.splitlines()[0]),
+          header.splitlines()[0])
+    header = time_lenet(ctx, 7, "--split", "cpu:0.5,cpu:1:0.5", "--cores", "any").stdout
+    check(f"cpu: {want} thread{'' if want == 1 else 's'}, BLAS" in header.splitlines()[0],
+          header.splitlines()[0])
+    ctx.error("time", "--model", lenet(ctx), "--cores", "1-0", code=1,
+              needles=["cores", "'1-0'", "runs backwards"])
 
 
 @case

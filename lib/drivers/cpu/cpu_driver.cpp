@@ -2,11 +2,16 @@
 // other call through the Eigen and OpenMP kernels in kernels.h, all on the driver's thread count.
 #include "lib/drivers/cpu/cpu_driver.h"
 
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <cstdlib>
-#include <thread>
+#include <vector>
 
+#include "lib/core/affinity.h"
 #include "lib/core/check.h"
 #include "lib/core/memory.h"
+#include "lib/drivers/cpu/binding.h"
 #include "lib/drivers/cpu/blas.h"
 #include "lib/drivers/cpu/conv.h"
 #include "lib/drivers/cpu/conv_pointwise.h"
@@ -23,8 +28,13 @@ constexpr std::size_t kAlignment = 64;
 
 class CpuDriver final : public Driver {
  public:
-  CpuDriver(const Device& device, int threads, cpu::Blas blas, bool flush_denormals)
-      : Driver(device), blas_(blas), parallel_(threads), flush_denormals_(flush_denormals) {}
+  CpuDriver(const Device& device, int threads, cpu::Blas blas, bool flush_denormals,
+            std::vector<int> cores)
+      : Driver(device),
+        blas_(blas),
+        parallel_(threads),
+        flush_denormals_(flush_denormals),
+        cores_(std::move(cores)) {}
 
   Capabilities capabilities() const override {
     Capabilities caps;
@@ -42,9 +52,10 @@ class CpuDriver final : public Driver {
   MemorySpace memory_space() const override { return host_space(); }
   bool owns(const void*, std::size_t) const override { return true; }
   std::string description() const override {
-    return fmt::format("{}: {} thread{}, BLAS {}{}", name(), parallel_.threads(),
-                       parallel_.threads() == 1 ? "" : "s", cpu::blas_name(blas_),
-                       flush_denormals_ ? "" : ", denormals kept");
+    return fmt::format("{}: {} thread{}{}, BLAS {}{}", name(), parallel_.threads(),
+                       parallel_.threads() == 1 ? "" : "s",
+                       cores_.empty() ? "" : " on cores " + format_cores(cores_),
+                       cpu::blas_name(blas_), flush_denormals_ ? "" : ", denormals kept");
   }
   // CPUs have no TF32. BF16 products exist on CPUs with AVX512_BF16 (and AMX), where
   // oneDNN's BF16 convolutions run about twice as fast as FP32 ones (a 3x3 64-channel layer
@@ -410,6 +421,7 @@ class CpuDriver final : public Driver {
 
  protected:
   void enter_call() override {
+    cpu::bind_team(set_, cores_, parallel_.threads());
     if (flush_denormals_) {
       cpu::begin_flushing_denormals(parallel_.threads());
     } else {
@@ -427,6 +439,9 @@ class CpuDriver final : public Driver {
   cpu::WinogradConvolution winograd_;    // its transformed weights kept between calls
   cpu::PointwiseConvolution pointwise_;  // its packed weights kept between calls
   bool flush_denormals_;                 // option denormals=flush (denormals.h)
+  std::vector<int> cores_;               // option cores (binding.h); empty: not bound
+  std::uint64_t set_ = next_set_++;      // names cores_ to bind_team
+  static inline std::atomic<std::uint64_t> next_set_{1};
 };
 
 }  // namespace
@@ -443,7 +458,17 @@ DriverKind cpu_driver_kind() {
     int threads = options.integer("threads", 0, device);
     HN_CHECK(threads >= 0, "cpu driver {}: threads must be >= 0 (0 = every core), got {}",
              device.name(), threads);
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const std::string listed = options.text("cores", "any");
+    std::vector<int> bound;
+    if (listed != "any") {
+      bound = parse_cores(listed, fmt::format("cpu driver {}: cores", device.name()));
+      const std::vector<int> allowed = allowed_cores();
+      for (int core : bound)
+        HN_CHECK(std::binary_search(allowed.begin(), allowed.end(), core),
+                 "cpu driver {}: core {} of cores={} is not one this process may run on ({})",
+                 device.name(), core, listed, format_cores(allowed));
+    }
+    const int cores = static_cast<int>(bound.empty() ? allowed_cores().size() : bound.size());
     // Far more threads than cores only slows the teams down, and thousands make OpenMP's
     // runtime abort the process when it cannot create them.
     const int most = std::max(64, 4 * cores);
@@ -452,15 +477,22 @@ DriverKind cpu_driver_kind() {
              device.name(), threads, cores, cores == 1 ? "" : "s", most);
     if (threads == 0) threads = cores;
     return std::make_unique<CpuDriver>(device, threads, cpu::parse_blas(options.text("blas")),
-                                       options.text("denormals", "flush") == "flush");
+                                       options.text("denormals", "flush") == "flush",
+                                       std::move(bound));
   };
-  kind.options = {{"threads", "worker threads (default 0: one per core)", {}},
-                  {"blas", "the GEMM library (default: the first)", cpu::blas_names()},
-                  {"denormals",
-                   "flush (default): results and inputs below the smallest normal float are "
-                   "zero during the driver's calls, as in TensorFlow (operations on them are "
-                   "about 100x slower on Intel cores); keep: IEEE denormals",
-                   {"flush", "keep"}}};
+  kind.options = {
+      {"threads", "worker threads (default 0: one per core, or per core listed in cores)", {}},
+      {"cores",
+       "the cores its threads run on, as taskset lists them (0-5,8), or any (default; "
+       "a Runtime gives each CPU driver beside a GPU or another CPU driver cores of "
+       "its own)",
+       {}},
+      {"blas", "the GEMM library (default: the first)", cpu::blas_names()},
+      {"denormals",
+       "flush (default): results and inputs below the smallest normal float are "
+       "zero during the driver's calls, as in TensorFlow (operations on them are "
+       "about 100x slower on Intel cores); keep: IEEE denormals",
+       {"flush", "keep"}}};
   return kind;
 }
 
