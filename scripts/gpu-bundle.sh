@@ -28,7 +28,8 @@
 # ResNet-50 and GoogLeNet at batch 128 in each mode, and their twins; torch.profiler's top
 # kernels and per-op table of ResNet-50; --split auto (each beside cuda:0 alone, back to
 # back), the CPU alone (ResNet-50 in BF16 too; at batch 2 and 8 too), the fixed splits
-# cuda:0:0.95,cpu:0.05 and cuda:0:0.9,cpu:0.1, and at batch 128 cuda:0:0.97,cpu:0.03 and auto
+# cuda:0:0.95,cpu:0.05 and cuda:0:0.9,cpu:0.1 (the 0.9 split of CaffeNet and ResNet-50
+# again with the CPU driver not bound to its cores, --cores any), and at batch 128 cuda:0:0.97,cpu:0.03 and auto
 # (issue 36); hybridnn-bench split on cuda:0 and cpu, runs of layers cut alike against a
 # barrier per layer (CaffeNet, ResNet-50); hybridnn-bench gemm (the CPU's sgemm GFLOP/s);
 # and bench/gpu_table.py's markdown table of hybridnn against PyTorch per net, batch and mode.
@@ -332,6 +333,11 @@ for net in $nets; do
   for split in cuda:0:0.95,cpu:0.05 cuda:0:0.9,cpu:0.1; do
     time_net "$net" 5 120 20 --split "$split"
   done
+done
+# The CPU driver not bound to cores of its own (--cores any), against bound (the default,
+# just above; issue 36, item 6).
+for net in bvlc_reference_caffenet resnet50; do
+  LABEL=unbound time_net "$net" 5 120 20 --split cuda:0:0.9,cpu:0.1 --cores any
 done
 # The CPU's cost per image at the small batches a split leaves it (batch 2 took 65 ms per
 # ResNet-50 image on 16 Xeon cores, against 27 at batch 32), and batch 128: cuda:0 alone, a
