@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <map>
 #include <memory>
 #include <optional>
@@ -18,6 +19,7 @@
 #include "hybridnn/error.h"
 #include "lib/core/affinity.h"
 #include "lib/core/runtime.h"
+#include "lib/core/worker.h"
 #include "lib/net/net.h"
 #include "lib/scheduler/split.h"
 
@@ -158,6 +160,30 @@ struct Calibration {
   std::string kept = "unchecked";  // what the whole-net check kept: measured, uniform, alone
 };
 
+// Fresh drivers for every configuration: nothing one leaves behind (cached primitives,
+// memory) carries over to the next. A split's CPU drivers (`bind`) on cores of their own,
+// the last left to the GPUs' driver threads, as Runtime::provide shares them out.
+void add_drivers(Runtime& runtime, const SplitOptions& options, int threads, bool bind) {
+  std::vector<std::vector<int>> cores;
+  if (options.bind && bind) {
+    const auto count = [&](const char* kind) {
+      return static_cast<int>(std::count_if(options.devices.begin(), options.devices.end(),
+                                            [&](const Device& d) { return d.kind == kind; }));
+    };
+    cores = detail::share_cores(detail::allowed_cores(), count("cpu"), count("cuda"));
+  }
+  std::size_t team = 0;
+  for (const Device& d : options.devices) {
+    DriverOptions driver_options;
+    if (d.kind == "cpu") driver_options.set("threads", threads);
+    if (d.kind == "cpu" && !cores.empty())
+      driver_options.set("cores", detail::format_cores(cores.at(team++)));
+    // The reference driver stands in for a device with its own memory, as a GPU would be.
+    if (d.kind == "reference") driver_options.set("separate_memory", true);
+    runtime.add(d, driver_options);
+  }
+}
+
 // One configuration: its own drivers and a Net on `main` with `split`, the input filled once
 // and automatic splits measured (untimed) at construction, then timed in rounds.
 class Configuration {
@@ -165,27 +191,7 @@ class Configuration {
   Configuration(const Device& main, const Split& split, const SplitOptions& options, int threads,
                 bool barrier_per_layer)
       : iterations_(options.iterations) {
-    // Fresh drivers for every configuration: nothing one leaves behind (cached primitives,
-    // memory) carries over to the next. A split's CPU drivers on cores of their own, the
-    // last left to the GPUs' driver threads, as Runtime::provide shares them out.
-    std::vector<std::vector<int>> cores;
-    if (options.bind && split.devices().size() > 1) {
-      const auto count = [&](const char* kind) {
-        return static_cast<int>(std::count_if(options.devices.begin(), options.devices.end(),
-                                              [&](const Device& d) { return d.kind == kind; }));
-      };
-      cores = detail::share_cores(detail::allowed_cores(), count("cpu"), count("cuda"));
-    }
-    std::size_t team = 0;
-    for (const Device& d : options.devices) {
-      DriverOptions driver_options;
-      if (d.kind == "cpu") driver_options.set("threads", threads);
-      if (d.kind == "cpu" && !cores.empty())
-        driver_options.set("cores", detail::format_cores(cores.at(team++)));
-      // The reference driver stands in for a device with its own memory, as a GPU would be.
-      if (d.kind == "reference") driver_options.set("separate_memory", true);
-      runtime_.add(d, driver_options);
-    }
+    add_drivers(runtime_, options, threads, split.devices().size() > 1);
     NetOptions net_options;
     net_options.batch_size = options.batch;
     net_options.force_backward = true;
@@ -267,6 +273,91 @@ class Configuration {
   std::unique_ptr<Net> net_;  // after runtime_: destroyed first
   int iterations_;
   Calibration calibration_;  // an automatic split's
+};
+
+// Each device of a split on its own rows of the batch, all at the same time, each with a Net
+// of its own (no split: nothing cut, copied, merged or waited for between layers): what
+// the machine gives the devices side by side at those batch sizes, the ceiling of a split
+// with the same rows. Their drivers are bound to cores as the split's are.
+class SideBySide {
+ public:
+  SideBySide(const Split& split, const SplitOptions& options, int threads)
+      : iterations_(options.iterations) {
+    add_drivers(runtime_, options, threads, true);
+    const auto rows = split.partition(options.batch);
+    for (std::size_t s = 0; s < rows.size(); ++s) {
+      const index_t held = rows[s].second - rows[s].first;
+      if (held <= 0) continue;
+      NetOptions net_options;
+      net_options.batch_size = held;
+      net_options.force_backward = true;
+      net_options.blocked_layout = options.blocked;
+      net_options.tune.mode = options.tune;
+      Driver& driver = runtime_.driver(split.shares()[s].device);
+      parts_.push_back(
+          {&driver, std::make_unique<Net>(options.model, runtime_, driver, net_options)});
+      fill_inputs(*parts_.back().net);
+    }
+    iteration();  // warm-up
+  }
+
+  Measurement time_round() {
+    for (Part& part : parts_)
+      part.busy = 0.0;
+    const auto start = Clock::now();
+    for (int i = 0; i < iterations_; ++i)
+      iteration();
+    Measurement m;
+    m.wall = std::chrono::duration<double>(Clock::now() - start).count();
+    index_t images = 0;
+    for (const Part& part : parts_) {
+      images += part.net->batch_size();
+      const std::string name = part.driver->name();
+      m.busy[name] = part.busy;
+      m.waiting[name] = std::max(0.0, m.wall - part.busy);
+      m.copy_s[name] = 0.0;
+      m.copy_mb[name] = 0.0;
+    }
+    m.images_per_s = static_cast<double>(images) * iterations_ / m.wall;
+    return m;
+  }
+
+ private:
+  struct Part {
+    Driver* driver;
+    std::unique_ptr<Net> net;
+    double busy = 0.0;  // seconds of forward and backward this round
+  };
+
+  // Every part but the first on its driver's device thread, the first on this one.
+  void iteration() {
+    const auto run = [](Part& part) {
+      const auto start = Clock::now();
+      part.net->forward();
+      part.net->backward();
+      part.driver->synchronize();
+      part.busy += std::chrono::duration<double>(Clock::now() - start).count();
+    };
+    for (std::size_t p = 1; p < parts_.size(); ++p) {
+      Part& part = parts_[p];
+      detail::RuntimeThreads::of(runtime_, *part.driver).submit([&run, &part] { run(part); });
+    }
+    std::exception_ptr failed;
+    try {
+      run(parts_.front());
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    for (std::size_t p = 1; p < parts_.size(); ++p) {
+      std::exception_ptr thrown = detail::RuntimeThreads::of(runtime_, *parts_[p].driver).wait();
+      if (thrown && !failed) failed = thrown;
+    }
+    if (failed) std::rethrow_exception(failed);
+  }
+
+  Runtime runtime_;
+  std::vector<Part> parts_;  // after runtime_: destroyed first
+  int iterations_;
 };
 
 // The fastest of a configuration's rounds.
@@ -387,7 +478,7 @@ int run_split(const std::vector<std::string>& args) {
   std::fprintf(stderr, "split: calibration took %.2f s\n",
                automatic_run.calibration().calibration_s);
   std::vector<std::optional<Measurement>> singles(options.devices.size());
-  std::optional<Measurement> fixed_best, barrier_best, automatic_best;
+  std::optional<Measurement> fixed_best, barrier_best, automatic_best, side_best;
   for (int round = 1; round <= options.rounds; ++round) {
     std::fprintf(stderr, "split: round %d of %d ...\n", round, options.rounds);
     for (std::size_t i = 0; i < options.devices.size(); ++i) {
@@ -405,11 +496,13 @@ int run_split(const std::vector<std::string>& args) {
         barrier_best,
         Configuration(fixed.shares()[0].device, fixed, options, threads, true).time_round());
     keep_fastest(automatic_best, automatic_run.time_round());
+    keep_fastest(side_best, SideBySide(fixed, options, threads).time_round());
   }
 
   const Measurement& f = *fixed_best;
   const Measurement& b = *barrier_best;
   const Measurement& a = *automatic_best;
+  const Measurement& side = *side_best;
   const Calibration& calibration = automatic_run.calibration();
   double fastest = 0.0, sum = 0.0;
   for (const auto& single : singles) {
@@ -428,9 +521,17 @@ int run_split(const std::vector<std::string>& args) {
   const auto ratios = [&](const Measurement& m) {
     return fmt::format(
         ",\"efficiency\":{:.3f},\"sum_single_images_per_s\":{:.2f},"
-        "\"ratio_to_fastest_single\":{:.3f}",
-        m.images_per_s / sum, sum, m.images_per_s / fastest);
+        "\"ratio_to_fastest_single\":{:.3f},\"ratio_to_side_by_side\":{:.3f}",
+        m.images_per_s / sum, sum, m.images_per_s / fastest, m.images_per_s / side.images_per_s);
   };
+  std::fprintf(stderr,
+               "split: side by side (each device on its rows of %s, a Net each, at the same "
+               "time): %.2f images/s, efficiency %.3f\n",
+               fixed.to_string().c_str(), side.images_per_s, side.images_per_s / sum);
+  report_busy("side by side", options.devices, side);
+  fmt::print("{},\"config\":\"side_by_side\",\"devices\":\"{}\",\"split\":\"{}\"{}{}}}\n", head,
+             device_list(options.devices), fixed.to_string(), ratios(side),
+             common_fields(options.devices, side, options));
   std::fprintf(stderr, "split: fixed: %.2f images/s, efficiency %.3f\n", f.images_per_s,
                f.images_per_s / sum);
   report_busy("fixed", options.devices, f);
