@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "hybridnn/error.h"
+#include "lib/core/affinity.h"
 #include "lib/core/runtime.h"
 #include "lib/core/tune.h"
 #include "lib/layers/convolution_layer.h"
@@ -759,6 +760,33 @@ TEST_CASE("A tuning cache keeps the choices made in each math mode apart, in the
   CHECK(again.lookup(*cpu, "Convolution 2x3x8x8") == "type1");
   cpu->set_math_mode(hn::MathMode::bf16);
   CHECK_FALSE(again.lookup(*cpu, "Convolution 2x3x8x8"));
+}
+
+TEST_CASE(
+    "A tuning cache serves a CPU driver bound to cores, or another instance, the choices made "
+    "unbound",
+    "[tune]") {
+  const hn::test::TempDir dir;
+  hn::TuneOptions options;
+  options.mode = hn::TuneMode::cached;
+  options.cache_path = dir.file("tune.txt");
+  const std::string core = std::to_string(hn::detail::allowed_cores().front());
+  const auto unbound = hn::make_driver(hn::Device{"cpu", 0}, {{"threads", "1"}});
+  const auto bound = hn::make_driver(hn::Device{"cpu", 0}, {{"threads", "1"}, {"cores", core}});
+  REQUIRE_THAT(bound->description(), Contains("cpu: 1 thread on cores " + core + ", BLAS"));
+  REQUIRE_THAT(unbound->description(), !Contains("on cores"));
+  {
+    hn::Tuner tuner(options);
+    tuner.record(*unbound, "Convolution 2x3x8x8", "type1");
+    tuner.save();
+  }
+  hn::Tuner again(options);
+  CHECK(again.lookup(*bound, "Convolution 2x3x8x8") == "type1");
+  const auto second = hn::make_driver(hn::Device{"cpu", 1}, {{"threads", "1"}, {"cores", core}});
+  CHECK(again.lookup(*second, "Convolution 2x3x8x8") == "type1");
+  // Another thread count is another driver for the cache.
+  const auto two = hn::make_driver(hn::Device{"cpu", 0}, {{"threads", "2"}, {"cores", core}});
+  CHECK_FALSE(again.lookup(*two, "Convolution 2x3x8x8"));
 }
 
 TEST_CASE("Convolution and InnerProduct count their forward FLOPs by hand's formula",

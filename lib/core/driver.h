@@ -119,6 +119,11 @@ class Driver {
   bool can_address(MemorySpace space) const { return space == memory_space(); }
   // A one-line description for logs and device_query ("cpu: 2 threads, BLAS onednn").
   virtual std::string description() const { return name(); }
+  // What a measured choice of algorithm may depend on, the tuning cache's key for this
+  // driver (tune.h): description(), less what does not change which algorithm is fastest
+  // (the CPU driver's cores and instance: cpu:1 bound in a split finds the choices cpu
+  // made unbound).
+  virtual std::string tuning_identity() const { return description(); }
 
   // ---- memory -------------------------------------------------------------------------
   // allocate(0) returns nullptr; deallocate(nullptr) does nothing.

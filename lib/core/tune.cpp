@@ -152,7 +152,7 @@ std::string Tuner::entry_key(const Driver& driver, const std::string& key) const
   const std::string mode = driver.math_mode() == MathMode::fp32
                                ? std::string()
                                : std::string(", ") + math_mode_name(driver.math_mode()) + " math";
-  return machine_ + '\t' + sanitized(driver.description() + mode) + '\t' + key;
+  return machine_ + '\t' + sanitized(driver.tuning_identity() + mode) + '\t' + key;
 }
 
 std::optional<std::string> Tuner::lookup(const Driver& driver, const std::string& key) const {

@@ -51,12 +51,8 @@ class CpuDriver final : public Driver {
   }
   MemorySpace memory_space() const override { return host_space(); }
   bool owns(const void*, std::size_t) const override { return true; }
-  std::string description() const override {
-    return fmt::format("{}: {} thread{}{}, BLAS {}{}", name(), parallel_.threads(),
-                       parallel_.threads() == 1 ? "" : "s",
-                       cores_.empty() ? "" : " on cores " + format_cores(cores_),
-                       cpu::blas_name(blas_), flush_denormals_ ? "" : ", denormals kept");
-  }
+  std::string description() const override { return describe(false); }
+  std::string tuning_identity() const override { return describe(true); }
   // CPUs have no TF32. BF16 products exist on CPUs with AVX512_BF16 (and AMX), where
   // oneDNN's BF16 convolutions run about twice as fast as FP32 ones (a 3x3 64-channel layer
   // at batch 32 on a 2-core EPYC, 16.6 ms against 32.7); elsewhere BF16 would be emulated,
@@ -420,6 +416,17 @@ class CpuDriver final : public Driver {
   }
 
  protected:
+  // "cpu:1: 2 threads on cores 0-1, BLAS onednn"; for the tuning cache "cpu: 2 threads,
+  // BLAS onednn": every instance (cpu, cpu:1) runs on the same cores' kind, and those whose
+  // choices were measured apart, in different moments of a noisy machine, ran the same
+  // shapes with different algorithms (one 13-15 % slower than the other alone).
+  std::string describe(bool tuning) const {
+    return fmt::format("{}: {} thread{}{}, BLAS {}{}", tuning ? device().kind : name(),
+                       parallel_.threads(), parallel_.threads() == 1 ? "" : "s",
+                       cores_.empty() || tuning ? "" : " on cores " + format_cores(cores_),
+                       cpu::blas_name(blas_), flush_denormals_ ? "" : ", denormals kept");
+  }
+
   void enter_call() override {
     cpu::bind_team(set_, cores_, parallel_.threads());
     if (flush_denormals_) {
