@@ -17,7 +17,6 @@
 
 #include "bench/bench_common.h"
 #include "hybridnn/error.h"
-#include "lib/core/affinity.h"
 #include "lib/core/runtime.h"
 #include "lib/core/worker.h"
 #include "lib/net/net.h"
@@ -161,27 +160,16 @@ struct Calibration {
 };
 
 // Fresh drivers for every configuration: nothing one leaves behind (cached primitives,
-// memory) carries over to the next. A split's CPU drivers (`bind`) on cores of their own,
-// the last left to the GPUs' driver threads, as Runtime::provide shares them out.
+// memory) carries over to the next. Made by Runtime::provide, as the tool's are: a split's
+// CPU drivers (`bind`) on cores of their own, the last left to the GPUs' driver threads.
 void add_drivers(Runtime& runtime, const SplitOptions& options, int threads, bool bind) {
-  std::vector<std::vector<int>> cores;
-  if (options.bind && bind) {
-    const auto count = [&](const char* kind) {
-      return static_cast<int>(std::count_if(options.devices.begin(), options.devices.end(),
-                                            [&](const Device& d) { return d.kind == kind; }));
-    };
-    cores = detail::share_cores(detail::allowed_cores(), count("cpu"), count("cuda"));
-  }
-  std::size_t team = 0;
-  for (const Device& d : options.devices) {
-    DriverOptions driver_options;
-    if (d.kind == "cpu") driver_options.set("threads", threads);
-    if (d.kind == "cpu" && !cores.empty())
-      driver_options.set("cores", detail::format_cores(cores.at(team++)));
-    // The reference driver stands in for a device with its own memory, as a GPU would be.
-    if (d.kind == "reference") driver_options.set("separate_memory", true);
-    runtime.add(d, driver_options);
-  }
+  DriverOptions driver_options;  // each kind takes those it reads
+  driver_options.set("threads", threads);
+  // The reference driver stands in for a device with its own memory, as a GPU would be.
+  driver_options.set("separate_memory", true);
+  if (!options.bind || !bind) driver_options.set("cores", "any");
+  runtime.set_driver_options(std::move(driver_options));
+  runtime.provide(options.devices);
 }
 
 // One configuration: its own drivers and a Net on `main` with `split`, the input filled once

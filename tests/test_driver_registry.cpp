@@ -118,4 +118,10 @@ TEST_CASE("driver options a kind does not declare, or outside its choices, are e
   CHECK(options_for(driver_kind("cpu"), mixed).values().size() == 1);
   CHECK(options_for(driver_kind("cpu"), mixed).has("threads"));
   CHECK(options_for(driver_kind("reference"), mixed).has("separate_memory"));
+  // A text option set from a literal keeps its text (not the bool a pointer converts to).
+  DriverOptions literal;
+  literal.set("cores", "any").set("blas", "onednn").set("separate_memory", true);
+  CHECK(literal.text("cores") == "any");
+  CHECK(literal.text("blas") == "onednn");
+  CHECK(literal.text("separate_memory") == "true");
 }

@@ -33,6 +33,10 @@ class DriverOptions {
     values_[name] = std::move(value);
     return *this;
   }
+  // Text, not the bool a pointer converts to ahead of std::string.
+  DriverOptions& set(const std::string& name, const char* value) {
+    return set(name, std::string(value));
+  }
   DriverOptions& set(const std::string& name, int value) {
     return set(name, std::to_string(value));
   }
