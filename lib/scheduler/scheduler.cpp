@@ -563,21 +563,32 @@ void Scheduler::run_rows(const std::vector<LayerCall>& calls, bool backward,
       devices, chain, [&](std::size_t d) { return calls[std::min(at[d], calls.size() - 1)].where; },
       backward);
   // 3. Parameter gradients call by call, then what each device did: a call's wall time is
-  // its slowest slice's, and the time no slice accounts for goes to the last call.
+  // its slowest slice's, and the time no slice accounts for goes to the last call. No device
+  // waits between the calls of a run, so its waiting is the run's wall time less all it did,
+  // the last call's (a call's slowest slice less this device's would count one device's
+  // jitter as the other's idle time, call after call, where neither waited).
   for (std::size_t c = 0; c < calls.size(); ++c)
     reduce_partials(calls[c], runs[c]);
   const double wall = seconds_since(start);
   double accounted = 0.0;
   std::vector<double> walls(calls.size(), 0.0);
+  std::vector<double> idle(devices.size(), wall);
   for (std::size_t c = 0; c < calls.size(); ++c) {
-    for (const SliceRun& run : runs[c])
-      walls[c] = std::max(walls[c], run.busy + run.copy_seconds);
+    for (std::size_t d = 0; d < runs[c].size(); ++d) {
+      const double occupied = runs[c][d].busy + runs[c][d].copy_seconds;
+      walls[c] = std::max(walls[c], occupied);
+      idle[d] -= occupied;
+    }
     accounted += walls[c];
   }
   walls.back() += std::max(0.0, wall - accounted);
+  for (double& seconds : idle)
+    seconds = std::max(0.0, seconds);
+  const std::vector<double> none(devices.size(), 0.0);
   for (std::size_t c = 0; c < calls.size(); ++c) {
     if (c < profiles.size() && profiles[c] != nullptr)
-      record(*profiles[c], runs[c], backward, walls[c], &split);
+      record(*profiles[c], runs[c], backward, walls[c], &split,
+             c + 1 == calls.size() ? idle : none);
   }
 }
 
@@ -603,20 +614,22 @@ void Scheduler::run_parts(const std::vector<LayerCall>& calls, bool backward,
 }
 
 void Scheduler::record(LayerProfile& profile, const std::vector<SliceRun>& runs, bool backward,
-                       double wall, const Split* cut) {
+                       double wall, const Split* cut, const std::vector<double>& waiting) {
   (backward ? profile.backward_calls : profile.forward_calls) += 1;
   (backward ? profile.backward_seconds : profile.forward_seconds) += wall;
   if (cut != nullptr) {
     for (const SplitShare& share : cut->shares())
       profile_of(profile, share.device).rows = 0;
   }
-  for (const SliceRun& run : runs) {
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    const SliceRun& run = runs[r];
     SliceProfile& slice = profile_of(profile, run.on->device());
     slice.rows = run.end - run.begin;
     (backward ? slice.backward_busy : slice.forward_busy) += run.busy;
     slice.copy_seconds += run.copy_seconds;
     slice.copy_bytes += run.copy_bytes;
-    slice.waiting += std::max(0.0, wall - run.busy - run.copy_seconds);
+    slice.waiting +=
+        r < waiting.size() ? waiting[r] : std::max(0.0, wall - run.busy - run.copy_seconds);
   }
   if (cut != nullptr) {
     for (const SplitShare& share : cut->shares()) {

@@ -137,9 +137,11 @@ class Scheduler {
   void execute(std::vector<SliceRun>& runs, const std::vector<Layer*>& layers, bool backward,
                std::string_view where);
   // Adds what each device did in `runs` (`wall` seconds) to `profile`; `cut`: the split,
-  // whose devices without rows waited the whole time.
+  // whose devices without rows waited the whole time. Each run's waiting is `waiting`'s
+  // entry where given (a run of calls: the calls before its last waited for nothing), else
+  // the wall time it did not account for.
   void record(LayerProfile& profile, const std::vector<SliceRun>& runs, bool backward, double wall,
-              const Split* cut);
+              const Split* cut, const std::vector<double>& waiting = {});
   // Runs `task` on `on`'s thread (the calling thread for home) and waits.
   void run_on(Driver& on, const std::function<void()>& task);
   double probe(const LayerCall& call, bool with_backward, Driver& on, index_t rows);

@@ -107,7 +107,10 @@ struct SliceProfile {
   index_t rows = 0;           // rows of the latest call
   double forward_busy = 0.0;  // seconds computing, synchronised at the end
   double backward_busy = 0.0;
-  double waiting = 0.0;  // seconds of the layer's wall time this device sat idle
+  // Seconds of the layer's wall time this device sat idle. In a run of layers cut alike
+  // (Scheduler::run_rows) the devices wait only at its end: the run's idle time is its last
+  // layer's, the others' none.
+  double waiting = 0.0;
   double copy_seconds = 0.0;
   std::size_t copy_bytes = 0;
 };
