@@ -69,8 +69,10 @@ namespace {
 // the CPU driver's own depthwise forward and data gradient on NCHW operands; 8: the same with
 // four accumulators, ahead of oneDNN's at every ShuffleNet shape; 9: the CPU driver's own
 // convolution of few input channels with column strides, ShuffleNet v2's conv1, and its
-// pointwise kernel in 12 rows on AVX-512; 10: its pointwise kernels on NCHW operands).
-constexpr int kKernelsRevision = 10;
+// pointwise kernel in 12 rows on AVX-512; 10: its pointwise kernels on NCHW operands; 11: its
+// pointwise weight gradient in 8 rows on AVX-512, and candidates judged on their second call
+// where the first exceeded the bound).
+constexpr int kKernelsRevision = 11;
 
 constexpr char kHeader[] =
     "# hybridnn tuning cache: the fastest algorithm measured per machine, driver and shape.\n"
@@ -188,6 +190,7 @@ void Tuner::save() {
 
 double Tuner::time(Driver& driver, const std::function<void()>& run, int repeats,
                    double give_up_after) {
+  constexpr double kFarOut = 4.0;  // a first call this many times the bound: not called again
   using Clock = std::chrono::steady_clock;
   const auto once = [&] {
     const auto start = Clock::now();
@@ -196,8 +199,18 @@ double Tuner::time(Driver& driver, const std::function<void()>& run, int repeats
     return std::chrono::duration<double>(Clock::now() - start).count();
   };
   double best = once();  // warm-up: creates primitives, touches memory
-  if (best > give_up_after) return best;
-  best = std::min(best, once());
+  if (best > give_up_after) {
+    // The first call pays what later ones do not (first touch of its buffers, a kernel's
+    // layout of the weights): a candidate is judged on its second call, unless its first is
+    // far out of the running. (The CPU driver's Winograd forward on ResNet-50's res5 layers,
+    // AVX2: 81 ms first, 30 after, against 62 for the direct kernel; dropped at its first
+    // call, it lost to a kernel half its speed in one net of three.)
+    if (best > kFarOut * give_up_after) return best;
+    best = once();
+    if (best > give_up_after) return best;
+  } else {
+    best = std::min(best, once());
+  }
   for (int i = 1; i < repeats; ++i)
     best = std::min(best, once());
   return best;

@@ -75,8 +75,9 @@ class Tuner {
   void save();
 
   // Seconds `run` takes on `driver`: the best of a warm-up run and up to `repeats` more,
-  // each followed by driver.synchronize(). A run whose warm-up alone took more than
-  // `give_up_after` seconds (a candidate already slower than the best) is not repeated.
+  // each followed by driver.synchronize(). A run over `give_up_after` seconds (a candidate
+  // already slower than the best) is not repeated: its first call where that took more than
+  // 4 times as long, else its second (the first pays one-time costs).
   static double time(Driver& driver, const std::function<void()>& run, int repeats = 3,
                      double give_up_after = 0.5);
 
