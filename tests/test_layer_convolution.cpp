@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -817,6 +818,45 @@ TEST_CASE(
   // Another thread count is another driver for the cache.
   const auto two = hn::make_driver(hn::Device{"cpu", 0}, {{"threads", "2"}, {"cores", core}});
   CHECK_FALSE(again.lookup(*two, "Convolution 2x3x8x8"));
+}
+
+TEST_CASE(
+    "A tuning cache keeps a CPU driver's choices apart by the vector extension of its kernels "
+    "and of oneDNN's",
+    "[tune]") {
+  // A build for AVX2 on an AVX-512 machine, or oneDNN held to AVX2 (ONEDNN_MAX_CPU_ISA), runs
+  // other kernels than the native build, which may share the cache file.
+#if defined(__AVX512F__)
+  const std::string vectors = "kernels avx512";
+#elif defined(__AVX2__)
+  const std::string vectors = "kernels avx2";
+#else
+  const std::string vectors = "kernels sse";
+#endif
+  const hn::test::TempDir dir;
+  hn::TuneOptions options;
+  options.mode = hn::TuneMode::cached;
+  options.cache_path = dir.file("tune.txt");
+  const auto cpu = hn::make_driver(hn::Device{"cpu", 0}, {{"threads", "1"}});
+  {
+    hn::Tuner tuner(options);
+    tuner.record(*cpu, "Convolution 2x3x8x8", "type1");
+    tuner.save();
+  }
+  std::string text;
+  {
+    std::ifstream file(options.cache_path);
+    text.assign(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+  }
+  REQUIRE_THAT(text, Contains(", " + vectors + ", oneDNN "));
+  CHECK(hn::Tuner(options).lookup(*cpu, "Convolution 2x3x8x8") == "type1");
+  // The same line as another build's: not this driver's choice.
+  text.replace(text.find(vectors), vectors.size(), "kernels other");
+  {
+    std::ofstream file(options.cache_path, std::ios::trunc);
+    file << text;
+  }
+  CHECK_FALSE(hn::Tuner(options).lookup(*cpu, "Convolution 2x3x8x8"));
 }
 
 TEST_CASE("Convolution and InnerProduct count their forward FLOPs by hand's formula",

@@ -91,6 +91,23 @@ Layout DirectConvolution::preferred_layout() {
   return layout;
 }
 
+const char* DirectConvolution::isa() {
+  static const char* const name = [] {
+    const auto effective = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const std::pair<dnnl::cpu_isa, const char*> levels[] = {
+        {dnnl::cpu_isa::avx512_core, "avx512_core"},
+        {dnnl::cpu_isa::avx2, "avx2"},
+        {dnnl::cpu_isa::avx, "avx"},
+    };
+    for (const auto& [level, level_name] : levels) {
+      const auto bits = static_cast<unsigned>(level);
+      if ((effective & bits) == bits) return level_name;
+    }
+    return "sse41";
+  }();
+  return name;
+}
+
 bool DirectConvolution::bf16_available() {
   static const bool available = [] {
     const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
@@ -464,6 +481,10 @@ Layout DirectConvolution::preferred_layout() {
 
 bool DirectConvolution::bf16_available() {
   return false;
+}
+
+const char* DirectConvolution::isa() {
+  return "none";
 }
 
 DirectConvolution::DirectConvolution() = default;

@@ -26,6 +26,15 @@ namespace {
 // A cache line, and the widest vector (AVX-512) the kernels may load.
 constexpr std::size_t kAlignment = 64;
 
+// The vector extension the driver's own kernels were compiled for (simd.h's lanes).
+#if defined(__AVX512F__)
+constexpr const char* kBuildVectors = "avx512";
+#elif defined(__AVX2__)
+constexpr const char* kBuildVectors = "avx2";
+#else
+constexpr const char* kBuildVectors = "sse";
+#endif
+
 class CpuDriver final : public Driver {
  public:
   CpuDriver(const Device& device, int threads, cpu::Blas blas, bool flush_denormals,
@@ -52,7 +61,13 @@ class CpuDriver final : public Driver {
   MemorySpace memory_space() const override { return host_space(); }
   bool owns(const void*, std::size_t) const override { return true; }
   std::string description() const override { return describe(false); }
-  std::string tuning_identity() const override { return describe(true); }
+  // The choices measured depend on the kernels too: a build for AVX2 on an AVX-512 machine,
+  // or oneDNN held below the CPU (ONEDNN_MAX_CPU_ISA), runs others than the native build
+  // that may share its cache file.
+  std::string tuning_identity() const override {
+    return fmt::format("{}, kernels {}, oneDNN {}", describe(true), kBuildVectors,
+                       cpu::DirectConvolution::isa());
+  }
   // CPUs have no TF32. BF16 products exist on CPUs with AVX512_BF16 (and AMX), where
   // oneDNN's BF16 convolutions run about twice as fast as FP32 ones (a 3x3 64-channel layer
   // at batch 32 on a 2-core EPYC, 16.6 ms against 32.7); elsewhere BF16 would be emulated,
