@@ -71,7 +71,7 @@ class WeightsCache {
     std::vector<float>().swap(entry.floats);
   }
 
-  // Forgets the stale weights, those kept first, oldest first, until `bytes` more fit.
+  // Forgets stale weights, the longest unused first, until `bytes` more fit.
   void make_room(std::size_t bytes) {
     const std::uint64_t stale = 2 * static_cast<std::uint64_t>(entries_.size());
     std::multimap<std::uint64_t, std::map<Key, Entry>::iterator> oldest;
