@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -71,6 +72,18 @@ inline NetGradients net_gradients(Runtime& runtime, Driver& main, const std::str
   const BlobRef data = net.blob("data");
   result.gradients.emplace_back(data.host_diff(), data.host_diff() + data.count());
   return result;
+}
+
+// Caffe's CIFAR-10 quick net (HYBRIDNN_MODELS_DIR) on generated images at `batch`, on `main`,
+// with `options` otherwise.
+inline std::unique_ptr<Net> cifar_quick(Runtime& runtime, Driver& main, NetOptions options,
+                                        index_t batch) {
+  options.data_source = "synthetic:3x32x32";
+  options.mean_file = "none";
+  options.batch_size = batch;
+  return std::make_unique<Net>(
+      fmt::format("{}/cifar10_cifar10_quick_train_test.prototxt", HYBRIDNN_MODELS_DIR), runtime,
+      main, options);
 }
 
 // Largest |a - b| relative to the largest |a|: the error of a gradient as a whole.

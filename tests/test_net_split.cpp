@@ -1190,13 +1190,7 @@ TEST_CASE(
     return result;
   };
   const auto cifar = [&](const NetOptions& given) {
-    NetOptions options = given;
-    options.data_source = "synthetic:3x32x32";
-    options.mean_file = "none";
-    options.batch_size = 8;
-    return std::make_unique<Net>(
-        fmt::format("{}/cifar10_cifar10_quick_train_test.prototxt", HYBRIDNN_MODELS_DIR), d.runtime,
-        *d.host, options);
+    return test::cifar_quick(d.runtime, *d.host, given, 8);
   };
   const auto every_layer = [&](const NetOptions& given) {
     NetOptions options = given;
@@ -1271,12 +1265,9 @@ TEST_CASE(
   TwoDrivers d;
   NetOptions options;
   options.force_backward = true;
-  options.data_source = "synthetic:3x32x32";
-  options.mean_file = "none";
-  options.batch_size = 8;
   options.split = Split::parse("reference:0.625,reference:1:0.375");
-  Net net(fmt::format("{}/cifar10_cifar10_quick_train_test.prototxt", HYBRIDNN_MODELS_DIR),
-          d.runtime, *d.host, options);
+  const std::unique_ptr<Net> cut = test::cifar_quick(d.runtime, *d.host, options, 8);
+  Net& net = *cut;
   net.forward_backward();
   net.reset_profile();
   const auto start = std::chrono::steady_clock::now();

@@ -96,12 +96,9 @@ TEST_CASE("cpu and cuda:0 split training is bitwise reproducible", "[cuda]") {
 TEST_CASE("an automatic split over cpu and cuda:0 measures every layer", "[cuda]") {
   CpuAndGpu d;
   NetOptions options;
-  options.data_source = "synthetic:3x32x32";
-  options.mean_file = "none";
-  options.batch_size = 32;
   options.split = Split::parse("auto:cpu,cuda:0");
-  Net net(fmt::format("{}/cifar10_cifar10_quick_train_test.prototxt", HYBRIDNN_MODELS_DIR),
-          d.runtime, *d.cpu, options);
+  const std::unique_ptr<Net> automatic = test::cifar_quick(d.runtime, *d.cpu, options, 32);
+  Net& net = *automatic;
   net.calibrate_splits();
   const LayerSplits splits = net.layer_splits();
   CHECK_FALSE(splits.empty());
