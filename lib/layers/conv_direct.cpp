@@ -65,7 +65,7 @@ class DriverConvolution final : public ConvAlgorithm {
 
 void DriverConvolution::forward(const ConvolutionLayer& layer, const LayerSlice& slice) const {
   const ConvolutionParams& p = layer.config();
-  const float* bias = p.bias_term ? slice.params[1].x() : nullptr;
+  const float* bias = layer.has_bias() ? slice.params[1].x() : nullptr;
   const Activation activation = layer.activation();
   if (layer.residual()) {
     slice.driver->conv_forward_residual(shape(layer, slice), p.num_output, slice.inputs[0].x(),

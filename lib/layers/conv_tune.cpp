@@ -61,7 +61,7 @@ void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
       "{} bias {}",
       rows, geo.channels, geo.height, geo.width, config_.num_output, geo.kernel_h, geo.kernel_w,
       geo.stride_h, geo.stride_w, geo.pad_h, geo.pad_w, geo.dilation_h, geo.dilation_w,
-      config_.group, config_.bias_term ? 1 : 0);
+      config_.group, has_bias() ? 1 : 0);
   // Blocked operands: their layouts (input, output) are part of the shape.
   const std::string layouts =
       blocked ? fmt::format(" layout {}/{}", layout_name(in_layout_), layout_name(out_layout_))
@@ -87,7 +87,7 @@ void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
     const index_t in_count = rows * geo.channels * geo.height * geo.width;
     const index_t out_count = rows * config_.num_output * geo.out_h * geo.out_w;
     const index_t weight_count = params_[0].shape().count();
-    const index_t bias_count = config_.bias_term ? config_.num_output : 0;
+    const index_t bias_count = has_bias() ? config_.num_output : 0;
     std::size_t scratch = 0;
     for (Lowering l : options)
       scratch = std::max(scratch, workspace_for(l, rows));
@@ -118,8 +118,8 @@ void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
     // kernels) is made at the warm-up, as in inference, where it is made once for good.
     // (A training step pays it once per iteration: small against a batch's convolution.)
     slice.params[0].version = SyncedMemory::next_version();
-    if (config_.bias_term)
-      slice.params.push_back(Operand{params_[1].shape(), b.pointer(), db.pointer()});
+    if (has_bias())
+      slice.params.push_back(Operand{Shape{config_.num_output}, b.pointer(), db.pointer()});
     slice.propagate_down = {true};
     slice.workspace = workspace.pointer();
     // Each candidate's time per direction (its warm-up's where it was not timed again).
@@ -141,7 +141,7 @@ void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
                   run_backward(slice, l, Wanted{true, false, false});
                   break;
                 case ConvDirection::backward_weights:
-                  run_backward(slice, l, Wanted{false, true, config_.bias_term});
+                  run_backward(slice, l, Wanted{false, true, has_bias()});
                   break;
               }
             },
@@ -201,7 +201,7 @@ void ConvolutionLayer::choose_joint_backward(const LayerSlice& slice,
     const double seconds = Tuner::time(
         *slice.driver,
         [&] {
-          run_backward(slice, l, Wanted{true, true, config_.bias_term});
+          run_backward(slice, l, Wanted{true, true, has_bias()});
         },
         2, std::min(0.5, 1.5 * best));
     if (seconds < best) {

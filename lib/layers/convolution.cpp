@@ -358,7 +358,10 @@ std::string ConvolutionLayer::algorithm(const Driver& driver) const {
   const Lowering forward = lowering_for(driver, ConvDirection::forward);
   const Lowering data = lowering_for(driver, ConvDirection::backward_data);
   const Lowering weights = lowering_for(driver, ConvDirection::backward_weights);
-  const std::string sum = residual_ ? fmt::format(", fused: + Eltwise '{}'", residual_->sum) : "";
+  std::string sum = folded_ ? fmt::format(", folded: BatchNorm '{}' + Scale '{}'",
+                                          folded_->batch_norm, folded_->scale)
+                            : "";
+  if (residual_) sum += fmt::format(", fused: + Eltwise '{}'", residual_->sum);
   if (forward == data && data == weights) return name(forward) + sum;
   return fmt::format("forward {}, backward data {}, backward weights {}{}", name(forward),
                      name(data), name(weights), sum);
@@ -419,7 +422,7 @@ void ConvolutionLayer::activation_backward(const LayerSlice& slice, float* to) c
 // Adds the bias to output rows [first, first + images) of the slice, right after a chunk
 // is computed, while it is still in cache.
 void ConvolutionLayer::add_bias(const LayerSlice& slice, index_t first, index_t images) const {
-  if (!config_.bias_term) return;
+  if (!has_bias()) return;
   const index_t plane = geometry_.out_h * geometry_.out_w;
   slice.driver->bias_forward(AxisShape{images, config_.num_output, plane}, slice.params[1].x(),
                              slice.outputs[0].mutable_x() + first * config_.num_output * plane);
@@ -431,7 +434,7 @@ ConvolutionLayer::Wanted ConvolutionLayer::wanted(const LayerSlice& slice) const
   return Wanted{!slice.propagate_down.empty() && slice.propagate_down[0] &&
                     slice.inputs[0].diff.address != nullptr,
                 slice.params[0].diff.address != nullptr,
-                config_.bias_term && slice.params[1].diff.address != nullptr};
+                has_bias() && slice.params[1].diff.address != nullptr};
 }
 
 bool ConvolutionLayer::wants_residual_gradient(const LayerSlice& slice) const {

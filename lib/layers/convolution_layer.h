@@ -86,6 +86,12 @@ class ConvolutionLayer final : public Layer {
   bool can_fuse_residual() const override { return true; }
   void fuse_residual(std::optional<FusedResidual> fused) override { residual_ = std::move(fused); }
   bool residual() const { return residual_.has_value(); }
+  // A BatchNorm and Scale folded into the weights (Layer::fold_norm): the calls' params are
+  // the derived weights and a bias.
+  bool can_fold_norm() const override { return true; }
+  void fold_norm(std::optional<FoldedNorm> folded) override { folded_ = std::move(folded); }
+  // Whether the calls take a bias (params[1]): the layer's own, or the folded one.
+  bool has_bias() const { return config_.bias_term || folded_.has_value(); }
   // Blocked input and output each on its own: the driver's direct convolution only.
   BlockedLayout blocked_layout() const override { return BlockedLayout::mixed; }
   void use_layouts(const std::vector<Layout>& inputs, const std::vector<Layout>& outputs) override;
@@ -149,6 +155,7 @@ class ConvolutionLayer final : public Layer {
   ConvolutionParams config_;
   std::optional<FusedActivation> fused_;
   std::optional<FusedResidual> residual_;
+  std::optional<FoldedNorm> folded_;
   Lowering lowering_ = Lowering::automatic;
   // What tune() chose, per driver name, indexed by ConvDirection.
   std::map<std::string, std::array<Lowering, 3>> chosen_;

@@ -40,6 +40,10 @@ void Layer::fuse_residual(std::optional<FusedResidual> fused) {
   HN_CHECK(!fused, "{}: cannot run a residual sum as its calls", describe());
 }
 
+void Layer::fold_norm(std::optional<FoldedNorm> folded) {
+  HN_CHECK(!folded, "{}: cannot take a norm chain into its weights", describe());
+}
+
 void sum_rows(Driver& driver, index_t rows, index_t width, const float* row_sums, float* total) {
   if (width == 0) return;
   if (rows == 0) {

@@ -227,6 +227,15 @@ class Layer {
   // FusionRole::conv: the same for the rectifier in place after it.
   virtual bool can_fuse_activation() const { return false; }
   virtual void fuse_activation(std::optional<FusedActivation> fused);
+  // FusionRole::conv: a norm chain after it folded into it (a BatchNorm on stored
+  // statistics, then a per-channel Scale): its calls then take the weights and the bias
+  // that the Net derives from its own, the Scale's and the statistics before each forward
+  // (lib/layers/norm_fold.h), with a bias whether or not it has one of its own.
+  struct FoldedNorm {
+    std::string batch_norm, scale;  // the folded layers' names
+  };
+  virtual bool can_fold_norm() const { return false; }
+  virtual void fold_norm(std::optional<FoldedNorm> folded);
   // FusionRole::sum: whether it adds exactly its inputs (no coefficients other than 1), so
   // that the convolution computing one of them may add the other (fuse_residual).
   virtual bool is_plain_sum() const { return false; }

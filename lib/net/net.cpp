@@ -102,8 +102,14 @@ detail::LayerCall Net::Impl::call_of(int index, bool backward) {
     call.outputs[0] = detail::CallTensor{blobs[z].shape, &data_of(z),
                                          backward ? &diff_of(z) : nullptr, blobs[z].layout};
   }
-  for (Tensor* param : nl.params)
-    call.params.push_back(detail::CallTensor{param->shape(), &param->data(), &param->diff()});
+  if (nl.folded) {
+    derive_folded(index);
+    for (Tensor* param : {&nl.folded->weights, &nl.folded->bias})
+      call.params.push_back(detail::CallTensor{param->shape(), &param->data(), &param->diff()});
+  } else {
+    for (Tensor* param : nl.params)
+      call.params.push_back(detail::CallTensor{param->shape(), &param->data(), &param->diff()});
+  }
   if (nl.fused_norm >= 0) {
     // The BatchNorm's statistics, read only.
     for (Tensor* param : layers[static_cast<std::size_t>(nl.fused_norm)].params)
@@ -114,6 +120,78 @@ detail::LayerCall Net::Impl::call_of(int index, bool backward) {
   call.seed = detail::mix_seeds(iteration_seed, static_cast<std::uint64_t>(index));
   call.split = nl.split;
   return call;
+}
+
+// ---- a norm chain folded into a convolution (lib/layers/norm_fold.h) --------------------
+
+NormFoldSources Net::Impl::fold_sources(int index) {
+  NetLayer& nl = layers[static_cast<std::size_t>(index)];
+  const NetLayer& scale = layers[static_cast<std::size_t>(nl.folded_scale)];
+  const NetLayer& norm = layers[static_cast<std::size_t>(nl.folded_norm)];
+  const auto read = [&](Tensor* t) { return t->data_read(*driver); };
+  const auto statistic = [&](Tensor* t) {
+    Operand operand;
+    operand.shape = t->shape();
+    operand.data = Pointer{driver->device(), const_cast<float*>(read(t)),
+                           static_cast<std::size_t>(t->count()) * sizeof(float)};
+    operand.version = t->data().version();
+    return operand;
+  };
+  NormFoldSources s;
+  s.outputs = nl.params[0]->shape()[0];
+  s.per_output = nl.params[0]->count() / s.outputs;
+  s.eps = nl.folded->eps;
+  s.weights = read(nl.params[0]);
+  s.bias = nl.params.size() > 1 ? read(nl.params[1]) : nullptr;
+  s.gamma = read(scale.params[0]);
+  s.beta = scale.params.size() > 1 ? read(scale.params[1]) : nullptr;
+  s.mean_sum = statistic(norm.params[0]);
+  s.variance_sum = statistic(norm.params[1]);
+  s.factor = statistic(norm.params[2]);
+  return s;
+}
+
+void Net::Impl::derive_folded(int index) {
+  NetLayer& nl = layers[static_cast<std::size_t>(index)];
+  std::vector<std::uint64_t> versions;
+  for (const NetLayer* source : {&nl, &layers[static_cast<std::size_t>(nl.folded_scale)],
+                                 &layers[static_cast<std::size_t>(nl.folded_norm)]}) {
+    for (Tensor* param : source->params)
+      versions.push_back(param->data().version());
+  }
+  // An unknown version (0: memory a caller may write) is never taken as unchanged.
+  const bool known = std::find(versions.begin(), versions.end(), 0) == versions.end();
+  if (!recording && known && versions == nl.folded->versions) return;
+  NetLayer::Folded& f = *nl.folded;
+  apply_math();
+  const NormFoldSources sources = fold_sources(index);
+  norm_fold_forward(*driver, sources, f.factor,
+                    static_cast<float*>(f.channels.data().overwrite(*driver)),
+                    static_cast<float*>(f.weights.data().overwrite(*driver)),
+                    static_cast<float*>(f.bias.data().overwrite(*driver)));
+  f.versions = std::move(versions);
+}
+
+void Net::Impl::before_backward(int index) {
+  NetLayer& nl = layers[static_cast<std::size_t>(index)];
+  if (!nl.folded) return;
+  for (Tensor* t : {&nl.folded->weights, &nl.folded->bias})
+    driver->fill(t->count(), 0.0f, static_cast<float*>(t->diff().overwrite(*driver)));
+}
+
+void Net::Impl::after_backward(int index) {
+  NetLayer& nl = layers[static_cast<std::size_t>(index)];
+  if (!nl.folded) return;
+  NetLayer& scale = layers[static_cast<std::size_t>(nl.folded_scale)];
+  NetLayer::Folded& f = *nl.folded;
+  const NormFoldSources sources = fold_sources(index);
+  const auto diff = [&](const std::vector<Tensor*>& params, std::size_t i) -> float* {
+    return i < params.size() ? params[i]->diff_write(*driver) : nullptr;
+  };
+  norm_fold_backward(
+      *driver, sources, f.channels.data_read(*driver), f.weights.diff_read(*driver),
+      f.bias.diff_read(*driver), static_cast<float*>(fold_scratch.data().overwrite(*driver)),
+      diff(nl.params, 0), diff(nl.params, 1), diff(scale.params, 0), diff(scale.params, 1));
 }
 
 void Net::Impl::run_compute(int index, bool backward) {
@@ -284,7 +362,9 @@ void Net::Impl::backward_layer(int index) {
     return;
   }
   if (nl.kind != Kind::compute) return;
+  before_backward(index);
   run_compute(index, true);
+  after_backward(index);
 }
 
 detail::LayerCall Net::Impl::split_sum_call(int index, const Split& rows) {
@@ -399,7 +479,15 @@ void Net::Impl::run_together(int first, int next, bool backward, const std::vect
     const bool sum = layers[static_cast<std::size_t>(l)].kind == Kind::split;
     layer_profiles.push_back(sum ? nullptr : &profiles[static_cast<std::size_t>(l)]);
   }
+  if (backward) {
+    for (int l : members)
+      before_backward(l);
+  }
   scheduler->run_rows(calls, backward, layer_profiles);
+  if (backward) {
+    for (int l : members)
+      after_backward(l);
+  }
 }
 
 int Net::Impl::forward_from(int first) {
@@ -585,6 +673,13 @@ void Net::Impl::mark_replayed() {
     mark(param.tensor->data());
     mark(param.tensor->diff());
   }
+  for (NetLayer& nl : layers) {
+    if (!nl.folded) continue;
+    for (Tensor* t : {&nl.folded->weights, &nl.folded->bias, &nl.folded->channels}) {
+      mark(t->data());
+      mark(t->diff());
+    }
+  }
 }
 
 std::unique_ptr<Driver::Recording> Net::record_iteration(std::string& why) {
@@ -606,17 +701,22 @@ std::unique_ptr<Driver::Recording> Net::record_iteration(std::string& why) {
   m.run_data_layers_for_recording();
   m.data_batch++;  // the data layers fetched this iteration's batch
   if (!m.driver->begin_recording(why)) return nullptr;
+  // The folded weights are derived inside the recording, so that each replay derives them
+  // from the weights the last update left.
+  m.recording = true;
   try {
     for (int l = 0; l < num_layers();)
       l = brings_data(m.layers[static_cast<std::size_t>(l)]) ? l + 1 : m.forward_from(l);
     for (int l = num_layers() - 1; l >= 0;)
       l = m.backward_from(l);
   } catch (const std::exception& e) {
+    m.recording = false;
     std::string ended;
     m.driver->end_recording(ended);  // ends the capture; what it holds is dropped
     why = e.what();
     return nullptr;
   }
+  m.recording = false;
   return m.driver->end_recording(why);
 }
 
@@ -677,6 +777,11 @@ double Net::layer_forward_flops(int index) const {
 }
 bool Net::layer_needs_backward(int index) const {
   return impl_->layers.at(index).needs_backward;
+}
+
+int Net::layer_computed_by(int index) const {
+  const int host = impl_->layers.at(index).fused_into;
+  return host >= 0 ? host : index;
 }
 
 std::vector<std::string> Net::blob_names() const {

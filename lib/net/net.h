@@ -276,6 +276,10 @@ class Net {
   // Layer::forward_flops of layer `index` for the net's batch (0 for data layers).
   double layer_forward_flops(int index) const;
   bool layer_needs_backward(int index) const;
+  // The layer whose calls do layer `index`'s work, itself unless it was fused into another
+  // (NetOptions::fuse_layers): its parameters' gradients are final after that layer's
+  // backward_layer.
+  int layer_computed_by(int index) const;
 
   std::vector<std::string> blob_names() const;
   bool has_blob(const std::string& name) const;

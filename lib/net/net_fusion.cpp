@@ -1,8 +1,12 @@
-// The Net's fusion of layers (NetOptions::fuse_layers): each in-place chain BatchNorm on
-// stored statistics -> Scale per channel [-> ReLU] runs as the Scale's calls
-// (ScaleLayer::fuse_norm), one pass over the blob each way. In ResNet-50 and MobileNet v1
-// every convolution but the last is followed by such a chain, and the three layers apart
-// read and write each activation about eight times per iteration. An Eltwise SUM followed
+// The Net's fusion of layers (NetOptions::fuse_layers). A convolution followed in place by
+// a BatchNorm on stored statistics and a per-channel Scale takes both into its weights and
+// bias (Layer::fold_norm, lib/layers/norm_fold.h: the Net derives them before the forward
+// and turns their gradients into the sources' after the backward), and a rectifier after
+// them as its activation: ResNet-50's and MobileNet v1's chains, one after every
+// convolution but the last, then cost no pass over their blobs forward (apart, the three
+// layers read and write each activation about eight times per iteration). Any other
+// in-place chain BatchNorm on stored statistics -> Scale per channel [-> ReLU] runs as the
+// Scale's calls (ScaleLayer::fuse_norm), one pass over the blob each way. An Eltwise SUM followed
 // by a ReLU in place on its output (the end of every residual block) runs as the Eltwise's
 // calls (EltwiseLayer::fuse_relu). A ReLU (slope >= 0) or a Clip in place on a
 // convolution's output runs as the convolution's calls (ConvolutionLayer::fuse_activation):
@@ -26,6 +30,8 @@
 #include "lib/layers/registry.h"
 #include "lib/net/net_impl.h"
 
+#include <algorithm>
+
 namespace hn {
 
 namespace {
@@ -42,12 +48,14 @@ void Net::Impl::plan_fusion() {
     blob.summed_by.clear();
   }
   for (NetLayer& nl : layers) {
-    nl.fused_into = nl.fused_norm = nl.fused_residual = -1;
+    nl.fused_into = nl.fused_norm = nl.fused_residual = nl.folded_norm = nl.folded_scale = -1;
+    nl.folded.reset();
     if (role(nl) == FusionRole::affine) nl.layer->fuse_norm(std::nullopt);
     if (role(nl) == FusionRole::sum) nl.layer->fuse_relu(std::nullopt);
     if (role(nl) == FusionRole::conv) {
       nl.layer->fuse_activation(std::nullopt);
       nl.layer->fuse_residual(std::nullopt);
+      if (nl.layer->can_fold_norm()) nl.layer->fold_norm(std::nullopt);
     }
   }
   if (!options.fuse_layers) return;
@@ -90,9 +98,62 @@ void Net::Impl::plan_fusion() {
     const std::optional<float> slope = nl.layer->rectifier_slope();
     return slope && *slope >= 0.0f ? slope : std::nullopt;
   };
+  // The activation a rectifier in place after layer `l` computes, when the layer before it
+  // may compute it instead and its output is not asked for (its gradient would be left as
+  // the rectifier's input gradient); `index` is set to the rectifier's.
+  const auto fusable_after = [&](int l, int& index) -> std::optional<Activation> {
+    index = next_in_place(l);
+    if (index < 0) return std::nullopt;
+    const NetLayer& rectifier_layer = layers[static_cast<std::size_t>(index)];
+    if (role(rectifier_layer) != FusionRole::rectifier) return std::nullopt;
+    if (blobs[static_cast<std::size_t>(rectifier_layer.tops[0])].keep) return std::nullopt;
+    return rectifier_layer.layer->fusable_activation();
+  };
+  // A convolution, then in place a BatchNorm on stored statistics and a per-channel Scale
+  // [and a rectifier]: the two folded into its weights and bias (lib/layers/norm_fold.h),
+  // the rectifier its fused activation, so that no pass over the blob is left. Its
+  // gradients are the Scale's, so both must have backward or neither.
+  std::size_t fold_scratch_floats = 0;
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    NetLayer& conv = layers[l];
+    const int c = static_cast<int>(l);
+    if (role(conv) != FusionRole::conv || !conv.layer->can_fold_norm() || !plain(c)) continue;
+    const int n = next_in_place(c);
+    if (n < 0 || role(layers[static_cast<std::size_t>(n)]) != FusionRole::norm) continue;
+    NetLayer& norm = layers[static_cast<std::size_t>(n)];
+    const std::optional<float> eps = norm.layer->stored_norm_eps(options.state.phase);
+    const int a = next_in_place(n);
+    if (!eps || a < 0) continue;
+    NetLayer& affine = layers[static_cast<std::size_t>(a)];
+    if (role(affine) != FusionRole::affine || !affine.layer->can_fuse_norm() ||
+        affine.needs_backward != conv.needs_backward)
+      continue;
+    int rectifier_index = -1;
+    if (const std::optional<Activation> activation = fusable_after(a, rectifier_index)) {
+      NetLayer& rectifier_layer = layers[static_cast<std::size_t>(rectifier_index)];
+      conv.layer->fuse_activation(
+          Layer::FusedActivation{rectifier_layer.param.name(), *activation});
+      rectifier_layer.fused_into = c;
+    }
+    conv.layer->fold_norm(Layer::FoldedNorm{norm.param.name(), affine.param.name()});
+    norm.fused_into = affine.fused_into = c;
+    conv.folded_norm = n;
+    conv.folded_scale = a;
+    conv.folded = std::make_unique<NetLayer::Folded>();
+    const Shape& weights = conv.params[0]->shape();
+    const index_t outputs = weights[0];
+    conv.folded->weights = Tensor(weights);
+    conv.folded->bias = Tensor(Shape{outputs});
+    conv.folded->channels = Tensor(Shape{norm_fold_channel_floats(outputs)});
+    conv.folded->eps = *eps;
+    fold_scratch_floats =
+        std::max(fold_scratch_floats, static_cast<std::size_t>(weights.count() + 2 * outputs));
+  }
+  fold_scratch = Tensor(Shape{static_cast<index_t>(fold_scratch_floats)});
   for (std::size_t l = 0; l < layers.size(); ++l) {
     const int norm_index = static_cast<int>(l);
-    if (role(layers[l]) != FusionRole::norm || !plain(norm_index)) continue;
+    if (role(layers[l]) != FusionRole::norm || !plain(norm_index) || layers[l].fused_into >= 0)
+      continue;
     const std::optional<float> eps = layers[l].layer->stored_norm_eps(options.state.phase);
     if (!eps || blobs[static_cast<std::size_t>(layers[l].tops[0])].data_group !=
                     blobs[static_cast<std::size_t>(layers[l].bottoms[0])].data_group) {
@@ -115,17 +176,6 @@ void Net::Impl::plan_fusion() {
     layers[l].fused_into = affine_index;
     affine.fused_norm = norm_index;
   }
-  // The activation a rectifier in place after layer `l` computes, when the layer before it
-  // may compute it instead and its output is not asked for (its gradient would be left as
-  // the rectifier's input gradient); `index` is set to the rectifier's.
-  const auto fusable_after = [&](int l, int& index) -> std::optional<Activation> {
-    index = next_in_place(l);
-    if (index < 0) return std::nullopt;
-    const NetLayer& rectifier_layer = layers[static_cast<std::size_t>(index)];
-    if (role(rectifier_layer) != FusionRole::rectifier) return std::nullopt;
-    if (blobs[static_cast<std::size_t>(rectifier_layer.tops[0])].keep) return std::nullopt;
-    return rectifier_layer.layer->fusable_activation();
-  };
   for (std::size_t l = 0; l < layers.size(); ++l) {
     NetLayer& sum = layers[l];
     const int s = static_cast<int>(l);

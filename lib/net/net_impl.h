@@ -32,6 +32,7 @@
 #include "lib/core/transfer.h"
 #include "lib/core/worker.h"
 #include "lib/data/data.h"
+#include "lib/layers/norm_fold.h"
 #include "lib/layers/registry.h"
 #include "lib/net/filler.h"
 #include "lib/net/layer_factory.h"
@@ -104,6 +105,20 @@ struct NetLayer {
   // A Convolution that runs the Eltwise SUM reading its output has fused_residual = the
   // sum's index (its call takes the sum's other input second and writes the sum's output).
   int fused_residual = -1;
+  // A Convolution with a BatchNorm (stored statistics) and a Scale folded into its weights
+  // (net_fusion.cpp, lib/layers/norm_fold.h): their indices, and what its calls take as
+  // parameters instead of its own: the weights and bias derived from its own, the Scale's
+  // and the statistics (again whenever one of their versions changed), with the
+  // convolution's gradients of them, turned into the sources' after each backward.
+  int folded_norm = -1, folded_scale = -1;
+  struct Folded {
+    Tensor weights, bias;
+    Tensor channels;  // norm_fold_channel_floats: kept from the forward for the backward
+    float eps = 0.0f;
+    std::vector<std::uint64_t> versions;  // the sources' when derived; empty: never
+    StoredFactor factor;
+  };
+  std::unique_ptr<Folded> folded;
   // A layer cut by outputs (split_axis: OUTPUT, net_output_cut.cpp): one part per device
   // with outputs, each the layer computing its columns with its own parameters; `layer` is
   // the whole one, for shapes only. `output_cut` is the split as given.
@@ -247,6 +262,16 @@ struct Net::Impl {
 
   // Layer `index`'s call forward or backward, for the scheduler.
   detail::LayerCall call_of(int index, bool backward);
+  // A convolution with a norm chain folded in (NetLayer::folded, net_fusion.cpp): its
+  // sources on the Net's driver; its derived weights and bias made current (call_of does it
+  // for every call; always while recording, which must hold the work); before its backward
+  // their gradients zeroed, and after it the sources' gradients added.
+  NormFoldSources fold_sources(int index);
+  void derive_folded(int index);
+  void before_backward(int index);
+  void after_backward(int index);
+  bool recording = false;
+  Tensor fold_scratch;  // norm_fold_backward's, for the largest folded convolution
   // Backward of split layer `index` as a call summing its tops' gradients on `rows`.
   detail::LayerCall split_sum_call(int index, const Split& rows);
   // Runs (NetOptions::barrier_per_layer): the layers from `first` on (down in backward)

@@ -1,5 +1,6 @@
 #include "lib/solver/gradient_sync.h"
 
+#include <algorithm>
 #include <map>
 
 #include "lib/core/check.h"
@@ -50,7 +51,10 @@ GradientSync::GradientSync(Net& net, Communicator& communicator, std::size_t buc
     bucket.params.push_back(k);
     bucket.offsets.push_back(bucket.count);
     bucket.count += count;
-    bucket.ready_after = owner->second;  // the smallest owner so far: parameters go downwards
+    // The smallest layer computing them so far: parameters go downwards, but a Scale folded
+    // into the convolution before it (net_fusion.cpp) has its gradients at the convolution's.
+    const int at = net.layer_computed_by(owner->second);
+    bucket.ready_after = bucket.params.size() == 1 ? at : std::min(bucket.ready_after, at);
   }
   // Where the communicator's allreduce runs in place in shared memory (every rank on one
   // node: Communicator::shared_buffer), every bucket is packed there, one parameter's too.
