@@ -495,8 +495,9 @@ TEST_CASE(
 
 // Residual sums for NetOptions::fuse_layers: add2 (conv2's output + conv1's, a ReLU in place
 // after it) runs as conv2; add4 as conv4, the input computed last (conv3's output came
-// first, as ResNet's shortcut convolution after conv3); add5 has a coefficient other than 1
-// and stays apart.
+// first, as ResNet's shortcut convolution after conv3), with bn4 and scale4 folded into it
+// (ResNet's block ends in Caffe's zoo); add5 has a coefficient other than 1 and stays
+// apart.
 const char* kResidualNet = R"(
 name: "residuals"
 layer { name: "in" type: "Input" top: "x" top: "label"
@@ -517,6 +518,9 @@ layer { name: "conv3" type: "Convolution" bottom: "s2" top: "c3"
 layer { name: "conv4" type: "Convolution" bottom: "s2" top: "c4"
         convolution_param { num_output: 16 kernel_size: 3 pad: 1
                             weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "bn4" type: "BatchNorm" bottom: "c4" top: "c4"
+        batch_norm_param { use_global_stats: true } }
+layer { name: "scale4" type: "Scale" bottom: "c4" top: "c4" scale_param { bias_term: true } }
 layer { name: "add4" type: "Eltwise" bottom: "c3" bottom: "c4" top: "s4" }
 layer { name: "conv5" type: "Convolution" bottom: "s4" top: "c5"
         convolution_param { num_output: 16 kernel_size: 1
@@ -539,7 +543,10 @@ TEST_CASE(
     CHECK(fused.algorithms.at("relu2") == "fused into 'conv2'");
     CHECK_THAT(fused.algorithms.at("conv2"), Catch::EndsWith(", fused: + Eltwise 'add2'"));
     CHECK(fused.algorithms.at("add4") == "fused into 'conv4'");
-    CHECK_THAT(fused.algorithms.at("conv4"), Catch::EndsWith(", fused: + Eltwise 'add4'"));
+    CHECK_THAT(fused.algorithms.at("conv4"),
+               Catch::EndsWith(", folded: BatchNorm 'bn4' + Scale 'scale4', fused: + Eltwise "
+                               "'add4'"));
+    CHECK(fused.algorithms.at("scale4") == "fused into 'conv4'");
     CHECK_THAT(fused.algorithms.at("conv3"), !Catch::Contains("Eltwise"));
     CHECK(fused.algorithms.at("add5").empty());
   };
@@ -1456,10 +1463,10 @@ void check_zoo_net(const char* file) {
     CHECK((cpu.blocked_blobs > 0) == blocked);
     CHECK(cpu.preferred_block);
     // ResNet-50: 53 BatchNorm + Scale chains after convolutions, both folded into them, 33
-    // with a ReLU fused too, and the 16 Eltwise sums each with its ReLU; MobileNet: 27, every
-    // one with a ReLU.
+    // with a ReLU fused too, and the 16 Eltwise sums each with its ReLU run by the
+    // convolution before them; MobileNet: 27 chains, every one with a ReLU.
     const std::string name = file;
-    if (name.rfind("resnet", 0) == 0) CHECK(cpu.fused_layers == 2 * 53 + 33 + 16);
+    if (name.rfind("resnet", 0) == 0) CHECK(cpu.fused_layers == 2 * 53 + 33 + 2 * 16);
     if (name.rfind("mobilenet", 0) == 0) CHECK(cpu.fused_layers == 3 * 27);
     // Float sums in other orders (Winograd among them) over tens of layers: 1e-3. Max pooling
     // adds a discontinuity: where two inputs of a window differ only by rounding, the drivers

@@ -93,7 +93,10 @@ detail::LayerCall Net::Impl::call_of(int index, bool backward) {
   if (nl.fused_residual >= 0) {
     // The sum's other input second, its output in place of this layer's own.
     const NetLayer& sum = layers[static_cast<std::size_t>(nl.fused_residual)];
-    const std::size_t other = sum.bottoms[0] == nl.tops[0] ? 1 : 0;
+    // The convolution's output: its own top, or the folded Scale's (the same memory).
+    const int own = nl.folded_scale >= 0 ? layers[static_cast<std::size_t>(nl.folded_scale)].tops[0]
+                                         : nl.tops[0];
+    const std::size_t other = sum.bottoms[0] == own ? 1 : 0;
     const int r = sum.bottoms[other], z = sum.tops[0];
     const bool gradient = backward && sum.propagate_down[other];
     call.inputs.push_back(detail::CallTensor{blobs[r].shape, &data_of(r),

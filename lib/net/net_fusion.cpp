@@ -190,14 +190,27 @@ void Net::Impl::plan_fusion() {
     BlobVersion& own = blobs[static_cast<std::size_t>(sum.bottoms[mine])];
     const BlobVersion& other = blobs[static_cast<std::size_t>(sum.bottoms[1 - mine])];
     const BlobVersion& out = blobs[static_cast<std::size_t>(sum.tops[0])];
-    const int c = own.producer;
-    if (c < 0 || p0 == p1) continue;
+    if (own.producer < 0 || p0 == p1) continue;
+    // The convolution computing it: its producer, or the convolution that the producer, a
+    // Scale with no rectifier after it, is folded into (its output is then the Scale's).
+    int c = own.producer;
+    const int host = layers[static_cast<std::size_t>(c)].fused_into;
+    if (host >= 0 && layers[static_cast<std::size_t>(host)].folded_scale == c) c = host;
     NetLayer& conv = layers[static_cast<std::size_t>(c)];
+    const int conv_output = conv.folded_scale >= 0
+                                ? layers[static_cast<std::size_t>(conv.folded_scale)].tops[0]
+                                : conv.tops[0];
+    // The other input must be computed before the convolution runs.
+    const int other_producer = other.producer;
+    const int other_at =
+        other_producer >= 0 && layers[static_cast<std::size_t>(other_producer)].fused_into >= 0
+            ? layers[static_cast<std::size_t>(other_producer)].fused_into
+            : other_producer;
     if (role(conv) != FusionRole::conv || !conv.layer->can_fuse_residual() || !runs_alone(c) ||
-        conv.tops[0] != sum.bottoms[mine] || own.keep || own.consumers.size() != 1 ||
-        !cut_alike(c, s) || conv.needs_backward != sum.needs_backward ||
-        out.data_group == other.data_group || own.layout != out.layout ||
-        other.layout != out.layout)
+        conv_output != sum.bottoms[mine] || other_at >= c || own.keep ||
+        own.consumers.size() != 1 || !cut_alike(c, s) ||
+        conv.needs_backward != sum.needs_backward || out.data_group == other.data_group ||
+        own.layout != out.layout || other.layout != out.layout)
       continue;
     int rectifier_index = -1;
     if (const std::optional<Activation> activation = fusable_after(s, rectifier_index)) {
@@ -209,7 +222,13 @@ void Net::Impl::plan_fusion() {
     conv.layer->fuse_residual(Layer::FusedResidual{sum.param.name()});
     conv.fused_residual = s;
     sum.fused_into = c;
+    // Neither the convolution's output nor, folded, the BatchNorm's and Scale's are written.
     own.summed_by = conv.param.name();
+    for (const int chained : {c, conv.folded_norm}) {
+      if (chained >= 0 && conv.folded_scale >= 0)
+        blobs[static_cast<std::size_t>(layers[static_cast<std::size_t>(chained)].tops[0])]
+            .summed_by = conv.param.name();
+    }
   }
   for (std::size_t l = 0; l < layers.size(); ++l) {
     NetLayer& sum = layers[l];
