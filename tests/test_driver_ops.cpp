@@ -1149,6 +1149,36 @@ TEST_CASE("bias_forward and bias_backward match the reference on every driver",
                  [&](hn::Driver& d, Side s) { d.bias_backward(shape, dy[s], beta, dbias[s]); });
         check_close(dbias, kReductionTolerance);
       }
+      for (const float slope : {0.0f, 0.1f}) {
+        for (const bool in_place : {false, true}) {
+          INFO("relu_backward_bias slope " << slope << (in_place ? ", in place" : ""));
+          const std::vector<float> dy_values = random_floats(shape.count(), seed++);
+          const TwinArray y(drivers, random_floats(shape.count(), seed++));
+          const TwinArray dy(drivers, dy_values);
+          const TwinArray dx(drivers, constant(shape.count(), -7777.0f),
+                             constant(shape.count(), kNaN));
+          const TwinArray dbias(drivers, random_floats(shape.channels, seed++));
+          const TwinArray& out = in_place ? dy : dx;
+          run_both(drivers, [&](hn::Driver& d, Side s) {
+            d.relu_backward_bias(shape, slope, y[s], dy[s], out[s], dbias[s]);
+          });
+          check_close(out, kElementwiseTolerance);
+          check_close(dbias, kReductionTolerance);
+          // The same bits as the two calls it fuses, on the tested driver.
+          hn::Driver& d = *drivers.driver;
+          const TwinArray apart(drivers, dy_values);
+          const TwinArray sums(drivers, constant(shape.channels, 0.0f));
+          const TwinArray fused(drivers, dy_values);
+          const TwinArray fused_sums(drivers, constant(shape.channels, 0.0f));
+          d.relu_backward(shape.count(), slope, y[Side::tested], apart[Side::tested],
+                          apart[Side::tested]);
+          d.bias_backward(shape, apart[Side::tested], 1.0f, sums[Side::tested]);
+          d.relu_backward_bias(shape, slope, y[Side::tested], fused[Side::tested],
+                               fused[Side::tested], fused_sums[Side::tested]);
+          check_identical(fused.tested(), apart.tested());
+          check_identical(fused_sums.tested(), sums.tested());
+        }
+      }
     }
   }
 }
@@ -2280,6 +2310,17 @@ TEST_CASE(
       d.bias_backward(shape, y[Side::tested], 0.5f, sums[Side::tested]);
       check_close(lay(y.tested(), blocked, Layout::nchw), y.oracle(), kElementwiseTolerance);
       check_close(sums.tested(), sums.oracle(), kReductionTolerance);
+      {
+        INFO("relu_backward_bias");
+        const std::vector<float> dyv = random_floats(count, seed++);
+        const TwinArray dy(drivers, dyv, lay(dyv, Layout::nchw, blocked));
+        drivers.oracle->relu_backward_bias(plain, 0.1f, y[Side::oracle], dy[Side::oracle],
+                                           dy[Side::oracle], sums[Side::oracle]);
+        d.relu_backward_bias(shape, 0.1f, y[Side::tested], dy[Side::tested], dy[Side::tested],
+                             sums[Side::tested]);
+        check_close(lay(dy.tested(), blocked, Layout::nchw), dy.oracle(), kElementwiseTolerance);
+        check_close(sums.tested(), sums.oracle(), kReductionTolerance);
+      }
       // Dropout: the mask and output of the NCHW draw, relaid, from a slice's offset too.
       for (const std::uint64_t offset : {std::uint64_t{0}, kHighCounter}) {
         INFO("dropout, offset " << offset);

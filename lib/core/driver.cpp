@@ -541,6 +541,19 @@ DriverOperands Driver::bias_backward_operands(const AxisShape& shape, const floa
   return ops;
 }
 
+DriverOperands Driver::relu_backward_bias_operands(const AxisShape& shape, float, const float* y,
+                                                   const float* dy, float* dx, float* dbias) const {
+  DriverOperands ops;
+  shape.validate("relu_backward_bias");
+  check_layout_support(*this, "relu_backward_bias", shape.layout != Layout::nchw,
+                       shape.to_string());
+  ops.read("y", y, floats(shape.count()));
+  ops.read("dy", dy, floats(shape.count()));
+  ops.write("dx", dx, floats(shape.count()));
+  ops.update("dbias", dbias, floats(shape.channels));
+  return ops;
+}
+
 // ---- per-channel normalisation -------------------------------------------------------
 
 DriverOperands Driver::norm_affine_forward_operands(const AxisShape& shape, const float* x,

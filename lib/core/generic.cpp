@@ -236,6 +236,12 @@ void Driver::do_bias_forward(const AxisShape& shape, const float* bias, float* y
        c * inner, 1.0f, y, c * inner);
 }
 
+void Driver::do_relu_backward_bias(const AxisShape& shape, float negative_slope, const float* y,
+                                   const float* dy, float* dx, float* dbias) {
+  relu_backward(shape.count(), negative_slope, y, dy, dx);
+  bias_backward(shape, dx, 1.0f, dbias);
+}
+
 // The same two GEMMs backwards: sum over the outer blocks, then over each channel's
 // positions, into beta * dbias.
 void Driver::do_bias_backward(const AxisShape& shape, const float* dy, float beta, float* dbias) {

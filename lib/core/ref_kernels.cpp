@@ -435,6 +435,12 @@ void bias_backward(const AxisShape& shape, const float* dy, float beta, float* d
   }
 }
 
+void relu_backward_bias(const AxisShape& shape, float negative_slope, const float* y,
+                        const float* dy, float* dx, float* dbias) {
+  relu_backward(shape.count(), negative_slope, y, dy, dx);
+  bias_backward(shape, dx, 1.0f, dbias);
+}
+
 // ---- per-channel normalisation --------------------------------------------------------
 
 void norm_affine_forward(const AxisShape& shape, const float* x, const float* shift,

@@ -419,6 +419,16 @@ void ConvolutionLayer::activation_backward(const LayerSlice& slice, float* to) c
     detail::clip_backward_from_output(*slice.driver, n, a.lo, a.hi, y.x(), y.dx(), to);
 }
 
+// The fused ReLU's gradient written to `to` (dy itself, or the fused residual's gradient)
+// and the bias gradient of the whole slice added from it, in one driver call.
+void ConvolutionLayer::relu_bias_backward(const LayerSlice& slice, float* to) const {
+  const Operand& y = slice.outputs[0];
+  const AxisShape shape{slice.rows(), config_.num_output, geometry_.out_h * geometry_.out_w,
+                        y.layout};
+  slice.driver->relu_backward_bias(shape, fused_->activation.slope, y.x(), y.dx(), to,
+                                   slice.params[1].mutable_dx());
+}
+
 // Adds the bias to output rows [first, first + images) of the slice, right after a chunk
 // is computed, while it is still in cache.
 void ConvolutionLayer::add_bias(const LayerSlice& slice, index_t first, index_t images) const {
@@ -446,10 +456,18 @@ bool ConvolutionLayer::wants_residual_gradient(const LayerSlice& slice) const {
 void ConvolutionLayer::backward(const LayerSlice& slice) {
   if (slice.rows() == 0) return;
   const Wanted want = wanted(slice);
+  const bool relu = fused_ && fused_->activation.kind == Activation::Kind::relu;
   if (!wants_residual_gradient(slice)) {
+    // On blocked operands, the ReLU's gradient and the bias's in one pass over dy (the
+    // driver's convolutions would make a pass of their own for the bias).
+    if (relu && want.db && blocked_operands(slice)) {
+      relu_bias_backward(slice, slice.outputs[0].mutable_dx());
+      run_gradients(slice, Wanted{want.dx, want.dw, false});
+      return;
+    }
     // A ReLU's gradient and both of the convolution's in one driver call, where one
     // algorithm computes both (a driver may then read dy once).
-    if (fused_ && fused_->activation.kind == Activation::Kind::relu) {
+    if (relu) {
       const Lowering data = for_operands(slice, ConvDirection::backward_data);
       if (data == for_operands(slice, ConvDirection::backward_weights) &&
           detail::conv_algorithm(data).backward_relu(*this, slice, want,
@@ -466,14 +484,19 @@ void ConvolutionLayer::backward(const LayerSlice& slice) {
   // straight into the other input's, which the convolution's gradients then read as their
   // dy (one pass over it: neither the in-place write nor a copy after it).
   float* dr = slice.inputs[1].mutable_dx();
+  LayerSlice through = slice;
+  through.outputs[0].diff = slice.inputs[1].diff;
+  if (relu && want.db) {
+    relu_bias_backward(slice, dr);
+    run_gradients(through, Wanted{want.dx, want.dw, false});
+    return;
+  }
   if (fused_) {
     activation_backward(slice, dr);
   } else {
     const Operand& y = slice.outputs[0];
     detail::copy_floats(*slice.driver, detail::slice_count(y.shape, slice.rows()), y.dx(), dr);
   }
-  LayerSlice through = slice;
-  through.outputs[0].diff = slice.inputs[1].diff;
   run_gradients(through, want);
 }
 

@@ -149,6 +149,8 @@ class ConvolutionLayer final : public Layer {
 
   // The fused activation's gradient on dy, written to `to` (dy itself: in place).
   void activation_backward(const LayerSlice& slice, float* to) const;
+  // The same for a fused ReLU, with the bias gradient added in the same pass.
+  void relu_bias_backward(const LayerSlice& slice, float* to) const;
   // The gradients `want` asks for, from the slice's dy.
   void run_gradients(const LayerSlice& slice, Wanted want) const;
 

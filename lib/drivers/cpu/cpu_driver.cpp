@@ -300,6 +300,13 @@ class CpuDriver final : public Driver {
     cpu::bias_backward(parallel_, shape, dy, beta, dbias);
   }
 
+  void do_relu_backward_bias(const AxisShape& shape, float negative_slope, const float* y,
+                             const float* dy, float* dx, float* dbias) override {
+    if (shape.layout != Layout::nchw)
+      return cpu::relu_backward_bias_blocked(parallel_, shape, negative_slope, y, dy, dx, dbias);
+    cpu::relu_backward_bias(parallel_, shape, negative_slope, y, dy, dx, dbias);
+  }
+
   void do_bias_forward(const AxisShape& shape, const float* bias, float* y) override {
     if (shape.layout != Layout::nchw) return cpu::bias_forward_blocked(parallel_, shape, bias, y);
     cpu::bias_forward(parallel_, shape, bias, y);

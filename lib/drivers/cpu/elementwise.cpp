@@ -270,6 +270,26 @@ void bias_backward(Parallel& par, const AxisShape& s, const float* dy, float bet
   });
 }
 
+void relu_backward_bias(Parallel& par, const AxisShape& s, float slope, const float* y,
+                        const float* dy, float* dx, float* dbias) {
+  // bias_backward's tasks and order; each run masked first, then summed from the cache.
+  par.for_range(s.channels, s.outer * s.inner, [&](index_t first, index_t last) {
+    std::vector<double> acc(static_cast<std::size_t>(last - first), 0.0);
+    for (index_t o = 0; o < s.outer; ++o) {
+      const index_t row = o * s.channels * s.inner;
+      for (index_t c = first; c < last; ++c) {
+        const index_t at = row + c * s.inner;
+        relu_backward_run(s.inner, slope, y + at, dy + at, dx + at);
+        const float* run = dx + at;
+        acc[c - first] +=
+            sum_double(0, s.inner, [run](index_t i) { return static_cast<double>(run[i]); });
+      }
+    }
+    for (index_t c = first; c < last; ++c)
+      dbias[c] += static_cast<float>(acc[c - first]);
+  });
+}
+
 // ReLU and dropout are plain loops over one chunk, in functions of their own: Eigen 3.4's
 // select() is not vectorised, and inside a lambda run in parallel the compiler must assume a
 // float store may overwrite a captured float (slope, scale, ratio) and stays scalar.

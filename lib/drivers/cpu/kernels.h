@@ -72,6 +72,13 @@ void clip_backward(Parallel& par, index_t n, float lo, float hi, const float* x,
                    float* dx);
 void lincomb_relu(Parallel& par, index_t n, float alpha, const float* a, float beta, const float* b,
                   float slope, float* y);
+// relu_backward, then bias_backward (beta 1) of its result, each run of a channel masked
+// and summed while in cache: the same bits as the two calls (elementwise.cpp; blocked:
+// layout.cpp).
+void relu_backward_bias(Parallel& par, const AxisShape& shape, float slope, const float* y,
+                        const float* dy, float* dx, float* dbias);
+void relu_backward_bias_blocked(Parallel& par, const AxisShape& shape, float slope, const float* y,
+                                const float* dy, float* dx, float* dbias);
 void relu_backward(Parallel& par, index_t n, float slope, const float* x, const float* dy,
                    float* dx);
 // relu_backward's loop on the calling thread, for kernels that mask inside their own

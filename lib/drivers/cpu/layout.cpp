@@ -261,6 +261,29 @@ void bias_backward_blocked_b(Parallel& par, const AxisShape& s, const float* dy,
   });
 }
 
+template <index_t kBlock>
+void relu_backward_bias_blocked_b(Parallel& par, const AxisShape& s, float slope, const float* y,
+                                  const float* dy, float* dx, float* dbias) {
+  // bias_backward_blocked_b's tasks and order; each run masked first, then summed from the
+  // cache.
+  const index_t blocks = s.channels / kBlock, row = s.inner * kBlock;
+  par.for_range(blocks, s.outer * row, [&](index_t first, index_t last) {
+    for (index_t b = first; b < last; ++b) {
+      double acc[kBlock] = {};
+      for (index_t o = 0; o < s.outer; ++o) {
+        const index_t at = (o * blocks + b) * row;
+        relu_backward_run(row, slope, y + at, dy + at, dx + at);
+        const float* run = dx + at;
+        for (index_t i = 0; i < s.inner; ++i)
+          for (index_t l = 0; l < kBlock; ++l)
+            acc[l] += static_cast<double>(run[i * kBlock + l]);
+      }
+      for (index_t l = 0; l < kBlock; ++l)
+        dbias[b * kBlock + l] += static_cast<float>(acc[l]);
+    }
+  });
+}
+
 // Runs body(std::integral_constant<index_t, B>) for the layout's block B.
 template <class Body>
 void with_block(Layout layout, const Body& body) {
@@ -308,6 +331,13 @@ void bias_backward_blocked(Parallel& par, const AxisShape& s, const float* dy, f
                            float* dbias) {
   with_block(s.layout,
              [&](auto b) { bias_backward_blocked_b<decltype(b)::value>(par, s, dy, beta, dbias); });
+}
+
+void relu_backward_bias_blocked(Parallel& par, const AxisShape& s, float slope, const float* y,
+                                const float* dy, float* dx, float* dbias) {
+  with_block(s.layout, [&](auto b) {
+    relu_backward_bias_blocked_b<decltype(b)::value>(par, s, slope, y, dy, dx, dbias);
+  });
 }
 
 }  // namespace hn::detail::cpu
