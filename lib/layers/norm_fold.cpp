@@ -38,19 +38,23 @@ void norm_fold_forward(Driver& driver, const NormFoldSources& s, StoredFactor& f
 }
 
 void norm_fold_backward(Driver& driver, const NormFoldSources& s, const float* channels,
-                        const float* dfolded_weights, const float* dfolded_bias, float* scratch,
+                        float* dfolded_weights, const float* dfolded_bias, float* scratch,
                         float* dweights, float* dbias, float* dgamma, float* dbeta) {
   const index_t c = s.outputs;
   const index_t count = c * s.per_output;
-  const AxisShape rows{1, c, s.per_output};
   const Channels k = channels_of(channels, c);
-  float* product = scratch;
-  float* dots = scratch + count;
-  float* tmp = dots + c;
+  float* dots = scratch;
+  float* tmp = scratch + c;
+  // One pass over the weights: the rows' sums of W dW' (as a Scale's sums of dy times the
+  // normalised values) and dW' scaled by g in place.
+  if (dgamma != nullptr) driver.fill(c, 0.0f, dots);
+  if (dgamma != nullptr || dweights != nullptr) {
+    driver.norm_affine_backward(AxisShape{1, c, s.per_output}, dfolded_weights, nullptr, s.weights,
+                                k.g, false, 0.0f, dgamma != nullptr ? dots : nullptr, nullptr,
+                                dweights != nullptr ? dfolded_weights : nullptr);
+  }
   if (dgamma != nullptr) {
     // (sum_k W dW' + t db') / std
-    driver.mul(count, s.weights, dfolded_weights, product);
-    driver.bias_backward(rows, product, 0.0f, dots);
     driver.mul(c, k.t, dfolded_bias, tmp);
     driver.lincomb(c, 1.0f, dots, 1.0f, tmp, dots);
     driver.mul(c, k.inv_std, dots, dots);
@@ -61,10 +65,7 @@ void norm_fold_backward(Driver& driver, const NormFoldSources& s, const float* c
     driver.mul(c, k.g, dfolded_bias, tmp);
     driver.axpy(c, 1.0f, tmp, dbias);
   }
-  if (dweights != nullptr) {
-    driver.scale_channels(rows, k.g, dfolded_weights, product);
-    driver.axpy(count, 1.0f, product, dweights);
-  }
+  if (dweights != nullptr) driver.axpy(count, 1.0f, dfolded_weights, dweights);
 }
 
 }  // namespace hn

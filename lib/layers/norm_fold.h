@@ -39,9 +39,9 @@ void norm_fold_forward(Driver& driver, const NormFoldSources& sources, StoredFac
 
 // The sources' gradients, ADDED to the non-null ones of dweights, dbias, dgamma and dbeta
 // (Caffe accumulates), from the convolution's gradients of W' and b'; `channels` as the
-// forward left them, `scratch` outputs * per_output + 2 * outputs floats.
+// forward left them, `scratch` 2 * outputs floats. dfolded_weights is left scaled by g.
 void norm_fold_backward(Driver& driver, const NormFoldSources& sources, const float* channels,
-                        const float* dfolded_weights, const float* dfolded_bias, float* scratch,
+                        float* dfolded_weights, const float* dfolded_bias, float* scratch,
                         float* dweights, float* dbias, float* dgamma, float* dbeta);
 
 }  // namespace hn

@@ -192,7 +192,7 @@ void Net::Impl::after_backward(int index) {
     return i < params.size() ? params[i]->diff_write(*driver) : nullptr;
   };
   norm_fold_backward(
-      *driver, sources, f.channels.data_read(*driver), f.weights.diff_read(*driver),
+      *driver, sources, f.channels.data_read(*driver), f.weights.diff_write(*driver),
       f.bias.diff_read(*driver), static_cast<float*>(fold_scratch.data().overwrite(*driver)),
       diff(nl.params, 0), diff(nl.params, 1), diff(scale.params, 0), diff(scale.params, 1));
 }

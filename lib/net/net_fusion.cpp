@@ -146,8 +146,7 @@ void Net::Impl::plan_fusion() {
     conv.folded->bias = Tensor(Shape{outputs});
     conv.folded->channels = Tensor(Shape{norm_fold_channel_floats(outputs)});
     conv.folded->eps = *eps;
-    fold_scratch_floats =
-        std::max(fold_scratch_floats, static_cast<std::size_t>(weights.count() + 2 * outputs));
+    fold_scratch_floats = std::max(fold_scratch_floats, static_cast<std::size_t>(2 * outputs));
   }
   fold_scratch = Tensor(Shape{static_cast<index_t>(fold_scratch_floats)});
   for (std::size_t l = 0; l < layers.size(); ++l) {

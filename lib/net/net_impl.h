@@ -271,7 +271,7 @@ struct Net::Impl {
   void before_backward(int index);
   void after_backward(int index);
   bool recording = false;
-  Tensor fold_scratch;  // norm_fold_backward's, for the largest folded convolution
+  Tensor fold_scratch;  // norm_fold_backward's, for the widest folded convolution
   // Backward of split layer `index` as a call summing its tops' gradients on `rows`.
   detail::LayerCall split_sum_call(int index, const Split& rows);
   // Runs (NetOptions::barrier_per_layer): the layers from `first` on (down in backward)
