@@ -8,6 +8,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__AVX__) && !defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include "lib/core/philox.h"
 
 namespace hn::detail::cpu {
@@ -292,16 +296,39 @@ void relu_backward_bias(Parallel& par, const AxisShape& s, float slope, const fl
 
 // ReLU and dropout are plain loops over one chunk, in functions of their own: Eigen 3.4's
 // select() is not vectorised, and inside a lambda run in parallel the compiler must assume a
-// float store may overwrite a captured float (slope, scale, ratio) and stays scalar.
+// float store may overwrite a captured float (slope, scale, ratio) and stays scalar. Built
+// for AVX2 without AVX-512, gcc 12 still made branches of their choices, scalar loops that
+// mispredict on every other sign (MobileNet v1's ReLU gradients at a quarter of the memory's
+// speed): there they run on 8-float vectors, the same multiplies, so the same bits as the
+// scalar tail. (With AVX-512 gcc vectorises them with masks.)
 void relu_backward_run(index_t n, float slope, const float* x, const float* dy, float* dx) {
-  for (index_t i = 0; i < n; ++i)
+  index_t i = 0;
+#if defined(__AVX__) && !defined(__AVX512F__)
+  const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f),
+               factor = _mm256_set1_ps(slope);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 positive = _mm256_cmp_ps(_mm256_loadu_ps(x + i), zero, _CMP_GT_OQ);
+    _mm256_storeu_ps(
+        dx + i, _mm256_mul_ps(_mm256_loadu_ps(dy + i), _mm256_blendv_ps(factor, one, positive)));
+  }
+#endif
+  for (; i < n; ++i)
     dx[i] = dy[i] * (x[i] > 0.0f ? 1.0f : slope);
 }
 
 namespace {
 
 void relu_forward_run(index_t n, float slope, const float* x, float* y) {
-  for (index_t i = 0; i < n; ++i)
+  index_t i = 0;
+#if defined(__AVX__) && !defined(__AVX512F__)
+  const __m256 zero = _mm256_setzero_ps(), factor = _mm256_set1_ps(slope);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 positive = _mm256_cmp_ps(v, zero, _CMP_GT_OQ);
+    _mm256_storeu_ps(y + i, _mm256_blendv_ps(_mm256_mul_ps(factor, v), v, positive));
+  }
+#endif
+  for (; i < n; ++i)
     y[i] = x[i] > 0.0f ? x[i] : slope * x[i];
 }
 
@@ -350,7 +377,15 @@ void dropout_plane_run(index_t inner, index_t block, float ratio, float s, std::
 }
 
 void dropout_backward_run(index_t n, float s, const float* mask, const float* dy, float* dx) {
-  for (index_t i = 0; i < n; ++i)
+  index_t i = 0;
+#if defined(__AVX__) && !defined(__AVX512F__)  // as relu_backward_run
+  const __m256 zero = _mm256_setzero_ps(), scale = _mm256_set1_ps(s);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 kept = _mm256_cmp_ps(_mm256_loadu_ps(mask + i), zero, _CMP_NEQ_UQ);
+    _mm256_storeu_ps(dx + i, _mm256_and_ps(kept, _mm256_mul_ps(_mm256_loadu_ps(dy + i), scale)));
+  }
+#endif
+  for (; i < n; ++i)
     dx[i] = mask[i] != 0.0f ? dy[i] * s : 0.0f;
 }
 
