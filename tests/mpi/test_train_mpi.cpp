@@ -110,6 +110,21 @@ void check_identical_across_ranks(Communicator& comm, const std::vector<float>& 
   }
 }
 
+// The ranks' run trained as `one` process at N times the batch: the same losses, and the
+// same weights on every rank, near one's.
+void check_trained_as_one(Communicator& comm, const Run& ranks, const Run& one) {
+  for (int i = 0; i < kIterations; ++i) {
+    INFO("iteration " << i << ", " << comm.size() << " ranks");
+    CHECK(std::fabs(ranks.losses[i] - one.losses[i]) <= 1e-4 * std::fabs(one.losses[i]));
+  }
+  check_identical_across_ranks(comm, ranks.weights());
+  // Batch B and N x B run oneDNN kernels that sum in other orders. Without AVX-512 (8-channel
+  // blocks, no Winograd) they drift further: clang's ASan build on an AVX2 EPYC ended 20
+  // iterations 3.2e-4 apart, with one test image of 600 in another class.
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  CHECK(max_relative_difference(ranks.weights(), one.weights()) < (avx512 ? 1e-4 : 2e-3));
+}
+
 }  // namespace
 
 TEST_CASE("N ranks at batch B train as one process at batch N x B", "[mpi][train]") {
@@ -120,16 +135,8 @@ TEST_CASE("N ranks at batch B train as one process at batch N x B", "[mpi][train
   one.train();
   Run ranks(batch, comm.get());
   ranks.train();
-  for (int i = 0; i < kIterations; ++i) {
-    INFO("iteration " << i << ", " << n << " ranks");
-    CHECK(std::fabs(ranks.losses[i] - one.losses[i]) <= 1e-4 * std::fabs(one.losses[i]));
-  }
-  check_identical_across_ranks(*comm, ranks.weights());
-  // Batch B and N x B run oneDNN kernels that sum in other orders. Without AVX-512 (8-channel
-  // blocks, no Winograd) they drift further: clang's ASan build on an AVX2 EPYC ended 20
-  // iterations 3.2e-4 apart, with one test image of 600 in another class.
+  check_trained_as_one(*comm, ranks, one);
   const bool avx512 = __builtin_cpu_supports("avx512f");
-  CHECK(max_relative_difference(ranks.weights(), one.weights()) < (avx512 ? 1e-4 : 2e-3));
   // Tests cover the whole test set across the ranks: the same means as one process's.
   const auto mine = ranks.solver->test(0), alone = one.solver->test(0);
   REQUIRE(mine.size() == alone.size());
@@ -159,13 +166,7 @@ TEST_CASE(
   REQUIRE_THAT(net.layer_algorithm(conv1), Catch::Contains("folded: BatchNorm 'bn1'"));
   Run ranks(batch, comm.get(), {}, 500, GradCompression::none, true, sizeof(float));
   ranks.train();
-  for (int i = 0; i < kIterations; ++i) {
-    INFO("iteration " << i << ", " << n << " ranks");
-    CHECK(std::fabs(ranks.losses[i] - one.losses[i]) <= 1e-4 * std::fabs(one.losses[i]));
-  }
-  check_identical_across_ranks(*comm, ranks.weights());
-  const bool avx512 = __builtin_cpu_supports("avx512f");
-  CHECK(max_relative_difference(ranks.weights(), one.weights()) < (avx512 ? 1e-4 : 2e-3));
+  check_trained_as_one(*comm, ranks, one);
 }
 
 TEST_CASE("ranks that split their layers between drivers train as unsplit ranks", "[mpi][train]") {
