@@ -254,15 +254,20 @@ void bias_forward(Parallel& par, const AxisShape& s, const float* bias, float* y
   });
 }
 
-void bias_backward(Parallel& par, const AxisShape& s, const float* dy, float beta, float* dbias) {
-  // Tasks own blocks of channels; each walks the outer rows in order, so the sums are the
-  // same on any thread count.
+namespace {
+
+// dbias = beta * dbias + the sums of each channel's runs, each run's address given by
+// run_at(offset) for its offset in the tensor (dy itself, or dy masked first into dx).
+// Tasks own blocks of channels; each walks the outer rows in order, so the sums are the
+// same on any thread count.
+template <class Run>
+void sum_channel_runs(Parallel& par, const AxisShape& s, float beta, float* dbias,
+                      const Run& run_at) {
   par.for_range(s.channels, s.outer * s.inner, [&](index_t first, index_t last) {
     std::vector<double> acc(static_cast<std::size_t>(last - first), 0.0);
     for (index_t o = 0; o < s.outer; ++o) {
-      const float* row = dy + o * s.channels * s.inner;
       for (index_t c = first; c < last; ++c) {
-        const float* run = row + c * s.inner;
+        const float* run = run_at((o * s.channels + c) * s.inner);
         acc[c - first] +=
             sum_double(0, s.inner, [run](index_t i) { return static_cast<double>(run[i]); });
       }
@@ -274,23 +279,18 @@ void bias_backward(Parallel& par, const AxisShape& s, const float* dy, float bet
   });
 }
 
+}  // namespace
+
+void bias_backward(Parallel& par, const AxisShape& s, const float* dy, float beta, float* dbias) {
+  sum_channel_runs(par, s, beta, dbias, [dy](index_t at) { return dy + at; });
+}
+
+// Each run masked first, then summed from the cache: bias_backward's bits on the masked dx.
 void relu_backward_bias(Parallel& par, const AxisShape& s, float slope, const float* y,
                         const float* dy, float* dx, float* dbias) {
-  // bias_backward's tasks and order; each run masked first, then summed from the cache.
-  par.for_range(s.channels, s.outer * s.inner, [&](index_t first, index_t last) {
-    std::vector<double> acc(static_cast<std::size_t>(last - first), 0.0);
-    for (index_t o = 0; o < s.outer; ++o) {
-      const index_t row = o * s.channels * s.inner;
-      for (index_t c = first; c < last; ++c) {
-        const index_t at = row + c * s.inner;
-        relu_backward_run(s.inner, slope, y + at, dy + at, dx + at);
-        const float* run = dx + at;
-        acc[c - first] +=
-            sum_double(0, s.inner, [run](index_t i) { return static_cast<double>(run[i]); });
-      }
-    }
-    for (index_t c = first; c < last; ++c)
-      dbias[c] += static_cast<float>(acc[c - first]);
+  sum_channel_runs(par, s, 1.0f, dbias, [&](index_t at) {
+    relu_backward_run(s.inner, slope, y + at, dy + at, dx + at);
+    return static_cast<const float*>(dx + at);
   });
 }
 

@@ -237,17 +237,19 @@ void bias_forward_blocked_b(Parallel& par, const AxisShape& s, const float* bias
   });
 }
 
-template <index_t kBlock>
-void bias_backward_blocked_b(Parallel& par, const AxisShape& s, const float* dy, float beta,
-                             float* dbias) {
-  // Tasks own blocks of channels; each walks the outer rows in order (sums in double, as on
-  // NCHW), so the sums are the same on any thread count.
+// dbias = beta * dbias + the sums of the runs, each run's address given by run(at, length)
+// for its offset in the tensor (dy itself, or dy masked first into dx). Tasks own blocks of
+// channels; each walks the outer rows in order (sums in double, as on NCHW), so the sums
+// are the same on any thread count.
+template <index_t kBlock, class Run>
+void sum_blocked_runs(Parallel& par, const AxisShape& s, float beta, float* dbias,
+                      const Run& run_at) {
   const index_t blocks = s.channels / kBlock, row = s.inner * kBlock;
   par.for_range(blocks, s.outer * row, [&](index_t first, index_t last) {
     for (index_t b = first; b < last; ++b) {
       double acc[kBlock] = {};
       for (index_t o = 0; o < s.outer; ++o) {
-        const float* run = dy + (o * blocks + b) * row;
+        const float* run = run_at((o * blocks + b) * row, row);
         for (index_t i = 0; i < s.inner; ++i)
           for (index_t l = 0; l < kBlock; ++l)
             acc[l] += static_cast<double>(run[i * kBlock + l]);
@@ -262,25 +264,18 @@ void bias_backward_blocked_b(Parallel& par, const AxisShape& s, const float* dy,
 }
 
 template <index_t kBlock>
+void bias_backward_blocked_b(Parallel& par, const AxisShape& s, const float* dy, float beta,
+                             float* dbias) {
+  sum_blocked_runs<kBlock>(par, s, beta, dbias, [dy](index_t at, index_t) { return dy + at; });
+}
+
+// Each run masked first, then summed from the cache: bias_backward's bits on the masked dx.
+template <index_t kBlock>
 void relu_backward_bias_blocked_b(Parallel& par, const AxisShape& s, float slope, const float* y,
                                   const float* dy, float* dx, float* dbias) {
-  // bias_backward_blocked_b's tasks and order; each run masked first, then summed from the
-  // cache.
-  const index_t blocks = s.channels / kBlock, row = s.inner * kBlock;
-  par.for_range(blocks, s.outer * row, [&](index_t first, index_t last) {
-    for (index_t b = first; b < last; ++b) {
-      double acc[kBlock] = {};
-      for (index_t o = 0; o < s.outer; ++o) {
-        const index_t at = (o * blocks + b) * row;
-        relu_backward_run(row, slope, y + at, dy + at, dx + at);
-        const float* run = dx + at;
-        for (index_t i = 0; i < s.inner; ++i)
-          for (index_t l = 0; l < kBlock; ++l)
-            acc[l] += static_cast<double>(run[i * kBlock + l]);
-      }
-      for (index_t l = 0; l < kBlock; ++l)
-        dbias[b * kBlock + l] += static_cast<float>(acc[l]);
-    }
+  sum_blocked_runs<kBlock>(par, s, 1.0f, dbias, [&](index_t at, index_t length) {
+    relu_backward_run(length, slope, y + at, dy + at, dx + at);
+    return static_cast<const float*>(dx + at);
   });
 }
 
