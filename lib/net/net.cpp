@@ -93,10 +93,7 @@ detail::LayerCall Net::Impl::call_of(int index, bool backward) {
   if (nl.fused_residual >= 0) {
     // The sum's other input second, its output in place of this layer's own.
     const NetLayer& sum = layers[static_cast<std::size_t>(nl.fused_residual)];
-    // The convolution's output: its own top, or the folded Scale's (the same memory).
-    const int own = nl.folded_scale >= 0 ? layers[static_cast<std::size_t>(nl.folded_scale)].tops[0]
-                                         : nl.tops[0];
-    const std::size_t other = sum.bottoms[0] == own ? 1 : 0;
+    const std::size_t other = sum.bottoms[0] == output_of(index) ? 1 : 0;
     const int r = sum.bottoms[other], z = sum.tops[0];
     const bool gradient = backward && sum.propagate_down[other];
     call.inputs.push_back(detail::CallTensor{blobs[r].shape, &data_of(r),
@@ -783,8 +780,8 @@ bool Net::layer_needs_backward(int index) const {
 }
 
 int Net::layer_computed_by(int index) const {
-  const int host = impl_->layers.at(index).fused_into;
-  return host >= 0 ? host : index;
+  static_cast<void>(impl_->layers.at(index));  // range-checked
+  return impl_->computed_by(index);
 }
 
 std::vector<std::string> Net::blob_names() const {

@@ -109,6 +109,17 @@ void Net::Impl::plan_fusion() {
     if (blobs[static_cast<std::size_t>(rectifier_layer.tops[0])].keep) return std::nullopt;
     return rectifier_layer.layer->fusable_activation();
   };
+  // The rectifier in place after layer `after`, where fusable_after finds one, becomes the
+  // activation of convolution `c`.
+  const auto take_rectifier_after = [&](int after, int c) {
+    int index = -1;
+    const std::optional<Activation> activation = fusable_after(after, index);
+    if (!activation) return;
+    NetLayer& rectifier_layer = layers[static_cast<std::size_t>(index)];
+    layers[static_cast<std::size_t>(c)].layer->fuse_activation(
+        Layer::FusedActivation{rectifier_layer.param.name(), *activation});
+    rectifier_layer.fused_into = c;
+  };
   // A convolution, then in place a BatchNorm on stored statistics and a per-channel Scale
   // [and a rectifier]: the two folded into its weights and bias (lib/layers/norm_fold.h),
   // the rectifier its fused activation, so that no pass over the blob is left. Its
@@ -128,13 +139,7 @@ void Net::Impl::plan_fusion() {
     if (role(affine) != FusionRole::affine || !affine.layer->can_fuse_norm() ||
         affine.needs_backward != conv.needs_backward)
       continue;
-    int rectifier_index = -1;
-    if (const std::optional<Activation> activation = fusable_after(a, rectifier_index)) {
-      NetLayer& rectifier_layer = layers[static_cast<std::size_t>(rectifier_index)];
-      conv.layer->fuse_activation(
-          Layer::FusedActivation{rectifier_layer.param.name(), *activation});
-      rectifier_layer.fused_into = c;
-    }
+    take_rectifier_after(a, c);
     conv.layer->fold_norm(Layer::FoldedNorm{norm.param.name(), affine.param.name()});
     norm.fused_into = affine.fused_into = c;
     conv.folded_norm = n;
@@ -196,28 +201,15 @@ void Net::Impl::plan_fusion() {
     const int host = layers[static_cast<std::size_t>(c)].fused_into;
     if (host >= 0 && layers[static_cast<std::size_t>(host)].folded_scale == c) c = host;
     NetLayer& conv = layers[static_cast<std::size_t>(c)];
-    const int conv_output = conv.folded_scale >= 0
-                                ? layers[static_cast<std::size_t>(conv.folded_scale)].tops[0]
-                                : conv.tops[0];
     // The other input must be computed before the convolution runs.
-    const int other_producer = other.producer;
-    const int other_at =
-        other_producer >= 0 && layers[static_cast<std::size_t>(other_producer)].fused_into >= 0
-            ? layers[static_cast<std::size_t>(other_producer)].fused_into
-            : other_producer;
+    const int other_at = other.producer >= 0 ? computed_by(other.producer) : other.producer;
     if (role(conv) != FusionRole::conv || !conv.layer->can_fuse_residual() || !runs_alone(c) ||
-        conv_output != sum.bottoms[mine] || other_at >= c || own.keep ||
+        output_of(c) != sum.bottoms[mine] || other_at >= c || own.keep ||
         own.consumers.size() != 1 || !cut_alike(c, s) ||
         conv.needs_backward != sum.needs_backward || out.data_group == other.data_group ||
         own.layout != out.layout || other.layout != out.layout)
       continue;
-    int rectifier_index = -1;
-    if (const std::optional<Activation> activation = fusable_after(s, rectifier_index)) {
-      NetLayer& rectifier_layer = layers[static_cast<std::size_t>(rectifier_index)];
-      conv.layer->fuse_activation(
-          Layer::FusedActivation{rectifier_layer.param.name(), *activation});
-      rectifier_layer.fused_into = c;
-    }
+    take_rectifier_after(s, c);
     conv.layer->fuse_residual(Layer::FusedResidual{sum.param.name()});
     conv.fused_residual = s;
     sum.fused_into = c;
@@ -254,12 +246,7 @@ void Net::Impl::plan_fusion() {
     if (role(conv) != FusionRole::conv || !conv.layer->can_fuse_activation() ||
         conv.fused_residual >= 0 || !runs_alone(static_cast<int>(l)))
       continue;
-    int next = -1;
-    const std::optional<Activation> activation = fusable_after(static_cast<int>(l), next);
-    if (!activation) continue;
-    NetLayer& rectifier_layer = layers[static_cast<std::size_t>(next)];
-    conv.layer->fuse_activation(Layer::FusedActivation{rectifier_layer.param.name(), *activation});
-    rectifier_layer.fused_into = static_cast<int>(l);
+    take_rectifier_after(static_cast<int>(l), static_cast<int>(l));
   }
 }
 

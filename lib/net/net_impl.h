@@ -260,6 +260,18 @@ struct Net::Impl {
   SyncedMemory& data_of(int blob) { return *slots[groups[blobs[blob].data_group].slot]; }
   SyncedMemory& diff_of(int blob) { return *slots[groups[blobs[blob].diff_group].slot]; }
 
+  // The layer whose calls do layer `index`'s work: itself, or the one it is fused into.
+  int computed_by(int index) const {
+    const int host = layers[static_cast<std::size_t>(index)].fused_into;
+    return host >= 0 ? host : index;
+  }
+  // The blob version layer `index`'s calls write: its top, or for a convolution with a norm
+  // chain folded in the Scale's (the same memory).
+  int output_of(int index) const {
+    const NetLayer& nl = layers[static_cast<std::size_t>(index)];
+    return nl.folded_scale >= 0 ? layers[static_cast<std::size_t>(nl.folded_scale)].tops[0]
+                                : nl.tops[0];
+  }
   // Layer `index`'s call forward or backward, for the scheduler.
   detail::LayerCall call_of(int index, bool backward);
   // A convolution with a norm chain folded in (NetLayer::folded, net_fusion.cpp): its
