@@ -142,7 +142,7 @@ ConvolutionParams conv(index_t num_output, index_t kernel, index_t stride, index
 bool lowering_applies(Lowering lowering, const ConvolutionParams& p) {
   if (lowering == Lowering::type3) return p.group == 1;
   if (lowering == Lowering::winograd) {
-    return p.group == 1 && p.kernel_size == std::vector<index_t>{3} &&
+    return p.kernel_size == std::vector<index_t>{3} &&
            (p.stride.empty() || p.stride == std::vector<index_t>{1});
   }
   if (lowering == Lowering::pointwise) {

@@ -1956,9 +1956,9 @@ TEST_CASE("misuse errors name the call and the sizes on every driver", "[driver_
 
     const hn::LoweringShape odd_groups = lowering(1, 5, 3, 3, 1, 1, 0, 0, 1, 1, 1, 1, 2);
     CHECK_THAT(error_of([&] { d.im2col(odd_groups, a.data(), c.data()); }),
-               Contains("im2col") && Contains("channels 5") && Contains("groups 2"));
+               Contains("im2col") && Contains("channels 5") && Contains("groups=2"));
     CHECK_THAT(error_of([&] { d.col2im(odd_groups, a.data(), c.data()); }),
-               Contains("col2im") && Contains("channels 5") && Contains("groups 2"));
+               Contains("col2im") && Contains("channels 5") && Contains("groups=2"));
     const hn::LoweringShape too_big = lowering(1, 1, 3, 3, 5, 5, 0, 0, 1, 1);
     CHECK_THAT(error_of([&] { d.im2col(too_big, a.data(), c.data()); }),
                Contains("im2col") && Contains("kernel=5x5"));
@@ -2422,6 +2422,11 @@ TEST_CASE(
         {hn::test::lowering(3, 64, 7, 7, 3, 3, 1, 1, 1, 1), 64},    // ResNet-50's last 3x3
         {hn::test::lowering(2, 1, 3, 3, 3, 3, 0, 0, 1, 1), 1},      // one output pixel
         {hn::test::lowering(4, 8, 130, 126, 3, 3, 1, 1, 1, 1), 8},  // several chunks of tiles
+        // Groups, each a convolution of its own on views of x and y (CaffeNet's conv4 and
+        // conv5 have two): 16 -> 24 per group; 32 -> 16 per group; and 2 -> 3 (NCHW only).
+        {hn::test::lowering(2, 32, 9, 7, 3, 3, 1, 1, 1, 1, 1, 1, 2), 48},
+        {hn::test::lowering(2, 64, 13, 13, 3, 3, 1, 1, 1, 1, 1, 1, 2), 32},
+        {hn::test::lowering(1, 6, 7, 5, 3, 3, 1, 0, 1, 1, 1, 1, 3), 9},
     };
     const Layout layouts[] = {Layout::nchw, Layout::nchw8c, Layout::nchw16c};
     for (const auto& conv : convs) {
@@ -2429,8 +2434,8 @@ TEST_CASE(
       const auto out_channels = conv.second;
       for (const Layout in_layout : layouts) {
         for (const Layout out_layout : layouts) {
-          if (base.channels % hn::layout_block(in_layout) != 0 ||
-              out_channels % hn::layout_block(out_layout) != 0 ||
+          if (base.channels / base.groups % hn::layout_block(in_layout) != 0 ||
+              out_channels / base.groups % hn::layout_block(out_layout) != 0 ||
               (in_layout != Layout::nchw && out_layout != Layout::nchw &&
                in_layout != out_layout)) {
             continue;
@@ -2497,6 +2502,14 @@ TEST_CASE(
       CHECK_THAT(
           error_of([&] { d.conv_forward(mixed, 16, x.data(), w.data(), nullptr, y.data()); }),
           Contains("conv_forward (winograd)") && Contains("two blocks"));
+      // Groups of 12 channels in nChw8c: no group is a view of whole blocks.
+      hn::LoweringShape split = hn::test::lowering(1, 24, 6, 6, 3, 3, 1, 1, 1, 1, 1, 1, 2);
+      split.layout = split.out_layout = Layout::nchw8c;
+      split.winograd = true;
+      const DeviceArray xs(d, split.image_count()), ws(d, 24 * 12 * 9), ys(d, 24 * 36);
+      CHECK_THAT(
+          error_of([&] { d.conv_forward(split, 24, xs.data(), ws.data(), nullptr, ys.data()); }),
+          Contains("conv_forward (winograd)") && Contains("whole blocks") && Contains("groups=2"));
     }
   }
 }

@@ -129,8 +129,8 @@ std::vector<Lowering> lowerings_for(const Case& c) {
       g.pad_w == 0) {
     list.push_back(Lowering::direct_1x1);
   }
-  if (c.params.group == 1 && g.kernel_h == 3 && g.kernel_w == 3 && g.stride_h == 1 &&
-      g.stride_w == 1 && g.dilation_h == 1 && g.dilation_w == 1 && g.pad_h <= 2 && g.pad_w <= 2) {
+  if (g.kernel_h == 3 && g.kernel_w == 3 && g.stride_h == 1 && g.stride_w == 1 &&
+      g.dilation_h == 1 && g.dilation_w == 1 && g.pad_h <= 2 && g.pad_w <= 2) {
     list.push_back(Lowering::winograd);
   }
   return list;
@@ -563,6 +563,21 @@ TEST_CASE(
         std::vector<Lowering>{Lowering::direct, Lowering::direct_plain, Lowering::winograd});
   CHECK(layer.candidates(*reference) ==
         std::vector<Lowering>{Lowering::direct, Lowering::type3, Lowering::type1});
+  // Groups of whole blocks and at least 16 channels take Winograd too (each group apart);
+  // depthwise ones do not (one channel a group).
+  ConvolutionParams two_groups = square(64, 3, 1, 1);
+  two_groups.group = 2;
+  hn::ConvolutionLayer grouped("conv_g", two_groups);
+  grouped.setup({Shape{2, 64, 6, 6}});
+  grouped.use_layouts({blocked}, {blocked});
+  CHECK(grouped.candidates(*cpu) ==
+        std::vector<Lowering>{Lowering::direct, Lowering::direct_plain, Lowering::winograd});
+  ConvolutionParams depthwise = square(64, 3, 1, 1);
+  depthwise.group = 64;
+  hn::ConvolutionLayer thin("conv_dw", depthwise);
+  thin.setup({Shape{2, 64, 6, 6}});
+  thin.use_layouts({blocked}, {blocked});
+  CHECK(thin.candidates(*cpu) == std::vector<Lowering>{Lowering::direct, Lowering::direct_plain});
   CHECK_THAT(
       hn::test::error_of([&] { layer.choose(*cpu, hn::ConvDirection::forward, Lowering::type1); }),
       Contains("conv_b") && Contains("type1"));

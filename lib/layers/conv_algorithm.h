@@ -64,10 +64,14 @@ const ConvAlgorithm& conv_direct_1x1();    // conv_1x1.cpp
 const ConvAlgorithm& conv_type3();         // conv_type3.cpp
 const ConvAlgorithm& conv_type1();         // conv_type1.cpp
 
-// Whether Winograd F(4x4, 3x3) computes a convolution of this geometry and group count
-// (Lowering::winograd): a 3x3 kernel, stride 1, no dilation, one group, padding at most 2
-// (conv_direct.cpp).
-bool winograd_shape(const ConvGeometry& geo, index_t groups);
+// Whether Winograd F(4x4, 3x3) computes a convolution of this geometry (Lowering::winograd):
+// a 3x3 kernel, stride 1, no dilation, padding at most 2, any groups (each run apart; on
+// blocked operands each group's channels must also be whole blocks) (conv_direct.cpp).
+bool winograd_shape(const ConvGeometry& geo);
+// A group of at least this many channels each way makes Winograd a candidate of the measured
+// choice for a grouped layer (CaffeNet's conv4 and conv5: 192 and 128); thinner groups (a
+// depthwise layer's one channel) would run as hundreds of tiny products, never the fastest.
+constexpr index_t kMinWinogradGroupChannels = 16;
 // Whether the driver's pointwise convolution computes this geometry (Lowering::pointwise): a
 // 1x1 kernel, no padding or dilation, one group, equal strides; it also needs the operands
 // in one blocked layout with channel counts that are multiples of its block

@@ -13,14 +13,22 @@ class DriverConvolution final : public ConvAlgorithm {
   explicit DriverConvolution(Lowering kind) : kind_(kind) {}
   Lowering id() const override { return kind_; }
   // A driver with blocked kernels may also run NCHW ones (oneDNN's GEMM-based); Winograd
-  // where the driver has it and the layer is 3x3, stride 1, one group.
+  // where the driver has it and the layer is 3x3, stride 1, with wide enough groups.
   bool applies(const ConvolutionLayer& layer, const Driver& driver) const override {
     const Capabilities capabilities = driver.capabilities();
     switch (kind_) {
       case Lowering::direct_plain:
         return capabilities.convolution && capabilities.blocked_layout;
-      case Lowering::winograd:
-        return capabilities.winograd && winograd_shape(layer.geometry(), layer.config().group);
+      case Lowering::winograd: {
+        const ConvGeometry& geo = layer.geometry();
+        const index_t groups = layer.config().group;
+        if (!capabilities.winograd || !winograd_shape(geo)) return false;
+        if (groups == 1) return true;
+        const index_t in = geo.channels / groups, out = layer.config().num_output / groups;
+        return in >= kMinWinogradGroupChannels && out >= kMinWinogradGroupChannels &&
+               in % layout_block(layer.input_layout()) == 0 &&
+               out % layout_block(layer.output_layout()) == 0;
+      }
       case Lowering::pointwise: {
         // x and y in one blocked layout with whole blocks of channels, or both NCHW with
         // stride 1.
@@ -140,10 +148,9 @@ const ConvAlgorithm& conv_pointwise() {
   return algorithm;
 }
 
-bool winograd_shape(const ConvGeometry& geo, index_t groups) {
-  return groups == 1 && geo.kernel_h == 3 && geo.kernel_w == 3 && geo.stride_h == 1 &&
-         geo.stride_w == 1 && geo.dilation_h == 1 && geo.dilation_w == 1 && geo.pad_h <= 2 &&
-         geo.pad_w <= 2;
+bool winograd_shape(const ConvGeometry& geo) {
+  return geo.kernel_h == 3 && geo.kernel_w == 3 && geo.stride_h == 1 && geo.stride_w == 1 &&
+         geo.dilation_h == 1 && geo.dilation_w == 1 && geo.pad_h <= 2 && geo.pad_w <= 2;
 }
 
 bool pointwise_shape(const ConvGeometry& geo, index_t groups) {

@@ -172,11 +172,11 @@ std::vector<Shape> ConvolutionLayer::setup(const std::vector<Shape>& inputs) {
                who, geo.kernel_h, geo.kernel_w, geo.stride_h, geo.stride_w, geo.pad_h, geo.pad_w);
       break;
     case Lowering::winograd:
-      HN_CHECK(detail::winograd_shape(geo, p.group),
-               "{}: lowering winograd needs a 3x3 kernel, stride 1, dilation 1, group 1 and pad "
-               "at most 2, got kernel {}x{} stride {}x{} dilation {}x{} group {} pad {}x{}",
+      HN_CHECK(detail::winograd_shape(geo),
+               "{}: lowering winograd needs a 3x3 kernel, stride 1, dilation 1 and pad at most 2, "
+               "got kernel {}x{} stride {}x{} dilation {}x{} pad {}x{}",
                who, geo.kernel_h, geo.kernel_w, geo.stride_h, geo.stride_w, geo.dilation_h,
-               geo.dilation_w, p.group, geo.pad_h, geo.pad_w);
+               geo.dilation_w, geo.pad_h, geo.pad_w);
       break;
     case Lowering::pointwise:
       HN_CHECK(detail::pointwise_shape(geo, p.group),

@@ -44,14 +44,17 @@ constexpr int kTile = 4;     // output tile side
 constexpr std::size_t kChunkBytes = std::size_t{8} << 20;
 constexpr index_t kMinChunkTiles = 96;
 
-// An image tensor in one of the layouts (shapes.h).
+// An image tensor in one of the layouts (shapes.h), or one group's channels of one: `data`
+// at the group's first channel, `channels` its count, `total` the tensor's (each image's
+// stride). In a blocked layout a group is a view only when its channels are whole blocks.
 struct View {
   const float* data;
   Layout layout;
   index_t channels, height, width;
+  index_t total;
 
   index_t offset(index_t n, index_t c, index_t h, index_t w) const {
-    return layout_offset(layout, channels, height, width, n, c, h, w);
+    return layout_offset(layout, total, height, width, n, c, h, w);
   }
 };
 
@@ -249,11 +252,10 @@ struct Epilogue {
 // `ld` floats.
 template <int B>
 void output_transform(Parallel& par, const float* m, index_t ld, const Tiling& tl, index_t t0,
-                      index_t t1, const Epilogue& epilogue, float* out_data, Layout layout,
-                      index_t channels) {
+                      index_t t1, const Epilogue& epilogue, const View& out) {
   using V = typename Lanes<B>::type;
+  const index_t channels = out.channels;
   const index_t blocks = round_up(channels, B) / B, tiles = t1 - t0;
-  const View out{out_data, layout, channels, tl.out_h, tl.out_w};
   const Activation& act = epilogue.activation;
   par.for_range(tiles, blocks * 50 * B, [&](index_t first, index_t last) {
     for (index_t t = t0 + first; t < t0 + last; ++t) {
@@ -455,14 +457,13 @@ index_t lanes_for(Layout a, Layout b) {
 #endif
 }
 
-// A 3x3 convolution of `batch` images from `in` to `out` (out_channels in out_layout, the
-// tiling's out_h x out_w), its kernels transformed to u ([36][round_up(in channels, B)]
-// [round_up(out_channels, B)]).
+// A 3x3 convolution of `batch` images from `in` to `out` (the tiling's out_h x out_w), its
+// kernels transformed to u ([36][round_up(in channels, B)][round_up(out channels, B)]).
 template <int B>
 void convolve(Parallel& par, const View& in, index_t batch, const Tiling& tl, const float* u,
-              index_t out_channels, const Epilogue& epilogue, float* out, Layout out_layout,
-              std::vector<float>& v, std::vector<float>& m) {
-  const index_t cp = round_up(in.channels, B), kp = round_up(out_channels, B);
+              const Epilogue& epilogue, const View& out, std::vector<float>& v,
+              std::vector<float>& m) {
+  const index_t cp = round_up(in.channels, B), kp = round_up(out.channels, B);
   const index_t total = batch * tl.per_image();
   const index_t chunk = chunk_tiles(total, kPoints * (cp + kp));
   v.resize(static_cast<std::size_t>(kPoints * chunk * cp));
@@ -481,7 +482,7 @@ void convolve(Parallel& par, const View& in, index_t batch, const Tiling& tl, co
                          0, cp, m.data() + p * tiles * kp, kp, false);
       }
     });
-    output_transform<B>(par, m.data(), kp, tl, t0, t1, epilogue, out, out_layout, out_channels);
+    output_transform<B>(par, m.data(), kp, tl, t0, t1, epilogue, out);
   }
 }
 
@@ -601,24 +602,26 @@ void transform_weights(Parallel& par, index_t inputs, index_t outputs, index_t i
 
 }  // namespace
 
-bool winograd_supported(const LoweringShape& s) {
-  return s.groups == 1 && s.kernel_h == 3 && s.kernel_w == 3 && s.stride_h == 1 &&
-         s.stride_w == 1 && s.dilation_h == 1 && s.dilation_w == 1 && s.pad_h >= 0 &&
-         s.pad_h <= 2 && s.pad_w >= 0 && s.pad_w <= 2;
+bool winograd_supported(const LoweringShape& s, index_t out_channels) {
+  if (s.groups < 1 || s.channels % s.groups != 0 || out_channels % s.groups != 0) return false;
+  const index_t in_per_group = s.channels / s.groups, out_per_group = out_channels / s.groups;
+  return s.kernel_h == 3 && s.kernel_w == 3 && s.stride_h == 1 && s.stride_w == 1 &&
+         s.dilation_h == 1 && s.dilation_w == 1 && s.pad_h >= 0 && s.pad_h <= 2 && s.pad_w >= 0 &&
+         s.pad_w <= 2 &&
+         (s.groups == 1 || (in_per_group % layout_block(s.layout) == 0 &&
+                            out_per_group % layout_block(s.out_layout) == 0));
 }
 
-const float* WinogradConvolution::transformed(Parallel& par, const LoweringShape& shape,
-                                              index_t out_channels, const float* weights,
+const float* WinogradConvolution::transformed(Parallel& par, index_t b, const Group& group,
+                                              const float* weights, std::uint64_t version,
                                               bool data_gradient) {
-  const index_t b = lanes_for(shape.layout, shape.out_layout);
-  const index_t channels = shape.channels;
-  const index_t inputs = data_gradient ? out_channels : channels;
-  const index_t outputs = data_gradient ? channels : out_channels;
+  const index_t channels = group.channels;
+  const index_t inputs = data_gradient ? group.outputs : channels;
+  const index_t outputs = data_gradient ? channels : group.outputs;
   const index_t ip = round_up(inputs, b), op = round_up(outputs, b);
   // Not a structured binding: lambdas below capture u (C++17 lets no lambda capture one).
-  const std::pair<float*, bool> kept =
-      weights_.get(weights, data_gradient ? 1 : 0, shape.weights_version,
-                   static_cast<std::size_t>(kPoints * ip * op));
+  const std::pair<float*, bool> kept = weights_.get(weights, data_gradient ? 1 : 0, version,
+                                                    static_cast<std::size_t>(kPoints * ip * op));
   float* const u = kept.first;
   if (kept.second) return u;
   const auto transform = [&](const auto& kernel) {
@@ -645,11 +648,12 @@ const float* WinogradConvolution::transformed(Parallel& par, const LoweringShape
 
 namespace {
 
-void check_supported(const char* call, const LoweringShape& shape) {
-  HN_CHECK(winograd_supported(shape),
-           "{} (winograd): needs one group, a 3x3 kernel, stride 1, dilation 1 and padding at "
-           "most 2, got {}",
-           call, shape.to_string());
+void check_supported(const char* call, const LoweringShape& shape, index_t out_channels) {
+  HN_CHECK(winograd_supported(shape, out_channels),
+           "{} (winograd): needs a 3x3 kernel, stride 1, dilation 1, padding at most 2 and, "
+           "with groups on blocked operands, whole blocks of channels per group; got {}, {} "
+           "outputs",
+           call, shape.to_string(), out_channels);
   const index_t in_block = layout_block(shape.layout), out_block = layout_block(shape.out_layout);
   HN_CHECK(in_block == 1 || out_block == 1 || in_block == out_block,
            "{} (winograd): x in {} and y in {}: one blocked layout or NCHW on either side, not "
@@ -657,50 +661,84 @@ void check_supported(const char* call, const LoweringShape& shape) {
            call, layout_name(shape.layout), layout_name(shape.out_layout), shape.to_string());
 }
 
+// Group g's channels of a tensor of `total` channels in `layout`.
+View group_view(const float* data, Layout layout, index_t total, index_t height, index_t width,
+                index_t groups, index_t g) {
+  const index_t per_group = total / groups;
+  return {data + g * per_group * height * width, layout, per_group, height, width, total};
+}
+
 }  // namespace
 
+// Each group is a convolution of its own on views of x and y (whole blocks of channels in a
+// blocked layout), with its kernels transformed and kept apart (their own address).
 void WinogradConvolution::forward(Parallel& par, const LoweringShape& shape, index_t out_channels,
                                   const float* x, const float* weights, const float* bias, float* y,
                                   const Activation& activation) {
-  check_supported("conv_forward", shape);
-  const float* u = transformed(par, shape, out_channels, weights, false);
-  const View in{x, shape.layout, shape.channels, shape.height, shape.width};
+  check_supported("conv_forward", shape, out_channels);
+  const index_t b = lanes_for(shape.layout, shape.out_layout), groups = shape.groups;
+  const Group group{shape.channels / groups, out_channels / groups};
   const Tiling tl = tiling(shape.out_h(), shape.out_w(), shape.pad_h, shape.pad_w);
-  const Epilogue epilogue{bias, activation};
-  if (lanes_for(shape.layout, shape.out_layout) == 16) {
-    convolve<16>(par, in, shape.batch, tl, u, out_channels, epilogue, y, shape.out_layout, v_, m_);
-  } else {
-    convolve<8>(par, in, shape.batch, tl, u, out_channels, epilogue, y, shape.out_layout, v_, m_);
+  for (index_t g = 0; g < groups; ++g) {
+    const float* u = transformed(par, b, group, weights + g * group.outputs * group.channels * 9,
+                                 shape.weights_version, false);
+    const View in =
+        group_view(x, shape.layout, shape.channels, shape.height, shape.width, groups, g);
+    const View out =
+        group_view(y, shape.out_layout, out_channels, shape.out_h(), shape.out_w(), groups, g);
+    const Epilogue epilogue{bias != nullptr ? bias + g * group.outputs : nullptr, activation};
+    if (b == 16) {
+      convolve<16>(par, in, shape.batch, tl, u, epilogue, out, v_, m_);
+    } else {
+      convolve<8>(par, in, shape.batch, tl, u, epilogue, out, v_, m_);
+    }
   }
 }
 
 void WinogradConvolution::backward_data(Parallel& par, const LoweringShape& shape,
                                         index_t out_channels, const float* weights, const float* dy,
                                         float* dx) {
-  check_supported("conv_backward_data", shape);
-  const float* u = transformed(par, shape, out_channels, weights, true);
-  const View in{dy, shape.out_layout, out_channels, shape.out_h(), shape.out_w()};
+  check_supported("conv_backward_data", shape, out_channels);
+  const index_t b = lanes_for(shape.layout, shape.out_layout), groups = shape.groups;
+  const Group group{shape.channels / groups, out_channels / groups};
   const Tiling tl = tiling(shape.height, shape.width, 2 - shape.pad_h, 2 - shape.pad_w);
-  if (lanes_for(shape.layout, shape.out_layout) == 16) {
-    convolve<16>(par, in, shape.batch, tl, u, shape.channels, Epilogue{}, dx, shape.layout, v_, m_);
-  } else {
-    convolve<8>(par, in, shape.batch, tl, u, shape.channels, Epilogue{}, dx, shape.layout, v_, m_);
+  for (index_t g = 0; g < groups; ++g) {
+    const float* u = transformed(par, b, group, weights + g * group.outputs * group.channels * 9,
+                                 shape.weights_version, true);
+    const View in =
+        group_view(dy, shape.out_layout, out_channels, shape.out_h(), shape.out_w(), groups, g);
+    const View out =
+        group_view(dx, shape.layout, shape.channels, shape.height, shape.width, groups, g);
+    if (b == 16) {
+      convolve<16>(par, in, shape.batch, tl, u, Epilogue{}, out, v_, m_);
+    } else {
+      convolve<8>(par, in, shape.batch, tl, u, Epilogue{}, out, v_, m_);
+    }
   }
 }
 
 void WinogradConvolution::backward_weights(Parallel& par, const LoweringShape& shape,
                                            index_t out_channels, const float* x, const float* dy,
                                            float* dweights, float* dbias) {
-  check_supported("conv_backward_weights", shape);
-  const View in{x, shape.layout, shape.channels, shape.height, shape.width};
-  const View grad{dy, shape.out_layout, out_channels, shape.out_h(), shape.out_w()};
+  check_supported("conv_backward_weights", shape, out_channels);
+  const index_t b = lanes_for(shape.layout, shape.out_layout), groups = shape.groups;
+  const index_t per_group = out_channels / groups * (shape.channels / groups) * 9;
   const Tiling tl = tiling(shape.out_h(), shape.out_w(), shape.pad_h, shape.pad_w);
-  if (lanes_for(shape.layout, shape.out_layout) == 16) {
-    weight_gradient<16>(par, in, grad, shape.batch, tl, dweights, v_, m_, s_);
-  } else {
-    weight_gradient<8>(par, in, grad, shape.batch, tl, dweights, v_, m_, s_);
+  for (index_t g = 0; g < groups; ++g) {
+    const View in =
+        group_view(x, shape.layout, shape.channels, shape.height, shape.width, groups, g);
+    const View grad =
+        group_view(dy, shape.out_layout, out_channels, shape.out_h(), shape.out_w(), groups, g);
+    if (b == 16) {
+      weight_gradient<16>(par, in, grad, shape.batch, tl, dweights + g * per_group, v_, m_, s_);
+    } else {
+      weight_gradient<8>(par, in, grad, shape.batch, tl, dweights + g * per_group, v_, m_, s_);
+    }
   }
-  if (dbias != nullptr) bias_gradient(par, grad, shape.batch, dbias);
+  if (dbias != nullptr) {
+    const View grad{dy, shape.out_layout, out_channels, shape.out_h(), shape.out_w(), out_channels};
+    bias_gradient(par, grad, shape.batch, dbias);
+  }
 }
 
 }  // namespace hn::detail::cpu
