@@ -565,19 +565,17 @@ TEST_CASE(
         std::vector<Lowering>{Lowering::direct, Lowering::type3, Lowering::type1});
   // Groups of whole blocks and at least 16 channels take Winograd too (each group apart);
   // depthwise ones do not (one channel a group).
-  ConvolutionParams two_groups = square(64, 3, 1, 1);
-  two_groups.group = 2;
-  hn::ConvolutionLayer grouped("conv_g", two_groups);
-  grouped.setup({Shape{2, 64, 6, 6}});
-  grouped.use_layouts({blocked}, {blocked});
-  CHECK(grouped.candidates(*cpu) ==
+  const auto grouped_candidates = [&](index_t groups) {
+    ConvolutionParams p = square(64, 3, 1, 1);
+    p.group = groups;
+    hn::ConvolutionLayer grouped("conv_g", p);
+    grouped.setup({Shape{2, 64, 6, 6}});
+    grouped.use_layouts({blocked}, {blocked});
+    return grouped.candidates(*cpu);
+  };
+  CHECK(grouped_candidates(2) ==
         std::vector<Lowering>{Lowering::direct, Lowering::direct_plain, Lowering::winograd});
-  ConvolutionParams depthwise = square(64, 3, 1, 1);
-  depthwise.group = 64;
-  hn::ConvolutionLayer thin("conv_dw", depthwise);
-  thin.setup({Shape{2, 64, 6, 6}});
-  thin.use_layouts({blocked}, {blocked});
-  CHECK(thin.candidates(*cpu) == std::vector<Lowering>{Lowering::direct, Lowering::direct_plain});
+  CHECK(grouped_candidates(64) == std::vector<Lowering>{Lowering::direct, Lowering::direct_plain});
   CHECK_THAT(
       hn::test::error_of([&] { layer.choose(*cpu, hn::ConvDirection::forward, Lowering::type1); }),
       Contains("conv_b") && Contains("type1"));
