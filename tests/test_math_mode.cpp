@@ -127,20 +127,24 @@ TEST_CASE(
           test::net_gradients(runtime, cpu, file, "synthetic:1x28x28", 8, split, {}, mode);
       REQUIRE(other.gradients.size() == fp32.gradients.size());
       if (mode == MathMode::bf16 && bf16) {
-        // conv2's inputs rounded to 8 significant bits: results within a few of BF16's units.
+        // conv2's inputs rounded to 8 significant bits, forward and backward: its output moves
+        // by about 0.25 % (the bounds of each call are the next test's). The loss follows
+        // closely. The gradients do not, element by element: where ReLU's input sits near 0
+        // or two of a max pooling's inputs nearly tie, that rounding flips the mask or the
+        // choice, and the whole gradient of that element moves (on an AMX Xeon 0.3 % of
+        // ip1's mask flipped: 5 % of its gradient's norm, 8-10 % of those below it). So
+        // the gradients are held to their norms, within 20 %.
         CHECK(std::fabs(other.loss - fp32.loss) <= 2e-2 * std::fabs(fp32.loss));
         bool differs = false;
         for (std::size_t g = 0; g < fp32.gradients.size(); ++g) {
           INFO("gradient " << g);
-          const double scale = max_abs(fp32.gradients[g]);
+          double error = 0.0, norm = 0.0;
           for (std::size_t i = 0; i < fp32.gradients[g].size(); ++i) {
-            const double error = std::fabs(other.gradients[g][i] - fp32.gradients[g][i]);
-            if (error > 5e-2 * scale) {
-              FAIL_CHECK("element " << i << ": " << other.gradients[g][i] << " in BF16, "
-                                    << fp32.gradients[g][i] << " in FP32");
-              break;
-            }
+            const double d = static_cast<double>(other.gradients[g][i]) - fp32.gradients[g][i];
+            error += d * d;
+            norm += static_cast<double>(fp32.gradients[g][i]) * fp32.gradients[g][i];
           }
+          CHECK(std::sqrt(error) <= 0.2 * std::sqrt(norm));
           differs = differs || !bitwise_equal(other.gradients[g], fp32.gradients[g]);
         }
         CHECK(differs);  // the BF16 kernels ran
@@ -243,11 +247,13 @@ TEST_CASE(
         {"dx", &Results::dx},
         {"dweights", &Results::dw},
         {"dbias", &Results::db}};
-    bool differs = false;
     for (const auto& [name, member] : outputs) {
       INFO(name);
       CHECK(bitwise_equal(again.*member, fp32.*member));
-      differs = differs || !bitwise_equal(half.*member, fp32.*member);
+      // Where the CPU has BF16 kernels every direction runs one (the bias gradient may come
+      // from FP32 sums of dy): AMX's forward kernels (oneDNN's brgconv) were once taken for
+      // FP32 ones and left out, so the forward computed FP32 there.
+      if (member != &Results::db) CHECK(bitwise_equal(half.*member, fp32.*member) == !bf16);
       const std::vector<float>& got = half.*member;
       const std::vector<float>& want = exact.*member;
       const std::vector<float>& sums = bound.*member;
@@ -260,7 +266,6 @@ TEST_CASE(
         }
       }
     }
-    CHECK(differs == bf16);
   }
 }
 

@@ -71,8 +71,9 @@ namespace {
 // convolution of few input channels with column strides, ShuffleNet v2's conv1, and its
 // pointwise kernel in 12 rows on AVX-512; 10: its pointwise kernels on NCHW operands; 11: its
 // pointwise weight gradient in 8 rows on AVX-512, and candidates judged on their second call
-// where the first exceeded the bound).
-constexpr int kKernelsRevision = 11;
+// where the first exceeded the bound; 12: BF16 forward convolutions on AMX, which had run
+// FP32).
+constexpr int kKernelsRevision = 12;
 
 constexpr char kHeader[] =
     "# hybridnn tuning cache: the fastest algorithm measured per machine, driver and shape.\n"

@@ -427,7 +427,9 @@ Entry& DirectConvolution::Impl::entry(Call call, const LoweringShape& s, index_t
 }
 
 // In BF16, the call on BF16 inputs in the layout the FP32 call chose, where that is
-// blocked or channels-last and oneDNN has a fast (JIT) kernel for it; else the FP32 call.
+// blocked or channels-last and oneDNN has a fast kernel for it (JIT, or brgemm-based:
+// `brgconv`, its forward kernels on AMX, which the check for "jit" alone took for slow ones
+// and left the forward in FP32 there); else the FP32 call.
 Entry DirectConvolution::Impl::create(Call call, const LoweringShape& s, index_t out_channels,
                                       bool has_bias, bool bf16, const Activation& activation,
                                       bool residual) const {
@@ -441,8 +443,8 @@ Entry DirectConvolution::Impl::create(Call call, const LoweringShape& s, index_t
     geo.residual = residual;
     Entry half = build(call, geo, has_bias, layout);
     const std::string& impl = half.implementation;
-    if (impl.find("jit") != std::string::npos && impl.find("gemm") == std::string::npos &&
-        impl.find("ref") == std::string::npos) {
+    const bool fast = impl.find("jit") != std::string::npos || impl.find("brg") == 0;
+    if (fast && impl.find("gemm") == std::string::npos && impl.find("ref") == std::string::npos) {
       return half;
     }
   } catch (const dnnl::error&) {
