@@ -603,6 +603,39 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "In BF16 math on a CPU with BF16 kernels a convolution's candidates add direct_fp32, on "
+    "blocked and NCHW operands, and in FP32 math or on the reference driver they do not",
+    "[layer][convolution][tune][math]") {
+  const auto cpu = hn::make_driver(hn::Device{"cpu", 0});
+  const auto reference = hn::make_driver(hn::Device{"reference", 0});
+  const bool bf16 = cpu->math_note(hn::MathMode::bf16).find("computes FP32") == std::string::npos;
+  const hn::Layout blocked = cpu->capabilities().preferred_blocked_layout;
+  for (const hn::Layout layout : {hn::Layout::nchw, blocked}) {
+    INFO(hn::layout_name(layout));
+    hn::ConvolutionLayer layer("conv_m", square(16, 3, 1, 1));
+    layer.setup({Shape{2, 16, 6, 6}});
+    layer.use_layouts({layout}, {layout});
+    const auto offered = [&](hn::Driver& driver, hn::MathMode mode) {
+      driver.set_math_mode(mode);
+      const std::vector<Lowering> candidates = layer.candidates(driver);
+      driver.set_math_mode(hn::MathMode::fp32);
+      return std::count(candidates.begin(), candidates.end(), Lowering::direct_fp32) == 1;
+    };
+    CHECK(offered(*cpu, hn::MathMode::bf16) == bf16);
+    CHECK_FALSE(offered(*cpu, hn::MathMode::fp32));
+    CHECK_FALSE(offered(*cpu, hn::MathMode::tf32));  // the CPU computes TF32 as FP32
+    CHECK_FALSE(offered(*reference, hn::MathMode::bf16));
+    if (!bf16) continue;
+    cpu->set_math_mode(hn::MathMode::bf16);
+    layer.choose(*cpu, hn::ConvDirection::backward_data, Lowering::direct_fp32);
+    cpu->set_math_mode(hn::MathMode::fp32);
+    CHECK(layer.lowering_for(*cpu, hn::ConvDirection::backward_data) == Lowering::direct_fp32);
+    CHECK_THAT(layer.algorithm(*cpu), Contains("backward data direct_fp32"));
+  }
+  if (!bf16) WARN("cpu has no BF16 kernels: direct_fp32 is never a candidate here");
+}
+
+TEST_CASE(
     "Convolution tune measures every candidate, records the fastest, and a cached run reads it "
     "back without measuring",
     "[layer][convolution][tune]") {

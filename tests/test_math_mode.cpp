@@ -181,7 +181,8 @@ TEST_CASE(
 // FP32 anywhere the CPU has BF16; bitwise FP32 again in FP32 after.
 TEST_CASE(
     "a CPU driver in BF16 math rounds its convolutions' inputs to BF16, within BF16's "
-    "bound of FP32, and computes FP32 bitwise again in FP32",
+    "bound of FP32, computes FP32 bitwise again in FP32, and in BF16 where a call asks for "
+    "FP32",
     "[math]") {
   Runtime runtime;
   Driver& cpu = runtime.add(Device::parse("cpu"));
@@ -224,18 +225,23 @@ TEST_CASE(
     struct Results {
       std::vector<float> y, dx, dw, db;
     };
-    const auto run = [&](Driver& driver, MathMode mode, const std::vector<float>& xs,
-                         const std::vector<float>& ws, const std::vector<float>& bs,
-                         const std::vector<float>& dys) {
+    const auto run_shape = [&](Driver& driver, MathMode mode, const LoweringShape& on,
+                               const std::vector<float>& xs, const std::vector<float>& ws,
+                               const std::vector<float>& bs, const std::vector<float>& dys) {
       driver.set_math_mode(mode);
       Results r{std::vector<float>(y_count), std::vector<float>(x_count),
                 std::vector<float>(w_count, 0.0f),
                 std::vector<float>(static_cast<std::size_t>(out), 0.0f)};
-      driver.conv_forward(s, out, xs.data(), ws.data(), bs.data(), r.y.data());
-      driver.conv_backward_data(s, out, ws.data(), dys.data(), r.dx.data());
-      driver.conv_backward_weights(s, out, xs.data(), dys.data(), r.dw.data(), r.db.data());
+      driver.conv_forward(on, out, xs.data(), ws.data(), bs.data(), r.y.data());
+      driver.conv_backward_data(on, out, ws.data(), dys.data(), r.dx.data());
+      driver.conv_backward_weights(on, out, xs.data(), dys.data(), r.dw.data(), r.db.data());
       driver.set_math_mode(MathMode::fp32);
       return r;
+    };
+    const auto run = [&](Driver& driver, MathMode mode, const std::vector<float>& xs,
+                         const std::vector<float>& ws, const std::vector<float>& bs,
+                         const std::vector<float>& dys) {
+      return run_shape(driver, mode, s, xs, ws, bs, dys);
     };
     const Results exact = run(reference, MathMode::fp32, x, w, bias, dy);
     const Results bound =
@@ -243,6 +249,10 @@ TEST_CASE(
     const Results fp32 = run(cpu, MathMode::fp32, x, w, bias, dy);
     const Results half = run(cpu, MathMode::bf16, x, w, bias, dy);
     const Results again = run(cpu, MathMode::fp32, x, w, bias, dy);
+    // The measured choice's direct_fp32: the FP32 calls, bitwise, in BF16 math.
+    LoweringShape fp32_kernel = s;
+    fp32_kernel.fp32_kernel = true;
+    const Results asked_fp32 = run_shape(cpu, MathMode::bf16, fp32_kernel, x, w, bias, dy);
     const std::pair<const char*, std::vector<float> Results::*> outputs[] = {
         {"y", &Results::y},
         {"dx", &Results::dx},
@@ -251,6 +261,7 @@ TEST_CASE(
     for (const auto& [name, member] : outputs) {
       INFO(name);
       CHECK(bitwise_equal(again.*member, fp32.*member));
+      CHECK(bitwise_equal(asked_fp32.*member, fp32.*member));
       // Where the CPU has BF16 kernels every direction runs one (the bias gradient may come
       // from FP32 sums of dy): AMX's forward kernels (oneDNN's brgconv) were once taken for
       // FP32 ones and left out, so the forward computed FP32 there.

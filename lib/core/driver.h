@@ -49,6 +49,10 @@ struct Capabilities {
   // the shape asks for it (LoweringShape::pointwise): any stride on operands in one blocked
   // layout, stride 1 on NCHW ones.
   bool pointwise = false;
+  // conv_* round inside the call in the driver's present math mode (BF16 on a CPU with BF16
+  // kernels) and compute FP32 where the shape asks for it (LoweringShape::fp32_kernel), so
+  // the measured choice also times them in FP32.
+  bool fp32_convolution = false;
 };
 
 // One piece of memory a call reads or writes (Driver::*_operands).

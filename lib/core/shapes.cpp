@@ -89,7 +89,7 @@ std::string LoweringShape::to_string() const {
              batch, channels, height, width, kernel_h, kernel_w, pad_h, pad_w, stride_h, stride_w,
              dilation_h, dilation_w, groups) +
          layout_suffix("layout", layout) + layout_suffix("out_layout", out_layout) +
-         (plain_kernel ? " plain_kernel" : "");
+         (plain_kernel ? " plain_kernel" : "") + (fp32_kernel ? " fp32_kernel" : "");
 }
 
 void LoweringShape::validate(const char* call) const {

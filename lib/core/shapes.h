@@ -88,6 +88,9 @@ struct LoweringShape {
   // reorders them in and out), so the tuner can measure a plain-layout kernel against the
   // blocked one (Lowering::direct_plain). A driver with one layout of its own ignores it.
   bool plain_kernel = false;
+  // Direct convolution calls: compute in FP32 though the driver's math mode would let them
+  // round (Lowering::direct_fp32, where Capabilities::fp32_convolution). Others ignore it.
+  bool fp32_kernel = false;
   // Direct convolution calls: compute with the driver's Winograd convolution (a 3x3 kernel,
   // stride 1; Lowering::winograd), where the driver has one (Capabilities::winograd).
   bool winograd = false;

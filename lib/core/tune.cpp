@@ -72,7 +72,7 @@ namespace {
 // pointwise kernel in 12 rows on AVX-512; 10: its pointwise kernels on NCHW operands; 11: its
 // pointwise weight gradient in 8 rows on AVX-512, and candidates judged on their second call
 // where the first exceeded the bound; 12: BF16 forward convolutions on AMX, which had run
-// FP32).
+// FP32, and direct_fp32 among the candidates in BF16).
 constexpr int kKernelsRevision = 12;
 
 constexpr char kHeader[] =

@@ -60,6 +60,7 @@ const ConvAlgorithm& conv_direct();        // conv_direct.cpp
 const ConvAlgorithm& conv_direct_plain();  // conv_direct.cpp
 const ConvAlgorithm& conv_winograd();      // conv_direct.cpp
 const ConvAlgorithm& conv_pointwise();     // conv_direct.cpp
+const ConvAlgorithm& conv_direct_fp32();   // conv_direct.cpp
 const ConvAlgorithm& conv_direct_1x1();    // conv_1x1.cpp
 const ConvAlgorithm& conv_type3();         // conv_type3.cpp
 const ConvAlgorithm& conv_type1();         // conv_type1.cpp

@@ -7,7 +7,8 @@ namespace hn::detail {
 const std::vector<const ConvAlgorithm*>& conv_algorithms() {
   static const std::vector<const ConvAlgorithm*> list{
       &conv_direct(),  // the driver's own convolution: moves no lowered bytes
-      &conv_direct_plain(), &conv_winograd(), &conv_pointwise(), &conv_direct_1x1(), &conv_type3(),
+      &conv_direct_plain(), &conv_winograd(),   &conv_pointwise(),
+      &conv_direct_fp32(),  &conv_direct_1x1(), &conv_type3(),
       &conv_type1(),  // always applies
   };
   return list;

@@ -1,7 +1,8 @@
-// Convolution algorithms direct, direct_plain, winograd and pointwise: the driver's own
-// convolution (oneDNN on the CPU, cuDNN on CUDA), no lowering; direct_plain asks for its NCHW
-// kernels, winograd for its Winograd convolution (the CPU driver's, conv_winograd.h),
-// pointwise for its own 1x1 kernels (the CPU driver's, conv_pointwise.h).
+// Convolution algorithms direct, direct_plain, winograd, pointwise and direct_fp32: the
+// driver's own convolution (oneDNN on the CPU, cuDNN on CUDA), no lowering; direct_plain asks
+// for its NCHW kernels, winograd for its Winograd convolution (the CPU driver's,
+// conv_winograd.h), pointwise for its own 1x1 kernels (the CPU driver's, conv_pointwise.h),
+// direct_fp32 for FP32 where its math mode would let it round.
 #include "lib/layers/conv_algorithm.h"
 
 namespace hn::detail {
@@ -19,6 +20,8 @@ class DriverConvolution final : public ConvAlgorithm {
     switch (kind_) {
       case Lowering::direct_plain:
         return capabilities.convolution && capabilities.blocked_layout;
+      case Lowering::direct_fp32:
+        return capabilities.convolution && capabilities.fp32_convolution;
       case Lowering::winograd: {
         const ConvGeometry& geo = layer.geometry();
         const index_t groups = layer.config().group;
@@ -64,6 +67,7 @@ class DriverConvolution final : public ConvAlgorithm {
     s.plain_kernel = kind_ == Lowering::direct_plain;
     s.winograd = kind_ == Lowering::winograd;
     s.pointwise = kind_ == Lowering::pointwise;
+    s.fp32_kernel = kind_ == Lowering::direct_fp32;
     s.weights_version = slice.params[0].version;
     return s;
   }
@@ -135,6 +139,11 @@ const ConvAlgorithm& conv_direct() {
 
 const ConvAlgorithm& conv_direct_plain() {
   static const DriverConvolution algorithm(Lowering::direct_plain);
+  return algorithm;
+}
+
+const ConvAlgorithm& conv_direct_fp32() {
+  static const DriverConvolution algorithm(Lowering::direct_fp32);
   return algorithm;
 }
 

@@ -39,6 +39,8 @@ const char* lowering_name(Lowering lowering) {
       return "winograd";
     case Lowering::pointwise:
       return "pointwise";
+    case Lowering::direct_fp32:
+      return "direct_fp32";
   }
   return "unknown";
 }
@@ -189,6 +191,7 @@ std::vector<Shape> ConvolutionLayer::setup(const std::vector<Shape>& inputs) {
     case Lowering::automatic:
     case Lowering::direct:
     case Lowering::direct_plain:
+    case Lowering::direct_fp32:
       break;
   }
   lowering_ = p.lowering;
@@ -280,10 +283,10 @@ bool ConvolutionLayer::blocked_on(const Driver& driver) const {
 namespace {
 
 // The driver's own calls besides direct that take blocked operands as they are: on NCHW
-// copies (direct_plain), its Winograd convolution or its pointwise one.
+// copies (direct_plain), its Winograd convolution, its pointwise one, or direct in FP32.
 bool takes_blocked(Lowering lowering) {
   return lowering == Lowering::direct_plain || lowering == Lowering::winograd ||
-         lowering == Lowering::pointwise;
+         lowering == Lowering::pointwise || lowering == Lowering::direct_fp32;
 }
 
 }  // namespace
@@ -316,6 +319,7 @@ std::vector<Lowering> ConvolutionLayer::candidates(const Driver& driver) const {
     std::vector<Lowering> result{Lowering::direct, Lowering::direct_plain};
     if (detail::conv_winograd().applies(*this, driver)) result.push_back(Lowering::winograd);
     if (detail::conv_pointwise().applies(*this, driver)) result.push_back(Lowering::pointwise);
+    if (detail::conv_direct_fp32().applies(*this, driver)) result.push_back(Lowering::direct_fp32);
     return result;
   }
   // Otherwise every algorithm that can run this layer, in the list's order.

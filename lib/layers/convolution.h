@@ -31,6 +31,11 @@ enum class Lowering {
   // padding, any stride, one group, input and output in one blocked layout with channel
   // counts that are multiples of its block).
   pointwise,
+  // The driver's own convolution in FP32 where its math mode would let it round (BF16 on a
+  // CPU with BF16 kernels, Capabilities::fp32_convolution): a candidate of the measured
+  // choice there, so that a call runs in BF16 only where that is faster. On blocked or NCHW
+  // operands, as direct.
+  direct_fp32,
 };
 const char* lowering_name(Lowering lowering);
 

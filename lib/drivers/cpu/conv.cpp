@@ -325,9 +325,9 @@ void DirectConvolution::forward(Parallel& par, const LoweringShape& shape, index
       fused = fused_entry(shape, out_channels, bias != nullptr, activation, sum);
     }
     separate = fused == nullptr;
-    const Entry& e = fused != nullptr
-                         ? *fused
-                         : impl_->entry(Call::forward, shape, out_channels, bias != nullptr, bf16_);
+    const Entry& e = fused != nullptr ? *fused
+                                      : impl_->entry(Call::forward, shape, out_channels,
+                                                     bias != nullptr, bf16_for(shape));
     void* weights_inner = nullptr;
     if (shape.weights_version != 0 && !e.per_group && e.b.reordered)
       weights_inner = impl_->weights_in_layout(e, weights, shape.weights_version);
@@ -351,17 +351,18 @@ const Entry* DirectConvolution::fused_entry(const LoweringShape& shape, index_t 
                                             bool has_bias, const Activation& activation, bool sum) {
   Entry* fused = nullptr;
   try {
-    fused = &impl_->entry(Call::forward, shape, out_channels, has_bias, bf16_, activation, sum);
+    fused = &impl_->entry(Call::forward, shape, out_channels, has_bias, bf16_for(shape), activation,
+                          sum);
   } catch (const dnnl::error&) {
     if (!sum) throw;
     return nullptr;  // no kernel takes this residual: the driver's sum after the call
   }
   if (!fused->use_post_ops) {
     const std::string alone =
-        impl_->entry(Call::forward, shape, out_channels, has_bias, bf16_).implementation;
+        impl_->entry(Call::forward, shape, out_channels, has_bias, bf16_for(shape)).implementation;
     // Looked up again: making the other entry may have evicted this one.
-    Entry& again =
-        impl_->entry(Call::forward, shape, out_channels, has_bias, bf16_, activation, sum);
+    Entry& again = impl_->entry(Call::forward, shape, out_channels, has_bias, bf16_for(shape),
+                                activation, sum);
     const std::string& impl = again.implementation;
     again.use_post_ops = impl == alone && impl.find("gemm") == std::string::npos &&
                          impl.find("ref") == std::string::npos &&
@@ -384,7 +385,7 @@ void DirectConvolution::backward_data(Parallel& par, Blas blas, const LoweringSh
   }
   run(Call::backward_data, par.threads(), shape, out_channels, [&] {
     if (!impl_) impl_ = std::make_unique<Impl>();
-    const Entry& e = impl_->entry(Call::backward_data, shape, out_channels, false, bf16_);
+    const Entry& e = impl_->entry(Call::backward_data, shape, out_channels, false, bf16_for(shape));
     if (e.lowered) {
       lowered_backward_data(par, blas, shape, out_channels, weights, dy, dx);
       return;
@@ -408,8 +409,8 @@ void DirectConvolution::backward_weights(Parallel& par, const LoweringShape& sha
   }
   run(Call::backward_weights, par.threads(), shape, out_channels, [&] {
     if (!impl_) impl_ = std::make_unique<Impl>();
-    const Entry& e =
-        impl_->entry(Call::backward_weights, shape, out_channels, dbias != nullptr, bf16_);
+    const Entry& e = impl_->entry(Call::backward_weights, shape, out_channels, dbias != nullptr,
+                                  bf16_for(shape));
     if (own_depthwise(e, shape, out_channels)) {
       depthwise_backward_weights(par, shape, x, dy, dweights, dbias);
       return;
@@ -434,11 +435,12 @@ void DirectConvolution::backward(Parallel& par, Blas blas, const LoweringShape& 
   bool shared = false;
   run(Call::backward_data, par.threads(), shape, out_channels, [&] {
     if (!impl_) impl_ = std::make_unique<Impl>();
-    impl_->entry(Call::backward_weights, shape, out_channels, dbias != nullptr, bf16_);
-    const Entry& data = impl_->entry(Call::backward_data, shape, out_channels, false, bf16_);
+    impl_->entry(Call::backward_weights, shape, out_channels, dbias != nullptr, bf16_for(shape));
+    const Entry& data =
+        impl_->entry(Call::backward_data, shape, out_channels, false, bf16_for(shape));
     // Looked up again: making the second entry may have evicted the first.
-    const Entry& grads =
-        impl_->entry(Call::backward_weights, shape, out_channels, dbias != nullptr, bf16_);
+    const Entry& grads = impl_->entry(Call::backward_weights, shape, out_channels, dbias != nullptr,
+                                      bf16_for(shape));
     // Both primitives read dy in the same layout: reorder it once.
     if (own_depthwise(grads, shape, out_channels) || data.lowered || data.per_group ||
         grads.per_group || !data.b.reordered || !grads.b.reordered ||

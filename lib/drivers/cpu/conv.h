@@ -65,6 +65,9 @@ class DirectConvolution {
   struct Impl;
   const struct Entry* fused_entry(const LoweringShape& shape, index_t out_channels, bool has_bias,
                                   const Activation& activation, bool sum);
+  // BF16 for this call: the mode's, unless the shape asks for FP32 (LoweringShape::fp32_kernel,
+  // the measured choice's direct_fp32).
+  bool bf16_for(const LoweringShape& shape) const { return bf16_ && !shape.fp32_kernel; }
   std::unique_ptr<Impl> impl_;
   bool bf16_ = false;
 };
