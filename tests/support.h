@@ -60,6 +60,11 @@ class DeviceArray {
   std::size_t count_;
 };
 
+// Whether `driver` computes BF16 products in BF16 math (its note says when it does not).
+inline bool computes_bf16(const Driver& driver) {
+  return driver.math_note(MathMode::bf16).find("computes FP32") == std::string::npos;
+}
+
 inline std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float lo = -1.0f,
                                         float hi = 1.0f) {
   std::mt19937 rng(seed);

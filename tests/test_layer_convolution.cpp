@@ -608,7 +608,7 @@ TEST_CASE(
     "[layer][convolution][tune][math]") {
   const auto cpu = hn::make_driver(hn::Device{"cpu", 0});
   const auto reference = hn::make_driver(hn::Device{"reference", 0});
-  const bool bf16 = cpu->math_note(hn::MathMode::bf16).find("computes FP32") == std::string::npos;
+  const bool bf16 = hn::test::computes_bf16(*cpu);
   const hn::Layout blocked = cpu->capabilities().preferred_blocked_layout;
   for (const hn::Layout layout : {hn::Layout::nchw, blocked}) {
     INFO(hn::layout_name(layout));

@@ -93,11 +93,6 @@ TEST_CASE(
   CHECK(cpu.math_mode() == MathMode::bf16);
 }
 
-// Whether `driver` computes BF16 products in BF16 math (its note says when it does not).
-bool computes_bf16(const Driver& driver) {
-  return driver.math_note(MathMode::bf16).find("computes FP32") == std::string::npos;
-}
-
 double max_abs(const std::vector<float>& values) {
   double most = 0.0;
   for (const float v : values)
@@ -113,7 +108,7 @@ TEST_CASE(
   Runtime runtime;
   Driver& cpu = runtime.add(Device::parse("cpu"));
   runtime.add(Device::parse("cpu:1"));
-  const bool bf16 = computes_bf16(cpu);
+  const bool bf16 = test::computes_bf16(cpu);
   WARN("cpu " << (bf16 ? "computes" : "has no")
               << " BF16 products: " << cpu.math_note(MathMode::bf16));
   const char* file = "mnist_lenet_train_test.prototxt";
@@ -187,7 +182,7 @@ TEST_CASE(
   Runtime runtime;
   Driver& cpu = runtime.add(Device::parse("cpu"));
   Driver& reference = runtime.add(Device::parse("reference"));
-  const bool bf16 = computes_bf16(cpu);
+  const bool bf16 = test::computes_bf16(cpu);
   const auto shape = [](index_t batch, index_t channels, index_t size, index_t kernel, index_t pad,
                         index_t stride) {
     LoweringShape s;
