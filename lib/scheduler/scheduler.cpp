@@ -564,9 +564,11 @@ void Scheduler::run_rows(const std::vector<LayerCall>& calls, bool backward,
       backward);
   // 3. Parameter gradients call by call, then what each device did: a call's wall time is
   // its slowest slice's, and the time no slice accounts for goes to the last call. No device
-  // waits between the calls of a run, so its waiting is the run's wall time less all it did,
-  // the last call's (a call's slowest slice less this device's would count one device's
-  // jitter as the other's idle time, call after call, where neither waited).
+  // waits between the calls of a run, only at its end: its waiting is the run's wall time
+  // less all it did. That idle time is shared among the calls in proportion to how far the
+  // device was from each call's wall time, so a call's busy and waiting never exceed its
+  // wall time, and jitter where neither device waited counts as no waiting at all (the
+  // shares add up to the run's idle time, however small).
   for (std::size_t c = 0; c < calls.size(); ++c)
     reduce_partials(calls[c], runs[c]);
   const double wall = seconds_since(start);
@@ -582,13 +584,23 @@ void Scheduler::run_rows(const std::vector<LayerCall>& calls, bool backward,
     accounted += walls[c];
   }
   walls.back() += std::max(0.0, wall - accounted);
-  for (double& seconds : idle)
-    seconds = std::max(0.0, seconds);
-  const std::vector<double> none(devices.size(), 0.0);
+  // The idle time each device has in each call, and their sum over the calls.
+  std::vector<std::vector<double>> slack(calls.size());
+  std::vector<double> total_slack(devices.size(), 0.0);
   for (std::size_t c = 0; c < calls.size(); ++c) {
+    for (std::size_t d = 0; d < runs[c].size(); ++d) {
+      slack[c].push_back(std::max(0.0, walls[c] - runs[c][d].busy - runs[c][d].copy_seconds));
+      total_slack[d] += slack[c][d];
+    }
+  }
+  for (std::size_t c = 0; c < calls.size(); ++c) {
+    std::vector<double> waiting(runs[c].size(), 0.0);
+    for (std::size_t d = 0; d < runs[c].size(); ++d) {
+      if (total_slack[d] > 0.0)
+        waiting[d] = slack[c][d] * std::clamp(idle[d] / total_slack[d], 0.0, 1.0);
+    }
     if (c < profiles.size() && profiles[c] != nullptr)
-      record(*profiles[c], runs[c], backward, walls[c], &split,
-             c + 1 == calls.size() ? idle : none);
+      record(*profiles[c], runs[c], backward, walls[c], &split, waiting);
   }
 }
 

@@ -108,8 +108,9 @@ struct SliceProfile {
   double forward_busy = 0.0;  // seconds computing, synchronised at the end
   double backward_busy = 0.0;
   // Seconds of the layer's wall time this device sat idle. In a run of layers cut alike
-  // (Scheduler::run_rows) the devices wait only at its end: the run's idle time is its last
-  // layer's, the others' none.
+  // (Scheduler::run_rows) the devices wait only at its end: the run's idle time is shared
+  // among its layers in proportion to how far short of each layer's wall time the device's
+  // slice was, so busy + waiting never exceed a layer's wall time.
   double waiting = 0.0;
   double copy_seconds = 0.0;
   std::size_t copy_bytes = 0;
