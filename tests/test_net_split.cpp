@@ -858,20 +858,16 @@ TEST_CASE("in a run of layers a device's busy and waiting in a layer never excee
   net.reset_profile();
   net.forward_backward();
   const std::vector<LayerProfile> profile = net.profile();
-  double cpu8_waited = 0.0;
   for (const LayerProfile& layer : profile) {
     for (const SliceProfile& slice : layer.devices) {
       INFO(layer.name << " on " << slice.device.name());
       CHECK(slice.forward_busy + slice.backward_busy + slice.waiting <=
             layer.forward_seconds + layer.backward_seconds + 1e-9);
-      if (slice.device.name() == "cpu:8") cpu8_waited += slice.waiting;
     }
   }
-  // cpu:8 waited for cpu:7's sleep in conv1 (80 ms, less its own 20 in conv2), and mostly
-  // in conv1.
-  const double in_conv1 = find_device(find_layer(profile, "conv1"), "cpu:8")->waiting;
-  CHECK(in_conv1 >= 0.03);
-  CHECK(in_conv1 >= 0.5 * cpu8_waited);
+  // cpu:8 waited for cpu:7's sleep in conv1 (80 ms, less its own 20 in conv2), and the
+  // profile says so in conv1.
+  CHECK(find_device(find_layer(profile, "conv1"), "cpu:8")->waiting >= 0.03);
 }
 
 namespace {
