@@ -297,8 +297,14 @@ if [[ -d .gpu/fashion ]]; then
       --solver examples/fashion_mnist/lenet_solver.prototxt --gpu 0 --math $math \
       --metrics "$OUT/metrics-$math.jsonl" >"$OUT/train-$math.log" 2>&1
     rc=$?
-    ((rc == 125)) || note "LeNet on Fashion-MNIST, --gpu 0 --math $math: exit $rc; $(grep 'accuracy =' "$OUT/train-$math.log" | tail -n 1 | sed 's/^ *//'); $(tail -n 1 "$OUT/train-$math.log")"
+    ((rc == 125)) || note "LeNet on Fashion-MNIST, --gpu 0 --math $math: exit $rc; $(grep 'accuracy =' "$OUT/train-$math.log" | tail -n 1 | sed 's/^ *//'); $(grep -m1 'recorded' "$OUT/train-$math.log"); $(tail -n 1 "$OUT/train-$math.log")"
   done
+  # Training's recorded iterations (issue 35 item 4) against call by call: time and accuracy.
+  step "LeNet on Fashion-MNIST, fp32, --graphs off" 100 20 $B/hybridnn train \
+    --solver examples/fashion_mnist/lenet_solver.prototxt --gpu 0 --math fp32 --graphs off \
+    --metrics "$OUT/metrics-fp32-graphs-off.jsonl" >"$OUT/train-fp32-graphs-off.log" 2>&1
+  rc=$?
+  ((rc == 125)) || note "LeNet on Fashion-MNIST, --gpu 0 --math fp32 --graphs off: exit $rc; $(grep 'accuracy =' "$OUT/train-fp32-graphs-off.log" | tail -n 1 | sed 's/^ *//'); $(tail -n 1 "$OUT/train-fp32-graphs-off.log")"
 fi
 
 echo "== batch 128, each math mode"

@@ -19,6 +19,7 @@
 #include "lib/layers/convolution_layer.h"
 #include "lib/net/net.h"
 #include "tests/net_runs.h"
+#include "tests/recording_driver.h"
 #include "tests/support.h"
 
 namespace hn {
@@ -178,6 +179,52 @@ TEST_CASE("a net on a driver that runs calls as they are made records no iterati
   std::string why;
   CHECK(split->record_iteration(why) == nullptr);
   CHECK_THAT(why, Contains("split") && Contains("'ip1'"));
+}
+
+// The same on a driver that records (test::RecordingDriver, the reference driver's calls kept
+// and replayed, as a CUDA graph holds a stream's): a net with a loss records its forward and
+// backward, and each replay computes on the inputs of its time what the calls made one by
+// one compute, bit for bit; a wait inside a recording fails it, naming the call.
+TEST_CASE("a net on a driver that records replays its iteration as the calls made one by one") {
+  Runtime runtime;
+  auto& recorder =
+      static_cast<test::RecordingDriver&>(runtime.add(std::make_unique<test::RecordingDriver>()));
+  auto net = Net::from_text(kSmallNet, "small.prototxt", runtime, recorder);
+  const auto set_x = [&](unsigned seed) {
+    const std::vector<float> x = test::random_floats(24, seed);
+    std::copy(x.begin(), x.end(), net->blob("x").host_data_mut());
+  };
+  set_inputs(*net);
+  const auto eager = [&](unsigned seed) {
+    set_x(seed);
+    net->clear_param_diffs();
+    const float loss = net->forward_backward();
+    return std::pair{loss, test::param_gradients(*net)};
+  };
+  const auto first = eager(7);
+  std::string why;
+  net->clear_param_diffs();
+  const std::unique_ptr<Driver::Recording> recording = net->record_iteration(why);
+  INFO(why);
+  REQUIRE(recording != nullptr);
+  CHECK(recorder.recorded_calls() > 0);
+  net->replay_iteration(*recording, false);
+  CHECK(net->read_loss() == first.first);
+  CHECK(test::param_gradients(*net) == first.second);
+  // New inputs: the replay reads them where the recorded calls do.
+  const auto second = eager(8);
+  CHECK(second.first != first.first);
+  set_x(8);
+  net->clear_param_diffs();
+  net->replay_iteration(*recording);
+  CHECK(net->read_loss() == second.first);
+  CHECK(test::param_gradients(*net) == second.second);
+  // A wait inside a recording fails it, naming the call; the driver runs calls again after.
+  REQUIRE(recorder.begin_recording(why));
+  CHECK_THROWS_WITH(recorder.synchronize(), Contains("synchronize"));
+  CHECK(recorder.end_recording(why) == nullptr);
+  CHECK_THAT(why, Contains("synchronize") && Contains("cannot be recorded"));
+  CHECK(eager(8) == second);
 }
 
 TEST_CASE("Net backward matches finite differences of the net loss") {

@@ -22,6 +22,7 @@
 #include "lib/net/net.h"
 #include "lib/proto/prototxt.h"
 #include "lib/solver/solver.h"
+#include "tests/recording_driver.h"
 #include "tests/support.h"
 
 namespace hn {
@@ -341,6 +342,106 @@ TEST_CASE("iter_size 2 with batch 4 equals iter_size 1 with batch 8 in losses an
       CHECK(weights[1][p][i] == Approx(weights[0][p][i]).epsilon(1e-5).margin(1e-6));
     }
   }
+}
+
+// ---- recorded iterations (SolverOptions::graphs) --------------------------------------------
+
+// On a driver that records (test::RecordingDriver: the reference driver's calls kept and
+// replayed, as a GPU's stream is captured into a CUDA graph), the iterations after the
+// first replay one recording of the forward and backward: the same losses and weights as
+// call by call, bit for bit, on the next batches in order; a net with Dropout is not
+// recorded (its masks' seed would be fixed), and says so.
+TEST_CASE(
+    "training on a driver that records replays one recorded iteration, with the losses and "
+    "weights of training call by call") {
+  const bool dropout = GENERATE(false, true);
+  const int iter_size = GENERATE(1, 2);
+  INFO("dropout " << dropout << ", iter_size " << iter_size);
+  struct Run {
+    std::map<int, float> losses;
+    std::vector<std::vector<float>> weights;
+    bool recorded = false;
+    std::string why;
+    int replayed_calls = 0;
+  };
+  const auto train = [&](bool graphs) {
+    const fs::path dir = scratch_dir(fmt::format("graphs_{}", graphs));
+    const fs::path path = write_data_solver(
+        dir, 4, dropout,
+        fmt::format("base_lr: 0.5\nlr_policy: \"inv\"\ngamma: 0.1\npower: 0.75\n"
+                    "momentum: 0.9\nweight_decay: 0.001\niter_size: {}\nmax_iter: 6\n"
+                    "display: 1\nrandom_seed: 5\nsnapshot_after_train: false",
+                    iter_size));
+    Runtime runtime;
+    auto* recorder = static_cast<test::RecordingDriver*>(
+        &runtime.add(std::make_unique<test::RecordingDriver>()));
+    SolverOptions options;
+    options.graphs = graphs;
+    Solver solver(path.string(), runtime, *recorder, options);
+    Recorder events;
+    events.attach(solver);
+    solver.solve();
+    Run run;
+    run.losses = events.train_loss;
+    for (const NetParam& p : solver.net().learnable_params())
+      run.weights.emplace_back(p.tensor->host_data(), p.tensor->host_data() + p.tensor->count());
+    run.recorded = solver.iteration_recorded();
+    run.why = solver.unrecorded_why();
+    run.replayed_calls = recorder->replayed_calls();
+    return run;
+  };
+  const Run eager = train(false);
+  const Run replayed = train(true);
+  CHECK_FALSE(eager.recorded);
+  CHECK(eager.why.empty());
+  CHECK(eager.replayed_calls == 0);
+  if (dropout) {
+    CHECK_FALSE(replayed.recorded);
+    CHECK_THAT(replayed.why, Contains("'drop' (Dropout)") && Contains("seed"));
+    CHECK(replayed.replayed_calls == 0);
+  } else {
+    INFO(replayed.why);
+    CHECK(replayed.recorded);
+    CHECK(replayed.why.empty());
+    // Iterations 1..5, iter_size batches each, replayed.
+    CHECK(replayed.replayed_calls > 0);
+  }
+  REQUIRE(eager.losses.size() == 7);  // iterations 0..5 and the closing display at 6
+  CHECK(replayed.losses == eager.losses);
+  CHECK(replayed.weights == eager.weights);
+}
+
+TEST_CASE(
+    "a loss read back inside the iteration leaves it unrecorded, said, and trains as before") {
+  // VALID normalization with an ignore_label counts the labels left on the host.
+  const fs::path dir = scratch_dir("graphs_ignore_label");
+  std::string net = data_net(4, false);
+  const std::string loss = "top: \"loss\" }";
+  const auto at = net.find(loss);
+  REQUIRE(at != std::string::npos);
+  net.replace(at, loss.size(), "top: \"loss\" loss_param { ignore_label: 2 } }");
+  write_file(dir / "net.prototxt", net);
+  const fs::path path = dir / "solver.prototxt";
+  write_file(path,
+             "net: \"net.prototxt\"\nbase_lr: 0.1\nlr_policy: \"fixed\"\nmax_iter: 3\n"
+             "display: 1\nsnapshot_after_train: false\n");
+  std::vector<std::map<int, float>> losses;
+  for (const bool graphs : {false, true}) {
+    Runtime runtime;
+    Driver& recorder = runtime.add(std::make_unique<test::RecordingDriver>());
+    SolverOptions options;
+    options.graphs = graphs;
+    Solver solver(path.string(), runtime, recorder, options);
+    Recorder events;
+    events.attach(solver);
+    solver.solve();
+    CHECK_FALSE(solver.iteration_recorded());
+    if (graphs) {
+      CHECK_THAT(solver.unrecorded_why(), Contains("'loss'") && Contains("cannot be recorded"));
+    }
+    losses.push_back(events.train_loss);
+  }
+  CHECK(losses[1] == losses[0]);
 }
 
 // ---- snapshots and resume ------------------------------------------------------------------

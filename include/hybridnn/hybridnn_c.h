@@ -274,6 +274,8 @@ HN_API hn_status hn_net_calibrate_splits(hn_net* net);
  *   bucket_bytes           the same in bytes
  *   grad_compress          none (default) or bf16: gradients sent as BF16 with FP32 sums at
  *                          every hop (the ring and hier backends; others send FP32)
+ *   graphs                 on (default) or off: on a GPU alone, the iterations after the
+ *                          first replay one recorded forward and backward (a CUDA graph)
  * and a communicator (hn_solver_options_set_communicator) for data parallelism. */
 HN_API hn_status hn_solver_options_create(hn_solver_options** out);
 HN_API void hn_solver_options_destroy(hn_solver_options* options);

@@ -114,6 +114,7 @@ LayerType dropout_layer_type() {
   type.name = "Dropout";
   type.make = make_dropout;
   type.element_wise = true;
+  type.draws_per_iteration = true;
   return type;
 }
 

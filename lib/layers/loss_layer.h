@@ -31,6 +31,9 @@ class SoftmaxWithLossLayer final : public Layer {
  private:
   AxisShape axis_shape() const;
   float normalizer(Driver& driver, const LayerSlice& slice, const float* prob) const;
+  // VALID normalization with an ignore_label: the count of valid positions is read back to
+  // the host (the iteration cannot be recorded).
+  bool counts_on_host() const;
 
   SoftmaxWithLossParams param_;
   int num_outputs_;

@@ -79,6 +79,9 @@ struct LayerType {
   // In place, each output value from the same input value only (ReLU, Dropout): the layer
   // may run on a blob held as columns by layers cut by outputs (lib/net/net_output_cut.cpp).
   bool element_wise = false;
+  // Draws from the iteration's random stream (Dropout's masks, LayerCall::seed): a recorded
+  // iteration would fix the draws, so the Solver does not record a training net with one.
+  bool draws_per_iteration = false;
   FusionRole fusion = FusionRole::none;
   // Set when the outputs can be cut (absent: the Net refuses split_axis: OUTPUT and
   // model_parallel for this type, naming it).

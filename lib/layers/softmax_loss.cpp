@@ -108,6 +108,13 @@ float SoftmaxWithLossLayer::normalizer(Driver& driver, const LayerSlice& slice,
   return loss_normalizer(normalization_, shape.outer, shape.inner, valid_count);
 }
 
+// The loss and its gradient stay on the driver (no value comes back to the host), so that a
+// training iteration can be recorded (Net::record_iteration), except where VALID counts the
+// positions an ignore_label leaves: that count is read back.
+bool SoftmaxWithLossLayer::counts_on_host() const {
+  return normalization_ == LossNormalization::valid && param_.loss_param.ignore_label;
+}
+
 void SoftmaxWithLossLayer::forward(const LayerSlice& slice) {
   Driver& driver = *slice.driver;
   const AxisShape shape = axis_shape();
@@ -119,10 +126,18 @@ void SoftmaxWithLossLayer::forward(const LayerSlice& slice) {
   float* valid = losses + positions;
   driver.softmax_loss_forward(shape, prob, slice.inputs[1].x(), loss.ignore_label.has_value(),
                               loss.ignore_label.value_or(0), losses, valid);
-  const float total = driver.sum(positions, losses);
-  const index_t valid_count = std::llround(driver.sum(positions, valid));
-  const float divisor = loss_normalizer(normalization_, shape.outer, shape.inner, valid_count);
-  detail::write_scalar(driver, total / divisor, slice.outputs[0].mutable_x());
+  float* y = slice.outputs[0].mutable_x();
+  if (counts_on_host()) {
+    const float total = driver.sum(positions, losses);
+    const index_t valid_count = std::llround(driver.sum(positions, valid));
+    const float divisor = loss_normalizer(normalization_, shape.outer, shape.inner, valid_count);
+    detail::write_scalar(driver, total / divisor, y);
+    return;
+  }
+  // The sum of the losses into the output, then divided by the normalizer.
+  driver.bias_backward(AxisShape{1, 1, positions}, losses, 0.0f, y);
+  const float divisor = loss_normalizer(normalization_, shape.outer, shape.inner, positions);
+  if (divisor != 1.0f) driver.scale(1, 1.0f / divisor, y);
 }
 
 void SoftmaxWithLossLayer::backward(const LayerSlice& slice) {
@@ -130,12 +145,23 @@ void SoftmaxWithLossLayer::backward(const LayerSlice& slice) {
   if (slice.propagate_down.empty() || !slice.propagate_down[0]) return;
   Driver& driver = *slice.driver;
   const float* prob = num_outputs_ == 2 ? slice.outputs[1].x() : slice.state[0].x();
-  const float loss_weight = detail::read_scalar(driver, slice.outputs[0].dx());
-  const float scale = loss_weight / normalizer(driver, slice, prob);
   const LossParams& loss = param_.loss_param;
-  driver.softmax_loss_backward(axis_shape(), prob, slice.inputs[1].x(),
-                               loss.ignore_label.has_value(), loss.ignore_label.value_or(0), scale,
-                               slice.inputs[0].mutable_dx());
+  float* dx = slice.inputs[0].mutable_dx();
+  const AxisShape shape = axis_shape();
+  if (counts_on_host()) {
+    const float loss_weight = detail::read_scalar(driver, slice.outputs[0].dx());
+    const float scale = loss_weight / normalizer(driver, slice, prob);
+    driver.softmax_loss_backward(shape, prob, slice.inputs[1].x(), true, *loss.ignore_label, scale,
+                                 dx);
+    return;
+  }
+  // The gradient for a unit loss weight, then times the loss weight, the output's gradient,
+  // where it is on the driver.
+  const float divisor =
+      loss_normalizer(normalization_, shape.outer, shape.inner, shape.outer * shape.inner);
+  driver.softmax_loss_backward(shape, prob, slice.inputs[1].x(), loss.ignore_label.has_value(),
+                               loss.ignore_label.value_or(0), 1.0f / divisor, dx);
+  driver.scale_channels(AxisShape{1, 1, shape.count()}, slice.outputs[0].dx(), dx, dx);
 }
 
 // ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------

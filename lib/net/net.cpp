@@ -609,6 +609,10 @@ float Net::forward() {
   for (int l = 0; l < num_layers();)
     l = impl_->forward_from(l);
   impl_->data_batch++;
+  return read_loss();
+}
+
+float Net::read_loss() {
   impl_->last_loss = 0.0f;
   for (const NetLayer& nl : impl_->layers) {
     for (std::size_t t = 0; t < nl.tops.size(); ++t) {
@@ -720,10 +724,10 @@ std::unique_ptr<Driver::Recording> Net::record_iteration(std::string& why) {
   return m.driver->end_recording(why);
 }
 
-void Net::replay_iteration(Driver::Recording& recording) {
-  impl_->run_data_layers_for_recording();
+void Net::replay_iteration(Driver::Recording& recording, bool fetch_data) {
+  if (fetch_data) impl_->run_data_layers_for_recording();
   recording.replay();
-  impl_->data_batch++;
+  if (fetch_data) impl_->data_batch++;
   impl_->mark_replayed();
 }
 

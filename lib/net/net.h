@@ -257,12 +257,18 @@ class Net {
   // as in forward() (their copies from the host stay outside). nullptr, with the reason in
   // `why`, where the driver records nothing (a CPU), the net is split or cut across ranks,
   // or a layer's calls cannot be recorded (a wait for the device, a copy through the host);
-  // the recorded layers have not run then. replay_iteration runs one such iteration; the
-  // values it writes are the driver's (host reads copy them again); loss() is not updated.
+  // the recorded layers have not run then, though the data layers have fetched their batch.
+  // replay_iteration runs one such iteration (`fetch_data` false: on the batch the data
+  // layers last fetched, as for the first replay after record_iteration); the values it
+  // writes are the driver's (host reads copy them again); loss() is not updated: read_loss()
+  // reads it back.
   std::unique_ptr<Driver::Recording> record_iteration(std::string& why);
-  void replay_iteration(Driver::Recording& recording);
+  void replay_iteration(Driver::Recording& recording, bool fetch_data = true);
   // Sums the weighted losses of the last forward.
   float loss() const;
+  // Sums the weighted losses now in the loss outputs, as forward() does after its layers
+  // (a wait for the driver), and returns them as loss() will.
+  float read_loss();
   // Zeroes every learnable parameter's gradient.
   void clear_param_diffs();
 

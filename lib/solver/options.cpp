@@ -252,6 +252,14 @@ const std::vector<Entry>& entries() {
            detail::fail("option {}: expected none or bf16, got '{}'", k, v);
          o.grad_compress = parse_grad_compression(v);
        }},
+      {{"graphs", "on|off",
+        "on a GPU alone, the training iterations after the first replay one recording of the "
+        "forward and backward, a CUDA graph (default on)",
+        kSolverOption},
+       nullptr,
+       [](SolverOptions& o, const std::string& k, const std::string& v) {
+         o.graphs = on_off(k, v);
+       }},
       {{"bucket_bytes", "N", "gradient bucket size for the allreduce (default 25 MiB)",
         kSolverOption},
        nullptr,

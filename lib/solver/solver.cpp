@@ -21,6 +21,7 @@
 #include "lib/core/check.h"
 #include "lib/core/philox.h"
 #include "lib/core/text.h"
+#include "lib/layers/registry.h"
 #include "lib/proto/prototxt.h"
 #include "lib/solver/gradient_sync.h"
 #include "lib/solver/solver_impl.h"
@@ -59,7 +60,7 @@ void Solver::Impl::train_iteration() {
     if (sync) stream = detail::mix_seeds(stream, static_cast<std::uint64_t>(comm->rank()) + 1);
     net->set_iteration_seed(stream);
     if (!sync || k + 1 < iter_size) {
-      loss += net->forward_backward();
+      loss += forward_backward(iter > run_start_iter);
       continue;
     }
     loss += net->forward();
@@ -82,6 +83,36 @@ void Solver::Impl::train_iteration() {
         origin, std::isnan(loss) ? "NaN" : "infinite", iter);
   }
   last_loss = loss;
+}
+
+float Solver::Impl::forward_backward(bool may_record) {
+  if (recording) {
+    net->replay_iteration(*recording);
+    return net->read_loss();
+  }
+  if (!may_record || !unrecorded.empty() || !options.graphs || !driver->records())
+    return net->forward_backward();
+  if (sync) unrecorded = "several ranks reduce the gradients during backward";
+  for (int l = 0; l < net->num_layers() && unrecorded.empty(); ++l) {
+    const LayerType* layer_type = find_layer_type(net->layer_type(l));
+    if (layer_type != nullptr && layer_type->draws_per_iteration) {
+      unrecorded = fmt::format(
+          "layer '{}' ({}) draws anew every iteration from a seed a recording would fix",
+          net->layer_name(l), net->layer_type(l));
+    }
+  }
+  if (unrecorded.empty()) {
+    const std::uint64_t batch = net->data_position();
+    std::string why;
+    recording = net->record_iteration(why);
+    if (recording) {
+      net->replay_iteration(*recording, false);  // the batch record_iteration fetched
+      return net->read_loss();
+    }
+    unrecorded = why.empty() ? "the driver recorded nothing" : why;
+    net->seek_data(batch);  // the batch the recording fetched, once more
+  }
+  return net->forward_backward();
 }
 
 void Solver::Impl::broadcast_weights() {
@@ -296,6 +327,7 @@ void Solver::Impl::test_all() {
 // Caffe's Solver::Step. Returns the iterations run.
 int Solver::Impl::run(int iterations) {
   const int start_iter = iter, stop_iter = iter + iterations;
+  run_start_iter = iter;
   losses.clear();
   smoothed_loss = 0.0f;
   train_seconds = 0.0;
@@ -463,6 +495,14 @@ std::string Solver::snapshot() {
   std::string model;
   impl_->with_rank_context([&] { model = impl_->snapshot(); });
   return model;
+}
+
+bool Solver::iteration_recorded() const {
+  return impl_->recording != nullptr;
+}
+
+const std::string& Solver::unrecorded_why() const {
+  return impl_->unrecorded;
 }
 
 int Solver::iter() const {

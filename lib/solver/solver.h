@@ -80,6 +80,14 @@ struct SolverOptions {
   bool fuse_layers = true;
   // The nets' math mode (NetOptions::math); unset: each net's prototxt decides.
   std::optional<MathMode> math;
+  // On a driver that records (a GPU alone, Driver::records), the training net's forward
+  // and backward are recorded once, at the run's second iteration, and replayed as one
+  // launch (a CUDA graph) at every iteration after; the data layers, the loss check and the
+  // update run outside it, as before. A net the recording cannot hold trains call by call,
+  // with a note on stderr saying why: several ranks, a split or cut across devices, a
+  // Dropout layer (its masks' seed would be fixed), a call that waits for the device.
+  // false: call by call always.
+  bool graphs = true;
 };
 
 // What the Solver reports while it runs: one event per display interval (phase train) and
@@ -154,6 +162,12 @@ class Solver {
   std::string snapshot_prefix() const;
   // The ranks this solver trains with.
   Communicator& communicator();
+
+  // Whether the training net's iteration replays a recording (SolverOptions::graphs), and
+  // where it was tried and could not, why (empty otherwise: not yet tried, graphs off, or a
+  // driver that records nothing, such as a CPU's).
+  bool iteration_recorded() const;
+  const std::string& unrecorded_why() const;
 
   int iter() const;
   int max_iter() const;

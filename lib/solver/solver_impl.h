@@ -76,6 +76,14 @@ struct Solver::Impl {
   double allreduce_seconds = 0.0, exposed_comm_seconds = 0.0;
   double comm_bytes = 0.0;  // sent since the last display
   int iterations_since_display = 0;
+  // The training net's recorded iteration (SolverOptions::graphs), once made; `unrecorded`:
+  // why none will be (said once), empty while the run may still make one.
+  std::unique_ptr<Driver::Recording> recording;
+  std::string unrecorded;
+  int run_start_iter = 0;  // the iteration the current solve()/step() began at
+  // The forward and backward of one batch: replayed where recorded, else call by call;
+  // records at the run's second iteration where the net and options allow.
+  float forward_backward(bool may_record);
   bool first_display = true;  // the first iteration of a run pays one-off setup: not timed
 
   // The constructors' work, once driver (or device) is set.

@@ -191,8 +191,9 @@ class Reporter {
 // The flags of train's own from the library's option table (the tuning ones come with
 // apply_tune_flags).
 constexpr std::initializer_list<const char*> kSolverKeys = {
-    "data", "train_data", "test_data",  "mean_file",      "max_iter",  "snapshot_prefix",
-    "seed", "split",      "split_file", "model_parallel", "bucket_mb", "grad_compress"};
+    "data",  "train_data", "test_data",  "mean_file",      "max_iter",  "snapshot_prefix",
+    "seed",  "split",      "split_file", "model_parallel", "bucket_mb", "grad_compress",
+    "graphs"};
 
 int run_train(const Args& args) {
   const std::string solver_path = args.required_text("solver");
@@ -250,7 +251,22 @@ int run_train(const Args& args) {
   settle_splits(solver.net(), args);
 
   Reporter reporter(solver, metrics);
-  solver.on_event([&reporter](const SolverEvent& event) { reporter(event); });
+  // Said once, at the first event after the solver tried to record an iteration and could
+  // not (a GPU alone, --graphs on).
+  bool said_recording = false;
+  solver.on_event([&](const SolverEvent& event) {
+    if (!said_recording && root && solver.iteration_recorded()) {
+      fmt::print(
+          "Iterations replay one recorded forward and backward (a CUDA graph; --graphs "
+          "off: call by call)\n");
+      said_recording = true;
+    } else if (!said_recording && root && !solver.unrecorded_why().empty()) {
+      fmt::print(stderr, "Note: training call by call, not as one recorded iteration: {}\n",
+                 solver.unrecorded_why());
+      said_recording = true;
+    }
+    reporter(event);
+  });
   const int first_iter = solver.iter();
   const auto start = std::chrono::steady_clock::now();
   try {
@@ -312,8 +328,8 @@ Command train_command() {
       {"snapshot", FlagKind::text, "S", "resume from this .solverstate"},
       {"metrics", FlagKind::text, "FILE", "write JSON-lines metrics to FILE"},
   };
-  for (const char* key :
-       {"data", "train_data", "test_data", "mean_file", "max_iter", "snapshot_prefix", "seed"})
+  for (const char* key : {"data", "train_data", "test_data", "mean_file", "max_iter",
+                          "snapshot_prefix", "seed", "graphs"})
     command.flags.push_back(table_flag(key));
   for (FlagSpec& flag : device_flags())
     command.flags.push_back(std::move(flag));

@@ -231,12 +231,32 @@ layer { name: "silence" type: "Silence" bottom: "label" }
   set_inputs(1);
   CHECK(eager() == first);
 
-  // SoftmaxWithLoss reads its valid count back: not recordable, said, nothing lost.
-  std::string with_loss(layers);
-  with_loss.replace(with_loss.find("layer { name: \"silence\""), std::string::npos,
-                    "layer { name: \"loss\" type: \"SoftmaxWithLoss\" bottom: \"ip\" "
-                    "bottom: \"label\" top: \"loss\" }\n");
-  Net lossy(dir.write("lossy.prototxt", "name: \"lossy\"" + with_loss), runtime, gpu, options);
+  // SoftmaxWithLoss keeps its loss on the GPU: its iteration records, and the replay's loss,
+  // read back after it, is the eager one.
+  const auto with_loss = [&](const std::string& loss_param) {
+    std::string text(layers);
+    text.replace(text.find("layer { name: \"silence\""), std::string::npos,
+                 "layer { name: \"loss\" type: \"SoftmaxWithLoss\" bottom: \"ip\" "
+                 "bottom: \"label\" top: \"loss\" " +
+                     loss_param + " }\n");
+    return "name: \"lossy\"" + text;
+  };
+  Net trained(dir.write("trained.prototxt", with_loss("")), runtime, gpu, options);
+  std::fill(trained.blob("label").host_data_mut(),
+            trained.blob("label").host_data_mut() + trained.blob("label").count(), 1.0f);
+  trained.clear_param_diffs();
+  const float eager_loss = trained.forward_backward();
+  why.clear();
+  trained.clear_param_diffs();
+  const std::unique_ptr<Driver::Recording> loss_recording = trained.record_iteration(why);
+  INFO(why);
+  REQUIRE(loss_recording != nullptr);
+  trained.replay_iteration(*loss_recording, false);
+  CHECK(trained.read_loss() == eager_loss);
+  // With an ignore_label, VALID reads its count of valid labels back: not recordable, said,
+  // nothing lost.
+  Net lossy(dir.write("lossy.prototxt", with_loss("loss_param { ignore_label: 3 }")), runtime, gpu,
+            options);
   const BlobRef label = lossy.blob("label");
   std::fill(label.host_data_mut(), label.host_data_mut() + label.count(), 1.0f);
   const float loss = lossy.forward_backward();
