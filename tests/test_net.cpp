@@ -227,6 +227,57 @@ TEST_CASE("a net on a driver that records replays its iteration as the calls mad
   CHECK(eager(8) == second);
 }
 
+// The loss layers keep their loss, normaliser and loss weight on the driver (no value read
+// back), so a net ending in each records; a loss weight of 2.5 reaches the gradients from
+// the output's gradient on the driver.
+TEST_CASE(
+    "a net ending in each loss layer records its iteration and replays its loss and gradients") {
+  const char* losses[] = {
+      R"(layer { name: "loss" type: "SoftmaxWithLoss" bottom: "y" bottom: "label" top: "loss"
+                 loss_weight: 2.5 loss_param { normalization: FULL } })",
+      R"(layer { name: "loss" type: "SoftmaxWithLoss" bottom: "y" bottom: "label" top: "loss"
+                 loss_weight: 2.5 })",
+      R"(layer { name: "loss" type: "EuclideanLoss" bottom: "y" bottom: "target" top: "loss"
+                 loss_weight: 2.5 })",
+      R"(layer { name: "loss" type: "SigmoidCrossEntropyLoss" bottom: "y" bottom: "target"
+                 top: "loss" loss_weight: 2.5 })"};
+  for (const char* loss : losses) {
+    INFO(loss);
+    const std::string text = std::string(R"(
+name: "losses"
+layer { name: "in" type: "Input" top: "x" top: "label" top: "target"
+        input_param { shape { dim: 4 dim: 5 } shape { dim: 4 } shape { dim: 4 dim: 3 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "silence" type: "Silence" bottom: "label" bottom: "target" }
+)") + loss;
+    Runtime runtime;
+    Driver& recorder = runtime.add(std::make_unique<test::RecordingDriver>());
+    auto net = Net::from_text(text, "losses.prototxt", runtime, recorder);
+    const std::vector<float> x = test::random_floats(20, 3);
+    std::copy(x.begin(), x.end(), net->blob("x").host_data_mut());
+    float* label = net->blob("label").host_data_mut();
+    for (int i = 0; i < 4; ++i)
+      label[i] = static_cast<float>(i % 3);
+    const std::vector<float> target = test::random_floats(12, 4);
+    float* t = net->blob("target").host_data_mut();
+    for (int i = 0; i < 12; ++i)
+      t[i] = target[i] > 0.0f ? 1.0f : 0.0f;  // a probability for the cross entropy
+    net->clear_param_diffs();
+    const float eager = net->forward_backward();
+    const std::vector<std::vector<float>> gradients = test::param_gradients(*net);
+    CHECK(eager != 0.0f);
+    std::string why;
+    net->clear_param_diffs();
+    const std::unique_ptr<Driver::Recording> recording = net->record_iteration(why);
+    INFO(why);
+    REQUIRE(recording != nullptr);
+    net->replay_iteration(*recording, false);
+    CHECK(net->read_loss() == eager);
+    CHECK(test::param_gradients(*net) == gradients);
+  }
+}
+
 TEST_CASE("Net backward matches finite differences of the net loss") {
   Fixture f;
   NetOptions options;

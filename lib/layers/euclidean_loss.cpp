@@ -30,34 +30,41 @@ std::size_t EuclideanLossLayer::workspace_bytes(const Driver&, index_t rows) con
   return static_cast<std::size_t>(input_shape_.count()) * sizeof(float);
 }
 
+// The loss and its gradient stay on the driver (no value read back), so that a training
+// iteration can be recorded (Net::record_iteration).
 void EuclideanLossLayer::forward(const LayerSlice& slice) {
   Driver& driver = *slice.driver;
   const index_t count = input_shape_.count();
-  float* diff = slice.workspace.as<float>();
-  driver.axpby(count, 1.0f, slice.inputs[0].x(), 0.0f, diff);
-  driver.axpy(count, -1.0f, slice.inputs[1].x(), diff);
-  const float squares = driver.dot(count, diff, diff);
-  const float num = static_cast<float>(input_shape_[0]);
+  float* y = slice.outputs[0].mutable_x();
   // Caffe divides by num even when it is 0 (an empty batch gives NaN there); guard it.
-  const float loss = input_shape_[0] > 0 ? squares / num / 2.0f : 0.0f;
-  detail::write_scalar(driver, loss, slice.outputs[0].mutable_x());
+  if (count == 0) {
+    driver.fill(1, 0.0f, y);
+    return;
+  }
+  float* squares = slice.workspace.as<float>();
+  driver.axpby(count, 1.0f, slice.inputs[0].x(), 0.0f, squares);
+  driver.axpy(count, -1.0f, slice.inputs[1].x(), squares);
+  driver.mul(count, squares, squares, squares);
+  driver.bias_backward(AxisShape{1, 1, count}, squares, 0.0f, y);
+  driver.scale(1, 0.5f / static_cast<float>(input_shape_[0]), y);
 }
 
 void EuclideanLossLayer::backward(const LayerSlice& slice) {
   Driver& driver = *slice.driver;
   const index_t count = input_shape_.count();
   if (input_shape_[0] == 0) return;
-  const float loss_weight = detail::read_scalar(driver, slice.outputs[0].dx());
   const float num = static_cast<float>(input_shape_[0]);
   for (int i = 0; i < 2; ++i) {
     if (static_cast<std::size_t>(i) >= slice.propagate_down.size() || !slice.propagate_down[i]) {
       continue;
     }
-    // d/da = (a - b) * w / N, d/db = -(a - b) * w / N.
-    const float alpha = (i == 0 ? 1.0f : -1.0f) * loss_weight / num;
+    // d/da = (a - b) * w / N, d/db = -(a - b) * w / N: for a unit loss weight, then times
+    // the loss weight where it is.
+    const float alpha = (i == 0 ? 1.0f : -1.0f) / num;
     float* dx = slice.inputs[i].mutable_dx();
     driver.axpby(count, alpha, slice.inputs[0].x(), 0.0f, dx);
     driver.axpy(count, -alpha, slice.inputs[1].x(), dx);
+    driver.scale_channels(AxisShape{1, 1, count}, slice.outputs[0].dx(), dx, dx);
   }
 }
 

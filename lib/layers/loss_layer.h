@@ -78,6 +78,8 @@ class SigmoidCrossEntropyLossLayer final : public Layer {
 
  private:
   float normalizer(Driver& driver, const LayerSlice& slice) const;
+  // VALID normalization with an ignore_label: the count is read back (as SoftmaxWithLoss).
+  bool counts_on_host() const;
 
   SigmoidCrossEntropyLossParams param_;
   LossNormalization normalization_;

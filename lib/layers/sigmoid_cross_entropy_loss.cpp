@@ -53,32 +53,57 @@ float SigmoidCrossEntropyLossLayer::normalizer(Driver& driver, const LayerSlice&
   return loss_normalizer(normalization_, outer, inner, valid_count);
 }
 
+// As SoftmaxWithLoss: the loss and its gradient stay on the driver, except where VALID
+// counts the positions an ignore_label leaves (read back).
+bool SigmoidCrossEntropyLossLayer::counts_on_host() const {
+  return normalization_ == LossNormalization::valid && param_.loss_param.ignore_label;
+}
+
 void SigmoidCrossEntropyLossLayer::forward(const LayerSlice& slice) {
   Driver& driver = *slice.driver;
   const index_t count = input_shape_.count();
+  const index_t outer = input_shape_[0];
+  const index_t inner = input_shape_.count(1, input_shape_.axes());
   const LossParams& loss = param_.loss_param;
   float* losses = slice.workspace.as<float>();
   float* valid = losses + count;
   driver.sigmoid_cross_entropy_forward(count, slice.inputs[0].x(), slice.inputs[1].x(),
                                        loss.ignore_label.has_value(), loss.ignore_label.value_or(0),
                                        losses, valid);
-  const float total = driver.sum(count, losses);
-  const index_t valid_count = std::llround(driver.sum(count, valid));
-  const float divisor = loss_normalizer(normalization_, input_shape_[0],
-                                        input_shape_.count(1, input_shape_.axes()), valid_count);
-  detail::write_scalar(driver, total / divisor, slice.outputs[0].mutable_x());
+  float* y = slice.outputs[0].mutable_x();
+  if (counts_on_host()) {
+    const float total = driver.sum(count, losses);
+    const index_t valid_count = std::llround(driver.sum(count, valid));
+    const float divisor = loss_normalizer(normalization_, outer, inner, valid_count);
+    detail::write_scalar(driver, total / divisor, y);
+    return;
+  }
+  driver.bias_backward(AxisShape{1, 1, count}, losses, 0.0f, y);
+  const float divisor = loss_normalizer(normalization_, outer, inner, count);
+  if (divisor != 1.0f) driver.scale(1, 1.0f / divisor, y);
 }
 
 void SigmoidCrossEntropyLossLayer::backward(const LayerSlice& slice) {
   detail::check_no_label_gradient(describe(), slice);
   if (slice.propagate_down.empty() || !slice.propagate_down[0]) return;
   Driver& driver = *slice.driver;
-  const float loss_weight = detail::read_scalar(driver, slice.outputs[0].dx());
-  const float scale = loss_weight / normalizer(driver, slice);
+  const index_t count = input_shape_.count();
   const LossParams& loss = param_.loss_param;
-  driver.sigmoid_cross_entropy_backward(
-      input_shape_.count(), slice.inputs[0].x(), slice.inputs[1].x(), loss.ignore_label.has_value(),
-      loss.ignore_label.value_or(0), scale, slice.inputs[0].mutable_dx());
+  float* dx = slice.inputs[0].mutable_dx();
+  if (counts_on_host()) {
+    const float loss_weight = detail::read_scalar(driver, slice.outputs[0].dx());
+    const float scale = loss_weight / normalizer(driver, slice);
+    driver.sigmoid_cross_entropy_backward(count, slice.inputs[0].x(), slice.inputs[1].x(), true,
+                                          *loss.ignore_label, scale, dx);
+    return;
+  }
+  // The gradient for a unit loss weight, then times the loss weight where it is.
+  const float divisor = loss_normalizer(normalization_, input_shape_[0],
+                                        input_shape_.count(1, input_shape_.axes()), count);
+  driver.sigmoid_cross_entropy_backward(count, slice.inputs[0].x(), slice.inputs[1].x(),
+                                        loss.ignore_label.has_value(),
+                                        loss.ignore_label.value_or(0), 1.0f / divisor, dx);
+  driver.scale_channels(AxisShape{1, 1, count}, slice.outputs[0].dx(), dx, dx);
 }
 
 // ---- the registry entry: Caffe's LayerParameter and the type's traits ------------------
