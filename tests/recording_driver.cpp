@@ -46,6 +46,7 @@ bool RecordingDriver::begin_recording(std::string& why) {
   why.clear();
   recording_ = true;
   failure_.clear();
+  pending_by_name_.clear();
   calls_ = std::make_shared<std::vector<std::function<void()>>>();
   return true;
 }
@@ -59,11 +60,14 @@ std::unique_ptr<Driver::Recording> RecordingDriver::end_recording(std::string& w
     return nullptr;
   }
   recorded_calls_ += static_cast<int>(calls->size());
+  for (const auto& [call, count] : pending_by_name_)
+    recorded_by_name_[call] += count;
   return std::make_unique<Calls>(std::move(calls), replayed_calls_);
 }
 
-void RecordingDriver::keep(std::function<void()> call) {
+void RecordingDriver::keep(const char* name, std::function<void()> call) {
   calls_->push_back(std::move(call));
+  ++pending_by_name_[name];
 }
 
 void RecordingDriver::refuse(const char* call, const char* why) {

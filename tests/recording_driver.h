@@ -8,6 +8,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +32,11 @@ class RecordingDriver final : public Driver {
   std::unique_ptr<Recording> end_recording(std::string& why) override;
   // The calls recorded by the recordings so far, and those replayed.
   int recorded_calls() const { return recorded_calls_; }
+  // How many `call`s (a driver_calls.def name) the recordings so far hold.
+  int recorded(const std::string& call) const {
+    const auto it = recorded_by_name_.find(call);
+    return it == recorded_by_name_.end() ? 0 : it->second;
+  }
   int replayed_calls() const { return replayed_calls_; }
 
  protected:
@@ -55,7 +61,7 @@ class RecordingDriver final : public Driver {
   Ret run(const char* name, Call&& call) {
     if constexpr (std::is_void_v<Ret>) {
       if (recording_) {
-        keep(std::function<void()>(std::forward<Call>(call)));
+        keep(name, std::function<void()>(std::forward<Call>(call)));
       } else {
         call();
       }
@@ -64,13 +70,14 @@ class RecordingDriver final : public Driver {
       return call();
     }
   }
-  void keep(std::function<void()> call);
+  void keep(const char* name, std::function<void()> call);
   [[noreturn]] void refuse(const char* call, const char* why);
 
   std::unique_ptr<Driver> inner_;  // the reference driver, separate memory
   bool recording_ = false;
   std::string failure_;  // the first call refused while recording
   std::shared_ptr<std::vector<std::function<void()>>> calls_;
+  std::map<std::string, int> pending_by_name_, recorded_by_name_;
   int recorded_calls_ = 0;
   int replayed_calls_ = 0;
 };

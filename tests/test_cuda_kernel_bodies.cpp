@@ -1066,6 +1066,28 @@ TEST_CASE("cuda solver_update body equals the reference for every rule, L1 and L
       REQUIRE(max_rel_diff(w_actual, w_expected) <= 1e-5);
       REQUIRE(max_rel_diff(h_actual, h_expected) <= 1e-5);
       REQUIRE(max_rel_diff(h2_actual, h2_expected) <= 1e-5);
+      // The rate read where the update runs (lr * *rate), bit for bit the folded one; a gate
+      // that is not finite updates nothing.
+      const auto grad = random_floats(size_of(n), 140);
+      const float rate = 0.37f, finite = 2.0f, nan = std::nanf("");
+      hn::SolverUpdate read = u, folded = u;
+      folded.lr = u.lr * rate;
+      read.rate = &rate;
+      auto w_read = w_actual, h_read = h_actual, h2_read = h2_actual;
+      for (const float* gate : {&finite, &nan}) {
+        read.gate = gate;
+        for_each_index(n, [&](index_t i) {
+          cuda::solver_update_element(i, read, w_read.data(), grad.data(), h_read.data(),
+                                      h2_read.data());
+        });
+      }
+      for_each_index(n, [&](index_t i) {
+        cuda::solver_update_element(i, folded, w_actual.data(), grad.data(), h_actual.data(),
+                                    h2_actual.data());
+      });
+      CHECK(w_read == w_actual);
+      CHECK(h_read == h_actual);
+      CHECK(h2_read == h2_actual);
     }
   }
 }

@@ -356,22 +356,24 @@ TEST_CASE(
     "weights of training call by call") {
   const bool dropout = GENERATE(false, true);
   const int iter_size = GENERATE(1, 2);
-  INFO("dropout " << dropout << ", iter_size " << iter_size);
+  const std::string type = GENERATE(as<std::string>{}, "SGD", "Adam");
+  INFO("dropout " << dropout << ", iter_size " << iter_size << ", " << type);
   struct Run {
     std::map<int, float> losses;
     std::vector<std::vector<float>> weights;
     bool recorded = false;
     std::string why;
     int replayed_calls = 0;
+    int recorded_updates = 0;
   };
   const auto train = [&](bool graphs) {
     const fs::path dir = scratch_dir(fmt::format("graphs_{}", graphs));
     const fs::path path = write_data_solver(
         dir, 4, dropout,
-        fmt::format("base_lr: 0.5\nlr_policy: \"inv\"\ngamma: 0.1\npower: 0.75\n"
+        fmt::format("base_lr: {}\nlr_policy: \"inv\"\ngamma: 0.1\npower: 0.75\n"
                     "momentum: 0.9\nweight_decay: 0.001\niter_size: {}\nmax_iter: 6\n"
-                    "display: 1\nrandom_seed: 5\nsnapshot_after_train: false",
-                    iter_size));
+                    "display: 1\nrandom_seed: 5\nsnapshot_after_train: false\ntype: \"{}\"",
+                    type == "Adam" ? 0.05 : 0.5, iter_size, type));
     Runtime runtime;
     auto* recorder = static_cast<test::RecordingDriver*>(
         &runtime.add(std::make_unique<test::RecordingDriver>()));
@@ -388,6 +390,7 @@ TEST_CASE(
     run.recorded = solver.iteration_recorded();
     run.why = solver.unrecorded_why();
     run.replayed_calls = recorder->replayed_calls();
+    run.recorded_updates = recorder->recorded("solver_update");
     return run;
   };
   const Run eager = train(false);
@@ -405,6 +408,10 @@ TEST_CASE(
     CHECK(replayed.why.empty());
     // Iterations 1..5, iter_size batches each, replayed.
     CHECK(replayed.replayed_calls > 0);
+    // One batch per update: the update is recorded too, one call per parameter (its rate
+    // read on the driver, Adam's bias correction folded in); two: the update runs after
+    // the second replay.
+    CHECK(replayed.recorded_updates == (iter_size == 1 ? 4 : 0));
   }
   REQUIRE(eager.losses.size() == 7);  // iterations 0..5 and the closing display at 6
   CHECK(replayed.losses == eager.losses);
@@ -657,6 +664,53 @@ TEST_CASE("a diverging loss stops training naming the iteration and keeps earlie
   CHECK(!fs::exists(dir / fmt::format("snap_iter_{}.caffemodel", failed_at + 1)));
   for (const auto& entry : fs::directory_iterator(dir))
     CHECK(entry.path().filename().string().find(".tmp") == std::string::npos);
+}
+
+// A recorded update reads the loss it follows on the driver and updates nothing where it is
+// not finite: training stops at the same iteration with the same weights and histories as
+// call by call, before the update.
+TEST_CASE("a diverging loss in a recorded iteration stops before its recorded update") {
+  struct Stop {
+    std::string message;
+    int iter = 0;
+    std::vector<std::vector<float>> weights;
+    bool recorded = false;
+  };
+  const auto diverge = [&](bool graphs) {
+    const fs::path dir = scratch_dir(fmt::format("nan_graphs_{}", graphs));
+    write_file(dir / "tiny.prototxt", kTinyNet);
+    const fs::path path = dir / "solver.prototxt";
+    write_file(path,
+               "net: \"tiny.prototxt\"\nbase_lr: 1e15\nlr_policy: \"fixed\"\n"
+               "momentum: 0.5\nmax_iter: 50\nsnapshot_after_train: false\n");
+    Runtime runtime;
+    Driver& recorder = runtime.add(std::make_unique<test::RecordingDriver>());
+    SolverOptions options;
+    options.graphs = graphs;
+    Solver solver(path.string(), runtime, recorder, options);
+    set_tiny(solver.net());
+    Stop stop;
+    stop.message = error_of([&] { solver.solve(); });
+    stop.iter = solver.iter();
+    for (const NetParam& p : solver.net().learnable_params())
+      stop.weights.emplace_back(p.tensor->host_data(), p.tensor->host_data() + p.tensor->count());
+    stop.recorded = solver.iteration_recorded();
+    return stop;
+  };
+  const Stop eager = diverge(false);
+  const Stop replayed = diverge(true);
+  INFO(eager.message);
+  CHECK_THAT(eager.message, Contains("stopping before the update"));
+  REQUIRE(eager.iter > 1);  // past the recorded iteration's first replay
+  CHECK(replayed.recorded);
+  // (The same message but for the solver file's directory.)
+  const auto after_path = [](const std::string& m) { return m.substr(m.find("solver.prototxt")); };
+  CHECK(after_path(replayed.message) == after_path(eager.message));
+  CHECK(replayed.iter == eager.iter);
+  CHECK(replayed.weights == eager.weights);
+  for (const std::vector<float>& weights : replayed.weights)
+    for (const float w : weights)
+      CHECK(std::isfinite(w));
 }
 
 // ---- errors ----------------------------------------------------------------------------------

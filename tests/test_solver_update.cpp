@@ -391,6 +391,65 @@ TEST_CASE("solver_update leaves history2 alone for the one-history rules on ever
   }
 }
 
+// A recorded update (Solver, SolverOptions::graphs) reads its rate and the loss it follows
+// on the driver: the local rate is lr * *rate, bit for bit the update with that product as
+// its lr, and a gate that is not finite updates nothing.
+TEST_CASE("solver_update reads its rate and gate on the driver on every driver",
+          "[solver_update][driver_ops]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    const index_t n = 37;
+    const std::size_t count = static_cast<std::size_t>(n);
+    for (const UpdateType type : kTypes) {
+      INFO(hn::update_type_name(type));
+      SolverUpdate folded = settings_for(type);
+      const float lr_mult = 2.0f, rate = 0.0123f;
+      folded.lr = lr_mult * rate;
+      SolverUpdate read = folded;
+      read.lr = lr_mult;
+      const State start = random_state(type, count, 90);
+      const std::vector<float> grad = random_floats(count, 91, -1.0f, 1.0f);
+      const auto step = [&](const SolverUpdate& u) {
+        State s = start;
+        driver_step(*driver, u, s, grad);
+        return s;
+      };
+      const State want = step(folded);
+      for (const float gate : {1.5f, -3.0f}) {
+        DeviceArray scalars(*driver, std::vector<float>{rate, gate});
+        read.rate = scalars.data();
+        read.gate = scalars.data() + 1;
+        const State got = step(read);
+        CHECK(got.param == want.param);
+        CHECK(got.history == want.history);
+        CHECK(got.history2 == want.history2);
+      }
+      for (const float gate : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
+        INFO("gate " << gate);
+        DeviceArray scalars(*driver, std::vector<float>{rate, gate});
+        read.rate = scalars.data();
+        read.gate = scalars.data() + 1;
+        const State got = step(read);
+        CHECK(got.param == start.param);
+        CHECK(got.history == start.history);
+        CHECK(got.history2 == start.history2);
+      }
+      // A rate or gate outside the driver's memory is refused, naming it.
+      if (!driver->capabilities().host_addressable) {
+        const float host_rate = rate;
+        read.rate = &host_rate;
+        read.gate = nullptr;
+        DeviceArray param(*driver, start.param), g(*driver, grad), h(*driver, start.history),
+            h2(*driver, start.history2.empty() ? std::vector<float>(count) : start.history2);
+        CHECK_THROWS_WITH(
+            driver->solver_update(read, n, param.data(), g.data(), h.data(), h2.data()),
+            Catch::Contains("solver_update") && Catch::Contains("rate"));
+      }
+    }
+  }
+}
+
 TEST_CASE("solver_update with no elements touches nothing and accepts null arrays",
           "[solver_update][driver_ops]") {
   const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));

@@ -920,6 +920,8 @@ DriverOperands Driver::solver_update_operands(const SolverUpdate& u, index_t n, 
   }
   ops.update("param", param, floats(n));
   ops.read("grad", grad, floats(n));
+  if (u.rate != nullptr) ops.read("rate", u.rate, floats(1));
+  if (u.gate != nullptr) ops.read("gate", u.gate, floats(1));
   ops.update("history", history, floats(n));
   if (two) ops.update("history2", history2, floats(n));
   return ops;

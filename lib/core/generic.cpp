@@ -151,6 +151,21 @@ class Ones : public Scratch {
 
 // ---- composed from core calls ------------------------------------------------------
 
+// The reference kernel staged as the others are, after reading the rate and the gate, which
+// the staging does not map (they are fields of u), where they are.
+void Driver::do_solver_update(const SolverUpdate& u, index_t n, float* param, const float* grad,
+                              float* history, float* history2) {
+  SolverUpdate local = u;
+  float rate = 1.0f, gate = 0.0f;
+  if (u.rate != nullptr) copy_to_host(&rate, u.rate, sizeof(float));
+  if (u.gate != nullptr) copy_to_host(&gate, u.gate, sizeof(float));
+  local.rate = u.rate != nullptr ? &rate : nullptr;
+  local.gate = u.gate != nullptr ? &gate : nullptr;
+  if (!fold_update_scalars(local)) return;
+  HostStage stage(*this, solver_update_operands(local, n, param, grad, history, history2));
+  staged(stage, &ref::solver_update)(local, n, param, grad, history, history2);
+}
+
 // One copy_strided per index of the shorter of the two swapped axes.
 void Driver::do_swap_axes(index_t d0, index_t d1, index_t inner, const float* src, float* dst) {
   if (d0 <= d1) {

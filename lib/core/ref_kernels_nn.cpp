@@ -475,8 +475,10 @@ void sigmoid_cross_entropy_backward(index_t n, const float* x, const float* targ
 // Each statement of Caffe's float update (solvers' ComputeUpdateValue) evaluated in double
 // and rounded to float where Caffe stores a float: the diff after scaling and after
 // regularising, the histories, the update value and the weight.
-void solver_update(const SolverUpdate& u, index_t n, float* param, const float* grad,
+void solver_update(const SolverUpdate& update, index_t n, float* param, const float* grad,
                    float* history, float* history2) {
+  SolverUpdate u = update;
+  if (!fold_update_scalars(u)) return;
   const double lr = u.lr, momentum = u.momentum, momentum2 = u.momentum2;
   const double delta = u.delta, rms_decay = u.rms_decay, decay = u.decay;
   for (index_t i = 0; i < n; ++i) {

@@ -2,6 +2,8 @@
 // with their settings for one parameter array.
 #pragma once
 
+#include <cmath>
+
 namespace hn {
 
 // The update rules of Caffe's solvers.
@@ -21,6 +23,9 @@ enum class UpdateType { sgd, nesterov, adagrad, rmsprop, adadelta, adam };
 //             h2 = momentum2 * h2 + (1 - momentum2) * g * g;             (v; beta2)
 //             w -= lr * (h / (sqrt(h2) + delta))       (lr includes the bias correction)
 // grad_scale folds gradient clipping and the 1 / iter_size normalisation together.
+// `rate` and `gate`, when set, are single floats in the driver's memory, read when the update
+// runs (so that a recorded update, Driver::begin_recording, follows them): the local rate is
+// lr * *rate, and where *gate is not finite (a NaN loss) nothing is updated.
 struct SolverUpdate {
   UpdateType type = UpdateType::sgd;
   float lr = 0.0f;  // local rate: the policy's rate times the parameter's lr_mult
@@ -31,10 +36,21 @@ struct SolverUpdate {
   float decay = 0.0f;  // local weight decay: weight_decay times decay_mult
   bool l1 = false;     // L1 regularisation instead of L2
   float grad_scale = 1.0f;
+  const float* rate = nullptr;
+  const float* gate = nullptr;
 
   // AdaDelta and Adam keep a second history array.
   bool needs_history2() const { return type == UpdateType::adadelta || type == UpdateType::adam; }
 };
+
+// For code that reads the driver's memory directly: false where *gate says not to update,
+// else folds *rate into lr and clears both.
+inline bool fold_update_scalars(SolverUpdate& u) {
+  if (u.gate != nullptr && !std::isfinite(*u.gate)) return false;
+  if (u.rate != nullptr) u.lr *= *u.rate;
+  u.rate = u.gate = nullptr;
+  return true;
+}
 
 // "SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam" (Caffe's type strings).
 inline const char* update_type_name(UpdateType type) {

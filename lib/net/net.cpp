@@ -612,6 +612,20 @@ float Net::forward() {
   return read_loss();
 }
 
+void Net::sum_losses_on_driver(float* total, float* scratch) {
+  Driver& d = *impl_->driver;
+  d.fill(1, 0.0f, total);
+  for (const NetLayer& nl : impl_->layers) {
+    for (std::size_t t = 0; t < nl.tops.size(); ++t) {
+      if (nl.loss_weights[t] == 0.0f) continue;
+      const BlobVersion& blob = impl_->blobs[nl.tops[t]];
+      const float* y = static_cast<const float*>(impl_->data_of(nl.tops[t]).read(d));
+      d.bias_backward(AxisShape{1, 1, blob.shape.count()}, y, 0.0f, scratch);
+      d.axpy(1, nl.loss_weights[t], scratch, total);
+    }
+  }
+}
+
 float Net::read_loss() {
   impl_->last_loss = 0.0f;
   for (const NetLayer& nl : impl_->layers) {
@@ -686,7 +700,9 @@ void Net::Impl::mark_replayed() {
   }
 }
 
-std::unique_ptr<Driver::Recording> Net::record_iteration(std::string& why) {
+std::unique_ptr<Driver::Recording> Net::record_iteration(std::string& why,
+                                                         const std::function<void()>& before,
+                                                         const std::function<void()>& after) {
   why.clear();
   Impl& m = *impl_;
   for (const NetLayer& nl : m.layers) {
@@ -709,10 +725,12 @@ std::unique_ptr<Driver::Recording> Net::record_iteration(std::string& why) {
   // from the weights the last update left.
   m.recording = true;
   try {
+    if (before) before();
     for (int l = 0; l < num_layers();)
       l = brings_data(m.layers[static_cast<std::size_t>(l)]) ? l + 1 : m.forward_from(l);
     for (int l = num_layers() - 1; l >= 0;)
       l = m.backward_from(l);
+    if (after) after();
   } catch (const std::exception& e) {
     m.recording = false;
     std::string ended;
@@ -725,6 +743,10 @@ std::unique_ptr<Driver::Recording> Net::record_iteration(std::string& why) {
 }
 
 void Net::replay_iteration(Driver::Recording& recording, bool fetch_data) {
+  // Weights written elsewhere since (a restore, copy_weights) reach the driver first: the
+  // recorded calls read them there.
+  for (const NetParam& param : impl_->learnable)
+    param.tensor->data().read(*impl_->driver);
   if (fetch_data) impl_->run_data_layers_for_recording();
   recording.replay();
   if (fetch_data) impl_->data_batch++;

@@ -262,13 +262,20 @@ class Net {
   // layers last fetched, as for the first replay after record_iteration); the values it
   // writes are the driver's (host reads copy them again); loss() is not updated: read_loss()
   // reads it back.
-  std::unique_ptr<Driver::Recording> record_iteration(std::string& why);
+  // `before` and `after`, when given, make calls on the Net's driver recorded before the
+  // forward and after the backward (the Solver's clearing of the gradients and its update).
+  std::unique_ptr<Driver::Recording> record_iteration(std::string& why,
+                                                      const std::function<void()>& before = {},
+                                                      const std::function<void()>& after = {});
   void replay_iteration(Driver::Recording& recording, bool fetch_data = true);
   // Sums the weighted losses of the last forward.
   float loss() const;
   // Sums the weighted losses now in the loss outputs, as forward() does after its layers
   // (a wait for the driver), and returns them as loss() will.
   float read_loss();
+  // The same sum into total[0] on the Net's driver, with no value read back (so that it can
+  // be recorded); scratch: one float of the driver's memory.
+  void sum_losses_on_driver(float* total, float* scratch);
   // Zeroes every learnable parameter's gradient.
   void clear_param_diffs();
 

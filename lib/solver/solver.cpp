@@ -50,7 +50,7 @@ std::uint64_t test_seed(std::uint64_t seed, int test_net) {
 
 void Solver::Impl::train_iteration() {
   const int iter_size = param.iter_size();
-  net->clear_param_diffs();
+  if (!update_recorded) net->clear_param_diffs();  // else the recording clears them
   float loss = 0.0f;
   for (int k = 0; k < iter_size; ++k) {
     const std::uint64_t batch = static_cast<std::uint64_t>(iter) * iter_size + k;
@@ -87,7 +87,7 @@ void Solver::Impl::train_iteration() {
 
 float Solver::Impl::forward_backward(bool may_record) {
   if (recording) {
-    net->replay_iteration(*recording);
+    replay(true);
     return net->read_loss();
   }
   if (!may_record || !unrecorded.empty() || !options.graphs || !driver->records())
@@ -103,16 +103,65 @@ float Solver::Impl::forward_backward(bool may_record) {
   }
   if (unrecorded.empty()) {
     const std::uint64_t batch = net->data_position();
+    // The update joins the recording where nothing in it needs the host: one batch per
+    // update, no clipping (its norm is read back), every parameter on the Net's driver.
+    bool with_update = param.iter_size() == 1 && param.clip_gradients() < 0.0f;
+    for (const NetParam& np : net->learnable_params())
+      with_update = with_update && (np.driver == nullptr || np.driver == driver);
+    std::function<void()> before, after;
+    if (with_update) {
+      // [rate, gate, scratch] on the driver, made before the recording (no allocation in it).
+      if (!update_scalars) update_scalars = std::make_unique<Tensor>(Shape{3});
+      float* scalars = update_scalars->data_write(*driver);
+      before = [this] { net->clear_param_diffs(); };
+      after = [this, scalars] {
+        net->sum_losses_on_driver(scalars + 1, scalars + 2);
+        apply_update(1.0f, scalars, scalars + 1);
+      };
+    }
     std::string why;
-    recording = net->record_iteration(why);
+    recording = net->record_iteration(why, before, after);
     if (recording) {
-      net->replay_iteration(*recording, false);  // the batch record_iteration fetched
+      update_recorded = with_update;
+      replay(false);  // the batch record_iteration fetched
       return net->read_loss();
     }
     unrecorded = why.empty() ? "the driver recorded nothing" : why;
     net->seek_data(batch);  // the batch the recording fetched, once more
   }
   return net->forward_backward();
+}
+
+void Solver::Impl::replay(bool fetch_data) {
+  if (update_recorded) {
+    // Histories written elsewhere since (a restore) reach the driver first.
+    for (std::size_t i = 0; i < history.size(); ++i) {
+      history[i]->data_read(*driver);
+      if (!history2.empty()) history2[i]->data_read(*driver);
+    }
+    // This iteration's rate, where the recorded update reads it.
+    const float rate = update_rate(pending_rate);
+    driver->copy_from_host(update_scalars->data_write(*driver), &rate, sizeof(float));
+    updated_in_replay = true;
+  }
+  net->replay_iteration(*recording, fetch_data);
+  if (update_recorded) mark_update_replayed();
+}
+
+float Solver::Impl::update_rate(float rate) const {
+  if (type != UpdateType::adam) return rate;
+  // Caffe's AdamSolver folds the bias correction into the rate.
+  const int t = iter + 1;
+  return rate * static_cast<float>(std::sqrt(1.0 - std::pow(param.momentum2(), t)) /
+                                   (1.0 - std::pow(param.momentum(), t)));
+}
+
+void Solver::Impl::mark_update_replayed() {
+  // The replay wrote the histories on the driver (the Net marks its own blobs).
+  for (std::size_t i = 0; i < history.size(); ++i) {
+    history[i]->data_write(*driver);
+    if (!history2.empty()) history2[i]->data_write(*driver);
+  }
 }
 
 void Solver::Impl::broadcast_weights() {
@@ -124,7 +173,8 @@ void Solver::Impl::broadcast_weights() {
   weights_broadcast = true;
 }
 
-void Solver::Impl::apply_update(float rate) {
+void Solver::Impl::apply_update(float rate, const float* rate_on_driver,
+                                const float* gate_on_driver) {
   const std::vector<NetParam>& params = net->learnable_params();
   // Each parameter on the driver that holds it: the Net's, or a device's rows of a layer cut
   // by outputs, which never leave it, nor does their history.
@@ -160,17 +210,15 @@ void Solver::Impl::apply_update(float rate) {
   u.rms_decay = param.rms_decay();
   u.l1 = l1;
   u.grad_scale = grad_scale;
-  float correction = 1.0f;
-  if (type == UpdateType::adam) {  // Caffe's AdamSolver folds the bias correction into the rate
-    const int t = iter + 1;
-    correction = static_cast<float>(std::sqrt(1.0 - std::pow(param.momentum2(), t)) /
-                                    (1.0 - std::pow(param.momentum(), t)));
-  }
+  // A recorded update reads the iteration's rate (update_rate) and the loss it may not
+  // follow when NaN on the driver; the product lr_mult * rate is the same either way.
+  u.rate = rate_on_driver;
+  u.gate = gate_on_driver;
+  const float local_rate = rate_on_driver != nullptr ? 1.0f : update_rate(rate);
   for (std::size_t i = 0; i < params.size(); ++i) {
     Tensor& tensor = *params[i].tensor;
     Driver& d = driver_of(params[i]);
-    u.lr = rate * params[i].lr_mult;
-    if (type == UpdateType::adam) u.lr *= correction;
+    u.lr = params[i].lr_mult * local_rate;
     u.decay = param.weight_decay() * params[i].decay_mult;
     float* h2 = history2.empty() ? nullptr : history2[i]->data_write(d);
     d.solver_update(u, tensor.count(), tensor.data_write(d), tensor.diff_read(d),
@@ -340,15 +388,18 @@ int Solver::Impl::run(int iterations) {
       test_all();
     }
     if (take_stop()) break;
+    // The rate before the iteration: a recorded update reads it during the replay.
+    const float lr = rate(&current_step);
+    pending_rate = lr;
     Clock::time_point start = Clock::now();
     train_iteration();
     train_seconds += std::chrono::duration<double>(Clock::now() - start).count();
     ++iterations_since_display;
     update_smoothed_loss(last_loss);
-    const float lr = rate(&current_step);
     if (param.display() > 0 && iter % param.display() == 0) display(lr);
     start = Clock::now();
-    apply_update(lr);
+    if (!updated_in_replay) apply_update(lr);
+    updated_in_replay = false;
     train_seconds += std::chrono::duration<double>(Clock::now() - start).count();
     ++iter;
     if (options.checksum_interval > 0 && iter % options.checksum_interval == 0) {

@@ -82,11 +82,13 @@ struct SolverOptions {
   std::optional<MathMode> math;
   // On a driver that records (a GPU alone, Driver::records), the training net's forward
   // and backward are recorded once, at the run's second iteration, and replayed as one
-  // launch (a CUDA graph) at every iteration after; the data layers, the loss check and the
-  // update run outside it, as before. A net the recording cannot hold trains call by call,
-  // with a note on stderr saying why: several ranks, a split or cut across devices, a
-  // Dropout layer (its masks' seed would be fixed), a call that waits for the device.
-  // false: call by call always.
+  // launch (a CUDA graph) at every iteration after, with the clearing of the gradients and
+  // the update where iter_size is 1 and clip_gradients unset (the update reads its rate and
+  // the loss on the driver, and updates nothing after a NaN loss); the data layers and the
+  // loss check run outside it. The losses and weights are those of training call by call. A net the
+  // recording cannot hold trains call by call, with a note on stderr saying why: several ranks, a
+  // split or cut across devices, a Dropout layer (its masks' seed would be fixed), a call that
+  // waits for the device. false: call by call always.
   bool graphs = true;
 };
 

@@ -81,6 +81,15 @@ struct Solver::Impl {
   std::unique_ptr<Driver::Recording> recording;
   std::string unrecorded;
   int run_start_iter = 0;  // the iteration the current solve()/step() began at
+  // The recording holds the clearing of the gradients and the update too (one batch per
+  // update, no clipping): the rate, the loss gate and a scratch float on the driver.
+  bool update_recorded = false;
+  std::unique_ptr<Tensor> update_scalars;
+  float pending_rate = 0.0f;       // the iteration's rate, for a recorded update
+  bool updated_in_replay = false;  // this iteration's update ran in the replay
+  // Replays the recording, its rate written first where it holds the update.
+  void replay(bool fetch_data);
+  void mark_update_replayed();
   // The forward and backward of one batch: replayed where recorded, else call by call;
   // records at the run's second iteration where the net and options allow.
   float forward_backward(bool may_record);
@@ -105,7 +114,12 @@ struct Solver::Impl {
   void check_ranks_agree();
   // Every rank holds the same weights, or all fail naming the first that differs.
   void check_weights_agree(const char* when);
-  void apply_update(float rate);
+  // The update at `rate` (rate_on_driver: read there instead, as update_rate(rate); gate:
+  // no update where it is not finite), as recorded.
+  void apply_update(float rate, const float* rate_on_driver = nullptr,
+                    const float* gate_on_driver = nullptr);
+  // The policy's rate as the update applies it (Adam's bias correction folded in).
+  float update_rate(float rate) const;
   void update_smoothed_loss(float loss);
   void display(float rate);
   void test_all();

@@ -86,8 +86,10 @@ void update_block(const SolverUpdate& u, index_t len, float* param, const float*
 
 }  // namespace
 
-void solver_update(Parallel& par, const SolverUpdate& u, index_t n, float* param, const float* grad,
-                   float* history, float* history2) {
+void solver_update(Parallel& par, const SolverUpdate& update, index_t n, float* param,
+                   const float* grad, float* history, float* history2) {
+  SolverUpdate u = update;
+  if (!fold_update_scalars(u)) return;
   const index_t blocks = (n + kUpdateBlock - 1) / kUpdateBlock;
   par.for_range(blocks, kUpdateBlock * update_cost(u.type), [&](index_t first, index_t last) {
     for (index_t b = first; b < last; ++b) {

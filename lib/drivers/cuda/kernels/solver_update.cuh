@@ -15,6 +15,8 @@ namespace hn::detail::cuda {
 HN_HOST_DEVICE inline void solver_update_element(index_t i, const SolverUpdate& u, float* param,
                                                  const float* grad, float* history,
                                                  float* history2) {
+  if (u.gate != nullptr && !isfinite(*u.gate)) return;
+  const float lr = u.rate != nullptr ? u.lr * *u.rate : u.lr;
   const float w = param[i];
   float g = grad[i] * u.grad_scale;
   if (u.decay != 0.0f) {  // Caffe skips regularisation when the local decay is 0
@@ -25,35 +27,35 @@ HN_HOST_DEVICE inline void solver_update_element(index_t i, const SolverUpdate& 
   float step = 0.0f;
   switch (u.type) {
     case UpdateType::sgd:
-      step = history[i] = m * h + u.lr * g;
+      step = history[i] = m * h + lr * g;
       break;
     case UpdateType::nesterov: {
-      const float updated = history[i] = m * h + u.lr * g;
+      const float updated = history[i] = m * h + lr * g;
       step = (1.0f + m) * updated - m * h;
       break;
     }
     case UpdateType::adagrad: {
       const float updated = history[i] = h + g * g;
-      step = u.lr * (g / (sqrtf(updated) + u.delta));
+      step = lr * (g / (sqrtf(updated) + u.delta));
       break;
     }
     case UpdateType::rmsprop: {
       const float updated = history[i] = u.rms_decay * h + (1.0f - u.rms_decay) * (g * g);
-      step = u.lr * (g / (sqrtf(updated) + u.delta));
+      step = lr * (g / (sqrtf(updated) + u.delta));
       break;
     }
     case UpdateType::adadelta: {
       const float updated = history[i] = m * h + (1.0f - m) * (g * g);
       const float scaled = g * sqrtf((history2[i] + u.delta) / (updated + u.delta));
       history2[i] = m * history2[i] + (1.0f - m) * (scaled * scaled);
-      step = u.lr * scaled;
+      step = lr * scaled;
       break;
     }
     case UpdateType::adam: {
       const float mean = history[i] = m * h + (1.0f - m) * g;
       const float variance = history2[i] =
           u.momentum2 * history2[i] + (1.0f - u.momentum2) * (g * g);
-      step = u.lr * (mean / (sqrtf(variance) + u.delta));
+      step = lr * (mean / (sqrtf(variance) + u.delta));
       break;
     }
   }
