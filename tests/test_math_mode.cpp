@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -111,6 +112,12 @@ TEST_CASE(
   const bool bf16 = test::computes_bf16(cpu);
   WARN("cpu " << (bf16 ? "computes" : "has no")
               << " BF16 products: " << cpu.math_note(MathMode::bf16));
+  // The note names the kernels' instructions: AMX where the CPU has it (unless oneDNN is
+  // held below it), else AVX512_BF16.
+  if (bf16 && std::getenv("ONEDNN_MAX_CPU_ISA") == nullptr) {
+    CHECK_THAT(cpu.math_note(MathMode::bf16),
+               Catch::Contains(__builtin_cpu_supports("amx-bf16") ? "(AMX)" : "(AVX512_BF16)"));
+  }
   const char* file = "mnist_lenet_train_test.prototxt";
   std::vector<test::NetGradients> bf16_runs;
   for (const std::string split : {"", "cpu:0.625,cpu:1:0.375"}) {

@@ -117,6 +117,16 @@ bool DirectConvolution::bf16_available() {
   return available;
 }
 
+const char* DirectConvolution::bf16_isa() {
+  static const char* const name = [] {
+    if (!bf16_available()) return "";
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto amx = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_amx);
+    return (isa & amx) == amx ? "AMX" : "AVX512_BF16";
+  }();
+  return name;
+}
+
 DirectConvolution::DirectConvolution() = default;
 DirectConvolution::~DirectConvolution() = default;
 
@@ -483,6 +493,10 @@ Layout DirectConvolution::preferred_layout() {
 
 bool DirectConvolution::bf16_available() {
   return false;
+}
+
+const char* DirectConvolution::bf16_isa() {
+  return "";
 }
 
 const char* DirectConvolution::isa() {

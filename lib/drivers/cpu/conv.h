@@ -24,6 +24,9 @@ class DirectConvolution {
   static bool fuses(const Activation& activation);
   // True when oneDNN has BF16 convolution kernels on this CPU (AVX512_BF16, or AMX).
   static bool bf16_available();
+  // Which of the two oneDNN's BF16 kernels use here: "AMX" or "AVX512_BF16" (ONEDNN_MAX_CPU_ISA
+  // may hold it below the CPU's); empty where bf16_available() is false.
+  static const char* bf16_isa();
   // The vector extension oneDNN's FP32 kernels use here: avx512_core, avx2, avx or sse41
   // (ONEDNN_MAX_CPU_ISA may hold it below the CPU's); "none" without oneDNN.
   static const char* isa();

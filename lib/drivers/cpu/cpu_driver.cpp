@@ -88,10 +88,11 @@ class CpuDriver final : public Driver {
     }
     if (cpu::DirectConvolution::bf16_available()) {
       return fmt::format(
-          "{} computes BF16 products in its oneDNN convolutions (AVX512_BF16); its GEMMs "
+          "{} computes BF16 products in its oneDNN convolutions ({}): where measured faster "
+          "than FP32 when tuned, everywhere with tune off; its GEMMs "
           "(InnerProduct, lowered convolutions) and the convolutions oneDNN has no BF16 kernel "
           "for stay FP32",
-          name());
+          name(), cpu::DirectConvolution::bf16_isa());
     }
     return fmt::format("{} computes FP32 for BF16 math: {}", name(),
                        !cpu::DirectConvolution::available() ? "this build has no oneDNN"
