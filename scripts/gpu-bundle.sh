@@ -24,7 +24,8 @@
 # PyTorch's twins (bench/gpu_profile.py: FP32 with TF32 off, its defaults, BF16 autocast with
 # channels_last; SKIPPED without PyTorch or CUDA); FP32 with cuDNN's algorithms measured
 # (HYBRIDNN_CUDNN_ALGO=find), with non-deterministic ones allowed, both, and measured with
-# FFT and Winograd allowed (HYBRIDNN_CUDNN_TRANSFORMS=1), deterministic and not; with --data, LeNet trained on Fashion-MNIST on cuda:0 in each mode;
+# FFT and Winograd allowed (HYBRIDNN_CUDNN_TRANSFORMS=1), deterministic and not; with --data, LeNet trained on Fashion-MNIST on cuda:0 in each mode
+# (its recorded iterations, a CUDA graph each) and in FP32 call by call (--graphs off);
 # ResNet-50 and GoogLeNet at batch 128 in each mode, and their twins; torch.profiler's top
 # kernels and per-op table of ResNet-50; --split auto (each beside cuda:0 alone, back to
 # back), the CPU alone (ResNet-50 in BF16 too; at batch 2 and 8 too), the fixed splits
