@@ -669,6 +669,43 @@ TEST_CASE("a diverging loss stops training naming the iteration and keeps earlie
 // A recorded update reads the loss it follows on the driver and updates nothing where it is
 // not finite: training stops at the same iteration with the same weights and histories as
 // call by call, before the update.
+// A recording outlives the run that made it: a state restored into the same Solver (its
+// weights and histories written on the host) reaches the driver before the next replay, so
+// the run after the restore repeats the losses from the snapshot on.
+TEST_CASE(
+    "a state restored into a solver whose iteration is recorded replays from the restored "
+    "weights and histories") {
+  const std::string type = GENERATE(as<std::string>{}, "SGD", "Adam");
+  INFO(type);
+  const fs::path dir = scratch_dir("graphs_restore");
+  const fs::path path = write_data_solver(
+      dir, 4, false,
+      fmt::format("type: \"{}\"\nbase_lr: 0.05\nlr_policy: \"inv\"\ngamma: 0.1\n"
+                  "power: 0.75\nmomentum: 0.9\nweight_decay: 0.0005\nmax_iter: 10\n"
+                  "display: 1\naverage_loss: 1\nsnapshot: 4\nrandom_seed: 11\n"
+                  "snapshot_after_train: false",
+                  type));
+  Runtime runtime;
+  auto& recorder =
+      static_cast<test::RecordingDriver&>(runtime.add(std::make_unique<test::RecordingDriver>()));
+  Solver solver(path.string(), runtime, recorder);
+  Recorder events;
+  events.attach(solver);
+  solver.step(8);
+  REQUIRE(solver.iteration_recorded());
+  const std::map<int, float> first = events.train_loss;
+  const int recorded = recorder.recorded_calls();
+  events.train_loss.clear();
+  solver.restore((dir / "snap_iter_4.solverstate").string());
+  REQUIRE(solver.iter() == 4);
+  solver.step(4);
+  CHECK(recorder.recorded_calls() == recorded);  // the same recording, replayed
+  for (int iter = 4; iter < 8; ++iter) {
+    INFO("iter " << iter);
+    CHECK(events.train_loss.at(iter) == first.at(iter));
+  }
+}
+
 TEST_CASE("a diverging loss in a recorded iteration stops before its recorded update") {
   struct Stop {
     std::string message;
