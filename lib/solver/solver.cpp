@@ -388,18 +388,21 @@ int Solver::Impl::run(int iterations) {
       test_all();
     }
     if (take_stop()) break;
-    // The rate before the iteration: a recorded update reads it during the replay.
-    const float lr = rate(&current_step);
+    // The rate before the iteration: a recorded update reads it during the replay (the
+    // multistep step it implies is kept once the iteration has trained).
+    int step = current_step;
+    const float lr = rate(&step);
     pending_rate = lr;
+    updated_in_replay = false;
     Clock::time_point start = Clock::now();
     train_iteration();
+    current_step = step;
     train_seconds += std::chrono::duration<double>(Clock::now() - start).count();
     ++iterations_since_display;
     update_smoothed_loss(last_loss);
     if (param.display() > 0 && iter % param.display() == 0) display(lr);
     start = Clock::now();
     if (!updated_in_replay) apply_update(lr);
-    updated_in_replay = false;
     train_seconds += std::chrono::duration<double>(Clock::now() - start).count();
     ++iter;
     if (options.checksum_interval > 0 && iter % options.checksum_interval == 0) {

@@ -256,9 +256,7 @@ int run_train(const Args& args) {
   bool said_recording = false;
   solver.on_event([&](const SolverEvent& event) {
     if (!said_recording && root && solver.iteration_recorded()) {
-      fmt::print(
-          "Iterations replay one recorded forward and backward (a CUDA graph; --graphs "
-          "off: call by call)\n");
+      fmt::print("Iterations replay one recording (a CUDA graph; --graphs off: call by call)\n");
       said_recording = true;
     } else if (!said_recording && root && !solver.unrecorded_why().empty()) {
       fmt::print(stderr, "Note: training call by call, not as one recorded iteration: {}\n",
