@@ -907,6 +907,32 @@ TEST_CASE(
   }
 }
 
+// A value's bits may not depend on where the array it is in begins or ends (a chunk of a
+// thread, a slice of the batch): a split net is bitwise the unsplit one. The CPU driver's
+// AVX2 build computes lincomb_relu on 8-float vectors with the last values padded, not in a
+// scalar loop that gcc may contract into an FMA.
+TEST_CASE("lincomb_relu gives each value the same bits wherever the array is cut, on every driver",
+          "[driver_ops][elementwise]") {
+  const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));
+  DYNAMIC_SECTION(config.label) {
+    const auto driver = hn::make_driver(config.device, config.options);
+    const index_t n = 1001;
+    const std::vector<float> a_values = random_floats(n, 650), b_values = random_floats(n, 651);
+    const DeviceArray a(*driver, a_values), b(*driver, b_values),
+        whole(*driver, static_cast<std::size_t>(n));
+    driver->lincomb_relu(n, 0.7f, a.data(), -1.3f, b.data(), 0.1f, whole.data());
+    const std::vector<float> want = whole.host();
+    for (const index_t cut : {1, 3, 7, 8, 9, 13, 500, 993, 1000}) {
+      INFO("cut at " << cut);
+      const DeviceArray parts(*driver, static_cast<std::size_t>(n));
+      driver->lincomb_relu(cut, 0.7f, a.data(), -1.3f, b.data(), 0.1f, parts.data());
+      driver->lincomb_relu(n - cut, 0.7f, a.data() + cut, -1.3f, b.data() + cut, 0.1f,
+                           parts.data() + cut);
+      CHECK(parts.host() == want);
+    }
+  }
+}
+
 TEST_CASE("add_scalar and powx match the reference on every driver, in place too",
           "[driver_ops][elementwise]") {
   const DriverConfig config = GENERATE(from_range(hn::test::driver_configs()));

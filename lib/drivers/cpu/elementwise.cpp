@@ -342,12 +342,39 @@ void clip_backward_run(index_t n, float lo, float hi, const float* x, const floa
     dx[i] = x[i] >= lo && x[i] <= hi ? dy[i] : 0.0f;
 }
 
+// Eltwise SUM + ReLU (a residual block's end, conv_forward_residual's second half). Built
+// for AVX2 without AVX-512, gcc's branches mispredicted here as in relu_backward_run; so 8-float
+// vectors there, the last few values through the same vector code on a padded copy (not a
+// scalar tail, which gcc may contract into an FMA differently), so that every value gets the
+// same bits wherever a chunk or a slice of the batch ends. y may be a or b.
 void lincomb_relu_run(index_t n, float alpha, const float* a, float beta, const float* b,
                       float slope, float* y) {
+#if defined(__AVX__) && !defined(__AVX512F__)
+  const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta), zero = _mm256_setzero_ps(),
+               factor = _mm256_set1_ps(slope);
+  const auto eight = [&](const float* pa, const float* pb, float* py) {
+    const __m256 v = _mm256_add_ps(_mm256_mul_ps(va, _mm256_loadu_ps(pa)),
+                                   _mm256_mul_ps(vb, _mm256_loadu_ps(pb)));
+    const __m256 positive = _mm256_cmp_ps(v, zero, _CMP_GT_OQ);
+    _mm256_storeu_ps(py, _mm256_blendv_ps(_mm256_mul_ps(factor, v), v, positive));
+  };
+  index_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    eight(a + i, b + i, y + i);
+  if (i < n) {
+    float ta[8] = {}, tb[8] = {}, ty[8];
+    const std::size_t rest = static_cast<std::size_t>(n - i) * sizeof(float);
+    std::memcpy(ta, a + i, rest);
+    std::memcpy(tb, b + i, rest);
+    eight(ta, tb, ty);
+    std::memcpy(y + i, ty, rest);
+  }
+#else
   for (index_t i = 0; i < n; ++i) {
     const float v = alpha * a[i] + beta * b[i];
     y[i] = v > 0.0f ? v : slope * v;
   }
+#endif
 }
 
 // Bitwise identical on every driver: keep = u >= ratio and y = x * s, the reference's float
