@@ -112,11 +112,14 @@ TEST_CASE(
   const bool bf16 = test::computes_bf16(cpu);
   WARN("cpu " << (bf16 ? "computes" : "has no")
               << " BF16 products: " << cpu.math_note(MathMode::bf16));
-  // The note names the kernels' instructions: AMX where the CPU has it (unless oneDNN is
-  // held below it), else AVX512_BF16.
+  // The note names the kernels' instructions: AMX where the CPU and the kernel have it (its
+  // flag in /proc/cpuinfo; unless oneDNN is held below it), else AVX512_BF16.
   if (bf16 && std::getenv("ONEDNN_MAX_CPU_ISA") == nullptr) {
-    CHECK_THAT(cpu.math_note(MathMode::bf16),
-               Catch::Contains(__builtin_cpu_supports("amx-bf16") ? "(AMX)" : "(AVX512_BF16)"));
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    const std::string flags((std::istreambuf_iterator<char>(cpuinfo)),
+                            std::istreambuf_iterator<char>());
+    const bool amx = flags.find(" amx_bf16") != std::string::npos;
+    CHECK_THAT(cpu.math_note(MathMode::bf16), Catch::Contains(amx ? "(AMX)" : "(AVX512_BF16)"));
   }
   const char* file = "mnist_lenet_train_test.prototxt";
   std::vector<test::NetGradients> bf16_runs;
