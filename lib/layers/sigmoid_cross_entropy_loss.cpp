@@ -37,20 +37,17 @@ std::size_t SigmoidCrossEntropyLossLayer::workspace_bytes(const Driver&, index_t
   return static_cast<std::size_t>(2 * input_shape_.count()) * sizeof(float);
 }
 
+// The normalizer of the current labels where counts_on_host(): the non-ignored positions,
+// counted into the workspace and read back.
 float SigmoidCrossEntropyLossLayer::normalizer(Driver& driver, const LayerSlice& slice) const {
   const index_t count = input_shape_.count();
-  const index_t outer = input_shape_[0];
-  const index_t inner = input_shape_.count(1, input_shape_.axes());
-  index_t valid_count = count;
-  const LossParams& loss = param_.loss_param;
-  if (normalization_ == LossNormalization::valid && loss.ignore_label) {
-    float* losses = slice.workspace.as<float>();
-    float* valid = losses + count;
-    driver.sigmoid_cross_entropy_forward(count, slice.inputs[0].x(), slice.inputs[1].x(), true,
-                                         *loss.ignore_label, losses, valid);
-    valid_count = std::llround(driver.sum(count, valid));
-  }
-  return loss_normalizer(normalization_, outer, inner, valid_count);
+  float* losses = slice.workspace.as<float>();
+  float* valid = losses + count;
+  driver.sigmoid_cross_entropy_forward(count, slice.inputs[0].x(), slice.inputs[1].x(), true,
+                                       *param_.loss_param.ignore_label, losses, valid);
+  const index_t valid_count = std::llround(driver.sum(count, valid));
+  return loss_normalizer(normalization_, input_shape_[0],
+                         input_shape_.count(1, input_shape_.axes()), valid_count);
 }
 
 // As SoftmaxWithLoss: the loss and its gradient stay on the driver, except where VALID

@@ -90,21 +90,17 @@ std::size_t SoftmaxWithLossLayer::workspace_bytes(const Driver&, index_t rows) c
   return static_cast<std::size_t>(2 * shape.outer * shape.inner) * sizeof(float);
 }
 
-// The normalizer of the current labels; counts the non-ignored positions (into the
-// workspace) only when VALID needs them.
+// The normalizer of the current labels where counts_on_host(): the non-ignored positions,
+// counted into the workspace and read back.
 float SoftmaxWithLossLayer::normalizer(Driver& driver, const LayerSlice& slice,
                                        const float* prob) const {
   const AxisShape shape = axis_shape();
   const index_t positions = shape.outer * shape.inner;
-  index_t valid_count = positions;
-  const LossParams& loss = param_.loss_param;
-  if (normalization_ == LossNormalization::valid && loss.ignore_label) {
-    float* losses = slice.workspace.as<float>();
-    float* valid = losses + positions;
-    driver.softmax_loss_forward(shape, prob, slice.inputs[1].x(), true, *loss.ignore_label, losses,
-                                valid);
-    valid_count = std::llround(driver.sum(positions, valid));
-  }
+  float* losses = slice.workspace.as<float>();
+  float* valid = losses + positions;
+  driver.softmax_loss_forward(shape, prob, slice.inputs[1].x(), true,
+                              *param_.loss_param.ignore_label, losses, valid);
+  const index_t valid_count = std::llround(driver.sum(positions, valid));
   return loss_normalizer(normalization_, shape.outer, shape.inner, valid_count);
 }
 
