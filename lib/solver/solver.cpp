@@ -48,7 +48,7 @@ std::uint64_t test_seed(std::uint64_t seed, int test_net) {
 
 // ---- one iteration -------------------------------------------------------------------
 
-void Solver::Impl::train_iteration() {
+void Solver::Impl::train_iteration(float rate) {
   const int iter_size = param.iter_size();
   if (!update_recorded) net->clear_param_diffs();  // else the recording clears them
   float loss = 0.0f;
@@ -60,7 +60,7 @@ void Solver::Impl::train_iteration() {
     if (sync) stream = detail::mix_seeds(stream, static_cast<std::uint64_t>(comm->rank()) + 1);
     net->set_iteration_seed(stream);
     if (!sync || k + 1 < iter_size) {
-      loss += forward_backward(iter > run_start_iter);
+      loss += forward_backward(iter > run_start_iter, rate);
       continue;
     }
     loss += net->forward();
@@ -85,9 +85,9 @@ void Solver::Impl::train_iteration() {
   last_loss = loss;
 }
 
-float Solver::Impl::forward_backward(bool may_record) {
+float Solver::Impl::forward_backward(bool may_record, float rate) {
   if (recording) {
-    replay(true);
+    replay(true, rate);
     return net->read_loss();
   }
   if (!may_record || !unrecorded.empty() || !options.graphs || !driver->records())
@@ -123,7 +123,7 @@ float Solver::Impl::forward_backward(bool may_record) {
     recording = net->record_iteration(why, before, after);
     if (recording) {
       update_recorded = with_update;
-      replay(false);  // the batch record_iteration fetched
+      replay(false, rate);  // the batch record_iteration fetched
       return net->read_loss();
     }
     unrecorded = why.empty() ? "the driver recorded nothing" : why;
@@ -132,7 +132,7 @@ float Solver::Impl::forward_backward(bool may_record) {
   return net->forward_backward();
 }
 
-void Solver::Impl::replay(bool fetch_data) {
+void Solver::Impl::replay(bool fetch_data, float rate) {
   if (update_recorded) {
     // Histories written elsewhere since (a restore) reach the driver first.
     for (std::size_t i = 0; i < history.size(); ++i) {
@@ -140,9 +140,8 @@ void Solver::Impl::replay(bool fetch_data) {
       if (!history2.empty()) history2[i]->data_read(*driver);
     }
     // This iteration's rate, where the recorded update reads it.
-    const float rate = update_rate(pending_rate);
-    driver->copy_from_host(update_scalars->data_write(*driver), &rate, sizeof(float));
-    updated_in_replay = true;
+    const float applied = update_rate(rate);
+    driver->copy_from_host(update_scalars->data_write(*driver), &applied, sizeof(float));
   }
   net->replay_iteration(*recording, fetch_data);
   if (update_recorded) mark_update_replayed();
@@ -392,17 +391,15 @@ int Solver::Impl::run(int iterations) {
     // multistep step it implies is kept once the iteration has trained).
     int step = current_step;
     const float lr = rate(&step);
-    pending_rate = lr;
-    updated_in_replay = false;
     Clock::time_point start = Clock::now();
-    train_iteration();
+    train_iteration(lr);
     current_step = step;
     train_seconds += std::chrono::duration<double>(Clock::now() - start).count();
     ++iterations_since_display;
     update_smoothed_loss(last_loss);
     if (param.display() > 0 && iter % param.display() == 0) display(lr);
     start = Clock::now();
-    if (!updated_in_replay) apply_update(lr);
+    if (!update_recorded) apply_update(lr);  // else it ran in the replay
     train_seconds += std::chrono::duration<double>(Clock::now() - start).count();
     ++iter;
     if (options.checksum_interval > 0 && iter % options.checksum_interval == 0) {

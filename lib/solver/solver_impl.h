@@ -83,16 +83,16 @@ struct Solver::Impl {
   int run_start_iter = 0;  // the iteration the current solve()/step() began at
   // The recording holds the clearing of the gradients and the update too (one batch per
   // update, no clipping): the rate, the loss gate and a scratch float on the driver.
+  // (Then every iteration's update runs in its replay.)
   bool update_recorded = false;
   std::unique_ptr<Tensor> update_scalars;
-  float pending_rate = 0.0f;       // the iteration's rate, for a recorded update
-  bool updated_in_replay = false;  // this iteration's update ran in the replay
-  // Replays the recording, its rate written first where it holds the update.
-  void replay(bool fetch_data);
+  // Replays the recording, the iteration's `rate` written first where it holds the update.
+  void replay(bool fetch_data, float rate);
   void mark_update_replayed();
   // The forward and backward of one batch: replayed where recorded, else call by call;
-  // records at the run's second iteration where the net and options allow.
-  float forward_backward(bool may_record);
+  // records at the run's second iteration where the net and options allow. `rate`: the
+  // iteration's, for a recorded update.
+  float forward_backward(bool may_record, float rate);
   bool first_display = true;  // the first iteration of a run pays one-off setup: not timed
 
   // The constructors' work, once driver (or device) is set.
@@ -103,7 +103,7 @@ struct Solver::Impl {
   // The rate at `iter` and the multistep step it implies (Caffe's GetLearningRate, which
   // advances the multistep step by at most one per call).
   float rate(int* step) const;
-  void train_iteration();
+  void train_iteration(float rate);
   // The collectives of data parallelism (no-ops for a single rank).
   void broadcast_weights();
   // Every rank's `fingerprints`, gathered: the (rank, index) pairs where a rank's differ
