@@ -849,7 +849,7 @@ class SleepingDriver final : public test::CoreDriver {
 TEST_CASE("in a run of layers a device's busy and waiting in a layer never exceed its wall time",
           "[split]") {
   TwoDrivers d;
-  d.runtime.add(std::make_unique<SleepingDriver>(7, 25, 80));
+  d.runtime.add(std::make_unique<SleepingDriver>(7, 25, 200));
   d.runtime.add(std::make_unique<SleepingDriver>(8, 500, 20));
   NetOptions options;
   options.split = Split::parse("cpu:7:0.5,cpu:8:0.5");
@@ -865,7 +865,7 @@ TEST_CASE("in a run of layers a device's busy and waiting in a layer never excee
             layer.forward_seconds + layer.backward_seconds + 1e-9);
     }
   }
-  // cpu:8 waited for cpu:7's sleep in conv1 (80 ms, less its own 20 in conv2), and the
+  // cpu:8 waited for cpu:7's sleep in conv1 (200 ms, less its own 20 in conv2), and the
   // profile says so in conv1.
   CHECK(find_device(find_layer(profile, "conv1"), "cpu:8")->waiting >= 0.03);
 }
