@@ -163,9 +163,8 @@ class TempDir {
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
-  std::string file(const std::string& name) const {
-    return (std::filesystem::path(path_) / name).string();
-  }
+  const std::filesystem::path& path() const { return path_; }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
   // Writes `text` to file `name` in the directory and returns its path.
   std::string write(const std::string& name, const std::string& text) const {
     std::ofstream(file(name)) << text;
@@ -173,7 +172,7 @@ class TempDir {
   }
 
  private:
-  std::string path_;
+  std::filesystem::path path_;
 };
 
 // The hn::Error message `call` throws, or a note that it threw none. Other exception types

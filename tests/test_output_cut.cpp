@@ -356,12 +356,8 @@ layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
 
 // ---- training ----------------------------------------------------------------------------
 
-fs::path scratch(const std::string& name) {
-  const fs::path dir =
-      fs::temp_directory_path() / fmt::format("hybridnn_test_output_cut_{}_{}", name, ::getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
+test::TempDir scratch(const std::string& name) {
+  return test::TempDir(fmt::format("hybridnn_test_output_cut_{}", name));
 }
 
 void write_file(const fs::path& path, const std::string& text) {
@@ -408,7 +404,8 @@ TEST_CASE(
     "[split]") {
   for (const std::string type : {"SGD", "Adam"}) {
     INFO(type);
-    const fs::path dir = scratch(type);
+    const test::TempDir temp = scratch(type);
+    const fs::path dir = temp.path();
     std::map<bool, std::map<int, float>> losses;
     std::map<bool, std::vector<std::vector<float>>> weights;
     for (const bool cut_layers : {false, true}) {

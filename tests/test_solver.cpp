@@ -32,13 +32,9 @@ namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
 using test::error_of;
 
-// A fresh directory per test under the system's temporary directory.
-fs::path scratch_dir(const std::string& name) {
-  const fs::path dir =
-      fs::temp_directory_path() / fmt::format("hybridnn_test_solver_{}_{}", name, ::getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
+// A fresh directory per test under the system's temporary directory, removed at its end.
+test::TempDir scratch_dir(const std::string& name) {
+  return test::TempDir(fmt::format("hybridnn_test_solver_{}", name));
 }
 
 void write_file(const fs::path& path, const std::string& text) {
@@ -186,7 +182,8 @@ struct Recorder {
 // ---- single steps against hand computations ----------------------------------------------
 
 TEST_CASE("two SGD steps with momentum and weight decay equal the hand computation") {
-  const fs::path dir = scratch_dir("sgd");
+  const test::TempDir temp = scratch_dir("sgd");
+  const fs::path dir = temp.path();
   const fs::path path = write_tiny_solver(
       dir, "base_lr: 0.1\nlr_policy: \"fixed\"\nmomentum: 0.9\nweight_decay: 0.01\nmax_iter: 2");
   Fixture f;
@@ -214,7 +211,8 @@ TEST_CASE("two SGD steps with momentum and weight decay equal the hand computati
 }
 
 TEST_CASE("two Adam steps with the bias-corrected rate equal the hand computation") {
-  const fs::path dir = scratch_dir("adam");
+  const test::TempDir temp = scratch_dir("adam");
+  const fs::path dir = temp.path();
   const fs::path path =
       write_tiny_solver(dir,
                         "type: \"Adam\"\nbase_lr: 0.01\nlr_policy: \"fixed\"\nmomentum: 0.9\n"
@@ -243,7 +241,8 @@ TEST_CASE("two Adam steps with the bias-corrected rate equal the hand computatio
 }
 
 TEST_CASE("the old solver_type enum, L1 regularisation and clip_gradients follow Caffe") {
-  const fs::path dir = scratch_dir("clip");
+  const test::TempDir temp = scratch_dir("clip");
+  const fs::path dir = temp.path();
   // One SGD step: the raw gradient is clipped to norm 0.1, then L1 decay is added.
   const fs::path path =
       write_tiny_solver(dir,
@@ -289,7 +288,8 @@ TEST_CASE("learning rate policies give Caffe's formulas at every iteration") {
   };
   for (const Case& c : cases) {
     INFO(c.settings);
-    const fs::path dir = scratch_dir("lr");
+    const test::TempDir temp = scratch_dir("lr");
+    const fs::path dir = temp.path();
     const fs::path path = write_tiny_solver(
         dir, fmt::format("base_lr: 0.01\nmax_iter: 8\ndisplay: 1\n{}", c.settings));
     Fixture f;
@@ -312,7 +312,8 @@ TEST_CASE("iter_size 2 with batch 4 equals iter_size 1 with batch 8 in losses an
   std::vector<std::map<int, float>> losses;
   std::vector<std::vector<std::vector<float>>> weights;
   for (const auto& [batch, iter_size] : {std::pair{8, 1}, std::pair{4, 2}}) {
-    const fs::path dir = scratch_dir(fmt::format("iter_size_{}", iter_size));
+    const test::TempDir temp = scratch_dir(fmt::format("iter_size_{}", iter_size));
+    const fs::path dir = temp.path();
     const fs::path path = write_data_solver(
         dir, batch, false,
         fmt::format("base_lr: 0.5\nlr_policy: \"fixed\"\nmomentum: 0.9\nweight_decay: 0.001\n"
@@ -367,7 +368,8 @@ TEST_CASE(
     int recorded_updates = 0;
   };
   const auto train = [&](bool graphs) {
-    const fs::path dir = scratch_dir(fmt::format("graphs_{}", graphs));
+    const test::TempDir temp = scratch_dir(fmt::format("graphs_{}", graphs));
+    const fs::path dir = temp.path();
     const fs::path path = write_data_solver(
         dir, 4, dropout,
         fmt::format("base_lr: {}\nlr_policy: \"inv\"\ngamma: 0.1\npower: 0.75\n"
@@ -421,7 +423,8 @@ TEST_CASE(
 TEST_CASE(
     "a loss read back inside the iteration leaves it unrecorded, said, and trains as before") {
   // VALID normalization with an ignore_label counts the labels left on the host.
-  const fs::path dir = scratch_dir("graphs_ignore_label");
+  const test::TempDir temp = scratch_dir("graphs_ignore_label");
+  const fs::path dir = temp.path();
   std::string net = data_net(4, false);
   const std::string loss = "top: \"loss\" }";
   const auto at = net.find(loss);
@@ -464,7 +467,8 @@ TEST_CASE("a run resumed from a mid-run snapshot reproduces the uninterrupted lo
         "stepvalue: 8\nmomentum: 0.9\nweight_decay: 0.0005\niter_size: 2\nmax_iter: 10\n"
         "display: 1\nsnapshot: 3\ntest_iter: 2\ntest_interval: 4\nrandom_seed: 11",
         type);
-    const fs::path dir = scratch_dir("resume");
+    const test::TempDir temp = scratch_dir("resume");
+    const fs::path dir = temp.path();
     const fs::path path = write_data_solver(dir, 5, true, settings);
 
     Recorder whole;
@@ -505,7 +509,8 @@ TEST_CASE("a run resumed from a mid-run snapshot reproduces the uninterrupted lo
 }
 
 TEST_CASE("snapshots are written at the interval and at the end, and reload") {
-  const fs::path dir = scratch_dir("snapshots");
+  const test::TempDir temp = scratch_dir("snapshots");
+  const fs::path dir = temp.path();
   const fs::path path = write_data_solver(
       dir, 4, false,
       "base_lr: 0.1\nlr_policy: \"fixed\"\nmomentum: 0.9\nmax_iter: 7\nsnapshot: 3\n"
@@ -557,7 +562,8 @@ TEST_CASE("snapshots are written at the interval and at the end, and reload") {
 }
 
 TEST_CASE("a state whose weights moved is restored from the file beside it") {
-  const fs::path dir = scratch_dir("moved");
+  const test::TempDir temp = scratch_dir("moved");
+  const fs::path dir = temp.path();
   const fs::path path =
       write_data_solver(dir, 4, false, "base_lr: 0.1\nlr_policy: \"fixed\"\nmax_iter: 2");
   Fixture f;
@@ -575,7 +581,8 @@ TEST_CASE("a state whose weights moved is restored from the file beside it") {
 }
 
 TEST_CASE("a snapshot_prefix naming a directory puts the solver's name in it") {
-  const fs::path dir = scratch_dir("prefix_dir");
+  const test::TempDir temp = scratch_dir("prefix_dir");
+  const fs::path dir = temp.path();
   const fs::path path =
       write_data_solver(dir, 4, false, "base_lr: 0.1\nlr_policy: \"fixed\"\nmax_iter: 1");
   fs::create_directories(dir / "out");
@@ -591,7 +598,8 @@ TEST_CASE("a snapshot_prefix naming a directory puts the solver's name in it") {
 TEST_CASE(
     "a snapshot_prefix where nothing can be written fails at the start, not at the first "
     "snapshot") {
-  const fs::path dir = scratch_dir("prefix_unwritable");
+  const test::TempDir temp = scratch_dir("prefix_unwritable");
+  const fs::path dir = temp.path();
   const fs::path path = write_data_solver(
       dir, 4, false, "base_lr: 0.1\nlr_policy: \"fixed\"\nmax_iter: 100\nsnapshot: 50");
   Fixture f;
@@ -607,7 +615,8 @@ TEST_CASE(
 }
 
 TEST_CASE("a stop request ends solve after the current iteration with a snapshot") {
-  const fs::path dir = scratch_dir("stop");
+  const test::TempDir temp = scratch_dir("stop");
+  const fs::path dir = temp.path();
   const fs::path path = write_data_solver(
       dir, 4, false, "base_lr: 0.1\nlr_policy: \"fixed\"\nmax_iter: 100\ndisplay: 1\nsnapshot: 50");
   Fixture f;
@@ -634,7 +643,8 @@ TEST_CASE("a stop request ends solve after the current iteration with a snapshot
 }
 
 TEST_CASE("a diverging loss stops training naming the iteration and keeps earlier snapshots") {
-  const fs::path dir = scratch_dir("nan");
+  const test::TempDir temp = scratch_dir("nan");
+  const fs::path dir = temp.path();
   write_file(dir / "tiny.prototxt", kTinyNet);
   const fs::path path = dir / "solver.prototxt";
   write_file(path, fmt::format("net: \"tiny.prototxt\"\nbase_lr: 1e15\nlr_policy: \"fixed\"\n"
@@ -677,7 +687,8 @@ TEST_CASE(
     "weights and histories") {
   const std::string type = GENERATE(as<std::string>{}, "SGD", "Adam");
   INFO(type);
-  const fs::path dir = scratch_dir("graphs_restore");
+  const test::TempDir temp = scratch_dir("graphs_restore");
+  const fs::path dir = temp.path();
   const fs::path path = write_data_solver(
       dir, 4, false,
       fmt::format("type: \"{}\"\nbase_lr: 0.05\nlr_policy: \"inv\"\ngamma: 0.1\n"
@@ -714,7 +725,8 @@ TEST_CASE("a diverging loss in a recorded iteration stops before its recorded up
     bool recorded = false;
   };
   const auto diverge = [&](bool graphs) {
-    const fs::path dir = scratch_dir(fmt::format("nan_graphs_{}", graphs));
+    const test::TempDir temp = scratch_dir(fmt::format("nan_graphs_{}", graphs));
+    const fs::path dir = temp.path();
     write_file(dir / "tiny.prototxt", kTinyNet);
     const fs::path path = dir / "solver.prototxt";
     write_file(path,
@@ -753,7 +765,8 @@ TEST_CASE("a diverging loss in a recorded iteration stops before its recorded up
 // ---- errors ----------------------------------------------------------------------------------
 
 TEST_CASE("restoring a wrong, truncated or orphaned solver state fails with a clear error") {
-  const fs::path dir = scratch_dir("bad_state");
+  const test::TempDir temp = scratch_dir("bad_state");
+  const fs::path dir = temp.path();
   const fs::path path = write_data_solver(
       dir, 4, false, "base_lr: 0.1\nlr_policy: \"fixed\"\nmomentum: 0.9\nmax_iter: 1");
   Fixture f;
@@ -821,7 +834,8 @@ TEST_CASE("restoring a wrong, truncated or orphaned solver state fails with a cl
 }
 
 TEST_CASE("bad solver settings are errors naming the solver file and the setting") {
-  const fs::path dir = scratch_dir("bad_solver");
+  const test::TempDir temp = scratch_dir("bad_solver");
+  const fs::path dir = temp.path();
   write_file(dir / "tiny.prototxt", kTinyNet);
   Fixture f;
   const auto error_for = [&](const std::string& settings) {
