@@ -498,6 +498,43 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "tuning candidates take turns, so a slow spell of the machine does not fall on one alone, "
+    "and leave the race far behind",
+    "[tune]") {
+  const auto driver = hn::make_driver(hn::Device::parse("reference"));
+  // A machine whose first four calls run three times slower (another tenant's burst), and
+  // candidates that take 40 and 50 ms outside it. Timed one after the other, the first would
+  // take three slow calls and lose; taking turns, each gets two slow calls and one fast.
+  int calls = 0;
+  std::vector<int> calls_of(4, 0);
+  const auto candidate = [&](int index, int milliseconds) {
+    return [&, index, milliseconds] {
+      const int factor = calls++ < 4 ? 3 : 1;
+      ++calls_of[static_cast<std::size_t>(index)];
+      std::this_thread::sleep_for(std::chrono::milliseconds(factor * milliseconds));
+    };
+  };
+  const std::vector<double> fair =
+      hn::Tuner::race(*driver, {candidate(0, 40), candidate(1, 50)}, 2, 0.5);
+  REQUIRE(fair.size() == 2);
+  CHECK(fair[0] < fair[1]);
+  CHECK(fair[0] < 0.1);     // a call outside the slow spell
+  CHECK(calls_of[0] == 3);  // the warm-up and two turns
+  CHECK(calls_of[1] == 3);
+  // After the slow spell: one over 4 times the fastest warm-up is not called again; one over
+  // 1.5 times the fastest after its second call, or over the bound, is not called a third.
+  calls = 4;
+  calls_of.assign(4, 0);
+  const std::vector<double> ranked = hn::Tuner::race(
+      *driver, {candidate(0, 40), candidate(1, 300), candidate(2, 90), candidate(3, 55)}, 2, 0.048);
+  CHECK(calls_of[0] == 3);
+  CHECK(calls_of[1] == 1);
+  CHECK(calls_of[2] == 2);
+  CHECK(calls_of[3] == 2);  // within 1.5 times the fastest, but over the bound of 48 ms
+  CHECK(ranked[1] >= 0.3);
+}
+
+TEST_CASE(
     "Convolution with a different lowering for each direction equals a naive direct "
     "convolution on every driver",
     "[layer][convolution][tune]") {

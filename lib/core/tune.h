@@ -14,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace hn {
 
@@ -80,6 +81,17 @@ class Tuner {
   // 4 times as long, else its second (the first pays one-time costs).
   static double time(Driver& driver, const std::function<void()>& run, int repeats = 3,
                      double give_up_after = 0.5);
+  // Seconds each of `runs` (the candidates for one choice) takes on `driver` at its best,
+  // measured in turns: a warm-up turn (each called once: the first call pays one-time
+  // costs), then up to `rounds` turns in which each candidate still in the race is called
+  // once, in order. Taking turns puts the machine's drift, seconds long on a shared host,
+  // on every candidate alike, where timing one after another gave it all to whichever ran
+  // in a slow moment. A candidate leaves the race after its warm-up where that took over 4
+  // times the fastest warm-up, and after its second call where its best is over 1.5 times
+  // the fastest best or over `give_up_after` seconds. Each call is followed by
+  // driver.synchronize().
+  static std::vector<double> race(Driver& driver, const std::vector<std::function<void()>>& runs,
+                                  int rounds = 2, double give_up_after = 0.5);
 
   void report(const TuneReport& report) const;
   // TuneOptions::agree on `choice`, or `choice` itself.

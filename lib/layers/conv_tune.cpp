@@ -6,6 +6,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -125,33 +126,32 @@ void ConvolutionLayer::tune(Driver& driver, index_t rows, Tuner& tuner) {
     // Each candidate's time per direction (its warm-up's where it was not timed again).
     std::vector<std::array<double, 3>> times(options.size());
     for (ConvDirection d : kConvDirections) {
-      double best = 0.0;
-      for (std::size_t i = 0; i < options.size(); ++i) {
-        const Lowering l = options[i];
-        // A candidate whose warm-up alone takes 1.5 times the best is not timed again.
-        const double give_up = l == options.front() ? 0.5 : std::min(0.5, 1.5 * best);
-        const double seconds = Tuner::time(
-            driver,
-            [&] {
-              switch (d) {
-                case ConvDirection::forward:
-                  run_forward(slice, l);
-                  break;
-                case ConvDirection::backward_data:
-                  run_backward(slice, l, Wanted{true, false, false});
-                  break;
-                case ConvDirection::backward_weights:
-                  run_backward(slice, l, Wanted{false, true, has_bias()});
-                  break;
-              }
-            },
-            2, give_up);
-        times[i][static_cast<std::size_t>(d)] = seconds;
-        if (l == options.front() || seconds < best) {
-          best = seconds;
-          choice[static_cast<std::size_t>(d)] = l;
-        }
+      std::vector<std::function<void()>> runs;
+      for (const Lowering l : options) {
+        runs.emplace_back([&, l, d] {
+          switch (d) {
+            case ConvDirection::forward:
+              run_forward(slice, l);
+              break;
+            case ConvDirection::backward_data:
+              run_backward(slice, l, Wanted{true, false, false});
+              break;
+            case ConvDirection::backward_weights:
+              run_backward(slice, l, Wanted{false, true, has_bias()});
+              break;
+          }
+        });
       }
+      // The candidates take turns (Tuner::race), so that a slow moment of the machine does
+      // not fall on one of them alone.
+      const std::vector<double> seconds = Tuner::race(driver, runs);
+      const auto dir = static_cast<std::size_t>(d);
+      std::size_t fastest = 0;
+      for (std::size_t i = 0; i < options.size(); ++i) {
+        times[i][dir] = seconds[i];
+        if (seconds[i] < seconds[fastest]) fastest = i;
+      }
+      choice[dir] = options[fastest];
     }
     choose_joint_backward(slice, options, times, choice);
   }
