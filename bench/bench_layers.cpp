@@ -48,6 +48,9 @@ struct LayersOptions {
   // Several lowerings (--lowering a,b): each layer timed with each in turn, rounds of them
   // alternating, so that they are compared in the same moments of a noisy machine.
   std::vector<Lowering> lowerings;
+  // Every layer computes its data gradient, the first included (Caffe's force_backward, as
+  // `hybridnn time` and bench/zoo.py time nets).
+  bool force_backward = false;
 };
 
 LayersOptions parse_layers(const std::vector<std::string>& args) {
@@ -59,7 +62,9 @@ LayersOptions parse_layers(const std::vector<std::string>& args) {
         i + 1 == args.size()) {
       throw UsageError{"layers: " + arg + " needs a value"};
     }
-    if (arg == "--threads") {
+    if (arg == "--force-backward") {
+      options.force_backward = true;
+    } else if (arg == "--threads") {
       options.threads = parse_threads("layers", args[++i]);
     } else if (arg == "--blas") {
       options.blas = args[++i];
@@ -433,6 +438,10 @@ int run_layers(const std::vector<std::string>& args) {
     nets.push_back(one.net == "lenet"      ? lenet(one)
                    : one.net == "resnet50" ? resnet50(one)
                                            : caffenet(one));
+    if (options.force_backward) {
+      for (NetLayer& layer : nets.back())
+        layer.data_gradient = true;
+    }
   }
   const int rounds = compared.size() > 1 ? 3 : 1;
   const std::size_t ways = compared.size();

@@ -72,8 +72,9 @@ namespace {
 // pointwise kernel in 12 rows on AVX-512; 10: its pointwise kernels on NCHW operands; 11: its
 // pointwise weight gradient in 8 rows on AVX-512, and candidates judged on their second call
 // where the first exceeded the bound; 12: BF16 forward convolutions on AMX, which had run
-// FP32, and direct_fp32 among the candidates in BF16).
-constexpr int kKernelsRevision = 12;
+// FP32, and direct_fp32 among the candidates in BF16; 13: the data gradient of few input
+// channels lowered where oneDNN took its GEMM-based kernel, CaffeNet conv1's on AVX2).
+constexpr int kKernelsRevision = 13;
 
 constexpr char kHeader[] =
     "# hybridnn tuning cache: the fastest algorithm measured per machine, driver and shape.\n"

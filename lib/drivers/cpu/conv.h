@@ -51,7 +51,8 @@ class DirectConvolution {
   void forward(Parallel& par, const LoweringShape& shape, index_t out_channels, const float* x,
                const float* weights, const float* bias, float* y, const Activation& activation = {},
                const float* residual = nullptr);
-  // Shapes whose input channels oneDNN would pad heavily (3 channels blocked by 16) are
+  // Shapes whose input channels oneDNN would pad heavily (3 channels blocked by 16), or
+  // whose few input channels it would compute with its GEMM-based kernel (3 with AVX2), are
   // lowered instead: a GEMM per image and col2im, on `par` and `blas`.
   void backward_data(Parallel& par, Blas blas, const LoweringShape& shape, index_t out_channels,
                      const float* weights, const float* dy, float* dx);

@@ -223,6 +223,9 @@ constexpr dnnl::algorithm kAlgorithm = dnnl::algorithm::convolution_auto;
 // channels padded to 16 for CaffeNet conv1's data gradient ran at 45 GFLOP/s blocked, 136 through
 // oneDNN's GEMM kernel, and the lowering takes 2/3 of that kernel's time.
 constexpr double kMaxPaddingRatio = 2.0;
+// Input channels per group up to which the data gradient is lowered wherever oneDNN would
+// compute it with its GEMM-based kernel (create_fp32).
+constexpr index_t kFewChannels = 4;
 // Channels-last kernels vectorise over one channel axis only (output channels forward and
 // for the weight gradient, input channels for the data gradient) and handle its tail with
 // masks, so they waste less than the blocked kernels when channel counts are not
@@ -514,7 +517,13 @@ Entry DirectConvolution::Impl::create_fp32(Call call, const LoweringShape& s, in
       // no channels-last implementation for this shape: keep looking
     }
   }
-  if (waste > kMaxPaddingRatio) {
+  // Where oneDNN takes its GEMM-based kernel for the data gradient of few input channels
+  // itself (3 with AVX2, on NCHW: no blocked kernel pads them), the driver's lowering is
+  // faster too: CaffeNet conv1's, batch 32, on a 2-core Xeon held to AVX2, 41 ms against
+  // 100 (hybridnn-bench layers --force-backward --layout nchw, alternating).
+  const bool gemm_data_gradient = call == Call::backward_data && geo.in_per_group <= kFewChannels &&
+                                  blocked.implementation.find("gemm") != std::string::npos;
+  if (waste > kMaxPaddingRatio || gemm_data_gradient) {
     // The driver's own lowering writes dx as NCHW (dy may be blocked: unblocked per image).
     if (call == Call::backward_data && s.layout == Layout::nchw) {
       Entry lowered;
