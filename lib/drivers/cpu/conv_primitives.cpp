@@ -521,7 +521,8 @@ Entry DirectConvolution::Impl::create_fp32(Call call, const LoweringShape& s, in
   // itself (3 with AVX2, on NCHW: no blocked kernel pads them), the driver's lowering is
   // faster too: CaffeNet conv1's, batch 32, on a 2-core Xeon held to AVX2, 41 ms against
   // 100 (hybridnn-bench layers --force-backward --layout nchw, alternating).
-  const bool gemm_data_gradient = call == Call::backward_data && geo.in_per_group <= kFewChannels &&
+  const bool gemm_data_gradient = call == Call::backward_data && s.layout == Layout::nchw &&
+                                  geo.in_per_group <= kFewChannels &&
                                   blocked.implementation.find("gemm") != std::string::npos;
   if (waste > kMaxPaddingRatio || gemm_data_gradient) {
     // The driver's own lowering writes dx as NCHW (dy may be blocked: unblocked per image).
