@@ -139,6 +139,14 @@ std::map<std::string, std::string> read_cache(const std::string& path) {
   return entries;
 }
 
+// Seconds one call of `run` takes on `driver`, until the driver has finished it.
+double seconds_of(Driver& driver, const std::function<void()>& run) {
+  const auto start = std::chrono::steady_clock::now();
+  run();
+  driver.synchronize();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 }  // namespace
 
 Tuner::Tuner(TuneOptions options) : options_(std::move(options)) {
@@ -193,13 +201,7 @@ void Tuner::save() {
 double Tuner::time(Driver& driver, const std::function<void()>& run, int repeats,
                    double give_up_after) {
   constexpr double kFarOut = 4.0;  // a first call this many times the bound: not called again
-  using Clock = std::chrono::steady_clock;
-  const auto once = [&] {
-    const auto start = Clock::now();
-    run();
-    driver.synchronize();
-    return std::chrono::duration<double>(Clock::now() - start).count();
-  };
+  const auto once = [&] { return seconds_of(driver, run); };
   double best = once();  // warm-up: creates primitives, touches memory
   if (best > give_up_after) {
     // The first call pays what later ones do not (first touch of its buffers, a kernel's
@@ -222,13 +224,7 @@ std::vector<double> Tuner::race(Driver& driver, const std::vector<std::function<
                                 int rounds, double give_up_after) {
   constexpr double kFarOut = 4.0;  // a warm-up this many times the fastest: out of the race
   constexpr double kBehind = 1.5;  // a best this many times the fastest: out after 2 calls
-  using Clock = std::chrono::steady_clock;
-  const auto once = [&](std::size_t i) {
-    const auto start = Clock::now();
-    runs[i]();
-    driver.synchronize();
-    return std::chrono::duration<double>(Clock::now() - start).count();
-  };
+  const auto once = [&](std::size_t i) { return seconds_of(driver, runs[i]); };
   std::vector<double> best(runs.size());
   for (std::size_t i = 0; i < runs.size(); ++i)
     best[i] = once(i);
