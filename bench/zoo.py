@@ -13,8 +13,9 @@ PyTorch, hybridnn / Caffe and the fraction of the FLOP-count limit that hybridnn
 The three are timed alike, as bench/vs_pytorch.py does: a warm-up, then the timed
 iterations in chunks, and the figure is the best chunk's mean ms per iteration (the
 machine is shared; the best chunk is the one least disturbed). hybridnn (`hybridnn time
---json`) and Caffe (`caffe time`) warm up once per process and run one process per chunk;
-their per-layer times are each layer's best over the chunks. hybridnn and Caffe run on the
+--json`) and Caffe (`caffe time`) warm up once per process and run one process per chunk,
+taking turns chunk by chunk (so that both see the same moments of a machine whose speed
+drifts); their per-layer times are each layer's best over the chunks. hybridnn and Caffe run on the
 largest --threads count (Caffe through OPENBLAS_NUM_THREADS); PyTorch's figure is its best
 over every --threads count and both memory formats (contiguous NCHW and channels_last).
 
@@ -236,18 +237,27 @@ def run_checked(command, threads):
     return run
 
 
-def best_of_processes(run_once, iterations, chunks):
-    """run_once(n) times n iterations in a fresh process and returns (total ms, {layer:
-    {"forward_ms", "backward_ms", ...}}), as chunked() times PyTorch: the best run's total
-    and, per layer and direction, the best of the runs."""
+def best_of_processes(runners, iterations, chunks):
+    """Each of runners[i](n) times n iterations in a fresh process and returns (total ms,
+    {layer: {"forward_ms", "backward_ms", ...}}). The runners take turns, one chunk each,
+    so that all of them see the same moments of a machine whose speed drifts (a shared
+    instance can slow by 15 % within the hour). Returns, per runner, as chunked() times
+    PyTorch: the best chunk's total and, per layer and direction, the best of the chunks."""
     size = max(1, iterations // chunks)
-    runs = [run_once(size) for _ in range(max(1, iterations // size))]
-    layers = {name: dict(record) for name, record in runs[0][1].items()}
-    for _, run_layers in runs[1:]:
-        for name, record in run_layers.items():
-            for key in ("forward_ms", "backward_ms"):
-                layers[name][key] = min(layers[name][key], record[key])
-    return min(total for total, _ in runs), layers
+    runs = [[] for _ in runners]
+    for _ in range(max(1, iterations // size)):
+        for i, run_once in enumerate(runners):
+            runs[i].append(run_once(size))
+    results = []
+    for each in runs:
+        layers = {name: dict(record) for name, record in each[0][1].items()}
+        for _, run_layers in each[1:]:
+            for name, record in run_layers.items():
+                for key in ("forward_ms", "backward_ms"):
+                    if key in record:
+                        layers[name][key] = min(layers[name].get(key, record[key]), record[key])
+        results.append((min(total for total, _ in each), layers))
+    return results
 
 
 def hybridnn_time(tool, model, batch, threads, tune, layout, iterations):
@@ -446,11 +456,17 @@ def main():
                 with open(model) as f:
                     text = f.read()
                 shape = [args.batch] + [int(d) for _, d in INPUT_DIM.findall(text)[1:4]]
-                note(f"{spec.key}: hybridnn")
-                ours_ms, ours = best_of_processes(
-                    lambda n: hybridnn_time(tool, model, args.batch, max(threads), args.tune,
-                                            args.layout, n),
-                    args.iterations, args.chunks)
+                runners = [lambda n: hybridnn_time(tool, model, args.batch, max(threads),
+                                                   args.tune, args.layout, n)]
+                if args.caffe:
+                    # A copy in tmp (an absolute spec.prototxt must not be overwritten).
+                    caffe_model = os.path.join(tmp, os.path.basename(spec.prototxt))
+                    with open(caffe_model, "w") as f:
+                        f.write(caffe_prototxt(text, args.batch))
+                    runners.append(lambda n: caffe_time(args.caffe, caffe_model, max(threads), n))
+                note(f"{spec.key}: hybridnn" + (" and caffe, taking turns" if args.caffe else ""))
+                timed = best_of_processes(runners, args.iterations, args.chunks)
+                ours_ms, ours = timed[0]
                 pytorch, each = None, {}
                 chunks = min(args.chunks, args.iterations)
                 if torch:
@@ -466,14 +482,7 @@ def main():
                         pytorch = theirs
                 caffe_ms, layers = None, []
                 if args.caffe:
-                    note(f"{spec.key}: caffe")
-                    # A copy in tmp (an absolute spec.prototxt must not be overwritten).
-                    caffe_model = os.path.join(tmp, os.path.basename(spec.prototxt))
-                    with open(caffe_model, "w") as f:
-                        f.write(caffe_prototxt(text, args.batch))
-                    caffe_ms, theirs = best_of_processes(
-                        lambda n: caffe_time(args.caffe, caffe_model, max(threads), n),
-                        args.iterations, args.chunks)
+                    caffe_ms, theirs = timed[1]
                     layers = slowest_convolutions(spec.key, ours, theirs)
             except (RuntimeError, OSError, ValueError) as error:
                 note(f"{spec.key} failed: {error}")
