@@ -15,8 +15,8 @@ iterations in chunks, and the figure is the best chunk's mean ms per iteration (
 machine is shared; the best chunk is the one least disturbed). hybridnn (`hybridnn time
 --json`) and Caffe (`caffe time`) warm up once per process and run one process per chunk,
 taking turns chunk by chunk (so that both see the same moments of a machine whose speed
-drifts); their per-layer times are each layer's best over the chunks. hybridnn and Caffe run on the
-largest --threads count (Caffe through OPENBLAS_NUM_THREADS); PyTorch's figure is its best
+drifts); their per-layer times are each layer's best over the chunks. hybridnn and Caffe
+run on the largest --threads count (Caffe through OPENBLAS_NUM_THREADS); PyTorch's figure is its best
 over every --threads count and both memory formats (contiguous NCHW and channels_last).
 
 The FLOP-count limit is 3 x the forward FLOPs of the convolutions and inner products
@@ -254,8 +254,7 @@ def best_of_processes(runners, iterations, chunks):
         for _, run_layers in each[1:]:
             for name, record in run_layers.items():
                 for key in ("forward_ms", "backward_ms"):
-                    if key in record:
-                        layers[name][key] = min(layers[name].get(key, record[key]), record[key])
+                    layers[name][key] = min(layers[name][key], record[key])
         results.append((min(total for total, _ in each), layers))
     return results
 
