@@ -377,10 +377,72 @@ void lincomb_relu_run(index_t n, float alpha, const float* a, float beta, const 
 #endif
 }
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// Dropout's draws 8 at a time in AVX2 builds: gcc 12 leaves philox_bits's 32 x 32 -> 64-bit
+// products scalar there (with AVX-512 it vectorises them), and SqueezeNet's drop9 (2.8 M
+// floats at batch 32) took 30 ms forward against 6.9 in the AVX-512 build on the same Zen 4.
+// _mm256_mul_epu32 multiplies the even lanes; the odd ones, shifted down, make a second call.
+// Integer arithmetic, then the scalar code's exact conversion and power-of-two multiply: the
+// same bits as philox_uniform, lane by lane.
+void philox_mulhilo8(__m256i m, __m256i x, __m256i* lo, __m256i* hi) {
+  const __m256i even = _mm256_mul_epu32(x, m);
+  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(x, 32), m);
+  *lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+  *hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+}
+
+// philox_uniform(seed, counter[l]) for the 8 lanes l.
+__m256 philox_uniform8(std::uint64_t seed, const std::uint64_t (&counter)[8]) {
+  alignas(32) std::uint32_t low[8], high[8];
+  for (int l = 0; l < 8; ++l) {
+    low[l] = static_cast<std::uint32_t>(counter[l]);
+    high[l] = static_cast<std::uint32_t>(counter[l] >> 32);
+  }
+  __m256i c0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(low));
+  __m256i c1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(high));
+  __m256i c2 = _mm256_setzero_si256(), c3 = _mm256_setzero_si256();
+  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(0xD2511F53u));
+  const __m256i m1 = _mm256_set1_epi32(static_cast<int>(0xCD9E8D57u));
+  std::uint32_t k0 = static_cast<std::uint32_t>(seed), k1 = static_cast<std::uint32_t>(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    __m256i lo0, hi0, lo1, hi1;
+    philox_mulhilo8(m0, c0, &lo0, &hi0);
+    philox_mulhilo8(m1, c2, &lo1, &hi1);
+    const __m256i n0 =
+        _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(static_cast<int>(k0)));
+    const __m256i n2 =
+        _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(static_cast<int>(k1)));
+    c0 = n0;
+    c1 = lo1;
+    c2 = n2;
+    c3 = lo0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(c0, 8)),
+                       _mm256_set1_ps(1.0f / 16777216.0f));
+}
+
+// 8 consecutive elements of dropout's output and mask from their draws.
+void dropout8(__m256 draw, float ratio, float s, const float* x, float* y, float* mask) {
+  const __m256 keep = _mm256_cmp_ps(draw, _mm256_set1_ps(ratio), _CMP_GE_OQ);
+  _mm256_storeu_ps(mask, _mm256_and_ps(keep, _mm256_set1_ps(1.0f)));
+  _mm256_storeu_ps(y, _mm256_and_ps(keep, _mm256_mul_ps(_mm256_loadu_ps(x), _mm256_set1_ps(s))));
+}
+#endif
+
 // Bitwise identical on every driver: keep = u >= ratio and y = x * s, the reference's float
 // expressions.
 void dropout_forward_run(index_t first, index_t n, float ratio, float s, std::uint64_t seed,
                          std::uint64_t offset, const float* x, float* y, float* mask) {
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  for (; n >= 8; first += 8, n -= 8) {
+    std::uint64_t counter[8];
+    for (int l = 0; l < 8; ++l)
+      counter[l] = offset + static_cast<std::uint64_t>(first + l);
+    dropout8(philox_uniform8(seed, counter), ratio, s, x + first, y + first, mask + first);
+  }
+#endif
   for (index_t i = first; i < first + n; ++i) {
     const bool keep = philox_uniform(seed, offset + static_cast<std::uint64_t>(i)) >= ratio;
     mask[i] = keep ? 1.0f : 0.0f;
@@ -393,7 +455,17 @@ void dropout_forward_run(index_t first, index_t n, float ratio, float s, std::ui
 void dropout_plane_run(index_t inner, index_t block, float ratio, float s, std::uint64_t seed,
                        std::uint64_t base, const float* x, float* y, float* mask) {
   for (index_t i = 0; i < inner; ++i) {
-    for (index_t q = 0; q < block; ++q) {
+    index_t q = 0;
+#if defined(__AVX2__) && !defined(__AVX512F__)
+    for (; q + 8 <= block; q += 8) {
+      std::uint64_t counter[8];
+      for (int l = 0; l < 8; ++l)
+        counter[l] = base + static_cast<std::uint64_t>((q + l) * inner + i);
+      const index_t at = i * block + q;
+      dropout8(philox_uniform8(seed, counter), ratio, s, x + at, y + at, mask + at);
+    }
+#endif
+    for (; q < block; ++q) {
       const index_t at = i * block + q;
       const bool keep =
           philox_uniform(seed, base + static_cast<std::uint64_t>(q * inner + i)) >= ratio;
