@@ -38,7 +38,8 @@ namespace {
 struct LayersOptions {
   int threads = 0;
   std::string blas;               // empty: the build's default
-  std::string net = "caffenet";   // or "lenet" (Caffe's mnist LeNet, batch 64), "resnet50"
+  std::string net = "caffenet";   // or "lenet" (Caffe's mnist LeNet, batch 64), "resnet50",
+                                  // "squeezenet"
   bool blocked = false;           // convolutions on the driver's blocked layout
   index_t batch = 0;              // 0: the net's usual batch (CaffeNet 32, LeNet 64)
   std::vector<std::string> only;  // empty: every layer
@@ -78,9 +79,10 @@ LayersOptions parse_layers(const std::vector<std::string>& args) {
       options.batch = batch;
     } else if (arg == "--net") {
       options.net = args[++i];
-      if (options.net != "caffenet" && options.net != "lenet" && options.net != "resnet50") {
-        throw UsageError{"layers: --net takes caffenet, lenet or resnet50, got '" + options.net +
-                         "'"};
+      if (options.net != "caffenet" && options.net != "lenet" && options.net != "resnet50" &&
+          options.net != "squeezenet") {
+        throw UsageError{"layers: --net takes caffenet, lenet, resnet50 or squeezenet, got '" +
+                         options.net + "'"};
       }
     } else if (arg == "--layout") {
       const std::string& value = args[++i];
@@ -303,6 +305,42 @@ std::vector<NetLayer> resnet50(const LayersOptions& options) {
   return net;
 }
 
+// SqueezeNet v1.1's convolutions (bench/models/squeezenet_v1.1_deploy.prototxt), one of each
+// distinct shape: conv1, each pair of fire modules' squeeze and expand layers (fire2-3 at
+// 56x56, fire4-5 at 27x27, fire6-7 and fire8-9 at 13x13), conv10.
+std::vector<NetLayer> squeezenet(const LayersOptions& options) {
+  const index_t n = options.batch;
+  std::vector<NetLayer> net;
+  auto add_conv = [&](const std::string& name, Shape input, ConvolutionParams p) {
+    p.chunk_bytes = options.chunk_bytes;
+    if (lowering_applies(options.lowering, p)) p.lowering = options.lowering;
+    auto layer = std::make_unique<ConvolutionLayer>(name, p);
+    const Shape out = layer->setup({input}).at(0);
+    const double flops = 2.0 * out.count() * layer->params().at(0).count() / p.num_output;
+    net.push_back({std::move(layer), input, flops, name != "conv1"});
+  };
+  add_conv("conv1", Shape{n, 3, 227, 227}, conv(64, 3, 2, 0, 1));
+  struct Fire {
+    const char* name;
+    index_t in, squeeze, expand, side;
+  };
+  const Fire fires[] = {{"fire2", 64, 16, 64, 56},
+                        {"fire3", 128, 16, 64, 56},
+                        {"fire4", 128, 32, 128, 27},
+                        {"fire6", 256, 48, 192, 13},
+                        {"fire8", 384, 64, 256, 13}};
+  for (const Fire& f : fires) {
+    const std::string prefix = f.name;
+    add_conv(prefix + "/squeeze1x1", Shape{n, f.in, f.side, f.side}, conv(f.squeeze, 1, 1, 0, 1));
+    add_conv(prefix + "/expand1x1", Shape{n, f.squeeze, f.side, f.side},
+             conv(f.expand, 1, 1, 0, 1));
+    add_conv(prefix + "/expand3x3", Shape{n, f.squeeze, f.side, f.side},
+             conv(f.expand, 3, 1, 1, 1));
+  }
+  add_conv("conv10", Shape{n, 512, 13, 13}, conv(1000, 1, 1, 0, 1));
+  return net;
+}
+
 // A buffer of `shape`'s floats on the driver, filled with random values in [-scale, scale].
 struct Array {
   Array(Driver& driver, const Shape& s, unsigned seed, float scale)
@@ -435,9 +473,10 @@ int run_layers(const std::vector<std::string>& args) {
   for (const Lowering lowering : compared) {
     LayersOptions one = options;
     one.lowering = lowering;
-    nets.push_back(one.net == "lenet"      ? lenet(one)
-                   : one.net == "resnet50" ? resnet50(one)
-                                           : caffenet(one));
+    nets.push_back(one.net == "lenet"        ? lenet(one)
+                   : one.net == "resnet50"   ? resnet50(one)
+                   : one.net == "squeezenet" ? squeezenet(one)
+                                             : caffenet(one));
     if (options.force_backward) {
       for (NetLayer& layer : nets.back())
         layer.data_gradient = true;
