@@ -275,6 +275,18 @@ std::vector<NetLayer> lenet(const LayersOptions& options) {
   return net;
 }
 
+// A convolution of the zoo nets' lists below, with the options' overrides, on `input`; every
+// layer but the first (conv1) computes its data gradient.
+void add_zoo_conv(std::vector<NetLayer>& net, const LayersOptions& options, const std::string& name,
+                  Shape input, ConvolutionParams p) {
+  p.chunk_bytes = options.chunk_bytes;
+  if (lowering_applies(options.lowering, p)) p.lowering = options.lowering;
+  auto layer = std::make_unique<ConvolutionLayer>(name, p);
+  const Shape out = layer->setup({input}).at(0);
+  const double flops = 2.0 * out.count() * layer->params().at(0).count() / p.num_output;
+  net.push_back({std::move(layer), input, flops, name != "conv1"});
+}
+
 // ResNet-50's convolutions (resnet50_deploy.prototxt), one of each distinct shape: conv1,
 // each stage's 3x3 layer and its 1x1 layers (in, out), and the strided 1x1 ones.
 std::vector<NetLayer> resnet50(const LayersOptions& options) {
@@ -282,12 +294,7 @@ std::vector<NetLayer> resnet50(const LayersOptions& options) {
   std::vector<NetLayer> net;
   auto add_conv = [&](const std::string& name, Shape input, ConvolutionParams p) {
     p.bias_term = false;
-    p.chunk_bytes = options.chunk_bytes;
-    if (lowering_applies(options.lowering, p)) p.lowering = options.lowering;
-    auto layer = std::make_unique<ConvolutionLayer>(name, p);
-    const Shape out = layer->setup({input}).at(0);
-    const double flops = 2.0 * out.count() * layer->params().at(0).count() / p.num_output;
-    net.push_back({std::move(layer), input, flops, name != "conv1"});
+    add_zoo_conv(net, options, name, input, p);
   };
   add_conv("conv1", Shape{n, 3, 224, 224}, conv(64, 7, 2, 3, 1));
   const index_t widths[] = {64, 128, 256, 512}, sides[] = {56, 28, 14, 7};
@@ -312,12 +319,7 @@ std::vector<NetLayer> squeezenet(const LayersOptions& options) {
   const index_t n = options.batch;
   std::vector<NetLayer> net;
   auto add_conv = [&](const std::string& name, Shape input, ConvolutionParams p) {
-    p.chunk_bytes = options.chunk_bytes;
-    if (lowering_applies(options.lowering, p)) p.lowering = options.lowering;
-    auto layer = std::make_unique<ConvolutionLayer>(name, p);
-    const Shape out = layer->setup({input}).at(0);
-    const double flops = 2.0 * out.count() * layer->params().at(0).count() / p.num_output;
-    net.push_back({std::move(layer), input, flops, name != "conv1"});
+    add_zoo_conv(net, options, name, input, p);
   };
   add_conv("conv1", Shape{n, 3, 227, 227}, conv(64, 3, 2, 0, 1));
   struct Fire {
