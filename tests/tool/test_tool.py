@@ -799,7 +799,8 @@ def check_time_json(ctx, records, layer_names):
     for name in layer_names:
         check(name in names, f"no line for layer {name}: {names}")
     for r in layers:
-        keys = {"layer", "type", "forward_ms", "backward_ms"}
+        keys = {"layer", "type", "forward_ms", "backward_ms", "forward_best_ms",
+                "backward_best_ms"}
         if r["type"] == "Convolution":
             keys.add("algorithm")  # what it runs with: measured (--tune) or the cost model's
         elif "algorithm" in r:
@@ -815,6 +816,10 @@ def check_time_json(ctx, records, layer_names):
             check(r["param_bytes"] > 0 and r["param_bytes"] % 4 == 0, f"param_bytes of {r}")
         check(set(r) == keys, f"layer keys {r}")
         check(r["forward_ms"] >= 0 and r["backward_ms"] >= 0, f"negative time {r}")
+        # The fastest iteration is one of those the mean averages (rounding aside).
+        for pass_ in ("forward", "backward"):
+            best, mean = r[f"{pass_}_best_ms"], r[f"{pass_}_ms"]
+            check(0 <= best <= mean * (1 + 1e-9) + 1e-9, f"{pass_} best {best} against mean {mean}: {r}")
     total = totals[0]
     # The total counts each parameter's values and gradient.
     check(2 * sum(r.get("param_bytes", 0) for r in layers) == total["param_bytes"],
